@@ -1,0 +1,49 @@
+# kvtier_warnings(target): the warnings we hold our own code to.
+function(kvtier_warnings target)
+  target_compile_options(${target} PRIVATE
+    $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Werror -Wno-missing-field-initializers>)
+  if(CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wthread-safety>)
+  endif()
+endfunction()
+
+# Sanitizer flags apply to every target we build (not to Debian's libraries).
+if(KVTIER_SANITIZE STREQUAL "asan")
+  add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
+  add_link_options(-fsanitize=address,undefined)
+  add_compile_definitions(KVTIER_SANITIZER=1)
+elseif(KVTIER_SANITIZE STREQUAL "tsan")
+  add_compile_options(-fsanitize=thread -fno-omit-frame-pointer)
+  add_link_options(-fsanitize=thread)
+  add_compile_definitions(KVTIER_SANITIZER=1 KVTIER_TSAN=1)
+elseif(NOT KVTIER_SANITIZE STREQUAL "")
+  message(FATAL_ERROR "KVTIER_SANITIZE must be '', 'asan' or 'tsan', not '${KVTIER_SANITIZE}'")
+endif()
+
+# kvtier_cc_library(NAME name SRCS ... DEPS ... [PUBLIC_DEPS ...])
+# One static library per top-level folder. Sources are compiled with -fPIC so
+# libkvtier.so can take them in.
+function(kvtier_cc_library)
+  cmake_parse_arguments(K "" "NAME" "SRCS;DEPS;PUBLIC_DEPS" ${ARGN})
+  add_library(${K_NAME} STATIC ${K_SRCS})
+  target_include_directories(${K_NAME} PUBLIC ${PROJECT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/include)
+  target_link_libraries(${K_NAME} PUBLIC ${K_PUBLIC_DEPS} PRIVATE ${K_DEPS})
+  kvtier_warnings(${K_NAME})
+endfunction()
+
+# kvtier_cc_test(NAME name SRCS ... DEPS ... [TIMEOUT s] [LABELS ...])
+# A GoogleTest binary registered with CTest. Exit code 77 means "skipped"
+# (hardware or privilege missing), as in liburing's tests.
+function(kvtier_cc_test)
+  cmake_parse_arguments(K "" "NAME;TIMEOUT" "SRCS;DEPS;LABELS" ${ARGN})
+  if(NOT K_TIMEOUT)
+    set(K_TIMEOUT 60)
+  endif()
+  add_executable(${K_NAME} ${K_SRCS})
+  target_link_libraries(${K_NAME} PRIVATE ${K_DEPS} kvtier_testing GTest::gtest GTest::gmock)
+  kvtier_warnings(${K_NAME})
+  add_test(NAME ${K_NAME} COMMAND ${K_NAME})
+  set_tests_properties(${K_NAME} PROPERTIES TIMEOUT ${K_TIMEOUT} SKIP_RETURN_CODE 77
+    LABELS "${K_LABELS}"
+    ENVIRONMENT "KVTIERD_BIN=$<TARGET_FILE:kvtierd>;KVTIER_BUILD_DIR=${PROJECT_BINARY_DIR}")
+endfunction()

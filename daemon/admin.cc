@@ -1,0 +1,177 @@
+// The admin endpoint: JSON lines on the admin socket (DESIGN.md, "Admin
+// protocol"). Runs on the control-loop thread, so it reads the session table
+// without locks.
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "absl/strings/str_cat.h"
+#include "core/namespace.h"
+#include "core/units.h"
+#include "daemon/daemon.h"
+#include "ipc/admin_client.h"
+#include "ipc/unix_socket.h"
+#include "core/fmt_absl.h"
+#include "spdlog/spdlog.h"
+
+namespace kvtier {
+namespace {
+
+double Ratio(uint64_t a, uint64_t b) { return b == 0 ? 0.0 : static_cast<double>(a) / static_cast<double>(b); }
+
+nlohmann::json Error(absl::string_view message) {
+  return nlohmann::json{{"ok", false}, {"error", message}};
+}
+
+}  // namespace
+
+void Daemon::OnAdminListen() {
+  const int fd = accept4(admin_listen_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+  if (fd < 0) return;
+  UniqueFd conn(fd);
+  absl::StatusOr<ipc::PeerCredentials> peer = ipc::GetPeerCredentials(fd);
+  // Owner and group only, as the socket's mode says; checked again here so a
+  // loosened mode cannot widen access.
+  if (!peer.ok() || !(peer->uid == 0 || peer->uid == geteuid() || peer->gid == getegid())) {
+    const std::string msg =
+        Error(absl::StrCat("permission denied: uid ", peer.ok() ? peer->uid : -1,
+                           " is neither root nor kvtierd's user or group"))
+            .dump() + "\n";
+    (void)ipc::WriteAll(fd, msg);
+    spdlog::warn("event=admin_refused uid={}", peer.ok() ? static_cast<int64_t>(peer->uid) : -1);
+    return;
+  }
+  admin_conns_[fd] = AdminConn{std::move(conn), {}};
+  Watch(fd, FdKind::kAdminConn, 0, EPOLLIN | EPOLLRDHUP);
+}
+
+void Daemon::OnAdminConn(int fd) {
+  auto it = admin_conns_.find(fd);
+  if (it == admin_conns_.end()) return;
+  AdminConn& c = it->second;
+  char buf[4096];
+  bool close_conn = false;
+  for (;;) {
+    const ssize_t n = read(fd, buf, sizeof(buf));
+    if (n > 0) {
+      c.buffer.append(buf, static_cast<size_t>(n));
+      if (c.buffer.size() > (1u << 20)) close_conn = true;
+      continue;
+    }
+    if (n == 0 || (errno != EAGAIN && errno != EINTR)) close_conn = true;
+    break;
+  }
+  size_t nl;
+  while (!close_conn && (nl = c.buffer.find('\n')) != std::string::npos) {
+    const std::string line = c.buffer.substr(0, nl);
+    c.buffer.erase(0, nl + 1);
+    nlohmann::json req = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    nlohmann::json resp = req.is_discarded() || !req.is_object()
+                              ? Error("request is not a JSON object; send {\"cmd\": \"status\"}")
+                              : HandleAdmin(req);
+    // The connection is non-blocking: a peer that leaves a response unread
+    // until the socket buffer fills loses its connection; the loop never stalls.
+    if (!ipc::WriteAll(fd, resp.dump() + "\n").ok()) close_conn = true;
+  }
+  if (close_conn) {
+    Unwatch(fd);
+    admin_conns_.erase(it);
+  }
+}
+
+nlohmann::json Daemon::HandleAdmin(const nlohmann::json& request) {
+  const std::string cmd = request.value("cmd", std::string());
+  if (cmd == "status") return Status();
+  if (cmd == "ping") return nlohmann::json{{"ok", true}};
+  return Error(absl::StrCat("unknown command \"", cmd, "\"; known: status, ping"));
+}
+
+nlohmann::json Daemon::Status() const {
+  using nlohmann::json;
+  json sessions = json::array();
+  absl::flat_hash_map<std::string, uint64_t> sessions_per_tenant;
+  for (const auto& [id, ls] : sessions_) {
+    const SessionInfo info = ls.session->Info();
+    ++sessions_per_tenant[info.tenant];
+    sessions.push_back(json{{"id", id},
+                            {"pid", info.identity.peer.pid},
+                            {"uid", info.identity.peer.uid},
+                            {"tenant", info.tenant},
+                            {"client", info.identity.client_name},
+                            {"namespace", ShortId(info.ns.id)},
+                            {"model", info.ns.model_id},
+                            {"block_bytes", info.ns.block_bytes},
+                            {"block_tokens", info.ns.block_tokens},
+                            {"ops", info.ops},
+                            {"leases", info.leases},
+                            {"pinned_blocks", info.pinned_blocks},
+                            {"attached_unix_s", info.identity.attached_unix_s}});
+  }
+  json tenants = json::array();
+  uint64_t cap = 0, used = 0, blocks = 0, pinned = 0, evictions = 0;
+  for (const TenantUsage& u : cache_->Usage()) {
+    tenants.push_back(json{{"name", u.name},
+                           {"sessions", sessions_per_tenant[u.name]},
+                           {"host_capacity_bytes", u.capacity_bytes},
+                           {"host_used_bytes", u.used_bytes},
+                           {"blocks", u.blocks},
+                           {"pinned_blocks", u.pinned_blocks},
+                           {"evictions", u.evictions}});
+    cap += u.capacity_bytes;
+    used += u.used_bytes;
+    blocks += u.blocks;
+    pinned += u.pinned_blocks;
+    evictions += u.evictions;
+  }
+  json tiers = json::array();
+  tiers.push_back(json{{"tier", "host"},
+                       {"capacity_bytes", cap},
+                       {"used_bytes", used},
+                       {"blocks", blocks},
+                       {"pinned_blocks", pinned},
+                       {"evictions", evictions},
+                       {"health", "healthy"}});
+  const DaemonStats& s = stats_;
+  json stats{{"lookups", s.lookups.Get()},
+             {"lookup_hits", s.lookup_hits.Get()},
+             {"hit_rate", Ratio(s.lookup_hits.Get(), s.lookups.Get())},
+             {"probes", s.probes.Get()},
+             {"blocks_queried", s.blocks_queried.Get()},
+             {"blocks_hit", s.blocks_hit.Get()},
+             {"block_hit_rate", Ratio(s.blocks_hit.Get(), s.blocks_queried.Get())},
+             {"tokens_queried", s.tokens_queried.Get()},
+             {"tokens_hit", s.tokens_hit.Get()},
+             {"reused_token_ratio", Ratio(s.tokens_hit.Get(), s.tokens_queried.Get())},
+             {"stores", s.stores.Get()},
+             {"blocks_stored", s.blocks_stored.Get()},
+             {"bytes_stored", s.bytes_stored.Get()},
+             {"blocks_already_present", s.blocks_already_present.Get()},
+             {"store_aborts", s.store_aborts.Get()},
+             {"store_refused_no_space", s.store_refused_no_space.Get()},
+             {"loads", s.loads.Get()},
+             {"blocks_loaded", s.blocks_loaded.Get()},
+             {"bytes_loaded", s.bytes_loaded.Get()},
+             {"evictions", s.evictions.Get()},
+             {"invalidations", s.invalidations.Get()},
+             {"sessions_attached", s.sessions_attached.Get()},
+             {"attach_refused", s.attach_refused.Get()},
+             {"sessions_closed_dead", s.sessions_closed_dead.Get()},
+             {"protocol_errors", s.protocol_errors.Get()}};
+  return json{{"ok", true},
+              {"version", KVTIER_VERSION},
+              {"pid", getpid()},
+              {"uptime_s", static_cast<double>(MonotonicNanos() - started_ns_) / 1e9},
+              {"device", std::string(device_->name())},
+              {"hash", std::string(HashAlgorithmName(config_.hash))},
+              {"socket", config_.DataSocketPath()},
+              {"namespaces", namespaces_.List().size()},
+              {"indexed_blocks", cache_->indexed_blocks()},
+              {"sessions", sessions},
+              {"tenants", tenants},
+              {"tiers", tiers},
+              {"stats", stats}};
+}
+
+}  // namespace kvtier

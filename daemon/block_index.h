@@ -1,0 +1,106 @@
+// The block index: every block the daemon knows, sharded by key so sessions
+// rarely contend. A record's mutable fields are guarded by its shard's mutex.
+//
+// Lock order: TenantState::mu (a tenant's tier/policy lock) before any shard
+// mutex; HostTier's internal mutex is a leaf.
+#ifndef KVTIER_DAEMON_BLOCK_INDEX_H_
+#define KVTIER_DAEMON_BLOCK_INDEX_H_
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/hash/hash.h"
+#include "core/mutex.h"
+#include "kvtier/types.h"
+#include "tiers/tier.h"
+
+namespace kvtier {
+
+inline constexpr SlotHandle kNoSlot = UINT32_MAX;
+
+enum class BlockState : uint8_t {
+  kWriting,  // slot handed to a storing engine; invisible to lookups
+  kReady,    // committed; visible
+};
+
+struct BlockRecord {
+  BlockKey key;
+  uint32_t ns = 0;                 // namespace handle
+  uint32_t pins = 0;               // leases holding it
+  SlotHandle host_slot = kNoSlot;  // in the tenant's host tier
+  uint16_t tenant = 0;
+  BlockState state = BlockState::kWriting;
+  bool removed = false;  // erased from the index; freed when pins reach 0
+};
+static_assert(sizeof(BlockRecord) <= 48);
+
+// Names a block for lookup without building a record.
+struct BlockRef {
+  uint32_t ns;
+  const BlockKey* key;
+};
+
+struct BlockHash {
+  using is_transparent = void;
+  size_t operator()(const BlockRecord* r) const { return absl::HashOf(r->ns, r->key); }
+  size_t operator()(const BlockRef& r) const { return absl::HashOf(r.ns, *r.key); }
+};
+struct BlockEq {
+  using is_transparent = void;
+  static bool Same(uint32_t ns1, const BlockKey& k1, uint32_t ns2, const BlockKey& k2) {
+    return ns1 == ns2 && k1 == k2;
+  }
+  bool operator()(const BlockRecord* a, const BlockRecord* b) const {
+    return Same(a->ns, a->key, b->ns, b->key);
+  }
+  bool operator()(const BlockRecord* a, const BlockRef& b) const { return Same(a->ns, a->key, b.ns, *b.key); }
+  bool operator()(const BlockRef& a, const BlockRecord* b) const { return Same(a.ns, *a.key, b->ns, b->key); }
+};
+
+class BlockIndex {
+ public:
+  static constexpr size_t kShards = 64;
+
+  struct Shard {
+    Mutex mu;
+    absl::flat_hash_set<BlockRecord*, BlockHash, BlockEq> set ABSL_GUARDED_BY(mu);
+  };
+
+  BlockIndex() = default;
+  ~BlockIndex();  // deletes the records still indexed
+  BlockIndex(const BlockIndex&) = delete;
+  BlockIndex& operator=(const BlockIndex&) = delete;
+
+  Shard& ShardFor(uint32_t ns, const BlockKey& key) {
+    // Keys are uniform hashes (or an engine's own hashes): mix anyway.
+    return shards_[absl::HashOf(ns, key) % kShards];
+  }
+  Shard& ShardFor(const BlockRecord* r) { return ShardFor(r->ns, r->key); }
+
+  static BlockRecord* Find(Shard& s, uint32_t ns, const BlockKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+    auto it = s.set.find(BlockRef{ns, &key});
+    return it == s.set.end() ? nullptr : *it;
+  }
+  void Insert(Shard& s, BlockRecord* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+    s.set.insert(r);
+    size_.fetch_add(1, std::memory_order_relaxed);
+  }
+  void Erase(Shard& s, BlockRecord* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+    if (s.set.erase(r) > 0) size_.fetch_sub(1, std::memory_order_relaxed);
+  }
+
+  // Records currently indexed (writing or ready). Relaxed: for reporting.
+  uint64_t size() const { return size_.load(std::memory_order_relaxed); }
+
+  std::array<Shard, kShards>& shards() { return shards_; }
+
+ private:
+  std::array<Shard, kShards> shards_;
+  std::atomic<uint64_t> size_{0};
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_DAEMON_BLOCK_INDEX_H_

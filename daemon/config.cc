@@ -1,0 +1,371 @@
+#include "daemon/config.h"
+
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/block_key.h"
+#include "core/paths.h"
+#include "core/fmt_absl.h"
+#include "core/status.h"
+#include "core/units.h"
+#include "fmt/format.h"
+
+#include <toml++/toml.h>
+
+namespace kvtier {
+namespace {
+
+// toml++ speaks std::string_view and Debian's Abseil does not, so messages
+// here are joined with fmt, which takes both.
+template <typename... Args>
+std::string Cat(const Args&... args) {
+  std::string out;
+  ((out += fmt::format("{}", args)), ...);
+  return out;
+}
+
+std::string Where(std::string_view origin, const toml::source_region& src) {
+  if (src.begin.line == 0) return std::string(origin);
+  return Cat(origin, ":", src.begin.line);
+}
+
+// Reads one table, refusing keys it does not know.
+class TableReader {
+ public:
+  TableReader(const toml::table& t, std::string prefix, std::string_view origin)
+      : t_(t), prefix_(std::move(prefix)), origin_(origin) {}
+
+  absl::Status String(std::string_view key, std::string* out) {
+    return Get(key, [&](const toml::node& n) -> absl::Status {
+      auto v = n.value<std::string>();
+      if (!v) return TypeError(key, n, "a string");
+      *out = *v;
+      return absl::OkStatus();
+    });
+  }
+  absl::Status Bool(std::string_view key, bool* out) {
+    return Get(key, [&](const toml::node& n) -> absl::Status {
+      auto v = n.value<bool>();
+      if (!v) return TypeError(key, n, "true or false");
+      *out = *v;
+      return absl::OkStatus();
+    });
+  }
+  template <typename T>
+  absl::Status Int(std::string_view key, T* out, int64_t lo, int64_t hi) {
+    return Get(key, [&](const toml::node& n) -> absl::Status {
+      auto v = n.value<int64_t>();
+      if (!v || !n.is_integer()) return TypeError(key, n, "an integer");
+      if (*v < lo || *v > hi) {
+        return absl::InvalidArgumentError(Cat(Where(origin_, n.source()), ": ", Full(key),
+                                                       " = ", *v, " is outside ", lo, "..", hi));
+      }
+      *out = static_cast<T>(*v);
+      return absl::OkStatus();
+    });
+  }
+  // A byte size: an integer, or a string such as "64MiB".
+  absl::Status Bytes(std::string_view key, uint64_t* out) {
+    return Get(key, [&](const toml::node& n) -> absl::Status {
+      if (auto i = n.value<int64_t>(); i && n.is_integer()) {
+        if (*i < 0) return TypeError(key, n, "a non-negative size");
+        *out = static_cast<uint64_t>(*i);
+        return absl::OkStatus();
+      }
+      auto s = n.value<std::string>();
+      if (!s) return TypeError(key, n, "a size such as 4096 or \"64MiB\"");
+      auto parsed = ParseBytes(*s);
+      if (!parsed.ok()) {
+        return absl::InvalidArgumentError(
+            Cat(Where(origin_, n.source()), ": ", Full(key), ": ", parsed.status().message()));
+      }
+      *out = *parsed;
+      return absl::OkStatus();
+    });
+  }
+  template <typename T>
+  absl::Status IntList(std::string_view key, std::vector<T>* out) {
+    return Get(key, [&](const toml::node& n) -> absl::Status {
+      const toml::array* a = n.as_array();
+      if (a == nullptr) return TypeError(key, n, "a list of integers");
+      out->clear();
+      for (const toml::node& e : *a) {
+        auto v = e.value<int64_t>();
+        if (!v || !e.is_integer() || *v < 0 || *v > 0x7fffffff) {
+          return TypeError(key, e, "a list of non-negative integers");
+        }
+        out->push_back(static_cast<T>(*v));
+      }
+      return absl::OkStatus();
+    });
+  }
+  const toml::table* SubTable(std::string_view key) {
+    seen_.insert(std::string(key));
+    const toml::node* n = t_.get(key);
+    return n ? n->as_table() : nullptr;
+  }
+  const toml::array* Array(std::string_view key) {
+    seen_.insert(std::string(key));
+    const toml::node* n = t_.get(key);
+    return n ? n->as_array() : nullptr;
+  }
+  // Fails on any key that no getter asked about.
+  absl::Status RejectUnknown() {
+    for (const auto& [k, v] : t_) {
+      if (!seen_.contains(std::string(k.str()))) {
+        return absl::InvalidArgumentError(Cat(
+            Where(origin_, v.source()), ": unknown key ", Full(k.str()),
+            "; see docs/configuration.md or `kvtierd --print-default-config` for the keys"));
+      }
+    }
+    return absl::OkStatus();
+  }
+  std::string Full(std::string_view key) const {
+    return prefix_.empty() ? std::string(key) : Cat(prefix_, ".", key);
+  }
+
+ private:
+  template <typename F>
+  absl::Status Get(std::string_view key, F f) {
+    seen_.insert(std::string(key));
+    const toml::node* n = t_.get(key);
+    if (n == nullptr) return absl::OkStatus();
+    return f(*n);
+  }
+  absl::Status TypeError(std::string_view key, const toml::node& n, std::string_view want) {
+    return absl::InvalidArgumentError(
+        Cat(Where(origin_, n.source()), ": ", Full(key), " must be ", want));
+  }
+
+  const toml::table& t_;
+  std::string prefix_;
+  std::string_view origin_;
+  absl::flat_hash_set<std::string> seen_;
+};
+
+absl::Status CheckTableType(const toml::table& root, std::string_view key, std::string_view origin) {
+  const toml::node* n = root.get(key);
+  if (n != nullptr && !n->is_table()) {
+    return absl::InvalidArgumentError(
+        Cat(Where(origin, n->source()), ": [", key, "] must be a table"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadTenants(const toml::array& arr, std::string_view origin, Config* c) {
+  c->tenants.clear();
+  for (const toml::node& n : arr) {
+    const toml::table* t = n.as_table();
+    if (t == nullptr) {
+      return absl::InvalidArgumentError(
+          Cat(Where(origin, n.source()), ": [[tenants]] entries must be tables"));
+    }
+    TenantConfig tc;
+    TableReader r(*t, Cat("tenants[", c->tenants.size(), "]"), origin);
+    RETURN_IF_ERROR(r.String("name", &tc.name));
+    RETURN_IF_ERROR(r.IntList("uids", &tc.uids));
+    RETURN_IF_ERROR(r.IntList("gids", &tc.gids));
+    RETURN_IF_ERROR(r.String("salt", &tc.salt));
+    RETURN_IF_ERROR(r.Bytes("host_bytes", &tc.host_bytes));
+    RETURN_IF_ERROR(r.RejectUnknown());
+    c->tenants.push_back(std::move(tc));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string Config::DataSocketPath() const { return Cat(run_dir, "/", kDataSocketName); }
+std::string Config::AdminSocketPath() const { return Cat(run_dir, "/", kAdminSocketName); }
+
+Config DefaultConfig() {
+  Config c;
+  c.run_dir = DefaultRunDir();
+  c.data_dir = DefaultDataDir();
+  c.tenants.push_back(TenantConfig{.name = "default", .uids = {geteuid()}});
+  return c;
+}
+
+absl::StatusOr<Config> ParseConfig(std::string_view toml_text, std::string_view origin) {
+  // Debian's toml++ is built with exceptions; they stop here.
+  toml::table root;
+  try {
+    root = toml::parse(toml_text, origin);
+  } catch (const toml::parse_error& e) {
+    return absl::InvalidArgumentError(
+        Cat(Where(origin, e.source()), ": not valid TOML: ", e.description()));
+  }
+  Config c = DefaultConfig();
+  TableReader top(root, "", origin);
+  for (std::string_view t : {"daemon", "ipc", "tiers", "sim"}) {
+    RETURN_IF_ERROR(CheckTableType(root, t, origin));
+  }
+  if (const toml::table* t = top.SubTable("daemon")) {
+    TableReader r(*t, "daemon", origin);
+    RETURN_IF_ERROR(r.String("run_dir", &c.run_dir));
+    RETURN_IF_ERROR(r.String("data_dir", &c.data_dir));
+    RETURN_IF_ERROR(r.String("log_level", &c.log_level));
+    RETURN_IF_ERROR(r.String("device", &c.device));
+    std::string hash(HashAlgorithmName(c.hash));
+    RETURN_IF_ERROR(r.String("hash", &hash));
+    auto algo = ParseHashAlgorithm(hash);
+    if (!algo.ok()) return absl::InvalidArgumentError(Cat(origin, ": daemon.hash: ", algo.status().message()));
+    c.hash = *algo;
+    RETURN_IF_ERROR(r.RejectUnknown());
+  }
+  if (const toml::table* t = top.SubTable("ipc")) {
+    TableReader r(*t, "ipc", origin);
+    RETURN_IF_ERROR(r.Int("ring_entries", &c.ring_entries, 2, 65536));
+    RETURN_IF_ERROR(r.Bytes("scratch_bytes", &c.scratch_bytes));
+    RETURN_IF_ERROR(r.Int("max_keys_per_op", &c.max_keys_per_op, 1, 1 << 24));
+    RETURN_IF_ERROR(r.Int("spin_us", &c.spin_us, 0, 1000000));
+    RETURN_IF_ERROR(r.Int("max_sessions", &c.max_sessions, 1, 65536));
+    RETURN_IF_ERROR(r.Int("max_leases_per_session", &c.max_leases_per_session, 1, 1 << 24));
+    RETURN_IF_ERROR(r.RejectUnknown());
+  }
+  if (const toml::table* t = top.SubTable("tiers")) {
+    TableReader tiers(*t, "tiers", origin);
+    if (const toml::table* h = tiers.SubTable("host")) {
+      TableReader r(*h, "tiers.host", origin);
+      RETURN_IF_ERROR(r.Bytes("capacity", &c.host_capacity));
+      RETURN_IF_ERROR(r.Bool("prefault", &c.host_prefault));
+      RETURN_IF_ERROR(r.String("policy", &c.host_policy));
+      RETURN_IF_ERROR(r.RejectUnknown());
+    }
+    RETURN_IF_ERROR(tiers.RejectUnknown());
+  }
+  if (const toml::table* t = top.SubTable("sim")) {
+    TableReader r(*t, "sim", origin);
+    RETURN_IF_ERROR(r.Bytes("bandwidth", &c.sim_bandwidth));
+    RETURN_IF_ERROR(r.RejectUnknown());
+  }
+  if (const toml::array* a = top.Array("tenants")) {
+    RETURN_IF_ERROR(ReadTenants(*a, origin, &c));
+  } else if (root.get("tenants") != nullptr) {
+    return absl::InvalidArgumentError(Cat(origin, ": tenants must be written as [[tenants]] tables"));
+  }
+  RETURN_IF_ERROR(top.RejectUnknown());
+  RETURN_IF_ERROR(ValidateConfig(c));
+  return c;
+}
+
+absl::StatusOr<Config> LoadConfigFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    if (access(path.c_str(), F_OK) != 0) {
+      return absl::NotFoundError(Cat("config file ", path, " does not exist"));
+    }
+    return absl::PermissionDeniedError(Cat("cannot read config file ", path));
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ParseConfig(ss.str(), path);
+}
+
+absl::Status ValidateConfig(const Config& c) {
+  if (c.run_dir.empty()) return absl::InvalidArgumentError("daemon.run_dir must not be empty");
+  if (c.data_dir.empty()) return absl::InvalidArgumentError("daemon.data_dir must not be empty");
+  static const absl::flat_hash_set<std::string> kLevels = {"trace", "debug", "info", "warn",
+                                                           "error", "critical", "off"};
+  if (!kLevels.contains(c.log_level)) {
+    return absl::InvalidArgumentError(Cat("daemon.log_level = \"", c.log_level,
+                                                   "\"; use one of trace, debug, info, warn, error, critical, off"));
+  }
+  if (c.device != "auto" && c.device != "cuda" && c.device != "sim") {
+    return absl::InvalidArgumentError(
+        Cat("daemon.device = \"", c.device, "\"; use \"auto\", \"cuda\" or \"sim\""));
+  }
+  if (c.tenants.empty()) return absl::InvalidArgumentError("no tenants configured");
+  if (c.hash == HashAlgorithm::kXxh3_128 && c.tenants.size() > 1) {
+    return absl::InvalidArgumentError(Cat(
+        "daemon.hash = \"xxh3-128\" is only for a single trusted tenant, and this config has ",
+        c.tenants.size(), " tenants: keys that collide would hand one tenant's K/V to another; "
+        "use hash = \"sha256\""));
+  }
+  absl::flat_hash_set<std::string> names;
+  absl::flat_hash_set<uid_t> uids;
+  absl::flat_hash_set<gid_t> gids;
+  for (const TenantConfig& t : c.tenants) {
+    if (t.name.empty() || t.name.size() > 64) {
+      return absl::InvalidArgumentError("every [[tenants]] entry needs a name of 1..64 characters");
+    }
+    if (!names.insert(t.name).second) {
+      return absl::InvalidArgumentError(Cat("tenant \"", t.name, "\" is defined twice"));
+    }
+    if (t.uids.empty() && t.gids.empty()) {
+      return absl::InvalidArgumentError(
+          Cat("tenant \"", t.name, "\" admits nobody: give it uids or gids"));
+    }
+    for (uid_t u : t.uids) {
+      if (!uids.insert(u).second) {
+        return absl::InvalidArgumentError(Cat("uid ", u, " belongs to two tenants"));
+      }
+    }
+    for (gid_t g : t.gids) {
+      if (!gids.insert(g).second) {
+        return absl::InvalidArgumentError(Cat("gid ", g, " belongs to two tenants"));
+      }
+    }
+    const uint64_t host = t.host_bytes ? t.host_bytes : c.host_capacity;
+    if (host < (1u << 20)) {
+      return absl::InvalidArgumentError(Cat(
+          "tenant \"", t.name, "\" host arena of ", FormatBytes(host), " is below the 1 MiB minimum"));
+    }
+  }
+  if (c.host_capacity < (1u << 20)) {
+    return absl::InvalidArgumentError(Cat("tiers.host.capacity = ", FormatBytes(c.host_capacity),
+                                                   " is below the 1 MiB minimum"));
+  }
+  if (c.host_policy != "lru") {
+    return absl::InvalidArgumentError(
+        Cat("tiers.host.policy = \"", c.host_policy, "\"; available: \"lru\""));
+  }
+  if (c.scratch_bytes < (64u << 10) || c.scratch_bytes > (1ull << 30)) {
+    return absl::InvalidArgumentError("ipc.scratch_bytes must be 64KiB..1GiB");
+  }
+  return absl::OkStatus();
+}
+
+std::string DefaultConfigToml() {
+  const Config d = DefaultConfig();
+  return Cat(
+      "# kvtierd configuration. Every key is optional; these are the defaults.\n"
+      "[daemon]\n"
+      "# Sockets (kvtierd.sock, kvtierd-admin.sock). Default: $RUNTIME_DIRECTORY,\n"
+      "# /run/kvtier for root, else $XDG_RUNTIME_DIR/kvtier or /tmp/kvtier-$UID.\n"
+      "run_dir = \"", d.run_dir, "\"\n"
+      "# Persistent data. Default: $STATE_DIRECTORY, /var/lib/kvtier for root, else\n"
+      "# $XDG_STATE_HOME/kvtier or ~/.local/state/kvtier.\n"
+      "data_dir = \"", d.data_dir, "\"\n"
+      "log_level = \"info\"        # trace, debug, info, warn, error, critical, off\n"
+      "device = \"auto\"           # auto (CUDA when a device answers), cuda, sim\n"
+      "hash = \"sha256\"           # block-key hash; xxh3-128 only with a single tenant\n"
+      "\n[ipc]\n"
+      "ring_entries = 256          # request/completion ring records per session\n"
+      "scratch_bytes = \"4MiB\"     # per-session shared space for keys and results\n"
+      "max_keys_per_op = 65536     # larger batches are refused\n"
+      "spin_us = 50                # busy-poll this long before sleeping on the doorbell\n"
+      "max_sessions = 256\n"
+      "max_leases_per_session = 65536\n"
+      "\n[tiers.host]\n"
+      "capacity = \"1GiB\"          # per-tenant shared host arena\n"
+      "prefault = false            # fault the arena in at start\n"
+      "policy = \"lru\"             # eviction policy\n"
+      "\n[sim]\n"
+      "bandwidth = 0               # simulated device copy bandwidth, bytes/s (0: unlimited)\n"
+      "\n# Tenants: peers are matched by uid, then by primary gid. Without any\n"
+      "# [[tenants]] the daemon admits its own user as tenant \"default\".\n"
+      "[[tenants]]\n"
+      "name = \"default\"\n"
+      "uids = [", absl::StrJoin(d.tenants[0].uids, ", "), "]\n"
+      "gids = []\n"
+      "salt = \"\"                   # secret mixed into namespace ids; never logged\n"
+      "host_bytes = 0               # 0: tiers.host.capacity\n");
+}
+
+}  // namespace kvtier

@@ -1,0 +1,75 @@
+// kvtierd's configuration: TOML at /etc/kvtier/kvtierd.toml (or --config).
+// Every key has a default, so no file is needed; unknown keys and bad values
+// are refused with a message naming the key. docs/configuration.md lists
+// every key; `kvtierd --print-default-config` prints them with defaults.
+#ifndef KVTIER_DAEMON_CONFIG_H_
+#define KVTIER_DAEMON_CONFIG_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kvtier/types.h"
+
+namespace kvtier {
+
+struct TenantConfig {
+  std::string name;
+  std::vector<uid_t> uids;  // peers with one of these uids belong here
+  std::vector<gid_t> gids;  // or with one of these primary gids
+  std::string salt;         // mixed into namespace ids; secret, never logged
+  uint64_t host_bytes = 0;  // host arena size; 0 = tiers.host.capacity
+};
+
+struct Config {
+  // [daemon]
+  std::string run_dir;   // sockets; default: see core/paths.h
+  std::string data_dir;  // persistent data; default: see core/paths.h
+  std::string log_level = "info";
+  std::string device = "auto";  // "auto" | "cuda" | "sim"
+  HashAlgorithm hash = HashAlgorithm::kSha256;
+  // [ipc]
+  uint32_t ring_entries = 256;
+  uint64_t scratch_bytes = 4ull << 20;
+  uint32_t max_keys_per_op = 65536;
+  uint32_t spin_us = 50;
+  uint32_t max_sessions = 256;
+  uint32_t max_leases_per_session = 65536;
+  // [tiers.host]
+  uint64_t host_capacity = 1ull << 30;
+  bool host_prefault = false;
+  std::string host_policy = "lru";
+  // [sim]
+  uint64_t sim_bandwidth = 0;  // bytes/s; 0 = unlimited
+  // [[tenants]]; empty in a file means the default tenant.
+  std::vector<TenantConfig> tenants;
+
+  // Where the data and admin sockets live.
+  std::string DataSocketPath() const;
+  std::string AdminSocketPath() const;
+};
+
+// The embedded defaults: one tenant "default" admitting this process's uid.
+Config DefaultConfig();
+
+// Parses TOML text over the defaults and validates. `origin` names the source
+// in messages.
+absl::StatusOr<Config> ParseConfig(std::string_view toml_text, std::string_view origin);
+
+// Reads and parses a file; NotFound when it does not exist.
+absl::StatusOr<Config> LoadConfigFile(const std::string& path);
+
+// Cross-field checks (tenants, hash choice, sizes).
+absl::Status ValidateConfig(const Config& c);
+
+// A commented TOML file with every key at its default.
+std::string DefaultConfigToml();
+
+}  // namespace kvtier
+
+#endif  // KVTIER_DAEMON_CONFIG_H_

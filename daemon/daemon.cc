@@ -1,0 +1,365 @@
+#include "daemon/daemon.h"
+
+#include <signal.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "core/namespace.h"
+#include "core/status.h"
+#include "core/units.h"
+#include "ipc/attach.h"
+#include "ipc/unix_socket.h"
+#include "core/fmt_absl.h"
+#include "spdlog/spdlog.h"
+
+namespace kvtier {
+namespace {
+
+constexpr uint64_t kAttachTimeoutNs = 5'000'000'000;  // a connection must say hello within 5 s
+
+int PidfdOpen(pid_t pid) { return static_cast<int>(syscall(SYS_pidfd_open, pid, 0)); }
+
+absl::Status MakeDirs(const std::string& dir, mode_t mode) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot create directory ", dir, ": ",
+                                                      ec.message(), "; set daemon.run_dir/data_dir"));
+  }
+  struct stat st;
+  if (stat(dir.c_str(), &st) == 0 && st.st_uid == geteuid()) chmod(dir.c_str(), mode);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void Daemon::BlockSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+}
+
+Daemon::Daemon(const Config& config) : config_(config) {}
+
+Daemon::~Daemon() { CloseAll(); }
+
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const Config& config) {
+  RETURN_IF_ERROR(ValidateConfig(config));
+  std::unique_ptr<Daemon> d(new Daemon(config));
+  RETURN_IF_ERROR(d->Open());
+  return d;
+}
+
+absl::Status Daemon::Open() {
+  started_ns_ = MonotonicNanos();
+  ASSIGN_OR_RETURN(DeviceChoice choice,
+                   OpenDeviceBackend(config_.device, SimDeviceOptions{config_.sim_bandwidth}));
+  device_ = std::move(choice.backend);
+  device_reason_ = choice.reason;
+  spdlog::info("event=device backend={} detail=\"{}\"", device_->name(), device_reason_);
+
+  ASSIGN_OR_RETURN(cache_, BlockCache::Create({config_.max_leases_per_session, config_.host_policy}, &stats_));
+  for (const TenantConfig& t : config_.tenants) {
+    const uint64_t bytes = t.host_bytes ? t.host_bytes : config_.host_capacity;
+    auto host = HostTier::Create({absl::StrCat("kvtier-host-", t.name), bytes, config_.host_prefault});
+    if (!host.ok()) {
+      return absl::Status(host.status().code(), absl::StrCat("opening the host tier of tenant \"", t.name,
+                                                             "\": ", host.status().message()));
+    }
+    ASSIGN_OR_RETURN(uint16_t idx, cache_->AddTenant(t.name, std::move(*host)));
+    tenant_index_[t.name] = idx;
+    spdlog::info("event=tenant name={} host_capacity=\"{}\" policy={} uids={} gids={}", t.name,
+                 FormatBytes(bytes), config_.host_policy, t.uids.size(), t.gids.size());
+  }
+
+  RETURN_IF_ERROR(MakeDirs(config_.run_dir, 0755));
+  epoll_ = UniqueFd(epoll_create1(EPOLL_CLOEXEC));
+  if (!epoll_.valid()) return ErrnoStatus(errno, "epoll_create1");
+  // The data socket is open to all local users: admission is by SO_PEERCRED
+  // against the tenants. The admin socket is owner and group only.
+  ASSIGN_OR_RETURN(data_listen_, ipc::ListenUnix(config_.DataSocketPath(), SOCK_SEQPACKET, 0666));
+  ASSIGN_OR_RETURN(admin_listen_, ipc::ListenUnix(config_.AdminSocketPath(), SOCK_STREAM, 0660));
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGHUP);
+  signal_fd_ = UniqueFd(signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK));
+  if (!signal_fd_.valid()) return ErrnoStatus(errno, "signalfd");
+  wake_fd_ = UniqueFd(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!wake_fd_.valid()) return ErrnoStatus(errno, "eventfd");
+  Watch(data_listen_.get(), FdKind::kDataListen, 0, EPOLLIN);
+  Watch(admin_listen_.get(), FdKind::kAdminListen, 0, EPOLLIN);
+  Watch(signal_fd_.get(), FdKind::kSignal, 0, EPOLLIN);
+  Watch(wake_fd_.get(), FdKind::kWake, 0, EPOLLIN);
+  spdlog::info("event=listening socket={} admin_socket={} hash={}", config_.DataSocketPath(),
+               config_.AdminSocketPath(), HashAlgorithmName(config_.hash));
+  return absl::OkStatus();
+}
+
+void Daemon::Watch(int fd, FdKind kind, uint64_t id, uint32_t events) {
+  epoll_event ev{};
+  ev.events = events;
+  ev.data.fd = fd;
+  if (epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev) == 0) watched_[fd] = {kind, id};
+}
+
+void Daemon::Unwatch(int fd) {
+  if (watched_.erase(fd) > 0) epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, fd, nullptr);
+}
+
+void Daemon::Stop() {
+  stop_.store(true, std::memory_order_release);
+  if (wake_fd_.valid()) {
+    const uint64_t one = 1;
+    (void)!write(wake_fd_.get(), &one, sizeof(one));
+  }
+}
+
+absl::Status Daemon::Run() {
+  epoll_event events[64];
+  while (!stop_.load(std::memory_order_acquire)) {
+    const int n = epoll_wait(epoll_.get(), events, 64, 1000);
+    if (n < 0 && errno != EINTR) return ErrnoStatus(errno, "epoll_wait");
+    for (int i = 0; i < n; ++i) {
+      const int fd = events[i].data.fd;
+      auto it = watched_.find(fd);
+      if (it == watched_.end()) continue;
+      const auto [kind, id] = it->second;
+      switch (kind) {
+        case FdKind::kDataListen: OnDataListen(); break;
+        case FdKind::kAdminListen: OnAdminListen(); break;
+        case FdKind::kPendingAttach: OnPendingAttach(fd); break;
+        case FdKind::kAdminConn: OnAdminConn(fd); break;
+        case FdKind::kSessionSocket: {
+          char buf[256];
+          const ssize_t got = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+          // Clients send nothing after attach: EOF or an error is a hang-up;
+          // stray bytes are dropped.
+          if (got == 0 || (got < 0 && errno != EAGAIN && errno != EINTR) ||
+              (events[i].events & (EPOLLHUP | EPOLLRDHUP | EPOLLERR))) {
+            OnSessionGone(id, "socket hang-up");
+          }
+          break;
+        }
+        case FdKind::kSessionPid: OnSessionGone(id, "process exited"); break;
+        case FdKind::kWake: {
+          uint64_t v;
+          (void)!read(wake_fd_.get(), &v, sizeof(v));
+          ReapSessions();
+          break;
+        }
+        case FdKind::kSignal: {
+          signalfd_siginfo si;
+          while (read(signal_fd_.get(), &si, sizeof(si)) == sizeof(si)) {
+            if (si.ssi_signo == SIGHUP) {
+              spdlog::info("event=sighup action=none detail=\"configuration reload is not supported "
+                           "by this version; restart kvtierd to apply a changed config\"");
+            } else {
+              spdlog::info("event=signal signal={} action=shutdown", strsignal(si.ssi_signo));
+              stop_.store(true, std::memory_order_release);
+            }
+          }
+          break;
+        }
+      }
+    }
+    ExpirePendingAttaches();
+    ReapSessions();
+  }
+  CloseAll();
+  return absl::OkStatus();
+}
+
+void Daemon::OnDataListen() {
+  // One connection per wake-up: the listening socket is blocking, and epoll
+  // reports it again while more are queued.
+  const int fd = accept4(data_listen_.get(), nullptr, nullptr, SOCK_CLOEXEC);
+  if (fd < 0) return;
+  pending_[fd] = PendingAttach{UniqueFd(fd), MonotonicNanos() + kAttachTimeoutNs};
+  Watch(fd, FdKind::kPendingAttach, 0, EPOLLIN | EPOLLRDHUP);
+}
+
+void Daemon::ExpirePendingAttaches() {
+  const uint64_t now = MonotonicNanos();
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    if (it->second.deadline_ns < now) {
+      Unwatch(it->first);
+      pending_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void Daemon::OnPendingAttach(int fd) {
+  auto it = pending_.find(fd);
+  if (it == pending_.end()) return;
+  UniqueFd conn = std::move(it->second.fd);
+  pending_.erase(it);
+  Unwatch(fd);
+  absl::StatusOr<ipc::ReceivedMessage> msg = ipc::ReceiveMessage(conn.get(), ipc::kMaxAttachMessage, 0);
+  if (!msg.ok() || msg->eof) return;  // gone before saying hello
+  if (msg->truncated || !msg->fds.empty()) {
+    absl::StatusOr<ipc::PeerCredentials> peer = ipc::GetPeerCredentials(conn.get());
+    RefuseAttach(conn.get(), KVTIER_EPROTO, "attach request too long, or carrying descriptors",
+                 peer.ok() ? *peer : ipc::PeerCredentials{});
+    return;
+  }
+  Attach(std::move(conn), msg->data);
+}
+
+void Daemon::RefuseAttach(int fd, int code, const std::string& message, const ipc::PeerCredentials& peer) {
+  stats_.attach_refused.Add();
+  spdlog::warn("event=attach_refused pid={} uid={} gid={} code={} reason=\"{}\"", peer.pid, peer.uid,
+               peer.gid, kvtier_strerror(code), message);
+  ipc::AttachReply reply;
+  reply.status = code;
+  reply.message = message;
+  (void)ipc::SendMessage(fd, ipc::EncodeAttachReply(reply));
+}
+
+void Daemon::Attach(UniqueFd fd, std::span<const std::byte> request) {
+  absl::StatusOr<ipc::PeerCredentials> peer = ipc::GetPeerCredentials(fd.get());
+  if (!peer.ok()) return;
+  absl::StatusOr<ipc::AttachRequest> req = ipc::DecodeAttachRequest(request);
+  if (!req.ok()) {
+    RefuseAttach(fd.get(), ToErrorCode(req.status()), std::string(req.status().message()), *peer);
+    return;
+  }
+  if (absl::Status s = ValidateDescriptor(req->ns); !s.ok()) {
+    RefuseAttach(fd.get(), KVTIER_EINVAL, std::string(s.message()), *peer);
+    return;
+  }
+  // Tenants by uid first, then by primary gid.
+  const TenantConfig* tenant = nullptr;
+  for (const TenantConfig& t : config_.tenants) {
+    if (std::find(t.uids.begin(), t.uids.end(), peer->uid) != t.uids.end()) tenant = &t;
+  }
+  for (const TenantConfig& t : config_.tenants) {
+    if (tenant == nullptr && std::find(t.gids.begin(), t.gids.end(), peer->gid) != t.gids.end()) tenant = &t;
+  }
+  if (tenant == nullptr) {
+    RefuseAttach(fd.get(), KVTIER_EACCES,
+                 absl::StrCat("uid ", peer->uid, " (gid ", peer->gid,
+                              ") belongs to no tenant of kvtierd; an administrator can add it to a "
+                              "[[tenants]] entry's uids or gids"),
+                 *peer);
+    return;
+  }
+  if (sessions_.size() >= config_.max_sessions) {
+    RefuseAttach(fd.get(), KVTIER_EBUSY,
+                 absl::StrCat("kvtierd already serves ", sessions_.size(),
+                              " sessions (ipc.max_sessions); detach idle clients or raise the limit"),
+                 *peer);
+    return;
+  }
+  const uint16_t tenant_idx = tenant_index_.at(tenant->name);
+  const NamespaceId ns_id = ComputeNamespaceId(req->ns, tenant->name, tenant->salt);
+  absl::StatusOr<NamespaceInfo> ns = namespaces_.Register(ns_id, tenant_idx, req->ns);
+  if (!ns.ok()) {
+    RefuseAttach(fd.get(), ToErrorCode(ns.status()), std::string(ns.status().message()), *peer);
+    return;
+  }
+  const uint64_t id = next_session_id_++;
+  absl::StatusOr<ipc::SessionSegment> seg = ipc::SessionSegment::Create(
+      id, ipc::SegmentOptions{config_.ring_entries, config_.ring_entries, config_.scratch_bytes,
+                              config_.max_keys_per_op});
+  if (!seg.ok()) {
+    RefuseAttach(fd.get(), KVTIER_ENOMEM, std::string(seg.status().message()), *peer);
+    return;
+  }
+  HostTier* host = cache_->host_tier(tenant_idx);
+  ipc::AttachReply reply;
+  reply.session_id = id;
+  reply.namespace_id = ns_id;
+  reply.hash = config_.hash;
+  reply.block_tokens = ns->block_tokens;
+  reply.block_bytes = ns->block_bytes;
+  reply.arena_bytes = host->arena_bytes();
+  reply.tenant = tenant->name;
+  const int fds[2] = {seg->fd(), host->arena_fd()};
+  if (absl::Status s = ipc::SendMessage(fd.get(), ipc::EncodeAttachReply(reply), fds); !s.ok()) {
+    spdlog::warn("event=attach_failed pid={} reason=\"{}\"", peer->pid, s.message());
+    return;
+  }
+  UniqueFd pidfd(peer->pid > 0 ? PidfdOpen(peer->pid) : -1);
+  const int sock = fd.get();
+  SessionIdentity identity{id, *peer, req->client_name, static_cast<uint64_t>(time(nullptr))};
+  auto session = std::make_unique<Session>(
+      identity, *ns, tenant->name, std::move(*seg), std::move(fd), cache_.get(), &stats_,
+      SessionOptions{config_.spin_us}, [this] {
+        const uint64_t one = 1;
+        (void)!write(wake_fd_.get(), &one, sizeof(one));
+      });
+  Watch(sock, FdKind::kSessionSocket, id, EPOLLIN | EPOLLRDHUP);
+  if (pidfd.valid()) Watch(pidfd.get(), FdKind::kSessionPid, id, EPOLLIN);
+  session->Start();
+  stats_.sessions_attached.Add();
+  spdlog::info("event=attach session={} pid={} uid={} tenant={} namespace={} model={} block_bytes={} "
+               "client=\"{}\"",
+               id, peer->pid, peer->uid, tenant->name, ShortId(ns_id), ns->model_id, ns->block_bytes,
+               req->client_name);
+  sessions_.emplace(id, LiveSession{std::move(session), std::move(pidfd)});
+}
+
+void Daemon::OnSessionGone(uint64_t session_id, absl::string_view why) {
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) return;
+  LiveSession& ls = it->second;
+  Unwatch(ls.session->socket_fd());
+  if (ls.pidfd.valid()) Unwatch(ls.pidfd.get());
+  if (!ls.session->finished()) {
+    stats_.sessions_closed_dead.Add();
+    spdlog::info("event=client_gone session={} pid={} detail=\"{}\" action=release_pins", session_id,
+                 ls.session->identity().peer.pid, why);
+  }
+  ls.session->Stop(ipc::CloseReason::kShutdown);
+}
+
+void Daemon::ReapSessions() {
+  for (auto it = sessions_.begin(); it != sessions_.end();) {
+    if (it->second.session->finished()) {
+      Unwatch(it->second.session->socket_fd());
+      if (it->second.pidfd.valid()) Unwatch(it->second.pidfd.get());
+      it->second.session->Join();
+      it = sessions_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void Daemon::CloseAll() {
+  for (auto& [id, ls] : sessions_) ls.session->Stop(ipc::CloseReason::kShutdown);
+  for (auto& [id, ls] : sessions_) ls.session->Join();
+  const bool had = !sessions_.empty() || data_listen_.valid();
+  sessions_.clear();
+  pending_.clear();
+  admin_conns_.clear();
+  watched_.clear();
+  if (data_listen_.valid()) {
+    unlink(config_.DataSocketPath().c_str());
+    data_listen_.Reset();
+  }
+  if (admin_listen_.valid()) {
+    unlink(config_.AdminSocketPath().c_str());
+    admin_listen_.Reset();
+  }
+  if (had) spdlog::info("event=stopped detail=\"sessions closed, sockets removed\"");
+}
+
+}  // namespace kvtier

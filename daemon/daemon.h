@@ -1,0 +1,101 @@
+// kvtierd's control plane: one epoll loop that accepts attaches (checking
+// SO_PEERCRED against the tenants), watches every session's socket and pidfd
+// for a dead client, serves the admin socket, handles signals, and reaps
+// sessions whose threads ended. The data plane runs on the session threads.
+#ifndef KVTIER_DAEMON_DAEMON_H_
+#define KVTIER_DAEMON_DAEMON_H_
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "core/unique_fd.h"
+#include "daemon/block_cache.h"
+#include "daemon/config.h"
+#include "daemon/namespace_registry.h"
+#include "daemon/session.h"
+#include "daemon/stats.h"
+#include "nlohmann/json.hpp"
+#include "tiers/device_backend.h"
+
+namespace kvtier {
+
+class Daemon {
+ public:
+  // Opens tiers and sockets; logs what it chose. Errors say what to fix.
+  static absl::StatusOr<std::unique_ptr<Daemon>> Create(const Config& config);
+  ~Daemon();
+  Daemon(const Daemon&) = delete;
+  Daemon& operator=(const Daemon&) = delete;
+
+  // Serves until SIGTERM/SIGINT or Stop(); then closes every session and
+  // removes its sockets. The calling thread must have SIGTERM, SIGINT and
+  // SIGHUP blocked (BlockSignals) so the loop's signalfd receives them.
+  absl::Status Run();
+  // Thread-safe, async-signal-safe: makes Run return.
+  void Stop();
+
+  // Blocks the signals Run handles, for the calling thread and the threads
+  // it creates afterwards. Call first thing in main().
+  static void BlockSignals();
+
+  // Builds the response to one admin request (exposed for tests).
+  nlohmann::json HandleAdmin(const nlohmann::json& request);
+
+ private:
+  explicit Daemon(const Config& config);
+  absl::Status Open();
+
+  enum class FdKind : uint8_t { kDataListen, kAdminListen, kSignal, kWake, kPendingAttach,
+                                kSessionSocket, kSessionPid, kAdminConn };
+  void Watch(int fd, FdKind kind, uint64_t id, uint32_t events);
+  void Unwatch(int fd);
+  void OnDataListen();
+  void OnPendingAttach(int fd);
+  void OnAdminListen();
+  void OnAdminConn(int fd);
+  void OnSessionGone(uint64_t session_id, absl::string_view why);
+  void ReapSessions();
+  void ExpirePendingAttaches();
+  void Attach(UniqueFd fd, std::span<const std::byte> request);
+  void RefuseAttach(int fd, int code, const std::string& message, const ipc::PeerCredentials& peer);
+  nlohmann::json Status() const;
+  void CloseAll();
+
+  Config config_;
+  DaemonStats stats_;
+  std::unique_ptr<DeviceBackend> device_;
+  std::string device_reason_;
+  std::unique_ptr<BlockCache> cache_;
+  NamespaceRegistry namespaces_;
+  absl::flat_hash_map<std::string, uint16_t> tenant_index_;
+
+  UniqueFd epoll_, data_listen_, admin_listen_, signal_fd_, wake_fd_;
+  uint64_t next_session_id_ = 1;
+  struct PendingAttach {
+    UniqueFd fd;
+    uint64_t deadline_ns;
+  };
+  absl::flat_hash_map<int, PendingAttach> pending_;
+  struct LiveSession {
+    std::unique_ptr<Session> session;
+    UniqueFd pidfd;
+  };
+  std::map<uint64_t, LiveSession> sessions_;
+  struct AdminConn {
+    UniqueFd fd;
+    std::string buffer;
+  };
+  absl::flat_hash_map<int, AdminConn> admin_conns_;
+  absl::flat_hash_map<int, std::pair<FdKind, uint64_t>> watched_;
+  std::atomic<bool> stop_{false};
+  uint64_t started_ns_ = 0;
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_DAEMON_DAEMON_H_

@@ -1,0 +1,22 @@
+#include "daemon/namespace_registry.h"
+
+namespace kvtier {
+
+absl::StatusOr<NamespaceInfo> NamespaceRegistry::Register(const NamespaceId& id, uint16_t tenant,
+                                                          const NamespaceDescriptor& d) {
+  MutexLock l(&mu_);
+  if (auto it = by_id_.find(id); it != by_id_.end()) return infos_[it->second];
+  if (infos_.size() >= UINT32_MAX) return absl::ResourceExhaustedError("too many namespaces");
+  NamespaceInfo info{static_cast<uint32_t>(infos_.size()), id, tenant, d.block_tokens,
+                     d.block_bytes, d.model_id};
+  by_id_.emplace(id, info.handle);
+  infos_.push_back(info);
+  return info;
+}
+
+std::vector<NamespaceInfo> NamespaceRegistry::List() const {
+  MutexLock l(&mu_);
+  return infos_;
+}
+
+}  // namespace kvtier

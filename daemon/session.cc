@@ -1,0 +1,268 @@
+#include "daemon/session.h"
+
+#include <sys/socket.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "core/namespace.h"
+#include "core/status.h"
+#include "core/units.h"
+#include "ipc/doorbell.h"
+#include "core/fmt_absl.h"
+#include "spdlog/spdlog.h"
+
+namespace kvtier {
+
+using ipc::CloseReason;
+using ipc::CompletionRecord;
+using ipc::Opcode;
+using ipc::RequestRecord;
+
+Session::Session(SessionIdentity identity, NamespaceInfo ns, std::string tenant,
+                 ipc::SessionSegment segment, UniqueFd socket, BlockCache* cache,
+                 DaemonStats* stats, SessionOptions opts, std::function<void()> on_exit)
+    : identity_(std::move(identity)), ns_(ns), tenant_(std::move(tenant)),
+      segment_(std::move(segment)), socket_(std::move(socket)), cache_(cache), stats_(stats),
+      opts_(opts), on_exit_(std::move(on_exit)) {
+  holdings_.ns = ns_;
+}
+
+Session::~Session() {
+  Stop(CloseReason::kShutdown);
+  Join();
+}
+
+void Session::Start() { thread_ = std::thread([this] { Run(); }); }
+
+void Session::Stop(CloseReason reason) {
+  uint32_t expected = 0;
+  stop_reason_.compare_exchange_strong(expected, static_cast<uint32_t>(reason));
+  stop_.store(true, std::memory_order_release);
+  ipc::FutexWakeAll(&segment_.header()->sq_tail);
+}
+
+void Session::Join() {
+  if (thread_.joinable()) thread_.join();
+}
+
+SessionInfo Session::Info() const {
+  return SessionInfo{identity_, tenant_, ns_, ops_.load(std::memory_order_relaxed),
+                     holdings_.lease_count.load(std::memory_order_relaxed),
+                     holdings_.pinned_blocks.load(std::memory_order_relaxed)};
+}
+
+bool Session::Post(ipc::RingProducer<CompletionRecord>& cq, const CompletionRecord& c) {
+  ipc::SegmentHeader* h = segment_.header();
+  // The client never has more operations in flight than the ring holds, so a
+  // full ring means it is slow to reap; wait, but not past a stop.
+  while (!cq.TryPush(c)) {
+    if (stop_.load(std::memory_order_acquire)) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (h->client_sleeping.load(std::memory_order_relaxed) != 0) ipc::FutexWakeAll(&h->cq_tail);
+  return true;
+}
+
+void Session::Run() {
+  ipc::SegmentHeader* h = segment_.header();
+  ipc::RingConsumer<RequestRecord> sq = segment_.DaemonSq();
+  ipc::RingProducer<CompletionRecord> cq = segment_.DaemonCq();
+  const uint64_t spin_ns = uint64_t{opts_.spin_us} * 1000;
+  uint64_t idle_since = MonotonicNanos();
+  std::string fatal_reason;
+
+  while (!stop_.load(std::memory_order_acquire)) {
+    RequestRecord req;
+    const ipc::PopResult pr = sq.TryPop(&req);
+    if (pr == ipc::PopResult::kCorrupt) {
+      fatal_reason = "request ring indices are corrupt";
+      break;
+    }
+    if (pr == ipc::PopResult::kOk) {
+      Outcome o = Process(req);
+      ops_.fetch_add(1, std::memory_order_relaxed);
+      if (o.status != 0) WriteMessage(req, o.message);
+      if (!Post(cq, CompletionRecord{req.op_id, o.status, o.count, o.handle, o.value})) break;
+      if (o.fatal) {
+        fatal_reason = o.message;
+        break;
+      }
+      idle_since = MonotonicNanos();
+      continue;
+    }
+    if (MonotonicNanos() - idle_since < spin_ns) {
+      ipc::CpuRelax();
+      continue;
+    }
+    // Sleep on the doorbell: announce, re-check, then wait.
+    h->daemon_sleeping.store(1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (!sq.HasPending() && !stop_.load(std::memory_order_acquire)) {
+      ipc::FutexWait(&h->sq_tail, sq.head(), std::chrono::milliseconds(500));
+    }
+    h->daemon_sleeping.store(0, std::memory_order_relaxed);
+    idle_since = MonotonicNanos();
+  }
+
+  CloseReason reason = static_cast<CloseReason>(stop_reason_.load(std::memory_order_acquire));
+  if (!fatal_reason.empty()) {
+    reason = CloseReason::kProtocolError;
+    stats_->protocol_errors.Add();
+    spdlog::warn("event=session_closed session={} pid={} reason=protocol_error detail=\"{}\" "
+                 "hint=\"the client broke the ring protocol; other sessions are unaffected\"",
+                 identity_.id, identity_.peer.pid, fatal_reason);
+  }
+  const uint64_t leases = holdings_.leases.size();
+  const uint64_t tickets = holdings_.tickets.size();
+  cache_->CloseSession(holdings_);
+  h->closed.store(static_cast<uint32_t>(reason == CloseReason::kOpen ? CloseReason::kShutdown : reason),
+                  std::memory_order_release);
+  ipc::FutexWakeAll(&h->cq_tail);
+  // Tell the client through the socket too (it may be polling it).
+  shutdown(socket_.get(), SHUT_RDWR);
+  spdlog::info("event=session_end session={} pid={} ops={} leases_released={} stores_aborted={}",
+               identity_.id, identity_.peer.pid, ops_.load(), leases, tickets);
+  finished_.store(true, std::memory_order_release);
+  if (on_exit_) on_exit_();
+}
+
+bool Session::OutRangeOk(const RequestRecord& req, uint64_t need) const {
+  const uint64_t size = segment_.scratch().size();
+  return req.out_bytes >= need && req.out_offset <= size && req.out_bytes <= size - req.out_offset;
+}
+
+bool Session::ReadKeys(const RequestRecord& req, std::vector<BlockKey>* keys, std::string* why) {
+  const std::span<std::byte> scratch = segment_.scratch();
+  if (req.count > segment_.max_keys_per_op()) {
+    *why = absl::StrCat("request of ", req.count, " keys exceeds the limit of ",
+                        segment_.max_keys_per_op(), " (ipc.max_keys_per_op)");
+    return false;
+  }
+  const uint64_t bytes = uint64_t{req.count} * ipc::kKeyBytes;
+  if (req.keys_offset > scratch.size() || bytes > scratch.size() - req.keys_offset) {
+    *why = absl::StrCat("keys at scratch offset ", req.keys_offset, " (+", bytes,
+                        " bytes) lie outside the ", scratch.size(), "-byte scratch region");
+    return false;
+  }
+  keys->resize(req.count);
+  // Copy out of shared memory before use: the client could change it under us.
+  std::memcpy(keys->data(), scratch.data() + req.keys_offset, bytes);
+  return true;
+}
+
+void Session::WriteResults(const RequestRecord& req, const std::vector<BlockLocation>& locs) {
+  std::byte* out = segment_.scratch().data() + req.out_offset;
+  for (size_t i = 0; i < locs.size(); ++i) {
+    ipc::BlockResult r{};
+    r.arena_offset = locs[i].arena_offset;
+    r.tier = static_cast<uint8_t>(locs[i].tier);
+    r.flags = locs[i].needed ? ipc::kBlockNeeded : 0;
+    std::memcpy(out + i * sizeof(r), &r, sizeof(r));
+  }
+}
+
+void Session::WriteMessage(const RequestRecord& req, const std::string& message) {
+  if (!OutRangeOk(req, 1)) return;
+  const size_t n = std::min<size_t>({message.size(), req.out_bytes - 1, ipc::kErrorMessageBytes - 1});
+  std::byte* out = segment_.scratch().data() + req.out_offset;
+  std::memcpy(out, message.data(), n);
+  out[n] = std::byte{0};
+}
+
+Session::Outcome Session::Process(const RequestRecord& req) {
+  Outcome o;
+  auto fail = [&](const absl::Status& s) {
+    o.status = ToErrorCode(s);
+    o.message = std::string(s.message());
+    return o;
+  };
+  auto fatal = [&](std::string why) {
+    o.status = KVTIER_EPROTO;
+    o.message = absl::StrCat("malformed request (", why, "); kvtierd closed this session");
+    o.fatal = true;
+    return o;
+  };
+  if (req.opcode == 0 || req.opcode > ipc::kMaxOpcode) {
+    return fatal(absl::StrCat("unknown opcode ", req.opcode));
+  }
+  const Opcode op = static_cast<Opcode>(req.opcode);
+  const bool takes_keys = op == Opcode::kLookup || op == Opcode::kLoad || op == Opcode::kStoreBegin ||
+                          op == Opcode::kInvalidate;
+  const bool returns_blocks = op == Opcode::kLookup || op == Opcode::kLoad || op == Opcode::kStoreBegin;
+  std::vector<BlockKey> keys;
+  if (takes_keys) {
+    std::string why;
+    if (!ReadKeys(req, &keys, &why)) return fatal(why);
+    if (returns_blocks && !OutRangeOk(req, uint64_t{req.count} * sizeof(ipc::BlockResult))) {
+      return fatal(absl::StrCat("result area at scratch offset ", req.out_offset, " (", req.out_bytes,
+                                " bytes) is outside scratch or smaller than ", req.count, " results"));
+    }
+    if (keys.empty()) return fail(absl::InvalidArgumentError("request carries no keys"));
+  }
+  if ((req.flags & ~ipc::kFlagLease) != 0 || (req.flags != 0 && op != Opcode::kLookup)) {
+    return fail(absl::InvalidArgumentError(absl::StrCat("unknown flags 0x", absl::Hex(req.flags))));
+  }
+
+  std::vector<BlockLocation> locs(returns_blocks ? keys.size() : 0);
+  switch (op) {
+    case Opcode::kPing:
+      return o;
+    case Opcode::kLookup: {
+      uint64_t lease = 0;
+      absl::StatusOr<uint32_t> hit =
+          cache_->Lookup(holdings_, keys, (req.flags & ipc::kFlagLease) != 0, &lease, std::span(locs));
+      if (!hit.ok()) return fail(hit.status());
+      WriteResults(req, locs);
+      o.count = *hit;
+      o.handle = lease;
+      return o;
+    }
+    case Opcode::kLoad: {
+      absl::Status s = cache_->Load(holdings_, req.handle, keys, std::span(locs));
+      if (!s.ok()) return fail(s);
+      WriteResults(req, locs);
+      o.count = static_cast<uint32_t>(keys.size());
+      return o;
+    }
+    case Opcode::kStoreBegin: {
+      uint64_t ticket = 0;
+      absl::StatusOr<uint32_t> needed = cache_->StoreBegin(holdings_, keys, &ticket, std::span(locs));
+      if (!needed.ok()) return fail(needed.status());
+      WriteResults(req, locs);
+      o.count = *needed;
+      o.handle = ticket;
+      return o;
+    }
+    case Opcode::kStoreCommit: {
+      absl::Status s = cache_->StoreCommit(holdings_, req.handle);
+      return s.ok() ? o : fail(s);
+    }
+    case Opcode::kStoreAbort: {
+      absl::Status s = cache_->StoreAbort(holdings_, req.handle);
+      return s.ok() ? o : fail(s);
+    }
+    case Opcode::kRelease: {
+      absl::Status s = cache_->Release(holdings_, req.handle);
+      return s.ok() ? o : fail(s);
+    }
+    case Opcode::kInvalidate: {
+      absl::StatusOr<uint32_t> n = cache_->Invalidate(holdings_, keys);
+      if (!n.ok()) return fail(n.status());
+      o.value = *n;
+      return o;
+    }
+    case Opcode::kInvalidateNamespace: {
+      absl::StatusOr<uint32_t> n = cache_->InvalidateNamespace(holdings_);
+      if (!n.ok()) return fail(n.status());
+      o.value = *n;
+      return o;
+    }
+  }
+  return fatal("unhandled opcode");
+}
+
+}  // namespace kvtier

@@ -1,0 +1,107 @@
+// One attached engine: its shared segment, its socket, and the thread that
+// serves its request ring. The thread spins briefly when idle, then sleeps on
+// the futex doorbell; it ends when asked (hang-up, shutdown) or when the
+// client breaks the protocol, and then releases everything the session held.
+#ifndef KVTIER_DAEMON_SESSION_H_
+#define KVTIER_DAEMON_SESSION_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <thread>
+
+#include "core/unique_fd.h"
+#include "daemon/block_cache.h"
+#include "daemon/stats.h"
+#include "ipc/abi.h"
+#include "ipc/session_segment.h"
+#include "ipc/unix_socket.h"
+
+namespace kvtier {
+
+struct SessionIdentity {
+  uint64_t id = 0;
+  ipc::PeerCredentials peer;
+  std::string client_name;
+  uint64_t attached_unix_s = 0;
+};
+
+struct SessionOptions {
+  uint32_t spin_us = 50;
+};
+
+// What the admin endpoint shows about a session.
+struct SessionInfo {
+  SessionIdentity identity;
+  std::string tenant;
+  NamespaceInfo ns;
+  uint64_t ops = 0;
+  uint64_t leases = 0;
+  uint64_t pinned_blocks = 0;
+};
+
+class Session {
+ public:
+  // on_exit runs on the session thread after it released everything.
+  Session(SessionIdentity identity, NamespaceInfo ns, std::string tenant, ipc::SessionSegment segment,
+          UniqueFd socket, BlockCache* cache, DaemonStats* stats, SessionOptions opts,
+          std::function<void()> on_exit);
+  ~Session();  // stops and joins
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  void Start();
+  // Thread-safe. Asks the thread to close the session with `reason`.
+  void Stop(ipc::CloseReason reason);
+  // Thread-safe. True once the thread has released everything and ended.
+  bool finished() const { return finished_.load(std::memory_order_acquire); }
+  void Join();
+
+  uint64_t id() const { return identity_.id; }
+  int socket_fd() const { return socket_.get(); }
+  const SessionIdentity& identity() const { return identity_; }
+  // Thread-safe.
+  SessionInfo Info() const;
+
+ private:
+  struct Outcome {
+    int32_t status = 0;
+    uint32_t count = 0;
+    uint64_t handle = 0;
+    uint64_t value = 0;
+    std::string message;  // on failure
+    bool fatal = false;   // malformed: close the session after answering
+  };
+
+  void Run();
+  Outcome Process(const ipc::RequestRecord& req);
+  // Copies `count` keys out of scratch; false (with *why) if out of bounds.
+  bool ReadKeys(const ipc::RequestRecord& req, std::vector<BlockKey>* keys, std::string* why);
+  bool OutRangeOk(const ipc::RequestRecord& req, uint64_t need) const;
+  void WriteResults(const ipc::RequestRecord& req, const std::vector<BlockLocation>& locs);
+  void WriteMessage(const ipc::RequestRecord& req, const std::string& message);
+  // Pushes a completion, waiting for room; false if stopped meanwhile.
+  bool Post(ipc::RingProducer<ipc::CompletionRecord>& cq, const ipc::CompletionRecord& c);
+
+  const SessionIdentity identity_;
+  const NamespaceInfo ns_;
+  const std::string tenant_;
+  ipc::SessionSegment segment_;
+  UniqueFd socket_;
+  BlockCache* const cache_;
+  DaemonStats* const stats_;
+  const SessionOptions opts_;
+  std::function<void()> on_exit_;
+
+  SessionHoldings holdings_;  // session thread only (atomics inside are shared)
+  std::atomic<bool> stop_{false};
+  std::atomic<uint32_t> stop_reason_{0};
+  std::atomic<bool> finished_{false};
+  std::atomic<uint64_t> ops_{0};
+  std::thread thread_;
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_DAEMON_SESSION_H_

@@ -1,0 +1,31 @@
+// Daemon-wide counters. Relaxed atomics: each is an independent tally read
+// for reporting, never used to order other memory.
+#ifndef KVTIER_DAEMON_STATS_H_
+#define KVTIER_DAEMON_STATS_H_
+
+#include <atomic>
+#include <cstdint>
+
+namespace kvtier {
+
+struct Counter {
+  std::atomic<uint64_t> v{0};
+  void Add(uint64_t n = 1) { v.fetch_add(n, std::memory_order_relaxed); }
+  uint64_t Get() const { return v.load(std::memory_order_relaxed); }
+};
+
+struct DaemonStats {
+  // Lookups that take a lease are the engine's commitment to a request; they
+  // feed hit statistics. Lookups without a lease (scheduler probes that may
+  // repeat) are counted apart and change nothing.
+  Counter lookups, lookup_hits, probes;
+  Counter blocks_queried, blocks_hit, tokens_queried, tokens_hit;
+  Counter stores, blocks_stored, bytes_stored, store_aborts, blocks_already_present;
+  Counter loads, blocks_loaded, bytes_loaded;
+  Counter evictions, invalidations, store_refused_no_space;
+  Counter sessions_attached, attach_refused, protocol_errors, sessions_closed_dead;
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_DAEMON_STATS_H_

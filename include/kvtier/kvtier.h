@@ -1,0 +1,153 @@
+/* kvtier C ABI: the engine-side client library (libkvtier).
+ *
+ * Every function returns 0 on success or a negative errno-style code
+ * (KVTIER_E*), as liburing does; kvtier_strerror() turns a code into text and
+ * kvtier_last_error() gives the detailed message of the last failure on this
+ * client. One client serves one issuing thread.
+ *
+ * Example (error handling elided):
+ *
+ *   kvtier_namespace_desc ns = {0};
+ *   ns.model_id = "meta-llama/Llama-3.1-8B"; ns.model_revision = "0e9e39f";
+ *   ns.kv_dtype = "bf16"; ns.kv_layout = "layer_major";
+ *   ns.block_tokens = 16; ns.block_bytes = 2 * 32 * 16 * 8 * 128 * 2;
+ *   ns.tp_size = 1;
+ *   kvtier_client* c;
+ *   kvtier_attach(NULL, &ns, &c);
+ *   kvtier_key keys[4]; size_t n;
+ *   kvtier_compute_keys(c, tokens, 64, NULL, NULL, 0, keys, 4, &n);
+ *   kvtier_lookup_result r;
+ *   kvtier_lookup(c, keys, n, KVTIER_LOOKUP_LEASE, &r, NULL);
+ *   ...
+ *   kvtier_release(c, r.lease);
+ *   kvtier_detach(c);
+ */
+#ifndef KVTIER_KVTIER_H_
+#define KVTIER_KVTIER_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Error codes: negative Linux errno values, so they print with strerror too. */
+enum {
+  KVTIER_OK = 0,
+  KVTIER_EIO = -5,             /* I/O error in a tier */
+  KVTIER_ENOENT = -2,          /* unknown key, lease or store ticket */
+  KVTIER_ENOMEM = -12,         /* out of memory in the client */
+  KVTIER_EACCES = -13,         /* not admitted: no tenant matches the peer */
+  KVTIER_EBUSY = -16,          /* too many operations in flight */
+  KVTIER_EEXIST = -17,         /* already present */
+  KVTIER_EINVAL = -22,         /* bad argument */
+  KVTIER_ENOSPC = -28,         /* tier full and nothing evictable */
+  KVTIER_EPROTO = -71,         /* malformed message: the session was closed */
+  KVTIER_EPROTONOSUPPORT = -93,/* ABI version mismatch between client and daemon */
+  KVTIER_ENOTCONN = -107,      /* daemon unreachable or gone; re-attach */
+  KVTIER_ETIMEDOUT = -110,     /* wait timed out; the operation is still in flight */
+  KVTIER_ECANCELED = -125      /* operation cancelled (session closing) */
+};
+
+/* Tiers, in order of speed. */
+typedef enum {
+  KVTIER_TIER_NONE = 0,
+  KVTIER_TIER_GPU = 1,
+  KVTIER_TIER_HOST = 2,
+  KVTIER_TIER_NVME = 3
+} kvtier_tier;
+
+/* A block key: the full 256-bit chained hash of a prefix. */
+typedef struct {
+  uint8_t bytes[32];
+} kvtier_key;
+
+/* Everything outside the tokens that changes K/V. Strings are NUL-terminated;
+ * NULL means empty. Two engines with equal descriptors (and the same tenant)
+ * share blocks. cache_salt is never logged. */
+typedef struct {
+  const char* model_id;
+  const char* model_revision;
+  const char* tokenizer_revision;
+  const char* adapter_id;
+  const char* attention_config_hash;
+  const char* kv_dtype;
+  const char* kv_layout;
+  const char* cache_salt;
+  uint32_t block_tokens;
+  uint64_t block_bytes;
+  uint32_t tp_rank;
+  uint32_t tp_size;
+} kvtier_namespace_desc;
+
+typedef struct kvtier_client kvtier_client;
+
+/* Lookup flags. */
+#define KVTIER_LOOKUP_LEASE 1u /* pin the hit prefix; release with kvtier_release */
+
+typedef struct {
+  uint32_t hit_blocks; /* length of the longest present prefix, in blocks */
+  uint64_t lease;      /* 0 when no lease was taken or nothing hit */
+} kvtier_lookup_result;
+
+/* A block the engine reads in place (load) or fills in place (store). */
+typedef struct {
+  void* data;       /* in the shared host arena; NULL when not needed */
+  uint64_t size;    /* block_bytes of the namespace */
+  uint8_t tier;     /* kvtier_tier the block was found in (load) */
+  uint8_t needed;   /* store: 1 when the engine must fill it, 0 when already cached */
+} kvtier_block;
+
+typedef uint64_t kvtier_op; /* asynchronous operation id, never 0 */
+
+/* Attach to the daemon. socket_path NULL: $KVTIER_SOCKET, else the default
+ * run directory's kvtierd.sock. */
+int kvtier_attach(const char* socket_path, const kvtier_namespace_desc* ns, kvtier_client** out);
+void kvtier_detach(kvtier_client* c);
+
+/* Chained keys for the full blocks of `tokens`: n_tokens / block_tokens
+ * keys (the partial last block is not cached). parent NULL starts a new chain. */
+int kvtier_compute_keys(kvtier_client* c, const uint32_t* tokens, size_t n_tokens,
+                        const kvtier_key* parent, const void* extra, size_t extra_len,
+                        kvtier_key* out, size_t max_keys, size_t* n_out);
+
+/* Synchronous forms. tiers (may be NULL) receives n entries; entries past the
+ * hit prefix are KVTIER_TIER_NONE. */
+int kvtier_lookup(kvtier_client* c, const kvtier_key* keys, size_t n, uint32_t flags,
+                  kvtier_lookup_result* result, uint8_t* tiers);
+int kvtier_load(kvtier_client* c, uint64_t lease, const kvtier_key* keys, size_t n,
+                kvtier_block* blocks);
+int kvtier_store_begin(kvtier_client* c, const kvtier_key* keys, size_t n, uint64_t* ticket,
+                       kvtier_block* blocks);
+int kvtier_store_commit(kvtier_client* c, uint64_t ticket);
+int kvtier_store_abort(kvtier_client* c, uint64_t ticket);
+int kvtier_store(kvtier_client* c, const kvtier_key* keys, size_t n, const void* const* src);
+int kvtier_release(kvtier_client* c, uint64_t lease);
+int kvtier_invalidate(kvtier_client* c, const kvtier_key* keys, size_t n);
+int kvtier_invalidate_namespace(kvtier_client* c);
+
+/* Asynchronous forms: the output buffers must stay valid until the operation
+ * completes (kvtier_poll returns 1 or kvtier_wait returns). */
+int kvtier_lookup_async(kvtier_client* c, const kvtier_key* keys, size_t n, uint32_t flags,
+                        kvtier_lookup_result* result, uint8_t* tiers, kvtier_op* op);
+int kvtier_load_async(kvtier_client* c, uint64_t lease, const kvtier_key* keys, size_t n,
+                      kvtier_block* blocks, kvtier_op* op);
+/* 1 when done (its status in *status), 0 while in flight, <0 on error. */
+int kvtier_poll(kvtier_client* c, kvtier_op op, int* status);
+/* Waits up to timeout_ms (<0: no limit); returns the operation's status. */
+int kvtier_wait(kvtier_client* c, kvtier_op op, int timeout_ms);
+
+/* Block size of the attached namespace, and its namespace id (32 bytes). */
+uint64_t kvtier_block_bytes(const kvtier_client* c);
+void kvtier_namespace_id(const kvtier_client* c, uint8_t out[32]);
+
+const char* kvtier_strerror(int code);
+/* Detailed message of the last failure on c (valid until the next call). */
+const char* kvtier_last_error(const kvtier_client* c);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVTIER_KVTIER_H_ */

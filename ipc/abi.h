@@ -1,0 +1,135 @@
+// The shared-memory ABI between libkvtier and kvtierd: segment header, ring
+// records and per-block results. Plain data with explicit layout, a magic and
+// an ABI version; offsets, never pointers. Any change to a layout here bumps
+// kAbiVersion.
+//
+// Session segment (one memfd per session, created by the daemon, sealed
+// against resizing, mapped by both sides):
+//
+//   [SegmentHeader | request ring (sq) | completion ring (cq) | scratch ]
+//
+// The client writes request records into sq and the keys/results of each
+// operation into the scratch region (it allocates there with
+// Boost.Interprocess); the daemon copies what it reads out of shared memory
+// before it validates it, and writes only into the result areas a request
+// names.
+#ifndef KVTIER_IPC_ABI_H_
+#define KVTIER_IPC_ABI_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+namespace kvtier::ipc {
+
+inline constexpr uint64_t kSegmentMagic = 0x3130474553545654ull;  // "TVTSEG01" LE
+inline constexpr uint32_t kAbiVersion = 1;
+
+enum class Opcode : uint16_t {
+  kPing = 1,
+  kLookup = 2,
+  kLoad = 3,
+  kStoreBegin = 4,
+  kStoreCommit = 5,
+  kStoreAbort = 6,
+  kRelease = 7,
+  kInvalidate = 8,
+  kInvalidateNamespace = 9,
+};
+inline constexpr uint16_t kMaxOpcode = 9;
+
+// Request flags.
+inline constexpr uint16_t kFlagLease = 1;  // kLookup: pin the hit prefix
+
+// One request (64 bytes). Keys live in scratch at keys_offset (count * 32
+// bytes); results go to scratch at out_offset (out_bytes). On failure the
+// daemon writes a NUL-terminated message at out_offset instead.
+struct RequestRecord {
+  uint64_t op_id;
+  uint16_t opcode;
+  uint16_t flags;
+  uint32_t count;        // keys in this request
+  uint64_t handle;       // lease id (kLoad, kRelease) or store ticket (commit/abort)
+  uint64_t keys_offset;  // scratch-relative
+  uint64_t out_offset;   // scratch-relative
+  uint64_t out_bytes;
+  uint64_t reserved[2];
+};
+static_assert(sizeof(RequestRecord) == 64);
+static_assert(std::is_trivially_copyable_v<RequestRecord>);
+
+// One completion (32 bytes).
+struct CompletionRecord {
+  uint64_t op_id;
+  int32_t status;   // 0 or a negative KVTIER_E* code
+  uint32_t count;   // kLookup: hit prefix length; kStoreBegin: blocks to fill
+  uint64_t handle;  // kLookup: lease id (0 if none); kStoreBegin: ticket
+  uint64_t value;   // op-specific
+};
+static_assert(sizeof(CompletionRecord) == 32);
+static_assert(std::is_trivially_copyable_v<CompletionRecord>);
+
+// Per-key result of kLookup, kLoad and kStoreBegin (16 bytes).
+inline constexpr uint8_t kBlockNeeded = 1;  // kStoreBegin: the client must fill this slot
+struct BlockResult {
+  uint64_t arena_offset;  // offset of the block's bytes in the tenant's host arena
+  uint8_t tier;           // kvtier_tier
+  uint8_t flags;
+  uint8_t pad[6];
+};
+static_assert(sizeof(BlockResult) == 16);
+
+inline constexpr size_t kKeyBytes = 32;
+inline constexpr size_t kErrorMessageBytes = 256;  // clients reserve this much out space
+
+// Why the daemon closed a session (SegmentHeader::closed).
+enum class CloseReason : uint32_t {
+  kOpen = 0,
+  kProtocolError = 1,  // a malformed record; see the op's completion
+  kShutdown = 2,       // the daemon is stopping
+  kEvicted = 3,        // an administrator closed it
+};
+
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+
+struct SegmentHeader {
+  // Immutable after creation.
+  uint64_t magic;
+  uint32_t abi_version;
+  uint32_t header_bytes;
+  uint64_t segment_bytes;
+  uint64_t session_id;
+  uint64_t sq_offset;
+  uint32_t sq_entries;  // power of two
+  uint32_t sq_record_bytes;
+  uint64_t cq_offset;
+  uint32_t cq_entries;  // power of two
+  uint32_t cq_record_bytes;
+  uint64_t scratch_offset;
+  uint64_t scratch_bytes;
+  uint32_t max_keys_per_op;
+  uint32_t reserved0;
+
+  // Ring indices, one cache line each: each is written by one side only.
+  alignas(64) std::atomic<uint32_t> sq_tail;  // client
+  alignas(64) std::atomic<uint32_t> sq_head;  // daemon
+  alignas(64) std::atomic<uint32_t> cq_tail;  // daemon; the client sleeps on it
+  alignas(64) std::atomic<uint32_t> cq_head;  // client
+  // Doorbells: a side sets its flag before sleeping on the other side's tail,
+  // then re-checks; the other side wakes it when the flag is set (seq_cst on
+  // both sides, so one of them always sees the other).
+  alignas(64) std::atomic<uint32_t> daemon_sleeping;  // daemon sleeps on sq_tail
+  std::atomic<uint32_t> client_sleeping;              // client sleeps on cq_tail
+  std::atomic<uint32_t> closed;                       // CloseReason, set by the daemon
+  uint32_t reserved1;
+};
+static_assert(std::is_standard_layout_v<SegmentHeader>);
+static_assert(sizeof(SegmentHeader) <= 4096);
+static_assert(offsetof(SegmentHeader, sq_tail) % 64 == 0);
+
+inline constexpr size_t kSegmentHeaderBytes = 4096;
+
+}  // namespace kvtier::ipc
+
+#endif  // KVTIER_IPC_ABI_H_

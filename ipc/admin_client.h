@@ -1,0 +1,26 @@
+// The admin protocol (DESIGN.md, "Admin protocol"): one JSON request and one
+// JSON response per line on the daemon's admin socket (SOCK_STREAM, owner and
+// group only). Requests are {"cmd": "status", ...}; responses are
+// {"ok": true, ...} or {"ok": false, "error": "..."}.
+#ifndef KVTIER_IPC_ADMIN_CLIENT_H_
+#define KVTIER_IPC_ADMIN_CLIENT_H_
+
+#include <chrono>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
+
+namespace kvtier::ipc {
+
+inline constexpr size_t kMaxAdminLine = 16u << 20;
+
+// Sends one request and returns the response object. A response with
+// "ok": false becomes an error status carrying its message.
+absl::StatusOr<nlohmann::json> AdminCall(const std::string& socket_path,
+                                         const nlohmann::json& request,
+                                         std::chrono::milliseconds timeout = std::chrono::seconds(10));
+
+}  // namespace kvtier::ipc
+
+#endif  // KVTIER_IPC_ADMIN_CLIENT_H_

@@ -1,0 +1,30 @@
+// Futex doorbells on 32-bit words in shared memory (process-shared futexes:
+// no FUTEX_PRIVATE_FLAG).
+#ifndef KVTIER_IPC_DOORBELL_H_
+#define KVTIER_IPC_DOORBELL_H_
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+
+namespace kvtier::ipc {
+
+// Sleeps while *word == expected, at most `timeout`. Returns on a wake-up, a
+// changed value, a signal or the timeout; callers re-check their condition.
+void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nanoseconds timeout);
+
+// Wakes every waiter on word.
+void FutexWakeAll(std::atomic<uint32_t>* word);
+
+// A CPU hint for spin loops.
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+}  // namespace kvtier::ipc
+
+#endif  // KVTIER_IPC_DOORBELL_H_

@@ -1,0 +1,50 @@
+// Anonymous shared memory: memfds (never names in /dev/shm) and mappings.
+#ifndef KVTIER_IPC_SHM_H_
+#define KVTIER_IPC_SHM_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "core/unique_fd.h"
+
+namespace kvtier::ipc {
+
+// A memfd of `bytes`, sealed against shrinking and growing, so a peer that
+// holds it cannot truncate the memory under the other side's feet.
+absl::StatusOr<UniqueFd> CreateSealedMemfd(const std::string& name, uint64_t bytes);
+
+// Size of the file behind fd.
+absl::StatusOr<uint64_t> FdSize(int fd);
+
+// True when fd is a memfd sealed against shrinking (what the daemon hands out).
+bool IsSealedAgainstShrink(int fd);
+
+// An owned shared mapping.
+class MappedRegion {
+ public:
+  MappedRegion() = default;
+  ~MappedRegion();
+  MappedRegion(MappedRegion&& o) noexcept;
+  MappedRegion& operator=(MappedRegion&& o) noexcept;
+  MappedRegion(const MappedRegion&) = delete;
+  MappedRegion& operator=(const MappedRegion&) = delete;
+
+  // Maps `bytes` of fd read-write and shared. populate pre-faults the pages.
+  static absl::StatusOr<MappedRegion> Map(int fd, uint64_t bytes, bool populate = false);
+
+  std::byte* data() const { return data_; }
+  uint64_t size() const { return size_; }
+  bool valid() const { return data_ != nullptr; }
+
+ private:
+  MappedRegion(std::byte* data, uint64_t size) : data_(data), size_(size) {}
+  void Reset();
+  std::byte* data_ = nullptr;
+  uint64_t size_ = 0;
+};
+
+}  // namespace kvtier::ipc
+
+#endif  // KVTIER_IPC_SHM_H_

@@ -1,0 +1,47 @@
+// Eviction policies order a tier's resident blocks by who goes first. Blocks
+// are named by the tier's dense slot handles (uint32), so a policy's memory is
+// a few words per slot and no pointers.
+#ifndef KVTIER_POLICIES_EVICTION_POLICY_H_
+#define KVTIER_POLICIES_EVICTION_POLICY_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string_view>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/statusor.h"
+
+namespace kvtier {
+
+class EvictionPolicy {
+ public:
+  EvictionPolicy() = default;
+  virtual ~EvictionPolicy() = default;
+  EvictionPolicy(const EvictionPolicy&) = delete;
+  EvictionPolicy& operator=(const EvictionPolicy&) = delete;
+
+  // All methods: the caller serializes calls (the owning tier's lock).
+  // Starts tracking `handle` as just used. Inserting a tracked handle touches it.
+  virtual void Insert(uint32_t handle) = 0;
+  // Records a use of a tracked handle; untracked handles are ignored.
+  virtual void Touch(uint32_t handle) = 0;
+  // Stops tracking handle; untracked handles are ignored.
+  virtual void Remove(uint32_t handle) = 0;
+  // The handle to evict first among those for which evictable(handle) holds
+  // (e.g. "not pinned"), or nullopt. Does not remove it.
+  virtual std::optional<uint32_t> PickVictim(absl::FunctionRef<bool(uint32_t)> evictable) = 0;
+  virtual bool Contains(uint32_t handle) const = 0;
+  virtual size_t size() const = 0;
+  virtual absl::string_view name() const = 0;
+};
+
+// Least recently used first.
+std::unique_ptr<EvictionPolicy> MakeLruPolicy();
+
+// By config name ("lru").
+absl::StatusOr<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(absl::string_view name);
+
+}  // namespace kvtier
+
+#endif  // KVTIER_POLICIES_EVICTION_POLICY_H_

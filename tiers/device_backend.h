@@ -1,0 +1,92 @@
+// The device backend (DESIGN.md, "Devices"): what tiers/ needs from a GPU —
+// memory, ordered asynchronous copies on streams, events, host-memory
+// registration and IPC handles. Two implementations: CUDA (the real one) and
+// the host-simulated one every test runs on.
+#ifndef KVTIER_TIERS_DEVICE_BACKEND_H_
+#define KVTIER_TIERS_DEVICE_BACKEND_H_
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/unique_fd.h"
+
+namespace kvtier {
+
+using DeviceStream = uint64_t;
+using DeviceEvent = uint64_t;
+
+// A handle another process can open to reach device memory. CUDA fills
+// `opaque` (cudaIpcMemHandle_t); the simulated backend passes a memfd.
+struct IpcMemHandle {
+  std::array<uint8_t, 64> opaque{};
+  UniqueFd fd;
+  uint64_t bytes = 0;
+};
+
+class DeviceBackend {
+ public:
+  DeviceBackend() = default;
+  virtual ~DeviceBackend() = default;
+  DeviceBackend(const DeviceBackend&) = delete;
+  DeviceBackend& operator=(const DeviceBackend&) = delete;
+
+  // Thread-safe. "cuda" or "sim".
+  virtual absl::string_view name() const = 0;
+  // Thread-safe. Device memory of `bytes`.
+  virtual absl::StatusOr<void*> Allocate(uint64_t bytes) = 0;
+  // Thread-safe. InvalidArgument for a pointer Allocate did not return.
+  virtual absl::Status Free(void* ptr) = 0;
+  // Thread-safe. A stream runs its work in submission order.
+  virtual absl::StatusOr<DeviceStream> CreateStream() = 0;
+  // Thread-safe. Waits for the stream's work, then destroys it.
+  virtual absl::Status DestroyStream(DeviceStream stream) = 0;
+  // Thread-safe. Enqueues a copy of `bytes` from src to dst on `stream`; host
+  // or device memory on either side.
+  virtual absl::Status CopyAsync(void* dst, const void* src, uint64_t bytes, DeviceStream stream) = 0;
+  // Thread-safe. Blocks until the stream's enqueued work is done.
+  virtual absl::Status SynchronizeStream(DeviceStream stream) = 0;
+  // Thread-safe.
+  virtual absl::StatusOr<DeviceEvent> CreateEvent() = 0;
+  virtual absl::Status DestroyEvent(DeviceEvent event) = 0;
+  // Thread-safe. The event completes when the stream's work enqueued so far does.
+  virtual absl::Status RecordEvent(DeviceEvent event, DeviceStream stream) = 0;
+  // Thread-safe. True when complete (an event never recorded is complete).
+  virtual absl::StatusOr<bool> QueryEvent(DeviceEvent event) = 0;
+  // Thread-safe. DeadlineExceeded when not complete within timeout.
+  virtual absl::Status WaitEvent(DeviceEvent event, std::chrono::nanoseconds timeout) = 0;
+  // Thread-safe. Pins host memory for fast copies (cudaHostRegister).
+  virtual absl::Status RegisterHost(void* ptr, uint64_t bytes) = 0;
+  virtual absl::Status UnregisterHost(void* ptr) = 0;
+  // Thread-safe. A handle to an allocation for another process.
+  virtual absl::StatusOr<IpcMemHandle> ExportMemory(void* device_ptr) = 0;
+  // Thread-safe. Opens a handle from another process; close with CloseImported.
+  virtual absl::StatusOr<void*> ImportMemory(const IpcMemHandle& handle) = 0;
+  virtual absl::Status CloseImported(void* ptr) = 0;
+};
+
+struct SimDeviceOptions {
+  // Copy bandwidth cap in bytes/s imitating a PCIe link; 0 = memcpy speed.
+  uint64_t bandwidth_bytes_per_s = 0;
+};
+std::unique_ptr<DeviceBackend> MakeSimDevice(const SimDeviceOptions& opts = {});
+
+// Number of CUDA devices that answer; 0 (with the reason in *why) when the
+// build has no CUDA, there is no driver, or any CUDA call fails.
+int ProbeCudaDevices(std::string* why);
+
+struct DeviceChoice {
+  std::unique_ptr<DeviceBackend> backend;
+  std::string reason;  // one line for the log: what was chosen and why
+};
+// device = "auto" | "cuda" | "sim" (DESIGN.md, "Devices").
+absl::StatusOr<DeviceChoice> OpenDeviceBackend(absl::string_view device, const SimDeviceOptions& sim);
+
+}  // namespace kvtier
+
+#endif  // KVTIER_TIERS_DEVICE_BACKEND_H_

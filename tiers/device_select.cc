@@ -1,0 +1,62 @@
+// Choosing the device backend at start, and probing for CUDA devices.
+#include "absl/strings/str_cat.h"
+#include "tiers/device_backend.h"
+
+#ifdef KVTIER_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace kvtier {
+
+int ProbeCudaDevices(std::string* why) {
+#ifdef KVTIER_HAVE_CUDA
+  int count = 0;
+  cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    // Without a driver this is "CUDA driver version is insufficient"; any
+    // error here means "no device" (DESIGN.md, "Devices").
+    *why = absl::StrCat("cudaGetDeviceCount: ", cudaGetErrorString(err));
+    return 0;
+  }
+  if (count == 0) *why = "no CUDA device present";
+  return count;
+#else
+  *why = "this kvtierd was built without the CUDA toolkit";
+  return 0;
+#endif
+}
+
+absl::StatusOr<DeviceChoice> OpenDeviceBackend(absl::string_view device, const SimDeviceOptions& sim) {
+  if (device == "sim") {
+    return DeviceChoice{MakeSimDevice(sim), "device=sim: host-simulated device backend"};
+  }
+  if (device != "auto" && device != "cuda") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device = \"", device, "\" is not one of \"auto\", \"cuda\", \"sim\""));
+  }
+  std::string why;
+  const int count = ProbeCudaDevices(&why);
+  if (count > 0) {
+    // The CUDA backend itself lands with the GPU tier; until then a present
+    // GPU is reported and the simulated backend serves.
+    if (device == "cuda") {
+      return absl::UnimplementedError(absl::StrCat(
+          count, " CUDA device(s) answer, but this build has no CUDA device backend yet; "
+                 "set device = \"auto\" or \"sim\""));
+    }
+    return DeviceChoice{MakeSimDevice(sim),
+                        absl::StrCat("device=auto: ", count,
+                                     " CUDA device(s) answer but this build has no CUDA backend "
+                                     "yet; using the host-simulated device")};
+  }
+  if (device == "cuda") {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "device = \"cuda\" but no CUDA device answers (", why,
+        "); install the NVIDIA driver, or set device = \"auto\" or \"sim\""));
+  }
+  return DeviceChoice{MakeSimDevice(sim),
+                      absl::StrCat("device=auto: no CUDA device (", why,
+                                   "); using the host-simulated device")};
+}
+
+}  // namespace kvtier

@@ -1,0 +1,97 @@
+#include "tiers/host_tier.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+#include "core/units.h"
+
+namespace kvtier {
+
+absl::string_view TierHealthName(TierHealth h) {
+  switch (h) {
+    case TierHealth::kHealthy: return "healthy";
+    case TierHealth::kDegraded: return "degraded";
+    case TierHealth::kFailed: return "failed";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<std::unique_ptr<HostTier>> HostTier::Create(const HostTierOptions& opts) {
+  constexpr uint64_t kMaxArena = uint64_t{4096} * UINT32_MAX;  // page index fits in 32 bits
+  if (opts.capacity_bytes < 4096 || opts.capacity_bytes > kMaxArena) {
+    return absl::InvalidArgumentError(absl::StrCat("host tier capacity must be 4 KiB..16 TiB, got ",
+                                                   FormatBytes(opts.capacity_bytes)));
+  }
+  const uint64_t bytes = opts.capacity_bytes / 4096 * 4096;
+  ASSIGN_OR_RETURN(UniqueFd fd, ipc::CreateSealedMemfd(opts.name, bytes));
+  ASSIGN_OR_RETURN(ipc::MappedRegion region, ipc::MappedRegion::Map(fd.get(), bytes, opts.prefault));
+  return std::unique_ptr<HostTier>(new HostTier(std::move(fd), std::move(region), bytes));
+}
+
+HostTier::HostTier(UniqueFd fd, ipc::MappedRegion region, uint64_t capacity)
+    : fd_(std::move(fd)), region_(std::move(region)), slots_(capacity) {}
+
+absl::StatusOr<SlotHandle> HostTier::Allocate(uint64_t bytes) {
+  MutexLock l(&mu_);
+  return slots_.Allocate(bytes);
+}
+
+absl::Status HostTier::Free(SlotHandle slot) {
+  MutexLock l(&mu_);
+  return slots_.Free(slot);
+}
+
+uint64_t HostTier::SlotBytes(SlotHandle slot) const {
+  MutexLock l(&mu_);
+  return slots_.IsAllocated(slot) ? slots_.Bytes(slot) : 0;
+}
+
+uint64_t HostTier::ArenaOffset(SlotHandle slot) const {
+  MutexLock l(&mu_);
+  return slots_.Offset(slot);
+}
+
+void HostTier::Write(SlotHandle slot, std::span<const std::byte> src, IoCallback done) {
+  uint64_t off = 0, size = 0;
+  {
+    MutexLock l(&mu_);
+    if (slots_.IsAllocated(slot)) {
+      off = slots_.Offset(slot);
+      size = slots_.Bytes(slot);
+    }
+  }
+  if (size == 0 || src.size() > size) {
+    std::move(done)(absl::InvalidArgumentError(
+        absl::StrCat("write of ", src.size(), " bytes to host slot ", slot, " of ", size, " bytes")));
+    return;
+  }
+  std::memcpy(region_.data() + off, src.data(), src.size());
+  std::move(done)(absl::OkStatus());
+}
+
+void HostTier::Read(SlotHandle slot, std::span<std::byte> dst, IoCallback done) {
+  uint64_t off = 0, size = 0;
+  {
+    MutexLock l(&mu_);
+    if (slots_.IsAllocated(slot)) {
+      off = slots_.Offset(slot);
+      size = slots_.Bytes(slot);
+    }
+  }
+  if (size == 0 || dst.size() > size) {
+    std::move(done)(absl::InvalidArgumentError(
+        absl::StrCat("read of ", dst.size(), " bytes from host slot ", slot, " of ", size, " bytes")));
+    return;
+  }
+  std::memcpy(dst.data(), region_.data() + off, dst.size());
+  std::move(done)(absl::OkStatus());
+}
+
+TierUsage HostTier::Usage() const {
+  MutexLock l(&mu_);
+  return TierUsage{slots_.capacity_bytes(), slots_.used_bytes(), slots_.used_slots(),
+                   slots_.free_slots()};
+}
+
+}  // namespace kvtier

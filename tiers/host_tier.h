@@ -1,0 +1,58 @@
+// The host tier: one tenant's shared-memory arena (a sealed memfd, pinned with
+// cudaHostRegister where a GPU exists), mapped into the daemon and into every
+// engine of that tenant, cut into fixed-size slots. Engines read and write
+// block bytes in place; the daemon hands out slot offsets.
+#ifndef KVTIER_TIERS_HOST_TIER_H_
+#define KVTIER_TIERS_HOST_TIER_H_
+
+#include <memory>
+#include <string>
+
+#include "core/mutex.h"
+#include "core/unique_fd.h"
+#include "ipc/shm.h"
+#include "tiers/slot_allocator.h"
+#include "tiers/tier.h"
+
+namespace kvtier {
+
+struct HostTierOptions {
+  std::string name;             // shows in /proc/PID/fd, e.g. "kvtier-host-default"
+  uint64_t capacity_bytes = 0;
+  bool prefault = false;        // fault every page in at start
+};
+
+class HostTier final : public Tier {
+ public:
+  static absl::StatusOr<std::unique_ptr<HostTier>> Create(const HostTierOptions& opts);
+
+  TierKind kind() const override { return TierKind::kHost; }
+  absl::StatusOr<SlotHandle> Allocate(uint64_t bytes) override;
+  absl::Status Free(SlotHandle slot) override;
+  uint64_t SlotBytes(SlotHandle slot) const override;
+  void Write(SlotHandle slot, std::span<const std::byte> src, IoCallback done) override;
+  void Read(SlotHandle slot, std::span<std::byte> dst, IoCallback done) override;
+  TierUsage Usage() const override;
+  TierHealth Health() const override { return TierHealth::kHealthy; }
+
+  // Thread-safe. The slot size a block of `bytes` gets (its size class).
+  uint64_t SlotSizeFor(uint64_t bytes) const { return (bytes + 4095) / 4096 * 4096; }
+  // Thread-safe. Offset of the slot's bytes in the arena (what engines use).
+  uint64_t ArenaOffset(SlotHandle slot) const;
+  // The memfd engines of this tenant map; owned by the tier.
+  int arena_fd() const { return fd_.get(); }
+  uint64_t arena_bytes() const { return region_.size(); }
+  std::byte* arena_base() const { return region_.data(); }
+
+ private:
+  HostTier(UniqueFd fd, ipc::MappedRegion region, uint64_t capacity);
+
+  UniqueFd fd_;
+  ipc::MappedRegion region_;
+  mutable Mutex mu_;
+  SlotAllocator slots_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_TIERS_HOST_TIER_H_

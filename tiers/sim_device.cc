@@ -1,0 +1,294 @@
+// The host-simulated device: device memory is host memory (memfds, so it can
+// be "exported" to another process), streams are worker threads that run
+// copies in order, events are completion flags, and an optional bandwidth cap
+// imitates a PCIe link.
+#include <fcntl.h>
+#include <sys/mman.h>
+
+#include <cstring>
+
+#include <condition_variable>
+#include <deque>
+#include <thread>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/functional/any_invocable.h"
+#include "absl/strings/str_cat.h"
+#include "core/mutex.h"
+#include "core/status.h"
+#include "ipc/shm.h"
+#include "tiers/device_backend.h"
+
+namespace kvtier {
+namespace {
+
+// One in-order work queue on its own thread.
+class SimStream {
+ public:
+  SimStream() : thread_([this] { Run(); }) {}
+  ~SimStream() {
+    {
+      MutexLock l(&mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void Enqueue(absl::AnyInvocable<void() &&> fn) {
+    {
+      MutexLock l(&mu_);
+      queue_.push_back(std::move(fn));
+    }
+    cv_.notify_all();
+  }
+  void Synchronize() {
+    MutexLock l(&mu_);
+    mu_.Await(cv_, [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return queue_.empty() && !busy_; });
+  }
+
+ private:
+  void Run() {
+    for (;;) {
+      absl::AnyInvocable<void() &&> fn;
+      {
+        MutexLock l(&mu_);
+        mu_.Await(cv_, [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stop_ and drained
+        fn = std::move(queue_.front());
+        queue_.pop_front();
+        busy_ = true;
+      }
+      std::move(fn)();
+      {
+        MutexLock l(&mu_);
+        busy_ = false;
+      }
+      cv_.notify_all();
+    }
+  }
+
+  Mutex mu_;
+  std::condition_variable_any cv_;
+  std::deque<absl::AnyInvocable<void() &&>> queue_ ABSL_GUARDED_BY(mu_);
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+struct SimEvent {
+  Mutex mu;
+  std::condition_variable_any cv;
+  uint64_t recorded ABSL_GUARDED_BY(mu) = 0;   // generation last recorded
+  uint64_t completed ABSL_GUARDED_BY(mu) = 0;  // generation last completed
+};
+
+struct SimAllocation {
+  UniqueFd fd;
+  ipc::MappedRegion region;
+};
+
+class SimDevice final : public DeviceBackend {
+ public:
+  explicit SimDevice(const SimDeviceOptions& opts) : opts_(opts) {}
+
+  absl::string_view name() const override { return "sim"; }
+
+  absl::StatusOr<void*> Allocate(uint64_t bytes) override {
+    if (bytes == 0) return absl::InvalidArgumentError("device allocation of 0 bytes");
+    auto a = std::make_unique<SimAllocation>();
+    ASSIGN_OR_RETURN(a->fd, ipc::CreateSealedMemfd("kvtier-sim-device", bytes));
+    ASSIGN_OR_RETURN(a->region, ipc::MappedRegion::Map(a->fd.get(), bytes));
+    void* p = a->region.data();
+    MutexLock l(&mu_);
+    allocations_.emplace(p, std::move(a));
+    return p;
+  }
+
+  absl::Status Free(void* ptr) override {
+    MutexLock l(&mu_);
+    if (allocations_.erase(ptr) == 0) {
+      return absl::InvalidArgumentError("free of a pointer the simulated device did not allocate");
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<DeviceStream> CreateStream() override {
+    MutexLock l(&mu_);
+    const DeviceStream id = ++next_id_;
+    streams_.emplace(id, std::make_shared<SimStream>());
+    return id;
+  }
+
+  absl::Status DestroyStream(DeviceStream stream) override {
+    std::shared_ptr<SimStream> s;
+    {
+      MutexLock l(&mu_);
+      auto it = streams_.find(stream);
+      if (it == streams_.end()) return UnknownStream(stream);
+      s = std::move(it->second);
+      streams_.erase(it);
+    }
+    s.reset();  // the last owner joins the thread after it drains
+    return absl::OkStatus();
+  }
+
+  absl::Status CopyAsync(void* dst, const void* src, uint64_t bytes, DeviceStream stream) override {
+    if (bytes > 0 && (dst == nullptr || src == nullptr)) {
+      return absl::InvalidArgumentError("copy with a null pointer");
+    }
+    std::shared_ptr<SimStream> s = FindStream(stream);
+    if (!s) return UnknownStream(stream);
+    const uint64_t bw = opts_.bandwidth_bytes_per_s;
+    s->Enqueue([dst, src, bytes, bw] {
+      const auto start = std::chrono::steady_clock::now();
+      std::memcpy(dst, src, bytes);
+      if (bw > 0) {
+        const auto want = std::chrono::nanoseconds(static_cast<int64_t>(bytes * 1e9 / bw));
+        std::this_thread::sleep_until(start + want);
+      }
+    });
+    return absl::OkStatus();
+  }
+
+  absl::Status SynchronizeStream(DeviceStream stream) override {
+    std::shared_ptr<SimStream> s = FindStream(stream);
+    if (!s) return UnknownStream(stream);
+    s->Synchronize();
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<DeviceEvent> CreateEvent() override {
+    MutexLock l(&mu_);
+    const DeviceEvent id = ++next_id_;
+    events_.emplace(id, std::make_shared<SimEvent>());
+    return id;
+  }
+
+  absl::Status DestroyEvent(DeviceEvent event) override {
+    MutexLock l(&mu_);
+    if (events_.erase(event) == 0) return UnknownEvent(event);
+    return absl::OkStatus();
+  }
+
+  absl::Status RecordEvent(DeviceEvent event, DeviceStream stream) override {
+    std::shared_ptr<SimEvent> e = FindEvent(event);
+    if (!e) return UnknownEvent(event);
+    std::shared_ptr<SimStream> s = FindStream(stream);
+    if (!s) return UnknownStream(stream);
+    uint64_t gen;
+    {
+      MutexLock l(&e->mu);
+      gen = ++e->recorded;
+    }
+    s->Enqueue([e, gen] {
+      {
+        MutexLock l(&e->mu);
+        if (e->completed < gen) e->completed = gen;
+      }
+      e->cv.notify_all();
+    });
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<bool> QueryEvent(DeviceEvent event) override {
+    std::shared_ptr<SimEvent> e = FindEvent(event);
+    if (!e) return UnknownEvent(event);
+    MutexLock l(&e->mu);
+    return e->completed >= e->recorded;
+  }
+
+  absl::Status WaitEvent(DeviceEvent event, std::chrono::nanoseconds timeout) override {
+    std::shared_ptr<SimEvent> e = FindEvent(event);
+    if (!e) return UnknownEvent(event);
+    MutexLock l(&e->mu);
+    const bool done = e->mu.AwaitFor(e->cv, timeout, [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      return e->completed >= e->recorded;
+    });
+    if (!done) return absl::DeadlineExceededError("simulated device event did not complete in time");
+    return absl::OkStatus();
+  }
+
+  absl::Status RegisterHost(void* ptr, uint64_t bytes) override {
+    if (ptr == nullptr || bytes == 0) return absl::InvalidArgumentError("register of an empty range");
+    MutexLock l(&mu_);
+    if (!registered_.emplace(ptr, bytes).second) {
+      return absl::AlreadyExistsError("host memory is already registered");
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status UnregisterHost(void* ptr) override {
+    MutexLock l(&mu_);
+    if (registered_.erase(ptr) == 0) {
+      return absl::InvalidArgumentError("unregister of host memory that was not registered");
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<IpcMemHandle> ExportMemory(void* device_ptr) override {
+    MutexLock l(&mu_);
+    auto it = allocations_.find(device_ptr);
+    if (it == allocations_.end()) {
+      return absl::InvalidArgumentError("export of a pointer that is not an allocation's start");
+    }
+    IpcMemHandle h;
+    h.fd = UniqueFd(fcntl(it->second->fd.get(), F_DUPFD_CLOEXEC, 0));
+    if (!h.fd.valid()) return ErrnoStatus(errno, "dup of simulated device memory");
+    h.bytes = it->second->region.size();
+    return h;
+  }
+
+  absl::StatusOr<void*> ImportMemory(const IpcMemHandle& handle) override {
+    if (!handle.fd.valid() || handle.bytes == 0) {
+      return absl::InvalidArgumentError("simulated IPC handle without a memory descriptor");
+    }
+    ASSIGN_OR_RETURN(uint64_t size, ipc::FdSize(handle.fd.get()));
+    if (size < handle.bytes) return absl::InvalidArgumentError("IPC handle larger than its memory");
+    ASSIGN_OR_RETURN(ipc::MappedRegion region, ipc::MappedRegion::Map(handle.fd.get(), handle.bytes));
+    void* p = region.data();
+    MutexLock l(&mu_);
+    imported_.emplace(p, std::move(region));
+    return p;
+  }
+
+  absl::Status CloseImported(void* ptr) override {
+    MutexLock l(&mu_);
+    if (imported_.erase(ptr) == 0) return absl::InvalidArgumentError("close of memory not imported");
+    return absl::OkStatus();
+  }
+
+ private:
+  static absl::Status UnknownStream(DeviceStream s) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown stream ", s));
+  }
+  static absl::Status UnknownEvent(DeviceEvent e) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown event ", e));
+  }
+  std::shared_ptr<SimStream> FindStream(DeviceStream id) {
+    MutexLock l(&mu_);
+    auto it = streams_.find(id);
+    return it == streams_.end() ? nullptr : it->second;
+  }
+  std::shared_ptr<SimEvent> FindEvent(DeviceEvent id) {
+    MutexLock l(&mu_);
+    auto it = events_.find(id);
+    return it == events_.end() ? nullptr : it->second;
+  }
+
+  const SimDeviceOptions opts_;
+  Mutex mu_;
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<void*, std::unique_ptr<SimAllocation>> allocations_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<DeviceStream, std::shared_ptr<SimStream>> streams_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<DeviceEvent, std::shared_ptr<SimEvent>> events_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<void*, uint64_t> registered_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<void*, ipc::MappedRegion> imported_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+std::unique_ptr<DeviceBackend> MakeSimDevice(const SimDeviceOptions& opts) {
+  return std::make_unique<SimDevice>(opts);
+}
+
+}  // namespace kvtier
