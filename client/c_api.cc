@@ -1,0 +1,220 @@
+// The C ABI (include/kvtier/kvtier.h) over the C++ client.
+#include <cstring>
+#include <new>
+
+#include "absl/container/flat_hash_map.h"
+#include "kvtier/client.h"
+#include "kvtier/kvtier.h"
+
+struct kvtier_client {
+  std::unique_ptr<kvtier::Client> client;
+  std::string last_error;
+  // Async C operations whose results are translated when they complete.
+  struct Pending {
+    kvtier::LookupResult lookup;
+    kvtier_lookup_result* lookup_out = nullptr;
+    uint8_t* tiers_out = nullptr;
+    std::vector<kvtier::BlockView> views;
+    kvtier_block* blocks_out = nullptr;
+  };
+  absl::flat_hash_map<kvtier_op, std::unique_ptr<Pending>> pending;
+};
+
+namespace {
+
+using kvtier::BlockKey;
+
+int Fail(kvtier_client* c, const kvtier::Status& s) {
+  if (c != nullptr) c->last_error = s.message();
+  return s.raw_code();
+}
+
+std::string Str(const char* s) { return s ? std::string(s) : std::string(); }
+
+std::span<const BlockKey> Keys(const kvtier_key* keys, size_t n) {
+  static_assert(sizeof(kvtier_key) == sizeof(BlockKey));
+  return {reinterpret_cast<const BlockKey*>(keys), n};
+}
+
+void Translate(kvtier_client::Pending& p) {
+  if (p.lookup_out != nullptr) {
+    p.lookup_out->hit_blocks = p.lookup.hit_blocks;
+    p.lookup_out->lease = p.lookup.lease;
+    if (p.tiers_out != nullptr) {
+      for (size_t i = 0; i < p.lookup.tiers.size(); ++i) p.tiers_out[i] = static_cast<uint8_t>(p.lookup.tiers[i]);
+    }
+  }
+  if (p.blocks_out != nullptr) {
+    for (size_t i = 0; i < p.views.size(); ++i) {
+      p.blocks_out[i] = kvtier_block{const_cast<std::byte*>(p.views[i].data), p.views[i].size,
+                                     static_cast<uint8_t>(p.views[i].tier), 0};
+    }
+  }
+}
+
+int Finish(kvtier_client* c, kvtier_op op, const kvtier::Status& s) {
+  auto it = c->pending.find(op);
+  if (it != c->pending.end()) {
+    if (s.ok()) Translate(*it->second);
+    if (s.code() != kvtier::ErrorCode::kTimedOut) c->pending.erase(it);
+  }
+  return s.ok() ? KVTIER_OK : Fail(c, s);
+}
+
+}  // namespace
+
+extern "C" {
+
+int kvtier_attach(const char* socket_path, const kvtier_namespace_desc* ns, kvtier_client** out) {
+  if (ns == nullptr || out == nullptr) return KVTIER_EINVAL;
+  kvtier::AttachOptions opts;
+  opts.socket_path = Str(socket_path);
+  opts.ns = kvtier::NamespaceDescriptor{Str(ns->model_id),  Str(ns->model_revision), Str(ns->tokenizer_revision),
+                                        Str(ns->adapter_id), Str(ns->attention_config_hash), Str(ns->kv_dtype),
+                                        Str(ns->kv_layout), Str(ns->cache_salt), ns->block_tokens,
+                                        ns->block_bytes,    ns->tp_rank,           ns->tp_size};
+  auto client = kvtier::Client::Attach(opts);
+  if (!client.ok()) return client.status().raw_code();
+  auto* c = new (std::nothrow) kvtier_client;
+  if (c == nullptr) return KVTIER_ENOMEM;
+  c->client = std::move(*client);
+  *out = c;
+  return KVTIER_OK;
+}
+
+void kvtier_detach(kvtier_client* c) { delete c; }
+
+int kvtier_compute_keys(kvtier_client* c, const uint32_t* tokens, size_t n_tokens, const kvtier_key* parent,
+                        const void* extra, size_t extra_len, kvtier_key* out, size_t max_keys, size_t* n_out) {
+  if (c == nullptr || (tokens == nullptr && n_tokens > 0) || n_out == nullptr) return KVTIER_EINVAL;
+  std::vector<BlockKey> keys = c->client->ComputeKeys(
+      {tokens, n_tokens}, parent ? reinterpret_cast<const BlockKey*>(parent) : nullptr,
+      {static_cast<const std::byte*>(extra), extra ? extra_len : 0});
+  *n_out = keys.size();
+  if (keys.size() > max_keys || (out == nullptr && !keys.empty())) {
+    return Fail(c, kvtier::Status(kvtier::ErrorCode::kInvalidArgument, "output holds fewer keys than the tokens make"));
+  }
+  if (!keys.empty()) std::memcpy(out, keys.data(), keys.size() * sizeof(BlockKey));
+  return KVTIER_OK;
+}
+
+int kvtier_lookup_async(kvtier_client* c, const kvtier_key* keys, size_t n, uint32_t flags,
+                        kvtier_lookup_result* result, uint8_t* tiers, kvtier_op* op) {
+  if (c == nullptr || result == nullptr || op == nullptr || (keys == nullptr && n > 0)) return KVTIER_EINVAL;
+  auto p = std::make_unique<kvtier_client::Pending>();
+  p->lookup_out = result;
+  p->tiers_out = tiers;
+  auto r = c->client->LookupAsync(Keys(keys, n), {.lease = (flags & KVTIER_LOOKUP_LEASE) != 0}, &p->lookup);
+  if (!r.ok()) return Fail(c, r.status());
+  *op = *r;
+  c->pending.emplace(*r, std::move(p));
+  return KVTIER_OK;
+}
+
+int kvtier_load_async(kvtier_client* c, uint64_t lease, const kvtier_key* keys, size_t n, kvtier_block* blocks,
+                      kvtier_op* op) {
+  if (c == nullptr || blocks == nullptr || op == nullptr || (keys == nullptr && n > 0)) return KVTIER_EINVAL;
+  auto p = std::make_unique<kvtier_client::Pending>();
+  p->blocks_out = blocks;
+  auto r = c->client->LoadAsync(lease, Keys(keys, n), &p->views);
+  if (!r.ok()) return Fail(c, r.status());
+  *op = *r;
+  c->pending.emplace(*r, std::move(p));
+  return KVTIER_OK;
+}
+
+int kvtier_poll(kvtier_client* c, kvtier_op op, int* status) {
+  if (c == nullptr) return KVTIER_EINVAL;
+  std::optional<kvtier::Status> s = c->client->Poll(op);
+  if (!s) return 0;
+  const int code = Finish(c, op, *s);
+  if (status != nullptr) *status = code;
+  return 1;
+}
+
+int kvtier_wait(kvtier_client* c, kvtier_op op, int timeout_ms) {
+  if (c == nullptr) return KVTIER_EINVAL;
+  const auto timeout = timeout_ms < 0 ? std::chrono::nanoseconds::max()
+                                      : std::chrono::nanoseconds(std::chrono::milliseconds(timeout_ms));
+  return Finish(c, op, c->client->Wait(op, timeout));
+}
+
+int kvtier_lookup(kvtier_client* c, const kvtier_key* keys, size_t n, uint32_t flags, kvtier_lookup_result* result,
+                  uint8_t* tiers) {
+  kvtier_op op;
+  if (int rc = kvtier_lookup_async(c, keys, n, flags, result, tiers, &op); rc != 0) return rc;
+  return kvtier_wait(c, op, -1);
+}
+
+int kvtier_load(kvtier_client* c, uint64_t lease, const kvtier_key* keys, size_t n, kvtier_block* blocks) {
+  kvtier_op op;
+  if (int rc = kvtier_load_async(c, lease, keys, n, blocks, &op); rc != 0) return rc;
+  return kvtier_wait(c, op, -1);
+}
+
+int kvtier_store_begin(kvtier_client* c, const kvtier_key* keys, size_t n, uint64_t* ticket, kvtier_block* blocks) {
+  if (c == nullptr || ticket == nullptr || blocks == nullptr || (keys == nullptr && n > 0)) return KVTIER_EINVAL;
+  auto t = c->client->StoreBegin(Keys(keys, n));
+  if (!t.ok()) return Fail(c, t.status());
+  *ticket = t->id;
+  for (size_t i = 0; i < n; ++i) {
+    blocks[i] = kvtier_block{t->slots[i].data, t->slots[i].size, KVTIER_TIER_HOST,
+                             static_cast<uint8_t>(t->slots[i].needed ? 1 : 0)};
+  }
+  return KVTIER_OK;
+}
+
+int kvtier_store_commit(kvtier_client* c, uint64_t ticket) {
+  if (c == nullptr) return KVTIER_EINVAL;
+  kvtier::StoreTicket t;
+  t.id = ticket;
+  kvtier::Status s = c->client->StoreCommit(t);
+  return s.ok() ? KVTIER_OK : Fail(c, s);
+}
+
+int kvtier_store_abort(kvtier_client* c, uint64_t ticket) {
+  if (c == nullptr) return KVTIER_EINVAL;
+  kvtier::StoreTicket t;
+  t.id = ticket;
+  kvtier::Status s = c->client->StoreAbort(t);
+  return s.ok() ? KVTIER_OK : Fail(c, s);
+}
+
+int kvtier_store(kvtier_client* c, const kvtier_key* keys, size_t n, const void* const* src) {
+  if (c == nullptr || (n > 0 && (keys == nullptr || src == nullptr))) return KVTIER_EINVAL;
+  std::vector<std::span<const std::byte>> spans(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (src[i] == nullptr) return KVTIER_EINVAL;
+    spans[i] = {static_cast<const std::byte*>(src[i]), c->client->block_bytes()};
+  }
+  auto r = c->client->Store(Keys(keys, n), spans);
+  return r.ok() ? KVTIER_OK : Fail(c, r.status());
+}
+
+int kvtier_release(kvtier_client* c, uint64_t lease) {
+  if (c == nullptr) return KVTIER_EINVAL;
+  kvtier::Status s = c->client->Release(lease);
+  return s.ok() ? KVTIER_OK : Fail(c, s);
+}
+
+int kvtier_invalidate(kvtier_client* c, const kvtier_key* keys, size_t n) {
+  if (c == nullptr || (keys == nullptr && n > 0)) return KVTIER_EINVAL;
+  auto r = c->client->Invalidate(Keys(keys, n));
+  return r.ok() ? KVTIER_OK : Fail(c, r.status());
+}
+
+int kvtier_invalidate_namespace(kvtier_client* c) {
+  if (c == nullptr) return KVTIER_EINVAL;
+  auto r = c->client->InvalidateNamespace();
+  return r.ok() ? KVTIER_OK : Fail(c, r.status());
+}
+
+uint64_t kvtier_block_bytes(const kvtier_client* c) { return c ? c->client->block_bytes() : 0; }
+
+void kvtier_namespace_id(const kvtier_client* c, uint8_t out[32]) {
+  if (c != nullptr && out != nullptr) std::memcpy(out, c->client->namespace_id().bytes.data(), 32);
+}
+
+const char* kvtier_last_error(const kvtier_client* c) { return c ? c->last_error.c_str() : ""; }
+
+}  // extern "C"

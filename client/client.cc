@@ -1,0 +1,345 @@
+// libkvtier's C++ API: operations on top of the session's rings.
+#include "kvtier/client.h"
+
+#include <cstring>
+#include <fstream>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "client/internal/ring_session.h"
+#include "core/block_key.h"
+#include "core/namespace.h"
+#include "core/paths.h"
+#include "core/status.h"
+
+namespace kvtier {
+
+using ipc::Opcode;
+
+namespace {
+
+std::string ProcessName() {
+  std::ifstream in("/proc/self/comm");
+  std::string name;
+  std::getline(in, name);
+  return name;
+}
+
+}  // namespace
+
+namespace client_internal {
+
+class ClientImpl {
+ public:
+  std::unique_ptr<client_internal::RingSession> ring;
+  ipc::AttachReply info;
+
+  // What an outstanding operation needs when its completion arrives.
+  struct OpState {
+    Opcode opcode = Opcode::kPing;
+    std::byte* scratch = nullptr;  // keys then results (or an error message)
+    size_t out_at = 0;             // results offset within scratch
+    size_t out_bytes = 0;
+    uint32_t count = 0;
+    LookupResult* lookup = nullptr;
+    std::vector<BlockView>* views = nullptr;
+    StoreTicket* ticket = nullptr;
+    uint32_t* value = nullptr;
+  };
+  absl::flat_hash_map<OpId, OpState> ops;
+
+  // Submits an operation with `keys`, results space for count blocks (or an
+  // error message), and the op state to finish it with.
+  Result<OpId> Submit(Opcode opcode, uint16_t flags, uint64_t handle, std::span<const BlockKey> keys,
+                      OpState state) {
+    if (Status s = ToPublic(ring->health()); !s.ok()) return s;
+    if (keys.size() > ring->max_keys_per_op()) {
+      return Status(ErrorCode::kInvalidArgument,
+                    absl::StrCat(keys.size(), " keys in one request; the daemon takes at most ",
+                                 ring->max_keys_per_op(), " (split the batch)"));
+    }
+    const size_t key_bytes = keys.size() * sizeof(BlockKey);
+    const size_t out_bytes = std::max(keys.size() * sizeof(ipc::BlockResult), ipc::kErrorMessageBytes);
+    std::byte* scratch = ring->AllocScratch(key_bytes + out_bytes);
+    if (scratch == nullptr) {
+      return Status(ErrorCode::kBusy, absl::StrCat("no room in the session's scratch region for ", keys.size(),
+                                                   " keys; wait for outstanding operations or use smaller batches"));
+    }
+    if (!keys.empty()) std::memcpy(scratch, keys.data(), key_bytes);
+    ipc::RequestRecord rec{};
+    rec.opcode = static_cast<uint16_t>(opcode);
+    rec.flags = flags;
+    rec.count = static_cast<uint32_t>(keys.size());
+    rec.handle = handle;
+    rec.keys_offset = ring->ScratchOffset(scratch);
+    rec.out_offset = rec.keys_offset + key_bytes;
+    rec.out_bytes = out_bytes;
+    absl::StatusOr<uint64_t> op = ring->Submit(rec);
+    if (!op.ok()) {
+      ring->FreeScratch(scratch);
+      return ToPublic(op.status());
+    }
+    state.opcode = opcode;
+    state.scratch = scratch;
+    state.out_at = key_bytes;
+    state.out_bytes = out_bytes;
+    state.count = rec.count;
+    ops.emplace(*op, state);
+    return *op;
+  }
+
+  // Turns a completion into the caller's outputs and a status.
+  Status Finish(OpId op, const ipc::CompletionRecord& c) {
+    auto it = ops.find(op);
+    OpState st = it->second;
+    ops.erase(it);
+    Status result;
+    const std::byte* out = st.scratch + st.out_at;
+    if (c.status != 0) {
+      // The daemon wrote a NUL-terminated reason into the results area.
+      const size_t n = strnlen(reinterpret_cast<const char*>(out), st.out_bytes);
+      result = Status(static_cast<ErrorCode>(c.status), std::string(reinterpret_cast<const char*>(out), n));
+    } else {
+      result = Fill(st, c, out);
+    }
+    ring->FreeScratch(st.scratch);
+    return result;
+  }
+
+  Status Fill(const OpState& st, const ipc::CompletionRecord& c, const std::byte* out) {
+    auto results = [&](std::vector<ipc::BlockResult>* r) {
+      r->resize(st.count);
+      std::memcpy(r->data(), out, st.count * sizeof(ipc::BlockResult));
+    };
+    auto pointer = [&](uint64_t offset) -> std::byte* {
+      // Defensive: a daemon bug must not turn into a wild pointer.
+      if (offset > ring->arena_bytes() || info.block_bytes > ring->arena_bytes() - offset) return nullptr;
+      return ring->arena() + offset;
+    };
+    switch (st.opcode) {
+      case Opcode::kLookup: {
+        std::vector<ipc::BlockResult> r;
+        results(&r);
+        st.lookup->hit_blocks = c.count;
+        st.lookup->lease = c.handle;
+        st.lookup->tiers.resize(st.count);
+        for (uint32_t i = 0; i < st.count; ++i) st.lookup->tiers[i] = static_cast<TierKind>(r[i].tier);
+        return Status();
+      }
+      case Opcode::kLoad: {
+        std::vector<ipc::BlockResult> r;
+        results(&r);
+        st.views->resize(st.count);
+        for (uint32_t i = 0; i < st.count; ++i) {
+          std::byte* p = pointer(r[i].arena_offset);
+          if (p == nullptr) return Status(ErrorCode::kProtocol, "kvtierd returned a block outside the arena");
+          (*st.views)[i] = BlockView{p, info.block_bytes, static_cast<TierKind>(r[i].tier)};
+        }
+        return Status();
+      }
+      case Opcode::kStoreBegin: {
+        std::vector<ipc::BlockResult> r;
+        results(&r);
+        st.ticket->id = c.handle;
+        st.ticket->needed = c.count;
+        st.ticket->slots.assign(st.count, StoreSlot{});
+        for (uint32_t i = 0; i < st.count; ++i) {
+          if ((r[i].flags & ipc::kBlockNeeded) == 0) continue;
+          std::byte* p = pointer(r[i].arena_offset);
+          if (p == nullptr) return Status(ErrorCode::kProtocol, "kvtierd returned a slot outside the arena");
+          st.ticket->slots[i] = StoreSlot{p, info.block_bytes, true};
+        }
+        return Status();
+      }
+      case Opcode::kInvalidate:
+      case Opcode::kInvalidateNamespace:
+        if (st.value) *st.value = static_cast<uint32_t>(c.value);
+        return Status();
+      default:
+        return Status();
+    }
+  }
+
+  Status WaitOp(OpId op, std::chrono::nanoseconds timeout) {
+    if (!ops.contains(op)) {
+      return Status(ErrorCode::kNotFound, absl::StrCat("operation ", op, " is not outstanding"));
+    }
+    absl::StatusOr<ipc::CompletionRecord> c = ring->WaitTake(op, timeout);
+    if (!c.ok()) {
+      Status s = ToPublic(c.status());
+      // A timed-out operation stays outstanding; any other failure ends it.
+      if (s.code() != ErrorCode::kTimedOut) {
+        ring->FreeScratch(ops[op].scratch);
+        ops.erase(op);
+      }
+      return s;
+    }
+    return Finish(op, *c);
+  }
+};
+
+}  // namespace client_internal
+
+using client_internal::ClientImpl;
+
+Client::Client(std::unique_ptr<ClientImpl> impl) : impl_(std::move(impl)) {}
+Client::~Client() {
+  // Outstanding operations' scratch goes with the segment; the daemon releases
+  // the session's pins when the socket closes.
+}
+
+Result<std::unique_ptr<Client>> Client::Attach(const AttachOptions& options) {
+  if (absl::Status s = ValidateDescriptor(options.ns); !s.ok()) return ToPublic(s);
+  ipc::AttachRequest req;
+  req.ns = options.ns;
+  req.client_name = (options.client_name.empty() ? ProcessName() : options.client_name).substr(0, ipc::kMaxClientName);
+  const std::string path = options.socket_path.empty() ? DefaultDataSocketPath() : options.socket_path;
+  absl::StatusOr<std::unique_ptr<client_internal::RingSession>> ring =
+      client_internal::RingSession::Open(path, req, options.spin_us);
+  if (!ring.ok()) return ToPublic(ring.status());
+  auto impl = std::make_unique<ClientImpl>();
+  impl->ring = std::move(*ring);
+  impl->info = impl->ring->reply();
+  return std::unique_ptr<Client>(new Client(std::move(impl)));
+}
+
+uint64_t Client::session_id() const { return impl_->info.session_id; }
+const BlockKey& Client::namespace_id() const { return impl_->info.namespace_id; }
+uint64_t Client::block_bytes() const { return impl_->info.block_bytes; }
+uint32_t Client::block_tokens() const { return impl_->info.block_tokens; }
+HashAlgorithm Client::hash() const { return impl_->info.hash; }
+const std::string& Client::tenant() const { return impl_->info.tenant; }
+bool Client::connected() const { return impl_->ring->health().ok(); }
+uint32_t Client::InFlight() const { return impl_->ring->in_flight(); }
+
+std::vector<BlockKey> Client::ComputeKeys(std::span<const uint32_t> tokens, const BlockKey* parent,
+                                          std::span<const std::byte> extra) const {
+  return ChainBlockKeys(impl_->info.hash, tokens, impl_->info.block_tokens, parent, extra);
+}
+
+Result<OpId> Client::LookupAsync(std::span<const BlockKey> keys, LookupOptions options, LookupResult* out) {
+  ClientImpl::OpState st;
+  st.lookup = out;
+  return impl_->Submit(Opcode::kLookup, options.lease ? ipc::kFlagLease : 0, 0, keys, st);
+}
+
+Result<OpId> Client::LoadAsync(uint64_t lease, std::span<const BlockKey> keys, std::vector<BlockView>* out) {
+  ClientImpl::OpState st;
+  st.views = out;
+  return impl_->Submit(Opcode::kLoad, 0, lease, keys, st);
+}
+
+Result<OpId> Client::StoreBeginAsync(std::span<const BlockKey> keys, StoreTicket* out) {
+  ClientImpl::OpState st;
+  st.ticket = out;
+  return impl_->Submit(Opcode::kStoreBegin, 0, 0, keys, st);
+}
+
+Result<OpId> Client::StoreCommitAsync(const StoreTicket& ticket) {
+  return impl_->Submit(Opcode::kStoreCommit, 0, ticket.id, {}, {});
+}
+
+Result<OpId> Client::ReleaseAsync(uint64_t lease) { return impl_->Submit(Opcode::kRelease, 0, lease, {}, {}); }
+
+std::optional<Status> Client::Poll(OpId op) {
+  if (!impl_->ops.contains(op)) return Status(ErrorCode::kNotFound, absl::StrCat("operation ", op, " is not outstanding"));
+  std::optional<ipc::CompletionRecord> c = impl_->ring->TryTake(op);
+  if (!c) {
+    if (Status s = ToPublic(impl_->ring->health()); !s.ok()) return impl_->WaitOp(op, std::chrono::nanoseconds(0));
+    return std::nullopt;
+  }
+  return impl_->Finish(op, *c);
+}
+
+Status Client::Wait(OpId op, std::chrono::nanoseconds timeout) { return impl_->WaitOp(op, timeout); }
+
+Result<LookupResult> Client::Lookup(std::span<const BlockKey> keys, LookupOptions options) {
+  LookupResult out;
+  Result<OpId> op = LookupAsync(keys, options, &out);
+  if (!op.ok()) return op.status();
+  if (Status s = Wait(*op); !s.ok()) return s;
+  return out;
+}
+
+Result<std::vector<BlockView>> Client::Load(uint64_t lease, std::span<const BlockKey> keys) {
+  std::vector<BlockView> out;
+  Result<OpId> op = LoadAsync(lease, keys, &out);
+  if (!op.ok()) return op.status();
+  if (Status s = Wait(*op); !s.ok()) return s;
+  return out;
+}
+
+Result<StoreTicket> Client::StoreBegin(std::span<const BlockKey> keys) {
+  StoreTicket out;
+  Result<OpId> op = StoreBeginAsync(keys, &out);
+  if (!op.ok()) return op.status();
+  if (Status s = Wait(*op); !s.ok()) return s;
+  return out;
+}
+
+Status Client::StoreCommit(const StoreTicket& ticket) {
+  if (ticket.id == 0) return Status();
+  Result<OpId> op = StoreCommitAsync(ticket);
+  return op.ok() ? Wait(*op) : op.status();
+}
+
+Status Client::StoreAbort(const StoreTicket& ticket) {
+  if (ticket.id == 0) return Status();
+  Result<OpId> op = impl_->Submit(Opcode::kStoreAbort, 0, ticket.id, {}, {});
+  return op.ok() ? Wait(*op) : op.status();
+}
+
+Result<uint32_t> Client::Store(std::span<const BlockKey> keys, std::span<const std::span<const std::byte>> src) {
+  if (src.size() != keys.size()) {
+    return Status(ErrorCode::kInvalidArgument,
+                  absl::StrCat(keys.size(), " keys but ", src.size(), " source buffers"));
+  }
+  for (size_t i = 0; i < src.size(); ++i) {
+    if (src[i].size() != block_bytes()) {
+      return Status(ErrorCode::kInvalidArgument,
+                    absl::StrCat("source buffer ", i, " is ", src[i].size(), " bytes; blocks of this namespace are ",
+                                 block_bytes()));
+    }
+  }
+  Result<StoreTicket> ticket = StoreBegin(keys);
+  if (!ticket.ok()) return ticket.status();
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const StoreSlot& slot = ticket->slots[i];
+    if (slot.needed) std::memcpy(slot.data, src[i].data(), slot.size);
+  }
+  if (Status s = StoreCommit(*ticket); !s.ok()) return s;
+  return ticket->needed;
+}
+
+Status Client::Release(uint64_t lease) {
+  if (lease == 0) return Status();
+  Result<OpId> op = ReleaseAsync(lease);
+  return op.ok() ? Wait(*op) : op.status();
+}
+
+Result<uint32_t> Client::Invalidate(std::span<const BlockKey> keys) {
+  uint32_t n = 0;
+  ClientImpl::OpState st;
+  st.value = &n;
+  Result<OpId> op = impl_->Submit(Opcode::kInvalidate, 0, 0, keys, st);
+  if (!op.ok()) return op.status();
+  if (Status s = Wait(*op); !s.ok()) return s;
+  return n;
+}
+
+Result<uint32_t> Client::InvalidateNamespace() {
+  uint32_t n = 0;
+  ClientImpl::OpState st;
+  st.value = &n;
+  Result<OpId> op = impl_->Submit(Opcode::kInvalidateNamespace, 0, 0, {}, st);
+  if (!op.ok()) return op.status();
+  if (Status s = Wait(*op); !s.ok()) return s;
+  return n;
+}
+
+Status Client::Ping() {
+  Result<OpId> op = impl_->Submit(Opcode::kPing, 0, 0, {}, {});
+  return op.ok() ? Wait(*op) : op.status();
+}
+
+}  // namespace kvtier

@@ -1,0 +1,165 @@
+// kvtier C++ client API (libkvtier): what an inference engine links to reuse
+// KV-cache blocks through kvtierd.
+//
+// One Client is one session and serves one issuing thread; an engine with
+// several issuing threads opens several clients. Blocks live in a shared host
+// arena that the client maps: lookups and loads hand out pointers into it
+// (zero copy), stores hand out slots to fill in place.
+//
+//   kvtier::AttachOptions opts;
+//   opts.ns = {.model_id = "meta-llama/Llama-3.1-8B", .model_revision = "0e9e39f",
+//              .kv_dtype = "bf16", .kv_layout = "layer_major",
+//              .block_tokens = 16, .block_bytes = 131072};
+//   auto client = kvtier::Client::Attach(opts);
+//   if (!client.ok()) { /* client.status().message() says why */ }
+//   std::vector<kvtier::BlockKey> keys = (*client)->ComputeKeys(prompt_tokens);
+//
+//   // Scheduling: how much is cached? (no side effects, may repeat)
+//   auto probe = (*client)->Lookup(keys);
+//   // Commit to it: pin the hit prefix, then read it in place.
+//   auto hit = (*client)->Lookup(keys, {.lease = true});
+//   auto views = (*client)->Load(hit->lease, std::span(keys).first(hit->hit_blocks));
+//   for (const kvtier::BlockView& v : *views) copy_into_engine(v.data, v.size);
+//   (*client)->Release(hit->lease);
+//
+//   // After prefill: offload the blocks that were computed.
+//   auto ticket = (*client)->StoreBegin(std::span(keys).subspan(hit->hit_blocks));
+//   for (auto& slot : ticket->slots) if (slot.needed) fill_from_engine(slot.data, slot.size);
+//   (*client)->StoreCommit(*ticket);
+#ifndef KVTIER_CLIENT_H_
+#define KVTIER_CLIENT_H_
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kvtier/types.h"
+
+namespace kvtier {
+
+struct AttachOptions {
+  // Daemon socket; empty: $KVTIER_SOCKET, else the default run directory's
+  // kvtierd.sock (see docs/configuration.md).
+  std::string socket_path;
+  NamespaceDescriptor ns;
+  // Shown by kvtierctl; empty: this process's name.
+  std::string client_name;
+  // Busy-wait this long for a completion before sleeping on the doorbell.
+  uint32_t spin_us = 20;
+};
+
+struct LookupOptions {
+  // Pin the hit prefix so it stays until Release(lease). Without a lease a
+  // lookup changes nothing (engines may call it repeatedly while scheduling).
+  bool lease = false;
+};
+
+struct LookupResult {
+  uint32_t hit_blocks = 0;       // longest present prefix, in blocks
+  uint64_t lease = 0;            // 0 without a lease or without a hit
+  std::vector<TierKind> tiers;   // per key; kNone past the prefix
+};
+
+// A block to read in place; valid until its lease is released.
+struct BlockView {
+  const std::byte* data = nullptr;
+  size_t size = 0;
+  TierKind tier = TierKind::kNone;
+};
+
+// A slot to fill in place; `needed` is false when the block is already cached
+// (or being stored by another engine) and must not be written.
+struct StoreSlot {
+  std::byte* data = nullptr;
+  size_t size = 0;
+  bool needed = false;
+};
+
+struct StoreTicket {
+  uint64_t id = 0;  // 0 when nothing needed storing
+  uint32_t needed = 0;
+  std::vector<StoreSlot> slots;  // one per key
+};
+
+using OpId = uint64_t;
+
+namespace client_internal {
+class ClientImpl;
+}  // namespace client_internal
+
+class Client {
+ public:
+  // Connects, is admitted by the daemon as one of its tenants, and maps the
+  // session's rings and the tenant's host arena.
+  static Result<std::unique_ptr<Client>> Attach(const AttachOptions& options);
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  // What the daemon assigned at attach.
+  uint64_t session_id() const;
+  const BlockKey& namespace_id() const;
+  uint64_t block_bytes() const;
+  uint32_t block_tokens() const;
+  HashAlgorithm hash() const;
+  const std::string& tenant() const;
+
+  // Chained keys of every full block of `tokens` (the partial tail is not
+  // cached), with the daemon's hash. `parent` continues an earlier chain;
+  // `extra` carries multimodal input hashes or a per-request salt.
+  std::vector<BlockKey> ComputeKeys(std::span<const uint32_t> tokens, const BlockKey* parent = nullptr,
+                                    std::span<const std::byte> extra = {}) const;
+
+  // Synchronous operations (each one round trip through the rings).
+  Result<LookupResult> Lookup(std::span<const BlockKey> keys, LookupOptions options = {});
+  // Views of pinned blocks: keys must be in the lease.
+  Result<std::vector<BlockView>> Load(uint64_t lease, std::span<const BlockKey> keys);
+  // Reserves slots; all or nothing (kNoSpace when the tier cannot hold them).
+  Result<StoreTicket> StoreBegin(std::span<const BlockKey> keys);
+  // Makes the ticket's blocks visible to lookups. A ticket with id 0 is a no-op.
+  Status StoreCommit(const StoreTicket& ticket);
+  Status StoreAbort(const StoreTicket& ticket);
+  // StoreBegin + copy + StoreCommit. src[i] must be block_bytes() long.
+  // Returns how many blocks were written (the rest were already cached).
+  Result<uint32_t> Store(std::span<const BlockKey> keys, std::span<const std::span<const std::byte>> src);
+  Status Release(uint64_t lease);
+  // Removes blocks of this namespace; returns how many.
+  Result<uint32_t> Invalidate(std::span<const BlockKey> keys);
+  Result<uint32_t> InvalidateNamespace();
+  // An empty round trip (for health checks and latency measurement).
+  Status Ping();
+
+  // Asynchronous forms: `out` must stay valid until the operation completes.
+  Result<OpId> LookupAsync(std::span<const BlockKey> keys, LookupOptions options, LookupResult* out);
+  Result<OpId> LoadAsync(uint64_t lease, std::span<const BlockKey> keys, std::vector<BlockView>* out);
+  Result<OpId> StoreBeginAsync(std::span<const BlockKey> keys, StoreTicket* out);
+  Result<OpId> StoreCommitAsync(const StoreTicket& ticket);
+  Result<OpId> ReleaseAsync(uint64_t lease);
+  // The operation's status once it completed (and forgets it); nullopt while
+  // it is in flight. Never blocks.
+  std::optional<Status> Poll(OpId op);
+  // Blocks until the operation completes or `timeout` passes (kTimedOut, the
+  // operation stays in flight). A dead daemon fails the wait within a second
+  // with kNotConnected.
+  Status Wait(OpId op, std::chrono::nanoseconds timeout = std::chrono::nanoseconds::max());
+  // Operations submitted and not yet consumed by Poll/Wait.
+  uint32_t InFlight() const;
+
+  // False once the daemon closed the session or went away; every call then
+  // fails with the reason. Attach again to continue.
+  bool connected() const;
+
+
+ private:
+  explicit Client(std::unique_ptr<client_internal::ClientImpl> impl);
+  std::unique_ptr<client_internal::ClientImpl> impl_;
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_CLIENT_H_
