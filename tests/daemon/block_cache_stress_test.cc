@@ -1,0 +1,91 @@
+// Sessions on several threads store, look up with leases, load, release and
+// invalidate over a small host tier that is always evicting. Afterwards every
+// slot must be accounted for and every load must have pointed at a slot that
+// held the block's own bytes. Run under --tsan for the locking.
+#include <atomic>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "daemon/block_cache.h"
+#include "gtest/gtest.h"
+#include "tests/support/test_support.h"
+
+namespace kvtier {
+namespace {
+
+TEST(BlockCacheStressTest, ConcurrentSessionsKeepTheCacheConsistent) {
+  DaemonStats stats;
+  auto cache = std::move(BlockCache::Create({}, &stats)).value();
+  auto host = std::move(HostTier::Create({"stress", 64 * 4096, false})).value();
+  HostTier* tier = host.get();
+  ASSERT_TRUE(cache->AddTenant("t", std::move(host)).ok());
+  constexpr int kThreads = 4;
+#ifdef KVTIER_TSAN
+  constexpr int kOps = 3000;
+#else
+  constexpr int kOps = 20000;
+#endif
+  std::atomic<uint64_t> bad_bytes{0}, hits{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      SessionHoldings s;
+      s.ns.handle = 0;
+      s.ns.tenant = 0;
+      s.ns.block_bytes = 4096;
+      s.ns.block_tokens = 16;
+      std::mt19937_64 rng(t + 1);
+      for (int i = 0; i < kOps; ++i) {
+        std::vector<BlockKey> keys;
+        const uint64_t base = rng() % 200;
+        for (uint64_t k = 0; k < 1 + rng() % 4; ++k) keys.push_back(testing::KeyOf(base + k));
+        std::vector<BlockLocation> out(keys.size());
+        switch (rng() % 4) {
+          case 0:
+          case 1: {
+            uint64_t ticket;
+            auto n = cache->StoreBegin(s, keys, &ticket, std::span(out));
+            if (!n.ok()) break;  // all pinned by other threads right now
+            for (size_t k = 0; k < keys.size(); ++k) {
+              if (out[k].needed) {
+                testing::FillFromKey(keys[k], {tier->arena_base() + out[k].arena_offset, 4096});
+              }
+            }
+            if (ticket) (void)(rng() % 10 == 0 ? cache->StoreAbort(s, ticket) : cache->StoreCommit(s, ticket));
+            break;
+          }
+          case 2: {
+            uint64_t lease;
+            auto n = cache->Lookup(s, keys, true, &lease, std::span(out));
+            ASSERT_TRUE(n.ok());
+            if (*n == 0) break;
+            hits += *n;
+            std::vector<BlockLocation> loc(*n);
+            ASSERT_TRUE(cache->Load(s, lease, std::span(keys).first(*n), std::span(loc)).ok());
+            for (uint32_t k = 0; k < *n; ++k) {
+              if (!testing::MatchesKey(keys[k], {tier->arena_base() + loc[k].arena_offset, 4096})) ++bad_bytes;
+            }
+            ASSERT_TRUE(cache->Release(s, lease).ok());
+            break;
+          }
+          case 3:
+            if (rng() % 8 == 0) (void)cache->Invalidate(s, keys);
+            break;
+        }
+      }
+      cache->CloseSession(s);
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(bad_bytes.load(), 0u) << "a leased block pointed at another block's bytes";
+  EXPECT_GT(hits.load(), 0u);
+  EXPECT_GT(stats.evictions.Get(), 0u) << "the tier was meant to be under pressure";
+  const TenantUsage u = cache->Usage()[0];
+  EXPECT_EQ(u.pinned_blocks, 0u);
+  EXPECT_EQ(u.blocks, cache->indexed_blocks()) << "every used slot belongs to an indexed block";
+  EXPECT_LE(u.used_bytes, u.capacity_bytes);
+}
+
+}  // namespace
+}  // namespace kvtier

@@ -1,0 +1,264 @@
+#include "daemon/block_cache.h"
+
+#include "core/namespace.h"
+#include "core/status.h"
+#include "gtest/gtest.h"
+#include "tests/support/test_support.h"
+
+namespace kvtier {
+namespace {
+
+using testing::KeyOf;
+
+class BlockCacheTest : public ::testing::Test {
+ protected:
+  // A tenant whose host tier holds `blocks` blocks of 4 KiB.
+  void SetUpCache(uint64_t blocks, int tenants = 1) {
+    cache_ = std::move(BlockCache::Create({}, &stats_)).value();
+    for (int t = 0; t < tenants; ++t) {
+      auto host = HostTier::Create({"t", blocks * 4096, false});
+      ASSERT_TRUE(host.ok());
+      ASSERT_TRUE(cache_->AddTenant("tenant" + std::to_string(t), std::move(*host)).ok());
+    }
+  }
+  std::unique_ptr<SessionHoldings> Session(uint32_t ns_handle = 0, uint16_t tenant = 0) {
+    auto s = std::make_unique<SessionHoldings>();
+    s->ns.handle = ns_handle;
+    s->ns.tenant = tenant;
+    s->ns.block_bytes = 4096;
+    s->ns.block_tokens = 16;
+    return s;
+  }
+  std::vector<BlockKey> Keys(uint64_t from, uint64_t n) {
+    std::vector<BlockKey> k;
+    for (uint64_t i = from; i < from + n; ++i) k.push_back(KeyOf(i));
+    return k;
+  }
+  absl::Status Store(SessionHoldings& s, const std::vector<BlockKey>& keys) {
+    std::vector<BlockLocation> out(keys.size());
+    uint64_t ticket;
+    auto n = cache_->StoreBegin(s, keys, &ticket, std::span(out));
+    if (!n.ok()) return n.status();
+    return ticket ? cache_->StoreCommit(s, ticket) : absl::OkStatus();
+  }
+  uint32_t Hit(SessionHoldings& s, const std::vector<BlockKey>& keys, bool lease = false,
+               uint64_t* lease_id = nullptr) {
+    std::vector<BlockLocation> out(keys.size());
+    uint64_t l = 0;
+    auto n = cache_->Lookup(s, keys, lease, &l, std::span(out));
+    EXPECT_TRUE(n.ok()) << n.status();
+    if (lease_id) *lease_id = l;
+    return n.ok() ? *n : 0;
+  }
+
+  DaemonStats stats_;
+  std::unique_ptr<BlockCache> cache_;
+};
+
+TEST_F(BlockCacheTest, LookupFindsTheLongestPresentPrefix) {
+  SetUpCache(64);
+  auto s = Session();
+  ASSERT_TRUE(Store(*s, Keys(0, 3)).ok());
+  ASSERT_TRUE(Store(*s, Keys(4, 2)).ok());  // key 3 missing: a hole
+  EXPECT_EQ(Hit(*s, Keys(0, 6)), 3u);
+  EXPECT_EQ(Hit(*s, Keys(4, 2)), 2u);
+  EXPECT_EQ(Hit(*s, Keys(10, 2)), 0u);
+  EXPECT_EQ(stats_.probes.Get(), 3u);
+  EXPECT_EQ(stats_.lookups.Get(), 0u) << "lookups without lease are probes, not stats";
+}
+
+TEST_F(BlockCacheTest, StoreOfCachedKeysIsNotNeeded) {
+  SetUpCache(64);
+  auto s = Session();
+  ASSERT_TRUE(Store(*s, Keys(0, 2)).ok());
+  std::vector<BlockLocation> out(3);
+  uint64_t ticket;
+  auto n = cache_->StoreBegin(*s, Keys(0, 3), &ticket, std::span(out));
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(*n, 1u);
+  EXPECT_FALSE(out[0].needed);
+  EXPECT_FALSE(out[1].needed);
+  EXPECT_TRUE(out[2].needed);
+  // Until commit the block is invisible.
+  EXPECT_EQ(Hit(*s, Keys(0, 3)), 2u);
+  ASSERT_TRUE(cache_->StoreCommit(*s, ticket).ok());
+  EXPECT_EQ(Hit(*s, Keys(0, 3)), 3u);
+  EXPECT_EQ(ToErrorCode(cache_->StoreCommit(*s, ticket)), KVTIER_ENOENT) << "a ticket commits once";
+}
+
+TEST_F(BlockCacheTest, AbortGivesSlotsBack) {
+  SetUpCache(4);
+  auto s = Session();
+  std::vector<BlockLocation> out(4);
+  uint64_t ticket;
+  ASSERT_TRUE(cache_->StoreBegin(*s, Keys(0, 4), &ticket, std::span(out)).ok());
+  EXPECT_EQ(cache_->Usage()[0].blocks, 4u);
+  ASSERT_TRUE(cache_->StoreAbort(*s, ticket).ok());
+  EXPECT_EQ(cache_->Usage()[0].blocks, 0u);
+  EXPECT_EQ(Hit(*s, Keys(0, 4)), 0u);
+  EXPECT_TRUE(Store(*s, Keys(10, 4)).ok());
+}
+
+TEST_F(BlockCacheTest, FullTierEvictsLeastRecentlyUsedUnpinnedBlocks) {
+  SetUpCache(4);
+  auto s = Session();
+  for (uint64_t i = 0; i < 4; ++i) ASSERT_TRUE(Store(*s, {KeyOf(i)}).ok());
+  // Use block 0 (a leased lookup counts as use), so block 1 is now the oldest.
+  uint64_t lease;
+  EXPECT_EQ(Hit(*s, {KeyOf(0)}, true, &lease), 1u);
+  ASSERT_TRUE(cache_->Release(*s, lease).ok());
+  ASSERT_TRUE(Store(*s, {KeyOf(100)}).ok());
+  EXPECT_EQ(Hit(*s, {KeyOf(1)}), 0u) << "block 1 was least recently used";
+  EXPECT_EQ(Hit(*s, {KeyOf(0)}), 1u);
+  EXPECT_EQ(Hit(*s, {KeyOf(2)}), 1u);
+  EXPECT_EQ(Hit(*s, {KeyOf(100)}), 1u);
+  EXPECT_EQ(stats_.evictions.Get(), 1u);
+}
+
+TEST_F(BlockCacheTest, PinnedBlocksAreNeverEvictedAndAllPinnedIsAClearError) {
+  SetUpCache(4);
+  auto s = Session();
+  ASSERT_TRUE(Store(*s, Keys(0, 4)).ok());
+  uint64_t lease;
+  ASSERT_EQ(Hit(*s, Keys(0, 4), true, &lease), 4u);
+  EXPECT_EQ(cache_->Usage()[0].pinned_blocks, 4u);
+  absl::Status full = Store(*s, {KeyOf(50)});
+  ASSERT_FALSE(full.ok());
+  EXPECT_EQ(ToErrorCode(full), KVTIER_ENOSPC);
+  EXPECT_NE(std::string(full.message()).find("pinned by leases"), std::string::npos) << full.message();
+  EXPECT_EQ(Hit(*s, Keys(0, 4)), 4u) << "nothing pinned was lost";
+  ASSERT_TRUE(cache_->Release(*s, lease).ok());
+  EXPECT_TRUE(Store(*s, {KeyOf(50)}).ok());
+  EXPECT_EQ(stats_.store_refused_no_space.Get(), 1u);
+}
+
+TEST_F(BlockCacheTest, StoreIsAllOrNothing) {
+  SetUpCache(4);
+  auto s = Session();
+  ASSERT_TRUE(Store(*s, Keys(0, 2)).ok());
+  uint64_t lease;
+  ASSERT_EQ(Hit(*s, Keys(0, 2), true, &lease), 2u);
+  // 3 new blocks but only 2 free slots and 2 pinned: refused, nothing kept.
+  absl::Status st = Store(*s, Keys(10, 3));
+  EXPECT_EQ(ToErrorCode(st), KVTIER_ENOSPC);
+  EXPECT_EQ(Hit(*s, Keys(10, 3)), 0u);
+  EXPECT_EQ(cache_->Usage()[0].blocks, 2u);
+}
+
+TEST_F(BlockCacheTest, LoadOnlyWhatTheLeasePins) {
+  SetUpCache(16);
+  auto s = Session();
+  ASSERT_TRUE(Store(*s, Keys(0, 4)).ok());
+  uint64_t lease;
+  ASSERT_EQ(Hit(*s, Keys(0, 2), true, &lease), 2u);
+  std::vector<BlockLocation> out(2);
+  ASSERT_TRUE(cache_->Load(*s, lease, Keys(0, 2), std::span(out)).ok());
+  EXPECT_EQ(out[0].tier, TierKind::kHost);
+  EXPECT_NE(out[0].arena_offset, out[1].arena_offset);
+  std::vector<BlockKey> reversed = {KeyOf(1), KeyOf(0)};
+  std::vector<BlockLocation> out2(2);
+  ASSERT_TRUE(cache_->Load(*s, lease, reversed, std::span(out2)).ok());
+  EXPECT_EQ(out2[0].arena_offset, out[1].arena_offset);
+  std::vector<BlockLocation> one(1);
+  EXPECT_EQ(ToErrorCode(cache_->Load(*s, lease, Keys(3, 1), std::span(one))), KVTIER_EINVAL)
+      << "block 3 is cached but not in this lease";
+  EXPECT_EQ(ToErrorCode(cache_->Load(*s, lease + 100, Keys(0, 1), std::span(one))), KVTIER_ENOENT);
+  auto other = Session();
+  EXPECT_EQ(ToErrorCode(cache_->Load(*other, lease, Keys(0, 1), std::span(one))), KVTIER_ENOENT)
+      << "leases belong to their session";
+}
+
+TEST_F(BlockCacheTest, InvalidatedPinnedBlockIsFreedWhenItsLeaseGoes) {
+  SetUpCache(8);
+  auto s = Session();
+  ASSERT_TRUE(Store(*s, Keys(0, 2)).ok());
+  uint64_t lease;
+  ASSERT_EQ(Hit(*s, Keys(0, 2), true, &lease), 2u);
+  auto n = cache_->Invalidate(*s, Keys(0, 2));
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(*n, 2u);
+  EXPECT_EQ(Hit(*s, Keys(0, 2)), 0u) << "invalidated blocks are gone for lookups";
+  EXPECT_EQ(cache_->Usage()[0].blocks, 2u) << "but their slots stay while pinned";
+  std::vector<BlockLocation> out(2);
+  EXPECT_TRUE(cache_->Load(*s, lease, Keys(0, 2), std::span(out)).ok()) << "the lease still reads them";
+  ASSERT_TRUE(cache_->Release(*s, lease).ok());
+  EXPECT_EQ(cache_->Usage()[0].blocks, 0u);
+}
+
+TEST_F(BlockCacheTest, InvalidateNamespaceTouchesOnlyThatNamespace) {
+  SetUpCache(16);
+  auto a = Session(0), b = Session(1);
+  ASSERT_TRUE(Store(*a, Keys(0, 3)).ok());
+  ASSERT_TRUE(Store(*b, Keys(0, 3)).ok());
+  auto n = cache_->InvalidateNamespace(*a);
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(*n, 3u);
+  EXPECT_EQ(Hit(*a, Keys(0, 3)), 0u);
+  EXPECT_EQ(Hit(*b, Keys(0, 3)), 3u);
+}
+
+TEST_F(BlockCacheTest, NamespacesAndTenantsAreIsolated) {
+  SetUpCache(16, 2);
+  auto a = Session(0, 0), other_ns = Session(1, 0), other_tenant = Session(2, 1);
+  ASSERT_TRUE(Store(*a, Keys(0, 4)).ok());
+  EXPECT_EQ(Hit(*other_ns, Keys(0, 4)), 0u);
+  EXPECT_EQ(Hit(*other_tenant, Keys(0, 4)), 0u);
+  auto usage = cache_->Usage();
+  EXPECT_EQ(usage[0].blocks, 4u);
+  EXPECT_EQ(usage[1].blocks, 0u) << "tenant 0's blocks live in tenant 0's arena only";
+}
+
+TEST_F(BlockCacheTest, ClosingASessionReleasesItsPinsAndAbortsItsStores) {
+  SetUpCache(8);
+  auto s = Session();
+  ASSERT_TRUE(Store(*s, Keys(0, 4)).ok());
+  uint64_t lease;
+  ASSERT_EQ(Hit(*s, Keys(0, 4), true, &lease), 4u);
+  std::vector<BlockLocation> out(2);
+  uint64_t ticket;
+  ASSERT_TRUE(cache_->StoreBegin(*s, Keys(20, 2), &ticket, std::span(out)).ok());
+  EXPECT_EQ(cache_->Usage()[0].pinned_blocks, 4u);
+  EXPECT_EQ(cache_->Usage()[0].blocks, 6u);
+  cache_->CloseSession(*s);
+  EXPECT_EQ(cache_->Usage()[0].pinned_blocks, 0u);
+  EXPECT_EQ(cache_->Usage()[0].blocks, 4u);
+  EXPECT_EQ(s->lease_count.load(), 0u);
+  EXPECT_EQ(Hit(*s, Keys(20, 2)), 0u);
+  // Everything is evictable again.
+  auto t = Session();
+  EXPECT_TRUE(Store(*t, Keys(40, 8)).ok());
+}
+
+TEST_F(BlockCacheTest, LeaseLimitPerSession) {
+  cache_ = std::move(BlockCache::Create({.max_leases_per_session = 2}, &stats_)).value();
+  ASSERT_TRUE(cache_->AddTenant("t", std::move(*HostTier::Create({"t", 1 << 20, false}))).ok());
+  auto s = Session();
+  ASSERT_TRUE(Store(*s, Keys(0, 1)).ok());
+  uint64_t l1, l2;
+  Hit(*s, Keys(0, 1), true, &l1);
+  Hit(*s, Keys(0, 1), true, &l2);
+  std::vector<BlockLocation> out(1);
+  uint64_t l3;
+  auto r = cache_->Lookup(*s, Keys(0, 1), true, &l3, std::span(out));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(ToErrorCode(r.status()), KVTIER_EBUSY);
+  EXPECT_FALSE(BlockCache::Create({.policy = "fifo"}, &stats_).ok());
+}
+
+TEST_F(BlockCacheTest, HitStatisticsCountTokens) {
+  SetUpCache(16);
+  auto s = Session();
+  ASSERT_TRUE(Store(*s, Keys(0, 2)).ok());
+  uint64_t lease;
+  Hit(*s, Keys(0, 4), true, &lease);  // 2 of 4 hit
+  Hit(*s, Keys(100, 1), true, &lease);
+  EXPECT_EQ(stats_.lookups.Get(), 2u);
+  EXPECT_EQ(stats_.lookup_hits.Get(), 1u);
+  EXPECT_EQ(stats_.blocks_queried.Get(), 5u);
+  EXPECT_EQ(stats_.blocks_hit.Get(), 2u);
+  EXPECT_EQ(stats_.tokens_hit.Get(), 32u);
+  EXPECT_EQ(stats_.tokens_queried.Get(), 80u);
+}
+
+}  // namespace
+}  // namespace kvtier

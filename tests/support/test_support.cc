@@ -1,0 +1,147 @@
+#include "tests/support/test_support.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "ipc/admin_client.h"
+#include "tools/common/payload.h"
+
+extern char** environ;
+
+namespace kvtier::testing {
+
+TempDir::TempDir() {
+  const char* base = std::getenv("TMPDIR");
+  std::string tmpl = absl::StrCat(base && *base ? base : "/tmp", "/kvtier-test-XXXXXX");
+  char* p = mkdtemp(tmpl.data());
+  if (p == nullptr) std::abort();
+  path_ = p;
+  chmod(path_.c_str(), 0755);
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
+DaemonProcess::DaemonProcess(std::string extra_config) : config_(std::move(extra_config)) {}
+
+DaemonProcess::~DaemonProcess() {
+  if (pid_ > 0) {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+}
+
+absl::Status DaemonProcess::Start() {
+  const char* bin = std::getenv("KVTIERD_BIN");
+  if (bin == nullptr) return absl::FailedPreconditionError("KVTIERD_BIN is not set (run through ctest)");
+  std::string cfg = config_;
+  if (cfg.find("[daemon]") == std::string::npos) {
+    cfg = absl::StrCat("[daemon]\nrun_dir = \"", dir_.path(), "\"\ndata_dir = \"", dir_.path(),
+                       "/data\"\nlog_level = \"debug\"\n", cfg);
+  }
+  const std::string cfg_path = dir_.File("kvtierd.toml");
+  std::ofstream(cfg_path) << cfg;
+  const std::string log_path = dir_.File("kvtierd.log");
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 2, log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+  std::string c_flag = "--config";
+  char* argv[] = {const_cast<char*>(bin), c_flag.data(), const_cast<char*>(cfg_path.c_str()), nullptr};
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t none;
+  sigemptyset(&none);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
+  const int rc = posix_spawn(&pid_, bin, &fa, &attr, argv, environ);
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&attr);
+  if (rc != 0) return absl::InternalError(absl::StrCat("posix_spawn ", bin, ": ", std::strerror(rc)));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < deadline) {
+    int st;
+    if (waitpid(pid_, &st, WNOHANG) == pid_) {
+      pid_ = -1;
+      return absl::InternalError(absl::StrCat("kvtierd exited at start:\n", Log()));
+    }
+    if (Status().ok()) return absl::OkStatus();
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return absl::DeadlineExceededError(absl::StrCat("kvtierd did not answer within 10 s:\n", Log()));
+}
+
+int DaemonProcess::WaitExit(std::chrono::milliseconds timeout) {
+  if (pid_ <= 0) return -1;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    int st;
+    if (waitpid(pid_, &st, WNOHANG) == pid_) {
+      pid_ = -1;
+      return st;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return -1;
+}
+
+int DaemonProcess::Stop(std::chrono::seconds timeout) {
+  if (pid_ <= 0) return -1;
+  kill(pid_, SIGTERM);
+  return WaitExit(timeout);
+}
+
+void DaemonProcess::Kill(int sig) {
+  if (pid_ > 0) kill(pid_, sig);
+}
+
+std::string DaemonProcess::Log() const {
+  std::ifstream in(dir_.File("kvtierd.log"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+absl::StatusOr<nlohmann::json> DaemonProcess::Status() const {
+  return ipc::AdminCall(admin_socket_path(), nlohmann::json{{"cmd", "status"}}, std::chrono::seconds(2));
+}
+
+NamespaceDescriptor TestNamespace(uint64_t block_bytes, std::string model) {
+  NamespaceDescriptor d;
+  d.model_id = std::move(model);
+  d.model_revision = "rev1";
+  d.tokenizer_revision = "tok1";
+  d.kv_dtype = "fp16";
+  d.kv_layout = "layer_major";
+  d.block_tokens = 16;
+  d.block_bytes = block_bytes;
+  d.tp_rank = 0;
+  d.tp_size = 1;
+  return d;
+}
+
+void FillFromKey(const BlockKey& key, std::span<std::byte> out) { tools::FillPayload(key, out); }
+bool MatchesKey(const BlockKey& key, std::span<const std::byte> data) { return tools::VerifyPayload(key, data); }
+
+BlockKey KeyOf(uint64_t i) {
+  BlockKey k;
+  std::memcpy(k.bytes.data(), &i, sizeof(i));
+  k.bytes[31] = 0x5a;
+  return k;
+}
+
+}  // namespace kvtier::testing
