@@ -1,0 +1,236 @@
+// The C++ API and the C ABI against a real kvtierd.
+#include "kvtier/client.h"
+
+#include <cstring>
+
+#include "gtest/gtest.h"
+#include "kvtier/kvtier.h"
+#include "tests/support/test_support.h"
+
+namespace kvtier {
+namespace {
+
+using testing::DaemonProcess;
+
+class ClientTest : public ::testing::Test {
+ protected:
+  void StartDaemon(const std::string& config = "") {
+    daemon_ = std::make_unique<DaemonProcess>(config);
+    ASSERT_TRUE(daemon_->Start().ok());
+  }
+  std::unique_ptr<Client> Attach(uint64_t block_bytes = 8192) {
+    AttachOptions o;
+    o.socket_path = daemon_->socket_path();
+    o.ns = testing::TestNamespace(block_bytes);
+    auto c = Client::Attach(o);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    return c.ok() ? std::move(*c) : nullptr;
+  }
+  std::vector<BlockKey> Keys(Client& c, uint32_t seed, size_t blocks) {
+    std::vector<uint32_t> tokens(blocks * c.block_tokens());
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = seed * 100000 + static_cast<uint32_t>(i);
+    return c.ComputeKeys(tokens);
+  }
+  // Stores keys with payloads derived from each key.
+  void StoreAll(Client& c, const std::vector<BlockKey>& keys) {
+    std::vector<std::vector<std::byte>> bufs(keys.size(), std::vector<std::byte>(c.block_bytes()));
+    std::vector<std::span<const std::byte>> src;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      testing::FillFromKey(keys[i], bufs[i]);
+      src.emplace_back(bufs[i]);
+    }
+    auto n = c.Store(keys, src);
+    ASSERT_TRUE(n.ok()) << n.status().ToString();
+  }
+  std::unique_ptr<DaemonProcess> daemon_;
+};
+
+TEST_F(ClientTest, StoreLookupLoadRoundTripsEveryByte) {
+  StartDaemon();
+  auto c = Attach();
+  auto keys = Keys(*c, 1, 8);
+  ASSERT_EQ(keys.size(), 8u);
+  EXPECT_EQ(c->Lookup(keys)->hit_blocks, 0u);
+  StoreAll(*c, keys);
+  auto hit = c->Lookup(keys, {.lease = true});
+  ASSERT_TRUE(hit.ok());
+  EXPECT_EQ(hit->hit_blocks, 8u);
+  EXPECT_NE(hit->lease, 0u);
+  EXPECT_EQ(hit->tiers[0], TierKind::kHost);
+  auto views = c->Load(hit->lease, keys);
+  ASSERT_TRUE(views.ok()) << views.status().ToString();
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ASSERT_EQ((*views)[i].size, c->block_bytes());
+    EXPECT_TRUE(testing::MatchesKey(keys[i], {(*views)[i].data, (*views)[i].size})) << "block " << i;
+  }
+  EXPECT_TRUE(c->Release(hit->lease).ok());
+  EXPECT_EQ(c->Release(hit->lease).code(), ErrorCode::kNotFound);
+  // A second store of the same keys writes nothing.
+  auto ticket = c->StoreBegin(keys);
+  ASSERT_TRUE(ticket.ok());
+  EXPECT_EQ(ticket->needed, 0u);
+  EXPECT_EQ(ticket->id, 0u);
+  EXPECT_TRUE(c->Ping().ok());
+}
+
+TEST_F(ClientTest, LookupWithoutLeaseChangesNothing) {
+  // 4 blocks of 256 KiB fit in a 1 MiB arena.
+  StartDaemon("[tiers.host]\ncapacity = \"1MiB\"\n");
+  auto c = Attach(256 << 10);
+  auto keys = Keys(*c, 2, 5);
+  for (int i = 0; i < 4; ++i) StoreAll(*c, {keys[i]});
+  // Probing block 0 many times must not make it "recently used".
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(c->Lookup(std::span(keys).first(1))->hit_blocks, 1u);
+  StoreAll(*c, {keys[4]});
+  EXPECT_EQ(c->Lookup(std::span(keys).first(1))->hit_blocks, 0u) << "block 0 stayed the LRU victim";
+  auto status = daemon_->Status();
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ((*status)["stats"]["probes"].get<int>(), 11);
+  EXPECT_EQ((*status)["stats"]["lookups"].get<int>(), 0);
+}
+
+TEST_F(ClientTest, AsyncOperationsPollAndWait) {
+  StartDaemon();
+  auto c = Attach();
+  auto keys = Keys(*c, 3, 4);
+  StoreAll(*c, keys);
+  std::vector<LookupResult> results(16);
+  std::vector<OpId> ops;
+  for (auto& r : results) {
+    auto op = c->LookupAsync(keys, {}, &r);
+    ASSERT_TRUE(op.ok());
+    ops.push_back(*op);
+  }
+  EXPECT_EQ(c->InFlight(), 16u);
+  size_t done = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (done < ops.size() && std::chrono::steady_clock::now() < deadline) {
+    for (OpId& op : ops) {
+      if (op == 0) continue;
+      if (auto s = c->Poll(op)) {
+        EXPECT_TRUE(s->ok());
+        op = 0;
+        ++done;
+      }
+    }
+  }
+  EXPECT_EQ(done, ops.size());
+  for (const auto& r : results) EXPECT_EQ(r.hit_blocks, 4u);
+  EXPECT_EQ(c->InFlight(), 0u);
+  EXPECT_EQ(c->Wait(12345).code(), ErrorCode::kNotFound);
+  EXPECT_EQ(c->Poll(12345)->code(), ErrorCode::kNotFound);
+}
+
+TEST_F(ClientTest, TooManyOutstandingOperationsIsBusyNotAHang) {
+  StartDaemon("[ipc]\nring_entries = 4\n");
+  auto c = Attach();
+  auto keys = Keys(*c, 4, 1);
+  std::vector<LookupResult> r(5);
+  std::vector<OpId> ops;
+  for (int i = 0; i < 4; ++i) ops.push_back(*c->LookupAsync(keys, {}, &r[i]));
+  auto fifth = c->LookupAsync(keys, {}, &r[4]);
+  ASSERT_FALSE(fifth.ok());
+  EXPECT_EQ(fifth.status().code(), ErrorCode::kBusy);
+  for (OpId op : ops) EXPECT_TRUE(c->Wait(op).ok());
+  EXPECT_TRUE(c->LookupAsync(keys, {}, &r[4]).ok());
+}
+
+TEST_F(ClientTest, BadArgumentsGetClearErrors) {
+  StartDaemon("[ipc]\nmax_keys_per_op = 16\n");
+  auto c = Attach();
+  auto keys = Keys(*c, 5, 17);
+  auto too_many = c->Lookup(keys);
+  ASSERT_FALSE(too_many.ok());
+  EXPECT_EQ(too_many.status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(too_many.status().message().find("at most 16"), std::string::npos);
+  std::vector<std::byte> small(100);
+  std::vector<std::span<const std::byte>> src = {small};
+  auto wrong_size = c->Store(std::span(keys).first(1), src);
+  ASSERT_FALSE(wrong_size.ok());
+  EXPECT_EQ(wrong_size.status().code(), ErrorCode::kInvalidArgument);
+  auto no_lease = c->Load(999, std::span(keys).first(1));
+  ASSERT_FALSE(no_lease.ok());
+  EXPECT_EQ(no_lease.status().code(), ErrorCode::kNotFound);
+  EXPECT_NE(no_lease.status().message().find("unknown lease"), std::string::npos);
+  auto empty = c->Lookup({});
+  EXPECT_EQ(empty.status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_TRUE(c->Release(0).ok());
+  EXPECT_TRUE(c->connected()) << "argument errors never close the session";
+  EXPECT_TRUE(c->Ping().ok());
+}
+
+TEST_F(ClientTest, InvalidateRemovesBlocks) {
+  StartDaemon();
+  auto c = Attach();
+  auto keys = Keys(*c, 6, 4);
+  StoreAll(*c, keys);
+  auto n = c->Invalidate(std::span(keys).subspan(2));
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(*n, 2u);
+  EXPECT_EQ(c->Lookup(keys)->hit_blocks, 2u);
+  auto all = c->InvalidateNamespace();
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(*all, 2u);
+  EXPECT_EQ(c->Lookup(keys)->hit_blocks, 0u);
+}
+
+TEST_F(ClientTest, AttachErrorsSayWhatToDo) {
+  testing::TempDir dir;
+  AttachOptions o;
+  o.socket_path = dir.File("nothing.sock");
+  o.ns = testing::TestNamespace();
+  auto missing = Client::Attach(o);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), ErrorCode::kNotConnected);
+  EXPECT_NE(missing.status().message().find("not running"), std::string::npos);
+  o.ns.block_bytes = 0;
+  auto bad = Client::Attach(o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("block_bytes"), std::string::npos);
+}
+
+TEST_F(ClientTest, CAbiRoundTrip) {
+  StartDaemon();
+  kvtier_namespace_desc ns{};
+  ns.model_id = "c-model";
+  ns.kv_dtype = "bf16";
+  ns.kv_layout = "layer_major";
+  ns.block_tokens = 4;
+  ns.block_bytes = 4096;
+  ns.tp_size = 1;
+  kvtier_client* c = nullptr;
+  ASSERT_EQ(kvtier_attach(daemon_->socket_path().c_str(), &ns, &c), KVTIER_OK);
+  uint32_t tokens[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  kvtier_key keys[4];
+  size_t n = 0;
+  ASSERT_EQ(kvtier_compute_keys(c, tokens, 10, nullptr, nullptr, 0, keys, 4, &n), KVTIER_OK);
+  ASSERT_EQ(n, 2u);
+  EXPECT_EQ(kvtier_compute_keys(c, tokens, 10, nullptr, nullptr, 0, keys, 1, &n), KVTIER_EINVAL);
+  std::vector<uint8_t> a(4096, 0xaa), b(4096, 0xbb);
+  const void* src[2] = {a.data(), b.data()};
+  ASSERT_EQ(kvtier_store(c, keys, 2, src), KVTIER_OK);
+  kvtier_lookup_result r{};
+  uint8_t tiers[2];
+  ASSERT_EQ(kvtier_lookup(c, keys, 2, KVTIER_LOOKUP_LEASE, &r, tiers), KVTIER_OK);
+  EXPECT_EQ(r.hit_blocks, 2u);
+  EXPECT_EQ(tiers[1], KVTIER_TIER_HOST);
+  kvtier_block blocks[2];
+  ASSERT_EQ(kvtier_load(c, r.lease, keys, 2, blocks), KVTIER_OK);
+  EXPECT_EQ(static_cast<uint8_t*>(blocks[1].data)[4095], 0xbb);
+  kvtier_op op;
+  kvtier_lookup_result r2{};
+  ASSERT_EQ(kvtier_lookup_async(c, keys, 2, 0, &r2, nullptr, &op), KVTIER_OK);
+  EXPECT_EQ(kvtier_wait(c, op, 5000), KVTIER_OK);
+  EXPECT_EQ(r2.hit_blocks, 2u);
+  EXPECT_EQ(kvtier_release(c, r.lease), KVTIER_OK);
+  EXPECT_EQ(kvtier_release(c, r.lease), KVTIER_ENOENT);
+  EXPECT_NE(std::string(kvtier_last_error(c)).find("unknown lease"), std::string::npos);
+  EXPECT_STREQ(kvtier_strerror(KVTIER_ENOSPC), "no space");
+  EXPECT_EQ(kvtier_block_bytes(c), 4096u);
+  kvtier_detach(c);
+  EXPECT_EQ(kvtier_attach(nullptr, nullptr, &c), KVTIER_EINVAL);
+}
+
+}  // namespace
+}  // namespace kvtier
