@@ -156,6 +156,7 @@ nlohmann::json Daemon::Status() const {
              {"evictions", s.evictions.Get()},
              {"invalidations", s.invalidations.Get()},
              {"sessions_attached", s.sessions_attached.Get()},
+             {"sessions_detached", s.sessions_detached.Get()},
              {"attach_refused", s.attach_refused.Get()},
              {"sessions_closed_dead", s.sessions_closed_dead.Get()},
              {"protocol_errors", s.protocol_errors.Get()}};

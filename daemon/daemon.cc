@@ -323,9 +323,14 @@ void Daemon::OnSessionGone(uint64_t session_id, absl::string_view why) {
   Unwatch(ls.session->socket_fd());
   if (ls.pidfd.valid()) Unwatch(ls.pidfd.get());
   if (!ls.session->finished()) {
-    stats_.sessions_closed_dead.Add();
-    spdlog::info("event=client_gone session={} pid={} detail=\"{}\" action=release_pins", session_id,
-                 ls.session->identity().peer.pid, why);
+    if (ls.session->client_detached()) {
+      stats_.sessions_detached.Add();
+      spdlog::info("event=detach session={} pid={}", session_id, ls.session->identity().peer.pid);
+    } else {
+      stats_.sessions_closed_dead.Add();
+      spdlog::info("event=client_gone session={} pid={} detail=\"{}\" action=release_pins", session_id,
+                   ls.session->identity().peer.pid, why);
+    }
   }
   ls.session->Stop(ipc::CloseReason::kShutdown);
 }

@@ -61,6 +61,10 @@ class Session {
   uint64_t id() const { return identity_.id; }
   int socket_fd() const { return socket_.get(); }
   const SessionIdentity& identity() const { return identity_; }
+  // Thread-safe. True when the client said it detaches (versus crashing).
+  bool client_detached() const {
+    return segment_.header()->detached.load(std::memory_order_acquire) != 0;
+  }
   // Thread-safe.
   SessionInfo Info() const;
 

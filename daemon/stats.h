@@ -23,7 +23,7 @@ struct DaemonStats {
   Counter stores, blocks_stored, bytes_stored, store_aborts, blocks_already_present;
   Counter loads, blocks_loaded, bytes_loaded;
   Counter evictions, invalidations, store_refused_no_space;
-  Counter sessions_attached, attach_refused, protocol_errors, sessions_closed_dead;
+  Counter sessions_attached, sessions_detached, attach_refused, protocol_errors, sessions_closed_dead;
 };
 
 }  // namespace kvtier

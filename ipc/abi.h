@@ -122,7 +122,7 @@ struct SegmentHeader {
   alignas(64) std::atomic<uint32_t> daemon_sleeping;  // daemon sleeps on sq_tail
   std::atomic<uint32_t> client_sleeping;              // client sleeps on cq_tail
   std::atomic<uint32_t> closed;                       // CloseReason, set by the daemon
-  uint32_t reserved1;
+  std::atomic<uint32_t> detached;                     // set by a client that detaches on purpose
 };
 static_assert(std::is_standard_layout_v<SegmentHeader>);
 static_assert(sizeof(SegmentHeader) <= 4096);

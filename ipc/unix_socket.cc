@@ -70,7 +70,7 @@ absl::StatusOr<UniqueFd> ConnectUnix(const std::string& path, int type) {
     if (err == ENOENT || err == ECONNREFUSED) {
       return CodedStatus(KVTIER_ENOTCONN,
                          absl::StrCat("kvtierd is not running at ", path, " (", std::strerror(err),
-                                      "); start it, or point KVTIER_SOCKET at its socket"));
+                                      "); start kvtierd, or give the path of its socket"));
     }
     return ErrnoStatus(err, absl::StrCat("connect ", path));
   }

@@ -39,7 +39,9 @@ class ScratchAllocator {
   Buffer buffer_;
 };
 
-RingSession::~RingSession() = default;
+RingSession::~RingSession() {
+  if (segment_.header() != nullptr) segment_.header()->detached.store(1, std::memory_order_release);
+}
 
 absl::StatusOr<std::unique_ptr<RingSession>> RingSession::Open(const std::string& socket_path,
                                                                const ipc::AttachRequest& request,

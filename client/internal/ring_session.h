@@ -30,6 +30,8 @@ class RingSession {
   static absl::StatusOr<std::unique_ptr<RingSession>> Open(const std::string& socket_path,
                                                            const ipc::AttachRequest& request,
                                                            uint32_t spin_us);
+  // Marks the session detached on purpose, so the daemon does not count the
+  // hang-up that follows as a crashed client.
   ~RingSession();
   RingSession(const RingSession&) = delete;
   RingSession& operator=(const RingSession&) = delete;

@@ -82,6 +82,9 @@ TEST(E2eTest, TwoEngineProcessesInOneNamespaceShareBlocks) {
     return StoreWithPayloads(*a, PromptKeys(*a, 42, 6)) ? 0 : 3;
   });
   ASSERT_EQ(rc, 0);
+  // A detached on purpose: not counted as a crashed client.
+  EXPECT_TRUE(testing::Eventually([&] { return StatusInt(d, "stats", "sessions_detached") == 1; }));
+  EXPECT_EQ(StatusInt(d, "stats", "sessions_closed_dead"), 0);
   // Engine B finds it and reads A's bytes.
   auto b = AttachTo(d, ns);
   ASSERT_NE(b, nullptr);

@@ -1,0 +1,30 @@
+// Human-readable aligned tables for the tools' default output.
+#ifndef KVTIER_TOOLS_COMMON_TABLE_H_
+#define KVTIER_TOOLS_COMMON_TABLE_H_
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace kvtier::tools {
+
+class Table {
+ public:
+  explicit Table(std::vector<std::string> header) : header_(std::move(header)) {}
+  void AddRow(std::vector<std::string> row) { rows_.push_back(std::move(row)); }
+  bool empty() const { return rows_.empty(); }
+  // Columns padded to their widest cell; plain numbers right-aligned.
+  void Print(std::ostream& out) const;
+
+ private:
+  std::vector<std::string> header_;
+  std::vector<std::vector<std::string>> rows_;
+};
+
+// "0.532", "12.5 ms", and similar small formatting helpers.
+std::string Fixed(double v, int digits);
+std::string Duration(double seconds);
+
+}  // namespace kvtier::tools
+
+#endif  // KVTIER_TOOLS_COMMON_TABLE_H_

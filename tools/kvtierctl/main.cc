@@ -1,0 +1,91 @@
+// kvtierctl: inspect a running kvtierd over its admin socket.
+//
+// Exit codes: 0 ok, 1 kvtierd unreachable, 2 usage error, 3 kvtierd answered
+// with an error.
+#include <iostream>
+
+#include "CLI/CLI.hpp"
+#include "core/fmt_absl.h"
+#include "core/paths.h"
+#include "core/units.h"
+#include "ipc/admin_client.h"
+#include "tools/common/table.h"
+
+namespace {
+
+using nlohmann::json;
+using kvtier::tools::Fixed;
+using kvtier::tools::Table;
+
+std::string Bytes(const json& v) { return kvtier::FormatBytes(v.get<uint64_t>()); }
+std::string Num(const json& v) { return v.is_number_float() ? Fixed(v.get<double>(), 3) : v.dump(); }
+
+void PrintStatus(const json& s) {
+  std::cout << "kvtierd " << s["version"].get<std::string>() << "  pid " << s["pid"] << "  up "
+            << kvtier::tools::Duration(s["uptime_s"].get<double>()) << "  device " << s["device"].get<std::string>()
+            << "  hash " << s["hash"].get<std::string>() << "\n"
+            << "socket " << s["socket"].get<std::string>() << "\n\n";
+  Table tiers({"TIER", "CAPACITY", "USED", "BLOCKS", "PINNED", "EVICTIONS", "HEALTH"});
+  for (const json& t : s["tiers"]) {
+    tiers.AddRow({t["tier"], Bytes(t["capacity_bytes"]), Bytes(t["used_bytes"]), Num(t["blocks"]),
+                  Num(t["pinned_blocks"]), Num(t["evictions"]), t["health"]});
+  }
+  tiers.Print(std::cout);
+  std::cout << "\n";
+  Table tenants({"TENANT", "SESSIONS", "BLOCKS", "PINNED", "HOST USED", "HOST CAPACITY"});
+  for (const json& t : s["tenants"]) {
+    tenants.AddRow({t["name"], Num(t["sessions"]), Num(t["blocks"]), Num(t["pinned_blocks"]),
+                    Bytes(t["host_used_bytes"]), Bytes(t["host_capacity_bytes"])});
+  }
+  tenants.Print(std::cout);
+  std::cout << "\n";
+  if (s["sessions"].empty()) {
+    std::cout << "no sessions attached\n";
+  } else {
+    Table sessions({"SESSION", "PID", "UID", "TENANT", "CLIENT", "MODEL", "NAMESPACE", "OPS", "LEASES", "PINNED"});
+    for (const json& x : s["sessions"]) {
+      sessions.AddRow({Num(x["id"]), Num(x["pid"]), Num(x["uid"]), x["tenant"], x["client"], x["model"],
+                       x["namespace"], Num(x["ops"]), Num(x["leases"]), Num(x["pinned_blocks"])});
+    }
+    sessions.Print(std::cout);
+  }
+  const json& st = s["stats"];
+  std::cout << "\nlookups " << st["lookups"] << " (hit rate " << Fixed(st["hit_rate"].get<double>(), 3)
+            << ", reused-token ratio " << Fixed(st["reused_token_ratio"].get<double>(), 3) << ", block hit rate "
+            << Fixed(st["block_hit_rate"].get<double>(), 3) << ")  probes " << st["probes"] << "\n"
+            << "stored " << st["blocks_stored"] << " blocks (" << Bytes(st["bytes_stored"]) << ")  loaded "
+            << st["blocks_loaded"] << " blocks (" << Bytes(st["bytes_loaded"]) << ")  evictions " << st["evictions"]
+            << "  refused (no space) " << st["store_refused_no_space"] << "\n"
+            << "sessions attached " << st["sessions_attached"] << "  detached " << st["sessions_detached"]
+            << "  died " << st["sessions_closed_dead"] << "  refused " << st["attach_refused"] << "  protocol errors " << st["protocol_errors"] << "\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"kvtierctl: inspect and steer a running kvtierd"};
+  app.set_version_flag("--version", KVTIER_VERSION);
+  std::string socket = kvtier::DefaultAdminSocketPath();
+  bool as_json = false;
+  app.add_option("-s,--socket", socket, "kvtierd's admin socket ($KVTIER_ADMIN_SOCKET)")->capture_default_str();
+  app.add_flag("--json", as_json, "print the daemon's answer as one JSON object");
+  app.require_subcommand(1);
+  CLI::App* status = app.add_subcommand("status", "sessions, tenants, tiers, hits and misses");
+  app.footer("Examples:\n  kvtierctl status\n  kvtierctl --json status | jq .stats.hit_rate\n"
+             "  kvtierctl --socket /tmp/kv/kvtierd-admin.sock status");
+  CLI11_PARSE(app, argc, argv);
+
+  if (status->parsed()) {
+    absl::StatusOr<json> s = kvtier::ipc::AdminCall(socket, json{{"cmd", "status"}});
+    if (!s.ok()) {
+      std::cerr << "kvtierctl: " << s.status().message() << "\n";
+      return absl::IsFailedPrecondition(s.status()) ? 3 : 1;
+    }
+    if (as_json) {
+      std::cout << s->dump() << "\n";
+    } else {
+      PrintStatus(*s);
+    }
+  }
+  return 0;
+}
