@@ -1,5 +1,7 @@
 #include "daemon/block_cache.h"
 
+#include <array>
+
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "core/units.h"
@@ -101,17 +103,32 @@ absl::StatusOr<uint32_t> BlockCache::Lookup(SessionHoldings& s, std::span<const 
   TenantState& t = *tenants_[s.ns.tenant];
   std::vector<BlockRecord*> pinned;
   uint32_t hit = 0;
-  for (size_t i = 0; i < keys.size(); ++i) {
+  // Probes are memory-bound: prefetch a window of keys ahead so their cache
+  // misses overlap instead of queueing behind one another.
+  constexpr size_t kWindow = 16;
+  std::array<BlockIndex::Shard*, kWindow> shard_of{};
+  auto prefetch = [&](size_t i) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     BlockIndex::Shard& sh = index_.ShardFor(s.ns.handle, keys[i]);
+    shard_of[i % kWindow] = &sh;
     MutexLock l(&sh.mu);
-    BlockRecord* r = BlockIndex::Find(sh, s.ns.handle, keys[i]);
-    if (r == nullptr || r->state != BlockState::kReady) break;
-    out[i] = BlockLocation{TierKind::kHost, t.host->ArenaOffset(r->host_slot), false};
-    if (lease) {
-      if (r->pins++ == 0) t.pinned.fetch_add(1, std::memory_order_relaxed);
-      pinned.push_back(r);
+    BlockIndex::Prefetch(sh, s.ns.handle, keys[i]);
+  };
+  for (size_t i = 0; i < std::min(kWindow, keys.size()); ++i) prefetch(i);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    BlockIndex::Shard& sh = *shard_of[i % kWindow];
+    BlockRecord* r;
+    {
+      MutexLock l(&sh.mu);
+      r = BlockIndex::Find(sh, s.ns.handle, keys[i]);
+      if (r == nullptr || r->state != BlockState::kReady) break;
+      out[i] = BlockLocation{TierKind::kHost, r->arena_offset, false};
+      if (lease) {
+        if (r->pins++ == 0) t.pinned.fetch_add(1, std::memory_order_relaxed);
+        pinned.push_back(r);
+      }
     }
     ++hit;
+    if (i + kWindow < keys.size()) prefetch(i + kWindow);
   }
   for (size_t i = hit; i < keys.size(); ++i) out[i] = BlockLocation{};
 
@@ -146,7 +163,6 @@ absl::Status BlockCache::Load(SessionHoldings& s, uint64_t lease_id, std::span<c
                                                    ": released already, or not taken by this session"));
   }
   const std::vector<BlockRecord*>& held = it->second;
-  TenantState& t = *tenants_[s.ns.tenant];
   absl::flat_hash_map<BlockKey, BlockRecord*> by_key;  // built only when keys are not the lease's order
   for (size_t i = 0; i < keys.size(); ++i) {
     BlockRecord* r = nullptr;
@@ -164,7 +180,7 @@ absl::Status BlockCache::Load(SessionHoldings& s, uint64_t lease_id, std::span<c
       r = f->second;
     }
     // A pinned record's slot never changes.
-    out[i] = BlockLocation{TierKind::kHost, t.host->ArenaOffset(r->host_slot), false};
+    out[i] = BlockLocation{TierKind::kHost, r->arena_offset, false};
   }
   stats_->loads.Add();
   stats_->blocks_loaded.Add(keys.size());
@@ -183,7 +199,7 @@ absl::StatusOr<uint32_t> BlockCache::StoreBegin(SessionHoldings& s, std::span<co
     BlockIndex::Shard& sh = index_.ShardFor(s.ns.handle, keys[i]);
     MutexLock l(&sh.mu);
     if (BlockIndex::Find(sh, s.ns.handle, keys[i]) != nullptr) continue;  // cached or being written
-    auto* r = new BlockRecord{keys[i], s.ns.handle, 0, kNoSlot, s.ns.tenant, BlockState::kWriting, false};
+    auto* r = new BlockRecord{keys[i], s.ns.handle, 0, kNoSlot, s.ns.tenant, BlockState::kWriting, false, 0};
     index_.Insert(sh, r);
     created.push_back(r);
     created_at.push_back(i);
@@ -206,12 +222,14 @@ absl::StatusOr<uint32_t> BlockCache::StoreBegin(SessionHoldings& s, std::span<co
       }
       return slot.status();
     }
+    const uint64_t offset = t.host->ArenaOffset(*slot);
     {
       BlockIndex::Shard& sh = index_.ShardFor(r);
       MutexLock sl(&sh.mu);
       r->host_slot = *slot;
+      r->arena_offset = offset;
     }
-    out[created_at[j]] = BlockLocation{TierKind::kHost, t.host->ArenaOffset(*slot), true};
+    out[created_at[j]] = BlockLocation{TierKind::kHost, offset, true};
   }
   if (created.empty()) return 0u;
   *ticket = s.next_id++;

@@ -32,9 +32,11 @@ struct BlockRecord {
   SlotHandle host_slot = kNoSlot;  // in the tenant's host tier
   uint16_t tenant = 0;
   BlockState state = BlockState::kWriting;
-  bool removed = false;  // erased from the index; freed when pins reach 0
+  bool removed = false;       // erased from the index; freed when pins reach 0
+  uint64_t arena_offset = 0;  // of host_slot, kept here so lookups touch no tier state
 };
-static_assert(sizeof(BlockRecord) <= 48);
+// 56 bytes: still one 64-byte malloc chunk.
+static_assert(sizeof(BlockRecord) <= 56);
 
 // Names a block for lookup without building a record.
 struct BlockRef {
@@ -79,6 +81,10 @@ class BlockIndex {
   }
   Shard& ShardFor(const BlockRecord* r) { return ShardFor(r->ns, r->key); }
 
+  // Starts fetching the memory a Find of this key will touch.
+  static void Prefetch(Shard& s, uint32_t ns, const BlockKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+    s.set.prefetch(BlockRef{ns, &key});
+  }
   static BlockRecord* Find(Shard& s, uint32_t ns, const BlockKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
     auto it = s.set.find(BlockRef{ns, &key});
     return it == s.set.end() ? nullptr : *it;

@@ -349,7 +349,7 @@ std::string DefaultConfigToml() {
       "ring_entries = 256          # request/completion ring records per session\n"
       "scratch_bytes = \"4MiB\"     # per-session shared space for keys and results\n"
       "max_keys_per_op = 65536     # larger batches are refused\n"
-      "spin_us = 50                # busy-poll this long before sleeping on the doorbell\n"
+      "spin_us = 200               # busy-poll this long after a request before sleeping\n"
       "max_sessions = 256\n"
       "max_leases_per_session = 65536\n"
       "\n[tiers.host]\n"

@@ -37,7 +37,7 @@ struct Config {
   uint32_t ring_entries = 256;
   uint64_t scratch_bytes = 4ull << 20;
   uint32_t max_keys_per_op = 65536;
-  uint32_t spin_us = 50;
+  uint32_t spin_us = 200;  // covers an engine's think time between calls (see docs)
   uint32_t max_sessions = 256;
   uint32_t max_leases_per_session = 65536;
   // [tiers.host]

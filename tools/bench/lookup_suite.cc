@@ -1,0 +1,134 @@
+// lookup: throughput of 64-key lookups against an index of 1M blocks, and the
+// daemon's resident memory per indexed block. Baselines from the same run: a
+// bare absl::flat_hash_map<key, offset> in this process (what an index costs
+// with no daemon, no IPC, no eviction state), for both figures.
+#include <cstring>
+#include <random>
+
+#include "absl/container/flat_hash_map.h"
+#include "core/units.h"
+#include "kvtier/client.h"
+#include "tools/bench/bench.h"
+#include "tools/common/daemon_process.h"
+
+namespace kvtier::bench {
+namespace {
+
+BlockKey KeyOf(uint64_t i) {
+  // Spread like real hashes: a cheap mix of the counter in every 8 bytes.
+  BlockKey k;
+  uint64_t x = i * 0x9e3779b97f4a7c15ull + 1;
+  for (int w = 0; w < 4; ++w) {
+    x ^= x >> 31;
+    x *= 0xbf58476d1ce4e5b9ull;
+    std::memcpy(k.bytes.data() + 8 * w, &x, 8);
+  }
+  return k;
+}
+
+}  // namespace
+
+std::vector<Metric> RunLookupSuite(const Context& ctx) {
+  const uint64_t kBlocks = ctx.quick ? 100000 : 1000000;
+  constexpr uint64_t kBlockBytes = 4096;
+  constexpr size_t kBatch = 64;
+  tools::DaemonProcess daemon("[tiers.host]\ncapacity = \"" + std::to_string(kBlocks * kBlockBytes) + "\"\n",
+                              ctx.kvtierd);
+  if (absl::Status s = daemon.Start(); !s.ok()) {
+    std::fprintf(stderr, "kvtier-bench: cannot start kvtierd: %s\n", std::string(s.message()).c_str());
+    return {};
+  }
+  AttachOptions ao;
+  ao.socket_path = daemon.socket_path();
+  ao.ns.model_id = "bench/lookup";
+  ao.ns.kv_dtype = "fp16";
+  ao.ns.kv_layout = "layer_major";
+  ao.ns.block_tokens = 16;
+  ao.ns.block_bytes = kBlockBytes;
+  auto attached = Client::Attach(ao);
+  if (!attached.ok()) {
+    std::fprintf(stderr, "kvtier-bench: attach: %s\n", attached.status().ToString().c_str());
+    return {};
+  }
+  Client& client = **attached;
+
+  // Populate: slots are reserved and committed without writing payloads, so
+  // the arena's pages stay untouched and RssAnon counts the index alone.
+  const uint64_t rss_before = RssAnonBytes(daemon.pid());
+  if (!ctx.json) std::fprintf(stderr, "kvtier-bench: indexing %llu blocks...\n", static_cast<unsigned long long>(kBlocks));
+  std::vector<BlockKey> batch;
+  for (uint64_t i = 0; i < kBlocks; i += batch.size()) {
+    batch.clear();
+    for (uint64_t j = i; j < std::min(kBlocks, i + 4096); ++j) batch.push_back(KeyOf(j));
+    auto t = client.StoreBegin(batch);
+    if (!t.ok() || !client.StoreCommit(*t).ok()) {
+      std::fprintf(stderr, "kvtier-bench: populate failed: %s\n", t.status().ToString().c_str());
+      return {};
+    }
+  }
+  const uint64_t rss_after = RssAnonBytes(daemon.pid());
+  const double daemon_bytes_per_block = static_cast<double>(rss_after - rss_before) / static_cast<double>(kBlocks);
+
+  const uint64_t map_before = RssAnonBytes(getpid());
+  auto* map = new absl::flat_hash_map<BlockKey, uint64_t>();
+  for (uint64_t i = 0; i < kBlocks; ++i) map->emplace(KeyOf(i), i * kBlockBytes);
+  const uint64_t map_after = RssAnonBytes(getpid());
+  const double map_bytes_per_block = static_cast<double>(map_after - map_before) / static_cast<double>(kBlocks);
+
+  const int64_t iters = ctx.quick ? 2000 : 20000;
+  const int reps = ctx.quick ? 1 : 5;
+  std::vector<std::vector<BlockKey>> batches(1024);
+  std::mt19937_64 rng(3);
+  for (auto& b : batches) {
+    for (size_t k = 0; k < kBatch; ++k) b.push_back(KeyOf(rng() % kBlocks));
+  }
+  bool wrong = false;
+
+  auto baseline = [&](benchmark::State& st) {
+    uint64_t i = 0, found = 0;
+    for (auto _ : st) {
+      for (const BlockKey& k : batches[i++ % batches.size()]) found += map->contains(k);
+    }
+    if (found != static_cast<uint64_t>(st.iterations()) * kBatch) wrong = true;
+    st.counters["keys_per_s"] = benchmark::Counter(static_cast<double>(st.iterations()) * kBatch,
+                                                   benchmark::Counter::kIsRate);
+  };
+  auto kvtier_path = [&](benchmark::State& st) {
+    uint64_t i = 0;
+    for (auto _ : st) {
+      auto r = client.Lookup(batches[i++ % batches.size()]);
+      if (!r.ok() || r->hit_blocks != kBatch) wrong = true;
+    }
+    st.counters["keys_per_s"] = benchmark::Counter(static_cast<double>(st.iterations()) * kBatch,
+                                                   benchmark::Counter::kIsRate);
+  };
+  RegisterPairs("lookup/flat_hash_map_64", baseline, "lookup/kvtier_64", kvtier_path, iters, reps);
+
+  Runs runs = RunRegistered(ctx);
+  delete map;
+
+  Metric tput;
+  tput.suite = "lookup";
+  tput.metric = "lookup_keys_per_s_64_batch_1M_index";
+  tput.value = MedianCounter(runs, "lookup/kvtier_64", "keys_per_s");
+  tput.baseline_name = "in_process_flat_hash_map";
+  tput.baseline = MedianCounter(runs, "lookup/flat_hash_map_64", "keys_per_s");
+  tput.unit = "keys/s";
+  tput.speedup = PairedSpeedup(runs, "lookup/kvtier_64", "lookup/flat_hash_map_64", "keys_per_s", true);
+  tput.note = wrong ? "FAILED: a lookup missed a present block"
+                    : "64 present keys per lookup through the rings; the baseline has no IPC at all";
+  if (wrong) tput.speedup = 0;
+  Metric mem;
+  mem.suite = "lookup";
+  mem.metric = "daemon_rss_bytes_per_indexed_block";
+  mem.value = daemon_bytes_per_block;
+  mem.baseline_name = "flat_hash_map_key_to_offset";
+  mem.baseline = map_bytes_per_block;
+  mem.unit = "bytes";
+  mem.speedup = LowerIsBetter(mem.value, mem.baseline);
+  mem.note = "RssAnon growth of kvtierd over " + std::to_string(kBlocks) +
+             " blocks (index, slot table, LRU links) vs a bare key->offset map";
+  return {tput, mem};
+}
+
+}  // namespace kvtier::bench
