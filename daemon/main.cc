@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <iostream>
 
-#include "CLI/CLI.hpp"
+#include "core/cli_parse.h"
 #include "daemon/config.h"
 #include "daemon/daemon.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
@@ -19,18 +19,19 @@ int main(int argc, char** argv) {
   std::string config_path = "/etc/kvtier/kvtierd.toml";
   bool config_given = false;
   std::string run_dir, data_dir, log_level;
-  bool print_default = false, check_only = false;
+  bool print_default = false, check_only = false, defaults = false;
   app.add_option("-c,--config", config_path, "TOML config file (default /etc/kvtier/kvtierd.toml if it exists)")
       ->each([&](const std::string&) { config_given = true; });
   app.add_option("--run-dir", run_dir, "override daemon.run_dir (sockets)");
   app.add_option("--data-dir", data_dir, "override daemon.data_dir");
   app.add_option("--log-level", log_level, "override daemon.log_level");
+  app.add_flag("--defaults", defaults, "ignore config files: run on the embedded defaults");
   app.add_flag("--print-default-config", print_default, "print every config key with its default and exit");
   app.add_flag("--check-config", check_only, "validate the config and exit");
   app.footer("Examples:\n  kvtierd                      # embedded defaults\n"
              "  kvtierd -c ./kvtierd.toml --check-config\n"
              "  kvtierd --run-dir /tmp/kv --log-level debug");
-  CLI11_PARSE(app, argc, argv);
+  KVTIER_CLI_PARSE(app, argc, argv);
 
   if (print_default) {
     std::cout << kvtier::DefaultConfigToml();
@@ -40,7 +41,13 @@ int main(int argc, char** argv) {
   spdlog::set_default_logger(logger);
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %v");
 
-  absl::StatusOr<kvtier::Config> config = kvtier::LoadConfigFile(config_path);
+  if (defaults && config_given) {
+    std::cerr << "kvtierd: --defaults and --config exclude each other\n";
+    return 2;
+  }
+  absl::StatusOr<kvtier::Config> config =
+      defaults ? absl::StatusOr<kvtier::Config>(absl::NotFoundError("")) : kvtier::LoadConfigFile(config_path);
+  const bool from_file = config.ok();
   if (!config.ok() && absl::IsNotFound(config.status()) && !config_given) {
     config = kvtier::DefaultConfig();
   }
@@ -61,7 +68,7 @@ int main(int argc, char** argv) {
   }
   spdlog::set_level(spdlog::level::from_str(config->log_level));
   spdlog::info("event=start version={} pid={} config=\"{}\"", KVTIER_VERSION, getpid(),
-               config_given || access(config_path.c_str(), F_OK) == 0 ? config_path : "embedded defaults");
+               from_file ? config_path : "embedded defaults");
 
   absl::StatusOr<std::unique_ptr<kvtier::Daemon>> daemon = kvtier::Daemon::Create(*config);
   if (!daemon.ok()) {

@@ -4,7 +4,7 @@
 // with an error.
 #include <iostream>
 
-#include "CLI/CLI.hpp"
+#include "core/cli_parse.h"
 #include "core/fmt_absl.h"
 #include "core/paths.h"
 #include "core/units.h"
@@ -73,7 +73,7 @@ int main(int argc, char** argv) {
   CLI::App* status = app.add_subcommand("status", "sessions, tenants, tiers, hits and misses");
   app.footer("Examples:\n  kvtierctl status\n  kvtierctl --json status | jq .stats.hit_rate\n"
              "  kvtierctl --socket /tmp/kv/kvtierd-admin.sock status");
-  CLI11_PARSE(app, argc, argv);
+  KVTIER_CLI_PARSE(app, argc, argv);
 
   if (status->parsed()) {
     absl::StatusOr<json> s = kvtier::ipc::AdminCall(socket, json{{"cmd", "status"}});

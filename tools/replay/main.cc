@@ -4,7 +4,7 @@
 // Exit codes: 0 ok, 1 a session failed or a loaded byte was wrong, 2 usage.
 #include <iostream>
 
-#include "CLI/CLI.hpp"
+#include "core/cli_parse.h"
 #include "core/units.h"
 #include "tools/common/table.h"
 #include "tools/replay/replayer.h"
@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
   app.footer("Examples:\n  kvtier-replay                                   # synthetic multi-turn chat\n"
              "  kvtier-replay --trace conversation_trace.jsonl --block-bytes 32KiB\n"
              "  kvtier-replay --sessions 2 --json | jq .token_hit_rate");
-  CLI11_PARSE(app, argc, argv);
+  KVTIER_CLI_PARSE(app, argc, argv);
 
   auto block_bytes = kvtier::ParseBytes(block_bytes_text);
   if (!block_bytes.ok() || *block_bytes == 0) {
