@@ -62,8 +62,7 @@ bool Session::Post(ipc::RingProducer<CompletionRecord>& cq, const CompletionReco
     if (stop_.load(std::memory_order_acquire)) return false;
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (h->client_sleeping.load(std::memory_order_relaxed) != 0) ipc::FutexWakeAll(&h->cq_tail);
+  if (h->client_sleeping.load(std::memory_order_seq_cst) != 0) ipc::FutexWakeAll(&h->cq_tail);
   return true;
 }
 
@@ -99,8 +98,7 @@ void Session::Run() {
       continue;
     }
     // Sleep on the doorbell: announce, re-check, then wait.
-    h->daemon_sleeping.store(1, std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_seq_cst);
+    h->daemon_sleeping.store(1, std::memory_order_seq_cst);
     if (!sq.HasPending() && !stop_.load(std::memory_order_acquire)) {
       ipc::FutexWait(&h->sq_tail, sq.head(), std::chrono::milliseconds(500));
     }
@@ -150,7 +148,7 @@ bool Session::ReadKeys(const RequestRecord& req, std::vector<BlockKey>* keys, st
   }
   keys->resize(req.count);
   // Copy out of shared memory before use: the client could change it under us.
-  std::memcpy(keys->data(), scratch.data() + req.keys_offset, bytes);
+  if (bytes > 0) std::memcpy(keys->data(), scratch.data() + req.keys_offset, bytes);
   return true;
 }
 

@@ -36,7 +36,11 @@ class RingProducer {
     }
     std::memcpy(&slots_[local_tail_ & mask_], &r, sizeof(Record));
     ++local_tail_;
-    tail_->store(local_tail_, std::memory_order_release);
+    // seq_cst, not just release: the doorbell handshake (publish tail, then
+    // read the peer's "sleeping" flag; the peer sets its flag, then reads the
+    // tail) needs both sides' store-then-load in one total order, or a wake-up
+    // can be lost. An xchg costs nanoseconds here.
+    tail_->store(local_tail_, std::memory_order_seq_cst);
     return true;
   }
 
@@ -86,8 +90,9 @@ class RingConsumer {
     return PopResult::kOk;
   }
 
-  // True when a record is (or appears to be) waiting.
-  bool HasPending() const { return tail_->load(std::memory_order_acquire) != local_head_; }
+  // True when a record is (or appears to be) waiting. seq_cst: the sleeping
+  // side's re-check in the doorbell handshake (see RingProducer::TryPush).
+  bool HasPending() const { return tail_->load(std::memory_order_seq_cst) != local_head_; }
   uint32_t head() const { return local_head_; }
   uint32_t entries() const { return entries_; }
 

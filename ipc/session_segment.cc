@@ -61,8 +61,8 @@ absl::StatusOr<SessionSegment> SessionSegment::Create(uint64_t session_id,
   h->scratch_offset = l.scratch_offset;
   h->scratch_bytes = l.total - l.scratch_offset;
   h->max_keys_per_op = o.max_keys_per_op;
-  // The magic goes last: a header with a magic is complete.
-  std::atomic_thread_fence(std::memory_order_release);
+  // The magic goes last. The client maps the segment only after receiving its
+  // fd through the socket, which orders these writes before its reads.
   h->magic = kSegmentMagic;
   seg.TakeLayout();
   return seg;

@@ -66,7 +66,7 @@ void HostTier::Write(SlotHandle slot, std::span<const std::byte> src, IoCallback
         absl::StrCat("write of ", src.size(), " bytes to host slot ", slot, " of ", size, " bytes")));
     return;
   }
-  std::memcpy(region_.data() + off, src.data(), src.size());
+  if (!src.empty()) std::memcpy(region_.data() + off, src.data(), src.size());
   std::move(done)(absl::OkStatus());
 }
 
@@ -84,7 +84,7 @@ void HostTier::Read(SlotHandle slot, std::span<std::byte> dst, IoCallback done) 
         absl::StrCat("read of ", dst.size(), " bytes from host slot ", slot, " of ", size, " bytes")));
     return;
   }
-  std::memcpy(dst.data(), region_.data() + off, dst.size());
+  if (!dst.empty()) std::memcpy(dst.data(), region_.data() + off, dst.size());
   std::move(done)(absl::OkStatus());
 }
 

@@ -141,7 +141,7 @@ class SimDevice final : public DeviceBackend {
     const uint64_t bw = opts_.bandwidth_bytes_per_s;
     s->Enqueue([dst, src, bytes, bw] {
       const auto start = std::chrono::steady_clock::now();
-      std::memcpy(dst, src, bytes);
+      if (bytes > 0) std::memcpy(dst, src, bytes);
       if (bw > 0) {
         const auto want = std::chrono::nanoseconds(static_cast<int64_t>(bytes * 1e9 / bw));
         std::this_thread::sleep_until(start + want);

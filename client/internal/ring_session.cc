@@ -113,8 +113,7 @@ absl::StatusOr<uint64_t> RingSession::Submit(ipc::RequestRecord record) {
   slot = Slot{op, false, {}};
   ++in_flight_;
   ipc::SegmentHeader* h = segment_.header();
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (h->daemon_sleeping.load(std::memory_order_relaxed) != 0) ipc::FutexWakeAll(&h->sq_tail);
+  if (h->daemon_sleeping.load(std::memory_order_seq_cst) != 0) ipc::FutexWakeAll(&h->sq_tail);
   return op;
 }
 
@@ -188,8 +187,7 @@ absl::StatusOr<ipc::CompletionRecord> RingSession::WaitTake(uint64_t op, std::ch
     // Sleep in slices of at most 50 ms, so a dead daemon is noticed fast.
     const uint64_t slice = std::min<uint64_t>(limit - waited, 50'000'000);
     const uint32_t seen = h->cq_tail.load(std::memory_order_acquire);
-    h->client_sleeping.store(1, std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_seq_cst);
+    h->client_sleeping.store(1, std::memory_order_seq_cst);
     if (!cq_.HasPending()) ipc::FutexWait(&h->cq_tail, seen, std::chrono::nanoseconds(slice));
     h->client_sleeping.store(0, std::memory_order_relaxed);
     if (!cq_.HasPending() && !CheckAlive()) return broken_;
