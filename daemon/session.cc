@@ -93,8 +93,8 @@ void Session::Run() {
       idle_since = MonotonicNanos();
       continue;
     }
-    if (MonotonicNanos() - idle_since < spin_ns) {
-      ipc::CpuRelax();
+    if (const uint64_t idle = MonotonicNanos() - idle_since; idle < spin_ns) {
+      ipc::PollPause(idle);
       continue;
     }
     // Sleep on the doorbell: announce, re-check, then wait.

@@ -1,6 +1,7 @@
 #include "ipc/doorbell.h"
 
 #include <linux/futex.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -15,6 +16,15 @@ void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nano
   const auto ns = timeout.count() < 0 ? 0 : timeout.count();
   timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+void PollPause(uint64_t waited_ns) {
+  constexpr uint64_t kPureSpinNs = 2000;
+  if (waited_ns < kPureSpinNs) {
+    CpuRelax();
+  } else {
+    sched_yield();
+  }
 }
 
 void FutexWakeAll(std::atomic<uint32_t>* word) {

@@ -16,6 +16,12 @@ void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nano
 // Wakes every waiter on word.
 void FutexWakeAll(std::atomic<uint32_t>* word);
 
+// One step of a polling loop that has waited `waited_ns` so far: a pause
+// instruction for the first microseconds, then sched_yield(), so a poller
+// never keeps a runnable thread (often the very peer it waits for) off a
+// busy core. On an idle core yield returns at once and polling goes on.
+void PollPause(uint64_t waited_ns);
+
 // A CPU hint for spin loops.
 inline void CpuRelax() {
 #if defined(__x86_64__) || defined(__i386__)

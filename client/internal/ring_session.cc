@@ -181,7 +181,7 @@ absl::StatusOr<ipc::CompletionRecord> RingSession::WaitTake(uint64_t op, std::ch
                                                         waited / 1000000, " ms"));
     }
     if (waited < spin_ns) {
-      ipc::CpuRelax();
+      ipc::PollPause(waited);
       continue;
     }
     // Sleep in slices of at most 50 ms, so a dead daemon is noticed fast.
