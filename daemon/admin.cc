@@ -140,6 +140,7 @@ nlohmann::json Daemon::Status() const {
              {"probes", s.probes.Get()},
              {"blocks_queried", s.blocks_queried.Get()},
              {"blocks_hit", s.blocks_hit.Get()},
+             {"blocks_missed", s.blocks_queried.Get() - s.blocks_hit.Get()},
              {"block_hit_rate", Ratio(s.blocks_hit.Get(), s.blocks_queried.Get())},
              {"tokens_queried", s.tokens_queried.Get()},
              {"tokens_hit", s.tokens_hit.Get()},

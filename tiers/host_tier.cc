@@ -52,15 +52,14 @@ uint64_t HostTier::ArenaOffset(SlotHandle slot) const {
   return slots_.Offset(slot);
 }
 
+std::pair<uint64_t, uint64_t> HostTier::SlotRange(SlotHandle slot) const {
+  MutexLock l(&mu_);
+  if (!slots_.IsAllocated(slot)) return {0, 0};
+  return {slots_.Offset(slot), slots_.Bytes(slot)};
+}
+
 void HostTier::Write(SlotHandle slot, std::span<const std::byte> src, IoCallback done) {
-  uint64_t off = 0, size = 0;
-  {
-    MutexLock l(&mu_);
-    if (slots_.IsAllocated(slot)) {
-      off = slots_.Offset(slot);
-      size = slots_.Bytes(slot);
-    }
-  }
+  const auto [off, size] = SlotRange(slot);
   if (size == 0 || src.size() > size) {
     std::move(done)(absl::InvalidArgumentError(
         absl::StrCat("write of ", src.size(), " bytes to host slot ", slot, " of ", size, " bytes")));
@@ -71,14 +70,7 @@ void HostTier::Write(SlotHandle slot, std::span<const std::byte> src, IoCallback
 }
 
 void HostTier::Read(SlotHandle slot, std::span<std::byte> dst, IoCallback done) {
-  uint64_t off = 0, size = 0;
-  {
-    MutexLock l(&mu_);
-    if (slots_.IsAllocated(slot)) {
-      off = slots_.Offset(slot);
-      size = slots_.Bytes(slot);
-    }
-  }
+  const auto [off, size] = SlotRange(slot);
   if (size == 0 || dst.size() > size) {
     std::move(done)(absl::InvalidArgumentError(
         absl::StrCat("read of ", dst.size(), " bytes from host slot ", slot, " of ", size, " bytes")));

@@ -46,6 +46,8 @@ class HostTier final : public Tier {
 
  private:
   HostTier(UniqueFd fd, ipc::MappedRegion region, uint64_t capacity);
+  // (offset, bytes) of an allocated slot; (0, 0) otherwise.
+  std::pair<uint64_t, uint64_t> SlotRange(SlotHandle slot) const;
 
   UniqueFd fd_;
   ipc::MappedRegion region_;

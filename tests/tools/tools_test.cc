@@ -46,6 +46,7 @@ TEST(ToolsTest, KvtierctlStatusInBothForms) {
   EXPECT_NE(human.out.find("TIER"), std::string::npos) << human.out;
   EXPECT_NE(human.out.find("host"), std::string::npos);
   EXPECT_NE(human.out.find("default"), std::string::npos);
+  EXPECT_NE(human.out.find("missed"), std::string::npos);
   Output js = RunCommand(ctl + " --json status");
   ASSERT_EQ(js.exit_code, 0);
   nlohmann::json j = nlohmann::json::parse(js.out);
@@ -91,6 +92,7 @@ TEST(ToolsTest, ReplayOfAHandMadeTraceGivesTheHandComputedRates) {
   auto s = d.Status();
   ASSERT_TRUE(s.ok());
   EXPECT_EQ((*s)["stats"]["blocks_hit"], 5);
+  EXPECT_EQ((*s)["stats"]["blocks_missed"], 5);
   EXPECT_EQ((*s)["stats"]["lookups"], 3);
 }
 

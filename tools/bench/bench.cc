@@ -98,6 +98,33 @@ double PairedSpeedup(const Runs& runs, const std::string& kvtier_name, const std
   return Median(ratios);
 }
 
+std::optional<SuiteDaemon> StartSuiteDaemon(const Context& ctx, const std::string& config,
+                                            const std::string& model, uint32_t block_tokens,
+                                            uint64_t block_bytes) {
+  SuiteDaemon sd;
+  sd.daemon = std::make_unique<tools::DaemonProcess>(config, ctx.kvtierd);
+  if (absl::Status s = sd.daemon->Start(); !s.ok()) {
+    std::fprintf(stderr, "kvtier-bench: cannot start kvtierd (%s): %s\n", ctx.kvtierd.c_str(),
+                 std::string(s.message()).c_str());
+    return std::nullopt;
+  }
+  AttachOptions ao;
+  ao.socket_path = sd.daemon->socket_path();
+  ao.client_name = "kvtier-bench";
+  ao.ns.model_id = model;
+  ao.ns.kv_dtype = "fp16";
+  ao.ns.kv_layout = "layer_major";
+  ao.ns.block_tokens = block_tokens;
+  ao.ns.block_bytes = block_bytes;
+  auto client = Client::Attach(ao);
+  if (!client.ok()) {
+    std::fprintf(stderr, "kvtier-bench: attach: %s\n", client.status().ToString().c_str());
+    return std::nullopt;
+  }
+  sd.client = std::move(*client);
+  return sd;
+}
+
 uint64_t RssAnonBytes(int pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/status");
   std::string line;

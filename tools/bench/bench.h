@@ -10,7 +10,9 @@
 #include <vector>
 
 #include "benchmark/benchmark.h"
+#include "kvtier/client.h"
 #include "nlohmann/json.hpp"
+#include "tools/common/daemon_process.h"
 
 namespace kvtier::bench {
 
@@ -58,6 +60,17 @@ void RegisterPairs(const std::string& baseline_name, std::function<void(benchmar
 // The median over pairs of each pair's speedup for `counter`.
 double PairedSpeedup(const Runs& runs, const std::string& kvtier_name, const std::string& baseline_name,
                      const std::string& counter, bool higher_is_better);
+
+// A kvtierd started for one suite, and one client attached to it.
+struct SuiteDaemon {
+  std::unique_ptr<tools::DaemonProcess> daemon;
+  std::unique_ptr<Client> client;
+};
+// Starts kvtierd with `config` and attaches a client to namespace `model`;
+// nullopt (with the reason on stderr) on failure.
+std::optional<SuiteDaemon> StartSuiteDaemon(const Context& ctx, const std::string& config,
+                                            const std::string& model, uint32_t block_tokens,
+                                            uint64_t block_bytes);
 
 // Anonymous resident memory of a process (RssAnon), in bytes.
 uint64_t RssAnonBytes(int pid);

@@ -25,24 +25,10 @@ std::byte* MapPrefaulted(uint64_t bytes) {
 }  // namespace
 
 std::vector<Metric> RunHostSuite(const Context& ctx) {
-  tools::DaemonProcess daemon("[tiers.host]\ncapacity = \"256MiB\"\nprefault = true\n", ctx.kvtierd);
-  if (absl::Status s = daemon.Start(); !s.ok()) {
-    std::fprintf(stderr, "kvtier-bench: cannot start kvtierd: %s\n", std::string(s.message()).c_str());
-    return {};
-  }
-  AttachOptions ao;
-  ao.socket_path = daemon.socket_path();
-  ao.ns.model_id = "bench/host";
-  ao.ns.kv_dtype = "fp16";
-  ao.ns.kv_layout = "layer_major";
-  ao.ns.block_tokens = 512;
-  ao.ns.block_bytes = kBlock;
-  auto attached = Client::Attach(ao);
-  if (!attached.ok()) {
-    std::fprintf(stderr, "kvtier-bench: attach: %s\n", attached.status().ToString().c_str());
-    return {};
-  }
-  Client& client = **attached;
+  std::optional<SuiteDaemon> sd =
+      StartSuiteDaemon(ctx, "[tiers.host]\ncapacity = \"256MiB\"\nprefault = true\n", "bench/host", 512, kBlock);
+  if (!sd) return {};
+  Client& client = *sd->client;
   std::byte* src = MapPrefaulted(kBlock);
   std::byte* dst = MapPrefaulted(kBlock);
   std::byte* pool = MapPrefaulted(kBlock * kSlots);

@@ -61,28 +61,15 @@ pid_t StartEchoServer(const std::string& path) {
 }  // namespace
 
 std::vector<Metric> RunIpcSuite(const Context& ctx) {
-  tools::DaemonProcess daemon("", ctx.kvtierd);
-  if (absl::Status s = daemon.Start(); !s.ok()) {
-    std::fprintf(stderr, "kvtier-bench: cannot start kvtierd: %s\n", std::string(s.message()).c_str());
-    return {};
-  }
-  AttachOptions ao;
-  ao.socket_path = daemon.socket_path();
-  ao.ns.model_id = "bench/ipc";
-  ao.ns.kv_dtype = "fp16";
-  ao.ns.kv_layout = "layer_major";
-  ao.ns.block_tokens = 16;
-  ao.ns.block_bytes = 4096;
-  auto client = Client::Attach(ao);
-  if (!client.ok()) {
-    std::fprintf(stderr, "kvtier-bench: attach: %s\n", client.status().ToString().c_str());
-    return {};
-  }
+  std::optional<SuiteDaemon> sd = StartSuiteDaemon(ctx, "", "bench/ipc", 16, 4096);
+  if (!sd) return {};
+  tools::DaemonProcess& daemon = *sd->daemon;
+  Client* client = sd->client.get();
   std::vector<uint32_t> tokens(16, 7);
-  std::vector<BlockKey> key = (*client)->ComputeKeys(tokens);
+  std::vector<BlockKey> key = client->ComputeKeys(tokens);
   std::vector<std::byte> payload(4096);
   std::vector<std::span<const std::byte>> src = {payload};
-  (void)(*client)->Store(key, src);  // the lookup hits the index
+  (void)client->Store(key, src);  // the lookup hits the index
 
   const std::string sock_path = daemon.dir() + "/echo.sock";
   const pid_t server = StartEchoServer(sock_path);
@@ -117,7 +104,7 @@ std::vector<Metric> RunIpcSuite(const Context& ctx) {
     lat.Reserve(static_cast<size_t>(st.max_iterations));
     for (auto _ : st) {
       const uint64_t t0 = MonotonicNanos();
-      auto r = (*client)->Lookup(key);
+      auto r = client->Lookup(key);
       lat.Add(MonotonicNanos() - t0);
       if (!r.ok() || r->hit_blocks != 1) {
         st.SkipWithError("lookup failed");
@@ -134,7 +121,7 @@ std::vector<Metric> RunIpcSuite(const Context& ctx) {
     lat.Reserve(static_cast<size_t>(st.max_iterations));
     for (auto _ : st) {
       const uint64_t t0 = MonotonicNanos();
-      (void)(*client)->Ping();
+      (void)client->Ping();
       lat.Add(MonotonicNanos() - t0);
     }
     st.counters["p50_us"] = lat.PercentileUs(50);

@@ -32,25 +32,12 @@ std::vector<Metric> RunLookupSuite(const Context& ctx) {
   const uint64_t kBlocks = ctx.quick ? 100000 : 1000000;
   constexpr uint64_t kBlockBytes = 4096;
   constexpr size_t kBatch = 64;
-  tools::DaemonProcess daemon("[tiers.host]\ncapacity = \"" + std::to_string(kBlocks * kBlockBytes) + "\"\n",
-                              ctx.kvtierd);
-  if (absl::Status s = daemon.Start(); !s.ok()) {
-    std::fprintf(stderr, "kvtier-bench: cannot start kvtierd: %s\n", std::string(s.message()).c_str());
-    return {};
-  }
-  AttachOptions ao;
-  ao.socket_path = daemon.socket_path();
-  ao.ns.model_id = "bench/lookup";
-  ao.ns.kv_dtype = "fp16";
-  ao.ns.kv_layout = "layer_major";
-  ao.ns.block_tokens = 16;
-  ao.ns.block_bytes = kBlockBytes;
-  auto attached = Client::Attach(ao);
-  if (!attached.ok()) {
-    std::fprintf(stderr, "kvtier-bench: attach: %s\n", attached.status().ToString().c_str());
-    return {};
-  }
-  Client& client = **attached;
+  std::optional<SuiteDaemon> sd = StartSuiteDaemon(
+      ctx, "[tiers.host]\ncapacity = \"" + std::to_string(kBlocks * kBlockBytes) + "\"\n", "bench/lookup", 16,
+      kBlockBytes);
+  if (!sd) return {};
+  tools::DaemonProcess& daemon = *sd->daemon;
+  Client& client = *sd->client;
 
   // Populate: slots are reserved and committed without writing payloads, so
   // the arena's pages stay untouched and RssAnon counts the index alone.

@@ -53,6 +53,8 @@ void PrintStatus(const json& s) {
   std::cout << "\nlookups " << st["lookups"] << " (hit rate " << Fixed(st["hit_rate"].get<double>(), 3)
             << ", reused-token ratio " << Fixed(st["reused_token_ratio"].get<double>(), 3) << ", block hit rate "
             << Fixed(st["block_hit_rate"].get<double>(), 3) << ")  probes " << st["probes"] << "\n"
+            << "blocks hit " << st["blocks_hit"] << "  missed " << st["blocks_missed"] << "  tokens reused "
+            << st["tokens_hit"] << " of " << st["tokens_queried"] << "\n"
             << "stored " << st["blocks_stored"] << " blocks (" << Bytes(st["bytes_stored"]) << ")  loaded "
             << st["blocks_loaded"] << " blocks (" << Bytes(st["bytes_loaded"]) << ")  evictions " << st["evictions"]
             << "  refused (no space) " << st["store_refused_no_space"] << "\n"
