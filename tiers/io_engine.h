@@ -1,0 +1,84 @@
+// Block I/O for the NVMe tier: asynchronous reads and writes at offsets of a
+// fixed set of files, in three priorities.
+//
+// Two engines: io_uring (one ring per worker thread, fixed files, registered
+// buffers, batched submission, bounded queue depth) and a thread pool of
+// pread/pwrite for where io_uring is refused (kernel.io_uring_disabled, a
+// container's seccomp profile). FaultInjectingIoEngine wraps either for tests.
+#ifndef KVTIER_TIERS_IO_ENGINE_H_
+#define KVTIER_TIERS_IO_ENGINE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/statusor.h"
+
+namespace kvtier {
+
+// Loads an engine waits for come first, then prefetches, then demotions.
+enum class IoPriority : uint8_t { kLoad = 0, kPrefetch = 1, kDemote = 2 };
+inline constexpr int kIoPriorities = 3;
+
+struct IoOp {
+  bool write = false;
+  uint32_t file = 0;    // index into IoEngineOptions::fds
+  uint64_t offset = 0;  // aligned for O_DIRECT
+  std::byte* buf = nullptr;
+  uint32_t len = 0;
+  IoPriority priority = IoPriority::kDemote;
+  // Runs exactly once, on an engine thread: `len` on success, else -errno.
+  // A short transfer is retried for the rest; one that makes no progress is -EIO.
+  absl::AnyInvocable<void(int32_t) &&> done;
+};
+
+struct IoEngineStats {
+  uint64_t reads = 0, writes = 0;
+  uint64_t bytes_read = 0, bytes_written = 0;
+  uint64_t errors = 0;
+  uint64_t in_flight = 0;  // submitted to the device, not yet completed
+  uint64_t queued = 0;     // waiting for a free queue slot
+};
+
+struct IoEngineOptions {
+  std::vector<int> fds;  // the engine does not own them
+  // A region ops' buffers usually lie in: registered with io_uring, so ops
+  // inside it use READ_FIXED/WRITE_FIXED. May be empty.
+  std::byte* registered_base = nullptr;
+  size_t registered_bytes = 0;
+  uint32_t queue_depth = 32;  // per worker
+  uint32_t workers = 1;
+};
+
+class IoEngine {
+ public:
+  IoEngine() = default;
+  virtual ~IoEngine() = default;  // implementations drain first
+  IoEngine(const IoEngine&) = delete;
+  IoEngine& operator=(const IoEngine&) = delete;
+
+  // Thread-safe. "io_uring" or "threads" (and a wrapper's name around it).
+  virtual std::string name() const = 0;
+  // Thread-safe. Queues the op; never blocks on the device.
+  virtual void Submit(IoOp op) = 0;
+  // Thread-safe. Returns once every op submitted before the call completed.
+  virtual void Drain() = 0;
+  // Thread-safe.
+  virtual IoEngineStats Stats() const = 0;
+};
+
+// io_uring, or an error saying why not (the caller may fall back).
+absl::StatusOr<std::unique_ptr<IoEngine>> MakeUringEngine(const IoEngineOptions& opts);
+// pread/pwrite on `workers` threads (queue_depth unused beyond 1 per thread).
+std::unique_ptr<IoEngine> MakeThreadEngine(const IoEngineOptions& opts);
+
+// Checks whether this process may use io_uring at all; the reason if not.
+absl::Status ProbeIoUring();
+
+}  // namespace kvtier
+
+#endif  // KVTIER_TIERS_IO_ENGINE_H_
