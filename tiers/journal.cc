@@ -1,0 +1,263 @@
+#include "tiers/journal.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+
+namespace kvtier {
+namespace {
+
+constexpr size_t kRec = sizeof(JournalRecord);
+
+absl::Status WriteFull(int fd, const void* data, size_t n, uint64_t offset) {
+  const auto* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = pwrite(fd, p, n, static_cast<off_t>(offset));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoStatus(errno, "writing the NVMe journal");
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+    offset += static_cast<uint64_t>(w);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SyncDir(const std::string& file) {
+  const std::string dir = std::filesystem::path(file).parent_path().string();
+  UniqueFd d(open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!d.valid() || fsync(d.get()) != 0) return ErrnoStatus(errno, absl::StrCat("fsync of directory ", dir));
+  return absl::OkStatus();
+}
+
+bool SameLayout(const JournalRecord& a, const JournalRecord& b) {
+  return a.slot_bytes == b.slot_bytes && a.slot == b.slot && a.tenant_hash == b.tenant_hash &&
+         a.version == b.version;
+}
+
+JournalRecord FormatRecord(const JournalRecord& f) {
+  JournalRecord r = f;
+  r.magic = kJournalMagic;
+  r.type = static_cast<uint8_t>(JournalType::kFormat);
+  r.version = kNvmeFormatVersion;
+  r.seq = 0;
+  Seal(&r);
+  return r;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Journal>> Journal::Open(const JournalOptions& opts, JournalReplay* replay) {
+  *replay = JournalReplay{};
+  UniqueFd fd(open(opts.path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+  if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("opening the NVMe journal ", opts.path));
+  struct stat st;
+  if (fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, "fstat of the NVMe journal");
+  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+  const JournalRecord format = FormatRecord(opts.format);
+
+  uint64_t good = 0;  // bytes of valid records
+  uint64_t last_seq = 0;
+  if (file_size >= kRec) {
+    JournalRecord first;
+    if (pread(fd.get(), &first, kRec, 0) != static_cast<ssize_t>(kRec)) {
+      return ErrnoStatus(errno, "reading the NVMe journal");
+    }
+    if (first.magic == kJournalMagic && Intact(first) &&
+        first.type == static_cast<uint8_t>(JournalType::kFormat)) {
+      if (!SameLayout(first, format)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "the NVMe journal ", opts.path, " was written for another layout (format v", first.version,
+            ", segments of ", first.slot_bytes, " bytes x ", first.slot,
+            "): restore the previous tiers.nvme settings, or remove the NVMe tier's files to start empty"));
+      }
+      good = kRec;
+      // Stream the rest in chunks; stop at the first damaged record.
+      std::vector<JournalRecord> chunk(4096);
+      for (uint64_t off = kRec; off + kRec <= file_size;) {
+        const size_t want = std::min<uint64_t>(chunk.size(), (file_size - off) / kRec);
+        const ssize_t got = pread(fd.get(), chunk.data(), want * kRec, static_cast<off_t>(off));
+        if (got < static_cast<ssize_t>(kRec)) break;
+        const size_t n = static_cast<size_t>(got) / kRec;
+        size_t i = 0;
+        for (; i < n; ++i) {
+          const JournalRecord& r = chunk[i];
+          if (r.magic != kJournalMagic || !Intact(r) || r.version != kNvmeFormatVersion || r.seq <= last_seq ||
+              r.type < static_cast<uint8_t>(JournalType::kSegment) || r.type > static_cast<uint8_t>(JournalType::kFree)) {
+            break;
+          }
+          last_seq = r.seq;
+          replay->records.push_back(r);
+        }
+        good = off + i * kRec;
+        if (i < n) break;
+        off += n * kRec;
+      }
+    }
+  }
+  if (good == 0) {
+    // Empty, or not even the format record survived: start fresh.
+    replay->created = file_size == 0;
+    if (file_size > 0) {
+      replay->bytes_cut = file_size;
+      replay->records_cut = (file_size + kRec - 1) / kRec;
+    }
+    if (ftruncate(fd.get(), 0) != 0) return ErrnoStatus(errno, "truncating the NVMe journal");
+    RETURN_IF_ERROR(WriteFull(fd.get(), &format, kRec, 0));
+    if (fdatasync(fd.get()) != 0) return ErrnoStatus(errno, "fdatasync of the NVMe journal");
+    RETURN_IF_ERROR(SyncDir(opts.path));
+    good = kRec;
+  } else if (good < file_size) {
+    replay->bytes_cut = file_size - good;
+    replay->records_cut = (replay->bytes_cut + kRec - 1) / kRec;
+    if (ftruncate(fd.get(), static_cast<off_t>(good)) != 0 || fdatasync(fd.get()) != 0) {
+      return ErrnoStatus(errno, "cutting the damaged tail of the NVMe journal");
+    }
+  }
+  return std::unique_ptr<Journal>(new Journal(opts, std::move(fd), last_seq + 1, good));
+}
+
+Journal::Journal(const JournalOptions& opts, UniqueFd fd, uint64_t next_seq, uint64_t size) : opts_(opts) {
+  {
+    MutexLock l(&write_mu_);
+    fd_ = std::move(fd);
+    size_ = size;
+  }
+  {
+    MutexLock l(&mu_);
+    next_seq_ = next_seq;
+    stats_.bytes = size;
+  }
+  thread_ = std::thread([this] { Run(); });
+}
+
+Journal::~Journal() {
+  {
+    MutexLock l(&mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void Journal::SetPreCommitHook(std::function<absl::Status()> hook) { pre_commit_ = std::move(hook); }
+
+uint64_t Journal::Append(JournalRecord record, DurableCallback durable) {
+  uint64_t seq;
+  {
+    MutexLock l(&mu_);
+    record.magic = kJournalMagic;
+    record.version = kNvmeFormatVersion;
+    record.seq = seq = next_seq_++;
+    Seal(&record);
+    pending_.push_back(record);
+    pending_cbs_.push_back(std::move(durable));
+    ++appended_;
+  }
+  cv_.notify_all();
+  return seq;
+}
+
+absl::Status Journal::Sync() {
+  MutexLock l(&mu_);
+  const uint64_t target = appended_;
+  mu_.Await(cv_, [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return durable_ >= target; });
+  return last_error_;
+}
+
+absl::Status Journal::CommitLocked(std::vector<JournalRecord>& batch) {
+  if (pre_commit_) RETURN_IF_ERROR(pre_commit_());
+  RETURN_IF_ERROR(WriteFull(fd_.get(), batch.data(), batch.size() * kRec, size_));
+  if (fdatasync(fd_.get()) != 0) return ErrnoStatus(errno, "fdatasync of the NVMe journal");
+  size_ += batch.size() * kRec;
+  return absl::OkStatus();
+}
+
+void Journal::Run() {
+  std::vector<JournalRecord> batch;
+  std::vector<DurableCallback> cbs;
+  for (;;) {
+    {
+      MutexLock l(&mu_);
+      mu_.Await(cv_, [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stop_ || !pending_.empty(); });
+      if (pending_.empty()) return;  // stopping, nothing left
+      if (opts_.group_commit) {
+        batch.swap(pending_);
+        cbs.swap(pending_cbs_);
+      } else {
+        batch.assign(pending_.begin(), pending_.begin() + 1);
+        cbs.clear();
+        cbs.push_back(std::move(pending_cbs_.front()));
+        pending_.erase(pending_.begin());
+        pending_cbs_.erase(pending_cbs_.begin());
+      }
+    }
+    absl::Status s;
+    uint64_t size;
+    {
+      MutexLock w(&write_mu_);
+      s = CommitLocked(batch);
+      size = size_;
+    }
+    {
+      MutexLock l(&mu_);
+      durable_ += batch.size();
+      if (!s.ok()) {
+        last_error_ = s;
+      } else {
+        stats_.records += batch.size();
+      }
+      ++stats_.commits;
+      stats_.bytes = size;
+    }
+    cv_.notify_all();
+    for (DurableCallback& cb : cbs) {
+      if (cb) std::move(cb)(s);
+    }
+    batch.clear();
+    cbs.clear();
+  }
+}
+
+absl::Status Journal::Rewrite(std::vector<JournalRecord> live) {
+  std::sort(live.begin(), live.end(), [](const JournalRecord& a, const JournalRecord& b) { return a.seq < b.seq; });
+  const std::string tmp = opts_.path + ".rewrite";
+  UniqueFd fd(open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+  if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("creating ", tmp));
+  std::vector<JournalRecord> out;
+  out.reserve(live.size() + 1);
+  out.push_back(FormatRecord(opts_.format));
+  for (JournalRecord r : live) {
+    r.magic = kJournalMagic;
+    r.version = kNvmeFormatVersion;
+    Seal(&r);  // keeps its original seq: records appended later are newer
+    out.push_back(r);
+  }
+  MutexLock w(&write_mu_);
+  RETURN_IF_ERROR(WriteFull(fd.get(), out.data(), out.size() * kRec, 0));
+  if (fdatasync(fd.get()) != 0) return ErrnoStatus(errno, absl::StrCat("fdatasync of ", tmp));
+  if (rename(tmp.c_str(), opts_.path.c_str()) != 0) return ErrnoStatus(errno, "renaming the rewritten journal");
+  RETURN_IF_ERROR(SyncDir(opts_.path));
+  fd_ = std::move(fd);
+  size_ = out.size() * kRec;
+  MutexLock l(&mu_);
+  ++stats_.rewrites;
+  stats_.bytes = size_;
+  return absl::OkStatus();
+}
+
+JournalStats Journal::Stats() const {
+  MutexLock l(&mu_);
+  return stats_;
+}
+
+}  // namespace kvtier
