@@ -58,7 +58,8 @@ std::pair<uint64_t, uint64_t> HostTier::SlotRange(SlotHandle slot) const {
   return {slots_.Offset(slot), slots_.Bytes(slot)};
 }
 
-void HostTier::Write(SlotHandle slot, std::span<const std::byte> src, IoCallback done) {
+void HostTier::Write(SlotHandle slot, const BlockMeta&, std::span<const std::byte> src, IoPriority,
+                     IoCallback done) {
   const auto [off, size] = SlotRange(slot);
   if (size == 0 || src.size() > size) {
     std::move(done)(absl::InvalidArgumentError(
@@ -69,7 +70,7 @@ void HostTier::Write(SlotHandle slot, std::span<const std::byte> src, IoCallback
   std::move(done)(absl::OkStatus());
 }
 
-void HostTier::Read(SlotHandle slot, std::span<std::byte> dst, IoCallback done) {
+void HostTier::Read(SlotHandle slot, const BlockMeta&, std::span<std::byte> dst, IoPriority, IoCallback done) {
   const auto [off, size] = SlotRange(slot);
   if (size == 0 || dst.size() > size) {
     std::move(done)(absl::InvalidArgumentError(

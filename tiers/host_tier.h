@@ -30,8 +30,11 @@ class HostTier final : public Tier {
   absl::StatusOr<SlotHandle> Allocate(uint64_t bytes) override;
   absl::Status Free(SlotHandle slot) override;
   uint64_t SlotBytes(SlotHandle slot) const override;
-  void Write(SlotHandle slot, std::span<const std::byte> src, IoCallback done) override;
-  void Read(SlotHandle slot, std::span<std::byte> dst, IoCallback done) override;
+  // Host slots are plain memory: meta and priority play no part; done runs inline.
+  void Write(SlotHandle slot, const BlockMeta& meta, std::span<const std::byte> src, IoPriority prio,
+             IoCallback done) override;
+  void Read(SlotHandle slot, const BlockMeta& meta, std::span<std::byte> dst, IoPriority prio,
+            IoCallback done) override;
   TierUsage Usage() const override;
   TierHealth Health() const override { return TierHealth::kHealthy; }
 

@@ -17,12 +17,9 @@
 
 #include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
+#include "tiers/tier.h"
 
 namespace kvtier {
-
-// Loads an engine waits for come first, then prefetches, then demotions.
-enum class IoPriority : uint8_t { kLoad = 0, kPrefetch = 1, kDemote = 2 };
-inline constexpr int kIoPriorities = 3;
 
 struct IoOp {
   bool write = false;

@@ -81,6 +81,7 @@ absl::StatusOr<std::unique_ptr<Journal>> Journal::Open(const JournalOptions& opt
             "): restore the previous tiers.nvme settings, or remove the NVMe tier's files to start empty"));
       }
       good = kRec;
+      replay->format = first;
       // Stream the rest in chunks; stop at the first damaged record.
       std::vector<JournalRecord> chunk(4096);
       for (uint64_t off = kRec; off + kRec <= file_size;) {
@@ -210,32 +211,36 @@ void Journal::Run() {
     }
     {
       MutexLock l(&mu_);
-      durable_ += batch.size();
-      if (!s.ok()) {
-        last_error_ = s;
-      } else {
-        stats_.records += batch.size();
-      }
+      if (s.ok()) stats_.records += batch.size();
       ++stats_.commits;
       stats_.bytes = size;
     }
-    cv_.notify_all();
-    for (DurableCallback& cb : cbs) {
-      if (cb) std::move(cb)(s);
+    // Callbacks first, then the durable count: Sync() returns only after the
+    // callbacks of what it waited for have run.
+    for (size_t i = 0; i < cbs.size(); ++i) {
+      if (cbs[i]) std::move(cbs[i])(s, batch[i].seq);
     }
+    {
+      MutexLock l(&mu_);
+      durable_ += batch.size();
+      if (!s.ok()) last_error_ = s;
+    }
+    cv_.notify_all();
     batch.clear();
     cbs.clear();
   }
 }
 
-absl::Status Journal::Rewrite(std::vector<JournalRecord> live) {
+absl::Status Journal::Rewrite(std::vector<JournalRecord> live, uint64_t generation) {
   std::sort(live.begin(), live.end(), [](const JournalRecord& a, const JournalRecord& b) { return a.seq < b.seq; });
   const std::string tmp = opts_.path + ".rewrite";
   UniqueFd fd(open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
   if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("creating ", tmp));
   std::vector<JournalRecord> out;
   out.reserve(live.size() + 1);
-  out.push_back(FormatRecord(opts_.format));
+  JournalRecord format = opts_.format;
+  format.generation = generation;
+  out.push_back(FormatRecord(format));
   for (JournalRecord r : live) {
     r.magic = kJournalMagic;
     r.version = kNvmeFormatVersion;

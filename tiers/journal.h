@@ -26,7 +26,8 @@
 
 namespace kvtier {
 
-using DurableCallback = absl::AnyInvocable<void(absl::Status) &&>;
+// Runs once the record is durable (or failed): the status and its seq.
+using DurableCallback = absl::AnyInvocable<void(absl::Status, uint64_t seq) &&>;
 
 struct JournalOptions {
   std::string path;
@@ -39,6 +40,7 @@ struct JournalOptions {
 };
 
 struct JournalReplay {
+  JournalRecord format{};              // the file's format record
   std::vector<JournalRecord> records;  // valid records after the format record
   uint64_t bytes_cut = 0;              // damaged tail removed
   uint64_t records_cut = 0;
@@ -67,12 +69,15 @@ class Journal {
   // its seq; `durable` runs on the commit thread once it is synced, or with
   // the error.
   uint64_t Append(JournalRecord record, DurableCallback durable = nullptr);
-  // Thread-safe. Returns once everything appended before the call is durable.
+  // Thread-safe. Returns once everything appended before the call is durable
+  // and the records' callbacks have run.
   absl::Status Sync();
-  // Thread-safe. Replaces the journal atomically with the format record plus
-  // `live` (compaction): a new file, fdatasync, rename, fsync of the directory.
-  // Records appended meanwhile go to the new file.
-  absl::Status Rewrite(std::vector<JournalRecord> live);
+  // Thread-safe. Replaces the journal atomically with the format record
+  // (carrying `generation`, a high-water mark the owner reads back from
+  // JournalReplay::format) plus `live` (compaction): a new file, fdatasync,
+  // rename, fsync of the directory. Records appended meanwhile go to the new
+  // file.
+  absl::Status Rewrite(std::vector<JournalRecord> live, uint64_t generation = 0);
 
   JournalStats Stats() const;
 

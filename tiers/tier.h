@@ -19,6 +19,20 @@ namespace kvtier {
 using SlotHandle = uint32_t;
 using IoCallback = absl::AnyInvocable<void(absl::Status) &&>;
 
+// Loads an engine waits for come first, then prefetches, then demotions.
+enum class IoPriority : uint8_t { kLoad = 0, kPrefetch = 1, kDemote = 2 };
+inline constexpr int kIoPriorities = 3;
+
+// What a block is: a durable tier stores it with the bytes and checks it on
+// every read, so a slot can never be served as another block.
+struct BlockMeta {
+  BlockKey ns;  // namespace id
+  BlockKey key;
+  uint64_t payload_bytes = 0;
+  uint64_t tenant_hash = 0;   // which tenant's block (for recovery)
+  uint32_t block_tokens = 0;
+};
+
 struct TierUsage {
   uint64_t capacity_bytes = 0;
   uint64_t used_bytes = 0;   // bytes in allocated slots
@@ -46,11 +60,16 @@ class Tier {
   virtual absl::Status Free(SlotHandle slot) = 0;
   // Thread-safe. Bytes the slot holds (0 for an unknown slot).
   virtual uint64_t SlotBytes(SlotHandle slot) const = 0;
-  // Thread-safe. Copies src into the slot; `done` runs exactly once, on a
-  // tier thread or inline, with the outcome.
-  virtual void Write(SlotHandle slot, std::span<const std::byte> src, IoCallback done) = 0;
-  // Thread-safe. Copies the slot into dst; `done` as for Write.
-  virtual void Read(SlotHandle slot, std::span<std::byte> dst, IoCallback done) = 0;
+  // Thread-safe. Stores src (the block `meta` describes) in the slot; src may
+  // be reused once Write returns. `done` runs exactly once, on a tier thread
+  // or inline: OK once the block is durable where the tier is durable.
+  virtual void Write(SlotHandle slot, const BlockMeta& meta, std::span<const std::byte> src, IoPriority prio,
+                     IoCallback done) = 0;
+  // Thread-safe. Copies the block `meta` describes from the slot into dst;
+  // `done` as for Write. DataLoss when the slot does not hold exactly that
+  // block intact (checksum, key, generation): such a block is never served.
+  virtual void Read(SlotHandle slot, const BlockMeta& meta, std::span<std::byte> dst, IoPriority prio,
+                    IoCallback done) = 0;
   // Thread-safe.
   virtual TierUsage Usage() const = 0;
   // Thread-safe.
@@ -65,11 +84,13 @@ class TierWrapper : public Tier {
   absl::StatusOr<SlotHandle> Allocate(uint64_t bytes) override { return target_->Allocate(bytes); }
   absl::Status Free(SlotHandle slot) override { return target_->Free(slot); }
   uint64_t SlotBytes(SlotHandle slot) const override { return target_->SlotBytes(slot); }
-  void Write(SlotHandle slot, std::span<const std::byte> src, IoCallback done) override {
-    target_->Write(slot, src, std::move(done));
+  void Write(SlotHandle slot, const BlockMeta& meta, std::span<const std::byte> src, IoPriority prio,
+             IoCallback done) override {
+    target_->Write(slot, meta, src, prio, std::move(done));
   }
-  void Read(SlotHandle slot, std::span<std::byte> dst, IoCallback done) override {
-    target_->Read(slot, dst, std::move(done));
+  void Read(SlotHandle slot, const BlockMeta& meta, std::span<std::byte> dst, IoPriority prio,
+            IoCallback done) override {
+    target_->Read(slot, meta, dst, prio, std::move(done));
   }
   TierUsage Usage() const override { return target_->Usage(); }
   TierHealth Health() const override { return target_->Health(); }

@@ -21,8 +21,8 @@ TEST(HostTierTest, WriteReadRoundTripThroughTheArena) {
   std::vector<std::byte> src(8192), dst(8192);
   for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::byte>(i * 31);
   absl::Status ws, rs;
-  tier->Write(*slot, src, [&](absl::Status s) { ws = s; });
-  tier->Read(*slot, dst, [&](absl::Status s) { rs = s; });
+  tier->Write(*slot, {}, src, IoPriority::kLoad, [&](absl::Status s) { ws = s; });
+  tier->Read(*slot, {}, dst, IoPriority::kLoad, [&](absl::Status s) { rs = s; });
   ASSERT_TRUE(ws.ok() && rs.ok());
   EXPECT_EQ(src, dst);
   // Another mapping of the arena fd sees the same bytes at the slot's offset.
@@ -37,9 +37,9 @@ TEST(HostTierTest, OutOfBoundsIoIsAnError) {
   ASSERT_TRUE(slot.ok());
   std::vector<std::byte> big(8192);
   absl::Status s;
-  tier->Write(*slot, big, [&](absl::Status r) { s = r; });
+  tier->Write(*slot, {}, big, IoPriority::kLoad, [&](absl::Status r) { s = r; });
   EXPECT_TRUE(absl::IsInvalidArgument(s));
-  tier->Read(*slot + 100, std::span(big).first(16), [&](absl::Status r) { s = r; });
+  tier->Read(*slot + 100, {}, std::span(big).first(16), IoPriority::kLoad, [&](absl::Status r) { s = r; });
   EXPECT_TRUE(absl::IsInvalidArgument(s));
 }
 

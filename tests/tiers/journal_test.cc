@@ -59,7 +59,7 @@ TEST_F(JournalTest, RecordsSurviveAReopenInOrder) {
     EXPECT_TRUE(replay.created);
     std::atomic<int> durable{0};
     for (uint32_t i = 0; i < 100; ++i) {
-      j->Append(Assign(i % 4, i, i + 1), [&](absl::Status s) { durable += s.ok(); });
+      j->Append(Assign(i % 4, i, i + 1), [&](absl::Status s, uint64_t) { durable += s.ok(); });
     }
     ASSERT_TRUE(j->Sync().ok());
     EXPECT_EQ(durable.load(), 100);
@@ -190,7 +190,7 @@ TEST_F(JournalTest, GroupCommitBatchesConcurrentAppends) {
   std::vector<std::thread> ts;
   for (int t = 0; t < kThreads; ++t) {
     ts.emplace_back([&, t] {
-      for (int i = 0; i < kEach; ++i) j->Append(Assign(t, i, 1), [&](absl::Status s) { durable += s.ok(); });
+      for (int i = 0; i < kEach; ++i) j->Append(Assign(t, i, 1), [&](absl::Status s, uint64_t) { durable += s.ok(); });
     });
   }
   for (auto& t : ts) t.join();
@@ -212,7 +212,7 @@ TEST_F(JournalTest, AFailedPreCommitFailsTheRound) {
   auto j = Open(&replay);
   j->SetPreCommitHook([] { return absl::DataLossError("slab fdatasync failed"); });
   absl::Status got;
-  j->Append(Assign(0, 1, 1), [&](absl::Status s) { got = s; });
+  j->Append(Assign(0, 1, 1), [&](absl::Status s, uint64_t) { got = s; });
   absl::Status s = j->Sync();
   EXPECT_TRUE(absl::IsDataLoss(s)) << s;
   EXPECT_TRUE(absl::IsDataLoss(got));

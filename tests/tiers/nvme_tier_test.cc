@@ -1,0 +1,469 @@
+#include "tiers/nvme_tier.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <fstream>
+#include <future>
+#include <filesystem>
+#include <map>
+#include <random>
+#include <set>
+
+#include "gtest/gtest.h"
+#include "tests/support/test_support.h"
+#include "tiers/fault_injection.h"
+#include "tiers/nvme_format.h"
+#include "core/status.h"
+
+namespace kvtier {
+namespace {
+
+using testing::KeyOf;
+
+BlockMeta Meta(uint64_t i, uint64_t bytes) {
+  BlockMeta m;
+  m.ns = KeyOf(777);
+  m.key = KeyOf(i);
+  m.payload_bytes = bytes;
+  m.tenant_hash = TenantHash("default");
+  m.block_tokens = 16;
+  return m;
+}
+
+std::vector<std::byte> Payload(uint64_t i, uint64_t bytes) {
+  std::vector<std::byte> p(bytes);
+  testing::FillFromKey(KeyOf(i), p);
+  return p;
+}
+
+// Runs a tier op and waits for its callback.
+template <typename F>
+absl::Status Await(F start) {
+  std::promise<absl::Status> p;
+  start([&](absl::Status s) { p.set_value(s); });
+  return p.get_future().get();
+}
+
+class NvmeTierTest : public ::testing::Test {
+ protected:
+  NvmeTierOptions Options() {
+    NvmeTierOptions o;
+    o.dirs = {dir_.File("d0"), dir_.File("d1")};
+    o.capacity_bytes = 32 << 20;  // 2 dirs x 4 segments of 4 MiB
+    o.segment_bytes = 4 << 20;
+    o.queue_depth = 8;
+    o.staging_bytes = 8 << 20;
+    o.wrap_engine = [this](std::unique_ptr<IoEngine> e) { return MakeFaultInjectingEngine(std::move(e), faults_); };
+    return o;
+  }
+  std::unique_ptr<NvmeTier> Open(std::vector<RecoveredBlock>* recovered = nullptr, NvmeTierOptions o = {}) {
+    if (o.dirs.empty()) o = Options();
+    std::vector<RecoveredBlock> ignored;
+    auto t = NvmeTier::Open(o, recovered ? recovered : &ignored);
+    EXPECT_TRUE(t.ok()) << t.status();
+    return t.ok() ? std::move(*t) : nullptr;
+  }
+  absl::StatusOr<SlotHandle> Put(NvmeTier& t, uint64_t i, uint64_t bytes, IoPriority prio = IoPriority::kLoad) {
+    ASSIGN_OR_RETURN(SlotHandle s, t.Allocate(bytes));
+    std::vector<std::byte> p = Payload(i, bytes);
+    RETURN_IF_ERROR(Await([&](auto cb) { t.Write(s, Meta(i, bytes), p, prio, std::move(cb)); }));
+    return s;
+  }
+  absl::Status Get(NvmeTier& t, SlotHandle s, uint64_t i, uint64_t bytes) {
+    std::vector<std::byte> out(bytes);
+    RETURN_IF_ERROR(Await([&](auto cb) { t.Read(s, Meta(i, bytes), out, IoPriority::kLoad, std::move(cb)); }));
+    if (!testing::MatchesKey(KeyOf(i), out)) return absl::InternalError("wrong bytes served");
+    return absl::OkStatus();
+  }
+
+  testing::TempDir dir_;
+  std::shared_ptr<IoFaults> faults_ = std::make_shared<IoFaults>();
+};
+
+TEST_F(NvmeTierTest, ManyBlocksRoundTripWithEveryByteVerified) {
+  auto t = Open();
+  std::vector<std::pair<SlotHandle, uint64_t>> written;
+  const uint64_t sizes[] = {16 << 10, 64 << 10, 256 << 10, 100000};
+  for (uint64_t i = 0; i < 60; ++i) {
+    const uint64_t bytes = sizes[i % 4];
+    auto s = Put(*t, i, bytes);
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_EQ(t->SlotBytes(*s), SlotBytesFor(bytes));
+    written.emplace_back(*s, bytes);
+  }
+  for (uint64_t i = 0; i < written.size(); ++i) {
+    EXPECT_TRUE(Get(*t, written[i].first, i, written[i].second).ok()) << "block " << i;
+  }
+  NvmeStats st = t->Stats();
+  EXPECT_EQ(st.used_slots, 60u);
+  EXPECT_EQ(st.checksum_failures, 0u);
+  EXPECT_GE(st.journal_records, 60u);
+  EXPECT_GT(st.bytes_written, 0u);
+  EXPECT_EQ(st.io_engine.find("io_uring"), 0u) << "io_uring is allowed on this machine: " << st.io_engine;
+}
+
+TEST_F(NvmeTierTest, SlotsAreReusedAfterFreeAndTheTierFillsUp) {
+  auto t = Open();
+  // 8 segments of 4 MiB hold 8 x 3 = 24 blocks of 1 MiB (+ header).
+  std::vector<SlotHandle> slots;
+  for (uint64_t i = 0;; ++i) {
+    auto s = t->Allocate(1 << 20);
+    if (!s.ok()) {
+      EXPECT_TRUE(absl::IsResourceExhausted(s.status()));
+      break;
+    }
+    slots.push_back(*s);
+  }
+  EXPECT_EQ(slots.size(), 24u);
+  ASSERT_TRUE(t->Free(slots[3]).ok());
+  EXPECT_FALSE(t->Free(slots[3]).ok()) << "double free";
+  auto again = t->Allocate(1 << 20);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, slots[3]);
+  EXPECT_TRUE(absl::IsInvalidArgument(t->Allocate(5 << 20).status())) << "larger than a segment";
+  // Once every slot of every segment is free, segments can be cut for another size.
+  for (SlotHandle s : slots) (void)t->Free(s);
+  (void)t->Free(*again);
+  auto small = t->Allocate(8 << 10);
+  EXPECT_TRUE(small.ok()) << small.status();
+}
+
+TEST_F(NvmeTierTest, AStaleSlotIsNeverReadAsANewerBlock) {
+  auto t = Open();
+  auto s = Put(*t, 1, 64 << 10);
+  ASSERT_TRUE(s.ok());
+  ASSERT_TRUE(t->Free(*s).ok());
+  auto reused = t->Allocate(64 << 10);
+  ASSERT_TRUE(reused.ok());
+  ASSERT_EQ(*reused, *s);
+  // Not written yet: the old block's bytes are on disk, with the old generation.
+  absl::Status r = Get(*t, *reused, 1, 64 << 10);
+  EXPECT_TRUE(absl::IsDataLoss(r)) << r;
+  EXPECT_EQ(t->Stats().checksum_failures, 1u);
+}
+
+TEST_F(NvmeTierTest, DurableBlocksAreServedAgainAfterARestart) {
+  std::vector<std::pair<SlotHandle, uint64_t>> written;
+  {
+    auto t = Open();
+    for (uint64_t i = 0; i < 30; ++i) written.emplace_back(*Put(*t, i, 48 << 10), i);
+    ASSERT_TRUE(t->Free(written[7].first).ok());
+    ASSERT_TRUE(t->Sync().ok());
+  }
+  std::vector<RecoveredBlock> rec;
+  auto t = Open(&rec);
+  EXPECT_EQ(rec.size(), 29u);
+  EXPECT_EQ(t->Stats().recovery.blocks, 29u);
+  for (const RecoveredBlock& b : rec) {
+    EXPECT_EQ(b.meta.payload_bytes, 48u << 10);
+    EXPECT_EQ(b.meta.tenant_hash, TenantHash("default"));
+    uint64_t i;
+    std::memcpy(&i, b.meta.key.bytes.data(), 8);
+    EXPECT_NE(i, 7u);
+    EXPECT_TRUE(Get(*t, b.slot, i, 48 << 10).ok()) << "block " << i;
+  }
+  // New blocks do not collide with recovered ones.
+  auto s = Put(*t, 100, 48 << 10);
+  ASSERT_TRUE(s.ok());
+  for (const RecoveredBlock& b : rec) EXPECT_NE(b.slot, *s);
+}
+
+TEST_F(NvmeTierTest, ADamagedHeaderIsDroppedAtRecovery) {
+  SlotHandle victim;
+  {
+    auto t = Open();
+    for (uint64_t i = 0; i < 10; ++i) {
+      auto s = Put(*t, i, 48 << 10);
+      if (i == 4) victim = *s;
+    }
+  }
+  // Segment/slot -> file offset, as the tier lays them out (2 dirs).
+  const uint32_t seg = victim >> 16, idx = victim & 0xffff;
+  const std::string file = dir_.File(seg % 2 == 0 ? "d0" : "d1") + "/kvtier-slab.kvt";
+  const off_t off = static_cast<off_t>((seg / 2) * (4 << 20) + idx * SlotBytesFor(48 << 10) + 50);
+  const int fd = open(file.c_str(), O_RDWR);
+  char c;
+  ASSERT_EQ(pread(fd, &c, 1, off), 1);
+  c ^= 1;
+  ASSERT_EQ(pwrite(fd, &c, 1, off), 1);
+  close(fd);
+  std::vector<RecoveredBlock> rec;
+  auto t = Open(&rec);
+  EXPECT_EQ(rec.size(), 9u);
+  EXPECT_EQ(t->Stats().recovery.dropped, 1u);
+}
+
+TEST_F(NvmeTierTest, UnsyncedJournalRecordsAreLostCleanlyOnPowerLoss) {
+  const std::string journal = dir_.File("d0") + "/kvtier.journal";
+  uint64_t synced_size;
+  {
+    auto t = Open();
+    for (uint64_t i = 0; i < 20; ++i) ASSERT_TRUE(Put(*t, i, 32 << 10).ok());
+    ASSERT_TRUE(t->Sync().ok());
+    struct stat st;
+    stat(journal.c_str(), &st);
+    synced_size = static_cast<uint64_t>(st.st_size);
+    for (uint64_t i = 20; i < 30; ++i) ASSERT_TRUE(Put(*t, i, 32 << 10).ok());
+  }
+  // Power loss: only the synced prefix of the journal survives, then garbage.
+  ASSERT_EQ(truncate(journal.c_str(), static_cast<off_t>(synced_size)), 0);
+  {
+    std::ofstream f(journal, std::ios::app | std::ios::binary);
+    for (int i = 0; i < 333; ++i) f.put(static_cast<char>(i * 7));
+  }
+  std::vector<RecoveredBlock> rec;
+  auto t = Open(&rec);
+  EXPECT_EQ(rec.size(), 20u) << "exactly the synced blocks";
+  EXPECT_EQ(t->Stats().recovery.journal_bytes_cut, 333u);
+  for (const RecoveredBlock& b : rec) {
+    uint64_t i;
+    std::memcpy(&i, b.meta.key.bytes.data(), 8);
+    EXPECT_LT(i, 20u);
+    EXPECT_TRUE(Get(*t, b.slot, i, 32 << 10).ok());
+  }
+}
+
+TEST_F(NvmeTierTest, KillNineMidStreamLeavesOnlyCorrectOrAbsentBlocks) {
+  int pipefd[2];
+  ASSERT_EQ(pipe(pipefd), 0);
+  const pid_t child = fork();
+  if (child == 0) {
+    std::vector<RecoveredBlock> ignored;
+    NvmeTierOptions o = Options();
+    o.wrap_engine = nullptr;
+    auto t = std::move(NvmeTier::Open(o, &ignored)).value();
+    for (uint64_t i = 0; i < 40; ++i) {
+      auto s = t->Allocate(32 << 10);
+      std::vector<std::byte> p = Payload(i, 32 << 10);
+      t->Write(*s, Meta(i, 32 << 10), p, IoPriority::kDemote, [](absl::Status) {});
+    }
+    (void)t->Sync();
+    const char ok = 'y';
+    (void)!write(pipefd[1], &ok, 1);
+    for (uint64_t i = 40;; ++i) {  // keep writing until killed
+      auto s = t->Allocate(32 << 10);
+      if (!s.ok()) break;
+      std::vector<std::byte> p = Payload(i, 32 << 10);
+      t->Write(*s, Meta(i, 32 << 10), p, IoPriority::kDemote, [](absl::Status) {});
+    }
+    pause();
+    _exit(0);
+  }
+  char c;
+  ASSERT_EQ(read(pipefd[0], &c, 1), 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  std::vector<RecoveredBlock> rec;
+  auto t = Open(&rec);
+  std::set<uint64_t> seen;
+  for (const RecoveredBlock& b : rec) {
+    uint64_t i;
+    std::memcpy(&i, b.meta.key.bytes.data(), 8);
+    seen.insert(i);
+    EXPECT_TRUE(Get(*t, b.slot, i, 32 << 10).ok()) << "recovered block " << i << " must be intact";
+  }
+  for (uint64_t i = 0; i < 40; ++i) EXPECT_TRUE(seen.contains(i)) << "durable block " << i << " lost";
+  close(pipefd[0]);
+  close(pipefd[1]);
+}
+
+TEST_F(NvmeTierTest, BitFlipsAreDetectedCountedAndNeverServed) {
+  auto t = Open();
+  auto s = Put(*t, 1, 64 << 10);
+  ASSERT_TRUE(s.ok());
+  // In the payload, on the way in from the device.
+  faults_->flip_read_bit = (kSectorBytes + 1000) * 8 + 3;
+  faults_->budget = 1;
+  EXPECT_TRUE(absl::IsDataLoss(Get(*t, *s, 1, 64 << 10)));
+  // In the header.
+  faults_->Clear();
+  faults_->flip_read_bit = 40 * 8;
+  faults_->budget = 1;
+  EXPECT_TRUE(absl::IsDataLoss(Get(*t, *s, 1, 64 << 10)));
+  faults_->Clear();
+  EXPECT_TRUE(Get(*t, *s, 1, 64 << 10).ok()) << "the data on disk was fine all along";
+  // On the way to the device: the stored copy is bad for good.
+  faults_->flip_write_bit = (kSectorBytes + 5) * 8;
+  faults_->budget = 1;
+  auto bad = Put(*t, 2, 64 << 10);
+  ASSERT_TRUE(bad.ok());
+  faults_->Clear();
+  EXPECT_TRUE(absl::IsDataLoss(Get(*t, *bad, 2, 64 << 10)));
+  EXPECT_EQ(t->Stats().checksum_failures, 3u);
+}
+
+TEST_F(NvmeTierTest, ATornWriteIsCaughtByTheChecksum) {
+  auto t = Open();
+  faults_->torn_writes = true;
+  faults_->budget = 1;
+  auto s = Put(*t, 3, 256 << 10);
+  ASSERT_TRUE(s.ok()) << "a torn write looks like success to the writer";
+  faults_->Clear();
+  EXPECT_TRUE(absl::IsDataLoss(Get(*t, *s, 3, 256 << 10)));
+}
+
+TEST_F(NvmeTierTest, IoErrorsAreErrorsAndAFullDevicePausesDemotion) {
+  auto t = Open();
+  auto good = Put(*t, 1, 32 << 10);
+  ASSERT_TRUE(good.ok());
+  faults_->read_errno = EIO;
+  faults_->budget = 1;
+  absl::Status r = Get(*t, *good, 1, 32 << 10);
+  EXPECT_FALSE(r.ok());
+  EXPECT_FALSE(absl::IsDataLoss(r)) << "an I/O error is not a checksum failure";
+  faults_->Clear();
+  faults_->write_errno = ENOSPC;
+  faults_->budget = 1;
+  auto full = Put(*t, 2, 32 << 10, IoPriority::kDemote);
+  EXPECT_FALSE(full.ok());
+  faults_->Clear();
+  EXPECT_EQ(t->Health(), TierHealth::kDegraded);
+  EXPECT_TRUE(t->Stats().device_full);
+  // Demotion stops at once, without touching the device...
+  auto s = t->Allocate(32 << 10);
+  std::vector<std::byte> p = Payload(9, 32 << 10);
+  absl::Status w = Await([&](auto cb) { t->Write(*s, Meta(9, 32 << 10), p, IoPriority::kDemote, std::move(cb)); });
+  EXPECT_EQ(ToErrorCode(w), KVTIER_ENOSPC);
+  EXPECT_GE(t->Stats().writes_refused, 1u);
+  // ...and what is stored keeps being served.
+  EXPECT_TRUE(Get(*t, *good, 1, 32 << 10).ok());
+}
+
+TEST_F(NvmeTierTest, LoadsOvertakeQueuedDemotions) {
+  NvmeTierOptions o = Options();
+  o.io_engine = "threads";
+  o.io_workers = 1;
+  o.queue_depth = 1;
+  auto t = Open(nullptr, o);
+  EXPECT_EQ(t->Stats().io_engine, "threads + faults");
+  auto target = Put(*t, 1, 16 << 10);
+  ASSERT_TRUE(target.ok());
+  faults_->delay_us = 3000;  // a slow device
+  std::atomic<int> order{0}, load_pos{-1};
+  std::vector<SlotHandle> slots;
+  std::vector<std::vector<std::byte>> payloads;
+  for (uint64_t i = 0; i < 10; ++i) {
+    slots.push_back(*t->Allocate(16 << 10));
+    payloads.push_back(Payload(100 + i, 16 << 10));
+  }
+  std::atomic<int> demotes{0};
+  for (uint64_t i = 0; i < 10; ++i) {
+    t->Write(slots[i], Meta(100 + i, 16 << 10), payloads[i], IoPriority::kDemote, [&](absl::Status) {
+      ++order;
+      ++demotes;
+    });
+  }
+  std::vector<std::byte> out(16 << 10);
+  std::promise<void> loaded;
+  t->Read(*target, Meta(1, 16 << 10), out, IoPriority::kLoad, [&](absl::Status) {
+    load_pos = order++;
+    loaded.set_value();
+  });
+  loaded.get_future().wait();
+  EXPECT_LE(load_pos.load(), 2) << "the load waited behind the demotions";
+  ASSERT_TRUE(t->Sync().ok());
+  faults_->Clear();
+}
+
+TEST_F(NvmeTierTest, UnusableDirectoriesGetAClearError) {
+  NvmeTierOptions o = Options();
+  std::ofstream(dir_.File("plainfile")) << "x";
+  o.dirs = {dir_.File("plainfile") + "/sub"};
+  std::vector<RecoveredBlock> rec;
+  auto t = NvmeTier::Open(o, &rec);
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(std::string(t.status().message()).find("not writable"), std::string::npos) << t.status();
+  o.dirs = {dir_.File("ok")};
+  o.capacity_bytes = 1 << 20;  // below one segment
+  EXPECT_TRUE(absl::IsInvalidArgument(NvmeTier::Open(o, &rec).status()));
+  o.capacity_bytes = 32 << 20;
+  o.io_engine = "spdk";
+  EXPECT_TRUE(absl::IsInvalidArgument(NvmeTier::Open(o, &rec).status()));
+  // A different layout over existing files is refused, not silently mixed.
+  {
+    NvmeTierOptions a = Options();
+    a.dirs = {dir_.File("layout")};
+    ASSERT_TRUE(NvmeTier::Open(a, &rec).ok());
+    a.segment_bytes = 2 << 20;
+    auto b = NvmeTier::Open(a, &rec);
+    ASSERT_FALSE(b.ok());
+    EXPECT_NE(std::string(b.status().message()).find("another layout"), std::string::npos);
+  }
+}
+
+TEST_F(NvmeTierTest, TmpfsWithoutODirectNeedsAllowBuffered) {
+  NvmeTierOptions o = Options();
+  o.dirs = {"/dev/shm/kvtier-test-" + std::to_string(getpid())};
+  o.wrap_engine = nullptr;
+  std::vector<RecoveredBlock> rec;
+  auto t = NvmeTier::Open(o, &rec);
+  std::error_code ec;
+  if (t.ok()) {
+    const bool buffered = (*t)->Stats().buffered;
+    t->reset();
+    std::filesystem::remove_all(o.dirs[0], ec);
+    if (!buffered) GTEST_SKIP() << "this kernel's tmpfs supports O_DIRECT";
+  }
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(std::string(t.status().message()).find("O_DIRECT"), std::string::npos);
+  o.allow_buffered = true;
+  auto b = NvmeTier::Open(o, &rec);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_TRUE((*b)->Stats().buffered);
+  b->reset();
+  std::filesystem::remove_all(o.dirs[0], ec);
+}
+
+TEST_F(NvmeTierTest, TheThreadPoolFallbackServesTheSameData) {
+  NvmeTierOptions o = Options();
+  o.io_engine = "threads";
+  o.wrap_engine = nullptr;
+  std::vector<std::pair<SlotHandle, uint64_t>> w;
+  {
+    auto t = Open(nullptr, o);
+    EXPECT_EQ(t->Stats().io_engine, "threads");
+    EXPECT_NE(t->Stats().io_engine_reason.find("threads"), std::string::npos);
+    for (uint64_t i = 0; i < 10; ++i) w.emplace_back(*Put(*t, i, 64 << 10), i);
+  }
+  o.io_engine = "auto";  // written by one engine, read by the other
+  std::vector<RecoveredBlock> rec;
+  auto t = Open(&rec, o);
+  EXPECT_EQ(rec.size(), 10u);
+  for (auto [s, i] : w) EXPECT_TRUE(Get(*t, s, i, 64 << 10).ok());
+}
+
+TEST_F(NvmeTierTest, TheJournalIsCompactedAndStillRecoversTheLiveSet) {
+  NvmeTierOptions o = Options();
+  o.journal_compact_bytes = 16 << 10;  // ~110 records
+  std::map<SlotHandle, uint64_t> live;
+  {
+    auto t = Open(nullptr, o);
+    for (uint64_t i = 0; i < 1000; ++i) {
+      auto s = Put(*t, i, 16 << 10);
+      ASSERT_TRUE(s.ok());
+      live[*s] = i;
+      if (i % 10 != 0) {
+        ASSERT_TRUE(t->Free(*s).ok());
+        live.erase(*s);
+      }
+    }
+    ASSERT_TRUE(t->Sync().ok());
+    EXPECT_GT(t->Stats().journal_rewrites, 0u);
+  }
+  std::vector<RecoveredBlock> rec;
+  auto t = Open(&rec, o);
+  EXPECT_EQ(rec.size(), live.size());
+  for (const RecoveredBlock& b : rec) {
+    ASSERT_TRUE(live.contains(b.slot));
+    EXPECT_TRUE(Get(*t, b.slot, live[b.slot], 16 << 10).ok());
+  }
+}
+
+}  // namespace
+}  // namespace kvtier

@@ -1,0 +1,626 @@
+#include "tiers/nvme_tier.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+#include "core/units.h"
+#include "tiers/nvme_format.h"
+
+namespace kvtier {
+namespace {
+
+constexpr uint64_t kFullBackoffNs = 5'000'000'000;  // after ENOSPC, no demotion for 5 s
+constexpr uint32_t kMaxSlotsPerSegment = 0xffff;
+constexpr uint32_t kMaxSegments = 0xffff;
+
+std::string SlabPath(const std::string& dir) { return dir + "/kvtier-slab.kvt"; }
+
+}  // namespace
+
+uint64_t TenantHash(absl::string_view tenant) { return XXH3_64bits(tenant.data(), tenant.size()); }
+
+NvmeTier::NvmeTier(const NvmeTierOptions& opts) : opts_(opts) {}
+
+NvmeTier::~NvmeTier() {
+  if (engine_) engine_->Drain();
+  if (journal_) (void)journal_->Sync();
+  engine_.reset();   // joins I/O threads before the staging memory goes
+  journal_.reset();  // joins the commit thread
+}
+
+absl::StatusOr<std::unique_ptr<NvmeTier>> NvmeTier::Open(const NvmeTierOptions& opts,
+                                                        std::vector<RecoveredBlock>* recovered) {
+  if (opts.dirs.empty()) return absl::InvalidArgumentError("tiers.nvme.dirs is empty");
+  if (opts.segment_bytes < (1u << 20) || opts.segment_bytes % kSectorBytes != 0) {
+    return absl::InvalidArgumentError("tiers.nvme.segment_bytes must be a multiple of 4 KiB and at least 1 MiB");
+  }
+  const uint64_t per_dir = opts.capacity_bytes / opts.dirs.size() / opts.segment_bytes;
+  if (per_dir == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tiers.nvme.capacity (", FormatBytes(opts.capacity_bytes), ") must give each of the ", opts.dirs.size(),
+        " directories at least one segment of ", FormatBytes(opts.segment_bytes)));
+  }
+  if (per_dir * opts.dirs.size() > kMaxSegments) {
+    return absl::InvalidArgumentError("tiers.nvme.capacity / segment_bytes exceeds 65535 segments; raise segment_bytes");
+  }
+  std::unique_ptr<NvmeTier> t(new NvmeTier(opts));
+  {
+    MutexLock l(&t->mu_);
+    t->segments_.resize(per_dir * opts.dirs.size());
+    for (uint32_t s = 0; s < t->segments_.size(); ++s) {
+      t->segments_[s].file = static_cast<uint32_t>(s % opts.dirs.size());
+      t->segments_[s].file_offset = (s / opts.dirs.size()) * opts.segment_bytes;
+    }
+  }
+  RETURN_IF_ERROR(t->OpenFiles());
+  ASSIGN_OR_RETURN(t->staging_, StagingPool::Create(opts.staging_bytes));
+  RETURN_IF_ERROR(t->OpenEngine());
+  RETURN_IF_ERROR(t->Recover(recovered));
+  return t;
+}
+
+absl::Status NvmeTier::OpenFiles() {
+  const uint64_t file_bytes = opts_.capacity_bytes / opts_.dirs.size() / opts_.segment_bytes * opts_.segment_bytes;
+  dirty_ = std::vector<std::atomic<bool>>(opts_.dirs.size());
+  for (const std::string& dir : opts_.dirs) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec || access(dir.c_str(), W_OK | X_OK) != 0) {
+      return absl::FailedPreconditionError(absl::StrCat("NVMe directory ", dir, " is missing or not writable",
+                                                        ec ? ": " + ec.message() : std::string(),
+                                                        "; fix tiers.nvme.dirs or its permissions"));
+    }
+    const std::string path = SlabPath(dir);
+    int flags = O_RDWR | O_CREAT | O_CLOEXEC;
+    UniqueFd fd(open(path.c_str(), flags | O_DIRECT, 0600));
+    bool direct_ok = fd.valid();
+    if (fd.valid()) {
+      // Some file systems accept O_DIRECT at open and refuse it at I/O.
+      void* probe = aligned_alloc(kSectorBytes, kSectorBytes);
+      std::memset(probe, 0, kSectorBytes);
+      struct stat st;
+      fstat(fd.get(), &st);
+      if (st.st_size == 0 && pwrite(fd.get(), probe, kSectorBytes, 0) < 0 && errno == EINVAL) direct_ok = false;
+      if (direct_ok && pread(fd.get(), probe, kSectorBytes, 0) < 0 && errno == EINVAL) direct_ok = false;
+      free(probe);
+    } else if (errno != EINVAL) {
+      return ErrnoStatus(errno, absl::StrCat("opening ", path));
+    }
+    if (!direct_ok) {
+      if (!opts_.allow_buffered) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "the file system of ", dir, " does not support O_DIRECT; put tiers.nvme.dirs on a local disk, or set "
+            "tiers.nvme.allow_buffered = true to accept buffered I/O (slower, uses the page cache)"));
+      }
+      fd = UniqueFd(open(path.c_str(), flags, 0600));
+      if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("opening ", path));
+      buffered_ = true;
+    }
+    struct stat st;
+    if (fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, absl::StrCat("fstat ", path));
+    if (static_cast<uint64_t>(st.st_size) < file_bytes) {
+      if (fallocate(fd.get(), 0, 0, static_cast<off_t>(file_bytes)) != 0) {
+        const int err = errno;
+        if (err == ENOSPC) {
+          return absl::ResourceExhaustedError(absl::StrCat("not enough free space in ", dir, " for ",
+                                                           FormatBytes(file_bytes), "; lower tiers.nvme.capacity"));
+        }
+        if (err != EOPNOTSUPP || ftruncate(fd.get(), static_cast<off_t>(file_bytes)) != 0) {
+          return ErrnoStatus(err, absl::StrCat("preallocating ", FormatBytes(file_bytes), " in ", path));
+        }
+      }
+    }
+    files_.push_back(std::move(fd));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NvmeTier::OpenEngine() {
+  IoEngineOptions o;
+  for (const UniqueFd& f : files_) o.fds.push_back(f.get());
+  o.registered_base = staging_->base();
+  o.registered_bytes = staging_->size();
+  o.queue_depth = opts_.queue_depth;
+  o.workers = opts_.io_workers;
+  std::unique_ptr<IoEngine> engine;
+  if (opts_.io_engine == "threads") {
+    engine = MakeThreadEngine(o);
+    engine_reason_ = "tiers.nvme.io_engine = \"threads\"";
+  } else if (opts_.io_engine == "auto" || opts_.io_engine == "io_uring") {
+    absl::Status probe = ProbeIoUring();
+    absl::StatusOr<std::unique_ptr<IoEngine>> uring =
+        probe.ok() ? MakeUringEngine(o) : absl::StatusOr<std::unique_ptr<IoEngine>>(probe);
+    if (uring.ok()) {
+      engine = std::move(*uring);
+    } else if (opts_.io_engine == "io_uring") {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "tiers.nvme.io_engine = \"io_uring\" but ", uring.status().message(),
+          "; set io_engine = \"auto\" to fall back to a pread/pwrite thread pool"));
+    } else {
+      engine = MakeThreadEngine(o);
+      engine_reason_ = absl::StrCat("io_uring unavailable (", uring.status().message(), ")");
+    }
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("tiers.nvme.io_engine = \"", opts_.io_engine,
+                                                   "\"; use \"auto\", \"io_uring\" or \"threads\""));
+  }
+  engine_ = opts_.wrap_engine ? opts_.wrap_engine(std::move(engine)) : std::move(engine);
+  return absl::OkStatus();
+}
+
+JournalRecord NvmeTier::RecordFor(JournalType type, uint32_t segment, uint32_t slot) const {
+  JournalRecord r{};
+  r.type = static_cast<uint8_t>(type);
+  r.segment = segment;
+  r.slot = slot;
+  return r;
+}
+
+void NvmeTier::CutSegment(Segment& seg, uint64_t slot_bytes) {
+  seg.slot_bytes = slot_bytes;
+  const uint32_t n = slot_bytes == 0 ? 0 : static_cast<uint32_t>(std::min<uint64_t>(opts_.segment_bytes / slot_bytes, kMaxSlotsPerSegment));
+  seg.slots.assign(n, SlotState{});
+  seg.free.clear();
+  for (uint32_t i = n; i > 0; --i) seg.free.push_back(i - 1);
+  seg.used = 0;
+}
+
+void NvmeTier::ApplyRecord(const JournalRecord& r) {
+  if (r.segment >= segments_.size()) return;  // a record from a larger layout cannot occur (format check)
+  Segment& seg = segments_[r.segment];
+  switch (static_cast<JournalType>(r.type)) {
+    case JournalType::kSegment:
+      if (seg.used == 0) CutSegment(seg, r.slot_bytes);
+      seg.segment_seq = r.seq;
+      break;
+    case JournalType::kAssign: {
+      if (r.slot >= seg.slots.size()) break;
+      SlotState& s = seg.slots[r.slot];
+      if (!s.allocated) ++seg.used;
+      s.allocated = true;
+      s.durable = true;
+      s.generation = r.generation;
+      last_generation_ = std::max(last_generation_, r.generation);
+      s.assign_seq = r.seq;
+      std::memcpy(s.meta.ns.bytes.data(), r.ns, 32);
+      std::memcpy(s.meta.key.bytes.data(), r.key, 32);
+      s.meta.payload_bytes = r.payload_bytes;
+      s.meta.tenant_hash = r.tenant_hash;
+      s.meta.block_tokens = r.block_tokens;
+      break;
+    }
+    case JournalType::kFree:
+      if (r.slot < seg.slots.size() && seg.slots[r.slot].allocated) {
+        seg.slots[r.slot].allocated = false;
+        seg.slots[r.slot].durable = false;
+        --seg.used;
+      }
+      break;
+    default:
+      break;
+  }
+}
+
+absl::Status NvmeTier::Recover(std::vector<RecoveredBlock>* recovered) {
+  const uint64_t t0 = MonotonicNanos();
+  JournalRecord format{};
+  format.slot_bytes = opts_.segment_bytes;
+  format.slot = static_cast<uint32_t>(segments_.size());
+  format.tenant_hash = opts_.dirs.size();
+  JournalReplay replay;
+  ASSIGN_OR_RETURN(journal_, Journal::Open(JournalOptions{opts_.dirs[0] + "/kvtier.journal", format, opts_.group_commit},
+                                           &replay));
+  recovery_.journal_bytes_cut = replay.bytes_cut;
+  recovery_.journal_records_cut = replay.records_cut;
+
+  // What the journal says is live, then its headers checked on the device.
+  struct Check {
+    uint32_t segment, slot;
+    bool ok = false;
+  };
+  std::vector<Check> checks;
+  {
+    MutexLock l(&mu_);
+    last_generation_ = replay.format.generation;  // covers blocks compacted away
+    for (const JournalRecord& r : replay.records) ApplyRecord(r);
+    for (uint32_t s = 0; s < segments_.size(); ++s) {
+      for (uint32_t i = 0; i < segments_[s].slots.size(); ++i) {
+        if (segments_[s].slots[i].allocated) checks.push_back({s, i});
+      }
+    }
+  }
+  std::atomic<uint64_t> checked{0};
+  const uint64_t batch = std::max<uint32_t>(opts_.queue_depth, 1) * std::max<uint32_t>(opts_.io_workers, 1);
+  for (size_t begin = 0; begin < checks.size(); begin += batch) {
+    const size_t end = std::min(checks.size(), begin + batch);
+    for (size_t c = begin; c < end; ++c) {
+      Check* chk = &checks[c];
+      SlotState expect;
+      uint32_t file;
+      uint64_t off;
+      {
+        MutexLock l(&mu_);
+        const Segment& seg = segments_[chk->segment];
+        expect = seg.slots[chk->slot];
+        file = seg.file;
+        off = seg.file_offset + chk->slot * seg.slot_bytes;
+      }
+      std::byte* buf = staging_->Acquire(kSectorBytes);
+      engine_->Submit(IoOp{false, file, off, buf, static_cast<uint32_t>(kSectorBytes), IoPriority::kLoad,
+                           [this, chk, expect, buf, &checked](int32_t res) {
+                             SlotHeader h;
+                             std::memcpy(&h, buf, sizeof(h));
+                             chk->ok = res == static_cast<int32_t>(kSectorBytes) && h.magic == kSlotHeaderMagic &&
+                                       Intact(h) && h.generation == expect.generation &&
+                                       h.segment == chk->segment && h.slot == chk->slot &&
+                                       h.payload_bytes == expect.meta.payload_bytes &&
+                                       std::memcmp(h.ns, expect.meta.ns.bytes.data(), 32) == 0 &&
+                                       std::memcmp(h.key, expect.meta.key.bytes.data(), 32) == 0;
+                             staging_->Release(buf);
+                             checked.fetch_add(1, std::memory_order_relaxed);
+                           }});
+    }
+    engine_->Drain();
+    if (opts_.progress) opts_.progress(checked.load(), checks.size());
+  }
+  {
+    MutexLock l(&mu_);
+    for (const Check& c : checks) {
+      Segment& seg = segments_[c.segment];
+      SlotState& s = seg.slots[c.slot];
+      if (!c.ok) {
+        ++recovery_.dropped;
+        s.allocated = false;
+        s.durable = false;
+        --seg.used;
+        journal_->Append(RecordFor(JournalType::kFree, c.segment, c.slot));
+        continue;
+      }
+      ++live_durable_;
+      recovered->push_back(RecoveredBlock{Handle(c.segment, c.slot), s.meta});
+    }
+    for (Segment& seg : segments_) {
+      seg.free.clear();
+      for (uint32_t i = static_cast<uint32_t>(seg.slots.size()); i > 0; --i) {
+        if (!seg.slots[i - 1].allocated) seg.free.push_back(i - 1);
+      }
+      used_slots_ += seg.used;
+      used_bytes_ += uint64_t{seg.used} * seg.slot_bytes;
+    }
+  }
+  recovery_.blocks = recovered->size();
+  recovery_.seconds = static_cast<double>(MonotonicNanos() - t0) / 1e9;
+  journal_->SetPreCommitHook([this] { return SyncDirtyFiles(); });
+  return journal_->Sync();
+}
+
+absl::Status NvmeTier::SyncDirtyFiles() {
+  for (size_t i = 0; i < files_.size(); ++i) {
+    if (dirty_[i].exchange(false) && fdatasync(files_[i].get()) != 0) {
+      dirty_[i] = true;
+      return ErrnoStatus(errno, absl::StrCat("fdatasync of ", SlabPath(opts_.dirs[i])));
+    }
+  }
+  return absl::OkStatus();
+}
+
+bool NvmeTier::DeviceFull() const { return MonotonicNanos() < full_until_ns_.load(std::memory_order_relaxed); }
+
+absl::StatusOr<SlotHandle> NvmeTier::Allocate(uint64_t bytes) {
+  const uint64_t need = SlotBytesFor(bytes);
+  if (bytes == 0 || need > opts_.segment_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("a block of ", FormatBytes(bytes),
+                                                   " does not fit an NVMe segment of ",
+                                                   FormatBytes(opts_.segment_bytes), " (tiers.nvme.segment_bytes)"));
+  }
+  MutexLock l(&mu_);
+  int32_t pick = -1;
+  for (uint32_t s = 0; s < segments_.size() && pick < 0; ++s) {
+    if (segments_[s].slot_bytes == need && !segments_[s].free.empty()) pick = static_cast<int32_t>(s);
+  }
+  // A segment not cut yet, else an empty one of another size, is cut for this size.
+  for (uint32_t s = 0; s < segments_.size() && pick < 0; ++s) {
+    if (segments_[s].slot_bytes == 0) pick = static_cast<int32_t>(s);
+  }
+  for (uint32_t s = 0; s < segments_.size() && pick < 0; ++s) {
+    if (segments_[s].used == 0) pick = static_cast<int32_t>(s);
+  }
+  if (pick < 0) return absl::ResourceExhaustedError("NVMe tier is full");
+  Segment& seg = segments_[pick];
+  if (seg.slot_bytes != need) {
+    CutSegment(seg, need);
+    JournalRecord r = RecordFor(JournalType::kSegment, pick, 0);
+    r.slot_bytes = need;
+    seg.segment_seq = journal_->Append(r);
+  }
+  const uint32_t idx = seg.free.back();
+  seg.free.pop_back();
+  SlotState& s = seg.slots[idx];
+  s.generation = ++last_generation_;
+  s.allocated = true;
+  s.durable = false;
+  s.meta = BlockMeta{};
+  ++seg.used;
+  ++used_slots_;
+  used_bytes_ += seg.slot_bytes;
+  return Handle(pick, idx);
+}
+
+absl::Status NvmeTier::Free(SlotHandle slot) {
+  const uint32_t sg = SegmentOf(slot), idx = IndexOf(slot);
+  MutexLock l(&mu_);
+  if (sg >= segments_.size() || idx >= segments_[sg].slots.size() || !segments_[sg].slots[idx].allocated) {
+    return absl::InvalidArgumentError(absl::StrCat("NVMe slot ", slot, " is not allocated"));
+  }
+  Segment& seg = segments_[sg];
+  SlotState& s = seg.slots[idx];
+  if (s.durable) --live_durable_;
+  s.allocated = false;
+  s.durable = false;
+  seg.free.push_back(idx);
+  --seg.used;
+  --used_slots_;
+  used_bytes_ -= seg.slot_bytes;
+  journal_->Append(RecordFor(JournalType::kFree, sg, idx));
+  return absl::OkStatus();
+}
+
+uint64_t NvmeTier::SlotBytes(SlotHandle slot) const {
+  const uint32_t sg = SegmentOf(slot), idx = IndexOf(slot);
+  MutexLock l(&mu_);
+  if (sg >= segments_.size() || idx >= segments_[sg].slots.size() || !segments_[sg].slots[idx].allocated) return 0;
+  return segments_[sg].slot_bytes;
+}
+
+void NvmeTier::Write(SlotHandle slot, const BlockMeta& meta, std::span<const std::byte> src, IoPriority prio,
+                     IoCallback done) {
+  const uint32_t sg = SegmentOf(slot), idx = IndexOf(slot);
+  uint64_t gen, off, slot_bytes;
+  uint32_t file;
+  {
+    MutexLock l(&mu_);
+    if (sg >= segments_.size() || idx >= segments_[sg].slots.size() || !segments_[sg].slots[idx].allocated) {
+      std::move(done)(absl::InvalidArgumentError(absl::StrCat("write to NVMe slot ", slot, ", which is not allocated")));
+      return;
+    }
+    const Segment& seg = segments_[sg];
+    gen = seg.slots[idx].generation;
+    slot_bytes = seg.slot_bytes;
+    file = seg.file;
+    off = seg.file_offset + idx * seg.slot_bytes;
+  }
+  const uint64_t total = kSectorBytes + RoundUpSector(src.size());
+  if (src.empty() || total > slot_bytes || meta.payload_bytes != src.size()) {
+    std::move(done)(absl::InvalidArgumentError(absl::StrCat("a block of ", src.size(), " bytes does not fit NVMe slot ",
+                                                            slot, " of ", slot_bytes, " bytes")));
+    return;
+  }
+  if (DeviceFull()) {
+    writes_refused_.fetch_add(1, std::memory_order_relaxed);
+    std::move(done)(CodedStatus(KVTIER_ENOSPC, "the NVMe device is full (ENOSPC); demotion is paused"));
+    return;
+  }
+  // Demotions take staging only while a quarter stays free for loads.
+  std::byte* buf = nullptr;
+  if (prio == IoPriority::kDemote) {
+    if (staging_->used() + total <= staging_->size() / 4 * 3) buf = staging_->TryAcquire(total);
+  } else {
+    buf = staging_->Acquire(total);
+  }
+  if (buf == nullptr) {
+    writes_refused_.fetch_add(1, std::memory_order_relaxed);
+    std::move(done)(absl::ResourceExhaustedError("NVMe staging memory is busy; block not demoted"));
+    return;
+  }
+  SlotHeader h{};
+  h.magic = kSlotHeaderMagic;
+  h.version = kNvmeFormatVersion;
+  h.header_bytes = kSectorBytes;
+  h.generation = gen;
+  h.segment = sg;
+  h.slot = idx;
+  h.payload_bytes = src.size();
+  h.payload_xxh3 = XXH3_64bits(src.data(), src.size());
+  std::memcpy(h.ns, meta.ns.bytes.data(), 32);
+  std::memcpy(h.key, meta.key.bytes.data(), 32);
+  Seal(&h);
+  std::memset(buf, 0, kSectorBytes);
+  std::memcpy(buf, &h, sizeof(h));
+  std::memcpy(buf + kSectorBytes, src.data(), src.size());
+  std::memset(buf + kSectorBytes + src.size(), 0, total - kSectorBytes - src.size());
+
+  JournalRecord rec = RecordFor(JournalType::kAssign, sg, idx);
+  rec.generation = gen;
+  rec.payload_bytes = src.size();
+  rec.payload_xxh3 = h.payload_xxh3;
+  std::memcpy(rec.ns, meta.ns.bytes.data(), 32);
+  std::memcpy(rec.key, meta.key.bytes.data(), 32);
+  rec.tenant_hash = meta.tenant_hash;
+  rec.block_tokens = meta.block_tokens;
+  engine_->Submit(IoOp{
+      true, file, off, buf, static_cast<uint32_t>(total), prio,
+      [this, buf, file, slot, sg, idx, gen, meta, rec, done = std::move(done)](int32_t res) mutable {
+        staging_->Release(buf);
+        if (res < 0) {
+          io_errors_.fetch_add(1, std::memory_order_relaxed);
+          if (res == -ENOSPC) full_until_ns_.store(MonotonicNanos() + kFullBackoffNs, std::memory_order_relaxed);
+          std::move(done)(ErrnoStatus(-res, absl::StrCat("NVMe write of slot ", slot)));
+          return;
+        }
+        dirty_[file].store(true, std::memory_order_release);
+        {
+          // Freed (or freed and reused) while writing: nothing to record.
+          MutexLock l(&mu_);
+          const SlotState& s = segments_[sg].slots[idx];
+          if (!s.allocated || s.generation != gen) {
+            std::move(done)(absl::CancelledError("NVMe slot was freed during the write"));
+            return;
+          }
+        }
+        journal_->Append(rec, [this, sg, idx, gen, meta, done = std::move(done)](absl::Status s, uint64_t seq) mutable {
+          if (s.ok()) {
+            MutexLock l(&mu_);
+            SlotState& st = segments_[sg].slots[idx];
+            if (st.allocated && st.generation == gen && !st.durable) {
+              st.durable = true;
+              st.assign_seq = seq;
+              st.meta = meta;
+              ++live_durable_;
+            }
+          }
+          std::move(done)(s);
+          if (s.ok()) MaybeCompact();
+        });
+      }});
+}
+
+void NvmeTier::Read(SlotHandle slot, const BlockMeta& meta, std::span<std::byte> dst, IoPriority prio,
+                    IoCallback done) {
+  const uint32_t sg = SegmentOf(slot), idx = IndexOf(slot);
+  uint64_t gen, off, slot_bytes;
+  uint32_t file;
+  {
+    MutexLock l(&mu_);
+    if (sg >= segments_.size() || idx >= segments_[sg].slots.size() || !segments_[sg].slots[idx].allocated) {
+      std::move(done)(absl::NotFoundError(absl::StrCat("NVMe slot ", slot, " holds no block")));
+      return;
+    }
+    const Segment& seg = segments_[sg];
+    gen = seg.slots[idx].generation;
+    slot_bytes = seg.slot_bytes;
+    file = seg.file;
+    off = seg.file_offset + idx * seg.slot_bytes;
+  }
+  const uint64_t total = kSectorBytes + RoundUpSector(dst.size());
+  if (dst.empty() || total > slot_bytes) {
+    std::move(done)(absl::InvalidArgumentError("read larger than the NVMe slot"));
+    return;
+  }
+  std::byte* buf = staging_->Acquire(total);
+  engine_->Submit(IoOp{
+      false, file, off, buf, static_cast<uint32_t>(total), prio,
+      [this, buf, dst, sg, idx, gen, meta, slot, done = std::move(done)](int32_t res) mutable {
+        if (res < 0) {
+          staging_->Release(buf);
+          io_errors_.fetch_add(1, std::memory_order_relaxed);
+          std::move(done)(ErrnoStatus(-res, absl::StrCat("NVMe read of slot ", slot)));
+          return;
+        }
+        SlotHeader h;
+        std::memcpy(&h, buf, sizeof(h));
+        const bool header_ok = h.magic == kSlotHeaderMagic && Intact(h) && h.version == kNvmeFormatVersion &&
+                               h.generation == gen && h.segment == sg && h.slot == idx &&
+                               h.payload_bytes == dst.size() &&
+                               std::memcmp(h.ns, meta.ns.bytes.data(), 32) == 0 &&
+                               std::memcmp(h.key, meta.key.bytes.data(), 32) == 0;
+        const bool payload_ok = header_ok && XXH3_64bits(buf + kSectorBytes, dst.size()) == h.payload_xxh3;
+        if (!payload_ok) {
+          staging_->Release(buf);
+          checksum_failures_.fetch_add(1, std::memory_order_relaxed);
+          std::move(done)(absl::DataLossError(
+              absl::StrCat("NVMe slot ", slot, header_ok ? " failed its payload checksum" : " has a damaged or stale header",
+                           "; the block is not served")));
+          return;
+        }
+        std::memcpy(dst.data(), buf + kSectorBytes, dst.size());
+        staging_->Release(buf);
+        std::move(done)(absl::OkStatus());
+      }});
+}
+
+void NvmeTier::MaybeCompact() {
+  uint64_t live;
+  {
+    MutexLock l(&mu_);
+    live = live_durable_;
+  }
+  const uint64_t limit =
+      std::max<uint64_t>(opts_.journal_compact_bytes, 8 * (live + segments_.size()) * sizeof(JournalRecord));
+  if (journal_->Stats().bytes < limit || compacting_.exchange(true)) return;
+  std::vector<JournalRecord> snapshot;
+  uint64_t generation;
+  {
+    MutexLock l(&mu_);
+    generation = last_generation_;
+    for (uint32_t sg = 0; sg < segments_.size(); ++sg) {
+      const Segment& seg = segments_[sg];
+      if (seg.slot_bytes == 0) continue;
+      JournalRecord r = RecordFor(JournalType::kSegment, sg, 0);
+      r.slot_bytes = seg.slot_bytes;
+      r.seq = seg.segment_seq;
+      snapshot.push_back(r);
+      for (uint32_t i = 0; i < seg.slots.size(); ++i) {
+        const SlotState& s = seg.slots[i];
+        if (!s.allocated || !s.durable) continue;
+        JournalRecord a = RecordFor(JournalType::kAssign, sg, i);
+        a.seq = s.assign_seq;
+        a.generation = s.generation;
+        a.payload_bytes = s.meta.payload_bytes;
+        std::memcpy(a.ns, s.meta.ns.bytes.data(), 32);
+        std::memcpy(a.key, s.meta.key.bytes.data(), 32);
+        a.tenant_hash = s.meta.tenant_hash;
+        a.block_tokens = s.meta.block_tokens;
+        snapshot.push_back(a);
+      }
+    }
+  }
+  (void)journal_->Rewrite(std::move(snapshot), generation);  // on failure the old journal stays valid
+  compacting_.store(false);
+}
+
+absl::Status NvmeTier::Sync() {
+  engine_->Drain();
+  return journal_->Sync();
+}
+
+TierUsage NvmeTier::Usage() const {
+  MutexLock l(&mu_);
+  uint64_t free_slots = 0;
+  for (const Segment& s : segments_) free_slots += s.free.size();
+  return TierUsage{segments_.size() * opts_.segment_bytes, used_bytes_, used_slots_, free_slots};
+}
+
+TierHealth NvmeTier::Health() const {
+  if (DeviceFull()) return TierHealth::kDegraded;
+  return TierHealth::kHealthy;
+}
+
+NvmeStats NvmeTier::Stats() const {
+  NvmeStats s;
+  s.io_engine = engine_->name();
+  s.io_engine_reason = engine_reason_;
+  s.buffered = buffered_;
+  const TierUsage u = Usage();
+  s.capacity_bytes = u.capacity_bytes;
+  s.used_bytes = u.used_bytes;
+  s.used_slots = u.used_slots;
+  const IoEngineStats e = engine_->Stats();
+  s.bytes_read = e.bytes_read;
+  s.bytes_written = e.bytes_written;
+  s.reads = e.reads;
+  s.writes = e.writes;
+  s.in_flight = e.in_flight;
+  s.queued = e.queued;
+  s.queue_depth = uint64_t{opts_.queue_depth} * std::max<uint32_t>(opts_.io_workers, 1);
+  s.checksum_failures = checksum_failures_.load(std::memory_order_relaxed);
+  s.io_errors = io_errors_.load(std::memory_order_relaxed);
+  s.writes_refused = writes_refused_.load(std::memory_order_relaxed);
+  s.device_full = DeviceFull();
+  const JournalStats j = journal_->Stats();
+  s.journal_records = j.records;
+  s.journal_commits = j.commits;
+  s.journal_bytes = j.bytes;
+  s.journal_rewrites = j.rewrites;
+  s.recovery = recovery_;
+  return s;
+}
+
+}  // namespace kvtier

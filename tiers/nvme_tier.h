@@ -1,0 +1,171 @@
+// The NVMe tier: preallocated slab files on one or more directories (one per
+// device), cut into segments; each segment is cut into fixed-size slots of
+// one size class the first time a block of that size needs room. A slot holds
+// a 4 KiB header (magic, generation, namespace id, key, length, checksums) and
+// the payload, written and read with O_DIRECT through an I/O engine (io_uring
+// where allowed, else a pread/pwrite thread pool). The journal records every
+// assignment after the data is durable; on start the journal is replayed and
+// every live slot's header checked, so durable blocks are served again.
+//
+// A block whose header or checksum does not match what the index expects is
+// dropped, counted, and reported as DataLoss: never served.
+#ifndef KVTIER_TIERS_NVME_TIER_H_
+#define KVTIER_TIERS_NVME_TIER_H_
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "core/mutex.h"
+#include "core/unique_fd.h"
+#include "tiers/io_engine.h"
+#include "tiers/journal.h"
+#include "tiers/staging_pool.h"
+#include "tiers/tier.h"
+
+namespace kvtier {
+
+struct NvmeTierOptions {
+  std::vector<std::string> dirs;      // one slab file per directory
+  uint64_t capacity_bytes = 0;        // across all directories
+  uint64_t segment_bytes = 256ull << 20;
+  uint32_t queue_depth = 32;          // per I/O worker
+  uint32_t io_workers = 1;            // one io_uring each
+  std::string io_engine = "auto";     // "auto" | "io_uring" | "threads"
+  bool allow_buffered = false;        // use buffered I/O where O_DIRECT is refused
+  uint64_t staging_bytes = 64ull << 20;
+  bool group_commit = true;
+  // Rewrite the journal once it exceeds this and 8x the live records.
+  uint64_t journal_compact_bytes = 64ull << 20;
+  // Wraps the I/O engine (tests inject faults through it).
+  std::function<std::unique_ptr<IoEngine>(std::unique_ptr<IoEngine>)> wrap_engine;
+  // Called during recovery with (slots checked, slots to check).
+  std::function<void(uint64_t, uint64_t)> progress;
+};
+
+struct RecoveredBlock {
+  SlotHandle slot;
+  BlockMeta meta;
+};
+
+struct NvmeRecovery {
+  uint64_t blocks = 0;              // served again
+  uint64_t dropped = 0;             // header did not match the journal
+  uint64_t journal_bytes_cut = 0;   // damaged journal tail
+  uint64_t journal_records_cut = 0;
+  double seconds = 0;
+};
+
+struct NvmeStats {
+  std::string io_engine;          // what runs, e.g. "io_uring"
+  std::string io_engine_reason;   // why a fallback was taken, if one was
+  bool buffered = false;          // O_DIRECT refused, buffered fallback in use
+  uint64_t capacity_bytes = 0, used_bytes = 0, used_slots = 0;
+  uint64_t bytes_read = 0, bytes_written = 0, reads = 0, writes = 0;
+  uint64_t in_flight = 0, queued = 0;
+  uint64_t queue_depth = 0;
+  uint64_t checksum_failures = 0;   // reads whose header or payload did not match
+  uint64_t io_errors = 0;
+  uint64_t writes_refused = 0;      // device full or staging full
+  bool device_full = false;
+  uint64_t journal_records = 0, journal_commits = 0, journal_bytes = 0, journal_rewrites = 0;
+  NvmeRecovery recovery;
+};
+
+class NvmeTier final : public Tier {
+ public:
+  // Opens or creates the slab files and the journal, replays the journal and
+  // verifies the headers of live slots; `recovered` gets every block that
+  // survived. Errors name the directory and what to change.
+  static absl::StatusOr<std::unique_ptr<NvmeTier>> Open(const NvmeTierOptions& opts,
+                                                        std::vector<RecoveredBlock>* recovered);
+  ~NvmeTier() override;  // drains I/O, makes the journal durable
+
+  TierKind kind() const override { return TierKind::kNvme; }
+  // A slot for a payload of `bytes`. ResourceExhausted when no segment has
+  // room; InvalidArgument for a block larger than a segment.
+  absl::StatusOr<SlotHandle> Allocate(uint64_t bytes) override;
+  absl::Status Free(SlotHandle slot) override;
+  uint64_t SlotBytes(SlotHandle slot) const override;
+  // Writes header + payload through a staging run; done after the journal
+  // record is durable. Demotions never wait for staging: they fail with
+  // ResourceExhausted when it is short (or the device is full).
+  void Write(SlotHandle slot, const BlockMeta& meta, std::span<const std::byte> src, IoPriority prio,
+             IoCallback done) override;
+  void Read(SlotHandle slot, const BlockMeta& meta, std::span<std::byte> dst, IoPriority prio,
+            IoCallback done) override;
+  TierUsage Usage() const override;
+  TierHealth Health() const override;
+
+  // Thread-safe. Waits until every journal record so far is durable.
+  absl::Status Sync();
+  NvmeStats Stats() const;
+  // Largest payload one slot takes.
+  uint64_t max_block_bytes() const { return opts_.segment_bytes - kSectorBytes; }
+
+ private:
+  struct SlotState {
+    uint64_t generation = 0;
+    bool allocated = false;
+    bool durable = false;
+    uint64_t assign_seq = 0;  // journal seq of the durable assignment
+    BlockMeta meta;
+  };
+  struct Segment {
+    uint32_t file = 0;
+    uint64_t file_offset = 0;
+    uint64_t slot_bytes = 0;  // 0: not cut yet
+    uint64_t segment_seq = 0;
+    std::vector<SlotState> slots;
+    std::vector<uint32_t> free;  // slot indexes
+    uint32_t used = 0;
+  };
+
+  explicit NvmeTier(const NvmeTierOptions& opts);
+  absl::Status OpenFiles();
+  absl::Status OpenEngine();
+  absl::Status Recover(std::vector<RecoveredBlock>* recovered);
+  void ApplyRecord(const JournalRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CutSegment(Segment& seg, uint64_t slot_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status SyncDirtyFiles();
+  void MaybeCompact();
+  JournalRecord RecordFor(JournalType type, uint32_t segment, uint32_t slot) const;
+  bool DeviceFull() const;
+
+  static SlotHandle Handle(uint32_t segment, uint32_t slot) { return segment << 16 | slot; }
+  static uint32_t SegmentOf(SlotHandle h) { return h >> 16; }
+  static uint32_t IndexOf(SlotHandle h) { return h & 0xffff; }
+
+  const NvmeTierOptions opts_;
+  std::vector<UniqueFd> files_;
+  std::vector<std::atomic<bool>> dirty_;  // written since the last commit
+  std::unique_ptr<StagingPool> staging_;
+  std::unique_ptr<IoEngine> engine_;
+  std::unique_ptr<Journal> journal_;
+  std::string engine_reason_;
+  bool buffered_ = false;
+
+  mutable Mutex mu_;
+  std::vector<Segment> segments_ ABSL_GUARDED_BY(mu_);
+  uint64_t used_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t used_slots_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t live_durable_ ABSL_GUARDED_BY(mu_) = 0;
+  // Generations only grow, across restarts too (seeded from the journal), so
+  // a header left by an earlier use of a slot can never match a later one.
+  uint64_t last_generation_ ABSL_GUARDED_BY(mu_) = 0;
+  NvmeRecovery recovery_;
+
+  std::atomic<uint64_t> checksum_failures_{0}, io_errors_{0}, writes_refused_{0};
+  std::atomic<uint64_t> full_until_ns_{0};  // device reported ENOSPC: no writes until then
+  std::atomic<bool> compacting_{false};
+};
+
+// A stable 64-bit hash of a tenant's name, kept with NVMe blocks.
+uint64_t TenantHash(absl::string_view tenant);
+
+}  // namespace kvtier
+
+#endif  // KVTIER_TIERS_NVME_TIER_H_
