@@ -174,7 +174,7 @@ TEST_F(NvmeTierTest, DurableBlocksAreServedAgainAfterARestart) {
 }
 
 TEST_F(NvmeTierTest, ADamagedHeaderIsDroppedAtRecovery) {
-  SlotHandle victim;
+  SlotHandle victim = 0;
   {
     auto t = Open();
     for (uint64_t i = 0; i < 10; ++i) {
