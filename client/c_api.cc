@@ -16,6 +16,7 @@ struct kvtier_client {
     uint8_t* tiers_out = nullptr;
     std::vector<kvtier::BlockView> views;
     kvtier_block* blocks_out = nullptr;
+    size_t requested = 0;
   };
   absl::flat_hash_map<kvtier_op, std::unique_ptr<Pending>> pending;
 };
@@ -45,6 +46,7 @@ void Translate(kvtier_client::Pending& p) {
     }
   }
   if (p.blocks_out != nullptr) {
+    for (size_t i = p.views.size(); i < p.requested; ++i) p.blocks_out[i] = kvtier_block{nullptr, 0, KVTIER_TIER_NONE, 0};
     for (size_t i = 0; i < p.views.size(); ++i) {
       p.blocks_out[i] = kvtier_block{const_cast<std::byte*>(p.views[i].data), p.views[i].size,
                                      static_cast<uint8_t>(p.views[i].tier), 0};
@@ -116,6 +118,7 @@ int kvtier_load_async(kvtier_client* c, uint64_t lease, const kvtier_key* keys, 
   if (c == nullptr || blocks == nullptr || op == nullptr || (keys == nullptr && n > 0)) return KVTIER_EINVAL;
   auto p = std::make_unique<kvtier_client::Pending>();
   p->blocks_out = blocks;
+  p->requested = n;
   auto r = c->client->LoadAsync(lease, Keys(keys, n), &p->views);
   if (!r.ok()) return Fail(c, r.status());
   *op = *r;
@@ -170,6 +173,22 @@ int kvtier_store_commit(kvtier_client* c, uint64_t ticket) {
   t.id = ticket;
   kvtier::Status s = c->client->StoreCommit(t);
   return s.ok() ? KVTIER_OK : Fail(c, s);
+}
+
+int kvtier_store_commit_durable(kvtier_client* c, uint64_t ticket) {
+  if (c == nullptr) return KVTIER_EINVAL;
+  kvtier::StoreTicket t;
+  t.id = ticket;
+  kvtier::Status s = c->client->StoreCommit(t, {.durable = true});
+  return s.ok() ? KVTIER_OK : Fail(c, s);
+}
+
+int kvtier_prefetch(kvtier_client* c, const kvtier_key* keys, size_t n, uint32_t* promoted) {
+  if (c == nullptr || (keys == nullptr && n > 0)) return KVTIER_EINVAL;
+  auto r = c->client->Prefetch(Keys(keys, n));
+  if (!r.ok()) return Fail(c, r.status());
+  if (promoted != nullptr) *promoted = *r;
+  return KVTIER_OK;
 }
 
 int kvtier_store_abort(kvtier_client* c, uint64_t ticket) {

@@ -129,8 +129,10 @@ class ClientImpl {
       case Opcode::kLoad: {
         std::vector<ipc::BlockResult> r;
         results(&r);
-        st.views->resize(st.count);
-        for (uint32_t i = 0; i < st.count; ++i) {
+        // The loaded prefix (c.count <= keys).
+        const uint32_t loaded = std::min(c.count, st.count);
+        st.views->resize(loaded);
+        for (uint32_t i = 0; i < loaded; ++i) {
           std::byte* p = pointer(r[i].arena_offset);
           if (p == nullptr) return Status(ErrorCode::kProtocol, "kvtierd returned a block outside the arena");
           (*st.views)[i] = BlockView{p, info.block_bytes, static_cast<TierKind>(r[i].tier)};
@@ -153,6 +155,7 @@ class ClientImpl {
       }
       case Opcode::kInvalidate:
       case Opcode::kInvalidateNamespace:
+      case Opcode::kPrefetch:
         if (st.value) *st.value = static_cast<uint32_t>(c.value);
         return Status();
       default:
@@ -235,8 +238,22 @@ Result<OpId> Client::StoreBeginAsync(std::span<const BlockKey> keys, StoreTicket
   return impl_->Submit(Opcode::kStoreBegin, 0, 0, keys, st);
 }
 
-Result<OpId> Client::StoreCommitAsync(const StoreTicket& ticket) {
-  return impl_->Submit(Opcode::kStoreCommit, 0, ticket.id, {}, {});
+Result<OpId> Client::StoreCommitAsync(const StoreTicket& ticket, CommitOptions options) {
+  return impl_->Submit(Opcode::kStoreCommit, options.durable ? ipc::kFlagDurable : 0, ticket.id, {}, {});
+}
+
+Result<OpId> Client::PrefetchAsync(std::span<const BlockKey> keys, uint32_t* promoted) {
+  ClientImpl::OpState st;
+  st.value = promoted;
+  return impl_->Submit(Opcode::kPrefetch, 0, 0, keys, st);
+}
+
+Result<uint32_t> Client::Prefetch(std::span<const BlockKey> keys) {
+  uint32_t n = 0;
+  Result<OpId> op = PrefetchAsync(keys, &n);
+  if (!op.ok()) return op.status();
+  if (Status s = Wait(*op); !s.ok()) return s;
+  return n;
 }
 
 Result<OpId> Client::ReleaseAsync(uint64_t lease) { return impl_->Submit(Opcode::kRelease, 0, lease, {}, {}); }
@@ -277,9 +294,9 @@ Result<StoreTicket> Client::StoreBegin(std::span<const BlockKey> keys) {
   return out;
 }
 
-Status Client::StoreCommit(const StoreTicket& ticket) {
+Status Client::StoreCommit(const StoreTicket& ticket, CommitOptions options) {
   if (ticket.id == 0) return Status();
-  Result<OpId> op = StoreCommitAsync(ticket);
+  Result<OpId> op = StoreCommitAsync(ticket, options);
   return op.ok() ? Wait(*op) : op.status();
 }
 

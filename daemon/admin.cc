@@ -125,6 +125,7 @@ nlohmann::json Daemon::Status() const {
     pinned += u.pinned_blocks;
     evictions += u.evictions;
   }
+  const DaemonStats& s = stats_;
   json tiers = json::array();
   tiers.push_back(json{{"tier", "host"},
                        {"capacity_bytes", cap},
@@ -132,14 +133,55 @@ nlohmann::json Daemon::Status() const {
                        {"blocks", blocks},
                        {"pinned_blocks", pinned},
                        {"evictions", evictions},
+                       {"evictions_kept_on_nvme", s.evictions_kept_on_nvme.Get()},
+                       {"demotions", s.demotions.Get()},
+                       {"demotions_failed", s.demotions_failed.Get()},
+                       {"evictions_dropped", s.evictions_dropped.Get()},
                        {"health", "healthy"}});
-  const DaemonStats& s = stats_;
+  if (NvmeTier* nvme = cache_->nvme_tier()) {
+    const NvmeStats n = nvme->Stats();
+    tiers.push_back(json{{"tier", "nvme"},
+                         {"capacity_bytes", n.capacity_bytes},
+                         {"used_bytes", n.used_bytes},
+                         {"blocks", cache_->nvme_blocks()},
+                         {"slots_used", n.used_slots},
+                         {"io_engine", n.io_engine},
+                         {"io_engine_reason", n.io_engine_reason},
+                         {"buffered_io", n.buffered},
+                         {"queue_depth", n.queue_depth},
+                         {"in_flight", n.in_flight},
+                         {"queued", n.queued},
+                         {"reads", n.reads},
+                         {"writes", n.writes},
+                         {"bytes_read", n.bytes_read},
+                         {"bytes_written", n.bytes_written},
+                         {"checksum_failures", n.checksum_failures},
+                         {"io_errors", n.io_errors},
+                         {"writes_refused", n.writes_refused},
+                         {"device_full", n.device_full},
+                         {"evictions", s.nvme_evictions.Get()},
+                         {"promotions", s.promotions.Get()},
+                         {"promotions_failed", s.promotions_failed.Get()},
+                         {"writes_through", s.writes_through.Get()},
+                         {"journal", json{{"records", n.journal_records},
+                                          {"commits", n.journal_commits},
+                                          {"bytes", n.journal_bytes},
+                                          {"rewrites", n.journal_rewrites}}},
+                         {"recovery", json{{"blocks", n.recovery.blocks},
+                                           {"dropped", n.recovery.dropped + s.recovered_dropped.Get()},
+                                           {"journal_bytes_cut", n.recovery.journal_bytes_cut},
+                                           {"journal_records_cut", n.recovery.journal_records_cut},
+                                           {"seconds", n.recovery.seconds}}},
+                         {"health", std::string(TierHealthName(nvme->Health()))}});
+  }
   json stats{{"lookups", s.lookups.Get()},
              {"lookup_hits", s.lookup_hits.Get()},
              {"hit_rate", Ratio(s.lookup_hits.Get(), s.lookups.Get())},
              {"probes", s.probes.Get()},
              {"blocks_queried", s.blocks_queried.Get()},
              {"blocks_hit", s.blocks_hit.Get()},
+             {"blocks_hit_host", s.blocks_hit.Get() - s.blocks_hit_nvme.Get()},
+             {"blocks_hit_nvme", s.blocks_hit_nvme.Get()},
              {"blocks_missed", s.blocks_queried.Get() - s.blocks_hit.Get()},
              {"block_hit_rate", Ratio(s.blocks_hit.Get(), s.blocks_queried.Get())},
              {"tokens_queried", s.tokens_queried.Get()},
@@ -154,6 +196,8 @@ nlohmann::json Daemon::Status() const {
              {"loads", s.loads.Get()},
              {"blocks_loaded", s.blocks_loaded.Get()},
              {"bytes_loaded", s.bytes_loaded.Get()},
+             {"load_failures", s.load_failures.Get()},
+             {"prefetches", s.prefetches.Get()},
              {"evictions", s.evictions.Get()},
              {"invalidations", s.invalidations.Get()},
              {"sessions_attached", s.sessions_attached.Get()},

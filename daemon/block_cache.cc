@@ -1,3 +1,5 @@
+// Lookups, leases, stores, loads and invalidation. Movement between tiers
+// (demotion, promotion, NVMe eviction, recovery) is in block_movement.cc.
 #include "daemon/block_cache.h"
 
 #include <array>
@@ -15,35 +17,43 @@ absl::StatusOr<std::unique_ptr<BlockCache>> BlockCache::Create(const Options& op
   return std::unique_ptr<BlockCache>(new BlockCache(opts, stats));
 }
 
-BlockCache::~BlockCache() = default;
+BlockCache::~BlockCache() {
+  // Drain NVMe I/O and journal callbacks while everything they touch lives.
+  nvme_.reset();
+}
 
 absl::StatusOr<uint16_t> BlockCache::AddTenant(std::string name, std::unique_ptr<HostTier> host) {
   if (tenants_.size() >= UINT16_MAX) return absl::ResourceExhaustedError("too many tenants");
   auto t = std::make_unique<TenantState>();
+  t->hash = TenantHash(name);
   t->name = std::move(name);
   t->host = std::move(host);
+  tenant_by_hash_[t->hash] = static_cast<uint16_t>(tenants_.size());
   tenants_.push_back(std::move(t));
   return static_cast<uint16_t>(tenants_.size() - 1);
+}
+
+void BlockCache::RegisterNamespace(const NamespaceInfo& info) {
+  MutexLock l(&ns_mu_);
+  if (ns_info_.size() <= info.handle) ns_info_.resize(info.handle + 1);
+  ns_info_[info.handle] = info;
 }
 
 EvictionPolicy* BlockCache::PolicyFor(TenantState& t, uint64_t slot_bytes) {
   auto it = t.policy_by_size.find(slot_bytes);
   if (it != t.policy_by_size.end()) return it->second.get();
-  auto p = MakeEvictionPolicy(opts_.policy);  // the name was checked by the constructor
+  auto p = MakeEvictionPolicy(opts_.policy);  // the name was checked by Create
   return t.policy_by_size.emplace(slot_bytes, std::move(p).value()).first->second.get();
 }
 
-void BlockCache::FreeRecord(TenantState& t, BlockRecord* r) {
-  if (r->host_slot != kNoSlot) {
-    // Cannot fail: the slot was allocated for this record and freed only here.
-    (void)t.host->Free(r->host_slot);
-    t.slot_owner[r->host_slot] = nullptr;
-  }
-  delete r;
+void BlockCache::FreeHostSlotLocked(TenantState& t, SlotHandle slot) {
+  PolicyFor(t, t.host->SlotBytes(slot))->Remove(slot);
+  // Cannot fail: the slot was allocated for one record and is freed once.
+  (void)t.host->Free(slot);
+  t.slot_owner[slot] = nullptr;
 }
 
-absl::StatusOr<SlotHandle> BlockCache::AllocateSlot(TenantState& t, uint64_t bytes, BlockRecord* owner) {
-  MutexLock l(&t.mu);
+absl::StatusOr<SlotHandle> BlockCache::AllocateSlotLocked(TenantState& t, uint64_t bytes, BlockRecord* owner) {
   for (;;) {
     absl::StatusOr<SlotHandle> slot = t.host->Allocate(bytes);
     if (slot.ok()) {
@@ -55,46 +65,48 @@ absl::StatusOr<SlotHandle> BlockCache::AllocateSlot(TenantState& t, uint64_t byt
     }
     if (!absl::IsResourceExhausted(slot.status())) return slot.status();
     EvictionPolicy* policy = PolicyFor(t, t.host->SlotSizeFor(bytes));
-    // Take the first unpinned block in policy order out of the index, under
-    // its shard lock, so no lookup can pin it after the check.
-    std::optional<SlotHandle> victim =
-        policy->PickVictim([&](SlotHandle h) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-          BlockRecord* v = t.slot_owner[h];
-          BlockIndex::Shard& sh = index_.ShardFor(v);
-          MutexLock sl(&sh.mu);
-          if (v->pins > 0) return false;
-          index_.Erase(sh, v);
-          v->removed = true;
-          return true;
-        });
+    std::optional<SlotHandle> victim = policy->PickVictim([&](SlotHandle h) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      BlockRecord* v = t.slot_owner[h];
+      BlockIndex::Shard& sh = index_.ShardFor(v);
+      MutexLock sl(&sh.mu);
+      return v->pins == 0 && v->io_refs == 0 && v->state == BlockState::kReady;
+    });
     if (!victim) {
       stats_->store_refused_no_space.Add();
       const TierUsage u = t.host->Usage();
       if (policy->size() == 0) {
         return CodedStatus(KVTIER_ENOSPC,
-                           absl::StrCat("host tier of tenant \"", t.name, "\" is full (",
-                                        FormatBytes(u.used_bytes), " of ", FormatBytes(u.capacity_bytes),
-                                        ") and holds no committed block of ", FormatBytes(bytes),
-                                        " to evict (slots are being written, or carved for other "
-                                        "block sizes); retry later or raise tiers.host.capacity"));
+                           absl::StrCat("host tier of tenant \"", t.name, "\" is full (", FormatBytes(u.used_bytes),
+                                        " of ", FormatBytes(u.capacity_bytes), ") and holds no committed block of ",
+                                        FormatBytes(bytes),
+                                        " to evict (slots are being written or loaded, or carved for other block "
+                                        "sizes); retry later or raise tiers.host.capacity"));
       }
       return CodedStatus(KVTIER_ENOSPC,
-                         absl::StrCat("host tier of tenant \"", t.name, "\" is full (",
-                                      FormatBytes(u.used_bytes), " of ", FormatBytes(u.capacity_bytes),
-                                      ") and all ", policy->size(),
-                                      " committed blocks of this size are pinned by leases; release "
-                                      "leases or raise tiers.host.capacity"));
+                         absl::StrCat("host tier of tenant \"", t.name, "\" is full (", FormatBytes(u.used_bytes),
+                                      " of ", FormatBytes(u.capacity_bytes), ") and all ", policy->size(),
+                                      " committed blocks of this size are pinned by leases or busy with I/O; "
+                                      "release leases or raise tiers.host.capacity"));
     }
-    policy->Remove(*victim);
-    FreeRecord(t, t.slot_owner[*victim]);
-    t.evictions.fetch_add(1, std::memory_order_relaxed);
-    stats_->evictions.Add();
+    if (EvictHostCopyLocked(t, t.slot_owner[*victim]) == EvictResult::kEvicted) {
+      t.evictions.fetch_add(1, std::memory_order_relaxed);
+      stats_->evictions.Add();
+    }
   }
 }
 
-absl::StatusOr<uint32_t> BlockCache::Lookup(SessionHoldings& s, std::span<const BlockKey> keys,
-                                            bool lease, uint64_t* lease_id,
-                                            std::span<BlockLocation> out) {
+std::vector<BlockRecord*> BlockCache::FindAll(uint32_t ns, std::span<const BlockKey> keys) {
+  std::vector<BlockRecord*> out(keys.size(), nullptr);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    BlockIndex::Shard& sh = index_.ShardFor(ns, keys[i]);
+    MutexLock l(&sh.mu);
+    out[i] = BlockIndex::Find(sh, ns, keys[i]);
+  }
+  return out;
+}
+
+absl::StatusOr<uint32_t> BlockCache::Lookup(SessionHoldings& s, std::span<const BlockKey> keys, bool lease,
+                                            uint64_t* lease_id, std::span<BlockLocation> out) {
   *lease_id = 0;
   if (lease && s.leases.size() >= opts_.max_leases_per_session) {
     return CodedStatus(KVTIER_EBUSY, absl::StrCat("this session holds ", s.leases.size(),
@@ -102,7 +114,8 @@ absl::StatusOr<uint32_t> BlockCache::Lookup(SessionHoldings& s, std::span<const 
   }
   TenantState& t = *tenants_[s.ns.tenant];
   std::vector<BlockRecord*> pinned;
-  uint32_t hit = 0;
+  std::vector<SlotHandle> host_touch, nvme_touch;
+  uint32_t hit = 0, hit_nvme = 0;
   // Probes are memory-bound: prefetch a window of keys ahead so their cache
   // misses overlap instead of queueing behind one another.
   constexpr size_t kWindow = 16;
@@ -116,15 +129,19 @@ absl::StatusOr<uint32_t> BlockCache::Lookup(SessionHoldings& s, std::span<const 
   for (size_t i = 0; i < std::min(kWindow, keys.size()); ++i) prefetch(i);
   for (size_t i = 0; i < keys.size(); ++i) {
     BlockIndex::Shard& sh = *shard_of[i % kWindow];
-    BlockRecord* r;
     {
       MutexLock l(&sh.mu);
-      r = BlockIndex::Find(sh, s.ns.handle, keys[i]);
-      if (r == nullptr || r->state != BlockState::kReady) break;
-      out[i] = BlockLocation{TierKind::kHost, r->arena_offset, false};
+      BlockRecord* r = BlockIndex::Find(sh, s.ns.handle, keys[i]);
+      if (r == nullptr || !r->visible()) break;
+      const bool in_host = r->state == BlockState::kReady;
+      out[i] = in_host ? BlockLocation{TierKind::kHost, r->arena_offset, false}
+                       : BlockLocation{TierKind::kNvme, 0, false};
+      if (!in_host) ++hit_nvme;
       if (lease) {
         if (r->pins++ == 0) t.pinned.fetch_add(1, std::memory_order_relaxed);
         pinned.push_back(r);
+        if (in_host) host_touch.push_back(r->host_slot);
+        if (r->nvme_state == NvmeState::kReady) nvme_touch.push_back(r->nvme_slot);
       }
     }
     ++hit;
@@ -142,11 +159,16 @@ absl::StatusOr<uint32_t> BlockCache::Lookup(SessionHoldings& s, std::span<const 
   if (hit == 0) return hit;
   stats_->lookup_hits.Add();
   stats_->blocks_hit.Add(hit);
+  stats_->blocks_hit_nvme.Add(hit_nvme);
   stats_->tokens_hit.Add(uint64_t{hit} * s.ns.block_tokens);
-  {
-    // Pinned blocks cannot be evicted or freed, so their slots are stable.
+  if (!host_touch.empty()) {
+    // Pinned blocks keep their host slots, so these handles are stable.
     MutexLock l(&t.mu);
-    for (BlockRecord* r : pinned) PolicyFor(t, t.host->SlotBytes(r->host_slot))->Touch(r->host_slot);
+    for (SlotHandle h : host_touch) PolicyFor(t, t.host->SlotBytes(h))->Touch(h);
+  }
+  if (!nvme_touch.empty()) {
+    MutexLock l(&nvme_mu_);
+    for (SlotHandle h : nvme_touch) nvme_policy_->Touch(h);
   }
   *lease_id = s.next_id++;
   s.leases.emplace(*lease_id, std::move(pinned));
@@ -155,37 +177,112 @@ absl::StatusOr<uint32_t> BlockCache::Lookup(SessionHoldings& s, std::span<const 
   return hit;
 }
 
-absl::Status BlockCache::Load(SessionHoldings& s, uint64_t lease_id, std::span<const BlockKey> keys,
-                              std::span<BlockLocation> out) {
+std::optional<LoadOutcome> BlockCache::Load(SessionHoldings& s, uint64_t lease_id, std::span<const BlockKey> keys,
+                                            LoadCallback done) {
+  auto fail = [](absl::Status st) { return LoadOutcome{{}, 0, std::move(st)}; };
   auto it = s.leases.find(lease_id);
   if (it == s.leases.end()) {
-    return CodedStatus(KVTIER_ENOENT, absl::StrCat("unknown lease ", lease_id,
-                                                   ": released already, or not taken by this session"));
+    return fail(CodedStatus(KVTIER_ENOENT, absl::StrCat("unknown lease ", lease_id,
+                                                        ": released already, or not taken by this session")));
   }
   const std::vector<BlockRecord*>& held = it->second;
+  std::vector<BlockRecord*> recs(keys.size());
   absl::flat_hash_map<BlockKey, BlockRecord*> by_key;  // built only when keys are not the lease's order
   for (size_t i = 0; i < keys.size(); ++i) {
-    BlockRecord* r = nullptr;
     if (i < held.size() && held[i]->key == keys[i]) {
-      r = held[i];
-    } else {
-      if (by_key.empty()) {
-        for (BlockRecord* h : held) by_key.emplace(h->key, h);
-      }
-      auto f = by_key.find(keys[i]);
-      if (f == by_key.end()) {
-        return CodedStatus(KVTIER_EINVAL, absl::StrCat("key ", i, " of the load is not pinned by lease ",
-                                                       lease_id, "; load only what lookup returned"));
-      }
-      r = f->second;
+      recs[i] = held[i];
+      continue;
     }
-    // A pinned record's slot never changes.
-    out[i] = BlockLocation{TierKind::kHost, r->arena_offset, false};
+    if (by_key.empty()) {
+      for (BlockRecord* h : held) by_key.emplace(h->key, h);
+    }
+    auto f = by_key.find(keys[i]);
+    if (f == by_key.end()) {
+      return fail(CodedStatus(KVTIER_EINVAL, absl::StrCat("key ", i, " of the load is not pinned by lease ", lease_id,
+                                                          "; load only what lookup returned")));
+    }
+    recs[i] = f->second;
   }
-  stats_->loads.Add();
-  stats_->blocks_loaded.Add(keys.size());
-  stats_->bytes_loaded.Add(keys.size() * s.ns.block_bytes);
-  return absl::OkStatus();
+  // Fast path: every block already in host memory (pinned: it stays there).
+  LoadOutcome outcome;
+  outcome.locations.resize(keys.size());
+  std::vector<size_t> to_promote;
+  for (size_t i = 0; i < recs.size(); ++i) {
+    BlockIndex::Shard& sh = index_.ShardFor(recs[i]);
+    MutexLock l(&sh.mu);
+    if (recs[i]->state == BlockState::kReady) {
+      outcome.locations[i] = BlockLocation{TierKind::kHost, recs[i]->arena_offset, false};
+    } else {
+      to_promote.push_back(i);
+    }
+  }
+  const uint64_t block_bytes = s.ns.block_bytes;
+  auto finish = [this, block_bytes](LoadOutcome& o, const std::vector<uint8_t>& ok) {
+    o.loaded = static_cast<uint32_t>(o.locations.size());
+    for (size_t i = 0; i < ok.size(); ++i) {
+      if (!ok[i]) {
+        o.loaded = static_cast<uint32_t>(i);
+        break;
+      }
+    }
+    for (size_t i = o.loaded; i < o.locations.size(); ++i) o.locations[i] = BlockLocation{};
+    if (o.loaded < o.locations.size()) {
+      stats_->load_failures.Add(o.locations.size() - o.loaded);
+      o.status = CodedStatus(KVTIER_EIO, absl::StrCat("block ", o.loaded,
+                                                      " could not be brought back from NVMe (a failed checksum or "
+                                                      "I/O error drops it; or the host tier had no room); recompute "
+                                                      "it and what follows"));
+    }
+    stats_->loads.Add();
+    stats_->blocks_loaded.Add(o.loaded);
+    stats_->bytes_loaded.Add(uint64_t{o.loaded} * block_bytes);
+  };
+  if (to_promote.empty()) {
+    finish(outcome, std::vector<uint8_t>(keys.size(), 1));
+    return outcome;
+  }
+  // Slow path: promote the NVMe-only blocks; the last one to land finishes.
+  struct Job {
+    Mutex mu;
+    LoadOutcome outcome;
+    std::vector<uint8_t> ok;
+    std::atomic<size_t> remaining{0};
+    LoadCallback done;
+  };
+  auto job = std::make_shared<Job>();
+  job->outcome = std::move(outcome);
+  job->ok.assign(keys.size(), 1);
+  job->done = std::move(done);
+  job->remaining = to_promote.size() + 1;  // +1 until every promotion is started
+  auto complete_one = [job, finish]() mutable {
+    if (job->remaining.fetch_sub(1) != 1) return;
+    LoadOutcome o;
+    {
+      MutexLock l(&job->mu);
+      finish(job->outcome, job->ok);
+      o = std::move(job->outcome);
+    }
+    std::move(job->done)(std::move(o));
+  };
+  TenantState& t = *tenants_[s.ns.tenant];
+  for (size_t i : to_promote) {
+    BlockRecord* r = recs[i];
+    Promote(t, r, IoPriority::kLoad, [this, job, i, r, complete_one](bool ok) mutable {
+      {
+        MutexLock l(&job->mu);
+        job->ok[i] = ok;
+        if (ok) {
+          BlockIndex::Shard& sh = index_.ShardFor(r);
+          MutexLock sl(&sh.mu);
+          job->outcome.locations[i] = BlockLocation{TierKind::kHost, r->arena_offset, false};
+        }
+      }
+      complete_one();
+    });
+  }
+  stats_->promotions_for_load.Add(to_promote.size());
+  complete_one();  // the +1
+  return std::nullopt;
 }
 
 absl::StatusOr<uint32_t> BlockCache::StoreBegin(SessionHoldings& s, std::span<const BlockKey> keys,
@@ -198,27 +295,33 @@ absl::StatusOr<uint32_t> BlockCache::StoreBegin(SessionHoldings& s, std::span<co
     out[i] = BlockLocation{};
     BlockIndex::Shard& sh = index_.ShardFor(s.ns.handle, keys[i]);
     MutexLock l(&sh.mu);
-    if (BlockIndex::Find(sh, s.ns.handle, keys[i]) != nullptr) continue;  // cached or being written
-    auto* r = new BlockRecord{keys[i], s.ns.handle, 0, kNoSlot, s.ns.tenant, BlockState::kWriting, false, 0};
+    if (BlockIndex::Find(sh, s.ns.handle, keys[i]) != nullptr) continue;  // cached, moving, or being written
+    auto* r = new BlockRecord{};
+    r->key = keys[i];
+    r->ns = s.ns.handle;
+    r->tenant = s.ns.tenant;
+    r->state = BlockState::kWriting;
     index_.Insert(sh, r);
     created.push_back(r);
     created_at.push_back(i);
   }
   stats_->stores.Add();
   stats_->blocks_already_present.Add(keys.size() - created.size());
+  MutexLock l(&t.mu);
   for (size_t j = 0; j < created.size(); ++j) {
     BlockRecord* r = created[j];
-    absl::StatusOr<SlotHandle> slot = AllocateSlot(t, s.ns.block_bytes, r);
+    absl::StatusOr<SlotHandle> slot = AllocateSlotLocked(t, s.ns.block_bytes, r);
     if (!slot.ok()) {
       // All or nothing: give back what this request took.
-      MutexLock l(&t.mu);
-      for (BlockRecord* r : created) {
-        BlockIndex::Shard& sh = index_.ShardFor(r);
+      for (BlockRecord* c : created) {
+        BlockIndex::Shard& sh = index_.ShardFor(c);
         {
           MutexLock sl(&sh.mu);
-          index_.Erase(sh, r);
+          index_.Erase(sh, c);
+          c->removed = true;
         }
-        FreeRecord(t, r);
+        if (c->host_slot != kNoSlot) FreeHostSlotLocked(t, c->host_slot);
+        delete c;
       }
       return slot.status();
     }
@@ -238,16 +341,19 @@ absl::StatusOr<uint32_t> BlockCache::StoreBegin(SessionHoldings& s, std::span<co
   return needed;
 }
 
-absl::Status BlockCache::StoreCommit(SessionHoldings& s, uint64_t ticket) {
+void BlockCache::StoreCommit(SessionHoldings& s, uint64_t ticket, bool durable, StatusCallback done) {
   auto it = s.tickets.find(ticket);
   if (it == s.tickets.end()) {
-    return CodedStatus(KVTIER_ENOENT, absl::StrCat("unknown store ticket ", ticket,
-                                                   ": committed or aborted already, or not this session's"));
+    std::move(done)(CodedStatus(KVTIER_ENOENT, absl::StrCat("unknown store ticket ", ticket,
+                                                            ": committed or aborted already, or not this session's")));
+    return;
   }
+  std::vector<BlockRecord*> blocks = std::move(it->second);
+  s.tickets.erase(it);
   TenantState& t = *tenants_[s.ns.tenant];
   {
     MutexLock l(&t.mu);
-    for (BlockRecord* r : it->second) {
+    for (BlockRecord* r : blocks) {
       {
         BlockIndex::Shard& sh = index_.ShardFor(r);
         MutexLock sl(&sh.mu);
@@ -256,10 +362,49 @@ absl::Status BlockCache::StoreCommit(SessionHoldings& s, uint64_t ticket) {
       PolicyFor(t, t.host->SlotBytes(r->host_slot))->Insert(r->host_slot);
     }
   }
-  stats_->blocks_stored.Add(it->second.size());
-  stats_->bytes_stored.Add(it->second.size() * s.ns.block_bytes);
-  s.tickets.erase(it);
-  return absl::OkStatus();
+  stats_->blocks_stored.Add(blocks.size());
+  stats_->bytes_stored.Add(blocks.size() * s.ns.block_bytes);
+  if (!durable) {
+    if (opts_.write_through && nvme_) {
+      for (BlockRecord* r : blocks) WriteToNvme(t, r, IoPriority::kDemote, [](absl::Status) {});
+    }
+    std::move(done)(absl::OkStatus());
+    return;
+  }
+  if (!nvme_) {
+    std::move(done)(CodedStatus(KVTIER_EINVAL,
+                                "the blocks are committed to host memory, but kvtierd has no NVMe tier to make them "
+                                "durable; configure [tiers.nvme] or commit without durability"));
+    return;
+  }
+  // Complete once every block's NVMe write is journaled (or one failed).
+  struct Job {
+    Mutex mu;
+    absl::Status first_error ABSL_GUARDED_BY(mu);
+    std::atomic<size_t> remaining;
+    StatusCallback done;
+  };
+  auto job = std::make_shared<Job>();
+  job->remaining = blocks.size();
+  job->done = std::move(done);
+  for (BlockRecord* r : blocks) {
+    WriteToNvme(t, r, IoPriority::kPrefetch, [job](absl::Status st) {
+      if (!st.ok()) {
+        MutexLock l(&job->mu);
+        if (job->first_error.ok()) job->first_error = st;
+      }
+      if (job->remaining.fetch_sub(1) == 1) {
+        absl::Status result;
+        {
+          MutexLock l(&job->mu);
+          result = job->first_error;
+        }
+        std::move(job->done)(result.ok() ? result
+                                         : absl::Status(result.code(), absl::StrCat("committed to host memory but not "
+                                                                                    "durable: ", result.message())));
+      }
+    });
+  }
 }
 
 absl::Status BlockCache::StoreAbort(SessionHoldings& s, uint64_t ticket) {
@@ -275,8 +420,9 @@ absl::Status BlockCache::StoreAbort(SessionHoldings& s, uint64_t ticket) {
         BlockIndex::Shard& sh = index_.ShardFor(r);
         MutexLock sl(&sh.mu);
         index_.Erase(sh, r);
+        r->removed = true;
       }
-      FreeRecord(t, r);
+      DestroyRecord(t, r);
     }
   }
   stats_->store_aborts.Add();
@@ -286,19 +432,19 @@ absl::Status BlockCache::StoreAbort(SessionHoldings& s, uint64_t ticket) {
 
 void BlockCache::Unpin(SessionHoldings& s, const std::vector<BlockRecord*>& blocks) {
   TenantState& t = *tenants_[s.ns.tenant];
-  std::vector<BlockRecord*> to_free;
+  std::vector<BlockRecord*> to_destroy;
   for (BlockRecord* r : blocks) {
     BlockIndex::Shard& sh = index_.ShardFor(r);
     MutexLock sl(&sh.mu);
     if (--r->pins == 0) {
       t.pinned.fetch_sub(1, std::memory_order_relaxed);
-      if (r->removed) to_free.push_back(r);
+      if (r->removed && r->io_refs == 0) to_destroy.push_back(r);
     }
   }
-  if (!to_free.empty()) {
-    // Out of the index and unpinned: nobody else can reach these records.
+  if (!to_destroy.empty()) {
+    // Out of the index and unreferenced: nobody else can reach these records.
     MutexLock l(&t.mu);
-    for (BlockRecord* r : to_free) FreeRecord(t, r);
+    for (BlockRecord* r : to_destroy) DestroyRecord(t, r);
   }
 }
 
@@ -315,11 +461,11 @@ absl::Status BlockCache::Release(SessionHoldings& s, uint64_t lease_id) {
   return absl::OkStatus();
 }
 
-uint32_t BlockCache::RemoveLocked(TenantState& t, BlockRecord* r) {
-  // r was just erased from the index with removed = true, under its shard
-  // lock, and its pin count read there; see callers.
-  PolicyFor(t, t.host->SlotBytes(r->host_slot))->Remove(r->host_slot);
+uint32_t BlockCache::RemoveFromIndex(TenantState& t, BlockRecord* r, BlockIndex::Shard& sh) {
+  index_.Erase(sh, r);
+  r->removed = true;
   stats_->invalidations.Add();
+  (void)t;
   return 1;
 }
 
@@ -330,17 +476,15 @@ absl::StatusOr<uint32_t> BlockCache::Invalidate(SessionHoldings& s, std::span<co
   for (const BlockKey& key : keys) {
     BlockIndex::Shard& sh = index_.ShardFor(s.ns.handle, key);
     BlockRecord* r;
-    uint32_t pins;
+    bool destroy;
     {
       MutexLock sl(&sh.mu);
       r = BlockIndex::Find(sh, s.ns.handle, key);
-      if (r == nullptr || r->state != BlockState::kReady) continue;  // writes in flight stay
-      index_.Erase(sh, r);
-      r->removed = true;
-      pins = r->pins;
+      if (r == nullptr || !r->visible()) continue;  // writes in flight stay
+      removed += RemoveFromIndex(t, r, sh);
+      destroy = r->pins == 0 && r->io_refs == 0;
     }
-    removed += RemoveLocked(t, r);
-    if (pins == 0) FreeRecord(t, r);  // else the last Unpin frees it
+    if (destroy) DestroyRecord(t, r);  // else the last unpin or I/O does
   }
   return removed;
 }
@@ -350,21 +494,18 @@ absl::StatusOr<uint32_t> BlockCache::InvalidateNamespace(SessionHoldings& s) {
   uint32_t removed = 0;
   MutexLock l(&t.mu);
   for (BlockIndex::Shard& sh : index_.shards()) {
-    std::vector<std::pair<BlockRecord*, uint32_t>> victims;
+    std::vector<BlockRecord*> victims, destroy;
     {
       MutexLock sl(&sh.mu);
       for (BlockRecord* r : sh.set) {
-        if (r->ns == s.ns.handle && r->state == BlockState::kReady) victims.emplace_back(r, r->pins);
+        if (r->ns == s.ns.handle && r->visible()) victims.push_back(r);
       }
-      for (auto& [r, pins] : victims) {
-        index_.Erase(sh, r);
-        r->removed = true;
+      for (BlockRecord* r : victims) {
+        removed += RemoveFromIndex(t, r, sh);
+        if (r->pins == 0 && r->io_refs == 0) destroy.push_back(r);
       }
     }
-    for (auto& [r, pins] : victims) {
-      removed += RemoveLocked(t, r);
-      if (pins == 0) FreeRecord(t, r);
-    }
+    for (BlockRecord* r : destroy) DestroyRecord(t, r);
   }
   return removed;
 }

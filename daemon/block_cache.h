@@ -1,17 +1,29 @@
 // The daemon's data plane without the IPC: lookups, leases (pins), stores,
-// loads, invalidation and eviction over the block index and each tenant's
-// host tier. Sessions call it from their own threads.
+// loads, invalidation, eviction and movement between each tenant's host tier
+// and the shared NVMe tier. Sessions call it from their own threads; NVMe
+// completions call back from I/O and journal threads.
+//
+// A block may have a host copy, an NVMe copy, or both. It is visible while
+// one of them is ready. Host eviction keeps a block that already has a
+// durable NVMe copy, demotes one that has none (write-back), or drops it when
+// there is no NVMe tier or no room. Loads of NVMe-only blocks promote them
+// into host slots first.
+//
+// Lock order: a tenant's tier lock, then the NVMe lock, then block-index shard
+// locks; the tiers' own locks are leaves.
 #ifndef KVTIER_DAEMON_BLOCK_CACHE_H_
 #define KVTIER_DAEMON_BLOCK_CACHE_H_
 
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
 #include "core/mutex.h"
 #include "daemon/block_index.h"
@@ -19,6 +31,7 @@
 #include "daemon/stats.h"
 #include "policies/eviction_policy.h"
 #include "tiers/host_tier.h"
+#include "tiers/nvme_tier.h"
 
 namespace kvtier {
 
@@ -44,16 +57,29 @@ struct TenantUsage {
   std::string name;
   uint64_t capacity_bytes = 0;
   uint64_t used_bytes = 0;
-  uint64_t blocks = 0;         // slots in use (ready or being written)
+  uint64_t blocks = 0;         // host slots in use (ready, being written or loaded)
   uint64_t pinned_blocks = 0;  // blocks with at least one lease
   uint64_t evictions = 0;
 };
+
+// The result of a load: locations of the blocks that made it into host
+// slots, `loaded` of them as a prefix; the rest failed (message in status)
+// and must be recomputed.
+struct LoadOutcome {
+  std::vector<BlockLocation> locations;
+  uint32_t loaded = 0;
+  absl::Status status;
+};
+using LoadCallback = absl::AnyInvocable<void(LoadOutcome) &&>;
+using StatusCallback = absl::AnyInvocable<void(absl::Status) &&>;
+using CountCallback = absl::AnyInvocable<void(absl::StatusOr<uint32_t>) &&>;
 
 class BlockCache {
  public:
   struct Options {
     uint32_t max_leases_per_session = 65536;
     std::string policy = "lru";
+    bool write_through = false;  // also write every committed block to NVMe at once
   };
   // InvalidArgument for an unknown policy name.
   static absl::StatusOr<std::unique_ptr<BlockCache>> Create(const Options& opts, DaemonStats* stats);
@@ -61,34 +87,50 @@ class BlockCache {
   BlockCache(const BlockCache&) = delete;
   BlockCache& operator=(const BlockCache&) = delete;
 
-  // Not thread-safe: call before sessions start. Returns the tenant index.
+  // Setup, before sessions start (not thread-safe).
   absl::StatusOr<uint16_t> AddTenant(std::string name, std::unique_ptr<HostTier> host);
+  // The NVMe tier, and the blocks it recovered: each lands in its tenant's
+  // namespace (registered through `namespaces`); blocks of tenants no longer
+  // configured are freed. Returns how many were indexed.
+  absl::StatusOr<uint64_t> AttachNvme(std::unique_ptr<NvmeTier> nvme, const std::vector<RecoveredBlock>& recovered,
+                                      NamespaceRegistry* namespaces);
+  // Thread-safe. Makes a namespace's id known for NVMe block headers.
+  void RegisterNamespace(const NamespaceInfo& info);
+
   HostTier* host_tier(uint16_t tenant) const { return tenants_[tenant]->host.get(); }
+  NvmeTier* nvme_tier() const { return nvme_.get(); }
   const std::string& tenant_name(uint16_t tenant) const { return tenants_[tenant]->name; }
   size_t tenant_count() const { return tenants_.size(); }
 
   // All below: thread-safe across sessions; one thread per SessionHoldings.
 
-  // Longest present prefix of keys. With `lease`, pins that prefix and
-  // returns a lease id in *lease_id (0 when nothing hit). out gets one entry
-  // per key; entries past the prefix are TierKind::kNone.
+  // Longest present prefix of keys (in any tier). With `lease`, pins that
+  // prefix and returns a lease id in *lease_id (0 when nothing hit). out gets
+  // one entry per key; entries past the prefix are TierKind::kNone.
   absl::StatusOr<uint32_t> Lookup(SessionHoldings& s, std::span<const BlockKey> keys, bool lease,
                                   uint64_t* lease_id, std::span<BlockLocation> out);
-  // Locations of keys the lease pins (every key must be in it).
-  absl::Status Load(SessionHoldings& s, uint64_t lease_id, std::span<const BlockKey> keys,
-                    std::span<BlockLocation> out);
+  // Host locations of keys the lease pins (every key must be in it),
+  // promoting NVMe-only blocks first. Returns the outcome at once when every
+  // block is already in host memory; otherwise nullopt, and `done` runs later
+  // on another thread. Errors in arguments come back as an outcome status.
+  std::optional<LoadOutcome> Load(SessionHoldings& s, uint64_t lease_id, std::span<const BlockKey> keys,
+                                  LoadCallback done);
+  // Promotes the present prefix of keys from NVMe into host memory, ahead of
+  // need; `done` gets how many blocks were promoted.
+  void Prefetch(SessionHoldings& s, std::span<const BlockKey> keys, CountCallback done);
   // Reserves slots for keys not already cached (all or nothing: when the tier
   // cannot hold them all, even after evicting, nothing is reserved). Returns
   // how many the engine must fill; *ticket is 0 when none.
-  absl::StatusOr<uint32_t> StoreBegin(SessionHoldings& s, std::span<const BlockKey> keys,
-                                      uint64_t* ticket, std::span<BlockLocation> out);
-  // Makes the ticket's blocks visible to lookups.
-  absl::Status StoreCommit(SessionHoldings& s, uint64_t ticket);
+  absl::StatusOr<uint32_t> StoreBegin(SessionHoldings& s, std::span<const BlockKey> keys, uint64_t* ticket,
+                                      std::span<BlockLocation> out);
+  // Makes the ticket's blocks visible. With `durable`, `done` runs once they
+  // are also on NVMe with their journal records synced.
+  void StoreCommit(SessionHoldings& s, uint64_t ticket, bool durable, StatusCallback done);
   // Gives the ticket's slots back.
   absl::Status StoreAbort(SessionHoldings& s, uint64_t ticket);
   absl::Status Release(SessionHoldings& s, uint64_t lease_id);
-  // Removes committed blocks of the session's namespace; pinned ones go when
-  // their leases do. Returns how many were removed.
+  // Removes committed blocks of the session's namespace from every tier;
+  // pinned ones go when their leases do. Returns how many were removed.
   absl::StatusOr<uint32_t> Invalidate(SessionHoldings& s, std::span<const BlockKey> keys);
   absl::StatusOr<uint32_t> InvalidateNamespace(SessionHoldings& s);
   // Aborts every ticket and releases every lease (a session ended).
@@ -96,35 +138,71 @@ class BlockCache {
 
   std::vector<TenantUsage> Usage() const;
   uint64_t indexed_blocks() const { return index_.size(); }
+  // Blocks with a ready NVMe copy.
+  uint64_t nvme_blocks() const { return nvme_blocks_.load(std::memory_order_relaxed); }
 
  private:
   struct TenantState {
     std::string name;
+    uint64_t hash = 0;
     std::unique_ptr<HostTier> host;
     // The tenant's tier lock: allocation, eviction and policy updates.
-    // Ordered before shard mutexes.
     Mutex mu;
     absl::flat_hash_map<uint64_t, std::unique_ptr<EvictionPolicy>> policy_by_size ABSL_GUARDED_BY(mu);
     std::vector<BlockRecord*> slot_owner ABSL_GUARDED_BY(mu);
+    // Promotions in flight and who else waits for them.
+    absl::flat_hash_map<BlockRecord*, std::vector<absl::AnyInvocable<void(bool) &&>>> loading ABSL_GUARDED_BY(mu);
     std::atomic<uint64_t> pinned{0};
     std::atomic<uint64_t> evictions{0};
   };
 
   BlockCache(const Options& opts, DaemonStats* stats);
-  // A host slot for `owner`, evicting unpinned blocks of that size as needed.
-  absl::StatusOr<SlotHandle> AllocateSlot(TenantState& t, uint64_t bytes, BlockRecord* owner);
+
+  // --- host tier (block_cache.cc)
+  absl::StatusOr<SlotHandle> AllocateSlotLocked(TenantState& t, uint64_t bytes, BlockRecord* owner)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
   EvictionPolicy* PolicyFor(TenantState& t, uint64_t slot_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
-  // Frees a record's slot and deletes it; the record is out of the index and
-  // unpinned.
-  void FreeRecord(TenantState& t, BlockRecord* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
-  // Unpins a lease's records, freeing removed ones that reach zero.
+  void FreeHostSlotLocked(TenantState& t, SlotHandle slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
   void Unpin(SessionHoldings& s, const std::vector<BlockRecord*>& blocks);
-  uint32_t RemoveLocked(TenantState& t, BlockRecord* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
+  // Frees whatever copies a removed, unreferenced record still owns, then
+  // deletes it. DestroyDetached is for a record without a host slot.
+  void DestroyRecord(TenantState& t, BlockRecord* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
+  void DestroyDetached(BlockRecord* r);
+  uint32_t RemoveFromIndex(TenantState& t, BlockRecord* r, BlockIndex::Shard& sh) ABSL_EXCLUSIVE_LOCKS_REQUIRED(sh.mu);
+  std::vector<BlockRecord*> FindAll(uint32_t ns, std::span<const BlockKey> keys);
+
+  // --- movement between tiers (block_movement.cc)
+  enum class EvictResult { kSkipped, kEvicted };
+  // Takes a host victim's copy away: kept on NVMe, demoted to NVMe, or dropped.
+  EvictResult EvictHostCopyLocked(TenantState& t, BlockRecord* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
+  absl::StatusOr<SlotHandle> AllocateNvmeSlotLocked(uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(nvme_mu_);
+  BlockMeta MetaOf(const BlockRecord* r) const;
+  // Starts an NVMe write of r's host copy; r carries an I/O reference for it.
+  void WriteToNvme(TenantState& t, BlockRecord* r, IoPriority prio, StatusCallback done);
+  void OnNvmeWritten(BlockRecord* r, absl::Status s);
+  // Brings r's NVMe copy into a host slot; `done(ok)` when it is there or failed.
+  void Promote(TenantState& t, BlockRecord* r, IoPriority prio, absl::AnyInvocable<void(bool) &&> done);
+  void DropNvmeCopy(BlockRecord* r);
+  // Drops the I/O reference an operation held; destroys the record if it was
+  // the last thing keeping a removed record alive.
+  void ReleaseIoRef(TenantState& t, BlockRecord* r);
 
   const Options opts_;
   DaemonStats* const stats_;
   BlockIndex index_;
   std::vector<std::unique_ptr<TenantState>> tenants_;
+  absl::flat_hash_map<uint64_t, uint16_t> tenant_by_hash_;
+
+  // The NVMe lock: the NVMe policy and slot owners. Declared before the tier,
+  // which the destructor drains first.
+  Mutex nvme_mu_;
+  std::unique_ptr<EvictionPolicy> nvme_policy_ ABSL_GUARDED_BY(nvme_mu_);
+  absl::flat_hash_map<SlotHandle, BlockRecord*> nvme_owner_ ABSL_GUARDED_BY(nvme_mu_);
+  std::atomic<uint64_t> nvme_blocks_{0};
+  std::unique_ptr<NvmeTier> nvme_;
+
+  mutable Mutex ns_mu_;
+  std::vector<NamespaceInfo> ns_info_ ABSL_GUARDED_BY(ns_mu_);  // by handle
 };
 
 }  // namespace kvtier

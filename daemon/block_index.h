@@ -20,9 +20,20 @@ namespace kvtier {
 
 inline constexpr SlotHandle kNoSlot = UINT32_MAX;
 
+// The host copy of a block.
 enum class BlockState : uint8_t {
-  kWriting,  // slot handed to a storing engine; invisible to lookups
-  kReady,    // committed; visible
+  kNone,      // no host copy
+  kWriting,   // slot handed to a storing engine; invisible to lookups
+  kReady,     // committed; visible
+  kLoading,   // being promoted from NVMe into host_slot
+  kEvicting,  // being taken away (demotion or drop); invisible
+};
+
+// The NVMe copy of a block.
+enum class NvmeState : uint8_t {
+  kNone,
+  kWriting,  // demotion or write-through in flight
+  kReady,    // written and journaled: durable
 };
 
 struct BlockRecord {
@@ -30,13 +41,17 @@ struct BlockRecord {
   uint32_t ns = 0;                 // namespace handle
   uint32_t pins = 0;               // leases holding it
   SlotHandle host_slot = kNoSlot;  // in the tenant's host tier
+  SlotHandle nvme_slot = kNoSlot;  // in the NVMe tier
+  uint64_t arena_offset = 0;       // of host_slot, kept here so lookups touch no tier state
   uint16_t tenant = 0;
   BlockState state = BlockState::kWriting;
-  bool removed = false;       // erased from the index; freed when pins reach 0
-  uint64_t arena_offset = 0;  // of host_slot, kept here so lookups touch no tier state
+  NvmeState nvme_state = NvmeState::kNone;
+  uint8_t io_refs = 0;   // tier I/O in flight on this block: not evictable, not freed
+  bool removed = false;  // erased from the index; destroyed when unreferenced
+
+  bool visible() const { return state == BlockState::kReady || nvme_state == NvmeState::kReady; }
 };
-// 56 bytes: still one 64-byte malloc chunk.
-static_assert(sizeof(BlockRecord) <= 56);
+static_assert(sizeof(BlockRecord) <= 64);
 
 // Names a block for lookup without building a record.
 struct BlockRef {

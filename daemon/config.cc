@@ -88,6 +88,19 @@ class TableReader {
       return absl::OkStatus();
     });
   }
+  absl::Status StringList(std::string_view key, std::vector<std::string>* out) {
+    return Get(key, [&](const toml::node& n) -> absl::Status {
+      const toml::array* a = n.as_array();
+      if (a == nullptr) return TypeError(key, n, "a list of strings");
+      out->clear();
+      for (const toml::node& e : *a) {
+        auto v = e.value<std::string>();
+        if (!v || v->empty()) return TypeError(key, e, "a list of non-empty strings");
+        out->push_back(*v);
+      }
+      return absl::OkStatus();
+    });
+  }
   template <typename T>
   absl::Status IntList(std::string_view key, std::vector<T>* out) {
     return Get(key, [&](const toml::node& n) -> absl::Status {
@@ -180,6 +193,11 @@ absl::Status ReadTenants(const toml::array& arr, std::string_view origin, Config
 
 }  // namespace
 
+std::vector<std::string> Config::NvmeDirs() const {
+  if (!nvme_dirs.empty()) return nvme_dirs;
+  return {data_dir + "/nvme"};
+}
+
 std::string Config::DataSocketPath() const { return Cat(run_dir, "/", kDataSocketName); }
 std::string Config::AdminSocketPath() const { return Cat(run_dir, "/", kAdminSocketName); }
 
@@ -235,6 +253,23 @@ absl::StatusOr<Config> ParseConfig(std::string_view toml_text, std::string_view 
       RETURN_IF_ERROR(r.Bytes("capacity", &c.host_capacity));
       RETURN_IF_ERROR(r.Bool("prefault", &c.host_prefault));
       RETURN_IF_ERROR(r.String("policy", &c.host_policy));
+      RETURN_IF_ERROR(r.RejectUnknown());
+    }
+    if (const toml::table* n = tiers.SubTable("nvme")) {
+      TableReader r(*n, "tiers.nvme", origin);
+      RETURN_IF_ERROR(r.StringList("dirs", &c.nvme_dirs));
+      const uint64_t before = c.nvme_capacity;
+      c.nvme_capacity = UINT64_MAX;
+      RETURN_IF_ERROR(r.Bytes("capacity", &c.nvme_capacity));
+      c.nvme_capacity_explicit = c.nvme_capacity != UINT64_MAX;
+      if (!c.nvme_capacity_explicit) c.nvme_capacity = before;
+      RETURN_IF_ERROR(r.Bytes("segment_bytes", &c.nvme_segment_bytes));
+      RETURN_IF_ERROR(r.Int("queue_depth", &c.nvme_queue_depth, 1, 4096));
+      RETURN_IF_ERROR(r.Int("io_workers", &c.nvme_io_workers, 1, 64));
+      RETURN_IF_ERROR(r.String("io_engine", &c.nvme_io_engine));
+      RETURN_IF_ERROR(r.Bool("allow_buffered", &c.nvme_allow_buffered));
+      RETURN_IF_ERROR(r.Bytes("staging_bytes", &c.nvme_staging_bytes));
+      RETURN_IF_ERROR(r.Bool("write_through", &c.nvme_write_through));
       RETURN_IF_ERROR(r.RejectUnknown());
     }
     RETURN_IF_ERROR(tiers.RejectUnknown());
@@ -328,6 +363,18 @@ absl::Status ValidateConfig(const Config& c) {
   if (c.scratch_bytes < (64u << 10) || c.scratch_bytes > (1ull << 30)) {
     return absl::InvalidArgumentError("ipc.scratch_bytes must be 64KiB..1GiB");
   }
+  if (c.nvme_capacity > 0) {
+    if (c.nvme_segment_bytes < (1u << 20) || c.nvme_segment_bytes % 4096 != 0 || c.nvme_segment_bytes > (4ull << 30)) {
+      return absl::InvalidArgumentError("tiers.nvme.segment_bytes must be a multiple of 4 KiB in 1MiB..4GiB");
+    }
+    if (c.nvme_io_engine != "auto" && c.nvme_io_engine != "io_uring" && c.nvme_io_engine != "threads") {
+      return absl::InvalidArgumentError(Cat("tiers.nvme.io_engine = \"", c.nvme_io_engine,
+                                            "\"; use \"auto\", \"io_uring\" or \"threads\""));
+    }
+    if (c.nvme_staging_bytes < (4u << 20)) {
+      return absl::InvalidArgumentError("tiers.nvme.staging_bytes must be at least 4MiB");
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -356,6 +403,18 @@ std::string DefaultConfigToml() {
       "capacity = \"1GiB\"          # per-tenant shared host arena\n"
       "prefault = false            # fault the arena in at start\n"
       "policy = \"lru\"             # eviction policy\n"
+      "\n[tiers.nvme]\n"
+      "# NVMe directories, one slab file each (one per device). Default: <data_dir>/nvme\n"
+      "dirs = []\n"
+      "capacity = \"2GiB\"          # across all dirs; 0 turns the tier off. The default\n"
+      "                            # shrinks to the free space (with a warning); a set value is required\n"
+      "segment_bytes = \"256MiB\"   # slabs are cut into segments of one block size each\n"
+      "queue_depth = 32            # I/Os in flight per worker\n"
+      "io_workers = 1              # one io_uring each\n"
+      "io_engine = \"auto\"         # auto (io_uring, else pread/pwrite threads), io_uring, threads\n"
+      "allow_buffered = false      # accept file systems without O_DIRECT (page-cache I/O)\n"
+      "staging_bytes = \"64MiB\"    # aligned bounce memory for direct I/O\n"
+      "write_through = false       # write committed blocks to NVMe at once, not only on eviction\n"
       "\n[sim]\n"
       "bandwidth = 0               # simulated device copy bandwidth, bytes/s (0: unlimited)\n"
       "\n# Tenants: peers are matched by uid, then by primary gid. Without any\n"

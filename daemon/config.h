@@ -44,11 +44,24 @@ struct Config {
   uint64_t host_capacity = 1ull << 30;
   bool host_prefault = false;
   std::string host_policy = "lru";
+  // [tiers.nvme]
+  std::vector<std::string> nvme_dirs;    // empty: <data_dir>/nvme
+  uint64_t nvme_capacity = 2ull << 30;   // 0: no NVMe tier
+  bool nvme_capacity_explicit = false;   // set in a file (a default may shrink to fit)
+  uint64_t nvme_segment_bytes = 256ull << 20;
+  uint32_t nvme_queue_depth = 32;
+  uint32_t nvme_io_workers = 1;
+  std::string nvme_io_engine = "auto";
+  bool nvme_allow_buffered = false;
+  uint64_t nvme_staging_bytes = 64ull << 20;
+  bool nvme_write_through = false;
   // [sim]
   uint64_t sim_bandwidth = 0;  // bytes/s; 0 = unlimited
   // [[tenants]]; empty in a file means the default tenant.
   std::vector<TenantConfig> tenants;
 
+  // The NVMe directories in effect.
+  std::vector<std::string> NvmeDirs() const;
   // Where the data and admin sockets live.
   std::string DataSocketPath() const;
   std::string AdminSocketPath() const;

@@ -71,7 +71,8 @@ absl::Status Daemon::Open() {
   device_reason_ = choice.reason;
   spdlog::info("event=device backend={} detail=\"{}\"", device_->name(), device_reason_);
 
-  ASSIGN_OR_RETURN(cache_, BlockCache::Create({config_.max_leases_per_session, config_.host_policy}, &stats_));
+  ASSIGN_OR_RETURN(cache_, BlockCache::Create(
+                               {config_.max_leases_per_session, config_.host_policy, config_.nvme_write_through}, &stats_));
   for (const TenantConfig& t : config_.tenants) {
     const uint64_t bytes = t.host_bytes ? t.host_bytes : config_.host_capacity;
     auto host = HostTier::Create({absl::StrCat("kvtier-host-", t.name), bytes, config_.host_prefault});
@@ -84,6 +85,8 @@ absl::Status Daemon::Open() {
     spdlog::info("event=tenant name={} host_capacity=\"{}\" policy={} uids={} gids={}", t.name,
                  FormatBytes(bytes), config_.host_policy, t.uids.size(), t.gids.size());
   }
+
+  RETURN_IF_ERROR(OpenNvme());
 
   RETURN_IF_ERROR(MakeDirs(config_.run_dir, 0755));
   epoll_ = UniqueFd(epoll_create1(EPOLL_CLOEXEC));
@@ -107,6 +110,71 @@ absl::Status Daemon::Open() {
   Watch(wake_fd_.get(), FdKind::kWake, 0, EPOLLIN);
   spdlog::info("event=listening socket={} admin_socket={} hash={}", config_.DataSocketPath(),
                config_.AdminSocketPath(), HashAlgorithmName(config_.hash));
+  return absl::OkStatus();
+}
+
+absl::Status Daemon::OpenNvme() {
+  if (config_.nvme_capacity == 0) {
+    spdlog::info("event=nvme_tier state=off detail=\"tiers.nvme.capacity = 0\"");
+    return absl::OkStatus();
+  }
+  const std::vector<std::string> dirs = config_.NvmeDirs();
+  uint64_t capacity = config_.nvme_capacity;
+  if (!config_.nvme_capacity_explicit) {
+    // The default must not fail a start on a small disk: take at most half of
+    // what is free (counting slab files already ours), or go without.
+    uint64_t available = UINT64_MAX;
+    for (const std::string& d : dirs) {
+      std::error_code ec;
+      std::filesystem::create_directories(d, ec);
+      const auto space = std::filesystem::space(d, ec);
+      if (ec) continue;
+      const uint64_t ours = std::filesystem::file_size(d + "/kvtier-slab.kvt", ec);
+      available = std::min<uint64_t>(available, (space.available + (ec ? 0 : ours)) / 2 * dirs.size());
+    }
+    if (available < capacity) {
+      capacity = available / (config_.nvme_segment_bytes * dirs.size()) * config_.nvme_segment_bytes * dirs.size();
+      spdlog::warn("event=nvme_tier detail=\"only {} free for the default NVMe tier; using {}\" hint=\"set "
+                   "tiers.nvme.capacity explicitly to choose\"",
+                   FormatBytes(available), FormatBytes(capacity));
+      if (capacity == 0) return absl::OkStatus();
+    }
+  }
+  NvmeTierOptions o;
+  o.dirs = dirs;
+  o.capacity_bytes = capacity;
+  o.segment_bytes = config_.nvme_segment_bytes;
+  o.queue_depth = config_.nvme_queue_depth;
+  o.io_workers = config_.nvme_io_workers;
+  o.io_engine = config_.nvme_io_engine;
+  o.allow_buffered = config_.nvme_allow_buffered;
+  o.staging_bytes = config_.nvme_staging_bytes;
+  uint64_t last_report = 0;
+  o.progress = [&last_report](uint64_t done, uint64_t total) {
+    const uint64_t now = MonotonicNanos();
+    if (done == total || now - last_report > 1'000'000'000) {
+      last_report = now;
+      spdlog::info("event=nvme_recovery checked={} of={}", done, total);
+    }
+  };
+  std::vector<RecoveredBlock> recovered;
+  absl::StatusOr<std::unique_ptr<NvmeTier>> nvme = NvmeTier::Open(o, &recovered);
+  if (!nvme.ok()) {
+    return absl::Status(nvme.status().code(), absl::StrCat("opening the NVMe tier: ", nvme.status().message()));
+  }
+  const NvmeStats st = (*nvme)->Stats();
+  if (!st.io_engine_reason.empty()) {
+    spdlog::warn("event=nvme_io_engine engine={} detail=\"{}\"", st.io_engine, st.io_engine_reason);
+  }
+  if (st.buffered) {
+    spdlog::warn("event=nvme_buffered detail=\"O_DIRECT refused; buffered I/O as tiers.nvme.allow_buffered permits\"");
+  }
+  ASSIGN_OR_RETURN(uint64_t indexed, cache_->AttachNvme(std::move(*nvme), recovered, &namespaces_));
+  spdlog::info("event=nvme_tier state=on dirs={} capacity=\"{}\" engine=\"{}\" recovered={} dropped={} "
+               "journal_bytes_cut={} seconds={:.3f}",
+               dirs.size(), FormatBytes(capacity), st.io_engine, indexed,
+               st.recovery.dropped + (recovered.size() - indexed), st.recovery.journal_bytes_cut,
+               st.recovery.seconds);
   return absl::OkStatus();
 }
 
@@ -274,6 +342,7 @@ void Daemon::Attach(UniqueFd fd, std::span<const std::byte> request) {
     RefuseAttach(fd.get(), ToErrorCode(ns.status()), std::string(ns.status().message()), *peer);
     return;
   }
+  cache_->RegisterNamespace(*ns);
   const uint64_t id = next_session_id_++;
   absl::StatusOr<ipc::SessionSegment> seg = ipc::SessionSegment::Create(
       id, ipc::SegmentOptions{config_.ring_entries, config_.ring_entries, config_.scratch_bytes,

@@ -49,6 +49,7 @@ class Daemon {
  private:
   explicit Daemon(const Config& config);
   absl::Status Open();
+  absl::Status OpenNvme();
 
   enum class FdKind : uint8_t { kDataListen, kAdminListen, kSignal, kWake, kPendingAttach,
                                 kSessionSocket, kSessionPid, kAdminConn };

@@ -5,10 +5,24 @@ namespace kvtier {
 absl::StatusOr<NamespaceInfo> NamespaceRegistry::Register(const NamespaceId& id, uint16_t tenant,
                                                           const NamespaceDescriptor& d) {
   MutexLock l(&mu_);
-  if (auto it = by_id_.find(id); it != by_id_.end()) return infos_[it->second];
+  if (auto it = by_id_.find(id); it != by_id_.end()) {
+    NamespaceInfo& known = infos_[it->second];
+    if (known.model_id.empty()) known.model_id = d.model_id;  // first attach after recovery
+    return known;
+  }
   if (infos_.size() >= UINT32_MAX) return absl::ResourceExhaustedError("too many namespaces");
   NamespaceInfo info{static_cast<uint32_t>(infos_.size()), id, tenant, d.block_tokens,
                      d.block_bytes, d.model_id};
+  by_id_.emplace(id, info.handle);
+  infos_.push_back(info);
+  return info;
+}
+
+NamespaceInfo NamespaceRegistry::RegisterRecovered(const NamespaceId& id, uint16_t tenant, uint64_t block_bytes,
+                                                  uint32_t block_tokens) {
+  MutexLock l(&mu_);
+  if (auto it = by_id_.find(id); it != by_id_.end()) return infos_[it->second];
+  NamespaceInfo info{static_cast<uint32_t>(infos_.size()), id, tenant, block_tokens, block_bytes, ""};
   by_id_.emplace(id, info.handle);
   infos_.push_back(info);
   return info;

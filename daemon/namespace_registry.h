@@ -27,6 +27,10 @@ class NamespaceRegistry {
   // Thread-safe. Returns the existing entry for an id, or registers it.
   absl::StatusOr<NamespaceInfo> Register(const NamespaceId& id, uint16_t tenant,
                                          const NamespaceDescriptor& d);
+  // Thread-safe. A namespace known only from blocks recovered from NVMe (its
+  // descriptor arrives when an engine attaches with it).
+  NamespaceInfo RegisterRecovered(const NamespaceId& id, uint16_t tenant, uint64_t block_bytes,
+                                  uint32_t block_tokens);
   // Thread-safe.
   std::vector<NamespaceInfo> List() const;
 

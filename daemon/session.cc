@@ -11,6 +11,7 @@
 #include "core/status.h"
 #include "core/units.h"
 #include "ipc/doorbell.h"
+#include "ipc/session_segment.h"
 #include "core/fmt_absl.h"
 #include "spdlog/spdlog.h"
 
@@ -40,8 +41,45 @@ void Session::Start() { thread_ = std::thread([this] { Run(); }); }
 void Session::Stop(CloseReason reason) {
   uint32_t expected = 0;
   stop_reason_.compare_exchange_strong(expected, static_cast<uint32_t>(reason));
-  stop_.store(true, std::memory_order_release);
-  ipc::FutexWakeAll(&segment_.header()->sq_tail);
+  stop_.store(true, std::memory_order_seq_cst);
+  // Whatever the client left in the doorbell word, the thread must wake.
+  segment_.header()->daemon_sleeping.store(0, std::memory_order_seq_cst);
+  ipc::FutexWakeAll(&segment_.header()->daemon_sleeping);
+}
+
+void Session::Defer(Deferred d) {
+  {
+    MutexLock l(&deferred_mu_);
+    deferred_.push_back(std::move(d));
+    deferred_count_.fetch_add(1, std::memory_order_seq_cst);
+  }
+  ipc::RingDaemonDoorbell(segment_.header());
+}
+
+bool Session::PostDeferred(ipc::RingProducer<CompletionRecord>& cq) {
+  if (deferred_count_.load(std::memory_order_seq_cst) == 0) return true;
+  std::vector<Deferred> ready;
+  {
+    MutexLock l(&deferred_mu_);
+    ready.swap(deferred_);
+    deferred_count_.store(0, std::memory_order_seq_cst);
+  }
+  for (Deferred& d : ready) {
+    if (!d.locations.empty()) WriteResults(d.req, d.locations);
+    if (d.outcome.status != 0) WriteMessage(d.req, d.outcome.message);
+    const Outcome& o = d.outcome;
+    const bool posted = Post(cq, CompletionRecord{d.req.op_id, o.status, o.count, o.handle, o.value});
+    async_in_flight_.fetch_sub(1, std::memory_order_acq_rel);
+    if (!posted) return false;
+  }
+  return true;
+}
+
+Session::Outcome Session::FromStatus(const absl::Status& s) {
+  Outcome o;
+  o.status = ToErrorCode(s);
+  if (!s.ok()) o.message = std::string(s.message());
+  return o;
 }
 
 void Session::Join() {
@@ -75,6 +113,7 @@ void Session::Run() {
   std::string fatal_reason;
 
   while (!stop_.load(std::memory_order_acquire)) {
+    if (!PostDeferred(cq)) break;
     RequestRecord req;
     const ipc::PopResult pr = sq.TryPop(&req);
     if (pr == ipc::PopResult::kCorrupt) {
@@ -84,6 +123,10 @@ void Session::Run() {
     if (pr == ipc::PopResult::kOk) {
       Outcome o = Process(req);
       ops_.fetch_add(1, std::memory_order_relaxed);
+      if (o.deferred) {
+        idle_since = MonotonicNanos();
+        continue;
+      }
       if (o.status != 0) WriteMessage(req, o.message);
       if (!Post(cq, CompletionRecord{req.op_id, o.status, o.count, o.handle, o.value})) break;
       if (o.fatal) {
@@ -97,13 +140,26 @@ void Session::Run() {
       ipc::PollPause(idle);
       continue;
     }
-    // Sleep on the doorbell: announce, re-check, then wait.
+    // Sleep on the doorbell: announce, re-check, then wait while the word
+    // stays 1 (whoever brings work sets it to 0 first).
     h->daemon_sleeping.store(1, std::memory_order_seq_cst);
-    if (!sq.HasPending() && !stop_.load(std::memory_order_acquire)) {
-      ipc::FutexWait(&h->sq_tail, sq.head(), std::chrono::milliseconds(500));
+    if (!sq.HasPending() && deferred_count_.load(std::memory_order_seq_cst) == 0 &&
+        !stop_.load(std::memory_order_seq_cst)) {
+      ipc::FutexWait(&h->daemon_sleeping, 1, std::chrono::milliseconds(500));
     }
     h->daemon_sleeping.store(0, std::memory_order_relaxed);
     idle_since = MonotonicNanos();
+  }
+  // Operations still on I/O threads reference this session: wait for them
+  // (tier I/O is bounded), then drop their completions.
+  while (async_in_flight_.load(std::memory_order_acquire) != 0) {
+    {
+      MutexLock l(&deferred_mu_);
+      async_in_flight_.fetch_sub(static_cast<uint32_t>(deferred_.size()), std::memory_order_acq_rel);
+      deferred_.clear();
+      deferred_count_.store(0);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
 
   CloseReason reason = static_cast<CloseReason>(stop_reason_.load(std::memory_order_acquire));
@@ -189,7 +245,7 @@ Session::Outcome Session::Process(const RequestRecord& req) {
   }
   const Opcode op = static_cast<Opcode>(req.opcode);
   const bool takes_keys = op == Opcode::kLookup || op == Opcode::kLoad || op == Opcode::kStoreBegin ||
-                          op == Opcode::kInvalidate;
+                          op == Opcode::kInvalidate || op == Opcode::kPrefetch;
   const bool returns_blocks = op == Opcode::kLookup || op == Opcode::kLoad || op == Opcode::kStoreBegin;
   std::vector<BlockKey> keys;
   if (takes_keys) {
@@ -201,7 +257,8 @@ Session::Outcome Session::Process(const RequestRecord& req) {
     }
     if (keys.empty()) return fail(absl::InvalidArgumentError("request carries no keys"));
   }
-  if ((req.flags & ~ipc::kFlagLease) != 0 || (req.flags != 0 && op != Opcode::kLookup)) {
+  const uint16_t allowed = op == Opcode::kLookup ? ipc::kFlagLease : op == Opcode::kStoreCommit ? ipc::kFlagDurable : 0;
+  if ((req.flags & ~allowed) != 0) {
     return fail(absl::InvalidArgumentError(absl::StrCat("unknown flags 0x", absl::Hex(req.flags))));
   }
 
@@ -220,11 +277,35 @@ Session::Outcome Session::Process(const RequestRecord& req) {
       return o;
     }
     case Opcode::kLoad: {
-      absl::Status s = cache_->Load(holdings_, req.handle, keys, std::span(locs));
-      if (!s.ok()) return fail(s);
-      WriteResults(req, locs);
-      o.count = static_cast<uint32_t>(keys.size());
-      return o;
+      // Blocks that failed to come back from NVMe are a shorter loaded
+      // prefix (count), not an error: the engine recomputes them.
+      auto finish = [](const RequestRecord& r, LoadOutcome lo) {
+        Deferred d{r, {}, {}};
+        if (lo.locations.empty() && !lo.status.ok()) {
+          d.outcome = FromStatus(lo.status);
+        } else {
+          d.outcome.count = lo.loaded;
+          d.locations = std::move(lo.locations);
+        }
+        return d;
+      };
+      async_in_flight_.fetch_add(1, std::memory_order_acq_rel);
+      std::optional<LoadOutcome> now =
+          cache_->Load(holdings_, req.handle, keys, [this, req, finish](LoadOutcome lo) { Defer(finish(req, std::move(lo))); });
+      if (!now) return Outcome{.deferred = true};
+      async_in_flight_.fetch_sub(1, std::memory_order_acq_rel);
+      Deferred d = finish(req, std::move(*now));
+      if (!d.locations.empty()) WriteResults(req, d.locations);
+      return d.outcome;
+    }
+    case Opcode::kPrefetch: {
+      async_in_flight_.fetch_add(1, std::memory_order_acq_rel);
+      cache_->Prefetch(holdings_, keys, [this, req](absl::StatusOr<uint32_t> n) {
+        Deferred d{req, FromStatus(n.status()), {}};
+        if (n.ok()) d.outcome.value = *n;
+        Defer(std::move(d));
+      });
+      return Outcome{.deferred = true};
     }
     case Opcode::kStoreBegin: {
       uint64_t ticket = 0;
@@ -236,8 +317,10 @@ Session::Outcome Session::Process(const RequestRecord& req) {
       return o;
     }
     case Opcode::kStoreCommit: {
-      absl::Status s = cache_->StoreCommit(holdings_, req.handle);
-      return s.ok() ? o : fail(s);
+      async_in_flight_.fetch_add(1, std::memory_order_acq_rel);
+      cache_->StoreCommit(holdings_, req.handle, (req.flags & ipc::kFlagDurable) != 0,
+                          [this, req](absl::Status s) { Defer(Deferred{req, FromStatus(s), {}}); });
+      return Outcome{.deferred = true};
     }
     case Opcode::kStoreAbort: {
       absl::Status s = cache_->StoreAbort(holdings_, req.handle);

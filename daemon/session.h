@@ -2,6 +2,9 @@
 // serves its request ring. The thread spins briefly when idle, then sleeps on
 // the futex doorbell; it ends when asked (hang-up, shutdown) or when the
 // client breaks the protocol, and then releases everything the session held.
+// Operations that wait for tier I/O (loads from NVMe, durable commits,
+// prefetches) finish on I/O threads, which hand their completions back to
+// the session thread: it alone writes the completion ring.
 #ifndef KVTIER_DAEMON_SESSION_H_
 #define KVTIER_DAEMON_SESSION_H_
 
@@ -11,6 +14,7 @@
 #include <string>
 #include <thread>
 
+#include "core/mutex.h"
 #include "core/unique_fd.h"
 #include "daemon/block_cache.h"
 #include "daemon/stats.h"
@@ -76,10 +80,22 @@ class Session {
     uint64_t value = 0;
     std::string message;  // on failure
     bool fatal = false;   // malformed: close the session after answering
+    bool deferred = false;  // completes later through Defer()
+  };
+  // An operation that finished on another thread.
+  struct Deferred {
+    ipc::RequestRecord req;
+    Outcome outcome;
+    std::vector<BlockLocation> locations;  // written to the result area when not empty
   };
 
   void Run();
   Outcome Process(const ipc::RequestRecord& req);
+  // Thread-safe: queues a completion for the session thread and wakes it.
+  void Defer(Deferred d);
+  // Session thread: posts queued completions; false if stopped meanwhile.
+  bool PostDeferred(ipc::RingProducer<ipc::CompletionRecord>& cq);
+  static Outcome FromStatus(const absl::Status& s);
   // Copies `count` keys out of scratch; false (with *why) if out of bounds.
   bool ReadKeys(const ipc::RequestRecord& req, std::vector<BlockKey>* keys, std::string* why);
   bool OutRangeOk(const ipc::RequestRecord& req, uint64_t need) const;
@@ -99,6 +115,10 @@ class Session {
   std::function<void()> on_exit_;
 
   SessionHoldings holdings_;  // session thread only (atomics inside are shared)
+  Mutex deferred_mu_;
+  std::vector<Deferred> deferred_ ABSL_GUARDED_BY(deferred_mu_);
+  std::atomic<uint32_t> deferred_count_{0};  // deferred_.size(), readable without the lock
+  std::atomic<uint32_t> async_in_flight_{0};  // operations whose completion is still to come
   std::atomic<bool> stop_{false};
   std::atomic<uint32_t> stop_reason_{0};
   std::atomic<bool> finished_{false};

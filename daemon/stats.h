@@ -19,10 +19,16 @@ struct DaemonStats {
   // feed hit statistics. Lookups without a lease (scheduler probes that may
   // repeat) are counted apart and change nothing.
   Counter lookups, lookup_hits, probes;
-  Counter blocks_queried, blocks_hit, tokens_queried, tokens_hit;
+  Counter blocks_queried, blocks_hit, blocks_hit_nvme, tokens_queried, tokens_hit;
   Counter stores, blocks_stored, bytes_stored, store_aborts, blocks_already_present;
-  Counter loads, blocks_loaded, bytes_loaded;
+  Counter loads, blocks_loaded, bytes_loaded, load_failures;
   Counter evictions, invalidations, store_refused_no_space;
+  // Movement between tiers. Host evictions end as kept (an NVMe copy already
+  // existed), demoted (written to NVMe) or dropped.
+  Counter evictions_kept_on_nvme, demotions, demotions_failed, evictions_dropped;
+  Counter nvme_evictions, writes_through, bytes_written_nvme;
+  Counter promotions, promotions_failed, promotions_for_load, prefetches;
+  Counter recovered_dropped;
   Counter sessions_attached, sessions_detached, attach_refused, protocol_errors, sessions_closed_dead;
 };
 

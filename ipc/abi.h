@@ -36,11 +36,13 @@ enum class Opcode : uint16_t {
   kRelease = 7,
   kInvalidate = 8,
   kInvalidateNamespace = 9,
+  kPrefetch = 10,
 };
-inline constexpr uint16_t kMaxOpcode = 9;
+inline constexpr uint16_t kMaxOpcode = 10;
 
 // Request flags.
-inline constexpr uint16_t kFlagLease = 1;  // kLookup: pin the hit prefix
+inline constexpr uint16_t kFlagLease = 1;    // kLookup: pin the hit prefix
+inline constexpr uint16_t kFlagDurable = 2;  // kStoreCommit: complete once the blocks are on NVMe
 
 // One request (64 bytes). Keys live in scratch at keys_offset (count * 32
 // bytes); results go to scratch at out_offset (out_bytes). On failure the
@@ -116,10 +118,13 @@ struct SegmentHeader {
   alignas(64) std::atomic<uint32_t> sq_head;  // daemon
   alignas(64) std::atomic<uint32_t> cq_tail;  // daemon; the client sleeps on it
   alignas(64) std::atomic<uint32_t> cq_head;  // client
-  // Doorbells: a side sets its flag before sleeping on the other side's tail,
-  // then re-checks; the other side wakes it when the flag is set (seq_cst on
-  // both sides, so one of them always sees the other).
-  alignas(64) std::atomic<uint32_t> daemon_sleeping;  // daemon sleeps on sq_tail
+  // Doorbells. The daemon sets daemon_sleeping to 1, re-checks its work, and
+  // sleeps on that word while it is 1; anyone who gives it work (the client
+  // after publishing sq_tail, a daemon I/O thread with a finished operation)
+  // exchanges it to 0 and wakes the word if it was 1 - no lost wake-ups.
+  // The client sets client_sleeping, re-checks cq_tail and sleeps on cq_tail;
+  // the daemon wakes cq_tail when it sees the flag. All seq_cst.
+  alignas(64) std::atomic<uint32_t> daemon_sleeping;  // the daemon sleeps on this word
   std::atomic<uint32_t> client_sleeping;              // client sleeps on cq_tail
   std::atomic<uint32_t> closed;                       // CloseReason, set by the daemon
   std::atomic<uint32_t> detached;                     // set by a client that detaches on purpose

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "ipc/doorbell.h"
 
 namespace kvtier::ipc {
 namespace {
@@ -34,6 +35,13 @@ SegmentOptions Normalize(SegmentOptions o) {
 }
 
 }  // namespace
+
+void RingDaemonDoorbell(SegmentHeader* h) {
+  if (h->daemon_sleeping.load(std::memory_order_seq_cst) != 0 &&
+      h->daemon_sleeping.exchange(0, std::memory_order_seq_cst) != 0) {
+    FutexWakeAll(&h->daemon_sleeping);
+  }
+}
 
 uint64_t SegmentBytes(const SegmentOptions& opts) {
   SegmentOptions o = Normalize(opts);

@@ -62,6 +62,10 @@ class SessionSegment {
   Layout layout_;
 };
 
+// Wakes the daemon's session thread if it sleeps (see SegmentHeader): for
+// whoever just gave it work. Thread-safe.
+void RingDaemonDoorbell(SegmentHeader* h);
+
 // The bytes a segment with these options occupies.
 uint64_t SegmentBytes(const SegmentOptions& opts);
 

@@ -36,8 +36,11 @@ class EvictionPolicy {
   virtual absl::string_view name() const = 0;
 };
 
-// Least recently used first.
+// Least recently used first. Handles should be dense (0..n): the links live
+// in arrays indexed by handle.
 std::unique_ptr<EvictionPolicy> MakeLruPolicy();
+// LRU for sparse handles (the NVMe tier's segment<<16|slot): links in a hash map.
+std::unique_ptr<EvictionPolicy> MakeSparseLruPolicy();
 
 // By config name ("lru").
 absl::StatusOr<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(absl::string_view name);

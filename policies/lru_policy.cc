@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "policies/eviction_policy.h"
 
@@ -70,9 +71,56 @@ class LruPolicy final : public EvictionPolicy {
   size_t size_ = 0;
 };
 
+class SparseLruPolicy final : public EvictionPolicy {
+ public:
+  void Insert(uint32_t h) override {
+    if (links_.contains(h)) Unlink(h);
+    PushFront(h);
+  }
+  void Touch(uint32_t h) override {
+    if (links_.contains(h)) {
+      Unlink(h);
+      PushFront(h);
+    }
+  }
+  void Remove(uint32_t h) override {
+    if (links_.contains(h)) Unlink(h);
+  }
+  std::optional<uint32_t> PickVictim(absl::FunctionRef<bool(uint32_t)> evictable) override {
+    for (uint32_t h = tail_; h != kNil; h = links_.at(h).prev) {
+      if (evictable(h)) return h;
+    }
+    return std::nullopt;
+  }
+  bool Contains(uint32_t h) const override { return links_.contains(h); }
+  size_t size() const override { return links_.size(); }
+  absl::string_view name() const override { return "lru"; }
+
+ private:
+  static constexpr uint32_t kNil = UINT32_MAX;
+  struct Links {
+    uint32_t prev = kNil, next = kNil;
+  };
+  void PushFront(uint32_t h) {
+    links_[h] = Links{kNil, head_};
+    if (head_ != kNil) links_[head_].prev = h;
+    head_ = h;
+    if (tail_ == kNil) tail_ = h;
+  }
+  void Unlink(uint32_t h) {
+    const Links l = links_[h];
+    if (l.prev != kNil) links_[l.prev].next = l.next; else head_ = l.next;
+    if (l.next != kNil) links_[l.next].prev = l.prev; else tail_ = l.prev;
+    links_.erase(h);
+  }
+  absl::flat_hash_map<uint32_t, Links> links_;
+  uint32_t head_ = kNil, tail_ = kNil;
+};
+
 }  // namespace
 
 std::unique_ptr<EvictionPolicy> MakeLruPolicy() { return std::make_unique<LruPolicy>(); }
+std::unique_ptr<EvictionPolicy> MakeSparseLruPolicy() { return std::make_unique<SparseLruPolicy>(); }
 
 absl::StatusOr<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(absl::string_view name) {
   if (name == "lru") return MakeLruPolicy();

@@ -113,7 +113,7 @@ absl::StatusOr<uint64_t> RingSession::Submit(ipc::RequestRecord record) {
   slot = Slot{op, false, {}};
   ++in_flight_;
   ipc::SegmentHeader* h = segment_.header();
-  if (h->daemon_sleeping.load(std::memory_order_seq_cst) != 0) ipc::FutexWakeAll(&h->sq_tail);
+  ipc::RingDaemonDoorbell(h);
   return op;
 }
 

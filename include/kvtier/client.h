@@ -80,6 +80,12 @@ struct StoreSlot {
   bool needed = false;
 };
 
+struct CommitOptions {
+  // Complete only once the blocks are on NVMe with their journal records
+  // synced: they survive a daemon crash or restart.
+  bool durable = false;
+};
+
 struct StoreTicket {
   uint64_t id = 0;  // 0 when nothing needed storing
   uint32_t needed = 0;
@@ -117,12 +123,19 @@ class Client {
 
   // Synchronous operations (each one round trip through the rings).
   Result<LookupResult> Lookup(std::span<const BlockKey> keys, LookupOptions options = {});
-  // Views of pinned blocks: keys must be in the lease.
+  // Views of pinned blocks: keys must be in the lease. Blocks on NVMe are
+  // brought into host memory first. The result is the prefix of keys that
+  // loaded: shorter than keys when a block failed to come back (a checksum
+  // or I/O error; such a block is dropped), and the engine recomputes the rest.
   Result<std::vector<BlockView>> Load(uint64_t lease, std::span<const BlockKey> keys);
+  // Brings NVMe blocks of the present prefix of keys into host memory ahead
+  // of need (e.g. for a request waiting in the engine's queue). Returns how
+  // many were promoted. No lease is taken.
+  Result<uint32_t> Prefetch(std::span<const BlockKey> keys);
   // Reserves slots; all or nothing (kNoSpace when the tier cannot hold them).
   Result<StoreTicket> StoreBegin(std::span<const BlockKey> keys);
   // Makes the ticket's blocks visible to lookups. A ticket with id 0 is a no-op.
-  Status StoreCommit(const StoreTicket& ticket);
+  Status StoreCommit(const StoreTicket& ticket, CommitOptions options = {});
   Status StoreAbort(const StoreTicket& ticket);
   // StoreBegin + copy + StoreCommit. src[i] must be block_bytes() long.
   // Returns how many blocks were written (the rest were already cached).
@@ -138,7 +151,8 @@ class Client {
   Result<OpId> LookupAsync(std::span<const BlockKey> keys, LookupOptions options, LookupResult* out);
   Result<OpId> LoadAsync(uint64_t lease, std::span<const BlockKey> keys, std::vector<BlockView>* out);
   Result<OpId> StoreBeginAsync(std::span<const BlockKey> keys, StoreTicket* out);
-  Result<OpId> StoreCommitAsync(const StoreTicket& ticket);
+  Result<OpId> StoreCommitAsync(const StoreTicket& ticket, CommitOptions options = {});
+  Result<OpId> PrefetchAsync(std::span<const BlockKey> keys, uint32_t* promoted);
   Result<OpId> ReleaseAsync(uint64_t lease);
   // The operation's status once it completed (and forgets it); nullopt while
   // it is in flight. Never blocks.

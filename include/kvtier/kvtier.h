@@ -113,7 +113,9 @@ int kvtier_compute_keys(kvtier_client* c, const uint32_t* tokens, size_t n_token
                         kvtier_key* out, size_t max_keys, size_t* n_out);
 
 /* Synchronous forms. tiers (may be NULL) receives n entries; entries past the
- * hit prefix are KVTIER_TIER_NONE. */
+ * hit prefix are KVTIER_TIER_NONE. kvtier_load fills the loaded prefix of
+ * blocks; entries after it have data == NULL (a block that failed to come
+ * back from NVMe): recompute those. */
 int kvtier_lookup(kvtier_client* c, const kvtier_key* keys, size_t n, uint32_t flags,
                   kvtier_lookup_result* result, uint8_t* tiers);
 int kvtier_load(kvtier_client* c, uint64_t lease, const kvtier_key* keys, size_t n,
@@ -121,6 +123,11 @@ int kvtier_load(kvtier_client* c, uint64_t lease, const kvtier_key* keys, size_t
 int kvtier_store_begin(kvtier_client* c, const kvtier_key* keys, size_t n, uint64_t* ticket,
                        kvtier_block* blocks);
 int kvtier_store_commit(kvtier_client* c, uint64_t ticket);
+/* As kvtier_store_commit, returning once the blocks are durable on NVMe. */
+int kvtier_store_commit_durable(kvtier_client* c, uint64_t ticket);
+/* Brings NVMe blocks of the present prefix of keys into host memory;
+ * *promoted (may be NULL) gets how many. */
+int kvtier_prefetch(kvtier_client* c, const kvtier_key* keys, size_t n, uint32_t* promoted);
 int kvtier_store_abort(kvtier_client* c, uint64_t ticket);
 int kvtier_store(kvtier_client* c, const kvtier_key* keys, size_t n, const void* const* src);
 int kvtier_release(kvtier_client* c, uint64_t lease);

@@ -52,7 +52,13 @@ TEST(BlockCacheStressTest, ConcurrentSessionsKeepTheCacheConsistent) {
                 testing::FillFromKey(keys[k], {tier->arena_base() + out[k].arena_offset, 4096});
               }
             }
-            if (ticket) (void)(rng() % 10 == 0 ? cache->StoreAbort(s, ticket) : cache->StoreCommit(s, ticket));
+            if (ticket) {
+              if (rng() % 10 == 0) {
+                (void)cache->StoreAbort(s, ticket);
+              } else {
+                cache->StoreCommit(s, ticket, false, [](absl::Status) {});
+              }
+            }
             break;
           }
           case 2: {
@@ -61,10 +67,10 @@ TEST(BlockCacheStressTest, ConcurrentSessionsKeepTheCacheConsistent) {
             ASSERT_TRUE(n.ok());
             if (*n == 0) break;
             hits += *n;
-            std::vector<BlockLocation> loc(*n);
-            ASSERT_TRUE(cache->Load(s, lease, std::span(keys).first(*n), std::span(loc)).ok());
+            std::optional<LoadOutcome> lo = cache->Load(s, lease, std::span(keys).first(*n), [](LoadOutcome) {});
+            ASSERT_TRUE(lo.has_value() && lo->status.ok());
             for (uint32_t k = 0; k < *n; ++k) {
-              if (!testing::MatchesKey(keys[k], {tier->arena_base() + loc[k].arena_offset, 4096})) ++bad_bytes;
+              if (!testing::MatchesKey(keys[k], {tier->arena_base() + lo->locations[k].arena_offset, 4096})) ++bad_bytes;
             }
             ASSERT_TRUE(cache->Release(s, lease).ok());
             break;

@@ -34,12 +34,23 @@ class BlockCacheTest : public ::testing::Test {
     for (uint64_t i = from; i < from + n; ++i) k.push_back(KeyOf(i));
     return k;
   }
+  absl::Status Commit(SessionHoldings& s, uint64_t ticket) {
+    absl::Status got = absl::UnknownError("no callback");
+    cache_->StoreCommit(s, ticket, false, [&](absl::Status st) { got = st; });  // host-only: inline
+    return got;
+  }
   absl::Status Store(SessionHoldings& s, const std::vector<BlockKey>& keys) {
     std::vector<BlockLocation> out(keys.size());
     uint64_t ticket;
     auto n = cache_->StoreBegin(s, keys, &ticket, std::span(out));
     if (!n.ok()) return n.status();
-    return ticket ? cache_->StoreCommit(s, ticket) : absl::OkStatus();
+    return ticket ? Commit(s, ticket) : absl::OkStatus();
+  }
+  // Host-only loads complete at once.
+  LoadOutcome LoadNow(SessionHoldings& s, uint64_t lease, const std::vector<BlockKey>& keys) {
+    std::optional<LoadOutcome> o = cache_->Load(s, lease, keys, [](LoadOutcome) {});
+    EXPECT_TRUE(o.has_value());
+    return o ? std::move(*o) : LoadOutcome{};
   }
   uint32_t Hit(SessionHoldings& s, const std::vector<BlockKey>& keys, bool lease = false,
                uint64_t* lease_id = nullptr) {
@@ -81,9 +92,9 @@ TEST_F(BlockCacheTest, StoreOfCachedKeysIsNotNeeded) {
   EXPECT_TRUE(out[2].needed);
   // Until commit the block is invisible.
   EXPECT_EQ(Hit(*s, Keys(0, 3)), 2u);
-  ASSERT_TRUE(cache_->StoreCommit(*s, ticket).ok());
+  ASSERT_TRUE(Commit(*s, ticket).ok());
   EXPECT_EQ(Hit(*s, Keys(0, 3)), 3u);
-  EXPECT_EQ(ToErrorCode(cache_->StoreCommit(*s, ticket)), KVTIER_ENOENT) << "a ticket commits once";
+  EXPECT_EQ(ToErrorCode(Commit(*s, ticket)), KVTIER_ENOENT) << "a ticket commits once";
 }
 
 TEST_F(BlockCacheTest, AbortGivesSlotsBack) {
@@ -151,20 +162,19 @@ TEST_F(BlockCacheTest, LoadOnlyWhatTheLeasePins) {
   ASSERT_TRUE(Store(*s, Keys(0, 4)).ok());
   uint64_t lease;
   ASSERT_EQ(Hit(*s, Keys(0, 2), true, &lease), 2u);
-  std::vector<BlockLocation> out(2);
-  ASSERT_TRUE(cache_->Load(*s, lease, Keys(0, 2), std::span(out)).ok());
-  EXPECT_EQ(out[0].tier, TierKind::kHost);
-  EXPECT_NE(out[0].arena_offset, out[1].arena_offset);
+  LoadOutcome out = LoadNow(*s, lease, Keys(0, 2));
+  ASSERT_TRUE(out.status.ok());
+  EXPECT_EQ(out.loaded, 2u);
+  EXPECT_EQ(out.locations[0].tier, TierKind::kHost);
+  EXPECT_NE(out.locations[0].arena_offset, out.locations[1].arena_offset);
   std::vector<BlockKey> reversed = {KeyOf(1), KeyOf(0)};
-  std::vector<BlockLocation> out2(2);
-  ASSERT_TRUE(cache_->Load(*s, lease, reversed, std::span(out2)).ok());
-  EXPECT_EQ(out2[0].arena_offset, out[1].arena_offset);
-  std::vector<BlockLocation> one(1);
-  EXPECT_EQ(ToErrorCode(cache_->Load(*s, lease, Keys(3, 1), std::span(one))), KVTIER_EINVAL)
+  LoadOutcome out2 = LoadNow(*s, lease, reversed);
+  EXPECT_EQ(out2.locations[0].arena_offset, out.locations[1].arena_offset);
+  EXPECT_EQ(ToErrorCode(LoadNow(*s, lease, Keys(3, 1)).status), KVTIER_EINVAL)
       << "block 3 is cached but not in this lease";
-  EXPECT_EQ(ToErrorCode(cache_->Load(*s, lease + 100, Keys(0, 1), std::span(one))), KVTIER_ENOENT);
+  EXPECT_EQ(ToErrorCode(LoadNow(*s, lease + 100, Keys(0, 1)).status), KVTIER_ENOENT);
   auto other = Session();
-  EXPECT_EQ(ToErrorCode(cache_->Load(*other, lease, Keys(0, 1), std::span(one))), KVTIER_ENOENT)
+  EXPECT_EQ(ToErrorCode(LoadNow(*other, lease, Keys(0, 1)).status), KVTIER_ENOENT)
       << "leases belong to their session";
 }
 
@@ -179,8 +189,7 @@ TEST_F(BlockCacheTest, InvalidatedPinnedBlockIsFreedWhenItsLeaseGoes) {
   EXPECT_EQ(*n, 2u);
   EXPECT_EQ(Hit(*s, Keys(0, 2)), 0u) << "invalidated blocks are gone for lookups";
   EXPECT_EQ(cache_->Usage()[0].blocks, 2u) << "but their slots stay while pinned";
-  std::vector<BlockLocation> out(2);
-  EXPECT_TRUE(cache_->Load(*s, lease, Keys(0, 2), std::span(out)).ok()) << "the lease still reads them";
+  EXPECT_EQ(LoadNow(*s, lease, Keys(0, 2)).loaded, 2u) << "the lease still reads them";
   ASSERT_TRUE(cache_->Release(*s, lease).ok());
   EXPECT_EQ(cache_->Usage()[0].blocks, 0u);
 }

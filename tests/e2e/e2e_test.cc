@@ -254,7 +254,7 @@ std::optional<ipc::CompletionRecord> RoundTrip(RawSession& s, const ipc::Request
   auto sq = s.segment.ClientSq();
   auto cq = s.segment.ClientCq();
   if (!sq.TryPush(rec)) return std::nullopt;
-  ipc::FutexWakeAll(&s.segment.header()->sq_tail);
+  ipc::RingDaemonDoorbell(s.segment.header());
   const auto end = Clock::now() + std::chrono::seconds(2);
   ipc::CompletionRecord c;
   while (Clock::now() < end) {
@@ -322,7 +322,7 @@ TEST(E2eTest, MalformedRecordsGetAnErrorAndCloseOnlyThatSession) {
   auto raw = RawAttach(d.socket_path());
   ASSERT_TRUE(raw.ok());
   raw->segment.header()->sq_tail.store(100000);
-  ipc::FutexWakeAll(&raw->segment.header()->sq_tail);
+  ipc::RingDaemonDoorbell(raw->segment.header());
   EXPECT_TRUE(SocketClosedByPeer(raw->socket.get()));
 
   // The well-behaved session never noticed.

@@ -61,7 +61,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     if (session.finished()) break;
     ++pushed;
-    ipc::FutexWakeAll(&h->sq_tail);
+    ipc::RingDaemonDoorbell(h);
   }
   // Wait until every record is answered or the session closed itself.
   const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);

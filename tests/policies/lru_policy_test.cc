@@ -32,12 +32,15 @@ TEST(LruPolicyTest, SkipsWhatIsNotEvictable) {
   EXPECT_FALSE(MakeLruPolicy()->PickVictim([](uint32_t) { return true; }).has_value());
 }
 
-TEST(LruPolicyTest, MatchesAReferenceModelOnRandomOperations) {
-  auto lru = MakeLruPolicy();
+class LruModelTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(LruModelTest, MatchesAReferenceModelOnRandomOperations) {
+  auto lru = GetParam() ? MakeSparseLruPolicy() : MakeLruPolicy();
   std::list<uint32_t> model;  // front = most recent
   std::mt19937 rng(11);
   for (int i = 0; i < 200000; ++i) {
-    const uint32_t h = rng() % 300;
+    // Sparse handles look like the NVMe tier's segment<<16|slot.
+    const uint32_t h = GetParam() ? (rng() % 20) << 16 | (rng() % 15) : rng() % 300;
     const bool tracked = std::find(model.begin(), model.end(), h) != model.end();
     switch (rng() % 4) {
       case 0:
@@ -57,7 +60,7 @@ TEST(LruPolicyTest, MatchesAReferenceModelOnRandomOperations) {
         model.remove(h);
         break;
       case 3: {
-        const uint32_t skip = rng() % 300;
+        const uint32_t skip = GetParam() ? (rng() % 20) << 16 | (rng() % 15) : rng() % 300;
         auto v = lru->PickVictim([&](uint32_t x) { return x != skip; });
         std::optional<uint32_t> want;
         for (auto it = model.rbegin(); it != model.rend(); ++it) {
@@ -74,6 +77,8 @@ TEST(LruPolicyTest, MatchesAReferenceModelOnRandomOperations) {
     ASSERT_EQ(lru->Contains(h), std::find(model.begin(), model.end(), h) != model.end());
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(DenseAndSparse, LruModelTest, ::testing::Bool());
 
 TEST(EvictionPolicyTest, FactoryKnowsLruAndRefusesUnknownNames) {
   EXPECT_EQ((*MakeEvictionPolicy("lru"))->name(), "lru");

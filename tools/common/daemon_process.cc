@@ -61,6 +61,9 @@ absl::Status DaemonProcess::Start() {
   const std::string binary = binary_.empty() ? FindKvtierd() : binary_;
   const char* bin = binary.c_str();
   std::string cfg = config_;
+  // Host tier only unless the caller configures NVMe: a child daemon should
+  // not preallocate gigabytes by default.
+  if (cfg.find("[tiers.nvme]") == std::string::npos) cfg += "\n[tiers.nvme]\ncapacity = 0\n";
   if (cfg.find("[daemon]") == std::string::npos) {
     cfg = absl::StrCat("[daemon]\nrun_dir = \"", dir_.path(), "\"\ndata_dir = \"", dir_.path(),
                        "/data\"\nlog_level = \"debug\"\n", cfg);

@@ -34,7 +34,8 @@ std::string FindKvtierd();
 class DaemonProcess {
  public:
   // extra_config is appended to a [daemon] table that points run_dir and
-  // data_dir into the temp dir, unless it has its own [daemon] table.
+  // data_dir into the temp dir, unless it has its own [daemon] table. The
+  // NVMe tier is off unless extra_config has a [tiers.nvme] table.
   explicit DaemonProcess(std::string extra_config = "", std::string binary = "");
   ~DaemonProcess();  // SIGKILL if still running
   DaemonProcess(const DaemonProcess&) = delete;

@@ -28,7 +28,7 @@ void PrintStatus(const json& s) {
   Table tiers({"TIER", "CAPACITY", "USED", "BLOCKS", "PINNED", "EVICTIONS", "HEALTH"});
   for (const json& t : s["tiers"]) {
     tiers.AddRow({t["tier"], Bytes(t["capacity_bytes"]), Bytes(t["used_bytes"]), Num(t["blocks"]),
-                  Num(t["pinned_blocks"]), Num(t["evictions"]), t["health"]});
+                  t.contains("pinned_blocks") ? Num(t["pinned_blocks"]) : "-", Num(t["evictions"]), t["health"]});
   }
   tiers.Print(std::cout);
   std::cout << "\n";
@@ -53,13 +53,35 @@ void PrintStatus(const json& s) {
   std::cout << "\nlookups " << st["lookups"] << " (hit rate " << Fixed(st["hit_rate"].get<double>(), 3)
             << ", reused-token ratio " << Fixed(st["reused_token_ratio"].get<double>(), 3) << ", block hit rate "
             << Fixed(st["block_hit_rate"].get<double>(), 3) << ")  probes " << st["probes"] << "\n"
-            << "blocks hit " << st["blocks_hit"] << "  missed " << st["blocks_missed"] << "  tokens reused "
+            << "blocks hit " << st["blocks_hit"] << " (host " << st["blocks_hit_host"] << ", nvme "
+            << st["blocks_hit_nvme"] << ")  missed " << st["blocks_missed"] << "  tokens reused "
             << st["tokens_hit"] << " of " << st["tokens_queried"] << "\n"
             << "stored " << st["blocks_stored"] << " blocks (" << Bytes(st["bytes_stored"]) << ")  loaded "
             << st["blocks_loaded"] << " blocks (" << Bytes(st["bytes_loaded"]) << ")  evictions " << st["evictions"]
             << "  refused (no space) " << st["store_refused_no_space"] << "\n"
             << "sessions attached " << st["sessions_attached"] << "  detached " << st["sessions_detached"]
             << "  died " << st["sessions_closed_dead"] << "  refused " << st["attach_refused"] << "  protocol errors " << st["protocol_errors"] << "\n";
+}
+
+void PrintTiers(const json& s) {
+  for (const json& t : s["tiers"]) {
+    const std::string name = t["tier"];
+    std::cout << name << " tier: " << Bytes(t["used_bytes"]) << " of " << Bytes(t["capacity_bytes"]) << " used, "
+              << t["blocks"] << " blocks, " << t["health"].get<std::string>() << "\n";
+    Table d({"FIGURE", "VALUE"});
+    for (const auto& [k, v] : t.items()) {
+      if (k == "tier" || k == "health" || v.is_object()) continue;
+      d.AddRow({k, k.find("bytes") != std::string::npos && v.is_number() ? Bytes(v) : (v.is_string() ? v.get<std::string>() : Num(v))});
+    }
+    for (const auto& [k, v] : t.items()) {
+      if (!v.is_object()) continue;
+      for (const auto& [k2, v2] : v.items()) {
+        d.AddRow({k + "." + k2, k2.find("bytes") != std::string::npos && v2.is_number_unsigned() ? Bytes(v2) : Num(v2)});
+      }
+    }
+    d.Print(std::cout);
+    std::cout << "\n";
+  }
 }
 
 }  // namespace
@@ -73,20 +95,27 @@ int main(int argc, char** argv) {
   app.add_flag("--json", as_json, "print the daemon's answer as one JSON object");
   app.require_subcommand(1);
   CLI::App* status = app.add_subcommand("status", "sessions, tenants, tiers, hits and misses");
-  app.footer("Examples:\n  kvtierctl status\n  kvtierctl --json status | jq .stats.hit_rate\n"
+  CLI::App* tiers = app.add_subcommand("tiers", "every tier in detail: capacity, I/O, checksums, journal, recovery");
+  app.footer("Examples:\n  kvtierctl status\n  kvtierctl tiers\n  kvtierctl --json status | jq .stats.hit_rate\n"
              "  kvtierctl --socket /tmp/kv/kvtierd-admin.sock status");
   KVTIER_CLI_PARSE(app, argc, argv);
 
+  absl::StatusOr<json> s = kvtier::ipc::AdminCall(socket, json{{"cmd", "status"}});
+  if (!s.ok()) {
+    std::cerr << "kvtierctl: " << s.status().message() << "\n";
+    return absl::IsFailedPrecondition(s.status()) ? 3 : 1;
+  }
   if (status->parsed()) {
-    absl::StatusOr<json> s = kvtier::ipc::AdminCall(socket, json{{"cmd", "status"}});
-    if (!s.ok()) {
-      std::cerr << "kvtierctl: " << s.status().message() << "\n";
-      return absl::IsFailedPrecondition(s.status()) ? 3 : 1;
-    }
     if (as_json) {
       std::cout << s->dump() << "\n";
     } else {
       PrintStatus(*s);
+    }
+  } else if (tiers->parsed()) {
+    if (as_json) {
+      std::cout << json{{"tiers", (*s)["tiers"]}}.dump() << "\n";
+    } else {
+      PrintTiers(*s);
     }
   }
   return 0;

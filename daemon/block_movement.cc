@@ -1,0 +1,452 @@
+// Movement between the host tier and the NVMe tier: host eviction (keep the
+// NVMe copy, demote, or drop), NVMe eviction, write-through and durable
+// commits, promotion for loads and prefetches, and the blocks the NVMe tier
+// recovered at start.
+//
+// An operation that has a tier I/O in flight on a block holds an io_ref on
+// its record: such a block is neither evicted nor destroyed until the I/O
+// completes, whatever happens to it meanwhile (invalidation, session end).
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+#include "daemon/block_cache.h"
+#include "tiers/nvme_format.h"
+
+namespace kvtier {
+
+BlockMeta BlockCache::MetaOf(const BlockRecord* r) const {
+  NamespaceInfo ns;
+  {
+    MutexLock l(&ns_mu_);
+    if (r->ns < ns_info_.size()) ns = ns_info_[r->ns];
+  }
+  BlockMeta m;
+  m.ns = ns.id;
+  m.key = r->key;
+  m.payload_bytes = ns.block_bytes;
+  m.tenant_hash = tenants_[r->tenant]->hash;
+  m.block_tokens = ns.block_tokens;
+  return m;
+}
+
+void BlockCache::DestroyRecord(TenantState& t, BlockRecord* r) {
+  if (r->host_slot != kNoSlot) FreeHostSlotLocked(t, r->host_slot);
+  r->host_slot = kNoSlot;
+  DestroyDetached(r);
+}
+
+void BlockCache::DestroyDetached(BlockRecord* r) {
+  if (r->nvme_slot != kNoSlot) {
+    MutexLock l(&nvme_mu_);
+    nvme_policy_->Remove(r->nvme_slot);
+    nvme_owner_.erase(r->nvme_slot);
+    (void)nvme_->Free(r->nvme_slot);
+    if (r->nvme_state == NvmeState::kReady) nvme_blocks_.fetch_sub(1, std::memory_order_relaxed);
+  }
+  delete r;
+}
+
+void BlockCache::ReleaseIoRef(TenantState& t, BlockRecord* r) {
+  bool destroy, has_host;
+  {
+    BlockIndex::Shard& sh = index_.ShardFor(r);
+    MutexLock sl(&sh.mu);
+    --r->io_refs;
+    destroy = r->removed && r->pins == 0 && r->io_refs == 0;
+    has_host = r->host_slot != kNoSlot;
+  }
+  if (!destroy) return;
+  // Removed and unreferenced: only this thread can reach r now.
+  if (has_host) {
+    MutexLock l(&t.mu);
+    DestroyRecord(t, r);
+  } else {
+    DestroyDetached(r);
+  }
+}
+
+BlockCache::EvictResult BlockCache::EvictHostCopyLocked(TenantState& t, BlockRecord* r) {
+  SlotHandle host_slot;
+  uint64_t offset;
+  bool keep_on_nvme;
+  {
+    BlockIndex::Shard& sh = index_.ShardFor(r);
+    MutexLock sl(&sh.mu);
+    if (r->pins != 0 || r->io_refs != 0 || r->state != BlockState::kReady) return EvictResult::kSkipped;
+    host_slot = r->host_slot;
+    offset = r->arena_offset;
+    keep_on_nvme = r->nvme_state == NvmeState::kReady;
+    if (keep_on_nvme) {
+      r->state = BlockState::kNone;
+      r->host_slot = kNoSlot;
+    } else {
+      r->state = BlockState::kEvicting;  // invisible; nobody pins it now
+      ++r->io_refs;
+    }
+  }
+  if (keep_on_nvme) {
+    FreeHostSlotLocked(t, host_slot);
+    stats_->evictions_kept_on_nvme.Add();
+    return EvictResult::kEvicted;
+  }
+  const BlockMeta meta = MetaOf(r);
+  if (nvme_ && meta.payload_bytes <= nvme_->max_block_bytes()) {
+    absl::StatusOr<SlotHandle> nslot;
+    {
+      MutexLock nl(&nvme_mu_);
+      nslot = AllocateNvmeSlotLocked(meta.payload_bytes);
+      if (nslot.ok()) nvme_owner_[*nslot] = r;
+    }
+    if (nslot.ok()) {
+      {
+        BlockIndex::Shard& sh = index_.ShardFor(r);
+        MutexLock sl(&sh.mu);
+        r->state = BlockState::kNone;
+        r->host_slot = kNoSlot;
+        r->nvme_slot = *nslot;
+        r->nvme_state = NvmeState::kWriting;  // the io_ref now belongs to the write
+      }
+      stats_->demotions.Add();
+      // Write copies the bytes before it returns: the host slot is freed
+      // right after. Its callback takes no tenant lock (r has no host slot),
+      // so it may run inline here.
+      nvme_->Write(*nslot, meta, {t.host->arena_base() + offset, meta.payload_bytes}, IoPriority::kDemote,
+                   [this, &t, r](absl::Status s) {
+                     if (!s.ok()) stats_->demotions_failed.Add();
+                     OnNvmeWritten(r, s);
+                     ReleaseIoRef(t, r);
+                   });
+      FreeHostSlotLocked(t, host_slot);
+      return EvictResult::kEvicted;
+    }
+    stats_->demotions_failed.Add();
+  }
+  // No NVMe tier, no room there, or too large: the block is dropped.
+  bool destroy;
+  {
+    BlockIndex::Shard& sh = index_.ShardFor(r);
+    MutexLock sl(&sh.mu);
+    r->state = BlockState::kNone;
+    --r->io_refs;
+    if (!r->removed) index_.Erase(sh, r);
+    r->removed = true;
+    destroy = r->pins == 0 && r->io_refs == 0;
+  }
+  stats_->evictions_dropped.Add();
+  FreeHostSlotLocked(t, host_slot);
+  r->host_slot = kNoSlot;
+  if (destroy) DestroyDetached(r);
+  return EvictResult::kEvicted;
+}
+
+absl::StatusOr<SlotHandle> BlockCache::AllocateNvmeSlotLocked(uint64_t bytes) {
+  for (;;) {
+    absl::StatusOr<SlotHandle> slot = nvme_->Allocate(bytes);
+    if (slot.ok() || !absl::IsResourceExhausted(slot.status())) return slot;
+    std::optional<SlotHandle> victim = nvme_policy_->PickVictim([&](SlotHandle h) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      BlockRecord* v = nvme_owner_.at(h);
+      BlockIndex::Shard& sh = index_.ShardFor(v);
+      MutexLock sl(&sh.mu);
+      return v->pins == 0 && v->io_refs == 0 && v->nvme_state == NvmeState::kReady;
+    });
+    if (!victim) return absl::ResourceExhaustedError("the NVMe tier is full and every block on it is pinned or busy");
+    BlockRecord* r = nvme_owner_.at(*victim);
+    bool destroy = false;
+    {
+      BlockIndex::Shard& sh = index_.ShardFor(r);
+      MutexLock sl(&sh.mu);
+      if (r->pins != 0 || r->io_refs != 0 || r->nvme_state != NvmeState::kReady) continue;
+      r->nvme_slot = kNoSlot;
+      r->nvme_state = NvmeState::kNone;
+      if (r->state == BlockState::kNone) {
+        // Its only copy: the block leaves the cache.
+        if (!r->removed) index_.Erase(sh, r);
+        r->removed = true;
+        destroy = true;
+      }
+    }
+    nvme_policy_->Remove(*victim);
+    nvme_owner_.erase(*victim);
+    (void)nvme_->Free(*victim);
+    nvme_blocks_.fetch_sub(1, std::memory_order_relaxed);
+    stats_->nvme_evictions.Add();
+    if (destroy) delete r;  // no host slot, no NVMe slot, unreferenced
+  }
+}
+
+void BlockCache::OnNvmeWritten(BlockRecord* r, absl::Status s) {
+  MutexLock nl(&nvme_mu_);
+  SlotHandle slot;
+  {
+    BlockIndex::Shard& sh = index_.ShardFor(r);
+    MutexLock sl(&sh.mu);
+    slot = r->nvme_slot;
+    if (s.ok()) {
+      r->nvme_state = NvmeState::kReady;
+    } else {
+      r->nvme_state = NvmeState::kNone;
+      r->nvme_slot = kNoSlot;
+      if (r->state == BlockState::kNone && !r->removed) {
+        // The demotion failed and the host copy is gone: the block is gone.
+        index_.Erase(sh, r);
+        r->removed = true;
+      }
+    }
+  }
+  if (s.ok()) {
+    nvme_policy_->Insert(slot);
+    nvme_blocks_.fetch_add(1, std::memory_order_relaxed);
+    stats_->bytes_written_nvme.Add(nvme_owner_.contains(slot) ? MetaOf(r).payload_bytes : 0);
+  } else {
+    nvme_owner_.erase(slot);
+    (void)nvme_->Free(slot);
+  }
+}
+
+void BlockCache::WriteToNvme(TenantState& t, BlockRecord* r, IoPriority prio, StatusCallback done) {
+  const BlockMeta meta = MetaOf(r);
+  if (meta.payload_bytes > nvme_->max_block_bytes()) {
+    std::move(done)(absl::InvalidArgumentError(absl::StrCat(
+        "blocks of ", meta.payload_bytes, " bytes do not fit an NVMe segment (tiers.nvme.segment_bytes)")));
+    return;
+  }
+  uint64_t offset;
+  SlotHandle nslot;
+  {
+    MutexLock l(&t.mu);
+    {
+      BlockIndex::Shard& sh = index_.ShardFor(r);
+      MutexLock sl(&sh.mu);
+      if (r->nvme_state == NvmeState::kReady) {
+        std::move(done)(absl::OkStatus());  // already durable
+        return;
+      }
+      if (r->nvme_state == NvmeState::kWriting || r->state != BlockState::kReady) {
+        std::move(done)(absl::UnavailableError("the block is moving between tiers; not written through"));
+        return;
+      }
+      ++r->io_refs;  // keeps the host copy in place while it is copied
+      offset = r->arena_offset;
+    }
+    absl::StatusOr<SlotHandle> slot;
+    {
+      MutexLock nl(&nvme_mu_);
+      slot = AllocateNvmeSlotLocked(meta.payload_bytes);
+      if (slot.ok()) nvme_owner_[*slot] = r;
+    }
+    if (!slot.ok()) {
+      {
+        BlockIndex::Shard& sh = index_.ShardFor(r);
+        MutexLock sl(&sh.mu);
+        --r->io_refs;
+      }
+      std::move(done)(slot.status());
+      return;
+    }
+    nslot = *slot;
+    BlockIndex::Shard& sh = index_.ShardFor(r);
+    MutexLock sl(&sh.mu);
+    r->nvme_slot = nslot;
+    r->nvme_state = NvmeState::kWriting;
+  }
+  stats_->writes_through.Add();
+  nvme_->Write(nslot, meta, {t.host->arena_base() + offset, meta.payload_bytes}, prio,
+               [this, &t, r, done = std::move(done)](absl::Status s) mutable {
+                 OnNvmeWritten(r, s);
+                 ReleaseIoRef(t, r);
+                 std::move(done)(s);
+               });
+}
+
+void BlockCache::DropNvmeCopy(BlockRecord* r) {
+  MutexLock nl(&nvme_mu_);
+  SlotHandle slot;
+  {
+    BlockIndex::Shard& sh = index_.ShardFor(r);
+    MutexLock sl(&sh.mu);
+    if (r->nvme_state != NvmeState::kReady) return;
+    slot = r->nvme_slot;
+    r->nvme_slot = kNoSlot;
+    r->nvme_state = NvmeState::kNone;
+    if (r->state != BlockState::kReady && !r->removed) {
+      index_.Erase(sh, r);
+      r->removed = true;
+    }
+  }
+  nvme_policy_->Remove(slot);
+  nvme_owner_.erase(slot);
+  (void)nvme_->Free(slot);
+  nvme_blocks_.fetch_sub(1, std::memory_order_relaxed);
+}
+
+void BlockCache::Promote(TenantState& t, BlockRecord* r, IoPriority prio, absl::AnyInvocable<void(bool) &&> done) {
+  const BlockMeta meta = MetaOf(r);
+  // Decided under the tenant lock, acted on after it: callbacks never run
+  // under a tier lock.
+  enum class Next { kAlreadyReady, kFail, kWaiting, kRead } next;
+  SlotHandle nslot = kNoSlot, hslot = kNoSlot;
+  uint64_t offset = 0;
+  bool drop_ref = false;
+  {
+    MutexLock l(&t.mu);
+    {
+      BlockIndex::Shard& sh = index_.ShardFor(r);
+      MutexLock sl(&sh.mu);
+      if (r->state == BlockState::kReady) {
+        next = Next::kAlreadyReady;
+      } else if (r->state == BlockState::kLoading) {
+        next = Next::kWaiting;
+      } else if (r->nvme_state != NvmeState::kReady || r->state != BlockState::kNone) {
+        next = Next::kFail;
+      } else {
+        next = Next::kRead;
+        ++r->io_refs;  // from here on r is neither evicted nor destroyed
+        r->state = BlockState::kLoading;
+        nslot = r->nvme_slot;
+      }
+    }
+    if (next == Next::kWaiting) {
+      t.loading[r].push_back(std::move(done));
+      return;
+    }
+    if (next == Next::kRead) {
+      absl::StatusOr<SlotHandle> slot = AllocateSlotLocked(t, meta.payload_bytes, r);
+      BlockIndex::Shard& sh = index_.ShardFor(r);
+      if (!slot.ok()) {
+        MutexLock sl(&sh.mu);
+        r->state = BlockState::kNone;
+        next = Next::kFail;
+        drop_ref = true;
+      } else {
+        hslot = *slot;
+        offset = t.host->ArenaOffset(hslot);
+        t.loading.try_emplace(r);  // others wait here from now on
+        MutexLock sl(&sh.mu);
+        r->host_slot = hslot;
+        r->arena_offset = offset;
+      }
+    }
+  }
+  if (next != Next::kRead) {
+    if (next == Next::kFail) stats_->promotions_failed.Add();
+    if (drop_ref) ReleaseIoRef(t, r);
+    std::move(done)(next == Next::kAlreadyReady);
+    return;
+  }
+  nvme_->Read(nslot, meta, {t.host->arena_base() + offset, meta.payload_bytes}, prio,
+              [this, &t, r, hslot, done = std::move(done)](absl::Status s) mutable {
+                const bool ok = s.ok();
+                std::vector<absl::AnyInvocable<void(bool) &&>> waiters;
+                {
+                  MutexLock l(&t.mu);
+                  {
+                    BlockIndex::Shard& sh = index_.ShardFor(r);
+                    MutexLock sl(&sh.mu);
+                    r->state = ok ? BlockState::kReady : BlockState::kNone;
+                    if (!ok) r->host_slot = kNoSlot;
+                  }
+                  if (ok) {
+                    PolicyFor(t, t.host->SlotBytes(hslot))->Insert(hslot);
+                  } else {
+                    FreeHostSlotLocked(t, hslot);
+                  }
+                  auto w = t.loading.find(r);
+                  if (w != t.loading.end()) {
+                    waiters = std::move(w->second);
+                    t.loading.erase(w);
+                  }
+                }
+                if (ok) {
+                  stats_->promotions.Add();
+                } else {
+                  stats_->promotions_failed.Add();
+                  // A copy that fails its checksum is never served again.
+                  if (absl::IsDataLoss(s)) DropNvmeCopy(r);
+                }
+                ReleaseIoRef(t, r);
+                std::move(done)(ok);
+                for (auto& cb : waiters) std::move(cb)(ok);
+              });
+}
+
+void BlockCache::Prefetch(SessionHoldings& s, std::span<const BlockKey> keys, CountCallback done) {
+  if (!nvme_) {
+    std::move(done)(0u);
+    return;
+  }
+  TenantState& t = *tenants_[s.ns.tenant];
+  std::vector<BlockRecord*> todo;
+  for (const BlockKey& key : keys) {
+    BlockIndex::Shard& sh = index_.ShardFor(s.ns.handle, key);
+    MutexLock sl(&sh.mu);
+    BlockRecord* r = BlockIndex::Find(sh, s.ns.handle, key);
+    if (r == nullptr || !r->visible()) break;  // the present prefix only
+    if (r->state == BlockState::kNone && r->nvme_state == NvmeState::kReady) {
+      ++r->io_refs;  // holds the NVMe copy until the promotion has started
+      todo.push_back(r);
+    }
+  }
+  stats_->prefetches.Add();
+  if (todo.empty()) {
+    std::move(done)(0u);
+    return;
+  }
+  struct Job {
+    std::atomic<size_t> remaining;
+    std::atomic<uint32_t> promoted{0};
+    CountCallback done;
+  };
+  auto job = std::make_shared<Job>();
+  job->remaining = todo.size();
+  job->done = std::move(done);
+  for (BlockRecord* r : todo) {
+    Promote(t, r, IoPriority::kPrefetch, [this, &t, r, job](bool ok) {
+      ReleaseIoRef(t, r);
+      if (ok) job->promoted.fetch_add(1);
+      if (job->remaining.fetch_sub(1) == 1) std::move(job->done)(job->promoted.load());
+    });
+  }
+}
+
+absl::StatusOr<uint64_t> BlockCache::AttachNvme(std::unique_ptr<NvmeTier> nvme,
+                                                const std::vector<RecoveredBlock>& recovered,
+                                                NamespaceRegistry* namespaces) {
+  nvme_ = std::move(nvme);
+  MutexLock nl(&nvme_mu_);
+  nvme_policy_ = MakeSparseLruPolicy();
+  uint64_t indexed = 0;
+  for (const RecoveredBlock& b : recovered) {
+    auto tenant = tenant_by_hash_.find(b.meta.tenant_hash);
+    if (tenant == tenant_by_hash_.end()) {
+      (void)nvme_->Free(b.slot);  // its tenant is no longer configured
+      stats_->recovered_dropped.Add();
+      continue;
+    }
+    const NamespaceInfo ns =
+        namespaces->RegisterRecovered(b.meta.ns, tenant->second, b.meta.payload_bytes, b.meta.block_tokens);
+    RegisterNamespace(ns);
+    auto* r = new BlockRecord{};
+    r->key = b.meta.key;
+    r->ns = ns.handle;
+    r->tenant = tenant->second;
+    r->state = BlockState::kNone;
+    r->nvme_slot = b.slot;
+    r->nvme_state = NvmeState::kReady;
+    BlockIndex::Shard& sh = index_.ShardFor(r);
+    {
+      MutexLock sl(&sh.mu);
+      if (BlockIndex::Find(sh, r->ns, r->key) != nullptr) {
+        delete r;  // the same block twice (written again before a restart)
+        (void)nvme_->Free(b.slot);
+        continue;
+      }
+      index_.Insert(sh, r);
+    }
+    nvme_owner_[b.slot] = r;
+    nvme_policy_->Insert(b.slot);
+    nvme_blocks_.fetch_add(1, std::memory_order_relaxed);
+    ++indexed;
+  }
+  return indexed;
+}
+
+}  // namespace kvtier

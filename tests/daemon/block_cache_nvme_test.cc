@@ -1,0 +1,291 @@
+// The block cache with a real NVMe tier: demotion on host eviction, promotion
+// on load and prefetch, durable commits, NVMe eviction, recovery, and what a
+// bad NVMe copy does (a miss, never wrong bytes).
+#include <future>
+#include <random>
+#include <thread>
+
+#include "core/status.h"
+#include "daemon/block_cache.h"
+#include "gtest/gtest.h"
+#include "tests/support/test_support.h"
+#include "tiers/fault_injection.h"
+
+namespace kvtier {
+namespace {
+
+using testing::KeyOf;
+
+constexpr uint64_t kBlock = 16 << 10;
+
+class BlockCacheNvmeTest : public ::testing::Test {
+ protected:
+  // host_blocks host slots; an NVMe tier of 4 segments of 1 MiB (~60 slots of 16 KiB + header each).
+  void Open(uint64_t host_blocks, const std::vector<std::string>& tenants = {"t"}, bool write_through = false) {
+    cache_.reset();
+    cache_ = std::move(BlockCache::Create({.write_through = write_through}, &stats_)).value();
+    for (const std::string& name : tenants) {
+      ASSERT_TRUE(cache_->AddTenant(name, std::move(*HostTier::Create({"t", host_blocks * kBlock, false}))).ok());
+    }
+    NvmeTierOptions o;
+    o.dirs = {dir_.File("nvme")};
+    o.capacity_bytes = 4 << 20;
+    o.segment_bytes = 1 << 20;
+    o.staging_bytes = 4 << 20;
+    o.wrap_engine = [this](std::unique_ptr<IoEngine> e) { return MakeFaultInjectingEngine(std::move(e), faults_); };
+    std::vector<RecoveredBlock> rec;
+    auto nvme = NvmeTier::Open(o, &rec);
+    ASSERT_TRUE(nvme.ok()) << nvme.status();
+    recovered_ = rec.size();
+    auto n = cache_->AttachNvme(std::move(*nvme), rec, &namespaces_);
+    ASSERT_TRUE(n.ok());
+    indexed_ = *n;
+  }
+  std::unique_ptr<SessionHoldings> Session(uint16_t tenant = 0) {
+    auto s = std::make_unique<SessionHoldings>();
+    NamespaceDescriptor d = testing::TestNamespace(kBlock);
+    s->ns = std::move(namespaces_.Register(ComputeNamespaceId(d, cache_->tenant_name(tenant), ""), tenant, d)).value();
+    cache_->RegisterNamespace(s->ns);
+    return s;
+  }
+  // Stores keys [from, from+n) with payloads derived from the keys.
+  void Store(SessionHoldings& s, uint64_t from, uint64_t n, bool durable = false) {
+    std::vector<BlockKey> keys;
+    for (uint64_t i = from; i < from + n; ++i) keys.push_back(KeyOf(i));
+    std::vector<BlockLocation> out(keys.size());
+    uint64_t ticket;
+    auto need = cache_->StoreBegin(s, keys, &ticket, std::span(out));
+    ASSERT_TRUE(need.ok()) << need.status();
+    HostTier* host = cache_->host_tier(s.ns.tenant);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (out[i].needed) testing::FillFromKey(keys[i], {host->arena_base() + out[i].arena_offset, kBlock});
+    }
+    std::promise<absl::Status> p;
+    cache_->StoreCommit(s, ticket, durable, [&](absl::Status st) { p.set_value(st); });
+    ASSERT_TRUE(p.get_future().get().ok());
+  }
+  // Leased lookup + load; returns how many blocks loaded with the right bytes.
+  uint32_t LoadVerified(SessionHoldings& s, uint64_t from, uint64_t n, std::vector<TierKind>* tiers = nullptr,
+                        uint32_t* hit_out = nullptr) {
+    std::vector<BlockKey> keys;
+    for (uint64_t i = from; i < from + n; ++i) keys.push_back(KeyOf(i));
+    std::vector<BlockLocation> out(keys.size());
+    uint64_t lease;
+    auto hit = cache_->Lookup(s, keys, true, &lease, std::span(out));
+    EXPECT_TRUE(hit.ok());
+    if (hit_out) *hit_out = *hit;
+    if (tiers) {
+      tiers->clear();
+      for (uint32_t i = 0; i < *hit; ++i) tiers->push_back(out[i].tier);
+    }
+    if (*hit == 0) return 0;
+    std::promise<LoadOutcome> p;
+    std::optional<LoadOutcome> now =
+        cache_->Load(s, lease, std::span(keys).first(*hit), [&](LoadOutcome o) { p.set_value(std::move(o)); });
+    LoadOutcome o = now ? std::move(*now) : p.get_future().get();
+    uint32_t good = 0;
+    HostTier* host = cache_->host_tier(s.ns.tenant);
+    for (uint32_t i = 0; i < o.loaded; ++i) {
+      good += testing::MatchesKey(keys[i], {host->arena_base() + o.locations[i].arena_offset, kBlock});
+    }
+    EXPECT_EQ(good, o.loaded) << "a loaded block had wrong bytes";
+    EXPECT_TRUE(cache_->Release(s, lease).ok());
+    return o.loaded;
+  }
+  void SyncNvme() { ASSERT_TRUE(cache_->nvme_tier()->Sync().ok()); }
+
+  testing::TempDir dir_;
+  DaemonStats stats_;
+  NamespaceRegistry namespaces_;
+  std::shared_ptr<IoFaults> faults_ = std::make_shared<IoFaults>();
+  std::unique_ptr<BlockCache> cache_;
+  uint64_t recovered_ = 0, indexed_ = 0;
+};
+
+TEST_F(BlockCacheNvmeTest, HostEvictionDemotesAndLoadsPromoteBack) {
+  Open(4);
+  auto s = Session();
+  Store(*s, 0, 4);
+  Store(*s, 4, 4);  // evicts 0..3 from host: demoted, not dropped
+  SyncNvme();
+  EXPECT_EQ(stats_.demotions.Get(), 4u);
+  EXPECT_EQ(stats_.evictions_dropped.Get(), 0u);
+  EXPECT_EQ(cache_->nvme_blocks(), 4u);
+  std::vector<TierKind> tiers;
+  uint32_t hit = 0;
+  EXPECT_EQ(LoadVerified(*s, 0, 4, &tiers, &hit), 4u);
+  EXPECT_EQ(hit, 4u);
+  EXPECT_EQ(tiers, std::vector<TierKind>(4, TierKind::kNvme));
+  EXPECT_EQ(stats_.promotions.Get(), 4u);
+  // The promoted blocks are back in host memory (and still on NVMe).
+  EXPECT_EQ(LoadVerified(*s, 0, 4, &tiers), 4u);
+  EXPECT_EQ(tiers, std::vector<TierKind>(4, TierKind::kHost));
+  EXPECT_EQ(stats_.blocks_hit_nvme.Get(), 4u);
+}
+
+TEST_F(BlockCacheNvmeTest, ABlockWithADurableCopyKeepsItWhenEvictedFromHost) {
+  Open(2);
+  auto s = Session();
+  Store(*s, 0, 2, /*durable=*/true);
+  EXPECT_EQ(cache_->nvme_blocks(), 2u) << "durable commit completes after the NVMe write";
+  Store(*s, 10, 2);
+  EXPECT_EQ(stats_.evictions_kept_on_nvme.Get(), 2u);
+  EXPECT_EQ(stats_.demotions.Get(), 0u) << "no second write for a block already on NVMe";
+  EXPECT_EQ(LoadVerified(*s, 0, 2), 2u);
+}
+
+TEST_F(BlockCacheNvmeTest, WriteThroughPutsEveryCommitOnNvme) {
+  Open(8, {"t"}, /*write_through=*/true);
+  auto s = Session();
+  Store(*s, 0, 5);
+  SyncNvme();
+  EXPECT_EQ(cache_->nvme_blocks(), 5u);
+  EXPECT_EQ(stats_.writes_through.Get(), 5u);
+}
+
+TEST_F(BlockCacheNvmeTest, ABadNvmeCopyIsAMissNeverWrongBytes) {
+  Open(2);
+  auto s = Session();
+  Store(*s, 0, 2);
+  Store(*s, 2, 2);  // 0,1 demoted
+  SyncNvme();
+  faults_->flip_read_bit = (4096 + 77) * 8;  // in the payload
+  faults_->budget = 1;
+  uint32_t hit = 0;
+  // Block 0 fails its checksum: the loaded prefix is empty.
+  EXPECT_EQ(LoadVerified(*s, 0, 2, nullptr, &hit), 0u);
+  EXPECT_EQ(hit, 2u);
+  EXPECT_EQ(cache_->nvme_tier()->Stats().checksum_failures, 1u);
+  EXPECT_GE(stats_.load_failures.Get(), 2u);
+  // Block 0 is gone for good; block 1 still loads.
+  EXPECT_EQ(LoadVerified(*s, 0, 2, nullptr, &hit), 0u);
+  EXPECT_EQ(hit, 0u);
+  EXPECT_EQ(LoadVerified(*s, 1, 1), 1u);
+}
+
+TEST_F(BlockCacheNvmeTest, PrefetchBringsBlocksBackWithoutALease) {
+  Open(4);
+  auto s = Session();
+  Store(*s, 0, 4);
+  Store(*s, 4, 4);
+  SyncNvme();
+  std::vector<BlockKey> keys;
+  for (uint64_t i = 0; i < 4; ++i) keys.push_back(KeyOf(i));
+  std::promise<absl::StatusOr<uint32_t>> p;
+  cache_->Prefetch(*s, keys, [&](absl::StatusOr<uint32_t> n) { p.set_value(n); });
+  auto n = p.get_future().get();
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(*n, 4u);
+  std::vector<TierKind> tiers;
+  EXPECT_EQ(LoadVerified(*s, 0, 4, &tiers), 4u);
+  EXPECT_EQ(tiers, std::vector<TierKind>(4, TierKind::kHost));
+  EXPECT_EQ(cache_->Usage()[0].pinned_blocks, 0u);
+}
+
+TEST_F(BlockCacheNvmeTest, AFullNvmeTierEvictsItsLeastRecentlyUsedBlocks) {
+  Open(2);
+  auto s = Session();
+  // 4 segments x 51 slots of 16 KiB + header: push 300 blocks through a
+  // 2-block host tier.
+  for (uint64_t i = 0; i < 300; i += 2) Store(*s, i, 2);
+  SyncNvme();
+  EXPECT_GT(stats_.nvme_evictions.Get(), 0u);
+  EXPECT_LE(cache_->nvme_blocks(), 204u);
+  EXPECT_EQ(cache_->nvme_tier()->Usage().used_slots, cache_->nvme_blocks());
+  // The oldest are gone, the newer are there with the right bytes (two at a
+  // time: a load must fit the 2-block host tier).
+  uint32_t hit = 0;
+  LoadVerified(*s, 0, 1, nullptr, &hit);
+  EXPECT_EQ(hit, 0u);
+  for (uint64_t i = 280; i < 296; i += 2) EXPECT_EQ(LoadVerified(*s, i, 2), 2u) << i;
+}
+
+TEST_F(BlockCacheNvmeTest, InvalidatingANvmeOnlyBlockFreesItsSlot) {
+  Open(2);
+  auto s = Session();
+  Store(*s, 0, 2);
+  Store(*s, 2, 2);
+  SyncNvme();
+  const uint64_t used = cache_->nvme_tier()->Usage().used_slots;
+  const std::vector<BlockKey> gone = {KeyOf(0), KeyOf(1)};
+  auto n = cache_->Invalidate(*s, gone);
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(*n, 2u);
+  EXPECT_EQ(cache_->nvme_tier()->Usage().used_slots, used - 2);
+  EXPECT_EQ(cache_->nvme_blocks(), 0u);
+}
+
+TEST_F(BlockCacheNvmeTest, DurableBlocksAreServedAfterARestart) {
+  Open(8);
+  {
+    auto s = Session();
+    Store(*s, 0, 6, /*durable=*/true);
+  }
+  Open(8);  // a new cache over the same NVMe files: a restarted daemon
+  EXPECT_EQ(recovered_, 6u);
+  EXPECT_EQ(indexed_, 6u);
+  auto s = Session();
+  std::vector<TierKind> tiers;
+  EXPECT_EQ(LoadVerified(*s, 0, 6, &tiers), 6u);
+  EXPECT_EQ(tiers, std::vector<TierKind>(6, TierKind::kNvme));
+}
+
+TEST_F(BlockCacheNvmeTest, RecoveredBlocksOfAnUnknownTenantAreDropped) {
+  Open(8, {"alpha"});
+  {
+    auto s = Session();
+    Store(*s, 0, 3, true);
+  }
+  Open(8, {"beta"});
+  EXPECT_EQ(recovered_, 3u);
+  EXPECT_EQ(indexed_, 0u);
+  EXPECT_EQ(stats_.recovered_dropped.Get(), 3u);
+  EXPECT_EQ(cache_->nvme_tier()->Usage().used_slots, 0u);
+}
+
+TEST_F(BlockCacheNvmeTest, ConcurrentSessionsOverTwoTiersNeverSeeWrongBytes) {
+  Open(6);
+  constexpr int kThreads = 3;
+#ifdef KVTIER_TSAN
+  constexpr int kOps = 150;
+#else
+  constexpr int kOps = 600;
+#endif
+  std::atomic<uint64_t> loaded{0};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < kThreads; ++t) {
+    ts.emplace_back([&, t] {
+      auto s = Session();
+      std::mt19937_64 rng(t + 7);
+      for (int i = 0; i < kOps; ++i) {
+        const uint64_t base = rng() % 80;
+        if (rng() % 2) {
+          std::vector<BlockKey> keys = {KeyOf(base), KeyOf(base + 1)};
+          std::vector<BlockLocation> out(2);
+          uint64_t ticket;
+          auto need = cache_->StoreBegin(*s, keys, &ticket, std::span(out));
+          if (!need.ok()) continue;
+          for (int k = 0; k < 2; ++k) {
+            if (out[k].needed) {
+              testing::FillFromKey(keys[k], {cache_->host_tier(0)->arena_base() + out[k].arena_offset, kBlock});
+            }
+          }
+          std::promise<void> done;
+          cache_->StoreCommit(*s, ticket, rng() % 4 == 0, [&](absl::Status) { done.set_value(); });
+          done.get_future().wait();
+        } else {
+          loaded += LoadVerified(*s, base, 1 + rng() % 3);
+        }
+      }
+      cache_->CloseSession(*s);
+    });
+  }
+  for (auto& th : ts) th.join();
+  SyncNvme();
+  EXPECT_GT(loaded.load(), 0u);
+  EXPECT_GT(stats_.demotions.Get() + stats_.evictions_kept_on_nvme.Get(), 0u);
+  EXPECT_EQ(cache_->Usage()[0].pinned_blocks, 0u);
+}
+
+}  // namespace
+}  // namespace kvtier
