@@ -47,8 +47,8 @@ TempDir::~TempDir() {
   std::filesystem::remove_all(path_, ec);
 }
 
-DaemonProcess::DaemonProcess(std::string extra_config, std::string binary)
-    : config_(std::move(extra_config)), binary_(std::move(binary)) {}
+DaemonProcess::DaemonProcess(std::string extra_config, std::string binary, std::string data_dir)
+    : config_(std::move(extra_config)), binary_(std::move(binary)), data_dir_(std::move(data_dir)) {}
 
 DaemonProcess::~DaemonProcess() {
   if (pid_ > 0) {
@@ -65,8 +65,8 @@ absl::Status DaemonProcess::Start() {
   // not preallocate gigabytes by default.
   if (cfg.find("[tiers.nvme]") == std::string::npos) cfg += "\n[tiers.nvme]\ncapacity = 0\n";
   if (cfg.find("[daemon]") == std::string::npos) {
-    cfg = absl::StrCat("[daemon]\nrun_dir = \"", dir_.path(), "\"\ndata_dir = \"", dir_.path(),
-                       "/data\"\nlog_level = \"debug\"\n", cfg);
+    cfg = absl::StrCat("[daemon]\nrun_dir = \"", dir_.path(), "\"\ndata_dir = \"",
+                       data_dir_.empty() ? dir_.path() + "/data" : data_dir_, "\"\nlog_level = \"debug\"\n", cfg);
   }
   const std::string cfg_path = dir_.File("kvtierd.toml");
   std::ofstream(cfg_path) << cfg;

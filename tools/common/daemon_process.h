@@ -36,7 +36,9 @@ class DaemonProcess {
   // extra_config is appended to a [daemon] table that points run_dir and
   // data_dir into the temp dir, unless it has its own [daemon] table. The
   // NVMe tier is off unless extra_config has a [tiers.nvme] table.
-  explicit DaemonProcess(std::string extra_config = "", std::string binary = "");
+  // data_dir, when given, replaces the temp dir's data directory (a restarted
+  // daemon over the same state).
+  explicit DaemonProcess(std::string extra_config = "", std::string binary = "", std::string data_dir = "");
   ~DaemonProcess();  // SIGKILL if still running
   DaemonProcess(const DaemonProcess&) = delete;
   DaemonProcess& operator=(const DaemonProcess&) = delete;
@@ -62,6 +64,7 @@ class DaemonProcess {
   TempDir dir_;
   std::string config_;
   std::string binary_;
+  std::string data_dir_;
   pid_t pid_ = -1;
 };
 
