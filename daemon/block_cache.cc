@@ -69,7 +69,7 @@ absl::StatusOr<SlotHandle> BlockCache::AllocateSlotLocked(TenantState& t, uint64
       BlockRecord* v = t.slot_owner[h];
       BlockIndex::Shard& sh = index_.ShardFor(v);
       MutexLock sl(&sh.mu);
-      return v->pins == 0 && v->io_refs == 0 && v->state == BlockState::kReady;
+      return !v->removed && v->pins == 0 && v->io_refs == 0 && v->state == BlockState::kReady;
     });
     if (!victim) {
       stats_->store_refused_no_space.Add();
@@ -464,8 +464,9 @@ absl::Status BlockCache::Release(SessionHoldings& s, uint64_t lease_id) {
 uint32_t BlockCache::RemoveFromIndex(TenantState& t, BlockRecord* r, BlockIndex::Shard& sh) {
   index_.Erase(sh, r);
   r->removed = true;
+  // Removed blocks are never eviction candidates; keep the policies clean.
+  if (r->state == BlockState::kReady) PolicyFor(t, t.host->SlotBytes(r->host_slot))->Remove(r->host_slot);
   stats_->invalidations.Add();
-  (void)t;
   return 1;
 }
 

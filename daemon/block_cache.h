@@ -168,7 +168,8 @@ class BlockCache {
   // deletes it. DestroyDetached is for a record without a host slot.
   void DestroyRecord(TenantState& t, BlockRecord* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
   void DestroyDetached(BlockRecord* r);
-  uint32_t RemoveFromIndex(TenantState& t, BlockRecord* r, BlockIndex::Shard& sh) ABSL_EXCLUSIVE_LOCKS_REQUIRED(sh.mu);
+  uint32_t RemoveFromIndex(TenantState& t, BlockRecord* r, BlockIndex::Shard& sh)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu, sh.mu);
   std::vector<BlockRecord*> FindAll(uint32_t ns, std::span<const BlockKey> keys);
 
   // --- movement between tiers (block_movement.cc)
@@ -180,6 +181,7 @@ class BlockCache {
   // Starts an NVMe write of r's host copy; r carries an I/O reference for it.
   void WriteToNvme(TenantState& t, BlockRecord* r, IoPriority prio, StatusCallback done);
   void OnNvmeWritten(BlockRecord* r, absl::Status s);
+  void RecordNvmeWriteLocked(BlockRecord* r, const absl::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(nvme_mu_);
   // Brings r's NVMe copy into a host slot; `done(ok)` when it is there or failed.
   void Promote(TenantState& t, BlockRecord* r, IoPriority prio, absl::AnyInvocable<void(bool) &&> done);
   void DropNvmeCopy(BlockRecord* r);
@@ -198,6 +200,9 @@ class BlockCache {
   Mutex nvme_mu_;
   std::unique_ptr<EvictionPolicy> nvme_policy_ ABSL_GUARDED_BY(nvme_mu_);
   absl::flat_hash_map<SlotHandle, BlockRecord*> nvme_owner_ ABSL_GUARDED_BY(nvme_mu_);
+  // Loads waiting for a demotion to land before they read it back.
+  absl::flat_hash_map<BlockRecord*, std::vector<absl::AnyInvocable<void(bool) &&>>> write_waiters_
+      ABSL_GUARDED_BY(nvme_mu_);
   std::atomic<uint64_t> nvme_blocks_{0};
   std::unique_ptr<NvmeTier> nvme_;
 

@@ -49,7 +49,8 @@ struct BlockRecord {
   uint8_t io_refs = 0;   // tier I/O in flight on this block: not evictable, not freed
   bool removed = false;  // erased from the index; destroyed when unreferenced
 
-  bool visible() const { return state == BlockState::kReady || nvme_state == NvmeState::kReady; }
+  // A block being demoted stays visible: a load waits for its write to land.
+  bool visible() const { return state == BlockState::kReady || nvme_state != NvmeState::kNone; }
 };
 static_assert(sizeof(BlockRecord) <= 64);
 

@@ -71,7 +71,9 @@ BlockCache::EvictResult BlockCache::EvictHostCopyLocked(TenantState& t, BlockRec
   {
     BlockIndex::Shard& sh = index_.ShardFor(r);
     MutexLock sl(&sh.mu);
-    if (r->pins != 0 || r->io_refs != 0 || r->state != BlockState::kReady) return EvictResult::kSkipped;
+    if (r->removed || r->pins != 0 || r->io_refs != 0 || r->state != BlockState::kReady) {
+      return EvictResult::kSkipped;
+    }
     host_slot = r->host_slot;
     offset = r->arena_offset;
     keep_on_nvme = r->nvme_state == NvmeState::kReady;
@@ -120,20 +122,21 @@ BlockCache::EvictResult BlockCache::EvictHostCopyLocked(TenantState& t, BlockRec
     }
     stats_->demotions_failed.Add();
   }
-  // No NVMe tier, no room there, or too large: the block is dropped.
+  // No NVMe tier, no room there, or too large: the block is dropped. It was
+  // invisible since the first check, so nobody took a pin or an io_ref.
   bool destroy;
   {
     BlockIndex::Shard& sh = index_.ShardFor(r);
     MutexLock sl(&sh.mu);
     r->state = BlockState::kNone;
+    r->host_slot = kNoSlot;
     --r->io_refs;
-    if (!r->removed) index_.Erase(sh, r);
+    index_.Erase(sh, r);
     r->removed = true;
     destroy = r->pins == 0 && r->io_refs == 0;
   }
   stats_->evictions_dropped.Add();
   FreeHostSlotLocked(t, host_slot);
-  r->host_slot = kNoSlot;
   if (destroy) DestroyDetached(r);
   return EvictResult::kEvicted;
 }
@@ -146,7 +149,7 @@ absl::StatusOr<SlotHandle> BlockCache::AllocateNvmeSlotLocked(uint64_t bytes) {
       BlockRecord* v = nvme_owner_.at(h);
       BlockIndex::Shard& sh = index_.ShardFor(v);
       MutexLock sl(&sh.mu);
-      return v->pins == 0 && v->io_refs == 0 && v->nvme_state == NvmeState::kReady;
+      return !v->removed && v->pins == 0 && v->io_refs == 0 && v->nvme_state == NvmeState::kReady;
     });
     if (!victim) return absl::ResourceExhaustedError("the NVMe tier is full and every block on it is pinned or busy");
     BlockRecord* r = nvme_owner_.at(*victim);
@@ -154,7 +157,7 @@ absl::StatusOr<SlotHandle> BlockCache::AllocateNvmeSlotLocked(uint64_t bytes) {
     {
       BlockIndex::Shard& sh = index_.ShardFor(r);
       MutexLock sl(&sh.mu);
-      if (r->pins != 0 || r->io_refs != 0 || r->nvme_state != NvmeState::kReady) continue;
+      if (r->removed || r->pins != 0 || r->io_refs != 0 || r->nvme_state != NvmeState::kReady) continue;
       r->nvme_slot = kNoSlot;
       r->nvme_state = NvmeState::kNone;
       if (r->state == BlockState::kNone) {
@@ -174,7 +177,19 @@ absl::StatusOr<SlotHandle> BlockCache::AllocateNvmeSlotLocked(uint64_t bytes) {
 }
 
 void BlockCache::OnNvmeWritten(BlockRecord* r, absl::Status s) {
-  MutexLock nl(&nvme_mu_);
+  std::vector<absl::AnyInvocable<void(bool) &&>> waiters;
+  {
+    MutexLock nl(&nvme_mu_);
+    if (auto w = write_waiters_.find(r); w != write_waiters_.end()) {
+      waiters = std::move(w->second);
+      write_waiters_.erase(w);
+    }
+    RecordNvmeWriteLocked(r, s);
+  }
+  for (auto& cb : waiters) std::move(cb)(s.ok());
+}
+
+void BlockCache::RecordNvmeWriteLocked(BlockRecord* r, const absl::Status& s) {
   SlotHandle slot;
   {
     BlockIndex::Shard& sh = index_.ShardFor(r);
@@ -282,7 +297,7 @@ void BlockCache::Promote(TenantState& t, BlockRecord* r, IoPriority prio, absl::
   const BlockMeta meta = MetaOf(r);
   // Decided under the tenant lock, acted on after it: callbacks never run
   // under a tier lock.
-  enum class Next { kAlreadyReady, kFail, kWaiting, kRead } next;
+  enum class Next { kAlreadyReady, kFail, kWaiting, kAfterWrite, kRetry, kRead } next;
   SlotHandle nslot = kNoSlot, hslot = kNoSlot;
   uint64_t offset = 0;
   bool drop_ref = false;
@@ -295,6 +310,8 @@ void BlockCache::Promote(TenantState& t, BlockRecord* r, IoPriority prio, absl::
         next = Next::kAlreadyReady;
       } else if (r->state == BlockState::kLoading) {
         next = Next::kWaiting;
+      } else if (r->nvme_state == NvmeState::kWriting && r->state == BlockState::kNone) {
+        next = Next::kAfterWrite;
       } else if (r->nvme_state != NvmeState::kReady || r->state != BlockState::kNone) {
         next = Next::kFail;
       } else {
@@ -307,6 +324,29 @@ void BlockCache::Promote(TenantState& t, BlockRecord* r, IoPriority prio, absl::
     if (next == Next::kWaiting) {
       t.loading[r].push_back(std::move(done));
       return;
+    }
+    if (next == Next::kAfterWrite) {
+      // Being demoted: read it back once the write has landed. (Tenant lock,
+      // then the NVMe lock: the write's completion takes the NVMe lock only.)
+      MutexLock nl(&nvme_mu_);
+      BlockIndex::Shard& sh = index_.ShardFor(r);
+      bool still_writing;
+      {
+        MutexLock sl(&sh.mu);
+        still_writing = r->nvme_state == NvmeState::kWriting;
+      }
+      if (still_writing) {
+        write_waiters_[r].push_back(
+            [this, &t, r, prio, done = std::move(done)](bool written) mutable {
+              if (!written) {
+                std::move(done)(false);
+                return;
+              }
+              Promote(t, r, prio, std::move(done));
+            });
+        return;
+      }
+      next = Next::kRetry;
     }
     if (next == Next::kRead) {
       absl::StatusOr<SlotHandle> slot = AllocateSlotLocked(t, meta.payload_bytes, r);
@@ -325,6 +365,11 @@ void BlockCache::Promote(TenantState& t, BlockRecord* r, IoPriority prio, absl::
         r->arena_offset = offset;
       }
     }
+  }
+  if (next == Next::kRetry) {
+    // The write landed (or failed) between the two looks: decide again.
+    Promote(t, r, prio, std::move(done));
+    return;
   }
   if (next != Next::kRead) {
     if (next == Next::kFail) stats_->promotions_failed.Add();

@@ -96,6 +96,51 @@ TEST(ToolsTest, ReplayOfAHandMadeTraceGivesTheHandComputedRates) {
   EXPECT_EQ((*s)["stats"]["lookups"], 3);
 }
 
+TEST(ToolsTest, ReplayWithHostAndNvmeReportsHitsPerTier) {
+  testing::TempDir dir;
+  // 16 host slots of 64 KiB; an NVMe tier behind them.
+  testing::DaemonProcess d("[tiers.host]\ncapacity = \"1MiB\"\n[tiers.nvme]\ndirs = [\"" + dir.File("nvme") +
+                           "\"]\ncapacity = \"64MiB\"\nsegment_bytes = \"16MiB\"\nstaging_bytes = \"8MiB\"\n");
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  const std::string trace = dir.File("t.jsonl");
+  {
+    std::ofstream f(trace);
+    auto line = [&](int first) {
+      f << R"({"timestamp": 0, "input_length": 4096, "hash_ids": [)";
+      for (int i = 0; i < 8; ++i) f << (i ? ", " : "") << first + i;
+      f << "]}\n";
+    };
+    line(100);  // 8 blocks
+    line(200);  // 8 more: host full
+    line(300);  // 8 more: the first 8 are demoted to NVMe
+    line(100);  // the first prompt again: all 8 come back from NVMe
+  }
+  Output o = RunCommand(Tool("kvtier-replay") + " --socket " + d.socket_path() + " --trace " + trace +
+                        " --block-bytes 64KiB --json");
+  ASSERT_EQ(o.exit_code, 0) << o.out;
+  nlohmann::json j = nlohmann::json::parse(o.out);
+  EXPECT_EQ(j["blocks_hit"], 8);
+  EXPECT_EQ(j["nvme_hit_blocks"], 8);
+  EXPECT_EQ(j["host_hit_blocks"], 0);
+  EXPECT_EQ(j["load_failures"], 0);
+  EXPECT_EQ(j["verify_failures"], 0);
+  EXPECT_DOUBLE_EQ(j["token_hit_rate"].get<double>(), 8.0 / 32.0);
+  auto s = d.Status();
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ((*s)["stats"]["blocks_hit_nvme"], 8);
+  // kvtierctl tiers shows the NVMe tier in both forms.
+  const std::string ctl = Tool("kvtierctl") + " --socket " + d.admin_socket_path();
+  Output human = RunCommand(ctl + " tiers");
+  EXPECT_EQ(human.exit_code, 0);
+  EXPECT_NE(human.out.find("nvme tier"), std::string::npos) << human.out;
+  EXPECT_NE(human.out.find("checksum_failures"), std::string::npos);
+  EXPECT_NE(human.out.find("journal.commits"), std::string::npos);
+  nlohmann::json tiers = nlohmann::json::parse(RunCommand(ctl + " --json tiers").out);
+  ASSERT_EQ(tiers["tiers"].size(), 2u);
+  EXPECT_EQ(tiers["tiers"][1]["tier"], "nvme");
+  EXPECT_GT(tiers["tiers"][1]["bytes_written"].get<int>(), 0);
+}
+
 TEST(ToolsTest, ReplayRefusesAMalformedTraceNamingTheLine) {
   testing::TempDir dir;
   const std::string trace = dir.File("bad.jsonl");

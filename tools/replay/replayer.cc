@@ -78,23 +78,31 @@ class SessionWorker {
       result_.lookup.Add(MonotonicNanos() - t0);
       if (!found.ok()) return Fail(found.status());
       hit = found->hit_blocks;
+      for (uint32_t i = 0; i < hit; ++i) {
+        (found->tiers[i] == TierKind::kNvme ? result_.blocks_hit_nvme : result_.blocks_hit_host)++;
+      }
+      uint32_t loaded = 0;
       if (hit > 0) {
         t0 = MonotonicNanos();
         auto views = client_->Load(found->lease, keys.first(hit));
         if (!views.ok()) return Fail(views.status());
+        // A block that could not come back is recomputed like a miss.
+        loaded = static_cast<uint32_t>(views->size());
+        result_.load_failures += hit - loaded;
         // An engine copies the blocks into its KV cache; we check them.
-        for (uint32_t i = 0; i < hit; ++i) {
+        for (uint32_t i = 0; i < loaded; ++i) {
           const BlockView& v = (*views)[i];
           if (v.size != client_->block_bytes() || !VerifyPayload(keys[i], {v.data, v.size})) ++result_.verify_failures;
         }
         result_.load.Add(MonotonicNanos() - t0);
-        result_.blocks_loaded += hit;
-        result_.bytes_loaded += uint64_t{hit} * client_->block_bytes();
+        result_.blocks_loaded += loaded;
+        result_.bytes_loaded += uint64_t{loaded} * client_->block_bytes();
         if (Status s = client_->Release(found->lease); !s.ok()) return Fail(s);
-        ++result_.requests_with_hit;
+        if (loaded > 0) ++result_.requests_with_hit;
       }
-      result_.blocks_hit += hit;
-      progress_->blocks_hit += hit;
+      result_.blocks_hit += loaded;
+      progress_->blocks_hit += loaded;
+      hit = loaded;
     }
     // Prefill computed the rest; offload it.
     if (hit < keys.size()) {
@@ -159,6 +167,9 @@ nlohmann::json ReplayResult::ToJson() {
                         {"prompt_tokens", prompt_tokens},
                         {"blocks_requested", blocks_requested},
                         {"blocks_hit", blocks_hit},
+                        {"host_hit_blocks", blocks_hit_host},
+                        {"nvme_hit_blocks", blocks_hit_nvme},
+                        {"load_failures", load_failures},
                         {"token_hit_rate", token_hit_rate()},
                         {"request_hit_rate", request_hit_rate()},
                         {"reused_token_ratio", reused_token_ratio()},
@@ -217,6 +228,9 @@ ReplayResult Replay(Workload& workload, const ReplayOptions& opts) {
     out.prompt_tokens += r.prompt_tokens;
     out.blocks_requested += r.blocks_requested;
     out.blocks_hit += r.blocks_hit;
+    out.blocks_hit_host += r.blocks_hit_host;
+    out.blocks_hit_nvme += r.blocks_hit_nvme;
+    out.load_failures += r.load_failures;
     out.requests_with_hit += r.requests_with_hit;
     out.blocks_stored += r.blocks_stored;
     out.bytes_stored += r.bytes_stored;
