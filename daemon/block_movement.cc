@@ -336,6 +336,7 @@ void BlockCache::Promote(TenantState& t, BlockRecord* r, IoPriority prio, absl::
         still_writing = r->nvme_state == NvmeState::kWriting;
       }
       if (still_writing) {
+        nvme_->CommitSoon();  // a demotion's record waits for the next batch otherwise
         write_waiters_[r].push_back(
             [this, &t, r, prio, done = std::move(done)](bool written) mutable {
               if (!written) {

@@ -28,9 +28,13 @@ struct IoOp {
   std::byte* buf = nullptr;
   uint32_t len = 0;
   IoPriority priority = IoPriority::kDemote;
-  // Runs exactly once, on an engine thread: `len` on success, else -errno.
+  // Runs exactly once, on an engine thread: len + tail_len on success, else -errno.
   // A short transfer is retried for the rest; one that makes no progress is -EIO.
   absl::AnyInvocable<void(int32_t) &&> done;
+  // Optional: the transfer continues into a second buffer (a vectored read
+  // or write of len + tail_len contiguous bytes on disk).
+  std::byte* tail = nullptr;
+  uint32_t tail_len = 0;
 };
 
 struct IoEngineStats {

@@ -3,7 +3,10 @@
 #ifndef KVTIER_TIERS_IO_QUEUE_H_
 #define KVTIER_TIERS_IO_QUEUE_H_
 
+#include <sys/uio.h>
+
 #include <array>
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <vector>
@@ -21,9 +24,12 @@ class IoQueue {
       MutexLock l(&mu_);
       q_[static_cast<int>(op.priority)].push_back(std::move(op));
       ++size_;
+      approx_size_.store(size_, std::memory_order_release);
     }
     cv_.notify_one();
   }
+  // Without the lock, for polling: may be momentarily stale.
+  bool LooksEmpty() const { return approx_size_.load(std::memory_order_acquire) == 0; }
   // Thread-safe. Up to `max` ops, highest priority first; never blocks.
   size_t TakeUpTo(size_t max, std::vector<IoOp>* out) {
     MutexLock l(&mu_);
@@ -36,6 +42,7 @@ class IoQueue {
       }
     }
     size_ -= n;
+    approx_size_.store(size_, std::memory_order_release);
     return n;
   }
   // Thread-safe. Waits until an op is queued or `stop` is set (under the lock
@@ -48,6 +55,7 @@ class IoQueue {
         *out = std::move(q.front());
         q.pop_front();
         --size_;
+        approx_size_.store(size_, std::memory_order_release);
         return true;
       }
     }
@@ -70,8 +78,22 @@ class IoQueue {
   std::condition_variable_any cv_;
   std::array<std::deque<IoOp>, kIoPriorities> q_ ABSL_GUARDED_BY(mu_);
   size_t size_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<size_t> approx_size_{0};  // size_, published for LooksEmpty()
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
 };
+
+// The iovecs of what is left of an op after `done` bytes; returns how many.
+inline int RemainingIov(const IoOp& op, uint32_t done, iovec out[2]) {
+  int n = 0;
+  if (done < op.len) {
+    out[n++] = iovec{op.buf + done, op.len - done};
+    done = 0;
+  } else {
+    done -= op.len;
+  }
+  if (op.tail_len > done) out[n++] = iovec{op.tail + done, op.tail_len - done};
+  return n;
+}
 
 // Counts outstanding ops so Drain() can wait for zero.
 class Outstanding {

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "core/units.h"
 
 namespace kvtier {
 namespace {
@@ -152,10 +153,17 @@ Journal::~Journal() {
 
 void Journal::SetPreCommitHook(std::function<absl::Status()> hook) { pre_commit_ = std::move(hook); }
 
-uint64_t Journal::Append(JournalRecord record, DurableCallback durable) {
+uint64_t Journal::Append(JournalRecord record, DurableCallback durable, bool urgent) {
   uint64_t seq;
+  bool wake;
   {
     MutexLock l(&mu_);
+    // The committer waits for the first pending record, then for urgency:
+    // only those changes wake it. Waking it for every record cost each
+    // write completion a futex call and the committer a useless round.
+    wake = pending_.empty() || (urgent && !urgent_);
+    if (pending_.empty()) first_pending_ns_ = MonotonicNanos();
+    urgent_ |= urgent;
     record.magic = kJournalMagic;
     record.version = kNvmeFormatVersion;
     record.seq = seq = next_seq_++;
@@ -164,12 +172,22 @@ uint64_t Journal::Append(JournalRecord record, DurableCallback durable) {
     pending_cbs_.push_back(std::move(durable));
     ++appended_;
   }
-  cv_.notify_all();
+  if (wake) cv_.notify_all();
   return seq;
+}
+
+void Journal::CommitSoon() {
+  {
+    MutexLock l(&mu_);
+    urgent_ = true;
+  }
+  cv_.notify_all();
 }
 
 absl::Status Journal::Sync() {
   MutexLock l(&mu_);
+  urgent_ = true;
+  cv_.notify_all();
   const uint64_t target = appended_;
   mu_.Await(cv_, [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return durable_ >= target; });
   return last_error_;
@@ -191,6 +209,17 @@ void Journal::Run() {
       MutexLock l(&mu_);
       mu_.Await(cv_, [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stop_ || !pending_.empty(); });
       if (pending_.empty()) return;  // stopping, nothing left
+      if (opts_.group_commit && !urgent_ && !stop_) {
+        // Let more records join this round, unless someone waits.
+        const uint64_t delay = std::clamp<uint64_t>(last_round_ns_ * 30, 1'000'000, 1'000'000'000);
+        const uint64_t due = first_pending_ns_ + delay;
+        const uint64_t now = MonotonicNanos();
+        if (now < due) {
+          mu_.AwaitFor(cv_, std::chrono::nanoseconds(due - now),
+                       [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return urgent_ || stop_; });
+        }
+      }
+      urgent_ = false;
       if (opts_.group_commit) {
         batch.swap(pending_);
         cbs.swap(pending_cbs_);
@@ -204,6 +233,7 @@ void Journal::Run() {
     }
     absl::Status s;
     uint64_t size;
+    const uint64_t round_start = MonotonicNanos();
     {
       MutexLock w(&write_mu_);
       s = CommitLocked(batch);
@@ -211,6 +241,7 @@ void Journal::Run() {
     }
     {
       MutexLock l(&mu_);
+      last_round_ns_ = MonotonicNanos() - round_start;
       if (s.ok()) stats_.records += batch.size();
       ++stats_.commits;
       stats_.bytes = size;

@@ -5,6 +5,13 @@
 // fdatasyncs the journal, and then tells each record's waiter. A record counts
 // as durable only after that.
 //
+// When to commit: at once when someone waits (an urgent append, CommitSoon,
+// Sync); otherwise once the oldest pending record is 30 times the last
+// round's duration old (1 ms .. 1 s). A device whose flushes are cheap commits
+// every millisecond; one whose flushes take 10 ms batches ~300 ms of writes
+// per flush, so flushing (which also stalls the device's queue) stays a few
+// percent of write-back time.
+//
 // Open() replays the file: records are taken up to the first one that is torn
 // or damaged; that tail is cut off (and counted), never fatal.
 #ifndef KVTIER_TIERS_JOURNAL_H_
@@ -67,8 +74,11 @@ class Journal {
 
   // Thread-safe. Queues a record (seq and checksum are set here) and returns
   // its seq; `durable` runs on the commit thread once it is synced, or with
-  // the error.
-  uint64_t Append(JournalRecord record, DurableCallback durable = nullptr);
+  // the error. `urgent`: someone waits for it, commit without batching delay.
+  uint64_t Append(JournalRecord record, DurableCallback durable = nullptr, bool urgent = false);
+  // Thread-safe. Commits what is pending without the batching delay; does
+  // not wait.
+  void CommitSoon();
   // Thread-safe. Returns once everything appended before the call is durable
   // and the records' callbacks have run.
   absl::Status Sync();
@@ -99,6 +109,9 @@ class Journal {
   std::vector<DurableCallback> pending_cbs_ ABSL_GUARDED_BY(mu_);
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t appended_ ABSL_GUARDED_BY(mu_) = 0;  // records appended
+  bool urgent_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t first_pending_ns_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t last_round_ns_ ABSL_GUARDED_BY(mu_) = 0;  // duration of the last commit round
   uint64_t durable_ ABSL_GUARDED_BY(mu_) = 0;   // records made durable (or failed)
   absl::Status last_error_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

@@ -447,7 +447,7 @@ void NvmeTier::Write(SlotHandle slot, const BlockMeta& meta, std::span<const std
   rec.block_tokens = meta.block_tokens;
   engine_->Submit(IoOp{
       true, file, off, buf, static_cast<uint32_t>(total), prio,
-      [this, buf, file, slot, sg, idx, gen, meta, rec, done = std::move(done)](int32_t res) mutable {
+      [this, buf, file, slot, sg, idx, gen, meta, rec, prio, done = std::move(done)](int32_t res) mutable {
         staging_->Release(buf);
         if (res < 0) {
           io_errors_.fetch_add(1, std::memory_order_relaxed);
@@ -465,6 +465,9 @@ void NvmeTier::Write(SlotHandle slot, const BlockMeta& meta, std::span<const std
             return;
           }
         }
+        // Demotions are write-back: their records wait for the next batch.
+        // Anything else has someone waiting on it.
+        const bool urgent = prio != IoPriority::kDemote;
         journal_->Append(rec, [this, sg, idx, gen, meta, done = std::move(done)](absl::Status s, uint64_t seq) mutable {
           if (s.ok()) {
             MutexLock l(&mu_);
@@ -478,7 +481,7 @@ void NvmeTier::Write(SlotHandle slot, const BlockMeta& meta, std::span<const std
           }
           std::move(done)(s);
           if (s.ok()) MaybeCompact();
-        });
+        }, urgent);
       }});
 }
 
@@ -504,10 +507,16 @@ void NvmeTier::Read(SlotHandle slot, const BlockMeta& meta, std::span<std::byte>
     std::move(done)(absl::InvalidArgumentError("read larger than the NVMe slot"));
     return;
   }
-  std::byte* buf = staging_->Acquire(total);
-  engine_->Submit(IoOp{
-      false, file, off, buf, static_cast<uint32_t>(total), prio,
-      [this, buf, dst, sg, idx, gen, meta, slot, done = std::move(done)](int32_t res) mutable {
+  // Straight into dst when it can take direct I/O (page-aligned, whole
+  // sectors: the host arena's slots): only the header goes through staging.
+  const bool direct = reinterpret_cast<uintptr_t>(dst.data()) % kSectorBytes == 0 && dst.size() % kSectorBytes == 0;
+  std::byte* buf = staging_->Acquire(direct ? kSectorBytes : total);
+  IoOp op{false, file, off, buf, static_cast<uint32_t>(direct ? kSectorBytes : total), prio};
+  if (direct) {
+    op.tail = dst.data();
+    op.tail_len = static_cast<uint32_t>(dst.size());
+  }
+  op.done = [this, buf, dst, direct, sg, idx, gen, meta, slot, done = std::move(done)](int32_t res) mutable {
         if (res < 0) {
           staging_->Release(buf);
           io_errors_.fetch_add(1, std::memory_order_relaxed);
@@ -521,7 +530,8 @@ void NvmeTier::Read(SlotHandle slot, const BlockMeta& meta, std::span<std::byte>
                                h.payload_bytes == dst.size() &&
                                std::memcmp(h.ns, meta.ns.bytes.data(), 32) == 0 &&
                                std::memcmp(h.key, meta.key.bytes.data(), 32) == 0;
-        const bool payload_ok = header_ok && XXH3_64bits(buf + kSectorBytes, dst.size()) == h.payload_xxh3;
+        const std::byte* payload = direct ? dst.data() : buf + kSectorBytes;
+        const bool payload_ok = header_ok && XXH3_64bits(payload, dst.size()) == h.payload_xxh3;
         if (!payload_ok) {
           staging_->Release(buf);
           checksum_failures_.fetch_add(1, std::memory_order_relaxed);
@@ -530,10 +540,11 @@ void NvmeTier::Read(SlotHandle slot, const BlockMeta& meta, std::span<std::byte>
                            "; the block is not served")));
           return;
         }
-        std::memcpy(dst.data(), buf + kSectorBytes, dst.size());
+        if (!direct) std::memcpy(dst.data(), buf + kSectorBytes, dst.size());
         staging_->Release(buf);
         std::move(done)(absl::OkStatus());
-      }});
+      };
+  engine_->Submit(std::move(op));
 }
 
 void NvmeTier::MaybeCompact() {
@@ -575,6 +586,8 @@ void NvmeTier::MaybeCompact() {
   (void)journal_->Rewrite(std::move(snapshot), generation);  // on failure the old journal stays valid
   compacting_.store(false);
 }
+
+void NvmeTier::CommitSoon() { journal_->CommitSoon(); }
 
 absl::Status NvmeTier::Sync() {
   engine_->Drain();

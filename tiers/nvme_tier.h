@@ -100,8 +100,11 @@ class NvmeTier final : public Tier {
   TierUsage Usage() const override;
   TierHealth Health() const override;
 
-  // Thread-safe. Waits until every journal record so far is durable.
+  // Thread-safe. Waits until every write so far is durable.
   absl::Status Sync();
+  // Thread-safe. Makes pending demotions durable without the batching delay
+  // (someone now waits for one); does not wait.
+  void CommitSoon();
   NvmeStats Stats() const;
   // Largest payload one slot takes.
   uint64_t max_block_bytes() const { return opts_.segment_bytes - kSectorBytes; }

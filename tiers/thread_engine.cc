@@ -1,4 +1,5 @@
 // The fallback I/O engine: pread/pwrite on a pool of threads.
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -70,10 +71,13 @@ class ThreadEngine final : public IoEngine {
 
   int32_t Execute(const IoOp& op) {
     if (op.file >= fds_.size()) return -EBADF;
+    const uint32_t total = op.len + op.tail_len;
     uint32_t done = 0;
-    while (done < op.len) {
-      const ssize_t n = op.write ? pwrite(fds_[op.file], op.buf + done, op.len - done, static_cast<off_t>(op.offset + done))
-                                 : pread(fds_[op.file], op.buf + done, op.len - done, static_cast<off_t>(op.offset + done));
+    while (done < total) {
+      iovec iov[2];
+      const int n_iov = RemainingIov(op, done, iov);
+      const ssize_t n = op.write ? pwritev(fds_[op.file], iov, n_iov, static_cast<off_t>(op.offset + done))
+                                 : preadv(fds_[op.file], iov, n_iov, static_cast<off_t>(op.offset + done));
       if (n < 0) {
         if (errno == EINTR || errno == EAGAIN) continue;
         return -errno;

@@ -68,6 +68,7 @@ class Tier {
   // Thread-safe. Copies the block `meta` describes from the slot into dst;
   // `done` as for Write. DataLoss when the slot does not hold exactly that
   // block intact (checksum, key, generation): such a block is never served.
+  // On failure dst's contents are unspecified.
   virtual void Read(SlotHandle slot, const BlockMeta& meta, std::span<std::byte> dst, IoPriority prio,
                     IoCallback done) = 0;
   // Thread-safe.

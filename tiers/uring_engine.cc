@@ -2,7 +2,11 @@
 // files, the staging region registered as a fixed buffer, and submissions
 // batched up to the queue depth. A worker sleeps in io_uring_submit_and_wait
 // with a read of an eventfd always armed, so Submit() wakes it through the
-// ring itself.
+// ring itself. On kernels that have it (6.1+) the ring is single-issuer with
+// deferred task work: a completion wakes the sleeping worker directly, as a
+// blocking pread would, and nothing interrupts a running thread. Completed
+// ops' callbacks (checksums, copies) run after the next ops are submitted, so
+// the device works while they run.
 #include <liburing.h>
 #include <sys/eventfd.h>
 #include <sys/uio.h>
@@ -12,10 +16,13 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <future>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "core/units.h"
+#include "ipc/doorbell.h"
 #include "tiers/io_engine.h"
 #include "tiers/io_queue.h"
 
@@ -23,6 +30,8 @@ namespace kvtier {
 namespace {
 
 constexpr uint64_t kWakeTag = 0;
+constexpr uint64_t kIdleSpinNs = 50'000;
+constexpr uint64_t kCompletionSpinNs = 200'000;
 
 struct Counters {
   std::atomic<uint64_t> reads{0}, writes{0}, bytes_read{0}, bytes_written{0}, errors{0}, in_flight{0}, queued{0};
@@ -46,20 +55,23 @@ class UringWorker {
   absl::Status Init() {
     wake_fd_ = eventfd(0, EFD_CLOEXEC);
     if (wake_fd_ < 0) return ErrnoStatus(errno, "eventfd");
-    io_uring_params p{};
-    const int rc = io_uring_queue_init_params(std::max<uint32_t>(opts_.queue_depth, 1) * 2 + 2, &ring_, &p);
-    if (rc < 0) return ErrnoStatus(-rc, "io_uring_queue_init");
-    ring_ready_ = true;
-    if (!opts_.fds.empty() &&
-        io_uring_register_files(&ring_, opts_.fds.data(), static_cast<unsigned>(opts_.fds.size())) == 0) {
-      fixed_files_ = true;
+    // The ring is made and registered on the worker thread: with a single
+    // issuer the kernel runs completion work when that thread asks for
+    // events, so a completion wakes the sleeping worker once instead of
+    // interrupting it.
+    std::promise<absl::Status> ready;
+    std::future<absl::Status> result = ready.get_future();
+    thread_ = std::thread([this, &ready] {
+      absl::Status st = SetUpRing();
+      const bool ok = st.ok();
+      ready.set_value(std::move(st));
+      if (ok) Run();
+    });
+    absl::Status st = result.get();
+    if (!st.ok()) {
+      thread_.join();
+      return st;
     }
-    if (opts_.registered_base != nullptr && opts_.registered_bytes > 0) {
-      iovec iov{opts_.registered_base, opts_.registered_bytes};
-      // Pinning needs RLIMIT_MEMLOCK; without it ops use plain read/write.
-      fixed_buffers_ = io_uring_register_buffers(&ring_, &iov, 1) == 0;
-    }
-    thread_ = std::thread([this] { Run(); });
     return absl::OkStatus();
   }
 
@@ -75,7 +87,33 @@ class UringWorker {
   struct Pending {
     IoOp op;
     uint32_t done = 0;  // bytes transferred so far
+    iovec iov[2];       // vectored ops: must live until the completion
   };
+
+  absl::Status SetUpRing() {
+    const unsigned entries = std::max<uint32_t>(opts_.queue_depth, 1) * 2 + 2;
+    io_uring_params p{};
+    p.flags = IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN;
+    int rc = io_uring_queue_init_params(entries, &ring_, &p);
+    if (rc == -EINVAL) {  // kernels before 6.1
+      p = io_uring_params{};
+      rc = io_uring_queue_init_params(entries, &ring_, &p);
+    } else if (rc == 0) {
+      defer_taskrun_ = true;
+    }
+    if (rc < 0) return ErrnoStatus(-rc, "io_uring_queue_init");
+    ring_ready_ = true;
+    if (!opts_.fds.empty() &&
+        io_uring_register_files(&ring_, opts_.fds.data(), static_cast<unsigned>(opts_.fds.size())) == 0) {
+      fixed_files_ = true;
+    }
+    if (opts_.registered_base != nullptr && opts_.registered_bytes > 0) {
+      iovec iov{opts_.registered_base, opts_.registered_bytes};
+      // Pinning needs RLIMIT_MEMLOCK; without it ops use plain read/write.
+      fixed_buffers_ = io_uring_register_buffers(&ring_, &iov, 1) == 0;
+    }
+    return absl::OkStatus();
+  }
 
   void Wake() {
     const uint64_t one = 1;
@@ -95,10 +133,21 @@ class UringWorker {
   void Prep(Pending* p) {
     io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
     const IoOp& op = p->op;
+    const int fd = fixed_files_ ? static_cast<int>(op.file) : opts_.fds[op.file];
+    const uint64_t off = op.offset + p->done;
+    if (op.tail != nullptr) {
+      const int n = RemainingIov(op, p->done, p->iov);
+      if (op.write) {
+        io_uring_prep_writev(sqe, fd, p->iov, n, off);
+      } else {
+        io_uring_prep_readv(sqe, fd, p->iov, n, off);
+      }
+      if (fixed_files_) io_uring_sqe_set_flags(sqe, IOSQE_FIXED_FILE);
+      io_uring_sqe_set_data64(sqe, reinterpret_cast<uint64_t>(p));
+      return;
+    }
     std::byte* buf = op.buf + p->done;
     const uint32_t len = op.len - p->done;
-    const uint64_t off = op.offset + p->done;
-    const int fd = fixed_files_ ? static_cast<int>(op.file) : opts_.fds[op.file];
     if (InRegistered(buf, len)) {
       if (op.write) {
         io_uring_prep_write_fixed(sqe, fd, buf, len, off, 0);
@@ -114,8 +163,8 @@ class UringWorker {
     io_uring_sqe_set_data64(sqe, reinterpret_cast<uint64_t>(p));
   }
 
+  // Runs the op's callback. The caller has already taken it off in_flight_.
   void Finish(Pending* p, int32_t res) {
-    --in_flight_;
     counters_->in_flight.fetch_sub(1, std::memory_order_relaxed);
     if (res < 0) {
       counters_->errors.fetch_add(1, std::memory_order_relaxed);
@@ -141,20 +190,43 @@ class UringWorker {
       const uint32_t room = opts_.queue_depth > in_flight_ ? opts_.queue_depth - in_flight_ : 0;
       queue_.TakeUpTo(room, &batch);
       for (IoOp& op : batch) {
+        counters_->queued.fetch_sub(1, std::memory_order_relaxed);
+        counters_->in_flight.fetch_add(1, std::memory_order_relaxed);
         if (op.file >= opts_.fds.size()) {
-          ++in_flight_;
           Finish(new Pending{std::move(op)}, -EBADF);
           continue;
         }
-        counters_->queued.fetch_sub(1, std::memory_order_relaxed);
-        counters_->in_flight.fetch_add(1, std::memory_order_relaxed);
         ++in_flight_;
         Prep(new Pending{std::move(op)});
       }
+      // With nothing in flight, poll the queue briefly before sleeping: an
+      // engine that submits the next op right after a completion (queue
+      // depth 1) then pays no thread wake-up.
+      if (in_flight_ == 0 && !stopping) {
+        const uint64_t spin_start = MonotonicNanos();
+        while (queue_.LooksEmpty() && MonotonicNanos() - spin_start < kIdleSpinNs &&
+               !stop_.load(std::memory_order_relaxed)) {
+          ipc::PollPause(MonotonicNanos() - spin_start);
+        }
+        if (!queue_.LooksEmpty()) continue;
+      }
+      bool more = queue_.size() > 0 && in_flight_ < opts_.queue_depth;
+      if (!more && in_flight_ > 0 && !defer_taskrun_) {
+        // Submit, then poll the completion queue for a while before sleeping
+        // in the kernel: the kernel fills it from the device interrupt, and a
+        // thread woken from sleep costs tens of microseconds on a VM.
+        io_uring_submit(&ring_);
+        const uint64_t spin_start = MonotonicNanos();
+        while (io_uring_cq_ready(&ring_) == 0 && MonotonicNanos() - spin_start < kCompletionSpinNs) {
+          ipc::CpuRelax();
+          if (!queue_.LooksEmpty()) break;
+        }
+        more = queue_.size() > 0 && in_flight_ < opts_.queue_depth;
+      }
       // Sleep only with nothing left to submit: announce, re-check, wait.
       sleeping_.store(true, std::memory_order_seq_cst);
-      const bool more = queue_.size() > 0 && in_flight_ < opts_.queue_depth;
-      const int rc = io_uring_submit_and_wait(&ring_, more ? 0 : 1);
+      if (!more) more = queue_.size() > 0 && in_flight_ < opts_.queue_depth;
+      const int rc = io_uring_submit_and_wait(&ring_, more || io_uring_cq_ready(&ring_) > 0 ? 0 : 1);
       sleeping_.store(false, std::memory_order_seq_cst);
       if (rc < 0 && rc != -EINTR && rc != -EBUSY && rc != -EAGAIN) {
         // The ring itself failed; nothing sensible remains but to fail ops.
@@ -163,7 +235,8 @@ class UringWorker {
       }
       io_uring_cqe* cqe;
       unsigned head, seen = 0;
-      std::vector<Pending*> resubmit;
+      resubmit_.clear();
+      finished_.clear();
       io_uring_for_each_cqe(&ring_, head, cqe) {
         ++seen;
         const uint64_t tag = io_uring_cqe_get_data64(cqe);
@@ -174,22 +247,41 @@ class UringWorker {
         }
         auto* p = reinterpret_cast<Pending*>(tag);
         if (res == -EAGAIN || res == -EINTR) {
-          resubmit.push_back(p);
+          resubmit_.push_back(p);
         } else if (res < 0) {
-          Finish(p, res);
-        } else if (res == 0 && p->done < p->op.len) {
-          Finish(p, -EIO);  // no progress
+          finished_.emplace_back(p, res);
+        } else if (res == 0 && p->done < p->op.len + p->op.tail_len) {
+          finished_.emplace_back(p, -EIO);  // no progress
         } else {
           p->done += static_cast<uint32_t>(res);
-          if (p->done < p->op.len) {
-            resubmit.push_back(p);  // short transfer: the rest
+          if (p->done < p->op.len + p->op.tail_len) {
+            resubmit_.push_back(p);  // short transfer: the rest
           } else {
-            Finish(p, static_cast<int32_t>(p->done));
+            finished_.emplace_back(p, static_cast<int32_t>(p->done));
           }
         }
       }
       io_uring_cq_advance(&ring_, seen);
-      for (Pending* p : resubmit) Prep(p);
+      in_flight_ -= static_cast<uint32_t>(finished_.size());
+      for (Pending* p : resubmit_) Prep(p);
+      if (!finished_.empty()) {
+        // Refill the device before running callbacks: they verify checksums
+        // and copy payloads, and the next ops' I/O overlaps that work.
+        batch.clear();
+        queue_.TakeUpTo(opts_.queue_depth > in_flight_ ? opts_.queue_depth - in_flight_ : 0, &batch);
+        for (IoOp& op : batch) {
+          counters_->queued.fetch_sub(1, std::memory_order_relaxed);
+          counters_->in_flight.fetch_add(1, std::memory_order_relaxed);
+          if (op.file >= opts_.fds.size()) {
+            finished_.emplace_back(new Pending{std::move(op)}, -EBADF);
+            continue;
+          }
+          ++in_flight_;
+          Prep(new Pending{std::move(op)});
+        }
+        if (!batch.empty() || !resubmit_.empty()) io_uring_submit(&ring_);
+        for (auto [p, res] : finished_) Finish(p, res);
+      }
       if (rearm_wake_ && !stop_.load(std::memory_order_seq_cst)) {
         ArmWake();
         rearm_wake_ = false;
@@ -215,10 +307,13 @@ class UringWorker {
   bool ring_ready_ = false;
   bool fixed_files_ = false;
   bool fixed_buffers_ = false;
+  bool defer_taskrun_ = false;  // completions are posted only when we enter the kernel
   int wake_fd_ = -1;
   uint64_t wake_buf_ = 0;
   bool rearm_wake_ = false;
   uint32_t in_flight_ = 0;  // worker thread only
+  std::vector<Pending*> resubmit_;                        // worker thread only
+  std::vector<std::pair<Pending*, int32_t>> finished_;  // worker thread only
   IoQueue queue_;
   std::atomic<bool> sleeping_{false};
   std::atomic<bool> stop_{false};

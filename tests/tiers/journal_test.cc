@@ -207,6 +207,37 @@ TEST_F(JournalTest, WithoutGroupCommitEveryRecordIsItsOwnSync) {
   EXPECT_EQ(j->Stats().commits, 20u);
 }
 
+// A round that takes 100 ms sets the batching delay to 3 s: a background
+// record waits for the batch, an urgent one or CommitSoon() does not.
+TEST_F(JournalTest, BackgroundRecordsWaitForTheBatchUrgentOnesDoNot) {
+  JournalReplay replay;
+  auto j = Open(&replay);
+  j->SetPreCommitHook([] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    return absl::OkStatus();
+  });
+  j->Append(Assign(0, 0, 1));
+  ASSERT_TRUE(j->Sync().ok());  // one slow round measured
+  const auto wait_for = [](std::atomic<bool>& flag, std::chrono::milliseconds limit) {
+    const auto end = std::chrono::steady_clock::now() + limit;
+    while (!flag.load() && std::chrono::steady_clock::now() < end) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return flag.load();
+  };
+  std::atomic<bool> background{false}, urgent{false};
+  j->Append(Assign(0, 1, 1), [&](absl::Status s, uint64_t) { background = s.ok(); });
+  EXPECT_FALSE(wait_for(background, std::chrono::milliseconds(500))) << "committed before its batch was due";
+  j->Append(Assign(0, 2, 1), [&](absl::Status s, uint64_t) { urgent = s.ok(); }, /*urgent=*/true);
+  EXPECT_TRUE(wait_for(urgent, std::chrono::milliseconds(2000))) << "an urgent record waited for the batch";
+  EXPECT_TRUE(background.load()) << "the pending record rides along with the urgent one";
+
+  std::atomic<bool> soon{false};
+  j->Append(Assign(0, 3, 1), [&](absl::Status s, uint64_t) { soon = s.ok(); });
+  j->CommitSoon();
+  EXPECT_TRUE(wait_for(soon, std::chrono::milliseconds(2000))) << "CommitSoon did not cut the delay short";
+}
+
 TEST_F(JournalTest, AFailedPreCommitFailsTheRound) {
   JournalReplay replay;
   auto j = Open(&replay);

@@ -371,6 +371,31 @@ TEST_F(NvmeTierTest, LoadsOvertakeQueuedDemotions) {
   faults_->Clear();
 }
 
+TEST_F(NvmeTierTest, ReadsLandStraightInAnAlignedDestinationWithBothEngines) {
+  for (const char* engine : {"io_uring", "threads"}) {
+    SCOPED_TRACE(engine);
+    NvmeTierOptions o = Options();
+    o.io_engine = engine;
+    o.dirs = {dir_.File(std::string("direct-") + engine)};
+    auto t = Open(nullptr, o);
+    auto s = Put(*t, 5, 64 << 10);
+    ASSERT_TRUE(s.ok());
+    // Page-aligned and whole sectors, like a host arena slot: the payload is
+    // read into it directly.
+    std::byte* dst = static_cast<std::byte*>(aligned_alloc(4096, 64 << 10));
+    absl::Status r = Await([&](auto cb) { t->Read(*s, Meta(5, 64 << 10), {dst, 64 << 10}, IoPriority::kLoad, std::move(cb)); });
+    EXPECT_TRUE(r.ok()) << r;
+    EXPECT_TRUE(testing::MatchesKey(KeyOf(5), {dst, 64 << 10}));
+    // A flipped payload bit in the direct path is still caught.
+    faults_->flip_read_bit = (kSectorBytes + 999) * 8;
+    faults_->budget = 1;
+    r = Await([&](auto cb) { t->Read(*s, Meta(5, 64 << 10), {dst, 64 << 10}, IoPriority::kLoad, std::move(cb)); });
+    EXPECT_TRUE(absl::IsDataLoss(r)) << r;
+    faults_->Clear();
+    free(dst);
+  }
+}
+
 TEST_F(NvmeTierTest, UnusableDirectoriesGetAClearError) {
   NvmeTierOptions o = Options();
   std::ofstream(dir_.File("plainfile")) << "x";
