@@ -39,6 +39,9 @@ struct Context {
   std::string kvtierd;  // binary path
   bool json = false;
   bool quick = false;   // fewer iterations (smoke runs in tests)
+  std::string dir;      // nvme suite: where files go (default: a temp dir)
+  int pairs = 0;        // nvme suite: ours/fio pairs per point (0: the default)
+  std::string only;     // nvme suite: run only points whose label contains this
 };
 
 // Registers benchmarks, runs them (echoing Google Benchmark's console lines
@@ -78,6 +81,7 @@ uint64_t RssAnonBytes(int pid);
 std::vector<Metric> RunIpcSuite(const Context& ctx);
 std::vector<Metric> RunHostSuite(const Context& ctx);
 std::vector<Metric> RunLookupSuite(const Context& ctx);
+std::vector<Metric> RunNvmeSuite(const Context& ctx);
 
 }  // namespace kvtier::bench
 

@@ -5,6 +5,7 @@
 //
 // Build with the release preset for meaningful figures.
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <string>
@@ -18,10 +19,14 @@ namespace {
 
 void Usage() {
   std::fprintf(stderr,
-               "usage: kvtier-bench SUITE [--json] [--quick] [--kvtierd PATH] [benchmark flags]\n"
+               "usage: kvtier-bench SUITE [--json] [--quick] [--kvtierd PATH] [--dir PATH] [benchmark flags]\n"
                "suites: ipc     1-key lookup round trip through the rings vs a Unix socket\n"
                "        host    store+load of 2 MiB blocks through the client API vs memcpy\n"
                "        lookup  64-key lookups against 1M indexed blocks; daemon memory per block\n"
+               "        nvme    NVMe tier writes/reads vs fio, journal group commit, restart time\n"
+               "                (--dir PATH: put its files there, default a temp dir; --pairs N: runs\n"
+               "                of ours and fio per point, default 5; --only TEXT: points whose name\n"
+               "                contains TEXT, e.g. 256KiB_qd1, journal, restart)\n"
                "        all     every suite\n"
                "--json prints one JSON object per metric; exit code 1 when a target is missed.\n");
 }
@@ -40,6 +45,16 @@ int main(int argc, char** argv) {
       ctx.quick = true;
     } else if (a == "--kvtierd" && i + 1 < argc) {
       ctx.kvtierd = argv[++i];
+    } else if (a == "--dir" && i + 1 < argc) {
+      ctx.dir = argv[++i];
+    } else if (a == "--pairs" && i + 1 < argc) {
+      ctx.pairs = std::atoi(argv[++i]);
+      if (ctx.pairs < 1) {
+        std::fprintf(stderr, "kvtier-bench: --pairs wants a positive count\n");
+        return 2;
+      }
+    } else if (a == "--only" && i + 1 < argc) {
+      ctx.only = argv[++i];
     } else if (a == "-h" || a == "--help") {
       Usage();
       return 0;
@@ -75,6 +90,7 @@ int main(int argc, char** argv) {
   any |= run("ipc", kvtier::bench::RunIpcSuite);
   any |= run("host", kvtier::bench::RunHostSuite);
   any |= run("lookup", kvtier::bench::RunLookupSuite);
+  any |= run("nvme", kvtier::bench::RunNvmeSuite);
   if (!any) {
     std::fprintf(stderr, "kvtier-bench: unknown suite \"%s\"\n", suite.c_str());
     Usage();
