@@ -126,7 +126,7 @@ TEST(ToolsTest, ReplayWithHostAndNvmeReportsHitsPerTier) {
   EXPECT_EQ(j["verify_failures"], 0);
   EXPECT_DOUBLE_EQ(j["token_hit_rate"].get<double>(), 8.0 / 32.0);
   auto s = d.Status();
-  ASSERT_TRUE(s.ok());
+  ASSERT_TRUE(s.ok()) << s.status() << "\n" << d.Log();
   EXPECT_EQ((*s)["stats"]["blocks_hit_nvme"], 8);
   // kvtierctl tiers shows the NVMe tier in both forms.
   const std::string ctl = Tool("kvtierctl") + " --socket " + d.admin_socket_path();
