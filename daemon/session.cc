@@ -48,11 +48,13 @@ void Session::Stop(CloseReason reason) {
 }
 
 void Session::Defer(Deferred d) {
-  {
-    MutexLock l(&deferred_mu_);
-    deferred_.push_back(std::move(d));
-    deferred_count_.fetch_add(1, std::memory_order_seq_cst);
-  }
+  // The doorbell rings under the lock: once the session thread has taken
+  // this completion (under the same lock) it may finish and be destroyed, so
+  // nothing here may touch the session after the unlock. (TSan caught the
+  // segment being unmapped under a doorbell rung after the unlock.)
+  MutexLock l(&deferred_mu_);
+  deferred_.push_back(std::move(d));
+  deferred_count_.fetch_add(1, std::memory_order_seq_cst);
   ipc::RingDaemonDoorbell(segment_.header());
 }
 
