@@ -211,14 +211,19 @@ class UringWorker {
         if (!queue_.LooksEmpty()) continue;
       }
       bool more = queue_.size() > 0 && in_flight_ < opts_.queue_depth;
-      if (!more && in_flight_ > 0 && !defer_taskrun_) {
+      if (!more && in_flight_ > 0) {
         // Submit, then poll the completion queue for a while before sleeping
-        // in the kernel: the kernel fills it from the device interrupt, and a
-        // thread woken from sleep costs tens of microseconds on a VM.
+        // in the kernel: a thread woken from sleep costs tens of microseconds
+        // on a VM, more when the device interrupts another CPU. With deferred
+        // task work, completions are posted only when we ask (get_events).
         io_uring_submit(&ring_);
         const uint64_t spin_start = MonotonicNanos();
         while (io_uring_cq_ready(&ring_) == 0 && MonotonicNanos() - spin_start < kCompletionSpinNs) {
-          ipc::CpuRelax();
+          if (defer_taskrun_) {
+            io_uring_get_events(&ring_);
+          } else {
+            ipc::CpuRelax();
+          }
           if (!queue_.LooksEmpty()) break;
         }
         more = queue_.size() > 0 && in_flight_ < opts_.queue_depth;
