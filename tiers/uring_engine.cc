@@ -32,6 +32,11 @@ namespace {
 constexpr uint64_t kWakeTag = 0;
 constexpr uint64_t kIdleSpinNs = 50'000;
 constexpr uint64_t kCompletionSpinNs = 200'000;
+// Poll for completions only with this few ops in flight: that is where a
+// wake-up is most of an op's latency. With more, completions arrive often and
+// sleeping reaps them in batches; polling took one syscall per completion and
+// cut 4 KiB reads at depth 32 from 127k to 86k per second here.
+constexpr uint32_t kSpinMaxInFlight = 2;
 
 struct Counters {
   std::atomic<uint64_t> reads{0}, writes{0}, bytes_read{0}, bytes_written{0}, errors{0}, in_flight{0}, queued{0};
@@ -211,7 +216,7 @@ class UringWorker {
         if (!queue_.LooksEmpty()) continue;
       }
       bool more = queue_.size() > 0 && in_flight_ < opts_.queue_depth;
-      if (!more && in_flight_ > 0) {
+      if (!more && in_flight_ > 0 && in_flight_ <= kSpinMaxInFlight) {
         // Submit, then poll the completion queue for a while before sleeping
         // in the kernel: a thread woken from sleep costs tens of microseconds
         // on a VM, more when the device interrupts another CPU. With deferred
