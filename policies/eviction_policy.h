@@ -24,6 +24,13 @@ class EvictionPolicy {
   // All methods: the caller serializes calls (the owning tier's lock).
   // Starts tracking `handle` as just used. Inserting a tracked handle touches it.
   virtual void Insert(uint32_t handle) = 0;
+  // As Insert, naming the block's identity (a hash of namespace and key,
+  // never 0) so a policy can recognise a block that comes back after being
+  // evicted (S3-FIFO's ghosts). Policies that do not care ignore it.
+  virtual void InsertWithKey(uint32_t handle, uint64_t key_hash) {
+    (void)key_hash;
+    Insert(handle);
+  }
   // Records a use of a tracked handle; untracked handles are ignored.
   virtual void Touch(uint32_t handle) = 0;
   // Stops tracking handle; untracked handles are ignored.
@@ -42,7 +49,11 @@ std::unique_ptr<EvictionPolicy> MakeLruPolicy();
 // LRU for sparse handles (the NVMe tier's segment<<16|slot): links in a hash map.
 std::unique_ptr<EvictionPolicy> MakeSparseLruPolicy();
 
-// By config name ("lru").
+// S3-FIFO: scan resistant (a small probation FIFO, a main FIFO with lazy
+// reinsertion, ghosts of keys evicted young). Dense handles.
+std::unique_ptr<EvictionPolicy> MakeS3FifoPolicy();
+
+// By config name ("lru", "s3fifo").
 absl::StatusOr<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(absl::string_view name);
 
 }  // namespace kvtier

@@ -124,8 +124,9 @@ std::unique_ptr<EvictionPolicy> MakeSparseLruPolicy() { return std::make_unique<
 
 absl::StatusOr<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(absl::string_view name) {
   if (name == "lru") return MakeLruPolicy();
+  if (name == "s3fifo") return MakeS3FifoPolicy();
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown eviction policy \"", name, "\"; available: lru"));
+      absl::StrCat("unknown eviction policy \"", name, "\"; available: lru, s3fifo"));
 }
 
 }  // namespace kvtier
