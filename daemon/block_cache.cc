@@ -359,7 +359,7 @@ void BlockCache::StoreCommit(SessionHoldings& s, uint64_t ticket, bool durable, 
         MutexLock sl(&sh.mu);
         r->state = BlockState::kReady;
       }
-      PolicyFor(t, t.host->SlotBytes(r->host_slot))->Insert(r->host_slot);
+      PolicyFor(t, t.host->SlotBytes(r->host_slot))->InsertWithKey(r->host_slot, PolicyKeyOf(*r));
     }
   }
   stats_->blocks_stored.Add(blocks.size());

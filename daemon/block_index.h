@@ -9,6 +9,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/hash/hash.h"
@@ -53,6 +54,15 @@ struct BlockRecord {
   bool visible() const { return state == BlockState::kReady || nvme_state != NvmeState::kNone; }
 };
 static_assert(sizeof(BlockRecord) <= 64);
+
+// A block's identity for eviction policies that remember evicted blocks
+// (EvictionPolicy::InsertWithKey): never 0.
+inline uint64_t PolicyKeyOf(const BlockRecord& r) {
+  uint64_t h;
+  std::memcpy(&h, r.key.bytes.data(), sizeof(h));
+  h ^= (uint64_t{r.ns} + 1) * 0x9e3779b97f4a7c15ull;
+  return h == 0 ? 1 : h;
+}
 
 // Names a block for lookup without building a record.
 struct BlockRef {

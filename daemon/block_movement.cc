@@ -391,7 +391,7 @@ void BlockCache::Promote(TenantState& t, BlockRecord* r, IoPriority prio, absl::
                     if (!ok) r->host_slot = kNoSlot;
                   }
                   if (ok) {
-                    PolicyFor(t, t.host->SlotBytes(hslot))->Insert(hslot);
+                    PolicyFor(t, t.host->SlotBytes(hslot))->InsertWithKey(hslot, PolicyKeyOf(*r));
                   } else {
                     FreeHostSlotLocked(t, hslot);
                   }

@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "core/block_key.h"
 #include "core/paths.h"
+#include "policies/eviction_policy.h"
 #include "core/fmt_absl.h"
 #include "core/status.h"
 #include "core/units.h"
@@ -356,9 +357,8 @@ absl::Status ValidateConfig(const Config& c) {
     return absl::InvalidArgumentError(Cat("tiers.host.capacity = ", FormatBytes(c.host_capacity),
                                                    " is below the 1 MiB minimum"));
   }
-  if (c.host_policy != "lru") {
-    return absl::InvalidArgumentError(
-        Cat("tiers.host.policy = \"", c.host_policy, "\"; available: \"lru\""));
+  if (auto p = MakeEvictionPolicy(c.host_policy); !p.ok()) {
+    return absl::InvalidArgumentError(Cat("tiers.host.policy: ", p.status().message()));
   }
   if (c.scratch_bytes < (64u << 10) || c.scratch_bytes > (1ull << 30)) {
     return absl::InvalidArgumentError("ipc.scratch_bytes must be 64KiB..1GiB");
@@ -402,7 +402,7 @@ std::string DefaultConfigToml() {
       "\n[tiers.host]\n"
       "capacity = \"1GiB\"          # per-tenant shared host arena\n"
       "prefault = false            # fault the arena in at start\n"
-      "policy = \"lru\"             # eviction policy\n"
+      "policy = \"lru\"             # eviction policy: lru, s3fifo (scan resistant)\n"
       "\n[tiers.nvme]\n"
       "# NVMe directories, one slab file each (one per device). Default: <data_dir>/nvme\n"
       "dirs = []\n"

@@ -73,6 +73,41 @@ TEST_F(ClientTest, StoreLookupLoadRoundTripsEveryByte) {
   EXPECT_TRUE(c->Ping().ok());
 }
 
+// The daemon evicts by the policy in its config: a hot set used a few times
+// survives a scan of blocks used once under s3fifo and is flushed under lru.
+TEST_F(ClientTest, TheConfiguredPolicyDecidesWhatAScanEvicts) {
+  for (const char* policy : {"s3fifo", "lru"}) {
+    SCOPED_TRACE(policy);
+    // 16 slots of 64 KiB.
+    StartDaemon(std::string("[tiers.host]\ncapacity = \"1MiB\"\npolicy = \"") + policy + "\"\n");
+    auto c = Attach(64 << 10);
+    ASSERT_NE(c, nullptr);
+    std::vector<std::vector<BlockKey>> hot;
+    for (uint32_t i = 0; i < 4; ++i) {
+      hot.push_back(Keys(*c, 100 + i, 1));
+      StoreAll(*c, hot.back());
+    }
+    for (int round = 0; round < 2; ++round) {
+      for (const auto& k : hot) {
+        auto hit = c->Lookup(k, {.lease = true});
+        ASSERT_TRUE(hit.ok());
+        ASSERT_EQ(hit->hit_blocks, 1u);
+        ASSERT_TRUE(c->Release(hit->lease).ok());
+      }
+    }
+    for (uint32_t i = 0; i < 40; ++i) StoreAll(*c, Keys(*c, 1000 + i, 1));
+    uint32_t hot_left = 0;
+    for (const auto& k : hot) hot_left += c->Lookup(k)->hit_blocks;
+    if (std::string(policy) == "s3fifo") {
+      EXPECT_EQ(hot_left, 4u) << "the scan flushed the hot set";
+    } else {
+      EXPECT_EQ(hot_left, 0u);
+    }
+    c.reset();
+    daemon_.reset();
+  }
+}
+
 TEST_F(ClientTest, LookupWithoutLeaseChangesNothing) {
   // 4 blocks of 256 KiB fit in a 1 MiB arena.
   StartDaemon("[tiers.host]\ncapacity = \"1MiB\"\n");
