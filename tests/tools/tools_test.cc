@@ -141,6 +141,48 @@ TEST(ToolsTest, ReplayWithHostAndNvmeReportsHitsPerTier) {
   EXPECT_GT(tiers["tiers"][1]["bytes_written"].get<int>(), 0);
 }
 
+TEST(ToolsTest, SimulateComparesPoliciesSideBySideWithoutADaemon) {
+  // The synthetic chat: 48 conversations x 6 turns, 64-token blocks.
+  Output o = RunCommand(Tool("kvtier-replay") + " --simulate --tier host=20K,200K --infinite --json");
+  ASSERT_EQ(o.exit_code, 0) << o.out;
+  std::vector<nlohmann::json> rows;
+  std::istringstream lines(o.out);
+  for (std::string line; std::getline(lines, line);) rows.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(rows.size(), 7u) << "3 policies x 2 capacities + infinite";
+  int defaults = 0;
+  for (const auto& r : rows) {
+    for (const char* field : {"policy", "default", "capacity_tokens", "token_hit_rate", "request_hit_rate",
+                              "reused_token_ratio"}) {
+      EXPECT_TRUE(r.contains(field)) << field << " missing in " << r.dump();
+    }
+    defaults += r["default"].get<bool>();
+  }
+  EXPECT_EQ(defaults, 2) << "one default row per capacity";
+  EXPECT_EQ(rows[0]["policy"], "lru");
+  EXPECT_EQ(rows[2]["policy"], "belady");
+  EXPECT_EQ(rows[6]["policy"], "infinite");
+  for (int c = 0; c < 2; ++c) {
+    const double lru = rows[3 * c]["token_hit_rate"], s3 = rows[3 * c + 1]["token_hit_rate"],
+                 belady = rows[3 * c + 2]["token_hit_rate"];
+    EXPECT_GE(belady, lru);
+    EXPECT_GE(belady, s3);
+    EXPECT_LE(belady, rows[6]["token_hit_rate"].get<double>() + 1e-12);
+  }
+  // More room never hurts the bound.
+  EXPECT_GE(rows[5]["token_hit_rate"].get<double>(), rows[2]["token_hit_rate"].get<double>());
+  EXPECT_GT(rows[6]["token_hit_rate"].get<double>(), 0.3) << "later turns reuse earlier ones";
+
+  Output human = RunCommand(Tool("kvtier-replay") + " --simulate --tier host=200K");
+  EXPECT_EQ(human.exit_code, 0);
+  EXPECT_NE(human.out.find("VS BELADY"), std::string::npos) << human.out;
+  EXPECT_NE(human.out.find("lru (default)"), std::string::npos) << human.out;
+
+  for (const char* bad : {"--tier nvme=3M", "--tier host=lots", "--tier host=10", ""}) {
+    Output b = RunCommand(Tool("kvtier-replay") + " --simulate " + bad);
+    EXPECT_EQ(b.exit_code, 2) << bad << ": " << b.out;
+  }
+}
+
 TEST(ToolsTest, ReplayRefusesAMalformedTraceNamingTheLine) {
   testing::TempDir dir;
   const std::string trace = dir.File("bad.jsonl");

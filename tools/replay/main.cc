@@ -2,15 +2,117 @@
 // workload, verifying every loaded byte, and reports hit rates and latencies.
 //
 // Exit codes: 0 ok, 1 a session failed or a loaded byte was wrong, 2 usage.
+#include <cctype>
 #include <iostream>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "core/block_key.h"
 #include "core/cli_parse.h"
 #include "core/units.h"
 #include "tools/common/table.h"
 #include "tools/replay/replayer.h"
+#include "tools/replay/simulate.h"
 #include "tools/replay/workload.h"
 
 using kvtier::tools::Fixed;
+
+namespace {
+
+// "3M" tokens (K, M, G: powers of 1000) or "1.5GiB" bytes (any byte unit of
+// --block-bytes), as blocks.
+absl::StatusOr<uint64_t> ParseCapacityBlocks(const std::string& text, uint32_t block_tokens, uint64_t block_bytes) {
+  if (text.empty()) return absl::InvalidArgumentError("empty capacity");
+  const char last = text.back();
+  if (last == 'K' || last == 'M' || last == 'G' || std::isdigit(static_cast<unsigned char>(last))) {
+    double v;
+    const double scale = last == 'K' ? 1e3 : last == 'M' ? 1e6 : last == 'G' ? 1e9 : 1;
+    const std::string num = std::isdigit(static_cast<unsigned char>(last)) ? text : text.substr(0, text.size() - 1);
+    if (!absl::SimpleAtod(num, &v) || v <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("\"", text, "\" is not a token count such as 3M or 500K"));
+    }
+    return static_cast<uint64_t>(v * scale) / block_tokens;
+  }
+  auto bytes = kvtier::ParseBytes(text);
+  if (!bytes.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("\"", text, "\" is neither tokens (3M) nor bytes (4GiB)"));
+  }
+  return *bytes / block_bytes;
+}
+
+int RunSimulation(const kvtier::tools::Workload& workload, const std::vector<std::string>& tiers,
+                  const std::vector<std::string>& policies, bool infinite, uint64_t block_bytes, bool as_json) {
+  std::vector<uint64_t> capacities;
+  for (const std::string& t : tiers) {
+    const size_t eq = t.find('=');
+    const std::string name = eq == std::string::npos ? "" : t.substr(0, eq);
+    if (name != "host") {
+      std::cerr << "kvtier-replay: --tier " << t << ": this version simulates the host tier alone (host=CAPACITY); "
+                << "NVMe and multi-tier simulation come with the cost model\n";
+      return 2;
+    }
+    for (absl::string_view c : absl::StrSplit(t.substr(eq + 1), ',')) {
+      auto blocks = ParseCapacityBlocks(std::string(c), workload.block_tokens, block_bytes);
+      if (!blocks.ok() || *blocks == 0) {
+        std::cerr << "kvtier-replay: --tier " << t << ": "
+                  << (blocks.ok() ? "less than one block" : std::string(blocks.status().message())) << "\n";
+        return 2;
+      }
+      capacities.push_back(*blocks);
+    }
+  }
+  if (capacities.empty() && !infinite) {
+    std::cerr << "kvtier-replay: --simulate needs --tier host=CAPACITY (e.g. host=3M) or --infinite\n";
+    return 2;
+  }
+  std::vector<kvtier::tools::SimRow> rows;
+  for (uint64_t cap : capacities) {
+    kvtier::tools::SimOptions o;
+    o.capacity_blocks = cap;
+    if (!policies.empty()) o.policies = policies;
+    auto r = kvtier::tools::Simulate(workload, o);
+    if (!r.ok()) {
+      std::cerr << "kvtier-replay: " << r.status().message() << "\n";
+      return 2;
+    }
+    rows.insert(rows.end(), r->begin(), r->end());
+  }
+  if (infinite) {
+    kvtier::tools::SimOptions o;
+    o.infinite = true;
+    auto r = kvtier::tools::Simulate(workload, o);
+    if (!r.ok()) {
+      std::cerr << "kvtier-replay: " << r.status().message() << "\n";
+      return 2;
+    }
+    rows.insert(rows.end(), r->begin(), r->end());
+  }
+  if (as_json) {
+    for (const auto& row : rows) std::cout << row.ToJson().dump() << "\n";
+    return 0;
+  }
+  std::cout << "kvtier-replay --simulate: " << workload.description << ", host tier alone\n";
+  kvtier::tools::Table t({"POLICY", "HOST TOKENS", "TOKEN HIT", "VS BELADY", "REQUEST HIT", "REUSED TOKENS",
+                          "INSERTED", "EVICTED", "TIME"});
+  for (const auto& row : rows) {
+    double belady = 0;
+    for (const auto& b : rows) {
+      if (b.policy == "belady" && b.capacity_blocks == row.capacity_blocks) belady = b.token_hit_rate();
+    }
+    t.AddRow({row.policy + (row.is_default ? " (default)" : ""),
+              row.capacity_blocks ? std::to_string(row.capacity_tokens) : "infinite",
+              Fixed(row.token_hit_rate(), 3), belady > 0 ? Fixed(row.token_hit_rate() / belady, 2) : "-",
+              Fixed(row.request_hit_rate(), 3), Fixed(row.reused_token_ratio(), 3),
+              std::to_string(row.blocks_inserted), std::to_string(row.evictions),
+              kvtier::tools::Duration(row.seconds)});
+  }
+  t.Print(std::cout);
+  std::cout << "token hit = hit blocks / requested full blocks (prefix hits only); VS BELADY = that / the\n"
+               "offline-optimal bound at the same capacity\n";
+  return 0;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"kvtier-replay: replay a request trace (Mooncake JSONL) or a built-in multi-turn chat\n"
@@ -20,7 +122,8 @@ int main(int argc, char** argv) {
   uint32_t block_tokens = 0, sessions = 1;
   size_t limit = 0;
   double speed = 0;
-  bool as_json = false, quiet = false;
+  bool as_json = false, quiet = false, simulate = false, infinite = false;
+  std::vector<std::string> sim_tiers, sim_policies;
   kvtier::tools::ChatOptions chat;
   app.add_option("-s,--socket", socket, "kvtierd's socket (default: $KVTIER_SOCKET or the default run dir)");
   app.add_option("-t,--trace", trace, "Mooncake-format JSONL trace; without it, the synthetic chat workload")
@@ -34,11 +137,20 @@ int main(int argc, char** argv) {
   app.add_option("--conversations", chat.conversations, "chat: conversations")->capture_default_str();
   app.add_option("--turns", chat.turns, "chat: turns per conversation")->capture_default_str();
   app.add_option("--seed", chat.seed, "chat: random seed")->capture_default_str();
-  app.add_flag("--json", as_json, "print one JSON object with the results");
+  app.add_flag("--simulate", simulate,
+               "no daemon: replay through the eviction policies on a simulated tier, side by side");
+  app.add_option("--tier", sim_tiers,
+                 "simulate: host=CAPACITY in tokens (500K, 3M) or bytes (4GiB, with --block-bytes); "
+                 "a comma list gives one set of rows per capacity");
+  app.add_option("--policies", sim_policies, "simulate: policies to compare (default lru s3fifo belady)")
+      ->delimiter(',');
+  app.add_flag("--infinite", infinite, "simulate: add a row with unbounded capacity");
+  app.add_flag("--json", as_json, "print one JSON object with the results (with --simulate: one per row)");
   app.add_flag("-q,--quiet", quiet, "no progress output");
   app.footer("Examples:\n  kvtier-replay                                   # synthetic multi-turn chat\n"
              "  kvtier-replay --trace conversation_trace.jsonl --block-bytes 32KiB\n"
-             "  kvtier-replay --sessions 2 --json | jq .token_hit_rate");
+             "  kvtier-replay --sessions 2 --json | jq .token_hit_rate\n"
+             "  kvtier-replay --simulate --trace conversation_trace.jsonl --tier host=1M,3M,10M --infinite");
   KVTIER_CLI_PARSE(app, argc, argv);
 
   auto block_bytes = kvtier::ParseBytes(block_bytes_text);
@@ -58,6 +170,14 @@ int main(int argc, char** argv) {
     chat.block_tokens = block_tokens ? block_tokens : 64;
     workload = kvtier::tools::SyntheticChat(chat);
     if (limit > 0 && workload.requests.size() > limit) workload.requests.resize(limit);
+  }
+  if (simulate) {
+    for (auto& r : workload.requests) {
+      if (r.keys.empty() && !r.tokens.empty()) {
+        r.keys = kvtier::ChainBlockKeys(kvtier::HashAlgorithm::kSha256, r.tokens, workload.block_tokens);
+      }
+    }
+    return RunSimulation(workload, sim_tiers, sim_policies, infinite, *block_bytes, as_json);
   }
 
   kvtier::tools::ReplayOptions opts;
