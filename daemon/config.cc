@@ -402,7 +402,7 @@ std::string DefaultConfigToml() {
       "\n[tiers.host]\n"
       "capacity = \"1GiB\"          # per-tenant shared host arena\n"
       "prefault = false            # fault the arena in at start\n"
-      "policy = \"lru\"             # eviction policy: lru, s3fifo (scan resistant)\n"
+      "policy = \"lru\"             # eviction policy: lru, s3fifo, tinylfu\n"
       "\n[tiers.nvme]\n"
       "# NVMe directories, one slab file each (one per device). Default: <data_dir>/nvme\n"
       "dirs = []\n"

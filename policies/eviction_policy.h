@@ -53,6 +53,11 @@ std::unique_ptr<EvictionPolicy> MakeSparseLruPolicy();
 // reinsertion, ghosts of keys evicted young). Dense handles.
 std::unique_ptr<EvictionPolicy> MakeS3FifoPolicy();
 
+// W-TinyLFU: a small LRU window (window_share of the tracked blocks) and a
+// main LRU that admits a block from the window only if its long-run use
+// count beats main's victim's. Dense handles.
+std::unique_ptr<EvictionPolicy> MakeTinyLfuPolicy(double window_share = 0.01);
+
 // By config name ("lru", "s3fifo").
 absl::StatusOr<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(absl::string_view name);
 

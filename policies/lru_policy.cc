@@ -125,8 +125,9 @@ std::unique_ptr<EvictionPolicy> MakeSparseLruPolicy() { return std::make_unique<
 absl::StatusOr<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(absl::string_view name) {
   if (name == "lru") return MakeLruPolicy();
   if (name == "s3fifo") return MakeS3FifoPolicy();
+  if (name == "tinylfu") return MakeTinyLfuPolicy();
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown eviction policy \"", name, "\"; available: lru, s3fifo"));
+      absl::StrCat("unknown eviction policy \"", name, "\"; available: lru, s3fifo, tinylfu"));
 }
 
 }  // namespace kvtier

@@ -91,7 +91,7 @@ TEST(SimulateTest, LeavesLeaveBeforeTheirParents) {
     for (uint32_t id : ids) r.keys.push_back(K(id));
     w.requests.push_back(r);
   }
-  for (const char* pol : {"lru", "s3fifo", "belady"}) {
+  for (const char* pol : {"lru", "s3fifo", "tinylfu", "belady"}) {
     EXPECT_EQ(Sim(w, pol, 3).blocks_hit, 2u) << pol;
   }
 }
@@ -105,7 +105,7 @@ TEST(SimulateTest, TheTierNeverHoldsMoreThanItsCapacity) {
     for (uint32_t j = 0; j < 5; ++j) r.keys.push_back(K((i * 7 + j * 13) % 97));
     w.requests.push_back(r);
   }
-  for (const char* pol : {"lru", "s3fifo", "belady"}) {
+  for (const char* pol : {"lru", "s3fifo", "tinylfu", "belady"}) {
     const SimRow r = Sim(w, pol, 10);
     // Whatever was inserted and not evicted is resident.
     EXPECT_LE(r.blocks_inserted - r.evictions, 10u) << pol;

@@ -142,7 +142,7 @@ int main(int argc, char** argv) {
   app.add_option("--tier", sim_tiers,
                  "simulate: host=CAPACITY in tokens (500K, 3M) or bytes (4GiB, with --block-bytes); "
                  "a comma list gives one set of rows per capacity");
-  app.add_option("--policies", sim_policies, "simulate: policies to compare (default lru s3fifo belady)")
+  app.add_option("--policies", sim_policies, "simulate: policies to compare (default lru,s3fifo,tinylfu,belady)")
       ->delimiter(',');
   app.add_flag("--infinite", infinite, "simulate: add a row with unbounded capacity");
   app.add_flag("--json", as_json, "print one JSON object with the results (with --simulate: one per row)");

@@ -23,7 +23,7 @@ namespace kvtier::tools {
 struct SimOptions {
   uint64_t capacity_blocks = 0;  // the host tier; 0 with infinite
   bool infinite = false;         // one row with unbounded capacity instead
-  std::vector<std::string> policies = {"lru", "s3fifo", "belady"};
+  std::vector<std::string> policies = {"lru", "s3fifo", "tinylfu", "belady"};
   std::string default_policy = "lru";  // the daemon's default, marked in the output
 };
 
