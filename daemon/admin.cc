@@ -128,6 +128,7 @@ nlohmann::json Daemon::Status() const {
   const DaemonStats& s = stats_;
   json tiers = json::array();
   tiers.push_back(json{{"tier", "host"},
+                       {"policy", config_.host_policy},
                        {"capacity_bytes", cap},
                        {"used_bytes", used},
                        {"blocks", blocks},
@@ -141,6 +142,7 @@ nlohmann::json Daemon::Status() const {
   if (NvmeTier* nvme = cache_->nvme_tier()) {
     const NvmeStats n = nvme->Stats();
     tiers.push_back(json{{"tier", "nvme"},
+                         {"policy", "lru"},
                          {"capacity_bytes", n.capacity_bytes},
                          {"used_bytes", n.used_bytes},
                          {"blocks", cache_->nvme_blocks()},

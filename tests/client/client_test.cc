@@ -98,6 +98,9 @@ TEST_F(ClientTest, TheConfiguredPolicyDecidesWhatAScanEvicts) {
     for (uint32_t i = 0; i < 40; ++i) StoreAll(*c, Keys(*c, 1000 + i, 1));
     uint32_t hot_left = 0;
     for (const auto& k : hot) hot_left += c->Lookup(k)->hit_blocks;
+    auto status = daemon_->Status();
+    ASSERT_TRUE(status.ok());
+    EXPECT_EQ((*status)["tiers"][0]["policy"], policy) << "kvtierctl shows the active policy";
     if (std::string(policy) == "s3fifo") {
       EXPECT_EQ(hot_left, 4u) << "the scan flushed the hot set";
     } else {
