@@ -135,3 +135,76 @@ TEST(SimulateTest, BadInputIsAClearError) {
 
 }  // namespace
 }  // namespace kvtier::tools
+
+namespace kvtier::tools {
+namespace {
+
+// Conversations: each turn extends the last; turns of 40 conversations
+// interleave, 50 ms apart. Block size 512 tokens.
+Workload Conversations(uint32_t conversations, uint32_t turns) {
+  Workload w;
+  w.block_tokens = 512;
+  uint32_t next_id = 1;
+  std::vector<std::vector<uint32_t>> history(conversations);
+  uint64_t t = 0;
+  for (uint32_t turn = 0; turn < turns; ++turn) {
+    for (uint32_t c = 0; c < conversations; ++c) {
+      for (int b = 0; b < 3; ++b) history[c].push_back(next_id++);
+      Request r;
+      r.arrival_ms = t;
+      t += 50;
+      r.prompt_tokens = history[c].size() * 512 + 100;
+      for (uint32_t id : history[c]) r.keys.push_back(K(id));
+      w.requests.push_back(r);
+    }
+  }
+  return w;
+}
+
+TEST(SimulateTest, BlocksEvictedFromHostAreFoundOnNvme) {
+  const Workload w = Conversations(40, 5);
+  SimOptions o;
+  o.capacity_blocks = 60;
+  auto host_only = SimulatePolicy(w, "lru", o);
+  o.nvme_blocks = 2000;
+  auto with_nvme = SimulatePolicy(w, "lru", o);
+  ASSERT_TRUE(host_only.ok() && with_nvme.ok());
+  EXPECT_EQ(host_only->blocks_hit_nvme, 0u);
+  EXPECT_GT(with_nvme->blocks_hit_nvme, 0u);
+  EXPECT_GT(with_nvme->blocks_hit, host_only->blocks_hit);
+  EXPECT_EQ(with_nvme->blocks_hit, with_nvme->blocks_hit_host + with_nvme->blocks_hit_nvme);
+  EXPECT_GT(with_nvme->demotions, 0u);
+  EXPECT_EQ(with_nvme->bytes_written_nvme, with_nvme->demotions * 512 * o.model.KvBytesPerToken());
+  // Everything fits in 60 + 2000 blocks: every reuse hits, as with no limit.
+  SimOptions inf;
+  inf.infinite = true;
+  EXPECT_EQ(with_nvme->blocks_hit, SimulatePolicy(w, "lru", inf)->blocks_hit);
+}
+
+TEST(SimulateTest, ASlowNvmeTierNeverMakesARequestSlowerThanNoCache) {
+  const Workload w = Conversations(40, 5);
+  SimOptions o;
+  o.capacity_blocks = 60;
+  o.nvme_blocks = 2000;
+  o.gpus = 1;
+  o.nvme = TierSpeed{0.2e9, 2e-3};  // a 64 MiB block takes 0.34 s; recomputing it ~25-60 ms
+  auto none = SimulatePolicy(w, "none", o);
+  auto aware = SimulatePolicy(w, "lru", o);
+  o.cost_aware_loads = false;
+  auto always_load = SimulatePolicy(w, "lru", o);
+  o.cost_aware_loads = true;
+  o.demote = false;
+  auto drop = SimulatePolicy(w, "lru", o);
+  ASSERT_TRUE(none.ok() && aware.ok() && always_load.ok() && drop.ok());
+  EXPECT_EQ(none->blocks_hit, 0u);
+  EXPECT_GT(aware->nvme_hits_recomputed, 0u);
+  for (size_t i = 0; i < w.requests.size(); ++i) {
+    ASSERT_LE(aware->ttft_s[i], none->ttft_s[i] + 1e-9) << "request " << i;
+  }
+  EXPECT_LE(aware->TtftPercentile(95), always_load->TtftPercentile(95));
+  EXPECT_LE(aware->TtftPercentile(95), drop->TtftPercentile(95) + 1e-9);
+  EXPECT_GT(always_load->TtftPercentile(95), none->TtftPercentile(95)) << "the trap the cost model avoids";
+}
+
+}  // namespace
+}  // namespace kvtier::tools

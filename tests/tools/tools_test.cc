@@ -152,7 +152,7 @@ TEST(ToolsTest, SimulateComparesPoliciesSideBySideWithoutADaemon) {
   int defaults = 0;
   for (const auto& r : rows) {
     for (const char* field : {"policy", "default", "capacity_tokens", "token_hit_rate", "request_hit_rate",
-                              "reused_token_ratio"}) {
+                              "reused_token_ratio", "prefill_seconds_saved", "ttft_p50_s", "ttft_p95_s"}) {
       EXPECT_TRUE(r.contains(field)) << field << " missing in " << r.dump();
     }
     defaults += r["default"].get<bool>();
@@ -175,7 +175,16 @@ TEST(ToolsTest, SimulateComparesPoliciesSideBySideWithoutADaemon) {
   EXPECT_NE(human.out.find("VS BELADY"), std::string::npos) << human.out;
   EXPECT_NE(human.out.find("lru (default)"), std::string::npos) << human.out;
 
-  for (const char* bad : {"--tier nvme=3M", "--tier host=lots", "--tier host=10", ""}) {
+  // Host and NVMe: NVMe hits show up per tier.
+  Output two = RunCommand(Tool("kvtier-replay") + " --simulate --tier host=20K --tier nvme=1M --policies lru --json");
+  ASSERT_EQ(two.exit_code, 0) << two.out;
+  nlohmann::json t = nlohmann::json::parse(two.out);
+  EXPECT_EQ(t["capacity_tokens"]["nvme"], 1000000) << "1M tokens: 15,625 blocks of 64";
+  EXPECT_GT(t["token_hit_rate_nvme"].get<double>(), 0);
+  EXPECT_GT(t["token_hit_rate"].get<double>(), rows[0]["token_hit_rate"].get<double>());
+
+  for (const char* bad : {"--tier disk=3M", "--tier nvme=3M", "--tier host=lots", "--tier host=10",
+                          "--tier host=1M --gpus 0", "--tier host=1M --model-config /nonexistent", ""}) {
     Output b = RunCommand(Tool("kvtier-replay") + " --simulate " + bad);
     EXPECT_EQ(b.exit_code, 2) << bad << ": " << b.out;
   }

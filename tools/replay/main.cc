@@ -40,17 +40,48 @@ absl::StatusOr<uint64_t> ParseCapacityBlocks(const std::string& text, uint32_t b
   return *bytes / block_bytes;
 }
 
-int RunSimulation(const kvtier::tools::Workload& workload, const std::vector<std::string>& tiers,
-                  const std::vector<std::string>& policies, bool infinite, uint64_t block_bytes, bool as_json) {
-  std::vector<uint64_t> capacities;
-  for (const std::string& t : tiers) {
-    const size_t eq = t.find('=');
-    const std::string name = eq == std::string::npos ? "" : t.substr(0, eq);
-    if (name != "host") {
-      std::cerr << "kvtier-replay: --tier " << t << ": this version simulates the host tier alone (host=CAPACITY); "
-                << "NVMe and multi-tier simulation come with the cost model\n";
+struct SimFlags {
+  std::vector<std::string> tiers, policies;
+  bool infinite = false, drop = false, always_load = false;
+  std::string model_config;
+  double prefill_tflops = 300, host_gbps = 25, nvme_gbps = 3, nvme_latency_us = 100;
+  uint32_t gpus = 4;
+};
+
+int RunSimulation(const kvtier::tools::Workload& workload, const SimFlags& f, uint64_t block_bytes, bool as_json) {
+  kvtier::tools::SimOptions base;
+  if (!f.model_config.empty()) {
+    auto m = kvtier::ModelProfile::FromHfConfigFile(f.model_config);
+    if (!m.ok()) {
+      std::cerr << "kvtier-replay: --model-config: " << m.status().message() << "\n";
       return 2;
     }
+    base.model = *m;
+  }
+  if (f.prefill_tflops <= 0 || f.host_gbps <= 0 || f.nvme_gbps <= 0 || f.nvme_latency_us < 0) {
+    std::cerr << "kvtier-replay: --prefill-tflops, --host-gbps and --nvme-gbps must be positive\n";
+    return 2;
+  }
+  base.prefill_flops_per_s = f.prefill_tflops * 1e12;
+  if (f.gpus == 0) {
+    std::cerr << "kvtier-replay: --gpus must be at least 1\n";
+    return 2;
+  }
+  base.gpus = f.gpus;
+  base.host = kvtier::TierSpeed{f.host_gbps * 1e9, 10e-6};
+  base.nvme = kvtier::TierSpeed{f.nvme_gbps * 1e9, f.nvme_latency_us * 1e-6};
+  base.demote = !f.drop;
+  base.cost_aware_loads = !f.always_load;
+  if (!f.policies.empty()) base.policies = f.policies;
+  std::vector<uint64_t> capacities;
+  for (const std::string& t : f.tiers) {
+    const size_t eq = t.find('=');
+    const std::string name = eq == std::string::npos ? "" : t.substr(0, eq);
+    if (name != "host" && name != "nvme") {
+      std::cerr << "kvtier-replay: --tier " << t << ": expected host=CAPACITY or nvme=CAPACITY\n";
+      return 2;
+    }
+    std::vector<uint64_t> caps;
     for (absl::string_view c : absl::StrSplit(t.substr(eq + 1), ',')) {
       auto blocks = ParseCapacityBlocks(std::string(c), workload.block_tokens, block_bytes);
       if (!blocks.ok() || *blocks == 0) {
@@ -58,18 +89,25 @@ int RunSimulation(const kvtier::tools::Workload& workload, const std::vector<std
                   << (blocks.ok() ? "less than one block" : std::string(blocks.status().message())) << "\n";
         return 2;
       }
-      capacities.push_back(*blocks);
+      caps.push_back(*blocks);
+    }
+    if (name == "host") {
+      capacities.insert(capacities.end(), caps.begin(), caps.end());
+    } else if (caps.size() != 1) {
+      std::cerr << "kvtier-replay: --tier " << t << ": one NVMe capacity per run\n";
+      return 2;
+    } else {
+      base.nvme_blocks = caps[0];
     }
   }
-  if (capacities.empty() && !infinite) {
+  if (capacities.empty() && !f.infinite) {
     std::cerr << "kvtier-replay: --simulate needs --tier host=CAPACITY (e.g. host=3M) or --infinite\n";
     return 2;
   }
   std::vector<kvtier::tools::SimRow> rows;
   for (uint64_t cap : capacities) {
-    kvtier::tools::SimOptions o;
+    kvtier::tools::SimOptions o = base;
     o.capacity_blocks = cap;
-    if (!policies.empty()) o.policies = policies;
     auto r = kvtier::tools::Simulate(workload, o);
     if (!r.ok()) {
       std::cerr << "kvtier-replay: " << r.status().message() << "\n";
@@ -77,8 +115,8 @@ int RunSimulation(const kvtier::tools::Workload& workload, const std::vector<std
     }
     rows.insert(rows.end(), r->begin(), r->end());
   }
-  if (infinite) {
-    kvtier::tools::SimOptions o;
+  if (f.infinite) {
+    kvtier::tools::SimOptions o = base;
     o.infinite = true;
     auto r = kvtier::tools::Simulate(workload, o);
     if (!r.ok()) {
@@ -91,24 +129,31 @@ int RunSimulation(const kvtier::tools::Workload& workload, const std::vector<std
     for (const auto& row : rows) std::cout << row.ToJson().dump() << "\n";
     return 0;
   }
-  std::cout << "kvtier-replay --simulate: " << workload.description << ", host tier alone\n";
-  kvtier::tools::Table t({"POLICY", "HOST TOKENS", "TOKEN HIT", "VS BELADY", "REQUEST HIT", "REUSED TOKENS",
-                          "INSERTED", "EVICTED", "TIME"});
+  std::cout << "kvtier-replay --simulate: " << workload.description << "\n"
+            << "model " << base.model.name << " (" << kvtier::FormatBytes(base.model.KvBytesPerToken())
+            << " of KV per token), " << f.gpus << " GPU(s) at " << f.prefill_tflops << " TFLOP/s prefill, host->GPU " << f.host_gbps
+            << " GB/s, NVMe " << f.nvme_gbps << " GB/s + " << f.nvme_latency_us << " us"
+            << (base.nvme_blocks ? (base.demote ? ", host evictions demoted" : ", host evictions dropped") : "")
+            << "\n";
+  kvtier::tools::Table t({"POLICY", "HOST TOKENS", "NVME TOKENS", "TOKEN HIT", "HOST", "NVME", "VS BELADY",
+                          "REQUEST HIT", "REUSED TOKENS", "PREFILL SAVED", "TTFT P50", "TTFT P95"});
   for (const auto& row : rows) {
     double belady = 0;
     for (const auto& b : rows) {
       if (b.policy == "belady" && b.capacity_blocks == row.capacity_blocks) belady = b.token_hit_rate();
     }
+    const double req = row.blocks_requested ? double(row.blocks_requested) : 1;
     t.AddRow({row.policy + (row.is_default ? " (default)" : ""),
-              row.capacity_blocks ? std::to_string(row.capacity_tokens) : "infinite",
-              Fixed(row.token_hit_rate(), 3), belady > 0 ? Fixed(row.token_hit_rate() / belady, 2) : "-",
-              Fixed(row.request_hit_rate(), 3), Fixed(row.reused_token_ratio(), 3),
-              std::to_string(row.blocks_inserted), std::to_string(row.evictions),
-              kvtier::tools::Duration(row.seconds)});
+              row.policy == "infinite" ? "infinite" : std::to_string(row.capacity_tokens),
+              row.nvme_blocks ? std::to_string(row.nvme_tokens) : "-", Fixed(row.token_hit_rate(), 3),
+              Fixed(double(row.blocks_hit_host) / req, 3), Fixed(double(row.blocks_hit_nvme) / req, 3),
+              belady > 0 ? Fixed(row.token_hit_rate() / belady, 2) : "-", Fixed(row.request_hit_rate(), 3),
+              Fixed(row.reused_token_ratio(), 3), kvtier::tools::Duration(row.prefill_seconds_saved),
+              kvtier::tools::Duration(row.TtftPercentile(50)), kvtier::tools::Duration(row.TtftPercentile(95))});
   }
   t.Print(std::cout);
   std::cout << "token hit = hit blocks / requested full blocks (prefix hits only); VS BELADY = that / the\n"
-               "offline-optimal bound at the same capacity\n";
+               "offline-optimal bound at the same capacity; TTFT on the simulated GPUs, queueing included\n";
   return 0;
 }
 
@@ -122,8 +167,8 @@ int main(int argc, char** argv) {
   uint32_t block_tokens = 0, sessions = 1;
   size_t limit = 0;
   double speed = 0;
-  bool as_json = false, quiet = false, simulate = false, infinite = false;
-  std::vector<std::string> sim_tiers, sim_policies;
+  bool as_json = false, quiet = false, simulate = false;
+  SimFlags sim;
   kvtier::tools::ChatOptions chat;
   app.add_option("-s,--socket", socket, "kvtierd's socket (default: $KVTIER_SOCKET or the default run dir)");
   app.add_option("-t,--trace", trace, "Mooncake-format JSONL trace; without it, the synthetic chat workload")
@@ -139,12 +184,25 @@ int main(int argc, char** argv) {
   app.add_option("--seed", chat.seed, "chat: random seed")->capture_default_str();
   app.add_flag("--simulate", simulate,
                "no daemon: replay through the eviction policies on a simulated tier, side by side");
-  app.add_option("--tier", sim_tiers,
-                 "simulate: host=CAPACITY in tokens (500K, 3M) or bytes (4GiB, with --block-bytes); "
-                 "a comma list gives one set of rows per capacity");
-  app.add_option("--policies", sim_policies, "simulate: policies to compare (default lru,s3fifo,tinylfu,belady)")
+  app.add_option("--tier", sim.tiers,
+                 "simulate: host=CAPACITY (a comma list gives one set of rows each) and nvme=CAPACITY, in "
+                 "tokens (500K, 3M) or bytes (4GiB, with --block-bytes)");
+  app.add_option("--policies", sim.policies,
+                 "simulate: policies to compare (default lru,s3fifo,tinylfu,belady; also none)")
       ->delimiter(',');
-  app.add_flag("--infinite", infinite, "simulate: add a row with unbounded capacity");
+  app.add_flag("--infinite", sim.infinite, "simulate: add a row with unbounded capacity");
+  app.add_option("--model-config", sim.model_config,
+                 "simulate: a Hugging Face config.json for the cost model (default: the Llama-3.1-8B shape)")
+      ->check(CLI::ExistingFile);
+  app.add_option("--prefill-tflops", sim.prefill_tflops, "simulate: GPU prefill throughput")->capture_default_str();
+  app.add_option("--gpus", sim.gpus, "simulate: GPUs serving the requests, each one at a time")
+      ->capture_default_str();
+  app.add_option("--host-gbps", sim.host_gbps, "simulate: host -> GPU bandwidth, GB/s")->capture_default_str();
+  app.add_option("--nvme-gbps", sim.nvme_gbps, "simulate: NVMe read bandwidth, GB/s")->capture_default_str();
+  app.add_option("--nvme-latency-us", sim.nvme_latency_us, "simulate: NVMe read latency")->capture_default_str();
+  app.add_flag("--drop", sim.drop, "simulate: drop host evictions instead of demoting them to NVMe");
+  app.add_flag("--always-load", sim.always_load,
+               "simulate: load every NVMe hit, even when recomputing it would be faster");
   app.add_flag("--json", as_json, "print one JSON object with the results (with --simulate: one per row)");
   app.add_flag("-q,--quiet", quiet, "no progress output");
   app.footer("Examples:\n  kvtier-replay                                   # synthetic multi-turn chat\n"
@@ -177,7 +235,7 @@ int main(int argc, char** argv) {
         r.keys = kvtier::ChainBlockKeys(kvtier::HashAlgorithm::kSha256, r.tokens, workload.block_tokens);
       }
     }
-    return RunSimulation(workload, sim_tiers, sim_policies, infinite, *block_bytes, as_json);
+    return RunSimulation(workload, sim, *block_bytes, as_json);
   }
 
   kvtier::tools::ReplayOptions opts;

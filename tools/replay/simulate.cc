@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <functional>
+#include <queue>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
@@ -58,67 +60,177 @@ Prepared Prepare(const Workload& w, bool with_next_use) {
 
 }  // namespace
 
+double SimRow::TtftPercentile(double pct) const {
+  if (ttft_s.empty()) return 0;
+  std::vector<double> v = ttft_s;
+  const size_t k = std::min(v.size() - 1, static_cast<size_t>(pct / 100.0 * double(v.size())));
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), v.end());
+  return v[k];
+}
+
 nlohmann::json SimRow::ToJson() const {
+  const bool unbounded = capacity_blocks == 0 && policy == "infinite";
+  nlohmann::json cap{{"host", unbounded ? nlohmann::json("infinite") : nlohmann::json(capacity_tokens)}};
+  if (nvme_blocks > 0) cap["nvme"] = nvme_tokens;
   return nlohmann::json{{"policy", policy},
                         {"default", is_default},
-                        {"capacity_tokens", nlohmann::json{{"host", capacity_blocks ? nlohmann::json(capacity_tokens)
-                                                                                    : nlohmann::json("infinite")}}},
-                        {"capacity_blocks", nlohmann::json{{"host", capacity_blocks}}},
+                        {"capacity_tokens", cap},
                         {"requests", requests},
                         {"token_hit_rate", token_hit_rate()},
+                        {"token_hit_rate_host", blocks_requested ? double(blocks_hit_host) / double(blocks_requested) : 0},
+                        {"token_hit_rate_nvme", blocks_requested ? double(blocks_hit_nvme) / double(blocks_requested) : 0},
                         {"request_hit_rate", request_hit_rate()},
                         {"reused_token_ratio", reused_token_ratio()},
+                        {"prefill_seconds_saved", prefill_seconds_saved},
+                        {"ttft_p50_s", TtftPercentile(50)},
+                        {"ttft_p95_s", TtftPercentile(95)},
+                        {"requests_slower_than_no_cache", requests_slower_than_no_cache},
                         {"blocks_requested", blocks_requested},
                         {"blocks_hit", blocks_hit},
+                        {"nvme_hits_recomputed", nvme_hits_recomputed},
                         {"blocks_inserted", blocks_inserted},
                         {"evictions", evictions},
+                        {"demotions", demotions},
+                        {"nvme_evictions", nvme_evictions},
+                        {"bytes_written_nvme", bytes_written_nvme},
+                        {"bytes_read_nvme", bytes_read_nvme},
+                        {"bytes_read_host", bytes_read_host},
                         {"seconds", seconds}};
 }
 
+namespace {
+
+// One simulated tier: a policy over dense block ids and who is resident.
+struct SimTier {
+  std::unique_ptr<EvictionPolicy> owned;
+  EvictionPolicy* pol = nullptr;
+  BeladyPolicy* bel = nullptr;
+  std::vector<uint8_t> resident;
+  uint64_t count = 0;
+  uint64_t capacity = 0;
+
+  absl::Status Init(const std::string& policy, uint32_t distinct, uint64_t cap) {
+    if (policy == "belady") {
+      auto b = std::make_unique<BeladyPolicy>();
+      bel = b.get();
+      owned = std::move(b);
+    } else {
+      ASSIGN_OR_RETURN(owned, MakeEvictionPolicy(policy));
+    }
+    pol = owned.get();
+    resident.assign(distinct, 0);
+    capacity = cap;
+    return absl::OkStatus();
+  }
+  bool Has(uint32_t id) const { return resident[id] != 0; }
+  void Access(uint32_t id) {
+    if (resident[id]) {
+      pol->Touch(id);
+      return;
+    }
+    pol->InsertWithKey(id, uint64_t{id} + 1);
+    resident[id] = 1;
+    ++count;
+  }
+  void Drop(uint32_t id) {
+    pol->Remove(id);
+    resident[id] = 0;
+    --count;
+  }
+};
+
+}  // namespace
+
 absl::StatusOr<SimRow> SimulatePolicy(const Workload& w, const std::string& policy, const SimOptions& opts) {
   const auto t0 = std::chrono::steady_clock::now();
-  const bool belady = policy == "belady";
   const bool infinite = opts.infinite || policy == "infinite";
-  std::unique_ptr<EvictionPolicy> owned;
-  BeladyPolicy* bel = nullptr;
-  if (belady) {
-    auto b = std::make_unique<BeladyPolicy>();
-    bel = b.get();
-    owned = std::move(b);
-  } else if (!infinite) {
-    ASSIGN_OR_RETURN(owned, MakeEvictionPolicy(policy));
-  }
-  if (!infinite && opts.capacity_blocks == 0) return absl::InvalidArgumentError("the simulated tier has no capacity");
-  EvictionPolicy* pol = owned.get();
+  const bool none = policy == "none";
+  const bool belady = policy == "belady";
+  const bool cached = !infinite && !none;
+  if (cached && opts.capacity_blocks == 0) return absl::InvalidArgumentError("the simulated host tier has no capacity");
+  const bool with_nvme = cached && opts.nvme_blocks > 0;
   const Prepared p = Prepare(w, belady);
+  SimTier host, nvme;
+  if (cached) {
+    RETURN_IF_ERROR(host.Init(policy, p.distinct, opts.capacity_blocks));
+    if (with_nvme) RETURN_IF_ERROR(nvme.Init(belady ? "belady" : "lru", p.distinct, opts.nvme_blocks));
+  } else {
+    host.resident.assign(p.distinct, 0);
+  }
+  const PrefillCalibration cal(opts.prefill_flops_per_s);
+  const uint64_t bt = w.block_tokens;
+  const uint64_t block_bytes = bt * opts.model.KvBytesPerToken();
 
   SimRow row;
   row.policy = infinite ? "infinite" : policy;
-  row.is_default = !infinite && policy == opts.default_policy;
-  row.capacity_blocks = infinite ? 0 : opts.capacity_blocks;
-  row.capacity_tokens = row.capacity_blocks * w.block_tokens;
-  std::vector<uint8_t> resident(p.distinct, 0);
+  row.is_default = cached && policy == opts.default_policy;
+  row.capacity_blocks = cached ? opts.capacity_blocks : 0;
+  row.capacity_tokens = row.capacity_blocks * bt;
+  row.nvme_blocks = with_nvme ? opts.nvme_blocks : 0;
+  row.nvme_tokens = row.nvme_blocks * bt;
+  row.ttft_s.reserve(w.requests.size());
   std::vector<uint32_t> pinned_mark(p.distinct, UINT32_MAX);  // request index that pins it
-  uint64_t resident_count = 0;
+  if (opts.gpus == 0) return absl::InvalidArgumentError("the simulation needs at least one GPU");
+  std::priority_queue<double, std::vector<double>, std::greater<double>> gpu_free;
+  for (uint32_t g = 0; g < opts.gpus; ++g) gpu_free.push(0);
   for (size_t r = 0; r < w.requests.size(); ++r) {
+    const Request& req = w.requests[r];
     const std::vector<uint32_t>& ids = p.ids[r];
-    if (!infinite && ids.size() > opts.capacity_blocks) {
+    if (cached && ids.size() > opts.capacity_blocks) {
       return absl::InvalidArgumentError(absl::StrCat("request ", r + 1, " has ", ids.size(),
                                                      " blocks, more than the simulated tier holds (",
                                                      opts.capacity_blocks, "); give it more capacity"));
     }
     ++row.requests;
-    row.prompt_tokens += w.requests[r].prompt_tokens;
+    row.prompt_tokens += req.prompt_tokens;
     row.blocks_requested += ids.size();
-    size_t hit = 0;
-    while (hit < ids.size() && resident[ids[hit]]) ++hit;
+
+    // The loaded prefix: host hits, NVMe hits worth loading.
+    size_t hit = 0, from_nvme = 0;
+    double load_s = 0;
+    for (; hit < ids.size(); ++hit) {
+      const uint32_t id = ids[hit];
+      if (!none && host.Has(id)) {
+        load_s += opts.host.LoadSeconds(block_bytes);
+        continue;
+      }
+      if (with_nvme && nvme.Has(id)) {
+        if (opts.cost_aware_loads &&
+            DecideHit(opts.model, cal, hit * bt, bt, block_bytes, opts.nvme) == HitDecision::kRecompute) {
+          ++row.nvme_hits_recomputed;
+          break;
+        }
+        load_s += opts.nvme.LoadSeconds(block_bytes) + opts.host.LoadSeconds(block_bytes);
+        ++from_nvme;
+        continue;
+      }
+      break;
+    }
     row.blocks_hit += hit;
-    row.tokens_reused += hit * w.block_tokens;
+    row.blocks_hit_nvme += from_nvme;
+    row.blocks_hit_host += hit - from_nvme;
+    row.bytes_read_nvme += from_nvme * block_bytes;
+    row.bytes_read_host += hit * block_bytes;
+    row.tokens_reused += hit * bt;
     if (hit > 0) ++row.requests_hit;
+
+    // One GPU, requests in arrival order.
+    const uint64_t reused = std::min<uint64_t>(hit * bt, req.prompt_tokens);
+    const double compute_s = opts.model.PrefillFlops(reused, req.prompt_tokens - reused) / cal.flops_per_second();
+    const double full_s = opts.model.PrefillFlops(0, req.prompt_tokens) / cal.flops_per_second();
+    row.prefill_seconds_saved += full_s - compute_s;
+    const double arrival = double(req.arrival_ms) / 1000.0;
+    const double start = std::max(arrival, gpu_free.top());
+    gpu_free.pop();
+    const double done = start + load_s + compute_s + opts.prefill_overhead_s;
+    gpu_free.push(done);
+    row.ttft_s.push_back(done - arrival);
+
+    if (none) continue;
     if (infinite) {
       for (uint32_t id : ids) {
-        if (!resident[id]) ++row.blocks_inserted;
-        resident[id] = 1;
+        if (!host.resident[id]) ++row.blocks_inserted;
+        host.resident[id] = 1;
       }
       continue;
     }
@@ -128,25 +240,32 @@ absl::StatusOr<SimRow> SimulatePolicy(const Workload& w, const std::string& poli
     // children, so recency-based policies evict leaves before parents.
     for (size_t j = ids.size(); j-- > 0;) {
       const uint32_t id = ids[j];
-      if (bel) bel->SetNextUse(id, p.next_use[r][j], static_cast<uint32_t>(j));
-      if (resident[id]) {
-        pol->Touch(id);
-        continue;
+      if (belady) {
+        host.bel->SetNextUse(id, p.next_use[r][j], static_cast<uint32_t>(j));
+        if (with_nvme) nvme.bel->SetNextUse(id, p.next_use[r][j], static_cast<uint32_t>(j));
       }
-      pol->InsertWithKey(id, uint64_t{id} + 1);
-      resident[id] = 1;
-      ++resident_count;
-      ++row.blocks_inserted;
+      if (!host.Has(id)) ++row.blocks_inserted;
+      host.Access(id);  // NVMe hits are promoted; NVMe keeps its copy
+      if (with_nvme && nvme.Has(id)) nvme.Access(id);
     }
-    while (resident_count > opts.capacity_blocks) {
-      std::optional<uint32_t> v = pol->PickVictim([&](uint32_t h) { return pinned_mark[h] != r; });
+    while (host.count > host.capacity) {
+      std::optional<uint32_t> v = host.pol->PickVictim([&](uint32_t h) { return pinned_mark[h] != r; });
       if (!v) break;  // cannot happen: the request fits and only its prefix is pinned
-      pol->Remove(*v);
-      resident[*v] = 0;
-      --resident_count;
+      host.Drop(*v);
       ++row.evictions;
+      if (with_nvme && opts.demote && !nvme.Has(*v)) {
+        nvme.Access(*v);
+        ++row.demotions;
+        row.bytes_written_nvme += block_bytes;
+        while (nvme.count > nvme.capacity) {
+          std::optional<uint32_t> nv = nvme.pol->PickVictim([](uint32_t) { return true; });
+          if (!nv) break;
+          nvme.Drop(*nv);
+          ++row.nvme_evictions;
+        }
+      }
     }
-    if (resident_count > opts.capacity_blocks) {
+    if (host.count > host.capacity) {
       return absl::InternalError(absl::StrCat("policy ", policy, " found no victim at request ", r + 1));
     }
   }
@@ -155,14 +274,22 @@ absl::StatusOr<SimRow> SimulatePolicy(const Workload& w, const std::string& poli
 }
 
 absl::StatusOr<std::vector<SimRow>> Simulate(const Workload& w, const SimOptions& opts) {
+  ASSIGN_OR_RETURN(SimRow no_cache, SimulatePolicy(w, "none", opts));
+  auto compare = [&](SimRow& row) {
+    for (size_t i = 0; i < row.ttft_s.size() && i < no_cache.ttft_s.size(); ++i) {
+      if (row.ttft_s[i] > no_cache.ttft_s[i] + 1e-9) ++row.requests_slower_than_no_cache;
+    }
+  };
   std::vector<SimRow> rows;
   if (opts.infinite) {
     ASSIGN_OR_RETURN(SimRow row, SimulatePolicy(w, "infinite", opts));
+    compare(row);
     rows.push_back(std::move(row));
     return rows;
   }
   for (const std::string& pol : opts.policies) {
     ASSIGN_OR_RETURN(SimRow row, SimulatePolicy(w, pol, opts));
+    compare(row);
     rows.push_back(std::move(row));
   }
   return rows;

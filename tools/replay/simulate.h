@@ -1,12 +1,17 @@
-// kvtier-replay --simulate: the daemon's eviction policies on a simulated
-// tier, no daemon, no payloads. Each request looks up its prefix (the hit
-// blocks are pinned while it runs), then stores every block it had to
-// compute; the tier evicts by the policy under test. Offline Belady (evict
-// the block used again furthest in the future) is the bound.
+// kvtier-replay --simulate: the daemon's eviction policies on simulated
+// tiers, no daemon, no payloads, a simulated clock. Each request looks up its
+// prefix (host hits, then NVMe hits; the hit prefix is pinned while it runs),
+// the first free of N GPUs serves it, in arrival order (so TTFT includes
+// queueing),
+// loading hit blocks and recomputing the rest, then the request stores every
+// block it computed. Host evictions are demoted to the NVMe tier (when there
+// is one) or dropped; NVMe evictions are dropped. Offline Belady (evict the
+// block used again furthest in the future) is the bound.
 //
-// This first version simulates the host tier alone, counts hits, and has
-// no clock: multi-tier runs, the cost model and TTFT come with the rest of
-// the policy work.
+// Times come from the cost model (policies/cost_model.h): prefill of the
+// missed tokens at the calibrated throughput; loads at each tier's bandwidth
+// and latency. With cost-aware loads, an NVMe hit slower to load than to
+// recompute is recomputed (and ends the loaded prefix).
 #ifndef KVTIER_TOOLS_REPLAY_SIMULATE_H_
 #define KVTIER_TOOLS_REPLAY_SIMULATE_H_
 
@@ -16,37 +21,57 @@
 
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
+#include "policies/cost_model.h"
 #include "tools/replay/workload.h"
 
 namespace kvtier::tools {
 
 struct SimOptions {
   uint64_t capacity_blocks = 0;  // the host tier; 0 with infinite
+  uint64_t nvme_blocks = 0;      // 0: no NVMe tier
   bool infinite = false;         // one row with unbounded capacity instead
   std::vector<std::string> policies = {"lru", "s3fifo", "tinylfu", "belady"};
   std::string default_policy = "lru";  // the daemon's default, marked in the output
+  bool demote = true;                  // host evictions go to NVMe (else dropped)
+  bool cost_aware_loads = true;        // recompute NVMe hits that load slower
+
+  ModelProfile model = ModelProfile::Default();
+  double prefill_flops_per_s = 300e12;
+  double prefill_overhead_s = 0.002;  // per request
+  uint32_t gpus = 4;                  // engines serving the trace, each one request at a time
+  TierSpeed host{25e9, 10e-6};        // host -> GPU (PCIe)
+  TierSpeed nvme{3e9, 100e-6};        // NVMe -> host, then as host
 };
 
 struct SimRow {
   std::string policy;
   bool is_default = false;
-  uint64_t capacity_blocks = 0;  // 0: infinite
+  uint64_t capacity_blocks = 0;  // 0: infinite (or no cache for "none")
   uint64_t capacity_tokens = 0;
+  uint64_t nvme_blocks = 0, nvme_tokens = 0;
   uint64_t requests = 0, requests_hit = 0;
-  uint64_t blocks_requested = 0, blocks_hit = 0;
+  uint64_t blocks_requested = 0, blocks_hit = 0, blocks_hit_host = 0, blocks_hit_nvme = 0;
+  uint64_t nvme_hits_recomputed = 0;  // NVMe hits slower to load than to recompute
   uint64_t prompt_tokens = 0, tokens_reused = 0;
-  uint64_t blocks_inserted = 0, evictions = 0;
-  double seconds = 0;  // wall time of this row's simulation
+  uint64_t blocks_inserted = 0, evictions = 0, demotions = 0, nvme_evictions = 0;
+  uint64_t bytes_written_nvme = 0, bytes_read_nvme = 0, bytes_read_host = 0;
+  double prefill_seconds_saved = 0;
+  std::vector<double> ttft_s;  // per request, in trace order
+  // Requests whose TTFT is worse than with no cache at all (Simulate fills it).
+  uint64_t requests_slower_than_no_cache = 0;
+  double seconds = 0;          // wall time of this row's simulation
 
   double token_hit_rate() const { return blocks_requested ? double(blocks_hit) / double(blocks_requested) : 0; }
   double request_hit_rate() const { return requests ? double(requests_hit) / double(requests) : 0; }
   double reused_token_ratio() const { return prompt_tokens ? double(tokens_reused) / double(prompt_tokens) : 0; }
+  double TtftPercentile(double p) const;
   nlohmann::json ToJson() const;
 };
 
 // Keys must be filled (a synthetic chat's are computed by the caller).
-// Errors: an unknown policy name, a request with more blocks than the tier
-// holds.
+// Policies: the eviction policy names, "belady", "infinite" (unbounded host,
+// no NVMe) and "none" (no cache: every token recomputed). Errors: an unknown
+// policy name, a request with more blocks than the host tier holds.
 absl::StatusOr<SimRow> SimulatePolicy(const Workload& w, const std::string& policy, const SimOptions& opts);
 // Every policy in opts.policies (or the infinite row), in order.
 absl::StatusOr<std::vector<SimRow>> Simulate(const Workload& w, const SimOptions& opts);
