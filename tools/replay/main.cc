@@ -104,20 +104,14 @@ int RunSimulation(const kvtier::tools::Workload& workload, const SimFlags& f, ui
     std::cerr << "kvtier-replay: --simulate needs --tier host=CAPACITY (e.g. host=3M) or --infinite\n";
     return 2;
   }
+  // One set of rows per host capacity (0 here: the unbounded row).
+  std::vector<uint64_t> runs = capacities;
+  if (f.infinite) runs.push_back(0);
   std::vector<kvtier::tools::SimRow> rows;
-  for (uint64_t cap : capacities) {
+  for (uint64_t cap : runs) {
     kvtier::tools::SimOptions o = base;
     o.capacity_blocks = cap;
-    auto r = kvtier::tools::Simulate(workload, o);
-    if (!r.ok()) {
-      std::cerr << "kvtier-replay: " << r.status().message() << "\n";
-      return 2;
-    }
-    rows.insert(rows.end(), r->begin(), r->end());
-  }
-  if (f.infinite) {
-    kvtier::tools::SimOptions o = base;
-    o.infinite = true;
+    o.infinite = cap == 0;
     auto r = kvtier::tools::Simulate(workload, o);
     if (!r.ok()) {
       std::cerr << "kvtier-replay: " << r.status().message() << "\n";
