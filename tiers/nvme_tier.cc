@@ -380,23 +380,26 @@ uint64_t NvmeTier::SlotBytes(SlotHandle slot) const {
   return segments_[sg].slot_bytes;
 }
 
+std::optional<NvmeTier::SlotPlace> NvmeTier::Locate(SlotHandle slot) const {
+  const uint32_t sg = SegmentOf(slot), idx = IndexOf(slot);
+  MutexLock l(&mu_);
+  if (sg >= segments_.size() || idx >= segments_[sg].slots.size() || !segments_[sg].slots[idx].allocated) {
+    return std::nullopt;
+  }
+  const Segment& seg = segments_[sg];
+  return SlotPlace{seg.slots[idx].generation, seg.file_offset + idx * seg.slot_bytes, seg.slot_bytes, seg.file};
+}
+
 void NvmeTier::Write(SlotHandle slot, const BlockMeta& meta, std::span<const std::byte> src, IoPriority prio,
                      IoCallback done) {
   const uint32_t sg = SegmentOf(slot), idx = IndexOf(slot);
-  uint64_t gen, off, slot_bytes;
-  uint32_t file;
-  {
-    MutexLock l(&mu_);
-    if (sg >= segments_.size() || idx >= segments_[sg].slots.size() || !segments_[sg].slots[idx].allocated) {
-      std::move(done)(absl::InvalidArgumentError(absl::StrCat("write to NVMe slot ", slot, ", which is not allocated")));
-      return;
-    }
-    const Segment& seg = segments_[sg];
-    gen = seg.slots[idx].generation;
-    slot_bytes = seg.slot_bytes;
-    file = seg.file;
-    off = seg.file_offset + idx * seg.slot_bytes;
+  const std::optional<SlotPlace> place = Locate(slot);
+  if (!place) {
+    std::move(done)(absl::InvalidArgumentError(absl::StrCat("write to NVMe slot ", slot, ", which is not allocated")));
+    return;
   }
+  const uint64_t gen = place->generation, off = place->offset, slot_bytes = place->slot_bytes;
+  const uint32_t file = place->file;
   const uint64_t total = kSectorBytes + RoundUpSector(src.size());
   if (src.empty() || total > slot_bytes || meta.payload_bytes != src.size()) {
     std::move(done)(absl::InvalidArgumentError(absl::StrCat("a block of ", src.size(), " bytes does not fit NVMe slot ",
@@ -488,20 +491,13 @@ void NvmeTier::Write(SlotHandle slot, const BlockMeta& meta, std::span<const std
 void NvmeTier::Read(SlotHandle slot, const BlockMeta& meta, std::span<std::byte> dst, IoPriority prio,
                     IoCallback done) {
   const uint32_t sg = SegmentOf(slot), idx = IndexOf(slot);
-  uint64_t gen, off, slot_bytes;
-  uint32_t file;
-  {
-    MutexLock l(&mu_);
-    if (sg >= segments_.size() || idx >= segments_[sg].slots.size() || !segments_[sg].slots[idx].allocated) {
-      std::move(done)(absl::NotFoundError(absl::StrCat("NVMe slot ", slot, " holds no block")));
-      return;
-    }
-    const Segment& seg = segments_[sg];
-    gen = seg.slots[idx].generation;
-    slot_bytes = seg.slot_bytes;
-    file = seg.file;
-    off = seg.file_offset + idx * seg.slot_bytes;
+  const std::optional<SlotPlace> place = Locate(slot);
+  if (!place) {
+    std::move(done)(absl::NotFoundError(absl::StrCat("NVMe slot ", slot, " holds no block")));
+    return;
   }
+  const uint64_t gen = place->generation, off = place->offset, slot_bytes = place->slot_bytes;
+  const uint32_t file = place->file;
   const uint64_t total = kSectorBytes + RoundUpSector(dst.size());
   if (dst.empty() || total > slot_bytes) {
     std::move(done)(absl::InvalidArgumentError("read larger than the NVMe slot"));

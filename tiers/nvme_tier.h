@@ -15,6 +15,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -126,6 +127,16 @@ class NvmeTier final : public Tier {
     std::vector<uint32_t> free;  // slot indexes
     uint32_t used = 0;
   };
+
+  // Where an allocated slot lives on disk, and its current generation.
+  struct SlotPlace {
+    uint64_t generation = 0;
+    uint64_t offset = 0;
+    uint64_t slot_bytes = 0;
+    uint32_t file = 0;
+  };
+  // nullopt when the slot is not allocated.
+  std::optional<SlotPlace> Locate(SlotHandle slot) const;
 
   explicit NvmeTier(const NvmeTierOptions& opts);
   absl::Status OpenFiles();
