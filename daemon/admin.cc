@@ -112,7 +112,18 @@ nlohmann::json Daemon::Status() const {
   json tenants = json::array();
   uint64_t cap = 0, used = 0, blocks = 0, pinned = 0, evictions = 0;
   for (const TenantUsage& u : cache_->Usage()) {
+    json policies = json::array();
+    for (const PolicyUsage& p : u.policies) {
+      json scores = json::object();
+      for (const auto& [name, score] : p.scores) scores[name] = score;
+      policies.push_back(json{{"slot_bytes", p.slot_bytes},
+                              {"blocks", p.blocks},
+                              {"leader", p.leader},
+                              {"switches", p.switches},
+                              {"scores", scores}});
+    }
     tenants.push_back(json{{"name", u.name},
+                           {"policies", policies},
                            {"sessions", sessions_per_tenant[u.name]},
                            {"host_capacity_bytes", u.capacity_bytes},
                            {"host_used_bytes", u.used_bytes},

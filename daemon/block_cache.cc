@@ -2,11 +2,13 @@
 // (demotion, promotion, NVMe eviction, recovery) is in block_movement.cc.
 #include "daemon/block_cache.h"
 
+#include <algorithm>
 #include <array>
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "core/units.h"
+#include "policies/adaptive_policy.h"
 
 namespace kvtier {
 
@@ -43,6 +45,10 @@ EvictionPolicy* BlockCache::PolicyFor(TenantState& t, uint64_t slot_bytes) {
   auto it = t.policy_by_size.find(slot_bytes);
   if (it != t.policy_by_size.end()) return it->second.get();
   auto p = MakeEvictionPolicy(opts_.policy);  // the name was checked by Create
+  if (auto* a = dynamic_cast<AdaptivePolicy*>(p->get())) {
+    // The shadows hold as many blocks of this size as the arena does.
+    a->SetCapacityBlocks(std::max<uint64_t>(1, t.host->arena_bytes() / slot_bytes));
+  }
   return t.policy_by_size.emplace(slot_bytes, std::move(p).value()).first->second.get();
 }
 
@@ -105,6 +111,25 @@ std::vector<BlockRecord*> BlockCache::FindAll(uint32_t ns, std::span<const Block
   return out;
 }
 
+void BlockCache::ObserveRequest(SessionHoldings& s, std::span<const BlockKey> keys) {
+  if (keys.empty() || opts_.policy != "adaptive") return;
+  s.observe.resize(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) s.observe[i] = PolicyKeyOf(s.ns.handle, keys[i]);
+}
+
+void BlockCache::ObservePending(SessionHoldings& s) {
+  if (s.observe.empty()) return;
+  TenantState& t = *tenants_[s.ns.tenant];
+  AdaptivePolicy* a;
+  {
+    // Policies live as long as the cache: the pointer outlives the lock.
+    MutexLock l(&t.mu);
+    a = static_cast<AdaptivePolicy*>(PolicyFor(t, t.host->SlotSizeFor(s.ns.block_bytes)));
+  }
+  a->Observe(s.observe);  // on the shadows' own lock, not the tier's
+  s.observe.clear();
+}
+
 absl::StatusOr<uint32_t> BlockCache::Lookup(SessionHoldings& s, std::span<const BlockKey> keys, bool lease,
                                             uint64_t* lease_id, std::span<BlockLocation> out) {
   *lease_id = 0;
@@ -156,6 +181,7 @@ absl::StatusOr<uint32_t> BlockCache::Lookup(SessionHoldings& s, std::span<const 
   stats_->lookups.Add();
   stats_->blocks_queried.Add(keys.size());
   stats_->tokens_queried.Add(keys.size() * s.ns.block_tokens);
+  ObserveRequest(s, keys);
   if (hit == 0) return hit;
   stats_->lookup_hits.Add();
   stats_->blocks_hit.Add(hit);
@@ -520,9 +546,24 @@ std::vector<TenantUsage> BlockCache::Usage() const {
   std::vector<TenantUsage> out;
   for (const auto& t : tenants_) {
     const TierUsage u = t->host->Usage();
-    out.push_back(TenantUsage{t->name, u.capacity_bytes, u.used_bytes, u.used_slots,
-                              t->pinned.load(std::memory_order_relaxed),
-                              t->evictions.load(std::memory_order_relaxed)});
+    TenantUsage& tu = out.emplace_back(TenantUsage{t->name, u.capacity_bytes, u.used_bytes, u.used_slots,
+                                                   t->pinned.load(std::memory_order_relaxed),
+                                                   t->evictions.load(std::memory_order_relaxed),
+                                                   {}});
+    MutexLock l(&t->mu);
+    for (const auto& [slot_bytes, policy] : t->policy_by_size) {
+      PolicyUsage& pu = tu.policies.emplace_back();
+      pu.slot_bytes = slot_bytes;
+      pu.blocks = policy->size();
+      pu.leader = std::string(policy->name());
+      if (const auto* a = dynamic_cast<const AdaptivePolicy*>(policy.get())) {
+        pu.leader = std::string(a->leader());
+        pu.switches = a->switches();
+        for (const AdaptivePolicy::ExpertScore& e : a->scores()) pu.scores.emplace_back(e.name, e.score);
+      }
+    }
+    std::sort(tu.policies.begin(), tu.policies.end(),
+              [](const PolicyUsage& a, const PolicyUsage& b) { return a.slot_bytes < b.slot_bytes; });
   }
   return out;
 }

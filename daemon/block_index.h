@@ -57,12 +57,13 @@ static_assert(sizeof(BlockRecord) <= 64);
 
 // A block's identity for eviction policies that remember evicted blocks
 // (EvictionPolicy::InsertWithKey): never 0.
-inline uint64_t PolicyKeyOf(const BlockRecord& r) {
+inline uint64_t PolicyKeyOf(uint32_t ns, const BlockKey& key) {
   uint64_t h;
-  std::memcpy(&h, r.key.bytes.data(), sizeof(h));
-  h ^= (uint64_t{r.ns} + 1) * 0x9e3779b97f4a7c15ull;
+  std::memcpy(&h, key.bytes.data(), sizeof(h));
+  h ^= (uint64_t{ns} + 1) * 0x9e3779b97f4a7c15ull;
   return h == 0 ? 1 : h;
 }
+inline uint64_t PolicyKeyOf(const BlockRecord& r) { return PolicyKeyOf(r.ns, r.key); }
 
 // Names a block for lookup without building a record.
 struct BlockRef {

@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "kvtier/types.h"
+#include "policies/eviction_policy.h"
 
 namespace kvtier {
 
@@ -43,7 +44,7 @@ struct Config {
   // [tiers.host]
   uint64_t host_capacity = 1ull << 30;
   bool host_prefault = false;
-  std::string host_policy = "lru";
+  std::string host_policy{kDefaultHostPolicy};
   // [tiers.nvme]
   std::vector<std::string> nvme_dirs;    // empty: <data_dir>/nvme
   uint64_t nvme_capacity = 2ull << 30;   // 0: no NVMe tier

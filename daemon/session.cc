@@ -131,6 +131,7 @@ void Session::Run() {
       }
       if (o.status != 0) WriteMessage(req, o.message);
       if (!Post(cq, CompletionRecord{req.op_id, o.status, o.count, o.handle, o.value})) break;
+      cache_->ObservePending(holdings_);
       if (o.fatal) {
         fatal_reason = o.message;
         break;

@@ -58,7 +58,12 @@ std::unique_ptr<EvictionPolicy> MakeS3FifoPolicy();
 // count beats main's victim's. Dense handles.
 std::unique_ptr<EvictionPolicy> MakeTinyLfuPolicy(double window_share = 0.01);
 
-// By config name ("lru", "s3fifo").
+// The host tier's policy unless the config names another.
+inline constexpr absl::string_view kDefaultHostPolicy = "adaptive";
+
+// By config name: "lru", "s3fifo", "tinylfu", or "adaptive" (an
+// AdaptivePolicy over all three with its shadows idle until the caller
+// sets a capacity: see adaptive_policy.h).
 absl::StatusOr<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(absl::string_view name);
 
 }  // namespace kvtier

@@ -5,6 +5,8 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "core/status.h"
+#include "policies/adaptive_policy.h"
 #include "policies/eviction_policy.h"
 
 namespace kvtier {
@@ -126,8 +128,12 @@ absl::StatusOr<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(absl::string_
   if (name == "lru") return MakeLruPolicy();
   if (name == "s3fifo") return MakeS3FifoPolicy();
   if (name == "tinylfu") return MakeTinyLfuPolicy();
+  if (name == "adaptive") {
+    ASSIGN_OR_RETURN(std::unique_ptr<AdaptivePolicy> p, AdaptivePolicy::Create({}));
+    return std::unique_ptr<EvictionPolicy>(std::move(p));
+  }
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown eviction policy \"", name, "\"; available: lru, s3fifo, tinylfu"));
+      absl::StrCat("unknown eviction policy \"", name, "\"; available: adaptive, lru, s3fifo, tinylfu"));
 }
 
 }  // namespace kvtier

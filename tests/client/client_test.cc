@@ -111,6 +111,51 @@ TEST_F(ClientTest, TheConfiguredPolicyDecidesWhatAScanEvicts) {
   }
 }
 
+// The default (adaptive) policy watches the leased lookups: when a hot chain
+// keeps coming back between scans longer than the tier, it follows a
+// scan-resistant expert and keeps the hot chain, which LRU loses every time.
+TEST_F(ClientTest, TheAdaptivePolicyLearnsFromLookupsToKeepAHotChainThroughScans) {
+  for (const char* policy : {"adaptive", "lru"}) {
+    SCOPED_TRACE(policy);
+    // 16 slots of 64 KiB.
+    StartDaemon(std::string("[tiers.host]\ncapacity = \"1MiB\"\npolicy = \"") + policy + "\"\n");
+    auto c = Attach(64 << 10);
+    ASSERT_NE(c, nullptr);
+    const std::vector<BlockKey> hot = Keys(*c, 7, 4);
+    uint32_t next_scan = 1000, late_hits = 0;
+    // As an engine does: look up (leased), store what missed, release.
+    auto serve = [&](const std::vector<BlockKey>& keys) {
+      auto hit = c->Lookup(keys, {.lease = true});
+      EXPECT_TRUE(hit.ok());
+      if (!hit.ok()) return 0u;
+      if (hit->hit_blocks < keys.size()) {
+        StoreAll(*c, std::vector<BlockKey>(keys.begin() + hit->hit_blocks, keys.end()));
+      }
+      if (hit->lease != 0) {
+        EXPECT_TRUE(c->Release(hit->lease).ok());
+      }
+      return hit->hit_blocks;
+    };
+    for (int round = 0; round < 60; ++round) {
+      const uint32_t h = serve(hot);
+      if (round >= 40) late_hits += h;
+      for (int s = 0; s < 5; ++s) serve(Keys(*c, next_scan++, 4));  // 20 blocks used once
+    }
+    auto status = daemon_->Status();
+    ASSERT_TRUE(status.ok());
+    const nlohmann::json& pol = (*status)["tenants"][0]["policies"][0];
+    if (std::string(policy) == "adaptive") {
+      EXPECT_NE(pol["leader"], "lru") << pol.dump();
+      EXPECT_GE(late_hits, 60u) << "of 80 hot blocks asked in the last 20 rounds";
+    } else {
+      EXPECT_EQ(pol["leader"], "lru");
+      EXPECT_EQ(late_hits, 0u) << "LRU loses the hot chain to every scan";
+    }
+    c.reset();
+    daemon_.reset();
+  }
+}
+
 TEST_F(ClientTest, LookupWithoutLeaseChangesNothing) {
   // 4 blocks of 256 KiB fit in a 1 MiB arena.
   StartDaemon("[tiers.host]\ncapacity = \"1MiB\"\n");

@@ -87,6 +87,10 @@ size_t HotLeftAfterScan(const char* name) {
 
 TEST_P(PolicyInvariantsTest, ScanResistanceIsWhatThePolicyClaims) {
   const std::string name = GetParam();
+  if (name == "adaptive") {
+    GTEST_SKIP() << "without requests to observe the adaptive policy is its first expert (LRU); "
+                    "adaptive_policy_test covers scans";
+  }
   if (name == "lru") {
     EXPECT_EQ(HotLeftAfterScan("lru"), 0u) << "LRU keeps nothing through a scan; the check is meaningless otherwise";
   } else {
@@ -94,7 +98,7 @@ TEST_P(PolicyInvariantsTest, ScanResistanceIsWhatThePolicyClaims) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Policies, PolicyInvariantsTest, ::testing::Values("lru", "s3fifo", "tinylfu"),
+INSTANTIATE_TEST_SUITE_P(Policies, PolicyInvariantsTest, ::testing::Values("lru", "s3fifo", "tinylfu", "adaptive"),
                          [](const auto& info) { return std::string(info.param); });
 
 TEST(TinyLfuPolicyTest, ABlockUsedOftenLongAgoWinsItsPlaceBackOverOneTimers) {

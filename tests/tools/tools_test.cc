@@ -148,7 +148,7 @@ TEST(ToolsTest, SimulateComparesPoliciesSideBySideWithoutADaemon) {
   std::vector<nlohmann::json> rows;
   std::istringstream lines(o.out);
   for (std::string line; std::getline(lines, line);) rows.push_back(nlohmann::json::parse(line));
-  ASSERT_EQ(rows.size(), 9u) << "4 policies x 2 capacities + infinite";
+  ASSERT_EQ(rows.size(), 11u) << "5 policies x 2 capacities + infinite";
   int defaults = 0;
   for (const auto& r : rows) {
     for (const char* field : {"policy", "default", "capacity_tokens", "token_hit_rate", "request_hit_rate",
@@ -159,21 +159,26 @@ TEST(ToolsTest, SimulateComparesPoliciesSideBySideWithoutADaemon) {
   }
   EXPECT_EQ(defaults, 2) << "one default row per capacity";
   EXPECT_EQ(rows[0]["policy"], "lru");
-  EXPECT_EQ(rows[3]["policy"], "belady");
-  EXPECT_EQ(rows[8]["policy"], "infinite");
+  EXPECT_EQ(rows[3]["policy"], "adaptive");
+  EXPECT_TRUE(rows[3]["default"].get<bool>()) << "the daemon's default policy is marked";
+  EXPECT_EQ(rows[4]["policy"], "belady");
+  EXPECT_EQ(rows[10]["policy"], "infinite");
+  auto hit = [&](int c, int k) { return rows[5 * c + k]["token_hit_rate"].get<double>(); };
   for (int c = 0; c < 2; ++c) {
-    const double belady = rows[4 * c + 3]["token_hit_rate"];
-    for (int k = 0; k < 3; ++k) EXPECT_GE(belady, rows[4 * c + k]["token_hit_rate"].get<double>()) << k;
-    EXPECT_LE(belady, rows[8]["token_hit_rate"].get<double>() + 1e-12);
+    const double belady = hit(c, 4);
+    for (int k = 0; k < 4; ++k) EXPECT_GE(belady, hit(c, k)) << k;
+    EXPECT_LE(belady, rows[10]["token_hit_rate"].get<double>() + 1e-12);
+    // The default adapts: about as good as the better of LRU and S3-FIFO.
+    EXPECT_GE(hit(c, 3), 0.98 * std::max(hit(c, 0), hit(c, 1))) << "capacity " << c;
   }
   // More room never hurts the bound.
-  EXPECT_GE(rows[7]["token_hit_rate"].get<double>(), rows[3]["token_hit_rate"].get<double>());
-  EXPECT_GT(rows[8]["token_hit_rate"].get<double>(), 0.3) << "later turns reuse earlier ones";
+  EXPECT_GE(hit(1, 4), hit(0, 4));
+  EXPECT_GT(rows[10]["token_hit_rate"].get<double>(), 0.3) << "later turns reuse earlier ones";
 
   Output human = RunCommand(Tool("kvtier-replay") + " --simulate --tier host=200K");
   EXPECT_EQ(human.exit_code, 0);
   EXPECT_NE(human.out.find("VS BELADY"), std::string::npos) << human.out;
-  EXPECT_NE(human.out.find("lru (default)"), std::string::npos) << human.out;
+  EXPECT_NE(human.out.find("adaptive (default)"), std::string::npos) << human.out;
 
   // Host and NVMe: NVMe hits show up per tier.
   Output two = RunCommand(Tool("kvtier-replay") + " --simulate --tier host=20K --tier nvme=1M --policies lru --json");

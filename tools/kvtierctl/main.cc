@@ -32,10 +32,16 @@ void PrintStatus(const json& s) {
   }
   tiers.Print(std::cout);
   std::cout << "\n";
-  Table tenants({"TENANT", "SESSIONS", "BLOCKS", "PINNED", "HOST USED", "HOST CAPACITY"});
+  Table tenants({"TENANT", "SESSIONS", "BLOCKS", "PINNED", "HOST USED", "HOST CAPACITY", "EVICTING BY"});
   for (const json& t : s["tenants"]) {
+    // Which expert evicts, per block size the tenant holds ("-": none yet).
+    std::string by;
+    for (const json& p : t["policies"]) {
+      if (!by.empty()) by += ", ";
+      by += p["leader"].get<std::string>() + " (" + Bytes(p["slot_bytes"]) + " blocks)";
+    }
     tenants.AddRow({t["name"], Num(t["sessions"]), Num(t["blocks"]), Num(t["pinned_blocks"]),
-                    Bytes(t["host_used_bytes"]), Bytes(t["host_capacity_bytes"])});
+                    Bytes(t["host_used_bytes"]), Bytes(t["host_capacity_bytes"]), by.empty() ? "-" : by});
   }
   tenants.Print(std::cout);
   std::cout << "\n";

@@ -9,6 +9,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "policies/adaptive_policy.h"
 #include "policies/belady_policy.h"
 #include "policies/eviction_policy.h"
 
@@ -105,6 +106,7 @@ struct SimTier {
   std::unique_ptr<EvictionPolicy> owned;
   EvictionPolicy* pol = nullptr;
   BeladyPolicy* bel = nullptr;
+  AdaptivePolicy* adaptive = nullptr;
   std::vector<uint8_t> resident;
   uint64_t count = 0;
   uint64_t capacity = 0;
@@ -116,6 +118,8 @@ struct SimTier {
       owned = std::move(b);
     } else {
       ASSIGN_OR_RETURN(owned, MakeEvictionPolicy(policy));
+      adaptive = dynamic_cast<AdaptivePolicy*>(owned.get());
+      if (adaptive != nullptr) adaptive->SetCapacityBlocks(cap);
     }
     pol = owned.get();
     resident.assign(distinct, 0);
@@ -170,6 +174,7 @@ absl::StatusOr<SimRow> SimulatePolicy(const Workload& w, const std::string& poli
   row.nvme_tokens = row.nvme_blocks * bt;
   row.ttft_s.reserve(w.requests.size());
   std::vector<uint32_t> pinned_mark(p.distinct, UINT32_MAX);  // request index that pins it
+  std::vector<uint64_t> chain;
   if (opts.gpus == 0) return absl::InvalidArgumentError("the simulation needs at least one GPU");
   std::priority_queue<double, std::vector<double>, std::greater<double>> gpu_free;
   for (uint32_t g = 0; g < opts.gpus; ++g) gpu_free.push(0);
@@ -233,6 +238,11 @@ absl::StatusOr<SimRow> SimulatePolicy(const Workload& w, const std::string& poli
         host.resident[id] = 1;
       }
       continue;
+    }
+    if (host.adaptive != nullptr) {
+      chain.clear();
+      for (uint32_t id : ids) chain.push_back(uint64_t{id} + 1);
+      host.adaptive->Observe(chain);
     }
     // The hit prefix is pinned (leased) while the request runs.
     for (size_t j = 0; j < hit; ++j) pinned_mark[ids[j]] = static_cast<uint32_t>(r);

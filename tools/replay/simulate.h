@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
 #include "policies/cost_model.h"
+#include "policies/eviction_policy.h"
 #include "tools/replay/workload.h"
 
 namespace kvtier::tools {
@@ -30,8 +31,8 @@ struct SimOptions {
   uint64_t capacity_blocks = 0;  // the host tier; 0 with infinite
   uint64_t nvme_blocks = 0;      // 0: no NVMe tier
   bool infinite = false;         // one row with unbounded capacity instead
-  std::vector<std::string> policies = {"lru", "s3fifo", "tinylfu", "belady"};
-  std::string default_policy = "lru";  // the daemon's default, marked in the output
+  std::vector<std::string> policies = {"lru", "s3fifo", "tinylfu", "adaptive", "belady"};
+  std::string default_policy{kDefaultHostPolicy};  // the daemon's default, marked in the output
   bool demote = true;                  // host evictions go to NVMe (else dropped)
   bool cost_aware_loads = true;        // recompute NVMe hits that load slower
 

@@ -1,0 +1,109 @@
+#include "policies/adaptive_policy.h"
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+
+namespace kvtier {
+
+absl::StatusOr<std::unique_ptr<AdaptivePolicy>> AdaptivePolicy::Create(const Options& opts) {
+  if (opts.experts.empty()) return absl::InvalidArgumentError("the adaptive policy needs at least one expert");
+  if (!(opts.decay > 0 && opts.decay <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("adaptive policy decay ", opts.decay, " is not in (0, 1]"));
+  }
+  std::unique_ptr<AdaptivePolicy> p(new AdaptivePolicy(opts));
+  for (const std::string& name : opts.experts) {
+    if (name == "adaptive") return absl::InvalidArgumentError("the adaptive policy cannot be its own expert");
+    for (const Expert& e : p->experts_) {
+      if (e.pol->name() == name) return absl::InvalidArgumentError(absl::StrCat("expert \"", name, "\" given twice"));
+    }
+    Expert e;
+    ASSIGN_OR_RETURN(e.pol, MakeEvictionPolicy(name));
+    ASSIGN_OR_RETURN(e.shadow.pol, MakeEvictionPolicy(name));
+    p->experts_.push_back(std::move(e));
+  }
+  return p;
+}
+
+void AdaptivePolicy::Insert(uint32_t h) {
+  for (Expert& e : experts_) e.pol->Insert(h);
+}
+void AdaptivePolicy::InsertWithKey(uint32_t h, uint64_t key_hash) {
+  for (Expert& e : experts_) e.pol->InsertWithKey(h, key_hash);
+}
+void AdaptivePolicy::Touch(uint32_t h) {
+  for (Expert& e : experts_) e.pol->Touch(h);
+}
+void AdaptivePolicy::Remove(uint32_t h) {
+  for (Expert& e : experts_) e.pol->Remove(h);
+}
+std::optional<uint32_t> AdaptivePolicy::PickVictim(absl::FunctionRef<bool(uint32_t)> evictable) {
+  return experts_[leader_.load(std::memory_order_relaxed)].pol->PickVictim(evictable);
+}
+
+void AdaptivePolicy::SetCapacityBlocks(uint64_t blocks) {
+  MutexLock l(&shadow_mu_);
+  capacity_ = blocks;
+}
+
+std::vector<AdaptivePolicy::ExpertScore> AdaptivePolicy::scores() const {
+  MutexLock l(&shadow_mu_);
+  std::vector<ExpertScore> out;
+  for (const Expert& e : experts_) out.push_back(ExpertScore{std::string(e.pol->name()), e.score});
+  return out;
+}
+
+double AdaptivePolicy::Serve(Shadow& s, std::span<const uint64_t> chain, absl::FunctionRef<double(size_t)> value) {
+  double got = 0;
+  for (size_t i = 0; i < chain.size() && s.handle_of.contains(chain[i]); ++i) got += value(i);
+  // Leaves first, root last, as the tier sees a request: recency policies
+  // then evict a chain's leaves before its parents.
+  for (size_t j = chain.size(); j-- > 0;) {
+    auto [it, fresh] = s.handle_of.try_emplace(chain[j], 0);
+    if (!fresh) {
+      s.pol->Touch(it->second);
+      s.last_request[it->second] = requests_;
+      continue;
+    }
+    uint32_t h;
+    if (!s.free.empty()) {
+      h = s.free.back();
+      s.free.pop_back();
+    } else {
+      h = static_cast<uint32_t>(s.key_of.size());
+      s.key_of.push_back(0);
+      s.last_request.push_back(0);
+    }
+    it->second = h;
+    s.key_of[h] = chain[j];
+    s.last_request[h] = requests_;
+    s.pol->InsertWithKey(h, chain[j]);
+  }
+  // The request's own chain stays (it is leased while the engine uses it).
+  while (s.handle_of.size() > capacity_) {
+    std::optional<uint32_t> v = s.pol->PickVictim([&](uint32_t h) { return s.last_request[h] != requests_; });
+    if (!v) break;
+    s.pol->Remove(*v);
+    s.handle_of.erase(s.key_of[*v]);
+    s.free.push_back(*v);
+  }
+  return got;
+}
+
+void AdaptivePolicy::Observe(std::span<const uint64_t> chain, absl::FunctionRef<double(size_t)> value) {
+  MutexLock l(&shadow_mu_);
+  if (capacity_ == 0 || experts_.size() < 2) return;
+  ++requests_;
+  const size_t leader = leader_.load(std::memory_order_relaxed);
+  size_t best = leader;
+  for (size_t i = 0; i < experts_.size(); ++i) {
+    Expert& e = experts_[i];
+    e.score = e.score * decay_ + Serve(e.shadow, chain, value);
+    if (e.score > experts_[best].score) best = i;
+  }
+  if (best != leader) {
+    leader_.store(best, std::memory_order_relaxed);
+    switches_.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+}  // namespace kvtier

@@ -1,0 +1,159 @@
+// The adaptive policy follows whichever expert would have served recent
+// requests best: on a workload where one expert clearly wins, it must hit
+// about as often as that expert alone, and it must change its mind when the
+// workload changes.
+#include "policies/adaptive_policy.h"
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace kvtier {
+namespace {
+
+using Chain = std::vector<uint64_t>;
+
+// A tier of `capacity` blocks driven the way the daemon drives it: each
+// request looks up its chain (prefix hits), then stores what missed, leaves
+// first. Returns the blocks hit.
+struct TierSim {
+  TierSim(std::unique_ptr<EvictionPolicy> p, uint64_t capacity) : policy(std::move(p)), cap(capacity) {
+    if (auto* a = dynamic_cast<AdaptivePolicy*>(policy.get())) {
+      adaptive = a;
+      a->SetCapacityBlocks(capacity);
+    }
+  }
+  uint64_t Serve(const Chain& chain) {
+    if (adaptive != nullptr) adaptive->Observe(chain);
+    uint64_t hit = 0;
+    while (hit < chain.size() && resident.contains(chain[hit])) ++hit;
+    for (size_t j = chain.size(); j-- > 0;) {
+      const uint32_t h = static_cast<uint32_t>(chain[j]);
+      if (resident.insert(h).second) {
+        policy->InsertWithKey(h, chain[j]);
+      } else {
+        policy->Touch(h);
+      }
+    }
+    std::set<uint32_t> mine(chain.begin(), chain.end());
+    while (resident.size() > cap) {
+      std::optional<uint32_t> v = policy->PickVictim([&](uint32_t h) { return !mine.contains(h); });
+      EXPECT_TRUE(v.has_value());
+      if (!v) break;
+      EXPECT_TRUE(resident.contains(*v));
+      policy->Remove(*v);
+      resident.erase(*v);
+    }
+    EXPECT_LE(resident.size(), cap);
+    EXPECT_EQ(policy->size(), resident.size());
+    return hit;
+  }
+  std::unique_ptr<EvictionPolicy> policy;
+  AdaptivePolicy* adaptive = nullptr;
+  uint64_t cap;
+  std::set<uint32_t> resident;
+};
+
+// A hot chain of 20 blocks used by every tenth request, between chains of
+// blocks used once (270 of them between two uses of the hot chain, more than
+// the 200-block tier holds): recency loses the hot chain, frequency keeps it.
+std::vector<Chain> HotAndScans(uint64_t first_key, int requests) {
+  std::vector<Chain> out;
+  uint64_t next = first_key + 100;
+  for (int r = 0; r < requests; ++r) {
+    if (r % 10 == 0) {
+      Chain hot;
+      for (uint64_t k = 0; k < 20; ++k) hot.push_back(first_key + k);
+      out.push_back(hot);
+    } else {
+      Chain scan;
+      for (int k = 0; k < 30; ++k) scan.push_back(next++);
+      out.push_back(scan);
+    }
+  }
+  return out;
+}
+
+// Conversations of 4 blocks, each asked twice, the second time after about
+// 60% of the tier has been used (30% new blocks, 30% second uses): recency
+// keeps them all; a probation queue or a frequency filter lets them go
+// before their second use.
+std::vector<Chain> ReuseOnceWithinReach(uint64_t first_key, int conversations, uint64_t capacity) {
+  std::vector<Chain> out;
+  const int gap = static_cast<int>(capacity * 3 / 10 / 4);
+  std::vector<Chain> convs;
+  for (int c = 0; c < conversations; ++c) {
+    Chain ch;
+    for (uint64_t k = 0; k < 4; ++k) ch.push_back(first_key + uint64_t(c) * 4 + k);
+    convs.push_back(ch);
+  }
+  for (int i = 0; i < conversations + gap; ++i) {
+    if (i < conversations) out.push_back(convs[i]);
+    if (i >= gap) out.push_back(convs[i - gap]);
+  }
+  return out;
+}
+
+uint64_t HitsOf(const std::string& name, const std::vector<Chain>& w, uint64_t cap, std::string* leader = nullptr) {
+  TierSim t(std::move(MakeEvictionPolicy(name)).value(), cap);
+  uint64_t hits = 0;
+  for (const Chain& c : w) hits += t.Serve(c);
+  if (leader != nullptr && t.adaptive != nullptr) *leader = std::string(t.adaptive->leader());
+  return hits;
+}
+
+TEST(AdaptivePolicyTest, OnAScanHeavyWorkloadItFollowsAScanResistantExpert) {
+  const auto w = HotAndScans(1, 4000);
+  const uint64_t lru = HitsOf("lru", w, 200);
+  const uint64_t best = std::max(HitsOf("s3fifo", w, 200), HitsOf("tinylfu", w, 200));
+  ASSERT_GT(best, lru * 3 / 2) << "the workload must separate the experts for the test to mean anything";
+  std::string leader;
+  const uint64_t adaptive = HitsOf("adaptive", w, 200, &leader);
+  EXPECT_NE(leader, "lru");
+  EXPECT_GE(double(adaptive), 0.95 * double(best)) << "lru " << lru << ", best " << best;
+}
+
+TEST(AdaptivePolicyTest, WhenRecencyWinsItFollowsLru) {
+  const auto w = ReuseOnceWithinReach(1, 3000, 400);
+  const uint64_t lru = HitsOf("lru", w, 400);
+  const uint64_t others = std::max(HitsOf("s3fifo", w, 400), HitsOf("tinylfu", w, 400));
+  ASSERT_GT(lru, others * 3 / 2) << "the workload must separate the experts for the test to mean anything";
+  std::string leader;
+  const uint64_t adaptive = HitsOf("adaptive", w, 400, &leader);
+  EXPECT_EQ(leader, "lru");
+  EXPECT_GE(double(adaptive), 0.95 * double(lru)) << "lru " << lru << ", others " << others;
+}
+
+TEST(AdaptivePolicyTest, ItChangesItsMindWhenTheWorkloadChanges) {
+  TierSim t(std::move(AdaptivePolicy::Create({.capacity_blocks = 200, .decay = 0.99})).value(), 200);
+  for (const Chain& c : ReuseOnceWithinReach(1, 3000, 200)) t.Serve(c);
+  EXPECT_EQ(t.adaptive->leader(), "lru");
+  for (const Chain& c : HotAndScans(1'000'000, 4000)) t.Serve(c);
+  EXPECT_NE(t.adaptive->leader(), "lru");
+  EXPECT_GE(t.adaptive->switches(), 1u);
+  const auto scores = t.adaptive->scores();
+  ASSERT_EQ(scores.size(), 3u);
+  EXPECT_EQ(scores[0].name, "lru");
+}
+
+TEST(AdaptivePolicyTest, WithoutACapacityTheShadowsIdleAndTheFirstExpertLeads) {
+  auto p = std::move(AdaptivePolicy::Create({})).value();
+  for (const Chain& c : HotAndScans(1, 200)) p->Observe(c);
+  EXPECT_EQ(p->leader(), "lru");
+  for (const auto& s : p->scores()) EXPECT_EQ(s.score, 0) << s.name;
+}
+
+TEST(AdaptivePolicyTest, RefusesBadExpertLists) {
+  EXPECT_FALSE(AdaptivePolicy::Create({.experts = {}}).ok());
+  EXPECT_FALSE(AdaptivePolicy::Create({.experts = {"lru", "lru"}}).ok());
+  EXPECT_FALSE(AdaptivePolicy::Create({.experts = {"lru", "clock"}}).ok());
+  EXPECT_FALSE(AdaptivePolicy::Create({.experts = {"lru", "adaptive"}}).ok());
+  EXPECT_FALSE(AdaptivePolicy::Create({.decay = 0}).ok());
+  EXPECT_FALSE(AdaptivePolicy::Create({.decay = 1.5}).ok());
+  EXPECT_TRUE(AdaptivePolicy::Create({.experts = {"s3fifo", "lru"}}).ok());
+}
+
+}  // namespace
+}  // namespace kvtier
