@@ -40,6 +40,7 @@ std::span<const BlockKey> Keys(const kvtier_key* keys, size_t n) {
 void Translate(kvtier_client::Pending& p) {
   if (p.lookup_out != nullptr) {
     p.lookup_out->hit_blocks = p.lookup.hit_blocks;
+    p.lookup_out->recompute_blocks = p.lookup.recompute_blocks;
     p.lookup_out->lease = p.lookup.lease;
     if (p.tiers_out != nullptr) {
       for (size_t i = 0; i < p.lookup.tiers.size(); ++i) p.tiers_out[i] = static_cast<uint8_t>(p.lookup.tiers[i]);
@@ -226,6 +227,13 @@ int kvtier_invalidate_namespace(kvtier_client* c) {
   if (c == nullptr) return KVTIER_EINVAL;
   auto r = c->client->InvalidateNamespace();
   return r.ok() ? KVTIER_OK : Fail(c, r.status());
+}
+
+int kvtier_report_prefill(kvtier_client* c, uint64_t cached_tokens, uint64_t computed_tokens, uint64_t elapsed_ns) {
+  if (c == nullptr || elapsed_ns == 0 || elapsed_ns > INT64_MAX) return KVTIER_EINVAL;
+  kvtier::Status s = c->client->ReportPrefill(cached_tokens, computed_tokens,
+                                              std::chrono::nanoseconds(static_cast<int64_t>(elapsed_ns)));
+  return s.ok() ? KVTIER_OK : Fail(c, s);
 }
 
 uint64_t kvtier_block_bytes(const kvtier_client* c) { return c ? c->client->block_bytes() : 0; }

@@ -51,7 +51,7 @@ class ClientImpl {
   // Submits an operation with `keys`, results space for count blocks (or an
   // error message), and the op state to finish it with.
   Result<OpId> Submit(Opcode opcode, uint16_t flags, uint64_t handle, std::span<const BlockKey> keys,
-                      OpState state) {
+                      OpState state, uint64_t arg0 = 0, uint64_t arg1 = 0) {
     if (Status s = ToPublic(ring->health()); !s.ok()) return s;
     if (keys.size() > ring->max_keys_per_op()) {
       return Status(ErrorCode::kInvalidArgument,
@@ -74,6 +74,8 @@ class ClientImpl {
     rec.keys_offset = ring->ScratchOffset(scratch);
     rec.out_offset = rec.keys_offset + key_bytes;
     rec.out_bytes = out_bytes;
+    rec.args[0] = arg0;
+    rec.args[1] = arg1;
     absl::StatusOr<uint64_t> op = ring->Submit(rec);
     if (!op.ok()) {
       ring->FreeScratch(scratch);
@@ -121,6 +123,8 @@ class ClientImpl {
         std::vector<ipc::BlockResult> r;
         results(&r);
         st.lookup->hit_blocks = c.count;
+        st.lookup->recompute_blocks =
+            c.count <= st.count ? static_cast<uint32_t>(std::min<uint64_t>(c.value, st.count - c.count)) : 0;
         st.lookup->lease = c.handle;
         st.lookup->tiers.resize(st.count);
         for (uint32_t i = 0; i < st.count; ++i) st.lookup->tiers[i] = static_cast<TierKind>(r[i].tier);
@@ -356,6 +360,13 @@ Result<uint32_t> Client::InvalidateNamespace() {
 
 Status Client::Ping() {
   Result<OpId> op = impl_->Submit(Opcode::kPing, 0, 0, {}, {});
+  return op.ok() ? Wait(*op) : op.status();
+}
+
+Status Client::ReportPrefill(uint64_t cached_tokens, uint64_t computed_tokens, std::chrono::nanoseconds elapsed) {
+  if (elapsed.count() <= 0) return Status(ErrorCode::kInvalidArgument, "report_prefill: elapsed time must be positive");
+  Result<OpId> op = impl_->Submit(Opcode::kReportPrefill, 0, static_cast<uint64_t>(elapsed.count()), {}, {},
+                                  cached_tokens, computed_tokens);
   return op.ok() ? Wait(*op) : op.status();
 }
 

@@ -149,11 +149,14 @@ nlohmann::json Daemon::Status() const {
                        {"demotions", s.demotions.Get()},
                        {"demotions_failed", s.demotions_failed.Get()},
                        {"evictions_dropped", s.evictions_dropped.Get()},
+                       {"evictions_dropped_by_cost", s.evictions_dropped_by_cost.Get()},
                        {"health", "healthy"}});
   if (NvmeTier* nvme = cache_->nvme_tier()) {
     const NvmeStats n = nvme->Stats();
     tiers.push_back(json{{"tier", "nvme"},
                          {"policy", "lru"},
+                         {"hits_loaded", s.blocks_hit_nvme.Get()},
+                         {"hits_reported_recompute", s.blocks_recompute.Get()},
                          {"capacity_bytes", n.capacity_bytes},
                          {"used_bytes", n.used_bytes},
                          {"blocks", cache_->nvme_blocks()},
@@ -211,6 +214,9 @@ nlohmann::json Daemon::Status() const {
              {"bytes_loaded", s.bytes_loaded.Get()},
              {"load_failures", s.load_failures.Get()},
              {"prefetches", s.prefetches.Get()},
+             {"blocks_recompute", s.blocks_recompute.Get()},
+             {"prefill_reports", s.prefill_reports.Get()},
+             {"prefill_reports_refused", s.prefill_reports_refused.Get()},
              {"evictions", s.evictions.Get()},
              {"invalidations", s.invalidations.Get()},
              {"sessions_attached", s.sessions_attached.Get()},
@@ -230,6 +236,7 @@ nlohmann::json Daemon::Status() const {
               {"sessions", sessions},
               {"tenants", tenants},
               {"tiers", tiers},
+              {"cost_model", cache_->cost().ToJson()},
               {"stats", stats}};
 }
 

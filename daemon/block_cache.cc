@@ -9,10 +9,11 @@
 #include "core/status.h"
 #include "core/units.h"
 #include "policies/adaptive_policy.h"
+#include "spdlog/spdlog.h"
 
 namespace kvtier {
 
-BlockCache::BlockCache(const Options& opts, DaemonStats* stats) : opts_(opts), stats_(stats) {}
+BlockCache::BlockCache(const Options& opts, DaemonStats* stats) : opts_(opts), stats_(stats), cost_(opts.cost) {}
 
 absl::StatusOr<std::unique_ptr<BlockCache>> BlockCache::Create(const Options& opts, DaemonStats* stats) {
   RETURN_IF_ERROR(MakeEvictionPolicy(opts.policy).status());
@@ -36,9 +37,21 @@ absl::StatusOr<uint16_t> BlockCache::AddTenant(std::string name, std::unique_ptr
 }
 
 void BlockCache::RegisterNamespace(const NamespaceInfo& info) {
-  MutexLock l(&ns_mu_);
-  if (ns_info_.size() <= info.handle) ns_info_.resize(info.handle + 1);
-  ns_info_[info.handle] = info;
+  bool fresh;
+  {
+    MutexLock l(&ns_mu_);
+    if (ns_info_.size() <= info.handle) ns_info_.resize(info.handle + 1);
+    fresh = ns_info_[info.handle].block_bytes == 0;
+    ns_info_[info.handle] = info;
+  }
+  if (fresh && cost_.decide() && !cost_.Prices(info.block_bytes, info.block_tokens, info.tp_size)) {
+    spdlog::info(
+        "event=cost_model_unpriced namespace={} model_id=\"{}\" bytes_per_token={} profile=\"{}\" "
+        "profile_kv_bytes_per_token={} detail=\"blocks of this namespace are always loaded and demoted; set "
+        "cost_model.model_config to this model's config.json to price them\"",
+        info.handle, info.model_id, info.block_tokens ? info.block_bytes / info.block_tokens : 0,
+        cost_.model().name, cost_.model().KvBytesPerToken());
+  }
 }
 
 EvictionPolicy* BlockCache::PolicyFor(TenantState& t, uint64_t slot_bytes) {
@@ -112,13 +125,14 @@ std::vector<BlockRecord*> BlockCache::FindAll(uint32_t ns, std::span<const Block
 }
 
 void BlockCache::ObserveRequest(SessionHoldings& s, std::span<const BlockKey> keys) {
-  if (keys.empty() || opts_.policy != "adaptive") return;
-  s.observe.resize(keys.size());
-  for (size_t i = 0; i < keys.size(); ++i) s.observe[i] = PolicyKeyOf(s.ns.handle, keys[i]);
+  s.last_chain.resize(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) s.last_chain[i] = PolicyKeyOf(s.ns.handle, keys[i]);
+  s.observe_pending = !keys.empty() && opts_.policy == "adaptive";
 }
 
 void BlockCache::ObservePending(SessionHoldings& s) {
-  if (s.observe.empty()) return;
+  if (!s.observe_pending) return;
+  s.observe_pending = false;
   TenantState& t = *tenants_[s.ns.tenant];
   AdaptivePolicy* a;
   {
@@ -126,13 +140,13 @@ void BlockCache::ObservePending(SessionHoldings& s) {
     MutexLock l(&t.mu);
     a = static_cast<AdaptivePolicy*>(PolicyFor(t, t.host->SlotSizeFor(s.ns.block_bytes)));
   }
-  a->Observe(s.observe);  // on the shadows' own lock, not the tier's
-  s.observe.clear();
+  a->Observe(s.last_chain);  // on the shadows' own lock, not the tier's
 }
 
 absl::StatusOr<uint32_t> BlockCache::Lookup(SessionHoldings& s, std::span<const BlockKey> keys, bool lease,
-                                            uint64_t* lease_id, std::span<BlockLocation> out) {
+                                            uint64_t* lease_id, std::span<BlockLocation> out, uint32_t* recompute) {
   *lease_id = 0;
+  if (recompute != nullptr) *recompute = 0;
   if (lease && s.leases.size() >= opts_.max_leases_per_session) {
     return CodedStatus(KVTIER_EBUSY, absl::StrCat("this session holds ", s.leases.size(),
                                                   " leases (ipc.max_leases_per_session); release some"));
@@ -152,6 +166,7 @@ absl::StatusOr<uint32_t> BlockCache::Lookup(SessionHoldings& s, std::span<const 
     BlockIndex::Prefetch(sh, s.ns.handle, keys[i]);
   };
   for (size_t i = 0; i < std::min(kWindow, keys.size()); ++i) prefetch(i);
+  bool cut_for_cost = false;
   for (size_t i = 0; i < keys.size(); ++i) {
     BlockIndex::Shard& sh = *shard_of[i % kWindow];
     {
@@ -159,6 +174,11 @@ absl::StatusOr<uint32_t> BlockCache::Lookup(SessionHoldings& s, std::span<const 
       BlockRecord* r = BlockIndex::Find(sh, s.ns.handle, keys[i]);
       if (r == nullptr || !r->visible()) break;
       const bool in_host = r->state == BlockState::kReady;
+      if (!in_host && cost_.RecomputeBeatsNvme(i * s.ns.block_tokens, s.ns.block_tokens, s.ns.block_bytes,
+                                                  s.ns.tp_size)) {
+        cut_for_cost = true;
+        break;
+      }
       out[i] = in_host ? BlockLocation{TierKind::kHost, r->arena_offset, false}
                        : BlockLocation{TierKind::kNvme, 0, false};
       if (!in_host) ++hit_nvme;
@@ -173,6 +193,21 @@ absl::StatusOr<uint32_t> BlockCache::Lookup(SessionHoldings& s, std::span<const 
     if (i + kWindow < keys.size()) prefetch(i + kWindow);
   }
   for (size_t i = hit; i < keys.size(); ++i) out[i] = BlockLocation{};
+  if (cut_for_cost) {
+    // Present, but the engine is better off computing them: say so, so it
+    // neither waits for them nor counts them as misses.
+    uint32_t n = 0;
+    for (size_t i = hit; i < keys.size(); ++i) {
+      BlockIndex::Shard& sh = index_.ShardFor(s.ns.handle, keys[i]);
+      MutexLock l(&sh.mu);
+      BlockRecord* r = BlockIndex::Find(sh, s.ns.handle, keys[i]);
+      if (r == nullptr || !r->visible()) break;
+      out[i] = BlockLocation{r->state == BlockState::kReady ? TierKind::kHost : TierKind::kNvme, 0, false, true};
+      ++n;
+    }
+    if (lease) stats_->blocks_recompute.Add(n);
+    if (recompute != nullptr) *recompute = n;
+  }
 
   if (!lease) {
     stats_->probes.Add();
@@ -317,6 +352,14 @@ absl::StatusOr<uint32_t> BlockCache::StoreBegin(SessionHoldings& s, std::span<co
   TenantState& t = *tenants_[s.ns.tenant];
   std::vector<BlockRecord*> created;
   std::vector<size_t> created_at;
+  // Where these keys sit in the chain the session looked up last (engines
+  // store the part of a prompt that missed): depth prices recomputation.
+  std::optional<size_t> base_depth;
+  if (!keys.empty()) {
+    const uint64_t first = PolicyKeyOf(s.ns.handle, keys[0]);
+    auto at = std::find(s.last_chain.begin(), s.last_chain.end(), first);
+    if (at != s.last_chain.end()) base_depth = static_cast<size_t>(at - s.last_chain.begin());
+  }
   for (size_t i = 0; i < keys.size(); ++i) {
     out[i] = BlockLocation{};
     BlockIndex::Shard& sh = index_.ShardFor(s.ns.handle, keys[i]);
@@ -327,6 +370,8 @@ absl::StatusOr<uint32_t> BlockCache::StoreBegin(SessionHoldings& s, std::span<co
     r->ns = s.ns.handle;
     r->tenant = s.ns.tenant;
     r->state = BlockState::kWriting;
+    r->depth = base_depth ? static_cast<uint16_t>(std::min<size_t>(*base_depth + i, kUnknownDepth - 1))
+                          : kUnknownDepth;
     index_.Insert(sh, r);
     created.push_back(r);
     created_at.push_back(i);

@@ -29,6 +29,7 @@
 #include "daemon/block_index.h"
 #include "daemon/namespace_registry.h"
 #include "daemon/stats.h"
+#include "daemon/cost_tracker.h"
 #include "policies/eviction_policy.h"
 #include "tiers/host_tier.h"
 #include "tiers/nvme_tier.h"
@@ -39,7 +40,8 @@ namespace kvtier {
 struct BlockLocation {
   TierKind tier = TierKind::kNone;
   uint64_t arena_offset = 0;
-  bool needed = false;  // StoreBegin: the engine must fill this slot
+  bool needed = false;     // StoreBegin: the engine must fill this slot
+  bool recompute = false;  // Lookup: present, but slower to load than to recompute
 };
 
 // What one session holds. Touched only by that session's thread; the
@@ -51,8 +53,11 @@ struct SessionHoldings {
   absl::flat_hash_map<uint64_t, std::vector<BlockRecord*>> tickets;
   std::atomic<uint64_t> lease_count{0};
   std::atomic<uint64_t> pinned_blocks{0};
-  // The last leased lookup's chain, for the adaptive policy (ObservePending).
-  std::vector<uint64_t> observe;
+  // The last leased lookup's chain (PolicyKeyOf each key): for the adaptive
+  // policy (ObservePending), and to know the depth of the blocks a store
+  // after it brings.
+  std::vector<uint64_t> last_chain;
+  bool observe_pending = false;
 };
 
 // One host policy of a tenant (one per block size it holds).
@@ -92,6 +97,7 @@ class BlockCache {
     uint32_t max_leases_per_session = 65536;
     std::string policy = "lru";
     bool write_through = false;  // also write every committed block to NVMe at once
+    CostTracker::Options cost;
   };
   // InvalidArgument for an unknown policy name.
   static absl::StatusOr<std::unique_ptr<BlockCache>> Create(const Options& opts, DaemonStats* stats);
@@ -116,11 +122,14 @@ class BlockCache {
 
   // All below: thread-safe across sessions; one thread per SessionHoldings.
 
-  // Longest present prefix of keys (in any tier). With `lease`, pins that
-  // prefix and returns a lease id in *lease_id (0 when nothing hit). out gets
-  // one entry per key; entries past the prefix are TierKind::kNone.
+  // Longest present prefix of keys (in any tier) worth loading. With
+  // `lease`, pins that prefix and returns a lease id in *lease_id (0 when
+  // nothing hit). out gets one entry per key; entries past the prefix are
+  // TierKind::kNone, except the present blocks right after it that the cost
+  // model says to recompute (an NVMe read slower than their prefill): their
+  // tier, `recompute` set, and their number in *recompute (when given).
   absl::StatusOr<uint32_t> Lookup(SessionHoldings& s, std::span<const BlockKey> keys, bool lease,
-                                  uint64_t* lease_id, std::span<BlockLocation> out);
+                                  uint64_t* lease_id, std::span<BlockLocation> out, uint32_t* recompute = nullptr);
   // Host locations of keys the lease pins (every key must be in it),
   // promoting NVMe-only blocks first. Returns the outcome at once when every
   // block is already in host memory; otherwise nullopt, and `done` runs later
@@ -154,6 +163,8 @@ class BlockCache {
 
   std::vector<TenantUsage> Usage() const;
   uint64_t indexed_blocks() const { return index_.size(); }
+  CostTracker& cost() { return cost_; }
+  const CostTracker& cost() const { return cost_; }
   // Blocks with a ready NVMe copy.
   uint64_t nvme_blocks() const { return nvme_blocks_.load(std::memory_order_relaxed); }
 
@@ -209,6 +220,7 @@ class BlockCache {
 
   const Options opts_;
   DaemonStats* const stats_;
+  CostTracker cost_;
   BlockIndex index_;
   std::vector<std::unique_ptr<TenantState>> tenants_;
   absl::flat_hash_map<uint64_t, uint16_t> tenant_by_hash_;

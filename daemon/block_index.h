@@ -20,6 +20,7 @@
 namespace kvtier {
 
 inline constexpr SlotHandle kNoSlot = UINT32_MAX;
+inline constexpr uint16_t kUnknownDepth = UINT16_MAX;
 
 // The host copy of a block.
 enum class BlockState : uint8_t {
@@ -49,6 +50,9 @@ struct BlockRecord {
   NvmeState nvme_state = NvmeState::kNone;
   uint8_t io_refs = 0;   // tier I/O in flight on this block: not evictable, not freed
   bool removed = false;  // erased from the index; destroyed when unreferenced
+  // Blocks before this one in its chain, when known (a store that follows a
+  // lookup of the chain), saturating at kUnknownDepth - 1. Prices recomputation.
+  uint16_t depth = kUnknownDepth;
 
   // A block being demoted stays visible: a load waits for its write to land.
   bool visible() const { return state == BlockState::kReady || nvme_state != NvmeState::kNone; }

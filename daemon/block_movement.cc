@@ -6,6 +6,8 @@
 // An operation that has a tier I/O in flight on a block holds an io_ref on
 // its record: such a block is neither evicted nor destroyed until the I/O
 // completes, whatever happens to it meanwhile (invalidation, session end).
+#include <chrono>
+
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "daemon/block_cache.h"
@@ -91,7 +93,18 @@ BlockCache::EvictResult BlockCache::EvictHostCopyLocked(TenantState& t, BlockRec
     return EvictResult::kEvicted;
   }
   const BlockMeta meta = MetaOf(r);
-  if (nvme_ && meta.payload_bytes <= nvme_->max_block_bytes()) {
+  // Not worth writing what would never be worth reading: a block whose reload
+  // from NVMe is slower than its recomputation is dropped.
+  uint32_t tp_size = 1;
+  {
+    MutexLock l(&ns_mu_);
+    if (r->ns < ns_info_.size()) tp_size = ns_info_[r->ns].tp_size;
+  }
+  // Unknown depth (stored without a lookup of its chain): demote.
+  const bool by_cost = nvme_ && r->depth != kUnknownDepth &&
+                       cost_.RecomputeBeatsNvme(uint64_t{r->depth} * meta.block_tokens, meta.block_tokens,
+                                                meta.payload_bytes, tp_size);
+  if (nvme_ && !by_cost && meta.payload_bytes <= nvme_->max_block_bytes()) {
     absl::StatusOr<SlotHandle> nslot;
     {
       MutexLock nl(&nvme_mu_);
@@ -136,6 +149,7 @@ BlockCache::EvictResult BlockCache::EvictHostCopyLocked(TenantState& t, BlockRec
     destroy = r->pins == 0 && r->io_refs == 0;
   }
   stats_->evictions_dropped.Add();
+  if (by_cost) stats_->evictions_dropped_by_cost.Add();
   FreeHostSlotLocked(t, host_slot);
   if (destroy) DestroyDetached(r);
   return EvictResult::kEvicted;
@@ -378,9 +392,15 @@ void BlockCache::Promote(TenantState& t, BlockRecord* r, IoPriority prio, absl::
     std::move(done)(next == Next::kAlreadyReady);
     return;
   }
+  const auto read_start = std::chrono::steady_clock::now();
   nvme_->Read(nslot, meta, {t.host->arena_base() + offset, meta.payload_bytes}, prio,
-              [this, &t, r, hslot, done = std::move(done)](absl::Status s) mutable {
+              [this, &t, r, hslot, read_start, bytes = meta.payload_bytes,
+               done = std::move(done)](absl::Status s) mutable {
                 const bool ok = s.ok();
+                if (ok) {
+                  cost_.RecordNvmeRead(
+                      bytes, std::chrono::duration<double>(std::chrono::steady_clock::now() - read_start).count());
+                }
                 std::vector<absl::AnyInvocable<void(bool) &&>> waiters;
                 {
                   MutexLock l(&t.mu);

@@ -70,6 +70,19 @@ class TableReader {
       return absl::OkStatus();
     });
   }
+  // A number (integers accepted) in [lo, hi].
+  absl::Status Double(std::string_view key, double* out, double lo, double hi) {
+    return Get(key, [&](const toml::node& n) -> absl::Status {
+      auto v = n.value<double>();
+      if (!v || !(n.is_floating_point() || n.is_integer())) return TypeError(key, n, "a number");
+      if (!(*v >= lo && *v <= hi)) {
+        return absl::InvalidArgumentError(
+            Cat(Where(origin_, n.source()), ": ", Full(key), " = ", *v, " is outside ", lo, "..", hi));
+      }
+      *out = *v;
+      return absl::OkStatus();
+    });
+  }
   // A byte size: an integer, or a string such as "64MiB".
   absl::Status Bytes(std::string_view key, uint64_t* out) {
     return Get(key, [&](const toml::node& n) -> absl::Status {
@@ -275,6 +288,15 @@ absl::StatusOr<Config> ParseConfig(std::string_view toml_text, std::string_view 
     }
     RETURN_IF_ERROR(tiers.RejectUnknown());
   }
+  if (const toml::table* t = top.SubTable("cost_model")) {
+    TableReader r(*t, "cost_model", origin);
+    RETURN_IF_ERROR(r.String("model_config", &c.cost_model_config));
+    RETURN_IF_ERROR(r.Double("prefill_tflops", &c.cost_prefill_tflops, 0.001, 1e6));
+    RETURN_IF_ERROR(r.Double("nvme_read_gbps", &c.cost_nvme_read_gbps, 0.001, 1e4));
+    RETURN_IF_ERROR(r.Double("nvme_read_latency_us", &c.cost_nvme_read_latency_us, 0, 1e7));
+    RETURN_IF_ERROR(r.Bool("decide", &c.cost_decide));
+    RETURN_IF_ERROR(r.RejectUnknown());
+  }
   if (const toml::table* t = top.SubTable("sim")) {
     TableReader r(*t, "sim", origin);
     RETURN_IF_ERROR(r.Bytes("bandwidth", &c.sim_bandwidth));
@@ -416,6 +438,15 @@ std::string DefaultConfigToml() {
       "allow_buffered = false      # accept file systems without O_DIRECT (page-cache I/O)\n"
       "staging_bytes = \"64MiB\"    # aligned bounce memory for direct I/O\n"
       "write_through = false       # write committed blocks to NVMe at once, not only on eviction\n"
+      "\n[cost_model]\n"
+      "# What a block is worth: prefill time of its tokens at its position, for this\n"
+      "# model shape, at a throughput fitted to the engines' report_prefill calls.\n"
+      "model_config = \"\"           # a Hugging Face config.json; empty: the Llama-3.1-8B shape\n"
+      "prefill_tflops = 300        # prefill throughput until engines report their own\n"
+      "nvme_read_gbps = 3.0        # NVMe read speed until the daemon has measured its own\n"
+      "nvme_read_latency_us = 100\n"
+      "decide = true               # lookups report NVMe hits slower than recompute as\n"
+      "                            # \"recompute\"; evictions drop such blocks instead of demoting\n"
       "\n[sim]\n"
       "bandwidth = 0               # simulated device copy bandwidth, bytes/s (0: unlimited)\n"
       "\n# Tenants: peers are matched by uid, then by primary gid. Without any\n"

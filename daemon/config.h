@@ -56,6 +56,12 @@ struct Config {
   bool nvme_allow_buffered = false;
   uint64_t nvme_staging_bytes = 64ull << 20;
   bool nvme_write_through = false;
+  // [cost_model]
+  std::string cost_model_config;  // HF config.json; empty: ModelProfile::Default()
+  double cost_prefill_tflops = 300;
+  double cost_nvme_read_gbps = 3.0;
+  double cost_nvme_read_latency_us = 100;
+  bool cost_decide = true;
   // [sim]
   uint64_t sim_bandwidth = 0;  // bytes/s; 0 = unlimited
   // [[tenants]]; empty in a file means the default tenant.

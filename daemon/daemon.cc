@@ -71,8 +71,22 @@ absl::Status Daemon::Open() {
   device_reason_ = choice.reason;
   spdlog::info("event=device backend={} detail=\"{}\"", device_->name(), device_reason_);
 
-  ASSIGN_OR_RETURN(cache_, BlockCache::Create(
-                               {config_.max_leases_per_session, config_.host_policy, config_.nvme_write_through}, &stats_));
+  CostTracker::Options cost;
+  if (!config_.cost_model_config.empty()) {
+    absl::StatusOr<ModelProfile> m = ModelProfile::FromHfConfigFile(config_.cost_model_config);
+    if (!m.ok()) {
+      return absl::Status(m.status().code(), absl::StrCat("cost_model.model_config: ", m.status().message()));
+    }
+    cost.model = *std::move(m);
+  }
+  cost.prior_flops_per_s = config_.cost_prefill_tflops * 1e12;
+  cost.nvme_prior = TierSpeed{config_.cost_nvme_read_gbps * 1e9, config_.cost_nvme_read_latency_us * 1e-6};
+  cost.decide = config_.cost_decide;
+  spdlog::info("event=cost_model model=\"{}\" kv_bytes_per_token={} prefill_tflops_prior={} decide={}",
+               cost.model.name, cost.model.KvBytesPerToken(), config_.cost_prefill_tflops, cost.decide);
+  ASSIGN_OR_RETURN(cache_, BlockCache::Create({config_.max_leases_per_session, config_.host_policy,
+                                               config_.nvme_write_through, std::move(cost)},
+                                              &stats_));
   for (const TenantConfig& t : config_.tenants) {
     const uint64_t bytes = t.host_bytes ? t.host_bytes : config_.host_capacity;
     auto host = HostTier::Create({absl::StrCat("kvtier-host-", t.name), bytes, config_.host_prefault});

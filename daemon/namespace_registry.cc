@@ -7,12 +7,15 @@ absl::StatusOr<NamespaceInfo> NamespaceRegistry::Register(const NamespaceId& id,
   MutexLock l(&mu_);
   if (auto it = by_id_.find(id); it != by_id_.end()) {
     NamespaceInfo& known = infos_[it->second];
-    if (known.model_id.empty()) known.model_id = d.model_id;  // first attach after recovery
+    if (known.model_id.empty()) {  // first attach after recovery
+      known.model_id = d.model_id;
+      known.tp_size = std::max<uint32_t>(1, d.tp_size);
+    }
     return known;
   }
   if (infos_.size() >= UINT32_MAX) return absl::ResourceExhaustedError("too many namespaces");
   NamespaceInfo info{static_cast<uint32_t>(infos_.size()), id, tenant, d.block_tokens,
-                     d.block_bytes, d.model_id};
+                     d.block_bytes, d.model_id, std::max<uint32_t>(1, d.tp_size)};
   by_id_.emplace(id, info.handle);
   infos_.push_back(info);
   return info;

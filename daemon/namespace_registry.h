@@ -20,6 +20,7 @@ struct NamespaceInfo {
   uint32_t block_tokens = 0;
   uint64_t block_bytes = 0;
   std::string model_id;  // for kvtierctl; descriptors hold no secrets but the salt
+  uint32_t tp_size = 1;  // the engine's tensor-parallel ranks: a block holds 1/tp_size of the heads
 };
 
 class NamespaceRegistry {

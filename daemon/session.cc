@@ -217,7 +217,8 @@ void Session::WriteResults(const RequestRecord& req, const std::vector<BlockLoca
     ipc::BlockResult r{};
     r.arena_offset = locs[i].arena_offset;
     r.tier = static_cast<uint8_t>(locs[i].tier);
-    r.flags = locs[i].needed ? ipc::kBlockNeeded : 0;
+    r.flags = static_cast<uint8_t>((locs[i].needed ? ipc::kBlockNeeded : 0) |
+                                   (locs[i].recompute ? ipc::kBlockRecompute : 0));
     std::memcpy(out + i * sizeof(r), &r, sizeof(r));
   }
 }
@@ -271,12 +272,14 @@ Session::Outcome Session::Process(const RequestRecord& req) {
       return o;
     case Opcode::kLookup: {
       uint64_t lease = 0;
+      uint32_t recompute = 0;
       absl::StatusOr<uint32_t> hit =
-          cache_->Lookup(holdings_, keys, (req.flags & ipc::kFlagLease) != 0, &lease, std::span(locs));
+          cache_->Lookup(holdings_, keys, (req.flags & ipc::kFlagLease) != 0, &lease, std::span(locs), &recompute);
       if (!hit.ok()) return fail(hit.status());
       WriteResults(req, locs);
       o.count = *hit;
       o.handle = lease;
+      o.value = recompute;
       return o;
     }
     case Opcode::kLoad: {
@@ -337,6 +340,15 @@ Session::Outcome Session::Process(const RequestRecord& req) {
       absl::StatusOr<uint32_t> n = cache_->Invalidate(holdings_, keys);
       if (!n.ok()) return fail(n.status());
       o.value = *n;
+      return o;
+    }
+    case Opcode::kReportPrefill: {
+      absl::Status s = cache_->cost().ReportPrefill(req.args[0], req.args[1], double(req.handle) / 1e9);
+      if (!s.ok()) {
+        stats_->prefill_reports_refused.Add();
+        return fail(s);
+      }
+      stats_->prefill_reports.Add();
       return o;
     }
     case Opcode::kInvalidateNamespace: {

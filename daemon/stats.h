@@ -26,6 +26,11 @@ struct DaemonStats {
   // Movement between tiers. Host evictions end as kept (an NVMe copy already
   // existed), demoted (written to NVMe) or dropped.
   Counter evictions_kept_on_nvme, demotions, demotions_failed, evictions_dropped;
+  // Cost-model decisions: evictions dropped because an NVMe reload would be
+  // slower than recomputing the block (a subset of evictions_dropped); blocks
+  // a leased lookup found but reported as "recompute" for the same reason.
+  Counter evictions_dropped_by_cost, blocks_recompute;
+  Counter prefill_reports, prefill_reports_refused;
   Counter nvme_evictions, writes_through, bytes_written_nvme;
   Counter promotions, promotions_failed, promotions_for_load, prefetches;
   Counter recovered_dropped;

@@ -37,8 +37,9 @@ enum class Opcode : uint16_t {
   kInvalidate = 8,
   kInvalidateNamespace = 9,
   kPrefetch = 10,
+  kReportPrefill = 11,  // handle = prefill ns; args = {tokens reused, tokens computed}
 };
-inline constexpr uint16_t kMaxOpcode = 10;
+inline constexpr uint16_t kMaxOpcode = 11;
 
 // Request flags.
 inline constexpr uint16_t kFlagLease = 1;    // kLookup: pin the hit prefix
@@ -56,7 +57,7 @@ struct RequestRecord {
   uint64_t keys_offset;  // scratch-relative
   uint64_t out_offset;   // scratch-relative
   uint64_t out_bytes;
-  uint64_t reserved[2];
+  uint64_t args[2];  // op-specific (kReportPrefill); 0 otherwise
 };
 static_assert(sizeof(RequestRecord) == 64);
 static_assert(std::is_trivially_copyable_v<RequestRecord>);
@@ -67,13 +68,14 @@ struct CompletionRecord {
   int32_t status;   // 0 or a negative KVTIER_E* code
   uint32_t count;   // kLookup: hit prefix length; kStoreBegin: blocks to fill
   uint64_t handle;  // kLookup: lease id (0 if none); kStoreBegin: ticket
-  uint64_t value;   // op-specific
+  uint64_t value;   // op-specific (kLookup: blocks after the prefix to recompute)
 };
 static_assert(sizeof(CompletionRecord) == 32);
 static_assert(std::is_trivially_copyable_v<CompletionRecord>);
 
 // Per-key result of kLookup, kLoad and kStoreBegin (16 bytes).
-inline constexpr uint8_t kBlockNeeded = 1;  // kStoreBegin: the client must fill this slot
+inline constexpr uint8_t kBlockNeeded = 1;     // kStoreBegin: the client must fill this slot
+inline constexpr uint8_t kBlockRecompute = 2;  // kLookup: present, but slower to load than to recompute
 struct BlockResult {
   uint64_t arena_offset;  // offset of the block's bytes in the tenant's host arena
   uint8_t tier;           // kvtier_tier

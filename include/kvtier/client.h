@@ -60,7 +60,11 @@ struct LookupOptions {
 };
 
 struct LookupResult {
-  uint32_t hit_blocks = 0;       // longest present prefix, in blocks
+  uint32_t hit_blocks = 0;       // longest present prefix worth loading, in blocks
+  // Blocks right after that prefix that are present but slower to load (from
+  // NVMe) than to recompute at their position: compute them (and what
+  // follows). Their tiers entry says where they are.
+  uint32_t recompute_blocks = 0;
   uint64_t lease = 0;            // 0 without a lease or without a hit
   std::vector<TierKind> tiers;   // per key; kNone past the prefix
 };
@@ -146,6 +150,11 @@ class Client {
   Result<uint32_t> InvalidateNamespace();
   // An empty round trip (for health checks and latency measurement).
   Status Ping();
+  // Tells the daemon what a prefill cost: it reused `cached_tokens` (loaded
+  // or already on the GPU), computed `computed_tokens` after them, and took
+  // `elapsed`. The daemon fits its prefill throughput to these reports
+  // (kvtierctl status shows the fit) and prices recomputation with it.
+  Status ReportPrefill(uint64_t cached_tokens, uint64_t computed_tokens, std::chrono::nanoseconds elapsed);
 
   // Asynchronous forms: `out` must stay valid until the operation completes.
   Result<OpId> LookupAsync(std::span<const BlockKey> keys, LookupOptions options, LookupResult* out);

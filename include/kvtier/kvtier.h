@@ -87,8 +87,9 @@ typedef struct kvtier_client kvtier_client;
 #define KVTIER_LOOKUP_LEASE 1u /* pin the hit prefix; release with kvtier_release */
 
 typedef struct {
-  uint32_t hit_blocks; /* length of the longest present prefix, in blocks */
-  uint64_t lease;      /* 0 when no lease was taken or nothing hit */
+  uint32_t hit_blocks;       /* longest present prefix worth loading, in blocks */
+  uint32_t recompute_blocks; /* present after it, but slower to load than to recompute */
+  uint64_t lease;            /* 0 when no lease was taken or nothing hit */
 } kvtier_lookup_result;
 
 /* A block the engine reads in place (load) or fills in place (store). */
@@ -133,6 +134,9 @@ int kvtier_store(kvtier_client* c, const kvtier_key* keys, size_t n, const void*
 int kvtier_release(kvtier_client* c, uint64_t lease);
 int kvtier_invalidate(kvtier_client* c, const kvtier_key* keys, size_t n);
 int kvtier_invalidate_namespace(kvtier_client* c);
+/* Reports a prefill's cost: cached_tokens reused, computed_tokens computed
+ * after them, in elapsed_ns. The daemon calibrates its cost model on these. */
+int kvtier_report_prefill(kvtier_client* c, uint64_t cached_tokens, uint64_t computed_tokens, uint64_t elapsed_ns);
 
 /* Asynchronous forms: the output buffers must stay valid until the operation
  * completes (kvtier_poll returns 1 or kvtier_wait returns). */

@@ -297,6 +297,7 @@ TEST_F(ClientTest, CAbiRoundTrip) {
   uint8_t tiers[2];
   ASSERT_EQ(kvtier_lookup(c, keys, 2, KVTIER_LOOKUP_LEASE, &r, tiers), KVTIER_OK);
   EXPECT_EQ(r.hit_blocks, 2u);
+  EXPECT_EQ(r.recompute_blocks, 0u) << "host hits are always loaded";
   EXPECT_EQ(tiers[1], KVTIER_TIER_HOST);
   kvtier_block blocks[2];
   ASSERT_EQ(kvtier_load(c, r.lease, keys, 2, blocks), KVTIER_OK);
@@ -311,6 +312,15 @@ TEST_F(ClientTest, CAbiRoundTrip) {
   EXPECT_NE(std::string(kvtier_last_error(c)).find("unknown lease"), std::string::npos);
   EXPECT_STREQ(kvtier_strerror(KVTIER_ENOSPC), "no space");
   EXPECT_EQ(kvtier_block_bytes(c), 4096u);
+  // Prefill reports: a real one is taken, a zero-token one refused with a reason.
+  EXPECT_EQ(kvtier_report_prefill(c, 0, 1000, 2'000'000), KVTIER_OK);
+  EXPECT_EQ(kvtier_report_prefill(c, 0, 0, 2'000'000), KVTIER_EINVAL);
+  EXPECT_NE(std::string(kvtier_last_error(c)).find("0 tokens"), std::string::npos) << kvtier_last_error(c);
+  EXPECT_EQ(kvtier_report_prefill(c, 0, 10, 0), KVTIER_EINVAL);
+  EXPECT_EQ(kvtier_report_prefill(nullptr, 0, 10, 1), KVTIER_EINVAL);
+  auto st = daemon_->Status();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ((*st)["cost_model"]["prefill_reports"], 1);
   kvtier_detach(c);
   EXPECT_EQ(kvtier_attach(nullptr, nullptr, &c), KVTIER_EINVAL);
 }

@@ -10,6 +10,7 @@
 
 #include "gtest/gtest.h"
 #include "kvtier/client.h"
+#include "tests/support/client_helpers.h"
 #include "tests/support/test_support.h"
 
 namespace kvtier {
@@ -26,27 +27,13 @@ std::string Config(const std::string& nvme_dir, const std::string& extra = "") {
 }
 
 std::unique_ptr<Client> AttachTo(const DaemonProcess& d) {
-  AttachOptions o;
-  o.socket_path = d.socket_path();
-  o.ns = testing::TestNamespace(kBlock, "nvme/e2e");
-  auto c = Client::Attach(o);
-  EXPECT_TRUE(c.ok()) << c.status().ToString();
-  return c.ok() ? std::move(*c) : nullptr;
+  return testing::AttachTo(d.socket_path(), testing::TestNamespace(kBlock, "nvme/e2e"));
 }
 
-std::vector<BlockKey> Keys(Client& c, uint32_t seed, size_t n) {
-  std::vector<uint32_t> tokens(n * c.block_tokens());
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = seed * 100003 + static_cast<uint32_t>(i);
-  return c.ComputeKeys(tokens);
-}
+std::vector<BlockKey> Keys(Client& c, uint32_t seed, size_t n) { return testing::SeededKeys(c, seed, n); }
 
 Status StoreAll(Client& c, std::span<const BlockKey> keys, bool durable = false) {
-  auto t = c.StoreBegin(keys);
-  if (!t.ok()) return t.status();
-  for (size_t i = 0; i < keys.size(); ++i) {
-    if (t->slots[i].needed) testing::FillFromKey(keys[i], {t->slots[i].data, t->slots[i].size});
-  }
-  return c.StoreCommit(*t, {.durable = durable});
+  return testing::StoreFilled(c, keys, durable);
 }
 
 // Loads one block at a time; returns how many hit, loaded and matched.

@@ -47,6 +47,12 @@ TEST(ToolsTest, KvtierctlStatusInBothForms) {
   EXPECT_NE(human.out.find("host"), std::string::npos);
   EXPECT_NE(human.out.find("default"), std::string::npos);
   EXPECT_NE(human.out.find("missed"), std::string::npos);
+  // The cost model's fit (the prior until engines report) and the decisions.
+  EXPECT_NE(human.out.find("cost model default (Llama-3.1-8B shape): prefill 300.0 TFLOP/s (prior"),
+            std::string::npos)
+      << human.out;
+  EXPECT_NE(human.out.find("decisions: NVMe hits loaded 0, reported recompute 0"), std::string::npos);
+  EXPECT_NE(human.out.find("EVICTING BY"), std::string::npos);
   Output js = RunCommand(ctl + " --json status");
   ASSERT_EQ(js.exit_code, 0);
   nlohmann::json j = nlohmann::json::parse(js.out);
@@ -56,6 +62,8 @@ TEST(ToolsTest, KvtierctlStatusInBothForms) {
   EXPECT_EQ(j["tiers"][0]["tier"], "host");
   EXPECT_TRUE(j["stats"].contains("hit_rate"));
   EXPECT_TRUE(j["stats"].contains("reused_token_ratio"));
+  EXPECT_EQ(j["cost_model"]["prefill_reports"], 0);
+  EXPECT_EQ(j["tiers"][0]["policy"], "adaptive");
   d.Stop();
   EXPECT_EQ(RunCommand(ctl + " status 2>/dev/null").exit_code, 1) << "unreachable daemon: exit 1";
   EXPECT_EQ(RunCommand(Tool("kvtierctl") + " frobnicate 2>/dev/null").exit_code, 2) << "usage error";

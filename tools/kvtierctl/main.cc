@@ -55,6 +55,20 @@ void PrintStatus(const json& s) {
     }
     sessions.Print(std::cout);
   }
+  const json& cm = s["cost_model"];
+  std::cout << "\ncost model " << cm["model"].get<std::string>() << ": prefill "
+            << Fixed(cm["prefill_tflops"].get<double>(), 1) << " TFLOP/s";
+  if (cm["prefill_fitted"].get<bool>()) {
+    std::cout << " + " << Fixed(cm["prefill_overhead_s"].get<double>() * 1e3, 2) << " ms (fitted to "
+              << cm["prefill_reports"] << " reports, r^2 " << Fixed(cm["prefill_r_squared"].get<double>(), 3) << ")";
+  } else {
+    std::cout << " (prior: " << cm["prefill_reports"] << " report_prefill calls so far, 2 needed)";
+  }
+  std::cout << "; NVMe read " << Fixed(cm["nvme_read_gbps"].get<double>(), 2) << " GB/s + "
+            << Fixed(cm["nvme_read_latency_us"].get<double>(), 0) << " us ("
+            << (cm["nvme_measured"].get<bool>() ? "measured over " + cm["nvme_reads_measured"].dump() + " reads"
+                                                : std::string("prior"))
+            << ")" << (cm["decide"].get<bool>() ? "" : "; decisions off (always load, always demote)") << "\n";
   const json& st = s["stats"];
   std::cout << "\nlookups " << st["lookups"] << " (hit rate " << Fixed(st["hit_rate"].get<double>(), 3)
             << ", reused-token ratio " << Fixed(st["reused_token_ratio"].get<double>(), 3) << ", block hit rate "
@@ -65,6 +79,10 @@ void PrintStatus(const json& s) {
             << "stored " << st["blocks_stored"] << " blocks (" << Bytes(st["bytes_stored"]) << ")  loaded "
             << st["blocks_loaded"] << " blocks (" << Bytes(st["bytes_loaded"]) << ")  evictions " << st["evictions"]
             << "  refused (no space) " << st["store_refused_no_space"] << "\n"
+            << "decisions: NVMe hits loaded " << st["blocks_hit_nvme"] << ", reported recompute "
+            << st["blocks_recompute"] << "; evictions demoted " << s["tiers"][0]["demotions"] << ", dropped "
+            << s["tiers"][0]["evictions_dropped"] << " (by cost " << s["tiers"][0]["evictions_dropped_by_cost"]
+            << ")\n"
             << "sessions attached " << st["sessions_attached"] << "  detached " << st["sessions_detached"]
             << "  died " << st["sessions_closed_dead"] << "  refused " << st["attach_refused"] << "  protocol errors " << st["protocol_errors"] << "\n";
 }

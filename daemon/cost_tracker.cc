@@ -1,0 +1,107 @@
+#include "daemon/cost_tracker.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvtier {
+namespace {
+
+// Weight of the past per new NVMe read: about the last hundred reads count.
+constexpr double kReadDecay = 0.99;
+constexpr uint64_t kMaxReportTokens = 1ull << 24;
+
+}  // namespace
+
+CostTracker::CostTracker(Options opts) : opts_(std::move(opts)), cal_(opts_.prior_flops_per_s) {}
+
+absl::Status CostTracker::ReportPrefill(uint64_t cached_tokens, uint64_t computed_tokens, double seconds) {
+  if (computed_tokens == 0) return absl::InvalidArgumentError("report_prefill: 0 tokens computed");
+  if (computed_tokens > kMaxReportTokens || cached_tokens > kMaxReportTokens) {
+    return absl::InvalidArgumentError(absl::StrCat("report_prefill: more than ", kMaxReportTokens,
+                                                   " tokens in one prefill is not a real measurement"));
+  }
+  if (!(seconds > 0) || seconds > 3600) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("report_prefill: a duration of ", seconds, " s is not in (0, 3600]"));
+  }
+  const double flops = opts_.model.PrefillFlops(cached_tokens, computed_tokens);
+  MutexLock l(&mu_);
+  cal_.Add(flops, seconds);
+  ++reports_;
+  return absl::OkStatus();
+}
+
+void CostTracker::RecordNvmeRead(uint64_t bytes, double seconds) {
+  if (bytes == 0 || !(seconds > 0) || !std::isfinite(seconds)) return;
+  const double x = double(bytes), y = seconds;
+  MutexLock l(&mu_);
+  ++reads_;
+  w_ = w_ * kReadDecay + 1;
+  wx_ = wx_ * kReadDecay + x;
+  wy_ = wy_ * kReadDecay + y;
+  wxx_ = wxx_ * kReadDecay + x * x;
+  wxy_ = wxy_ * kReadDecay + x * y;
+}
+
+TierSpeed CostTracker::NvmeSpeedLocked() const {
+  if (reads_ < kMinReads) return opts_.nvme_prior;
+  const double mx = wx_ / w_, my = wy_ / w_;
+  const double var = wxx_ / w_ - mx * mx;
+  if (var > 1e-6 * mx * mx) {
+    // Reads of several sizes: seconds = latency + bytes / bandwidth.
+    const double slope = (wxy_ / w_ - mx * my) / var;
+    const double latency = my - slope * mx;
+    if (slope > 0 && latency >= 0) return TierSpeed{1.0 / slope, latency};
+  }
+  // One size (or a fit that makes no sense): keep the prior's latency, at
+  // most half of a read, and charge the rest to bandwidth.
+  const double latency = std::min(opts_.nvme_prior.latency_s, 0.5 * my);
+  return TierSpeed{mx / (my - latency), latency};
+}
+
+TierSpeed CostTracker::nvme_speed() const {
+  MutexLock l(&mu_);
+  return NvmeSpeedLocked();
+}
+
+double CostTracker::prefill_flops_per_s() const {
+  MutexLock l(&mu_);
+  return cal_.flops_per_second();
+}
+
+bool CostTracker::Prices(uint64_t block_bytes, uint64_t block_tokens, uint32_t tp_size) const {
+  if (block_tokens == 0 || tp_size == 0) return false;
+  const double full = double(block_bytes) / double(block_tokens) * double(tp_size);
+  const double kv = double(opts_.model.KvBytesPerToken());
+  for (double share : {1.0, 0.5, 0.25}) {
+    if (std::abs(full - kv * share) <= 0.01 * kv * share) return true;
+  }
+  return false;
+}
+
+bool CostTracker::RecomputeBeatsNvme(uint64_t position, uint64_t tokens, uint64_t bytes, uint32_t tp_size) const {
+  if (!opts_.decide || !Prices(bytes, tokens, tp_size)) return false;
+  MutexLock l(&mu_);
+  return DecideHit(opts_.model, cal_, position, tokens, bytes, NvmeSpeedLocked()) == HitDecision::kRecompute;
+}
+
+nlohmann::json CostTracker::ToJson() const {
+  MutexLock l(&mu_);
+  const TierSpeed nvme = NvmeSpeedLocked();
+  return nlohmann::json{{"model", opts_.model.name},
+                        {"kv_bytes_per_token", opts_.model.KvBytesPerToken()},
+                        {"decide", opts_.decide},
+                        {"prefill_reports", reports_},
+                        {"prefill_fitted", cal_.samples() >= 2 && cal_.r_squared() > 0},
+                        {"prefill_tflops", cal_.flops_per_second() / 1e12},
+                        {"prefill_overhead_s", cal_.overhead_s()},
+                        {"prefill_r_squared", cal_.r_squared()},
+                        {"nvme_reads_measured", reads_},
+                        {"nvme_measured", reads_ >= kMinReads},
+                        {"nvme_read_gbps", nvme.bytes_per_second / 1e9},
+                        {"nvme_read_latency_us", nvme.latency_s * 1e6}};
+}
+
+}  // namespace kvtier

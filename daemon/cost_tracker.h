@@ -1,0 +1,71 @@
+// What the daemon knows about costs, and the decisions it takes from them:
+// the model's shape (config), the prefill throughput fitted to the engines'
+// report_prefill calls, and the NVMe tier's read speed measured on the
+// daemon's own reads. A block on NVMe is worth loading only if reading it is
+// faster than recomputing it at its position; otherwise a lookup reports it
+// as "recompute" and an eviction drops it instead of writing it to NVMe.
+#ifndef KVTIER_DAEMON_COST_TRACKER_H_
+#define KVTIER_DAEMON_COST_TRACKER_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "core/mutex.h"
+#include "nlohmann/json.hpp"
+#include "policies/cost_model.h"
+
+namespace kvtier {
+
+class CostTracker {
+ public:
+  struct Options {
+    ModelProfile model = ModelProfile::Default();
+    double prior_flops_per_s = 300e12;
+    TierSpeed nvme_prior{3e9, 100e-6};  // until kMinReads reads are measured
+    bool decide = true;                  // false: always load, always demote
+  };
+  static constexpr uint64_t kMinReads = 8;
+
+  explicit CostTracker(Options opts);
+
+  // An engine's measurement: a prefill that reused `cached_tokens` and
+  // computed `computed_tokens` after them took `seconds`. InvalidArgument
+  // (nothing recorded) for 0 tokens, a duration that is not in (0, 1 h], or
+  // more than 16M tokens.
+  absl::Status ReportPrefill(uint64_t cached_tokens, uint64_t computed_tokens, double seconds);
+  // One NVMe read of `bytes` that took `seconds` from submission to completion.
+  void RecordNvmeRead(uint64_t bytes, double seconds);
+
+  TierSpeed nvme_speed() const;
+  double prefill_flops_per_s() const;
+  // The model profile describes blocks of this shape: bytes per token, times
+  // the tensor-parallel ranks, is the profile's KV bytes per token, or a
+  // half or a quarter of it (8- and 4-bit KV). Blocks of other shapes belong
+  // to another model: the daemon does not price them (it loads and demotes).
+  bool Prices(uint64_t block_bytes, uint64_t block_tokens, uint32_t tp_size) const;
+  // Reading a block of `bytes` holding tokens [position, position + tokens)
+  // from NVMe is slower than prefilling them. False when decide is off or
+  // the block's shape is not the profile's (Prices).
+  bool RecomputeBeatsNvme(uint64_t position, uint64_t tokens, uint64_t bytes, uint32_t tp_size) const;
+  bool decide() const { return opts_.decide; }
+  const ModelProfile& model() const { return opts_.model; }
+
+  // The fit and the measurements, for kvtierctl.
+  nlohmann::json ToJson() const;
+
+ private:
+  TierSpeed NvmeSpeedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const Options opts_;
+  mutable Mutex mu_;
+  PrefillCalibration cal_ ABSL_GUARDED_BY(mu_);
+  uint64_t reports_ ABSL_GUARDED_BY(mu_) = 0;
+  // Exponentially weighted sums over NVMe reads (x = bytes, y = seconds).
+  uint64_t reads_ ABSL_GUARDED_BY(mu_) = 0;
+  double w_ ABSL_GUARDED_BY(mu_) = 0, wx_ ABSL_GUARDED_BY(mu_) = 0, wy_ ABSL_GUARDED_BY(mu_) = 0;
+  double wxx_ ABSL_GUARDED_BY(mu_) = 0, wxy_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_DAEMON_COST_TRACKER_H_

@@ -1,0 +1,112 @@
+// The daemon's cost model: engine reports calibrate the prefill throughput,
+// its own NVMe reads measure the tier, and the two decide load or recompute.
+#include "daemon/cost_tracker.h"
+
+#include <random>
+
+#include "gtest/gtest.h"
+
+namespace kvtier {
+namespace {
+
+// Llama-3.1-8B shape: 128 KiB of KV per token.
+constexpr uint64_t kKvPerToken = 128 << 10;
+
+TEST(CostTrackerTest, RefusesReportsThatAreNotMeasurements) {
+  CostTracker c({});
+  EXPECT_TRUE(absl::IsInvalidArgument(c.ReportPrefill(0, 0, 0.1)));
+  EXPECT_TRUE(absl::IsInvalidArgument(c.ReportPrefill(0, 100, 0)));
+  EXPECT_TRUE(absl::IsInvalidArgument(c.ReportPrefill(0, 100, -1)));
+  EXPECT_TRUE(absl::IsInvalidArgument(c.ReportPrefill(0, 100, 7200)));
+  EXPECT_TRUE(absl::IsInvalidArgument(c.ReportPrefill(0, 1ull << 30, 1)));
+  EXPECT_TRUE(absl::IsInvalidArgument(c.ReportPrefill(1ull << 30, 10, 1)));
+  EXPECT_EQ(c.ToJson()["prefill_reports"], 0);
+  EXPECT_DOUBLE_EQ(c.prefill_flops_per_s(), 300e12) << "the prior stays";
+}
+
+TEST(CostTrackerTest, EngineReportsCalibrateThePrefillThroughput) {
+  CostTracker c({});
+  const ModelProfile m = ModelProfile::Default();
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<uint64_t> tokens(256, 8192), cached(0, 16384);
+  std::normal_distribution<double> noise(1.0, 0.02);
+  for (int i = 0; i < 200; ++i) {
+    const uint64_t p = cached(rng), n = tokens(rng);
+    // A GPU at 150 TFLOP/s with 5 ms of fixed cost per prefill.
+    const double seconds = (m.PrefillFlops(p, n) / 150e12 + 0.005) * noise(rng);
+    ASSERT_TRUE(c.ReportPrefill(p, n, seconds).ok());
+  }
+  const auto j = c.ToJson();
+  EXPECT_EQ(j["prefill_reports"], 200);
+  EXPECT_TRUE(j["prefill_fitted"].get<bool>());
+  EXPECT_NEAR(j["prefill_tflops"].get<double>(), 150, 7.5);
+  EXPECT_NEAR(j["prefill_overhead_s"].get<double>(), 0.005, 0.002);
+  EXPECT_GT(j["prefill_r_squared"].get<double>(), 0.95);
+}
+
+TEST(CostTrackerTest, NvmeSpeedIsThePriorUntilMeasuredThenFitted) {
+  CostTracker c({.nvme_prior = TierSpeed{3e9, 100e-6}});
+  for (int i = 0; i < 7; ++i) c.RecordNvmeRead(1 << 20, 0.01);
+  EXPECT_DOUBLE_EQ(c.nvme_speed().bytes_per_second, 3e9) << "7 reads are not enough to trust";
+  // Reads of two sizes at 2 GB/s + 50 us (enough of them for the early,
+  // slower reads to have decayed away).
+  for (int i = 0; i < 1000; ++i) {
+    const uint64_t bytes = (i % 2 ? 256u : 2048u) << 10;
+    c.RecordNvmeRead(bytes, 50e-6 + double(bytes) / 2e9);
+  }
+  EXPECT_NEAR(c.nvme_speed().bytes_per_second, 2e9, 0.05e9);
+  EXPECT_NEAR(c.nvme_speed().latency_s, 50e-6, 5e-6);
+  EXPECT_TRUE(c.ToJson()["nvme_measured"].get<bool>());
+}
+
+TEST(CostTrackerTest, ReadsOfOneSizeChargeTheTimeToBandwidth) {
+  CostTracker c({.nvme_prior = TierSpeed{3e9, 100e-6}});
+  for (int i = 0; i < 100; ++i) c.RecordNvmeRead(1 << 20, 1.1e-3);  // 1 MiB in 1.1 ms
+  const TierSpeed s = c.nvme_speed();
+  EXPECT_NEAR(s.LoadSeconds(1 << 20), 1.1e-3, 1e-5) << "the model reproduces what was measured";
+}
+
+TEST(CostTrackerTest, OnlyBlocksOfTheProfilesShapeArePriced) {
+  CostTracker c({});
+  EXPECT_TRUE(c.Prices(512 * kKvPerToken, 512, 1));
+  EXPECT_TRUE(c.Prices(512 * kKvPerToken / 2, 512, 1)) << "8-bit KV";
+  EXPECT_TRUE(c.Prices(512 * kKvPerToken / 4, 512, 4)) << "one of 4 tensor-parallel ranks";
+  EXPECT_FALSE(c.Prices(64 << 10, 16, 1)) << "4 KiB per token is another model";
+  EXPECT_FALSE(c.Prices(512 * kKvPerToken, 0, 1));
+}
+
+TEST(CostTrackerTest, ASlowTierLosesToRecomputeAndDepthMakesLoadingWorthIt) {
+  const uint64_t block = 512 * kKvPerToken;  // 64 MiB
+  // Recomputing 512 tokens at position 0 takes ~24 ms at 300 TFLOP/s.
+  CostTracker fast({.nvme_prior = TierSpeed{10e9, 100e-6}});
+  EXPECT_FALSE(fast.RecomputeBeatsNvme(0, 512, block, 1)) << "6.7 ms to read";
+  CostTracker slow({.nvme_prior = TierSpeed{0.5e9, 2e-3}});
+  EXPECT_TRUE(slow.RecomputeBeatsNvme(0, 512, block, 1)) << "136 ms to read";
+  // The attention term grows with position: deep enough, loading wins, and
+  // stays won.
+  uint64_t first_load = 0;
+  for (uint64_t pos = 0; pos <= 2'000'000; pos += 512) {
+    if (!slow.RecomputeBeatsNvme(pos, 512, block, 1)) {
+      first_load = pos;
+      break;
+    }
+  }
+  ASSERT_GT(first_load, 0u);
+  for (uint64_t pos = first_load; pos <= first_load + 100 * 512; pos += 512) {
+    EXPECT_FALSE(slow.RecomputeBeatsNvme(pos, 512, block, 1)) << pos;
+  }
+  CostTracker off({.nvme_prior = TierSpeed{0.5e9, 2e-3}, .decide = false});
+  EXPECT_FALSE(off.RecomputeBeatsNvme(0, 512, block, 1)) << "decisions off: always load";
+  EXPECT_FALSE(slow.RecomputeBeatsNvme(0, 16, 64 << 10, 1)) << "blocks of another model are not priced";
+}
+
+TEST(CostTrackerTest, MeasuredReadsReplaceTheOptimisticPrior) {
+  const uint64_t block = 512 * kKvPerToken;
+  CostTracker c({.nvme_prior = TierSpeed{10e9, 100e-6}});
+  EXPECT_FALSE(c.RecomputeBeatsNvme(0, 512, block, 1));
+  for (int i = 0; i < 50; ++i) c.RecordNvmeRead(block, 0.2);  // the device is far slower than believed
+  EXPECT_TRUE(c.RecomputeBeatsNvme(0, 512, block, 1));
+}
+
+}  // namespace
+}  // namespace kvtier
