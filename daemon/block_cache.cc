@@ -54,7 +54,7 @@ void BlockCache::RegisterNamespace(const NamespaceInfo& info) {
   }
 }
 
-EvictionPolicy* BlockCache::PolicyFor(TenantState& t, uint64_t slot_bytes) {
+ChainGuard* BlockCache::PolicyFor(TenantState& t, uint64_t slot_bytes) {
   auto it = t.policy_by_size.find(slot_bytes);
   if (it != t.policy_by_size.end()) return it->second.get();
   auto p = MakeEvictionPolicy(opts_.policy);  // the name was checked by Create
@@ -62,7 +62,8 @@ EvictionPolicy* BlockCache::PolicyFor(TenantState& t, uint64_t slot_bytes) {
     // The shadows hold as many blocks of this size as the arena does.
     a->SetCapacityBlocks(std::max<uint64_t>(1, t.host->arena_bytes() / slot_bytes));
   }
-  return t.policy_by_size.emplace(slot_bytes, std::move(p).value()).first->second.get();
+  auto guard = std::make_unique<ChainGuard>(std::move(p).value());
+  return t.policy_by_size.emplace(slot_bytes, std::move(guard)).first->second.get();
 }
 
 void BlockCache::FreeHostSlotLocked(TenantState& t, SlotHandle slot) {
@@ -83,7 +84,7 @@ absl::StatusOr<SlotHandle> BlockCache::AllocateSlotLocked(TenantState& t, uint64
       return slot;
     }
     if (!absl::IsResourceExhausted(slot.status())) return slot.status();
-    EvictionPolicy* policy = PolicyFor(t, t.host->SlotSizeFor(bytes));
+    ChainGuard* policy = PolicyFor(t, t.host->SlotSizeFor(bytes));
     std::optional<SlotHandle> victim = policy->PickVictim([&](SlotHandle h) ABSL_NO_THREAD_SAFETY_ANALYSIS {
       BlockRecord* v = t.slot_owner[h];
       BlockIndex::Shard& sh = index_.ShardFor(v);
@@ -138,7 +139,7 @@ void BlockCache::ObservePending(SessionHoldings& s) {
   {
     // Policies live as long as the cache: the pointer outlives the lock.
     MutexLock l(&t.mu);
-    a = static_cast<AdaptivePolicy*>(PolicyFor(t, t.host->SlotSizeFor(s.ns.block_bytes)));
+    a = static_cast<AdaptivePolicy*>(PolicyFor(t, t.host->SlotSizeFor(s.ns.block_bytes))->inner());
   }
   a->Observe(s.last_chain);  // on the shadows' own lock, not the tier's
 }
@@ -225,11 +226,14 @@ absl::StatusOr<uint32_t> BlockCache::Lookup(SessionHoldings& s, std::span<const 
   if (!host_touch.empty()) {
     // Pinned blocks keep their host slots, so these handles are stable.
     MutexLock l(&t.mu);
-    for (SlotHandle h : host_touch) PolicyFor(t, t.host->SlotBytes(h))->Touch(h);
+    // Leaves first, the root last: a parent is then always more recent than
+    // its children, and recency-ordered policies evict leaves first (a block
+    // whose parent is gone can never be hit).
+    for (auto h = host_touch.rbegin(); h != host_touch.rend(); ++h) PolicyFor(t, t.host->SlotBytes(*h))->Touch(*h);
   }
   if (!nvme_touch.empty()) {
     MutexLock l(&nvme_mu_);
-    for (SlotHandle h : nvme_touch) nvme_policy_->Touch(h);
+    for (auto h = nvme_touch.rbegin(); h != nvme_touch.rend(); ++h) nvme_policy_->Touch(*h);
   }
   *lease_id = s.next_id++;
   s.leases.emplace(*lease_id, std::move(pinned));
@@ -328,6 +332,7 @@ std::optional<LoadOutcome> BlockCache::Load(SessionHoldings& s, uint64_t lease_i
   TenantState& t = *tenants_[s.ns.tenant];
   for (size_t i : to_promote) {
     BlockRecord* r = recs[i];
+    const uint64_t parent = i > 0 ? PolicyKeyOf(s.ns.handle, keys[i - 1]) : 0;
     Promote(t, r, IoPriority::kLoad, [this, job, i, r, complete_one](bool ok) mutable {
       {
         MutexLock l(&job->mu);
@@ -339,7 +344,7 @@ std::optional<LoadOutcome> BlockCache::Load(SessionHoldings& s, uint64_t lease_i
         }
       }
       complete_one();
-    });
+    }, parent);
   }
   stats_->promotions_for_load.Add(to_promote.size());
   complete_one();  // the +1
@@ -408,6 +413,18 @@ absl::StatusOr<uint32_t> BlockCache::StoreBegin(SessionHoldings& s, std::span<co
   if (created.empty()) return 0u;
   *ticket = s.next_id++;
   const uint32_t needed = static_cast<uint32_t>(created.size());
+  // Each block's parent: the key before it, or for the first key the block
+  // before it in the chain the session looked up (0: a root, or unknown).
+  std::vector<uint64_t> parents(created.size(), 0);
+  for (size_t j = 0; j < created.size(); ++j) {
+    const size_t i = created_at[j];
+    if (i > 0) {
+      parents[j] = PolicyKeyOf(s.ns.handle, keys[i - 1]);
+    } else if (base_depth && *base_depth > 0) {
+      parents[j] = s.last_chain[*base_depth - 1];
+    }
+  }
+  s.ticket_parents.emplace(*ticket, std::move(parents));
   s.tickets.emplace(*ticket, std::move(created));
   return needed;
 }
@@ -421,16 +438,24 @@ void BlockCache::StoreCommit(SessionHoldings& s, uint64_t ticket, bool durable, 
   }
   std::vector<BlockRecord*> blocks = std::move(it->second);
   s.tickets.erase(it);
+  std::vector<uint64_t> parents;
+  if (auto p = s.ticket_parents.find(ticket); p != s.ticket_parents.end()) {
+    parents = std::move(p->second);
+    s.ticket_parents.erase(p);
+  }
+  parents.resize(blocks.size(), 0);
   TenantState& t = *tenants_[s.ns.tenant];
   {
     MutexLock l(&t.mu);
-    for (BlockRecord* r : blocks) {
+    // Chain order is root first; insert leaves first (see Lookup).
+    for (size_t j = blocks.size(); j-- > 0;) {
+      BlockRecord* r = blocks[j];
       {
         BlockIndex::Shard& sh = index_.ShardFor(r);
         MutexLock sl(&sh.mu);
         r->state = BlockState::kReady;
       }
-      PolicyFor(t, t.host->SlotBytes(r->host_slot))->InsertWithKey(r->host_slot, PolicyKeyOf(*r));
+      PolicyFor(t, t.host->SlotBytes(r->host_slot))->InsertInChain(r->host_slot, PolicyKeyOf(*r), parents[j]);
     }
   }
   stats_->blocks_stored.Add(blocks.size());
@@ -498,6 +523,7 @@ absl::Status BlockCache::StoreAbort(SessionHoldings& s, uint64_t ticket) {
   }
   stats_->store_aborts.Add();
   s.tickets.erase(it);
+  s.ticket_parents.erase(ticket);
   return absl::OkStatus();
 }
 
@@ -601,7 +627,7 @@ std::vector<TenantUsage> BlockCache::Usage() const {
       pu.slot_bytes = slot_bytes;
       pu.blocks = policy->size();
       pu.leader = std::string(policy->name());
-      if (const auto* a = dynamic_cast<const AdaptivePolicy*>(policy.get())) {
+      if (const auto* a = dynamic_cast<const AdaptivePolicy*>(policy->inner())) {
         pu.leader = std::string(a->leader());
         pu.switches = a->switches();
         for (const AdaptivePolicy::ExpertScore& e : a->scores()) pu.scores.emplace_back(e.name, e.score);

@@ -30,6 +30,7 @@
 #include "daemon/namespace_registry.h"
 #include "daemon/stats.h"
 #include "daemon/cost_tracker.h"
+#include "policies/chain_guard.h"
 #include "policies/eviction_policy.h"
 #include "tiers/host_tier.h"
 #include "tiers/nvme_tier.h"
@@ -51,6 +52,8 @@ struct SessionHoldings {
   uint64_t next_id = 1;
   absl::flat_hash_map<uint64_t, std::vector<BlockRecord*>> leases;
   absl::flat_hash_map<uint64_t, std::vector<BlockRecord*>> tickets;
+  // Per ticket, the parent identity (PolicyKeyOf) of each of its blocks; 0 unknown.
+  absl::flat_hash_map<uint64_t, std::vector<uint64_t>> ticket_parents;
   std::atomic<uint64_t> lease_count{0};
   std::atomic<uint64_t> pinned_blocks{0};
   // The last leased lookup's chain (PolicyKeyOf each key): for the adaptive
@@ -175,7 +178,8 @@ class BlockCache {
     std::unique_ptr<HostTier> host;
     // The tenant's tier lock: allocation, eviction and policy updates.
     Mutex mu;
-    absl::flat_hash_map<uint64_t, std::unique_ptr<EvictionPolicy>> policy_by_size ABSL_GUARDED_BY(mu);
+    // The configured policy per slot size, behind a ChainGuard (leaves before parents).
+    absl::flat_hash_map<uint64_t, std::unique_ptr<ChainGuard>> policy_by_size ABSL_GUARDED_BY(mu);
     std::vector<BlockRecord*> slot_owner ABSL_GUARDED_BY(mu);
     // Promotions in flight and who else waits for them.
     absl::flat_hash_map<BlockRecord*, std::vector<absl::AnyInvocable<void(bool) &&>>> loading ABSL_GUARDED_BY(mu);
@@ -188,7 +192,7 @@ class BlockCache {
   // --- host tier (block_cache.cc)
   absl::StatusOr<SlotHandle> AllocateSlotLocked(TenantState& t, uint64_t bytes, BlockRecord* owner)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
-  EvictionPolicy* PolicyFor(TenantState& t, uint64_t slot_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
+  ChainGuard* PolicyFor(TenantState& t, uint64_t slot_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
   void FreeHostSlotLocked(TenantState& t, SlotHandle slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
   void Unpin(SessionHoldings& s, const std::vector<BlockRecord*>& blocks);
   // Queues a leased lookup's chain for the adaptive policy's shadows.
@@ -212,7 +216,9 @@ class BlockCache {
   void OnNvmeWritten(BlockRecord* r, absl::Status s);
   void RecordNvmeWriteLocked(BlockRecord* r, const absl::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(nvme_mu_);
   // Brings r's NVMe copy into a host slot; `done(ok)` when it is there or failed.
-  void Promote(TenantState& t, BlockRecord* r, IoPriority prio, absl::AnyInvocable<void(bool) &&> done);
+  // parent_key: PolicyKeyOf the block before r in its chain (0: none or unknown).
+  void Promote(TenantState& t, BlockRecord* r, IoPriority prio, absl::AnyInvocable<void(bool) &&> done,
+               uint64_t parent_key = 0);
   void DropNvmeCopy(BlockRecord* r);
   // Drops the I/O reference an operation held; destroys the record if it was
   // the last thing keeping a removed record alive.

@@ -307,7 +307,8 @@ void BlockCache::DropNvmeCopy(BlockRecord* r) {
   nvme_blocks_.fetch_sub(1, std::memory_order_relaxed);
 }
 
-void BlockCache::Promote(TenantState& t, BlockRecord* r, IoPriority prio, absl::AnyInvocable<void(bool) &&> done) {
+void BlockCache::Promote(TenantState& t, BlockRecord* r, IoPriority prio, absl::AnyInvocable<void(bool) &&> done,
+                         uint64_t parent_key) {
   const BlockMeta meta = MetaOf(r);
   // Decided under the tenant lock, acted on after it: callbacks never run
   // under a tier lock.
@@ -352,12 +353,12 @@ void BlockCache::Promote(TenantState& t, BlockRecord* r, IoPriority prio, absl::
       if (still_writing) {
         nvme_->CommitSoon();  // a demotion's record waits for the next batch otherwise
         write_waiters_[r].push_back(
-            [this, &t, r, prio, done = std::move(done)](bool written) mutable {
+            [this, &t, r, prio, parent_key, done = std::move(done)](bool written) mutable {
               if (!written) {
                 std::move(done)(false);
                 return;
               }
-              Promote(t, r, prio, std::move(done));
+              Promote(t, r, prio, std::move(done), parent_key);
             });
         return;
       }
@@ -383,7 +384,7 @@ void BlockCache::Promote(TenantState& t, BlockRecord* r, IoPriority prio, absl::
   }
   if (next == Next::kRetry) {
     // The write landed (or failed) between the two looks: decide again.
-    Promote(t, r, prio, std::move(done));
+    Promote(t, r, prio, std::move(done), parent_key);
     return;
   }
   if (next != Next::kRead) {
@@ -394,7 +395,7 @@ void BlockCache::Promote(TenantState& t, BlockRecord* r, IoPriority prio, absl::
   }
   const auto read_start = std::chrono::steady_clock::now();
   nvme_->Read(nslot, meta, {t.host->arena_base() + offset, meta.payload_bytes}, prio,
-              [this, &t, r, hslot, read_start, bytes = meta.payload_bytes,
+              [this, &t, r, hslot, read_start, bytes = meta.payload_bytes, parent_key,
                done = std::move(done)](absl::Status s) mutable {
                 const bool ok = s.ok();
                 if (ok) {
@@ -411,7 +412,7 @@ void BlockCache::Promote(TenantState& t, BlockRecord* r, IoPriority prio, absl::
                     if (!ok) r->host_slot = kNoSlot;
                   }
                   if (ok) {
-                    PolicyFor(t, t.host->SlotBytes(hslot))->InsertWithKey(hslot, PolicyKeyOf(*r));
+                    PolicyFor(t, t.host->SlotBytes(hslot))->InsertInChain(hslot, PolicyKeyOf(*r), parent_key);
                   } else {
                     FreeHostSlotLocked(t, hslot);
                   }
@@ -441,7 +442,9 @@ void BlockCache::Prefetch(SessionHoldings& s, std::span<const BlockKey> keys, Co
   }
   TenantState& t = *tenants_[s.ns.tenant];
   std::vector<BlockRecord*> todo;
-  for (const BlockKey& key : keys) {
+  std::vector<uint64_t> parents;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const BlockKey& key = keys[i];
     BlockIndex::Shard& sh = index_.ShardFor(s.ns.handle, key);
     MutexLock sl(&sh.mu);
     BlockRecord* r = BlockIndex::Find(sh, s.ns.handle, key);
@@ -449,6 +452,7 @@ void BlockCache::Prefetch(SessionHoldings& s, std::span<const BlockKey> keys, Co
     if (r->state == BlockState::kNone && r->nvme_state == NvmeState::kReady) {
       ++r->io_refs;  // holds the NVMe copy until the promotion has started
       todo.push_back(r);
+      parents.push_back(i > 0 ? PolicyKeyOf(s.ns.handle, keys[i - 1]) : 0);
     }
   }
   stats_->prefetches.Add();
@@ -464,12 +468,16 @@ void BlockCache::Prefetch(SessionHoldings& s, std::span<const BlockKey> keys, Co
   auto job = std::make_shared<Job>();
   job->remaining = todo.size();
   job->done = std::move(done);
-  for (BlockRecord* r : todo) {
-    Promote(t, r, IoPriority::kPrefetch, [this, &t, r, job](bool ok) {
-      ReleaseIoRef(t, r);
-      if (ok) job->promoted.fetch_add(1);
-      if (job->remaining.fetch_sub(1) == 1) std::move(job->done)(job->promoted.load());
-    });
+  for (size_t j = 0; j < todo.size(); ++j) {
+    BlockRecord* r = todo[j];
+    Promote(
+        t, r, IoPriority::kPrefetch,
+        [this, &t, r, job](bool ok) {
+          ReleaseIoRef(t, r);
+          if (ok) job->promoted.fetch_add(1);
+          if (job->remaining.fetch_sub(1) == 1) std::move(job->done)(job->promoted.load());
+        },
+        parents[j]);
   }
 }
 

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "policies/chain_guard.h"
 
 namespace kvtier {
 
@@ -18,7 +19,8 @@ absl::StatusOr<std::unique_ptr<AdaptivePolicy>> AdaptivePolicy::Create(const Opt
     }
     Expert e;
     ASSIGN_OR_RETURN(e.pol, MakeEvictionPolicy(name));
-    ASSIGN_OR_RETURN(e.shadow.pol, MakeEvictionPolicy(name));
+    ASSIGN_OR_RETURN(std::unique_ptr<EvictionPolicy> shadow, MakeEvictionPolicy(name));
+    e.shadow.pol = std::make_unique<ChainGuard>(std::move(shadow));
     p->experts_.push_back(std::move(e));
   }
   return p;
@@ -76,7 +78,7 @@ double AdaptivePolicy::Serve(Shadow& s, std::span<const uint64_t> chain, absl::F
     it->second = h;
     s.key_of[h] = chain[j];
     s.last_request[h] = requests_;
-    s.pol->InsertWithKey(h, chain[j]);
+    s.pol->InsertInChain(h, chain[j], j > 0 ? chain[j - 1] : 0);
   }
   // The request's own chain stays (it is leased while the engine uses it).
   while (s.handle_of.size() > capacity_) {

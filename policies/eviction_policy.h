@@ -38,6 +38,11 @@ class EvictionPolicy {
   // The handle to evict first among those for which evictable(handle) holds
   // (e.g. "not pinned"), or nullopt. Does not remove it.
   virtual std::optional<uint32_t> PickVictim(absl::FunctionRef<bool(uint32_t)> evictable) = 0;
+  // How a tier that keeps chains leaf-first (ChainGuard) should ask: true
+  // when choosing a victim changes the policy's state (an admission duel),
+  // so the tier must only offer blocks it may really evict; false when the
+  // tier may take a leaf under the block the policy chose instead.
+  virtual bool WantsOnlyEvictableOffers() const { return false; }
   virtual bool Contains(uint32_t handle) const = 0;
   virtual size_t size() const = 0;
   virtual absl::string_view name() const = 0;

@@ -83,6 +83,8 @@ class TinyLfuPolicy final : public EvictionPolicy {
     return v == kNil ? std::nullopt : std::optional<uint32_t>(v);
   }
 
+  // The duel moves the window's candidate into main when it wins.
+  bool WantsOnlyEvictableOffers() const override { return true; }
   bool Contains(uint32_t h) const override { return h < node_.size() && node_[h].list != kNone; }
   size_t size() const override { return size_[kWindow] + size_[kMain]; }
   absl::string_view name() const override { return "tinylfu"; }
@@ -118,9 +120,18 @@ class TinyLfuPolicy final : public EvictionPolicy {
     n.list = kNone;
     --size_[l];
   }
-  uint32_t Coldest(uint8_t l, absl::FunctionRef<bool(uint32_t)> evictable) const {
-    for (uint32_t h = tail_[l]; h != kNil; h = node_[h].prev) {
+  // The least recently used evictable block of list l. Blocks the caller
+  // cannot evict (pinned, or parents of resident blocks) are in use: they
+  // move to the front as if just used, so the next search does not walk
+  // over them again (without this, replaying the Mooncake trace with room
+  // for 10M tokens took 25 s instead of 0.2 s).
+  uint32_t Coldest(uint8_t l, absl::FunctionRef<bool(uint32_t)> evictable) {
+    const size_t n = size_[l];
+    for (size_t seen = 0; seen < n && tail_[l] != kNil; ++seen) {
+      const uint32_t h = tail_[l];
       if (evictable(h)) return h;
+      Unlink(h);
+      PushFront(l, h);
     }
     return kNil;
   }

@@ -13,8 +13,10 @@ using testing::KeyOf;
 class BlockCacheTest : public ::testing::Test {
  protected:
   // A tenant whose host tier holds `blocks` blocks of 4 KiB.
-  void SetUpCache(uint64_t blocks, int tenants = 1) {
-    cache_ = std::move(BlockCache::Create({}, &stats_)).value();
+  void SetUpCache(uint64_t blocks, int tenants = 1, std::string policy = "lru") {
+    BlockCache::Options o;
+    o.policy = std::move(policy);
+    cache_ = std::move(BlockCache::Create(o, &stats_)).value();
     for (int t = 0; t < tenants; ++t) {
       auto host = HostTier::Create({"t", blocks * 4096, false});
       ASSERT_TRUE(host.ok());
@@ -124,6 +126,45 @@ TEST_F(BlockCacheTest, FullTierEvictsLeastRecentlyUsedUnpinnedBlocks) {
   EXPECT_EQ(Hit(*s, {KeyOf(2)}), 1u);
   EXPECT_EQ(Hit(*s, {KeyOf(100)}), 1u);
   EXPECT_EQ(stats_.evictions.Get(), 1u);
+}
+
+// A block whose parent is gone can never be hit: whatever the policy, what
+// is left of a chain after evictions is a prefix of it. (The cache touches
+// and inserts a chain's blocks leaves first.)
+TEST_F(BlockCacheTest, EvictionsLeaveEveryChainAPrefix) {
+  for (const char* policy : {"lru", "s3fifo", "tinylfu", "adaptive"}) {
+    SCOPED_TRACE(policy);
+    SetUpCache(12, 1, policy);
+    auto s = Session();
+    // As engines do: look the chain up (leased), store what missed, release.
+    auto serve = [&](const std::vector<BlockKey>& chain) {
+      uint64_t lease = 0;
+      const uint32_t hit = Hit(*s, chain, true, &lease);
+      if (hit < chain.size()) {
+        ASSERT_TRUE(Store(*s, std::vector<BlockKey>(chain.begin() + hit, chain.end())).ok());
+      }
+      if (lease != 0) {
+        ASSERT_TRUE(cache_->Release(*s, lease).ok());
+      }
+    };
+    std::vector<std::vector<BlockKey>> chains;
+    for (uint64_t c = 0; c < 12; ++c) chains.push_back(Keys(100 * c, 3 + c % 5));
+    for (int round = 0; round < 30; ++round) {
+      serve(chains[(round * 7) % chains.size()]);
+      for (const auto& chain : chains) {
+        bool gone = false;
+        for (size_t i = 0; i < chain.size(); ++i) {
+          const bool present = Hit(*s, {chain[i]}) == 1;
+          ASSERT_FALSE(gone && present) << "round " << round << ": block " << i << " of chain " << chain[0].bytes[0]
+                                        << " outlived its parent";
+          gone = gone || !present;
+        }
+      }
+    }
+    EXPECT_GT(stats_.evictions.Get(), 0u);
+    s.reset();
+    cache_.reset();
+  }
 }
 
 TEST_F(BlockCacheTest, PinnedBlocksAreNeverEvictedAndAllPinnedIsAClearError) {

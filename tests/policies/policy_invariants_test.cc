@@ -5,6 +5,8 @@
 #include <set>
 
 #include "gtest/gtest.h"
+#include "policies/adaptive_policy.h"
+#include "policies/chain_guard.h"
 #include "policies/eviction_policy.h"
 
 namespace kvtier {
@@ -56,6 +58,58 @@ TEST_P(PolicyInvariantsTest, VictimsAreTrackedNeverPinnedAndMembershipMatchesAMo
       ASSERT_EQ(p->Contains(x), tracked.contains(x));
     }
   }
+}
+
+// Behind a ChainGuard, with chains served as a tier serves them (touch or
+// insert leaves first, evict down to capacity, the request's own blocks
+// pinned): a victim never has a resident child, is tracked and not pinned,
+// and the tier never holds more than its capacity.
+TEST_P(PolicyInvariantsTest, BehindAChainGuardLeavesGoBeforeTheirParents) {
+  constexpr size_t kCapacity = 60;
+  ChainGuard g(std::move(MakeEvictionPolicy(GetParam())).value());
+  auto* adaptive = dynamic_cast<AdaptivePolicy*>(g.inner());
+  if (adaptive != nullptr) adaptive->SetCapacityBlocks(kCapacity);
+  // A forest: block b's parent is parent_of[b] (0: a root). Keys are b + 1.
+  std::mt19937 rng(11);
+  std::vector<uint32_t> parent_of(2000, 0);
+  for (uint32_t b = 2; b < parent_of.size(); ++b) parent_of[b] = rng() % 3 == 0 ? 0 : 1 + rng() % (b - 1);
+  std::set<uint32_t> resident;
+  uint64_t evictions = 0;
+  for (int req = 0; req < 20000; ++req) {
+    // A chain: the first 20 blocks of the path from a root to a random block.
+    std::vector<uint32_t> chain;
+    for (uint32_t b = 1 + rng() % (parent_of.size() - 1); b != 0; b = parent_of[b]) chain.insert(chain.begin(), b);
+    if (chain.size() > 20) chain.resize(20);
+    if (adaptive != nullptr) {
+      std::vector<uint64_t> keys;
+      for (uint32_t b : chain) keys.push_back(b + 1);
+      adaptive->Observe(keys);
+    }
+    for (size_t j = chain.size(); j-- > 0;) {
+      const uint32_t b = chain[j];
+      if (resident.insert(b).second) {
+        g.InsertInChain(b, b + 1, j > 0 ? uint64_t{chain[j - 1]} + 1 : 0);
+      } else {
+        g.Touch(b);
+      }
+    }
+    const std::set<uint32_t> pinned(chain.begin(), chain.end());
+    while (resident.size() > kCapacity) {
+      std::optional<uint32_t> v = g.PickVictim([&](uint32_t h) { return !pinned.contains(h); });
+      ASSERT_TRUE(v.has_value()) << "request " << req;
+      ASSERT_TRUE(resident.contains(*v));
+      ASSERT_FALSE(pinned.contains(*v));
+      for (uint32_t c : resident) {
+        ASSERT_NE(parent_of[c], *v) << "block " << *v << " evicted before its child " << c;
+      }
+      ASSERT_EQ(g.children(*v + 1), 0u);
+      g.Remove(*v);
+      resident.erase(*v);
+      ++evictions;
+    }
+    ASSERT_EQ(g.size(), resident.size());
+  }
+  EXPECT_GT(evictions, 1000u);
 }
 
 // 100 slots. A hot set of 50 blocks used three times, then 1000 blocks used

@@ -11,6 +11,7 @@
 #include "core/status.h"
 #include "policies/adaptive_policy.h"
 #include "policies/belady_policy.h"
+#include "policies/chain_guard.h"
 #include "policies/eviction_policy.h"
 
 namespace kvtier::tools {
@@ -23,6 +24,8 @@ struct Prepared {
   // (BeladyPolicy::kNever: none).
   std::vector<std::vector<uint64_t>> next_use;
   uint32_t distinct = 0;
+  // Per block, its parent's id (UINT32_MAX: the first block of a prompt).
+  std::vector<uint32_t> parent;
 };
 
 struct KeyHash {
@@ -43,7 +46,10 @@ Prepared Prepare(const Workload& w, bool with_next_use) {
   for (size_t r = 0; r < w.requests.size(); ++r) {
     for (const BlockKey& k : w.requests[r].keys) {
       auto [it, fresh] = ids.try_emplace(k, p.distinct);
-      if (fresh) ++p.distinct;
+      if (fresh) {
+        ++p.distinct;
+        p.parent.push_back(p.ids[r].empty() ? UINT32_MAX : p.ids[r].back());
+      }
       p.ids[r].push_back(it->second);
     }
   }
@@ -107,19 +113,27 @@ struct SimTier {
   EvictionPolicy* pol = nullptr;
   BeladyPolicy* bel = nullptr;
   AdaptivePolicy* adaptive = nullptr;
+  ChainGuard* guard = nullptr;  // every online policy: leaves before parents
+  const std::vector<uint32_t>* parent = nullptr;
   std::vector<uint8_t> resident;
   uint64_t count = 0;
   uint64_t capacity = 0;
 
-  absl::Status Init(const std::string& policy, uint32_t distinct, uint64_t cap) {
+  absl::Status Init(const std::string& policy, uint32_t distinct, uint64_t cap, const std::vector<uint32_t>& parents) {
+    parent = &parents;
     if (policy == "belady") {
+      // No guard: a parent is used whenever its child is, so it is never
+      // needed later than the child, and ties go to the deeper block.
       auto b = std::make_unique<BeladyPolicy>();
       bel = b.get();
       owned = std::move(b);
     } else {
-      ASSIGN_OR_RETURN(owned, MakeEvictionPolicy(policy));
-      adaptive = dynamic_cast<AdaptivePolicy*>(owned.get());
+      ASSIGN_OR_RETURN(std::unique_ptr<EvictionPolicy> inner, MakeEvictionPolicy(policy));
+      adaptive = dynamic_cast<AdaptivePolicy*>(inner.get());
       if (adaptive != nullptr) adaptive->SetCapacityBlocks(cap);
+      auto g = std::make_unique<ChainGuard>(std::move(inner));
+      guard = g.get();
+      owned = std::move(g);
     }
     pol = owned.get();
     resident.assign(distinct, 0);
@@ -132,7 +146,12 @@ struct SimTier {
       pol->Touch(id);
       return;
     }
-    pol->InsertWithKey(id, uint64_t{id} + 1);
+    if (guard != nullptr) {
+      const uint32_t par = (*parent)[id];
+      guard->InsertInChain(id, uint64_t{id} + 1, par == UINT32_MAX ? 0 : uint64_t{par} + 1);
+    } else {
+      pol->InsertWithKey(id, uint64_t{id} + 1);
+    }
     resident[id] = 1;
     ++count;
   }
@@ -156,8 +175,8 @@ absl::StatusOr<SimRow> SimulatePolicy(const Workload& w, const std::string& poli
   const Prepared p = Prepare(w, belady);
   SimTier host, nvme;
   if (cached) {
-    RETURN_IF_ERROR(host.Init(policy, p.distinct, opts.capacity_blocks));
-    if (with_nvme) RETURN_IF_ERROR(nvme.Init(belady ? "belady" : "lru", p.distinct, opts.nvme_blocks));
+    RETURN_IF_ERROR(host.Init(policy, p.distinct, opts.capacity_blocks, p.parent));
+    if (with_nvme) RETURN_IF_ERROR(nvme.Init(belady ? "belady" : "lru", p.distinct, opts.nvme_blocks, p.parent));
   } else {
     host.resident.assign(p.distinct, 0);
   }
