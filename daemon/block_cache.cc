@@ -13,7 +13,8 @@
 
 namespace kvtier {
 
-BlockCache::BlockCache(const Options& opts, DaemonStats* stats) : opts_(opts), stats_(stats), cost_(opts.cost) {}
+BlockCache::BlockCache(const Options& opts, DaemonStats* stats)
+    : opts_(opts), adaptive_(opts.policy == "adaptive"), stats_(stats), cost_(opts.cost) {}
 
 absl::StatusOr<std::unique_ptr<BlockCache>> BlockCache::Create(const Options& opts, DaemonStats* stats) {
   RETURN_IF_ERROR(MakeEvictionPolicy(opts.policy).status());
@@ -128,7 +129,7 @@ std::vector<BlockRecord*> BlockCache::FindAll(uint32_t ns, std::span<const Block
 void BlockCache::ObserveRequest(SessionHoldings& s, std::span<const BlockKey> keys) {
   s.last_chain.resize(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) s.last_chain[i] = PolicyKeyOf(s.ns.handle, keys[i]);
-  s.observe_pending = !keys.empty() && opts_.policy == "adaptive";
+  s.observe_pending = !keys.empty() && adaptive_;
 }
 
 void BlockCache::ObservePending(SessionHoldings& s) {

@@ -225,6 +225,7 @@ class BlockCache {
   void ReleaseIoRef(TenantState& t, BlockRecord* r);
 
   const Options opts_;
+  const bool adaptive_;  // opts_.policy is "adaptive": leased lookups feed its shadows
   DaemonStats* const stats_;
   CostTracker cost_;
   BlockIndex index_;
