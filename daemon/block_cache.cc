@@ -142,7 +142,7 @@ void BlockCache::ObservePending(SessionHoldings& s) {
     MutexLock l(&t.mu);
     a = static_cast<AdaptivePolicy*>(PolicyFor(t, t.host->SlotSizeFor(s.ns.block_bytes))->inner());
   }
-  a->Observe(s.last_chain);  // on the shadows' own lock, not the tier's
+  a->Observe(s.last_chain, s.ns.block_tokens);  // on the shadows' own lock, not the tier's
 }
 
 absl::StatusOr<uint32_t> BlockCache::Lookup(SessionHoldings& s, std::span<const BlockKey> keys, bool lease,
@@ -456,7 +456,8 @@ void BlockCache::StoreCommit(SessionHoldings& s, uint64_t ticket, bool durable, 
         MutexLock sl(&sh.mu);
         r->state = BlockState::kReady;
       }
-      PolicyFor(t, t.host->SlotBytes(r->host_slot))->InsertInChain(r->host_slot, PolicyKeyOf(*r), parents[j]);
+      PolicyFor(t, t.host->SlotBytes(r->host_slot))
+          ->InsertInChain(r->host_slot, PolicyKeyOf(*r), parents[j], PositionOf(*r, s.ns.block_tokens));
     }
   }
   stats_->blocks_stored.Add(blocks.size());

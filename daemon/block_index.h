@@ -57,6 +57,12 @@ struct BlockRecord {
   // A block being demoted stays visible: a load waits for its write to land.
   bool visible() const { return state == BlockState::kReady || nvme_state != NvmeState::kNone; }
 };
+
+// Tokens before the block in its chain, for the eviction policy
+// (EvictionPolicy::InsertAt): 0 when its depth is unknown.
+inline uint64_t PositionOf(const BlockRecord& r, uint32_t block_tokens) {
+  return r.depth == kUnknownDepth ? 0 : uint64_t{r.depth} * block_tokens;
+}
 static_assert(sizeof(BlockRecord) <= 64);
 
 // A block's identity for eviction policies that remember evicted blocks

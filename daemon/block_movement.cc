@@ -395,7 +395,7 @@ void BlockCache::Promote(TenantState& t, BlockRecord* r, IoPriority prio, absl::
   }
   const auto read_start = std::chrono::steady_clock::now();
   nvme_->Read(nslot, meta, {t.host->arena_base() + offset, meta.payload_bytes}, prio,
-              [this, &t, r, hslot, read_start, bytes = meta.payload_bytes, parent_key,
+              [this, &t, r, hslot, read_start, bytes = meta.payload_bytes, parent_key, block_tokens = meta.block_tokens,
                done = std::move(done)](absl::Status s) mutable {
                 const bool ok = s.ok();
                 if (ok) {
@@ -412,7 +412,8 @@ void BlockCache::Promote(TenantState& t, BlockRecord* r, IoPriority prio, absl::
                     if (!ok) r->host_slot = kNoSlot;
                   }
                   if (ok) {
-                    PolicyFor(t, t.host->SlotBytes(hslot))->InsertInChain(hslot, PolicyKeyOf(*r), parent_key);
+                    PolicyFor(t, t.host->SlotBytes(hslot))
+                        ->InsertInChain(hslot, PolicyKeyOf(*r), parent_key, PositionOf(*r, block_tokens));
                   } else {
                     FreeHostSlotLocked(t, hslot);
                   }

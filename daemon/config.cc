@@ -425,7 +425,7 @@ std::string DefaultConfigToml() {
       "capacity = \"1GiB\"          # per-tenant shared host arena\n"
       "prefault = false            # fault the arena in at start\n"
       "policy = \"adaptive\"        # eviction policy: adaptive (follows the best of the\n"
-      "                            # others on recent traffic), lru, s3fifo, tinylfu\n"
+      "                            # others on recent traffic), lru, s3fifo, s3fifo-deep, tinylfu\n"
       "\n[tiers.nvme]\n"
       "# NVMe directories, one slab file each (one per device). Default: <data_dir>/nvme\n"
       "dirs = []\n"

@@ -1,5 +1,7 @@
 #include "policies/adaptive_policy.h"
 
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "policies/chain_guard.h"
@@ -10,6 +12,9 @@ absl::StatusOr<std::unique_ptr<AdaptivePolicy>> AdaptivePolicy::Create(const Opt
   if (opts.experts.empty()) return absl::InvalidArgumentError("the adaptive policy needs at least one expert");
   if (!(opts.decay > 0 && opts.decay <= 1)) {
     return absl::InvalidArgumentError(absl::StrCat("adaptive policy decay ", opts.decay, " is not in (0, 1]"));
+  }
+  if (!(opts.switch_z >= 0 && opts.switch_z < 100)) {
+    return absl::InvalidArgumentError(absl::StrCat("adaptive policy switch_z ", opts.switch_z, " is not in [0, 100)"));
   }
   std::unique_ptr<AdaptivePolicy> p(new AdaptivePolicy(opts));
   for (const std::string& name : opts.experts) {
@@ -31,6 +36,9 @@ void AdaptivePolicy::Insert(uint32_t h) {
 }
 void AdaptivePolicy::InsertWithKey(uint32_t h, uint64_t key_hash) {
   for (Expert& e : experts_) e.pol->InsertWithKey(h, key_hash);
+}
+void AdaptivePolicy::InsertAt(uint32_t h, uint64_t key_hash, uint64_t position) {
+  for (Expert& e : experts_) e.pol->InsertAt(h, key_hash, position);
 }
 void AdaptivePolicy::Touch(uint32_t h) {
   for (Expert& e : experts_) e.pol->Touch(h);
@@ -54,7 +62,8 @@ std::vector<AdaptivePolicy::ExpertScore> AdaptivePolicy::scores() const {
   return out;
 }
 
-double AdaptivePolicy::Serve(Shadow& s, std::span<const uint64_t> chain, absl::FunctionRef<double(size_t)> value) {
+double AdaptivePolicy::Serve(Shadow& s, std::span<const uint64_t> chain, uint64_t block_tokens,
+                             absl::FunctionRef<double(size_t)> value) {
   double got = 0;
   for (size_t i = 0; i < chain.size() && s.handle_of.contains(chain[i]); ++i) got += value(i);
   // Leaves first, root last, as the tier sees a request: recency policies
@@ -78,7 +87,7 @@ double AdaptivePolicy::Serve(Shadow& s, std::span<const uint64_t> chain, absl::F
     it->second = h;
     s.key_of[h] = chain[j];
     s.last_request[h] = requests_;
-    s.pol->InsertInChain(h, chain[j], j > 0 ? chain[j - 1] : 0);
+    s.pol->InsertInChain(h, chain[j], j > 0 ? chain[j - 1] : 0, j * block_tokens);
   }
   // The request's own chain stays (it is leased while the engine uses it).
   while (s.handle_of.size() > capacity_) {
@@ -91,18 +100,34 @@ double AdaptivePolicy::Serve(Shadow& s, std::span<const uint64_t> chain, absl::F
   return got;
 }
 
-void AdaptivePolicy::Observe(std::span<const uint64_t> chain, absl::FunctionRef<double(size_t)> value) {
+void AdaptivePolicy::Observe(std::span<const uint64_t> chain, uint32_t block_tokens,
+                             absl::FunctionRef<double(size_t)> value) {
   MutexLock l(&shadow_mu_);
   if (capacity_ == 0 || experts_.size() < 2) return;
   ++requests_;
   const size_t leader = leader_.load(std::memory_order_relaxed);
   size_t best = leader;
-  for (size_t i = 0; i < experts_.size(); ++i) {
+  const size_t n = experts_.size();
+  got_.resize(n);
+  spread_.resize(n * n, 0.0);
+  for (size_t i = 0; i < n; ++i) {
     Expert& e = experts_[i];
-    e.score = e.score * decay_ + Serve(e.shadow, chain, value);
+    got_[i] = Serve(e.shadow, chain, block_tokens, value);
+    e.score = e.score * decay_ + got_[i];
     if (e.score > experts_[best].score) best = i;
   }
-  if (best != leader) {
+  for (size_t i = 0; i < n; ++i) {
+    for (size_t j = i + 1; j < n; ++j) {
+      const double d = got_[i] - got_[j];
+      double& q = spread_[i * n + j];
+      q = q * decay_ + d * d;
+    }
+  }
+  // A new leader must lead by more than switch_z standard deviations of the
+  // per-request difference between the two (a sum of decayed differences
+  // has about that spread when neither is better).
+  const double q = spread_[std::min(best, leader) * n + std::max(best, leader)];
+  if (best != leader && experts_[best].score - experts_[leader].score > switch_z_ * std::sqrt(q)) {
     leader_.store(best, std::memory_order_relaxed);
     switches_.fetch_add(1, std::memory_order_relaxed);
   }

@@ -4,7 +4,7 @@
 
 namespace kvtier {
 
-void ChainGuard::InsertInChain(uint32_t h, uint64_t key, uint64_t parent) {
+void ChainGuard::InsertInChain(uint32_t h, uint64_t key, uint64_t parent, uint64_t position) {
   if (inner_->Contains(h)) {
     inner_->Touch(h);
     return;
@@ -17,7 +17,7 @@ void ChainGuard::InsertInChain(uint32_t h, uint64_t key, uint64_t parent) {
     l.index = static_cast<uint32_t>(kids.size());
     kids.push_back(h);
   }
-  inner_->InsertWithKey(h, key);
+  inner_->InsertAt(h, key, position);
 }
 
 void ChainGuard::Remove(uint32_t h) {

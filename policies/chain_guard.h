@@ -39,10 +39,14 @@ class ChainGuard final : public EvictionPolicy {
 
   // As InsertWithKey, naming the parent's identity (0: a root, or not known;
   // such a block constrains nothing).
-  void InsertInChain(uint32_t handle, uint64_t key_hash, uint64_t parent_key_hash);
+  // position_tokens: as EvictionPolicy::InsertAt.
+  void InsertInChain(uint32_t handle, uint64_t key_hash, uint64_t parent_key_hash, uint64_t position_tokens = 0);
 
   void Insert(uint32_t handle) override { InsertInChain(handle, 0, 0); }
   void InsertWithKey(uint32_t handle, uint64_t key_hash) override { InsertInChain(handle, key_hash, 0); }
+  void InsertAt(uint32_t handle, uint64_t key_hash, uint64_t position_tokens) override {
+    InsertInChain(handle, key_hash, 0, position_tokens);
+  }
   void Touch(uint32_t handle) override { inner_->Touch(handle); }
   void Remove(uint32_t handle) override;
   // The inner policy's choice, or a leaf under it; never a block with a

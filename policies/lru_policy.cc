@@ -127,13 +127,14 @@ std::unique_ptr<EvictionPolicy> MakeSparseLruPolicy() { return std::make_unique<
 absl::StatusOr<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(absl::string_view name) {
   if (name == "lru") return MakeLruPolicy();
   if (name == "s3fifo") return MakeS3FifoPolicy();
+  if (name == "s3fifo-deep") return MakeS3FifoPolicy(kDeepS3FifoOptions);
   if (name == "tinylfu") return MakeTinyLfuPolicy();
   if (name == "adaptive") {
     ASSIGN_OR_RETURN(std::unique_ptr<AdaptivePolicy> p, AdaptivePolicy::Create({}));
     return std::unique_ptr<EvictionPolicy>(std::move(p));
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown eviction policy \"", name, "\"; available: adaptive, lru, s3fifo, tinylfu"));
+      absl::StrCat("unknown eviction policy \"", name, "\"; available: adaptive, lru, s3fifo, s3fifo-deep, tinylfu"));
 }
 
 }  // namespace kvtier

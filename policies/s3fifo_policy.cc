@@ -4,8 +4,11 @@
 // block enters the small queue unless its key is a ghost (it was evicted
 // young and came back), in which case it goes straight to main.
 //
-// Victim choice: from the small queue while it holds at least 10% of the
-// tracked blocks; its oldest block moves to main if it was used since
+// Variant (S3FifoOptions): blocks deep in their chain enter main directly,
+// and the small queue's share can be set ("s3fifo-deep" in the config).
+//
+// Victim choice: from the small queue while it holds at least its share
+// (10%) of the tracked blocks; its oldest block moves to main if it was used since
 // insertion, else it is the victim (and its key becomes a ghost when it is
 // removed). From main: the oldest block with frequency 0; others lose one
 // and go round again. Blocks the caller cannot evict (pinned) go round too,
@@ -24,9 +27,12 @@ namespace {
 
 class S3FifoPolicy final : public EvictionPolicy {
  public:
-  void Insert(uint32_t h) override { InsertWithKey(h, 0); }
+  explicit S3FifoPolicy(const S3FifoOptions& opts) : opts_(opts) {}
 
-  void InsertWithKey(uint32_t h, uint64_t key_hash) override {
+  void Insert(uint32_t h) override { InsertAt(h, 0, 0); }
+  void InsertWithKey(uint32_t h, uint64_t key_hash) override { InsertAt(h, key_hash, 0); }
+
+  void InsertAt(uint32_t h, uint64_t key_hash, uint64_t position) override {
     Grow(h);
     if (state_[h].queue != kNone) {
       Touch(h);
@@ -39,9 +45,11 @@ class S3FifoPolicy final : public EvictionPolicy {
         ghosts_.erase(g);  // its FIFO entry is skipped when it reaches the end
       }
     }
-    state_[h] = State{ghost ? kMain : kSmall, 0, ++stamp_, key_hash};
-    (ghost ? main_ : small_).push_back(Entry{h, state_[h].stamp});
-    ++(ghost ? main_size_ : small_size_);
+    const bool deep = opts_.main_from_position != 0 && position >= opts_.main_from_position;
+    const bool to_main = ghost || deep;
+    state_[h] = State{to_main ? kMain : kSmall, 0, ++stamp_, key_hash};
+    (to_main ? main_ : small_).push_back(Entry{h, state_[h].stamp});
+    ++(to_main ? main_size_ : small_size_);
   }
 
   void Touch(uint32_t h) override {
@@ -69,7 +77,8 @@ class S3FifoPolicy final : public EvictionPolicy {
     // then taken); when everything is pinned the budget runs out: nullopt.
     size_t budget = 6 * total + 16;
     while (budget-- > 0) {
-      const bool from_small = small_size_ > 0 && (small_size_ * 10 >= total || main_size_ == 0);
+      const bool from_small =
+          small_size_ > 0 && (double(small_size_) >= opts_.small_share * double(total) || main_size_ == 0);
       std::deque<Entry>& q = from_small ? small_ : main_;
       if (!DropStale(q)) {
         if (from_small) continue;  // cannot happen: small_size_ > 0 means a live entry
@@ -113,10 +122,11 @@ class S3FifoPolicy final : public EvictionPolicy {
 
   bool Contains(uint32_t h) const override { return h < state_.size() && state_[h].queue != kNone; }
   size_t size() const override { return small_size_ + main_size_; }
-  absl::string_view name() const override { return "s3fifo"; }
+  absl::string_view name() const override { return opts_.name; }
 
  private:
   static constexpr uint8_t kNone = 0, kSmall = 1, kMain = 2;
+  const S3FifoOptions opts_;
   struct State {
     uint8_t queue = kNone;
     uint8_t freq = 0;
@@ -170,6 +180,8 @@ class S3FifoPolicy final : public EvictionPolicy {
 
 }  // namespace
 
-std::unique_ptr<EvictionPolicy> MakeS3FifoPolicy() { return std::make_unique<S3FifoPolicy>(); }
+std::unique_ptr<EvictionPolicy> MakeS3FifoPolicy(const S3FifoOptions& opts) {
+  return std::make_unique<S3FifoPolicy>(opts);
+}
 
 }  // namespace kvtier

@@ -132,7 +132,7 @@ TEST_F(BlockCacheTest, FullTierEvictsLeastRecentlyUsedUnpinnedBlocks) {
 // is left of a chain after evictions is a prefix of it. (The cache touches
 // and inserts a chain's blocks leaves first.)
 TEST_F(BlockCacheTest, EvictionsLeaveEveryChainAPrefix) {
-  for (const char* policy : {"lru", "s3fifo", "tinylfu", "adaptive"}) {
+  for (const char* policy : {"lru", "s3fifo", "s3fifo-deep", "tinylfu", "adaptive"}) {
     SCOPED_TRACE(policy);
     SetUpCache(12, 1, policy);
     auto s = Session();
@@ -162,6 +162,39 @@ TEST_F(BlockCacheTest, EvictionsLeaveEveryChainAPrefix) {
       }
     }
     EXPECT_GT(stats_.evictions.Get(), 0u);
+    s.reset();
+    cache_.reset();
+  }
+}
+
+// The cache tells the policy where a block sits in its chain (from the
+// session's last lookup): with s3fifo-deep a block 12,288 tokens deep skips
+// probation and outlives a stream of one-off shallow blocks; plain S3-FIFO
+// lets it go first. Without positions both would behave alike.
+TEST_F(BlockCacheTest, ThePolicyLearnsHowDeepAStoredBlockIs) {
+  for (const char* policy : {"s3fifo", "s3fifo-deep"}) {
+    SCOPED_TRACE(policy);
+    SetUpCache(50, 1, policy);
+    auto s = Session();
+    s->ns.block_tokens = 4096;  // depth 3 = 12,288 tokens in
+    auto lookup = [&](const std::vector<BlockKey>& chain) {
+      uint64_t lease = 0;
+      const uint32_t hit = Hit(*s, chain, true, &lease);
+      if (lease != 0) {
+        EXPECT_TRUE(cache_->Release(*s, lease).ok());
+      }
+      return hit;
+    };
+    const auto chain = Keys(1000, 4);
+    ASSERT_EQ(lookup(chain), 0u);
+    ASSERT_TRUE(Store(*s, {chain[3]}).ok());  // the engine stores its last block only
+    for (uint64_t i = 0; i < 100; ++i) {
+      const std::vector<BlockKey> one = {KeyOf(i)};
+      ASSERT_EQ(lookup(one), 0u);
+      ASSERT_TRUE(Store(*s, one).ok());
+    }
+    EXPECT_GE(stats_.evictions.Get(), 50u);
+    EXPECT_EQ(Hit(*s, {chain[3]}), std::string(policy) == "s3fifo-deep" ? 1u : 0u);
     s.reset();
     cache_.reset();
   }

@@ -4,6 +4,7 @@
 // workload changes.
 #include "policies/adaptive_policy.h"
 
+#include <cmath>
 #include <set>
 #include <string>
 #include <vector>
@@ -127,7 +128,12 @@ TEST(AdaptivePolicyTest, WhenRecencyWinsItFollowsLru) {
 }
 
 TEST(AdaptivePolicyTest, ItChangesItsMindWhenTheWorkloadChanges) {
-  TierSim t(std::move(AdaptivePolicy::Create({.capacity_blocks = 200, .decay = 0.99})).value(), 200);
+  // W-TinyLFU as an expert: after the first phase only its long frequency
+  // memory keeps the hot chain (S3-FIFO's ghosts are shorter than its gap).
+  TierSim t(std::move(AdaptivePolicy::Create(
+                          {.capacity_blocks = 200, .decay = 0.99, .experts = {"lru", "s3fifo", "tinylfu"}}))
+                .value(),
+            200);
   for (const Chain& c : ReuseOnceWithinReach(1, 3000, 200)) t.Serve(c);
   EXPECT_EQ(t.adaptive->leader(), "lru");
   for (const Chain& c : HotAndScans(1'000'000, 4000)) t.Serve(c);
@@ -141,8 +147,34 @@ TEST(AdaptivePolicyTest, ItChangesItsMindWhenTheWorkloadChanges) {
 TEST(AdaptivePolicyTest, WithoutACapacityTheShadowsIdleAndTheFirstExpertLeads) {
   auto p = std::move(AdaptivePolicy::Create({})).value();
   for (const Chain& c : HotAndScans(1, 200)) p->Observe(c);
-  EXPECT_EQ(p->leader(), "lru");
+  EXPECT_EQ(p->leader(), "s3fifo-deep");
   for (const auto& s : p->scores()) EXPECT_EQ(s.score, 0) << s.name;
+}
+
+// A challenger must lead by more than switch_z standard deviations of the
+// per-request difference: one lucky request (lead d, spread d) is not enough
+// at z = 1, two in a row (lead 2d, spread d*sqrt(2)) are.
+TEST(AdaptivePolicyTest, OneLuckyRequestDoesNotChangeTheLeader) {
+  const auto w = HotAndScans(1, 400);
+  auto make = [](double z) {
+    return std::move(AdaptivePolicy::Create({.capacity_blocks = 200, .switch_z = z, .experts = {"lru", "s3fifo"}}))
+        .value();
+  };
+  auto eager = make(0);
+  auto sure = make(1);
+  size_t first_switch = w.size();
+  for (size_t i = 0; i < w.size(); ++i) {
+    eager->Observe(w[i]);
+    sure->Observe(w[i]);
+    if (eager->switches() > 0 && first_switch == w.size()) {
+      first_switch = i;
+      EXPECT_EQ(sure->leader(), "lru") << "switched on the first request that told the experts apart";
+    }
+  }
+  ASSERT_LT(first_switch, w.size()) << "the workload must tell the experts apart";
+  EXPECT_EQ(eager->leader(), "s3fifo");
+  EXPECT_EQ(sure->leader(), "s3fifo") << "a lead that keeps growing is evidence";
+  EXPECT_EQ(sure->switches(), 1u);
 }
 
 TEST(AdaptivePolicyTest, RefusesBadExpertLists) {
@@ -152,6 +184,8 @@ TEST(AdaptivePolicyTest, RefusesBadExpertLists) {
   EXPECT_FALSE(AdaptivePolicy::Create({.experts = {"lru", "adaptive"}}).ok());
   EXPECT_FALSE(AdaptivePolicy::Create({.decay = 0}).ok());
   EXPECT_FALSE(AdaptivePolicy::Create({.decay = 1.5}).ok());
+  EXPECT_FALSE(AdaptivePolicy::Create({.switch_z = -1}).ok());
+  EXPECT_FALSE(AdaptivePolicy::Create({.switch_z = std::nan("")}).ok());
   EXPECT_TRUE(AdaptivePolicy::Create({.experts = {"s3fifo", "lru"}}).ok());
 }
 

@@ -1,3 +1,6 @@
+#include <string>
+#include <vector>
+
 #include "gtest/gtest.h"
 #include "policies/eviction_policy.h"
 
@@ -37,13 +40,43 @@ TEST(S3FifoPolicyTest, ABlockEvictedYoungThatComesBackGoesStraightToMain) {
   EXPECT_TRUE(p->Contains(50));
 }
 
+TEST(S3FifoPolicyTest, TheDeepVariantSendsDeepBlocksStraightToMain) {
+  for (const char* name : {"s3fifo", "s3fifo-deep"}) {
+    SCOPED_TRACE(name);
+    auto p = std::move(MakeEvictionPolicy(name)).value();
+    EXPECT_EQ(p->name(), name);
+    // Block 0 is 12,288 tokens into its chain, 1..49 are roots; nothing is
+    // used again. Plain S3-FIFO evicts in insertion order (0 first); the
+    // deep variant puts 0 in main and drains the probation queue first.
+    p->InsertAt(0, 1, kDeepS3FifoOptions.main_from_position);
+    for (uint32_t h = 1; h < 50; ++h) p->InsertAt(h, h + 1, 0);
+    std::vector<uint32_t> order;
+    while (p->size() > 0) {
+      const uint32_t v = *p->PickVictim(Any());
+      order.push_back(v);
+      p->Remove(v);
+    }
+    ASSERT_EQ(order.size(), 50u);
+    if (std::string(name) == "s3fifo") {
+      EXPECT_EQ(order.front(), 0u);
+    } else {
+      EXPECT_EQ(order.back(), 0u);
+    }
+  }
+  // Just short of the threshold is a probation block like any other.
+  auto p = std::move(MakeEvictionPolicy("s3fifo-deep")).value();
+  p->InsertAt(0, 1, kDeepS3FifoOptions.main_from_position - 1);
+  for (uint32_t h = 1; h < 50; ++h) p->InsertAt(h, h + 1, 0);
+  EXPECT_EQ(*p->PickVictim(Any()), 0u);
+}
+
 TEST(S3FifoPolicyTest, IsAvailableByConfigName) {
   auto p = MakeEvictionPolicy("s3fifo");
   ASSERT_TRUE(p.ok());
   EXPECT_EQ((*p)->name(), "s3fifo");
   auto bad = MakeEvictionPolicy("lfu");
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find("lru, s3fifo, tinylfu"), std::string::npos);
+  EXPECT_NE(bad.status().message().find("lru, s3fifo, s3fifo-deep, tinylfu"), std::string::npos);
 }
 
 }  // namespace

@@ -156,7 +156,7 @@ TEST(ToolsTest, SimulateComparesPoliciesSideBySideWithoutADaemon) {
   std::vector<nlohmann::json> rows;
   std::istringstream lines(o.out);
   for (std::string line; std::getline(lines, line);) rows.push_back(nlohmann::json::parse(line));
-  ASSERT_EQ(rows.size(), 11u) << "5 policies x 2 capacities + infinite";
+  ASSERT_EQ(rows.size(), 13u) << "6 policies x 2 capacities + infinite";
   int defaults = 0;
   for (const auto& r : rows) {
     for (const char* field : {"policy", "default", "capacity_tokens", "token_hit_rate", "request_hit_rate",
@@ -167,21 +167,22 @@ TEST(ToolsTest, SimulateComparesPoliciesSideBySideWithoutADaemon) {
   }
   EXPECT_EQ(defaults, 2) << "one default row per capacity";
   EXPECT_EQ(rows[0]["policy"], "lru");
-  EXPECT_EQ(rows[3]["policy"], "adaptive");
-  EXPECT_TRUE(rows[3]["default"].get<bool>()) << "the daemon's default policy is marked";
-  EXPECT_EQ(rows[4]["policy"], "belady");
-  EXPECT_EQ(rows[10]["policy"], "infinite");
-  auto hit = [&](int c, int k) { return rows[5 * c + k]["token_hit_rate"].get<double>(); };
+  EXPECT_EQ(rows[2]["policy"], "s3fifo-deep");
+  EXPECT_EQ(rows[4]["policy"], "adaptive");
+  EXPECT_TRUE(rows[4]["default"].get<bool>()) << "the daemon's default policy is marked";
+  EXPECT_EQ(rows[5]["policy"], "belady");
+  EXPECT_EQ(rows[12]["policy"], "infinite");
+  auto hit = [&](int c, int k) { return rows[6 * c + k]["token_hit_rate"].get<double>(); };
   for (int c = 0; c < 2; ++c) {
-    const double belady = hit(c, 4);
-    for (int k = 0; k < 4; ++k) EXPECT_GE(belady, hit(c, k)) << k;
-    EXPECT_LE(belady, rows[10]["token_hit_rate"].get<double>() + 1e-12);
+    const double belady = hit(c, 5);
+    for (int k = 0; k < 5; ++k) EXPECT_GE(belady, hit(c, k)) << k;
+    EXPECT_LE(belady, rows[12]["token_hit_rate"].get<double>() + 1e-12);
     // The default adapts: about as good as the better of LRU and S3-FIFO.
-    EXPECT_GE(hit(c, 3), 0.98 * std::max(hit(c, 0), hit(c, 1))) << "capacity " << c;
+    EXPECT_GE(hit(c, 4), 0.98 * std::max(hit(c, 0), hit(c, 1))) << "capacity " << c;
   }
   // More room never hurts the bound.
-  EXPECT_GE(hit(1, 4), hit(0, 4));
-  EXPECT_GT(rows[10]["token_hit_rate"].get<double>(), 0.3) << "later turns reuse earlier ones";
+  EXPECT_GE(hit(1, 5), hit(0, 5));
+  EXPECT_GT(rows[12]["token_hit_rate"].get<double>(), 0.3) << "later turns reuse earlier ones";
 
   Output human = RunCommand(Tool("kvtier-replay") + " --simulate --tier host=200K");
   EXPECT_EQ(human.exit_code, 0);

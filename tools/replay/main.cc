@@ -182,7 +182,7 @@ int main(int argc, char** argv) {
                  "simulate: host=CAPACITY (a comma list gives one set of rows each) and nvme=CAPACITY, in "
                  "tokens (500K, 3M) or bytes (4GiB, with --block-bytes)");
   app.add_option("--policies", sim.policies,
-                 "simulate: policies to compare (default lru,s3fifo,tinylfu,adaptive,belady; also none)")
+                 "simulate: policies to compare (default lru,s3fifo,s3fifo-deep,tinylfu,adaptive,belady; also none)")
       ->delimiter(',');
   app.add_flag("--infinite", sim.infinite, "simulate: add a row with unbounded capacity");
   app.add_option("--model-config", sim.model_config,

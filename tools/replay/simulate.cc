@@ -141,16 +141,17 @@ struct SimTier {
     return absl::OkStatus();
   }
   bool Has(uint32_t id) const { return resident[id] != 0; }
-  void Access(uint32_t id) {
+  // position: tokens before the block in the chain it is stored with.
+  void Access(uint32_t id, uint64_t position) {
     if (resident[id]) {
       pol->Touch(id);
       return;
     }
     if (guard != nullptr) {
       const uint32_t par = (*parent)[id];
-      guard->InsertInChain(id, uint64_t{id} + 1, par == UINT32_MAX ? 0 : uint64_t{par} + 1);
+      guard->InsertInChain(id, uint64_t{id} + 1, par == UINT32_MAX ? 0 : uint64_t{par} + 1, position);
     } else {
-      pol->InsertWithKey(id, uint64_t{id} + 1);
+      pol->InsertAt(id, uint64_t{id} + 1, position);
     }
     resident[id] = 1;
     ++count;
@@ -261,7 +262,7 @@ absl::StatusOr<SimRow> SimulatePolicy(const Workload& w, const std::string& poli
     if (host.adaptive != nullptr) {
       chain.clear();
       for (uint32_t id : ids) chain.push_back(uint64_t{id} + 1);
-      host.adaptive->Observe(chain);
+      host.adaptive->Observe(chain, static_cast<uint32_t>(bt));
     }
     // The hit prefix is pinned (leased) while the request runs.
     for (size_t j = 0; j < hit; ++j) pinned_mark[ids[j]] = static_cast<uint32_t>(r);
@@ -274,8 +275,8 @@ absl::StatusOr<SimRow> SimulatePolicy(const Workload& w, const std::string& poli
         if (with_nvme) nvme.bel->SetNextUse(id, p.next_use[r][j], static_cast<uint32_t>(j));
       }
       if (!host.Has(id)) ++row.blocks_inserted;
-      host.Access(id);  // NVMe hits are promoted; NVMe keeps its copy
-      if (with_nvme && nvme.Has(id)) nvme.Access(id);
+      host.Access(id, j * bt);  // NVMe hits are promoted; NVMe keeps its copy
+      if (with_nvme && nvme.Has(id)) nvme.Access(id, j * bt);
     }
     while (host.count > host.capacity) {
       std::optional<uint32_t> v = host.pol->PickVictim([&](uint32_t h) { return pinned_mark[h] != r; });
@@ -283,7 +284,7 @@ absl::StatusOr<SimRow> SimulatePolicy(const Workload& w, const std::string& poli
       host.Drop(*v);
       ++row.evictions;
       if (with_nvme && opts.demote && !nvme.Has(*v)) {
-        nvme.Access(*v);
+        nvme.Access(*v, 0);  // NVMe's LRU ignores positions
         ++row.demotions;
         row.bytes_written_nvme += block_bytes;
         while (nvme.count > nvme.capacity) {
