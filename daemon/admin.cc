@@ -129,7 +129,13 @@ nlohmann::json Daemon::Status() const {
                            {"host_used_bytes", u.used_bytes},
                            {"blocks", u.blocks},
                            {"pinned_blocks", u.pinned_blocks},
-                           {"evictions", u.evictions}});
+                           {"evictions", u.evictions},
+                           {"host_tokens", u.host_tokens},
+                           {"nvme_bytes", u.nvme_bytes},
+                           {"nvme_tokens", u.nvme_tokens},
+                           {"quota", json{{"host_tokens", u.quota.host_tokens},
+                                          {"nvme_bytes", u.quota.nvme_bytes},
+                                          {"nvme_tokens", u.quota.nvme_tokens}}}});
     cap += u.capacity_bytes;
     used += u.used_bytes;
     blocks += u.blocks;
@@ -150,6 +156,10 @@ nlohmann::json Daemon::Status() const {
                        {"demotions_failed", s.demotions_failed.Get()},
                        {"evictions_dropped", s.evictions_dropped.Get()},
                        {"evictions_dropped_by_cost", s.evictions_dropped_by_cost.Get()},
+                       {"evictions_background", s.evictions_background.Get()},
+                       {"evictions_for_quota", s.evictions_for_quota.Get()},
+                       {"high_watermark", config_.host_high_watermark},
+                       {"low_watermark", config_.host_low_watermark},
                        {"health", "healthy"}});
   if (NvmeTier* nvme = cache_->nvme_tier()) {
     const NvmeStats n = nvme->Stats();
@@ -176,6 +186,8 @@ nlohmann::json Daemon::Status() const {
                          {"writes_refused", n.writes_refused},
                          {"device_full", n.device_full},
                          {"evictions", s.nvme_evictions.Get()},
+                         {"evictions_for_quota", s.nvme_evictions_for_quota.Get()},
+                         {"demotions_refused_quota", s.demotions_refused_quota.Get()},
                          {"promotions", s.promotions.Get()},
                          {"promotions_failed", s.promotions_failed.Get()},
                          {"writes_through", s.writes_through.Get()},

@@ -15,11 +15,13 @@
 #define KVTIER_DAEMON_BLOCK_CACHE_H_
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -72,6 +74,15 @@ struct PolicyUsage {
   std::vector<std::pair<std::string, double>> scores;  // adaptive only
 };
 
+// A tenant's quotas; 0 = none beyond the tier's size. Counted in resident
+// blocks (admission in tokens, not requests): a store's blocks from
+// StoreBegin, a promoted block from its read, a demoted one from its write.
+struct TenantQuota {
+  uint64_t host_tokens = 0;  // in the tenant's host arena
+  uint64_t nvme_bytes = 0;   // on the shared NVMe tier
+  uint64_t nvme_tokens = 0;
+};
+
 struct TenantUsage {
   std::string name;
   uint64_t capacity_bytes = 0;
@@ -79,6 +90,9 @@ struct TenantUsage {
   uint64_t blocks = 0;         // host slots in use (ready, being written or loaded)
   uint64_t pinned_blocks = 0;  // blocks with at least one lease
   uint64_t evictions = 0;
+  uint64_t host_tokens = 0;  // resident in the host arena
+  uint64_t nvme_bytes = 0, nvme_tokens = 0;
+  TenantQuota quota;
   std::vector<PolicyUsage> policies;
 };
 
@@ -101,6 +115,12 @@ class BlockCache {
     std::string policy = "lru";
     bool write_through = false;  // also write every committed block to NVMe at once
     CostTracker::Options cost;
+    // Background reclaim (StartBackgroundReclaim): above high_watermark (a
+    // share of a tenant's arena, or of its host_tokens quota) evict the
+    // tenant's coldest blocks down to low_watermark. 1 and 1: off (stores
+    // evict when the tier is full, on their own path).
+    double high_watermark = 1.0;
+    double low_watermark = 1.0;
   };
   // InvalidArgument for an unknown policy name.
   static absl::StatusOr<std::unique_ptr<BlockCache>> Create(const Options& opts, DaemonStats* stats);
@@ -109,12 +129,15 @@ class BlockCache {
   BlockCache& operator=(const BlockCache&) = delete;
 
   // Setup, before sessions start (not thread-safe).
-  absl::StatusOr<uint16_t> AddTenant(std::string name, std::unique_ptr<HostTier> host);
+  absl::StatusOr<uint16_t> AddTenant(std::string name, std::unique_ptr<HostTier> host, TenantQuota quota = {});
   // The NVMe tier, and the blocks it recovered: each lands in its tenant's
   // namespace (registered through `namespaces`); blocks of tenants no longer
   // configured are freed. Returns how many were indexed.
   absl::StatusOr<uint64_t> AttachNvme(std::unique_ptr<NvmeTier> nvme, const std::vector<RecoveredBlock>& recovered,
                                       NamespaceRegistry* namespaces);
+  // Starts the background reclaim thread when the watermarks are below 1;
+  // after every AddTenant (the thread walks the tenants).
+  void StartBackgroundReclaim();
   // Thread-safe. Makes a namespace's id known for NVMe block headers.
   void RegisterNamespace(const NamespaceInfo& info);
 
@@ -181,6 +204,9 @@ class BlockCache {
     // The configured policy per slot size, behind a ChainGuard (leaves before parents).
     absl::flat_hash_map<uint64_t, std::unique_ptr<ChainGuard>> policy_by_size ABSL_GUARDED_BY(mu);
     std::vector<BlockRecord*> slot_owner ABSL_GUARDED_BY(mu);
+    std::vector<uint32_t> slot_tokens ABSL_GUARDED_BY(mu);  // tokens of each slot's block
+    uint64_t host_tokens ABSL_GUARDED_BY(mu) = 0;           // their sum
+    TenantQuota quota;                                      // fixed after AddTenant
     // Promotions in flight and who else waits for them.
     absl::flat_hash_map<BlockRecord*, std::vector<absl::AnyInvocable<void(bool) &&>>> loading ABSL_GUARDED_BY(mu);
     std::atomic<uint64_t> pinned{0};
@@ -190,8 +216,19 @@ class BlockCache {
   BlockCache(const Options& opts, DaemonStats* stats);
 
   // --- host tier (block_cache.cc)
-  absl::StatusOr<SlotHandle> AllocateSlotLocked(TenantState& t, uint64_t bytes, BlockRecord* owner)
+  // A host slot for a block of `bytes` holding `tokens` tokens, evicting
+  // while the arena is full or the tenant's token quota would be exceeded.
+  absl::StatusOr<SlotHandle> AllocateSlotLocked(TenantState& t, uint64_t bytes, uint32_t tokens, BlockRecord* owner)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
+  // The policy's coldest block that may go now (not pinned, not moving).
+  std::optional<SlotHandle> PickHostVictimLocked(TenantState& t, ChainGuard* policy)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
+  // Evicts one block, from the block size that holds the most bytes; false
+  // when nothing can go.
+  bool EvictColdestLocked(TenantState& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
+  // Fuller than `share` of the arena, or of the token quota.
+  bool FullerThanLocked(const TenantState& t, double share) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
+  void ReclaimLoop();
   ChainGuard* PolicyFor(TenantState& t, uint64_t slot_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
   void FreeHostSlotLocked(TenantState& t, SlotHandle slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
   void Unpin(SessionHoldings& s, const std::vector<BlockRecord*>& blocks);
@@ -209,7 +246,13 @@ class BlockCache {
   enum class EvictResult { kSkipped, kEvicted };
   // Takes a host victim's copy away: kept on NVMe, demoted to NVMe, or dropped.
   EvictResult EvictHostCopyLocked(TenantState& t, BlockRecord* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
-  absl::StatusOr<SlotHandle> AllocateNvmeSlotLocked(uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(nvme_mu_);
+  // An NVMe slot for r's bytes, evicting while the tier is full or r's
+  // tenant would go over its NVMe quota (then from its own blocks). Charges
+  // r's tenant.
+  absl::StatusOr<SlotHandle> AllocateNvmeSlotLocked(const BlockRecord* r, uint64_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(nvme_mu_);
+  // Adds (sign +1) or removes (-1) r's bytes and tokens from its tenant's NVMe use.
+  void ChargeNvmeLocked(const BlockRecord* r, int sign) ABSL_EXCLUSIVE_LOCKS_REQUIRED(nvme_mu_);
   BlockMeta MetaOf(const BlockRecord* r) const;
   // Starts an NVMe write of r's host copy; r carries an I/O reference for it.
   void WriteToNvme(TenantState& t, BlockRecord* r, IoPriority prio, StatusCallback done);
@@ -234,14 +277,25 @@ class BlockCache {
 
   // The NVMe lock: the NVMe policy and slot owners. Declared before the tier,
   // which the destructor drains first.
-  Mutex nvme_mu_;
+  mutable Mutex nvme_mu_;
   std::unique_ptr<EvictionPolicy> nvme_policy_ ABSL_GUARDED_BY(nvme_mu_);
   absl::flat_hash_map<SlotHandle, BlockRecord*> nvme_owner_ ABSL_GUARDED_BY(nvme_mu_);
   // Loads waiting for a demotion to land before they read it back.
   absl::flat_hash_map<BlockRecord*, std::vector<absl::AnyInvocable<void(bool) &&>>> write_waiters_
       ABSL_GUARDED_BY(nvme_mu_);
   std::atomic<uint64_t> nvme_blocks_{0};
+  struct NvmeUse {
+    uint64_t bytes = 0, tokens = 0;
+  };
+  std::vector<NvmeUse> nvme_use_ ABSL_GUARDED_BY(nvme_mu_);  // by tenant
   std::unique_ptr<NvmeTier> nvme_;
+
+  // Background reclaim.
+  Mutex reclaim_mu_;
+  std::condition_variable_any reclaim_cv_;
+  bool reclaim_wanted_ ABSL_GUARDED_BY(reclaim_mu_) = false;
+  bool reclaim_stop_ ABSL_GUARDED_BY(reclaim_mu_) = false;
+  std::thread reclaim_thread_;
 
   mutable Mutex ns_mu_;
   std::vector<NamespaceInfo> ns_info_ ABSL_GUARDED_BY(ns_mu_);  // by handle

@@ -42,6 +42,7 @@ void BlockCache::DestroyDetached(BlockRecord* r) {
     nvme_policy_->Remove(r->nvme_slot);
     nvme_owner_.erase(r->nvme_slot);
     (void)nvme_->Free(r->nvme_slot);
+    ChargeNvmeLocked(r, -1);
     if (r->nvme_state == NvmeState::kReady) nvme_blocks_.fetch_sub(1, std::memory_order_relaxed);
   }
   delete r;
@@ -108,7 +109,7 @@ BlockCache::EvictResult BlockCache::EvictHostCopyLocked(TenantState& t, BlockRec
     absl::StatusOr<SlotHandle> nslot;
     {
       MutexLock nl(&nvme_mu_);
-      nslot = AllocateNvmeSlotLocked(meta.payload_bytes);
+      nslot = AllocateNvmeSlotLocked(r, meta.payload_bytes);
       if (nslot.ok()) nvme_owner_[*nslot] = r;
     }
     if (nslot.ok()) {
@@ -155,17 +156,52 @@ BlockCache::EvictResult BlockCache::EvictHostCopyLocked(TenantState& t, BlockRec
   return EvictResult::kEvicted;
 }
 
-absl::StatusOr<SlotHandle> BlockCache::AllocateNvmeSlotLocked(uint64_t bytes) {
+void BlockCache::ChargeNvmeLocked(const BlockRecord* r, int sign) {
+  const BlockMeta meta = MetaOf(r);
+  NvmeUse& u = nvme_use_[r->tenant];
+  if (sign > 0) {
+    u.bytes += meta.payload_bytes;
+    u.tokens += meta.block_tokens;
+  } else {
+    u.bytes -= std::min(u.bytes, meta.payload_bytes);
+    u.tokens -= std::min<uint64_t>(u.tokens, meta.block_tokens);
+  }
+}
+
+absl::StatusOr<SlotHandle> BlockCache::AllocateNvmeSlotLocked(const BlockRecord* owner, uint64_t bytes) {
+  const uint16_t tenant = owner->tenant;
+  const TenantQuota& q = tenants_[tenant]->quota;
+  const uint64_t tokens = MetaOf(owner).block_tokens;
+  if ((q.nvme_bytes != 0 && bytes > q.nvme_bytes) || (q.nvme_tokens != 0 && tokens > q.nvme_tokens)) {
+    stats_->demotions_refused_quota.Add();
+    return absl::ResourceExhaustedError(absl::StrCat("a block is larger than tenant \"", tenants_[tenant]->name,
+                                                     "\"'s NVMe quota ([[tenants]] nvme_bytes / nvme_tokens)"));
+  }
   for (;;) {
-    absl::StatusOr<SlotHandle> slot = nvme_->Allocate(bytes);
-    if (slot.ok() || !absl::IsResourceExhausted(slot.status())) return slot;
+    const NvmeUse& u = nvme_use_[tenant];
+    const bool over_quota = (q.nvme_bytes != 0 && u.bytes + bytes > q.nvme_bytes) ||
+                            (q.nvme_tokens != 0 && u.tokens + tokens > q.nvme_tokens);
+    if (!over_quota) {
+      absl::StatusOr<SlotHandle> slot = nvme_->Allocate(bytes);
+      if (slot.ok()) ChargeNvmeLocked(owner, +1);
+      if (slot.ok() || !absl::IsResourceExhausted(slot.status())) return slot;
+    }
+    // Over the quota, the tenant's own coldest block goes; else the tier's.
     std::optional<SlotHandle> victim = nvme_policy_->PickVictim([&](SlotHandle h) ABSL_NO_THREAD_SAFETY_ANALYSIS {
       BlockRecord* v = nvme_owner_.at(h);
+      if (over_quota && v->tenant != tenant) return false;
       BlockIndex::Shard& sh = index_.ShardFor(v);
       MutexLock sl(&sh.mu);
       return !v->removed && v->pins == 0 && v->io_refs == 0 && v->nvme_state == NvmeState::kReady;
     });
-    if (!victim) return absl::ResourceExhaustedError("the NVMe tier is full and every block on it is pinned or busy");
+    if (!victim) {
+      if (!over_quota) return absl::ResourceExhaustedError("the NVMe tier is full and every block on it is pinned or busy");
+      stats_->demotions_refused_quota.Add();
+      return absl::ResourceExhaustedError(absl::StrCat("tenant \"", tenants_[tenant]->name,
+                                                       "\" is at its NVMe quota and every block of it there is "
+                                                       "pinned or busy"));
+    }
+    if (over_quota) stats_->nvme_evictions_for_quota.Add();
     BlockRecord* r = nvme_owner_.at(*victim);
     bool destroy = false;
     {
@@ -184,6 +220,7 @@ absl::StatusOr<SlotHandle> BlockCache::AllocateNvmeSlotLocked(uint64_t bytes) {
     nvme_policy_->Remove(*victim);
     nvme_owner_.erase(*victim);
     (void)nvme_->Free(*victim);
+    ChargeNvmeLocked(r, -1);
     nvme_blocks_.fetch_sub(1, std::memory_order_relaxed);
     stats_->nvme_evictions.Add();
     if (destroy) delete r;  // no host slot, no NVMe slot, unreferenced
@@ -228,6 +265,7 @@ void BlockCache::RecordNvmeWriteLocked(BlockRecord* r, const absl::Status& s) {
   } else {
     nvme_owner_.erase(slot);
     (void)nvme_->Free(slot);
+    ChargeNvmeLocked(r, -1);
   }
 }
 
@@ -259,7 +297,7 @@ void BlockCache::WriteToNvme(TenantState& t, BlockRecord* r, IoPriority prio, St
     absl::StatusOr<SlotHandle> slot;
     {
       MutexLock nl(&nvme_mu_);
-      slot = AllocateNvmeSlotLocked(meta.payload_bytes);
+      slot = AllocateNvmeSlotLocked(r, meta.payload_bytes);
       if (slot.ok()) nvme_owner_[*slot] = r;
     }
     if (!slot.ok()) {
@@ -304,6 +342,7 @@ void BlockCache::DropNvmeCopy(BlockRecord* r) {
   nvme_policy_->Remove(slot);
   nvme_owner_.erase(slot);
   (void)nvme_->Free(slot);
+  ChargeNvmeLocked(r, -1);
   nvme_blocks_.fetch_sub(1, std::memory_order_relaxed);
 }
 
@@ -365,7 +404,7 @@ void BlockCache::Promote(TenantState& t, BlockRecord* r, IoPriority prio, absl::
       next = Next::kRetry;
     }
     if (next == Next::kRead) {
-      absl::StatusOr<SlotHandle> slot = AllocateSlotLocked(t, meta.payload_bytes, r);
+      absl::StatusOr<SlotHandle> slot = AllocateSlotLocked(t, meta.payload_bytes, meta.block_tokens, r);
       BlockIndex::Shard& sh = index_.ShardFor(r);
       if (!slot.ok()) {
         MutexLock sl(&sh.mu);
@@ -517,6 +556,7 @@ absl::StatusOr<uint64_t> BlockCache::AttachNvme(std::unique_ptr<NvmeTier> nvme,
       index_.Insert(sh, r);
     }
     nvme_owner_[b.slot] = r;
+    ChargeNvmeLocked(r, +1);
     nvme_policy_->Insert(b.slot);
     nvme_blocks_.fetch_add(1, std::memory_order_relaxed);
     ++indexed;

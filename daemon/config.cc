@@ -199,6 +199,9 @@ absl::Status ReadTenants(const toml::array& arr, std::string_view origin, Config
     RETURN_IF_ERROR(r.IntList("gids", &tc.gids));
     RETURN_IF_ERROR(r.String("salt", &tc.salt));
     RETURN_IF_ERROR(r.Bytes("host_bytes", &tc.host_bytes));
+    RETURN_IF_ERROR(r.Int("host_tokens", &tc.host_tokens, 0, int64_t{1} << 50));
+    RETURN_IF_ERROR(r.Bytes("nvme_bytes", &tc.nvme_bytes));
+    RETURN_IF_ERROR(r.Int("nvme_tokens", &tc.nvme_tokens, 0, int64_t{1} << 50));
     RETURN_IF_ERROR(r.RejectUnknown());
     c->tenants.push_back(std::move(tc));
   }
@@ -267,6 +270,8 @@ absl::StatusOr<Config> ParseConfig(std::string_view toml_text, std::string_view 
       RETURN_IF_ERROR(r.Bytes("capacity", &c.host_capacity));
       RETURN_IF_ERROR(r.Bool("prefault", &c.host_prefault));
       RETURN_IF_ERROR(r.String("policy", &c.host_policy));
+      RETURN_IF_ERROR(r.Double("high_watermark", &c.host_high_watermark, 0.05, 1));
+      RETURN_IF_ERROR(r.Double("low_watermark", &c.host_low_watermark, 0.05, 1));
       RETURN_IF_ERROR(r.RejectUnknown());
     }
     if (const toml::table* n = tiers.SubTable("nvme")) {
@@ -379,6 +384,11 @@ absl::Status ValidateConfig(const Config& c) {
     return absl::InvalidArgumentError(Cat("tiers.host.capacity = ", FormatBytes(c.host_capacity),
                                                    " is below the 1 MiB minimum"));
   }
+  if (c.host_low_watermark > c.host_high_watermark) {
+    return absl::InvalidArgumentError(Cat("tiers.host.low_watermark = ", c.host_low_watermark,
+                                          " is above tiers.host.high_watermark = ", c.host_high_watermark,
+                                          "; background reclaim frees down to the low mark"));
+  }
   if (auto p = MakeEvictionPolicy(c.host_policy); !p.ok()) {
     return absl::InvalidArgumentError(Cat("tiers.host.policy: ", p.status().message()));
   }
@@ -426,6 +436,8 @@ std::string DefaultConfigToml() {
       "prefault = false            # fault the arena in at start\n"
       "policy = \"adaptive\"        # eviction policy: adaptive (follows the best of the\n"
       "                            # others on recent traffic), lru, s3fifo, s3fifo-deep, tinylfu\n"
+      "high_watermark = 0.95       # above this share of the arena, evict in the background\n"
+      "low_watermark = 0.90        # ... down to this share (1 and 1: only when full)\n"
       "\n[tiers.nvme]\n"
       "# NVMe directories, one slab file each (one per device). Default: <data_dir>/nvme\n"
       "dirs = []\n"
@@ -456,7 +468,10 @@ std::string DefaultConfigToml() {
       "uids = [", absl::StrJoin(d.tenants[0].uids, ", "), "]\n"
       "gids = []\n"
       "salt = \"\"                   # secret mixed into namespace ids; never logged\n"
-      "host_bytes = 0               # 0: tiers.host.capacity\n");
+      "host_bytes = 0               # 0: tiers.host.capacity\n"
+      "host_tokens = 0              # quota: tokens resident in its arena (0: none)\n"
+      "nvme_bytes = 0               # quota: bytes on the shared NVMe tier (0: none)\n"
+      "nvme_tokens = 0              # quota: tokens on the shared NVMe tier (0: none)\n");
 }
 
 }  // namespace kvtier

@@ -25,6 +25,11 @@ struct TenantConfig {
   std::vector<gid_t> gids;  // or with one of these primary gids
   std::string salt;         // mixed into namespace ids; secret, never logged
   uint64_t host_bytes = 0;  // host arena size; 0 = tiers.host.capacity
+  // Quotas; 0 = none beyond the tier's size. Counted in resident blocks:
+  // a store's blocks count from StoreBegin, a demoted block from its write.
+  uint64_t host_tokens = 0;  // tokens resident in this tenant's host arena
+  uint64_t nvme_bytes = 0;   // bytes of the shared NVMe tier
+  uint64_t nvme_tokens = 0;  // tokens on the shared NVMe tier
 };
 
 struct Config {
@@ -45,6 +50,12 @@ struct Config {
   uint64_t host_capacity = 1ull << 30;
   bool host_prefault = false;
   std::string host_policy{kDefaultHostPolicy};
+  // Background reclaim: above high_watermark (a fraction of a tenant's
+  // arena, or of its host_tokens quota) a background thread evicts its
+  // coldest blocks (demoting them) down to low_watermark, so stores find
+  // free slots instead of evicting on their own path. 1 and 1: off.
+  double host_high_watermark = 0.95;
+  double host_low_watermark = 0.90;
   // [tiers.nvme]
   std::vector<std::string> nvme_dirs;    // empty: <data_dir>/nvme
   uint64_t nvme_capacity = 2ull << 30;   // 0: no NVMe tier

@@ -85,7 +85,8 @@ absl::Status Daemon::Open() {
   spdlog::info("event=cost_model model=\"{}\" kv_bytes_per_token={} prefill_tflops_prior={} decide={}",
                cost.model.name, cost.model.KvBytesPerToken(), config_.cost_prefill_tflops, cost.decide);
   ASSIGN_OR_RETURN(cache_, BlockCache::Create({config_.max_leases_per_session, config_.host_policy,
-                                               config_.nvme_write_through, std::move(cost)},
+                                               config_.nvme_write_through, std::move(cost),
+                                               config_.host_high_watermark, config_.host_low_watermark},
                                               &stats_));
   for (const TenantConfig& t : config_.tenants) {
     const uint64_t bytes = t.host_bytes ? t.host_bytes : config_.host_capacity;
@@ -94,13 +95,18 @@ absl::Status Daemon::Open() {
       return absl::Status(host.status().code(), absl::StrCat("opening the host tier of tenant \"", t.name,
                                                              "\": ", host.status().message()));
     }
-    ASSIGN_OR_RETURN(uint16_t idx, cache_->AddTenant(t.name, std::move(*host)));
+    ASSIGN_OR_RETURN(uint16_t idx,
+                     cache_->AddTenant(t.name, std::move(*host), {t.host_tokens, t.nvme_bytes, t.nvme_tokens}));
     tenant_index_[t.name] = idx;
-    spdlog::info("event=tenant name={} host_capacity=\"{}\" policy={} uids={} gids={}", t.name,
-                 FormatBytes(bytes), config_.host_policy, t.uids.size(), t.gids.size());
+    spdlog::info(
+        "event=tenant name={} host_capacity=\"{}\" policy={} uids={} gids={} host_tokens_quota={} "
+        "nvme_bytes_quota=\"{}\" nvme_tokens_quota={}",
+        t.name, FormatBytes(bytes), config_.host_policy, t.uids.size(), t.gids.size(), t.host_tokens,
+        FormatBytes(t.nvme_bytes), t.nvme_tokens);
   }
 
   RETURN_IF_ERROR(OpenNvme());
+  cache_->StartBackgroundReclaim();
 
   RETURN_IF_ERROR(MakeDirs(config_.run_dir, 0755));
   epoll_ = UniqueFd(epoll_create1(EPOLL_CLOEXEC));

@@ -26,6 +26,13 @@ struct DaemonStats {
   // Movement between tiers. Host evictions end as kept (an NVMe copy already
   // existed), demoted (written to NVMe) or dropped.
   Counter evictions_kept_on_nvme, demotions, demotions_failed, evictions_dropped;
+  // Why host evictions happened, besides a full arena: the background
+  // reclaimer (above the high watermark), a tenant's host_tokens quota.
+  Counter evictions_background, evictions_for_quota;
+  // NVMe evictions of a tenant's own blocks to stay within its NVMe quota
+  // (a subset of nvme_evictions); demotions refused because its quota holds
+  // only pinned or busy blocks.
+  Counter nvme_evictions_for_quota, demotions_refused_quota;
   // Cost-model decisions: evictions dropped because an NVMe reload would be
   // slower than recomputing the block (a subset of evictions_dropped); blocks
   // a leased lookup found but reported as "recompute" for the same reason.

@@ -157,8 +157,9 @@ TEST_F(ClientTest, TheAdaptivePolicyLearnsFromLookupsToKeepAHotChainThroughScans
 }
 
 TEST_F(ClientTest, LookupWithoutLeaseChangesNothing) {
-  // 4 blocks of 256 KiB fit in a 1 MiB arena.
-  StartDaemon("[tiers.host]\ncapacity = \"1MiB\"\n");
+  // 4 blocks of 256 KiB fit in a 1 MiB arena; no background reclaim (it
+  // would evict at 95% of so small an arena: this checks the LRU order).
+  StartDaemon("[tiers.host]\ncapacity = \"1MiB\"\nhigh_watermark = 1.0\nlow_watermark = 1.0\n");
   auto c = Attach(256 << 10);
   auto keys = Keys(*c, 2, 5);
   for (int i = 0; i < 4; ++i) StoreAll(*c, {keys[i]});

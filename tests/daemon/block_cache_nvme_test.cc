@@ -21,11 +21,15 @@ constexpr uint64_t kBlock = 16 << 10;
 class BlockCacheNvmeTest : public ::testing::Test {
  protected:
   // host_blocks host slots; an NVMe tier of 4 segments of 1 MiB (~60 slots of 16 KiB + header each).
-  void Open(uint64_t host_blocks, const std::vector<std::string>& tenants = {"t"}, bool write_through = false) {
+  void Open(uint64_t host_blocks, const std::vector<std::string>& tenants = {"t"}, bool write_through = false,
+            const std::vector<TenantQuota>& quotas = {}) {
     cache_.reset();
     cache_ = std::move(BlockCache::Create({.write_through = write_through}, &stats_)).value();
-    for (const std::string& name : tenants) {
-      ASSERT_TRUE(cache_->AddTenant(name, std::move(*HostTier::Create({"t", host_blocks * kBlock, false}))).ok());
+    for (size_t i = 0; i < tenants.size(); ++i) {
+      ASSERT_TRUE(cache_
+                      ->AddTenant(tenants[i], std::move(*HostTier::Create({"t", host_blocks * kBlock, false})),
+                                  i < quotas.size() ? quotas[i] : TenantQuota{})
+                      .ok());
     }
     NvmeTierOptions o;
     o.dirs = {dir_.File("nvme")};
@@ -101,6 +105,50 @@ class BlockCacheNvmeTest : public ::testing::Test {
   std::unique_ptr<BlockCache> cache_;
   uint64_t recovered_ = 0, indexed_ = 0;
 };
+
+// The NVMe tier is shared; a tenant's nvme_bytes quota bounds its share.
+// Over it, the tenant's own coldest NVMe blocks make room, never another
+// tenant's; a quota smaller than one block refuses its demotions (dropped).
+TEST_F(BlockCacheNvmeTest, NvmeQuotasBoundEachTenantsShare) {
+  Open(4, {"a", "b", "c"}, false, {{.nvme_bytes = 8 * kBlock}, {}, {.nvme_bytes = kBlock / 2}});
+  auto a = Session(0), b = Session(1), c = Session(2);
+  for (uint64_t i = 0; i < 3; ++i) Store(*b, 1000 + 4 * i, 4);  // b: 8 demoted, no quota
+  for (uint64_t i = 0; i < 5; ++i) {
+    Store(*a, 100 + 4 * i, 4);  // a: 16 demoted through a quota of 8
+    SyncNvme();                 // (a block still being written may not be evicted)
+  }
+  Store(*c, 2000, 4);
+  Store(*c, 2004, 4);  // c: 4 evictions, none may be demoted
+  SyncNvme();
+  const std::vector<TenantUsage> u = cache_->Usage();
+  EXPECT_EQ(u[0].nvme_bytes, 8 * kBlock);
+  EXPECT_EQ(u[0].quota.nvme_bytes, 8 * kBlock);
+  EXPECT_EQ(u[1].nvme_bytes, 8 * kBlock);
+  EXPECT_EQ(u[2].nvme_bytes, 0u);
+  EXPECT_EQ(u[0].nvme_tokens, 8u * a->ns.block_tokens);
+  EXPECT_EQ(stats_.nvme_evictions_for_quota.Get(), 8u);
+  EXPECT_EQ(stats_.nvme_evictions.Get(), 8u) << "the tier itself had room";
+  EXPECT_EQ(stats_.demotions_refused_quota.Get(), 4u);
+  EXPECT_EQ(stats_.evictions_dropped.Get(), 4u);
+  // b lost nothing to a's pressure; a keeps its 8 most recent demotions.
+  auto on_nvme = [&](SessionHoldings& s, uint64_t from, uint64_t n) {
+    uint32_t count = 0;
+    for (uint64_t k = from; k < from + n; ++k) {
+      std::vector<BlockKey> key{KeyOf(k)};
+      std::vector<BlockLocation> out(1);
+      uint64_t lease;
+      auto hit = cache_->Lookup(s, key, false, &lease, std::span(out));  // a probe: changes nothing
+      count += hit.ok() && *hit == 1 && out[0].tier == TierKind::kNvme;
+    }
+    return count;
+  };
+  EXPECT_EQ(on_nvme(*a, 100, 8), 0u) << "a's coldest went to keep it within its quota";
+  EXPECT_EQ(on_nvme(*a, 108, 8), 8u);
+  EXPECT_EQ(on_nvme(*c, 2000, 4), 0u);
+  // (Loads promote into 4 host slots: 4 at a time.) b's bytes are intact.
+  EXPECT_EQ(LoadVerified(*b, 1000, 4), 4u);
+  EXPECT_EQ(LoadVerified(*b, 1004, 4), 4u);
+}
 
 TEST_F(BlockCacheNvmeTest, HostEvictionDemotesAndLoadsPromoteBack) {
   Open(4);

@@ -14,12 +14,14 @@
 namespace kvtier {
 namespace {
 
-TEST(BlockCacheStressTest, ConcurrentSessionsKeepTheCacheConsistent) {
-  DaemonStats stats;
-  auto cache = std::move(BlockCache::Create({}, &stats)).value();
+// `opts` and `quota` choose what evicts besides a full arena: the background
+// reclaimer, a token quota.
+void Stress(const BlockCache::Options& opts, TenantQuota quota, DaemonStats& stats) {
+  auto cache = std::move(BlockCache::Create(opts, &stats)).value();
   auto host = std::move(HostTier::Create({"stress", 64 * 4096, false})).value();
   HostTier* tier = host.get();
-  ASSERT_TRUE(cache->AddTenant("t", std::move(host)).ok());
+  ASSERT_TRUE(cache->AddTenant("t", std::move(host), quota).ok());
+  cache->StartBackgroundReclaim();
   constexpr int kThreads = 4;
 #ifdef KVTIER_TSAN
   constexpr int kOps = 3000;
@@ -91,6 +93,24 @@ TEST(BlockCacheStressTest, ConcurrentSessionsKeepTheCacheConsistent) {
   EXPECT_EQ(u.pinned_blocks, 0u);
   EXPECT_EQ(u.blocks, cache->indexed_blocks()) << "every used slot belongs to an indexed block";
   EXPECT_LE(u.used_bytes, u.capacity_bytes);
+  EXPECT_EQ(u.host_tokens, u.blocks * 16) << "token accounting drifted";
+  if (quota.host_tokens != 0) {
+    EXPECT_LE(u.host_tokens, quota.host_tokens);
+  }
+}
+
+TEST(BlockCacheStressTest, ConcurrentSessionsKeepTheCacheConsistent) {
+  DaemonStats stats;
+  Stress({}, {}, stats);
+}
+
+// The same with the background reclaimer evicting beside the sessions and a
+// token quota below the arena.
+TEST(BlockCacheStressTest, WithBackgroundReclaimAndATokenQuota) {
+  DaemonStats stats;
+  Stress({.high_watermark = 0.6, .low_watermark = 0.4}, {.host_tokens = 48 * 16}, stats);
+  EXPECT_GT(stats.evictions_background.Get(), 0u);
+  EXPECT_GT(stats.evictions_for_quota.Get() + stats.evictions_background.Get(), 0u);
 }
 
 }  // namespace

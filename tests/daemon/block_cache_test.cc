@@ -1,5 +1,8 @@
 #include "daemon/block_cache.h"
 
+#include <chrono>
+#include <thread>
+
 #include "core/namespace.h"
 #include "core/status.h"
 #include "gtest/gtest.h"
@@ -13,15 +16,25 @@ using testing::KeyOf;
 class BlockCacheTest : public ::testing::Test {
  protected:
   // A tenant whose host tier holds `blocks` blocks of 4 KiB.
-  void SetUpCache(uint64_t blocks, int tenants = 1, std::string policy = "lru") {
-    BlockCache::Options o;
+  void SetUpCache(uint64_t blocks, int tenants = 1, std::string policy = "lru", BlockCache::Options o = {},
+                  TenantQuota quota = {}) {
     o.policy = std::move(policy);
     cache_ = std::move(BlockCache::Create(o, &stats_)).value();
     for (int t = 0; t < tenants; ++t) {
       auto host = HostTier::Create({"t", blocks * 4096, false});
       ASSERT_TRUE(host.ok());
-      ASSERT_TRUE(cache_->AddTenant("tenant" + std::to_string(t), std::move(*host)).ok());
+      ASSERT_TRUE(cache_->AddTenant("tenant" + std::to_string(t), std::move(*host), quota).ok());
     }
+    cache_->StartBackgroundReclaim();
+  }
+  // Waits up to 5 s for pred.
+  template <typename Pred>
+  bool Eventually(Pred pred) {
+    for (int i = 0; i < 500; ++i) {
+      if (pred()) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return pred();
   }
   std::unique_ptr<SessionHoldings> Session(uint32_t ns_handle = 0, uint16_t tenant = 0) {
     auto s = std::make_unique<SessionHoldings>();
@@ -198,6 +211,76 @@ TEST_F(BlockCacheTest, ThePolicyLearnsHowDeepAStoredBlockIs) {
     s.reset();
     cache_.reset();
   }
+}
+
+// Above the high watermark a background thread evicts the coldest blocks
+// down to the low one; between the two nothing happens (that room is what
+// stores use without evicting on their own path).
+TEST_F(BlockCacheTest, BackgroundReclaimKeepsRoomBetweenTheWatermarks) {
+  SetUpCache(20, 1, "lru", {.high_watermark = 0.8, .low_watermark = 0.5});
+  auto s = Session();
+  for (uint64_t i = 0; i < 15; ++i) ASSERT_TRUE(Store(*s, {KeyOf(i)}).ok());  // 75%: below the high mark
+  std::this_thread::sleep_for(std::chrono::milliseconds(250));                  // two polls of the thread
+  EXPECT_EQ(stats_.evictions.Get(), 0u);
+  ASSERT_TRUE(Store(*s, Keys(15, 2)).ok());  // 85%
+  ASSERT_TRUE(Eventually([&] { return cache_->Usage()[0].blocks <= 10; })) << cache_->Usage()[0].blocks;
+  EXPECT_EQ(cache_->Usage()[0].blocks, 10u) << "down to the low mark, not further";
+  EXPECT_EQ(stats_.evictions_background.Get(), 7u);
+  EXPECT_EQ(stats_.evictions.Get(), 7u);
+  for (uint64_t i = 0; i < 7; ++i) EXPECT_EQ(Hit(*s, {KeyOf(i)}), 0u) << "the coldest went: " << i;
+  for (uint64_t i = 7; i < 17; ++i) EXPECT_EQ(Hit(*s, {KeyOf(i)}), 1u) << i;
+  // Back between the marks: no more background evictions.
+  ASSERT_TRUE(Store(*s, Keys(100, 5)).ok());  // 75%
+  std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  EXPECT_EQ(stats_.evictions.Get(), 7u);
+}
+
+// Pinned blocks stop the reclaimer, not the daemon: it evicts what it may
+// and leaves the rest.
+TEST_F(BlockCacheTest, BackgroundReclaimSkipsPinnedBlocks) {
+  SetUpCache(10, 1, "lru", {.high_watermark = 0.5, .low_watermark = 0.2});
+  auto s = Session();
+  ASSERT_TRUE(Store(*s, Keys(0, 4)).ok());
+  uint64_t lease;
+  ASSERT_EQ(Hit(*s, Keys(0, 4), true, &lease), 4u);
+  ASSERT_TRUE(Store(*s, Keys(10, 4)).ok());  // 80%
+  ASSERT_TRUE(Eventually([&] { return stats_.evictions_background.Get() == 4; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  EXPECT_EQ(stats_.evictions_background.Get(), 4u) << "only the unpinned blocks could go";
+  EXPECT_EQ(Hit(*s, Keys(0, 4)), 4u);
+  ASSERT_TRUE(cache_->Release(*s, lease).ok());
+}
+
+// Admission in resident tokens: a tenant over its host_tokens quota evicts
+// its own coldest blocks, even with free room in its arena.
+TEST_F(BlockCacheTest, AHostTokensQuotaEvictsTheTenantsColdestBlocks) {
+  SetUpCache(64, 1, "lru", {}, {.host_tokens = 10 * 16});  // 16-token blocks: 10 of them
+  auto s = Session();
+  for (uint64_t i = 0; i < 12; ++i) ASSERT_TRUE(Store(*s, {KeyOf(i)}).ok());
+  const TenantUsage u = cache_->Usage()[0];
+  EXPECT_EQ(u.host_tokens, 160u);
+  EXPECT_EQ(u.blocks, 10u) << "the arena holds 64; the quota 10";
+  EXPECT_EQ(u.quota.host_tokens, 160u);
+  EXPECT_EQ(stats_.evictions_for_quota.Get(), 2u);
+  EXPECT_EQ(Hit(*s, Keys(0, 2)), 0u);
+  EXPECT_EQ(Hit(*s, Keys(2, 10)), 10u);
+  // A store larger than the quota is refused, clearly, and nothing is lost.
+  absl::Status big = Store(*s, Keys(100, 11));
+  EXPECT_EQ(ToErrorCode(big), KVTIER_ENOSPC) << big;
+  // Everything pinned: a clear error naming the quota.
+  uint64_t lease;
+  ASSERT_EQ(Hit(*s, Keys(2, 10), true, &lease), 10u);
+  absl::Status pinned = Store(*s, {KeyOf(200)});
+  EXPECT_EQ(ToErrorCode(pinned), KVTIER_ENOSPC);
+  EXPECT_NE(std::string(pinned.message()).find("host_tokens"), std::string::npos) << pinned.message();
+  ASSERT_TRUE(cache_->Release(*s, lease).ok());
+  // Blocks of more tokens than the whole quota can never be admitted.
+  auto wide = Session();
+  wide->ns.block_tokens = 200;
+  absl::Status over = Store(*wide, {KeyOf(300)});
+  EXPECT_EQ(ToErrorCode(over), KVTIER_ENOSPC);
+  EXPECT_NE(std::string(over.message()).find("over tenant"), std::string::npos) << over.message();
+  EXPECT_EQ(cache_->Usage()[0].host_tokens, 160u);
 }
 
 TEST_F(BlockCacheTest, PinnedBlocksAreNeverEvictedAndAllPinnedIsAClearError) {

@@ -38,7 +38,14 @@ max_leases_per_session = 77
 [tiers.host]
 capacity = "2GiB"
 prefault = true
-policy = "lru"
+policy = "s3fifo-deep"
+high_watermark = 0.9
+low_watermark = 0.8
+[cost_model]
+prefill_tflops = 150
+nvme_read_gbps = 6.5
+nvme_read_latency_us = 80
+decide = false
 [sim]
 bandwidth = "12GB"
 [[tenants]]
@@ -46,6 +53,9 @@ name = "a"
 uids = [1000, 1001]
 salt = "pepper"
 host_bytes = "512MiB"
+host_tokens = 2000000
+nvme_bytes = "100GiB"
+nvme_tokens = 30000000
 [[tenants]]
 name = "b"
 gids = [2000]
@@ -63,6 +73,17 @@ gids = [2000]
   EXPECT_EQ(c->tenants[0].uids, (std::vector<uid_t>{1000, 1001}));
   EXPECT_EQ(c->tenants[0].salt, "pepper");
   EXPECT_EQ(c->tenants[0].host_bytes, 512ull << 20);
+  EXPECT_EQ(c->tenants[0].host_tokens, 2000000u);
+  EXPECT_EQ(c->tenants[0].nvme_bytes, 100ull << 30);
+  EXPECT_EQ(c->tenants[0].nvme_tokens, 30000000u);
+  EXPECT_EQ(c->tenants[1].host_tokens, 0u) << "no quota unless given";
+  EXPECT_EQ(c->host_policy, "s3fifo-deep");
+  EXPECT_DOUBLE_EQ(c->host_high_watermark, 0.9);
+  EXPECT_DOUBLE_EQ(c->host_low_watermark, 0.8);
+  EXPECT_DOUBLE_EQ(c->cost_prefill_tflops, 150);
+  EXPECT_DOUBLE_EQ(c->cost_nvme_read_gbps, 6.5);
+  EXPECT_DOUBLE_EQ(c->cost_nvme_read_latency_us, 80);
+  EXPECT_FALSE(c->cost_decide);
   EXPECT_EQ(c->tenants[1].gids, std::vector<gid_t>{2000});
 }
 
@@ -90,6 +111,25 @@ TEST(ConfigTest, WrongTypesAndRangesNameTheKey) {
   EXPECT_FALSE(ParseConfig("[daemon]\ndevice = \"tpu\"\n", "k.toml").ok());
   EXPECT_FALSE(ParseConfig("[daemon]\nlog_level = \"chatty\"\n", "k.toml").ok());
   EXPECT_FALSE(ParseConfig("[tiers.host]\npolicy = \"mru\"\n", "k.toml").ok());
+  // Watermarks: fractions, the low one not above the high one.
+  auto w = ParseConfig("[tiers.host]\nhigh_watermark = 0.5\nlow_watermark = 0.7\n", "k.toml");
+  ASSERT_FALSE(w.ok());
+  EXPECT_NE(Message(w).find("tiers.host.low_watermark"), std::string::npos) << Message(w);
+  EXPECT_FALSE(ParseConfig("[tiers.host]\nhigh_watermark = 1.5\n", "k.toml").ok());
+  EXPECT_FALSE(ParseConfig("[tiers.host]\nlow_watermark = 0\n", "k.toml").ok());
+  // Quotas and the cost model: named keys, sane ranges.
+  auto q = ParseConfig("[[tenants]]\nname = \"a\"\nuids = [1]\nhost_tokens = -5\n", "k.toml");
+  ASSERT_FALSE(q.ok());
+  EXPECT_NE(Message(q).find("tenants[0].host_tokens"), std::string::npos) << Message(q);
+  EXPECT_FALSE(ParseConfig("[[tenants]]\nname = \"a\"\nuids = [1]\nnvme_bytes = \"lots\"\n", "k.toml").ok());
+  auto cm = ParseConfig("[cost_model]\nprefill_tflops = 0\n", "k.toml");
+  ASSERT_FALSE(cm.ok());
+  EXPECT_NE(Message(cm).find("cost_model.prefill_tflops"), std::string::npos) << Message(cm);
+  EXPECT_FALSE(ParseConfig("[cost_model]\nnvme_read_gbps = -1\n", "k.toml").ok());
+  EXPECT_FALSE(ParseConfig("[cost_model]\ndecide = \"yes\"\n", "k.toml").ok());
+  auto unknown = ParseConfig("[cost_model]\nprefill_tflop = 100\n", "k.toml");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(Message(unknown).find("cost_model.prefill_tflop"), std::string::npos) << Message(unknown);
   auto syntax = ParseConfig("[ipc\n", "k.toml");
   ASSERT_FALSE(syntax.ok());
   EXPECT_NE(Message(syntax).find("not valid TOML"), std::string::npos);

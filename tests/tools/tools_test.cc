@@ -258,6 +258,23 @@ TEST(ToolsTest, BenchPrintsOneJsonObjectPerMetric) {
   }
   EXPECT_GE(metrics, 2);
   EXPECT_EQ(RunCommand(Tool("kvtier-bench") + " nosuchsuite 2>/dev/null").exit_code, 2);
+
+  // Store latency with background reclaim against the same daemon without it.
+  Output r = RunCommand(Tool("kvtier-bench") + " reclaim --quick --json --kvtierd " +
+                        std::string(std::getenv("KVTIERD_BIN") ? std::getenv("KVTIERD_BIN") : "kvtierd"));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  std::istringstream rl(r.out);
+  int reclaim = 0;
+  while (std::getline(rl, line)) {
+    if (line.empty()) continue;
+    nlohmann::json m = nlohmann::json::parse(line);
+    EXPECT_EQ(m["suite"], "reclaim");
+    EXPECT_EQ(m["baseline_name"], "reclaim_off");
+    EXPECT_GT(m["value"].get<double>(), 0);
+    EXPECT_GT(m["baseline"].get<double>(), 0);
+    ++reclaim;
+  }
+  EXPECT_EQ(reclaim, 2);
 }
 
 }  // namespace

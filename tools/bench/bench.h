@@ -82,6 +82,7 @@ std::vector<Metric> RunIpcSuite(const Context& ctx);
 std::vector<Metric> RunHostSuite(const Context& ctx);
 std::vector<Metric> RunLookupSuite(const Context& ctx);
 std::vector<Metric> RunNvmeSuite(const Context& ctx);
+std::vector<Metric> RunReclaimSuite(const Context& ctx);
 
 }  // namespace kvtier::bench
 

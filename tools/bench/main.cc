@@ -27,6 +27,7 @@ void Usage() {
                "                (--dir PATH: put its files there, default a temp dir; --pairs N: runs\n"
                "                of ours and fio per point, default 5; --only TEXT: points whose name\n"
                "                contains TEXT, e.g. 256KiB_qd1, journal, restart)\n"
+               "        reclaim store latency into a full host tier, background reclaim on vs off\n"
                "        all     every suite\n"
                "--json prints one JSON object per metric; exit code 1 when a target is missed.\n");
 }
@@ -91,6 +92,7 @@ int main(int argc, char** argv) {
   any |= run("host", kvtier::bench::RunHostSuite);
   any |= run("lookup", kvtier::bench::RunLookupSuite);
   any |= run("nvme", kvtier::bench::RunNvmeSuite);
+  any |= run("reclaim", kvtier::bench::RunReclaimSuite);
   if (!any) {
     std::fprintf(stderr, "kvtier-bench: unknown suite \"%s\"\n", suite.c_str());
     Usage();

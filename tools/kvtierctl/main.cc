@@ -32,7 +32,14 @@ void PrintStatus(const json& s) {
   }
   tiers.Print(std::cout);
   std::cout << "\n";
-  Table tenants({"TENANT", "SESSIONS", "BLOCKS", "PINNED", "HOST USED", "HOST CAPACITY", "EVICTING BY"});
+  Table tenants({"TENANT", "SESSIONS", "BLOCKS", "PINNED", "HOST USED", "HOST CAPACITY", "HOST TOKENS", "NVME USED",
+                 "EVICTING BY"});
+  // "used / quota" where a quota is set.
+  auto of = [](const json& used, const json& quota, bool bytes) {
+    std::string s = bytes ? Bytes(used) : Num(used);
+    if (quota.get<uint64_t>() != 0) s += " / " + (bytes ? Bytes(quota) : Num(quota));
+    return s;
+  };
   for (const json& t : s["tenants"]) {
     // Which expert evicts, per block size the tenant holds ("-": none yet).
     std::string by;
@@ -40,8 +47,12 @@ void PrintStatus(const json& s) {
       if (!by.empty()) by += ", ";
       by += p["leader"].get<std::string>() + " (" + Bytes(p["slot_bytes"]) + " blocks)";
     }
+    const json& q = t["quota"];
+    std::string nvme = of(t["nvme_bytes"], q["nvme_bytes"], true);
+    if (q["nvme_tokens"].get<uint64_t>() != 0) nvme += ", " + of(t["nvme_tokens"], q["nvme_tokens"], false) + " tokens";
     tenants.AddRow({t["name"], Num(t["sessions"]), Num(t["blocks"]), Num(t["pinned_blocks"]),
-                    Bytes(t["host_used_bytes"]), Bytes(t["host_capacity_bytes"]), by.empty() ? "-" : by});
+                    Bytes(t["host_used_bytes"]), Bytes(t["host_capacity_bytes"]),
+                    of(t["host_tokens"], q["host_tokens"], false), nvme, by.empty() ? "-" : by});
   }
   tenants.Print(std::cout);
   std::cout << "\n";
@@ -82,7 +93,10 @@ void PrintStatus(const json& s) {
             << "decisions: NVMe hits loaded " << st["blocks_hit_nvme"] << ", reported recompute "
             << st["blocks_recompute"] << "; evictions demoted " << s["tiers"][0]["demotions"] << ", dropped "
             << s["tiers"][0]["evictions_dropped"] << " (by cost " << s["tiers"][0]["evictions_dropped_by_cost"]
-            << ")\n"
+            << "); in the background " << s["tiers"][0]["evictions_background"] << " (watermarks "
+            << Fixed(s["tiers"][0]["high_watermark"].get<double>(), 2) << " / "
+            << Fixed(s["tiers"][0]["low_watermark"].get<double>(), 2) << "), for token quotas "
+            << s["tiers"][0]["evictions_for_quota"] << "\n"
             << "sessions attached " << st["sessions_attached"] << "  detached " << st["sessions_detached"]
             << "  died " << st["sessions_closed_dead"] << "  refused " << st["attach_refused"] << "  protocol errors " << st["protocol_errors"] << "\n";
 }
