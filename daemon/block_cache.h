@@ -207,10 +207,25 @@ class BlockCache {
     std::vector<uint32_t> slot_tokens ABSL_GUARDED_BY(mu);  // tokens of each slot's block
     uint64_t host_tokens ABSL_GUARDED_BY(mu) = 0;           // their sum
     TenantQuota quota;                                      // fixed after AddTenant
+    // Background demotions chosen but not yet copied out (their slots are
+    // still allocated); a store that finds the tier full waits for them
+    // rather than evicting a hotter block.
+    uint32_t deferred_in_flight ABSL_GUARDED_BY(mu) = 0;
+    std::condition_variable_any deferred_done;
     // Promotions in flight and who else waits for them.
     absl::flat_hash_map<BlockRecord*, std::vector<absl::AnyInvocable<void(bool) &&>>> loading ABSL_GUARDED_BY(mu);
     std::atomic<uint64_t> pinned{0};
     std::atomic<uint64_t> evictions{0};
+  };
+
+  // A demotion whose copy into NVMe staging waits until the tier lock is
+  // released: its block is invisible in host memory and out of the policy,
+  // and its host slot stays allocated until FinishDemotion.
+  struct PendingDemotion {
+    BlockRecord* r = nullptr;
+    SlotHandle host_slot = 0, nvme_slot = 0;
+    uint64_t offset = 0;
+    BlockMeta meta;
   };
 
   BlockCache(const Options& opts, DaemonStats* stats);
@@ -225,7 +240,8 @@ class BlockCache {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
   // Evicts one block, from the block size that holds the most bytes; false
   // when nothing can go.
-  bool EvictColdestLocked(TenantState& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
+  bool EvictColdestLocked(TenantState& t, std::vector<PendingDemotion>* deferred = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
   // Fuller than `share` of the arena, or of the token quota.
   bool FullerThanLocked(const TenantState& t, double share) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
   void ReclaimLoop();
@@ -244,8 +260,13 @@ class BlockCache {
 
   // --- movement between tiers (block_movement.cc)
   enum class EvictResult { kSkipped, kEvicted };
-  // Takes a host victim's copy away: kept on NVMe, demoted to NVMe, or dropped.
-  EvictResult EvictHostCopyLocked(TenantState& t, BlockRecord* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
+  // Takes a host victim's copy away: kept on NVMe, demoted to NVMe, or
+  // dropped. With `deferred`, a demotion's write is left to FinishDemotion
+  // (appended there) instead of copying under the tier lock.
+  EvictResult EvictHostCopyLocked(TenantState& t, BlockRecord* r, std::vector<PendingDemotion>* deferred = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
+  // Starts a deferred demotion's write, then frees its host slot. Without the tier lock.
+  void FinishDemotion(TenantState& t, const PendingDemotion& d) ABSL_LOCKS_EXCLUDED(t.mu);
   // An NVMe slot for r's bytes, evicting while the tier is full or r's
   // tenant would go over its NVMe quota (then from its own blocks). Charges
   // r's tenant.

@@ -67,7 +67,8 @@ void BlockCache::ReleaseIoRef(TenantState& t, BlockRecord* r) {
   }
 }
 
-BlockCache::EvictResult BlockCache::EvictHostCopyLocked(TenantState& t, BlockRecord* r) {
+BlockCache::EvictResult BlockCache::EvictHostCopyLocked(TenantState& t, BlockRecord* r,
+                                                        std::vector<PendingDemotion>* deferred) {
   SlotHandle host_slot;
   uint64_t offset;
   bool keep_on_nvme;
@@ -122,6 +123,11 @@ BlockCache::EvictResult BlockCache::EvictHostCopyLocked(TenantState& t, BlockRec
         r->nvme_state = NvmeState::kWriting;  // the io_ref now belongs to the write
       }
       stats_->demotions.Add();
+      if (deferred != nullptr) {
+        PolicyFor(t, t.host->SlotBytes(host_slot))->Remove(host_slot);  // not a victim twice
+        deferred->push_back(PendingDemotion{r, host_slot, *nslot, offset, meta});
+        return EvictResult::kEvicted;
+      }
       // Write copies the bytes before it returns: the host slot is freed
       // right after. Its callback takes no tenant lock (r has no host slot),
       // so it may run inline here.
@@ -154,6 +160,20 @@ BlockCache::EvictResult BlockCache::EvictHostCopyLocked(TenantState& t, BlockRec
   FreeHostSlotLocked(t, host_slot);
   if (destroy) DestroyDetached(r);
   return EvictResult::kEvicted;
+}
+
+void BlockCache::FinishDemotion(TenantState& t, const PendingDemotion& d) {
+  BlockRecord* r = d.r;
+  // The slot is still allocated to r: nobody else writes these bytes.
+  nvme_->Write(d.nvme_slot, d.meta, {t.host->arena_base() + d.offset, d.meta.payload_bytes}, IoPriority::kDemote,
+               [this, &t, r](absl::Status s) {
+                 if (!s.ok()) stats_->demotions_failed.Add();
+                 OnNvmeWritten(r, s);
+                 ReleaseIoRef(t, r);
+               });
+  MutexLock l(&t.mu);
+  FreeHostSlotLocked(t, d.host_slot);
+  if (--t.deferred_in_flight == 0) t.deferred_done.notify_all();
 }
 
 void BlockCache::ChargeNvmeLocked(const BlockRecord* r, int sign) {

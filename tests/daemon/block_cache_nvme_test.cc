@@ -22,9 +22,13 @@ class BlockCacheNvmeTest : public ::testing::Test {
  protected:
   // host_blocks host slots; an NVMe tier of 4 segments of 1 MiB (~60 slots of 16 KiB + header each).
   void Open(uint64_t host_blocks, const std::vector<std::string>& tenants = {"t"}, bool write_through = false,
-            const std::vector<TenantQuota>& quotas = {}) {
+            const std::vector<TenantQuota>& quotas = {}, double high_watermark = 1.0, double low_watermark = 1.0) {
     cache_.reset();
-    cache_ = std::move(BlockCache::Create({.write_through = write_through}, &stats_)).value();
+    cache_ = std::move(BlockCache::Create({.write_through = write_through,
+                                           .high_watermark = high_watermark,
+                                           .low_watermark = low_watermark},
+                                          &stats_))
+                 .value();
     for (size_t i = 0; i < tenants.size(); ++i) {
       ASSERT_TRUE(cache_
                       ->AddTenant(tenants[i], std::move(*HostTier::Create({"t", host_blocks * kBlock, false})),
@@ -44,6 +48,7 @@ class BlockCacheNvmeTest : public ::testing::Test {
     auto n = cache_->AttachNvme(std::move(*nvme), rec, &namespaces_);
     ASSERT_TRUE(n.ok());
     indexed_ = *n;
+    cache_->StartBackgroundReclaim();
   }
   std::unique_ptr<SessionHoldings> Session(uint16_t tenant = 0) {
     auto s = std::make_unique<SessionHoldings>();
@@ -148,6 +153,37 @@ TEST_F(BlockCacheNvmeTest, NvmeQuotasBoundEachTenantsShare) {
   // (Loads promote into 4 host slots: 4 at a time.) b's bytes are intact.
   EXPECT_EQ(LoadVerified(*b, 1000, 4), 4u);
   EXPECT_EQ(LoadVerified(*b, 1004, 4), 4u);
+}
+
+// The background reclaimer demotes (its copies run outside the tier lock);
+// what it demoted loads back with its own bytes, and a store that finds the
+// tier full while demotions are in flight waits for them instead of
+// evicting something else.
+TEST_F(BlockCacheNvmeTest, BackgroundReclaimDemotesAndTheBytesComeBack) {
+  Open(10, {"t"}, false, {}, 0.7, 0.4);
+  auto s = Session();
+  Store(*s, 0, 4);
+  Store(*s, 4, 4);  // 80%: the reclaimer takes the 4 coldest down to 40%
+  for (int i = 0; i < 500 && stats_.evictions_background.Get() < 4; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  SyncNvme();
+  EXPECT_EQ(stats_.evictions_background.Get(), 4u);
+  EXPECT_EQ(stats_.demotions.Get(), 4u);
+  EXPECT_EQ(stats_.evictions_dropped.Get(), 0u);
+  EXPECT_EQ(cache_->Usage()[0].blocks, 4u);
+  std::vector<TierKind> tiers;
+  EXPECT_EQ(LoadVerified(*s, 0, 4, &tiers), 4u);
+  EXPECT_EQ(tiers, std::vector<TierKind>(4, TierKind::kNvme));
+  // Fill it to the brim in one go, repeatedly: stores and the reclaimer race.
+  for (uint64_t i = 0; i < 20; ++i) Store(*s, 100 + 5 * i, 5);
+  for (int i = 0; i < 500 && cache_->Usage()[0].blocks > 7; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  SyncNvme();
+  EXPECT_LE(cache_->Usage()[0].blocks, 7u) << "at or below the high mark once stores stop";
+  EXPECT_EQ(stats_.evictions_dropped.Get(), 0u) << "every eviction was demoted";
+  for (uint64_t i = 0; i < 20; ++i) EXPECT_EQ(LoadVerified(*s, 100 + 5 * i, 5), 5u) << i;
 }
 
 TEST_F(BlockCacheNvmeTest, HostEvictionDemotesAndLoadsPromoteBack) {
