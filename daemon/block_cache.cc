@@ -539,7 +539,9 @@ absl::StatusOr<uint32_t> BlockCache::StoreBegin(SessionHoldings& s, std::span<co
                            "\"'s host arena of ", FormatBytes(t.host->arena_bytes()),
                            "; store fewer at a time or raise tiers.host.capacity");
   }
-  if (!too_big.empty()) {
+  MutexLock l(&t.mu);
+  // All or nothing: a refused store gives back what it took.
+  auto give_back = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
     for (BlockRecord* c : created) {
       BlockIndex::Shard& sh = index_.ShardFor(c);
       {
@@ -547,27 +549,20 @@ absl::StatusOr<uint32_t> BlockCache::StoreBegin(SessionHoldings& s, std::span<co
         index_.Erase(sh, c);
         c->removed = true;
       }
+      if (c->host_slot != kNoSlot) FreeHostSlotLocked(t, c->host_slot);
       delete c;
     }
+  };
+  if (!too_big.empty()) {
+    give_back();
     stats_->store_refused_no_space.Add();
     return CodedStatus(KVTIER_ENOSPC, too_big);
   }
-  MutexLock l(&t.mu);
   for (size_t j = 0; j < created.size(); ++j) {
     BlockRecord* r = created[j];
     absl::StatusOr<SlotHandle> slot = AllocateSlotLocked(t, s.ns.block_bytes, s.ns.block_tokens, r);
     if (!slot.ok()) {
-      // All or nothing: give back what this request took.
-      for (BlockRecord* c : created) {
-        BlockIndex::Shard& sh = index_.ShardFor(c);
-        {
-          MutexLock sl(&sh.mu);
-          index_.Erase(sh, c);
-          c->removed = true;
-        }
-        if (c->host_slot != kNoSlot) FreeHostSlotLocked(t, c->host_slot);
-        delete c;
-      }
+      give_back();
       return slot.status();
     }
     const uint64_t offset = t.host->ArenaOffset(*slot);
