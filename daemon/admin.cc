@@ -164,7 +164,7 @@ nlohmann::json Daemon::Status() const {
   if (NvmeTier* nvme = cache_->nvme_tier()) {
     const NvmeStats n = nvme->Stats();
     tiers.push_back(json{{"tier", "nvme"},
-                         {"policy", "lru"},
+                         {"policy", config_.nvme_policy},
                          {"hits_loaded", s.blocks_hit_nvme.Get()},
                          {"hits_reported_recompute", s.blocks_recompute.Get()},
                          {"capacity_bytes", n.capacity_bytes},

@@ -18,6 +18,10 @@ BlockCache::BlockCache(const Options& opts, DaemonStats* stats)
 
 absl::StatusOr<std::unique_ptr<BlockCache>> BlockCache::Create(const Options& opts, DaemonStats* stats) {
   RETURN_IF_ERROR(MakeEvictionPolicy(opts.policy).status());
+  RETURN_IF_ERROR(MakeEvictionPolicy(opts.nvme_policy).status());
+  if (opts.nvme_policy == "adaptive") {
+    return absl::InvalidArgumentError("the NVMe tier's policy cannot be adaptive (its shadows learn from host lookups)");
+  }
   return std::unique_ptr<BlockCache>(new BlockCache(opts, stats));
 }
 

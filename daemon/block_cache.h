@@ -113,6 +113,8 @@ class BlockCache {
   struct Options {
     uint32_t max_leases_per_session = 65536;
     std::string policy = "lru";
+    // The NVMe tier's policy: any but "adaptive" (its shadows learn from host lookups).
+    std::string nvme_policy = "lru";
     bool write_through = false;  // also write every committed block to NVMe at once
     CostTracker::Options cost;
     // Background reclaim (StartBackgroundReclaim): above high_watermark (a

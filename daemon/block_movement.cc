@@ -279,7 +279,7 @@ void BlockCache::RecordNvmeWriteLocked(BlockRecord* r, const absl::Status& s) {
     }
   }
   if (s.ok()) {
-    nvme_policy_->Insert(slot);
+    nvme_policy_->InsertAt(slot, PolicyKeyOf(*r), PositionOf(*r, MetaOf(r).block_tokens));
     nvme_blocks_.fetch_add(1, std::memory_order_relaxed);
     stats_->bytes_written_nvme.Add(nvme_owner_.contains(slot) ? MetaOf(r).payload_bytes : 0);
   } else {
@@ -546,7 +546,9 @@ absl::StatusOr<uint64_t> BlockCache::AttachNvme(std::unique_ptr<NvmeTier> nvme,
                                                 NamespaceRegistry* namespaces) {
   nvme_ = std::move(nvme);
   MutexLock nl(&nvme_mu_);
-  nvme_policy_ = MakeSparseLruPolicy();
+  // The name was checked by Create.
+  nvme_policy_ = opts_.nvme_policy == "lru" ? MakeSparseLruPolicy()
+                                            : MakeSparseHandlePolicy(*MakeEvictionPolicy(opts_.nvme_policy));
   uint64_t indexed = 0;
   for (const RecoveredBlock& b : recovered) {
     auto tenant = tenant_by_hash_.find(b.meta.tenant_hash);
@@ -577,7 +579,7 @@ absl::StatusOr<uint64_t> BlockCache::AttachNvme(std::unique_ptr<NvmeTier> nvme,
     }
     nvme_owner_[b.slot] = r;
     ChargeNvmeLocked(r, +1);
-    nvme_policy_->Insert(b.slot);
+    nvme_policy_->InsertWithKey(b.slot, PolicyKeyOf(*r));  // depth is not kept across restarts
     nvme_blocks_.fetch_add(1, std::memory_order_relaxed);
     ++indexed;
   }

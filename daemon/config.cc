@@ -289,6 +289,7 @@ absl::StatusOr<Config> ParseConfig(std::string_view toml_text, std::string_view 
       RETURN_IF_ERROR(r.Bool("allow_buffered", &c.nvme_allow_buffered));
       RETURN_IF_ERROR(r.Bytes("staging_bytes", &c.nvme_staging_bytes));
       RETURN_IF_ERROR(r.Bool("write_through", &c.nvme_write_through));
+      RETURN_IF_ERROR(r.String("policy", &c.nvme_policy));
       RETURN_IF_ERROR(r.RejectUnknown());
     }
     RETURN_IF_ERROR(tiers.RejectUnknown());
@@ -384,6 +385,14 @@ absl::Status ValidateConfig(const Config& c) {
     return absl::InvalidArgumentError(Cat("tiers.host.capacity = ", FormatBytes(c.host_capacity),
                                                    " is below the 1 MiB minimum"));
   }
+  if (auto p = MakeEvictionPolicy(c.nvme_policy); !p.ok()) {
+    return absl::InvalidArgumentError(Cat("tiers.nvme.policy: ", p.status().message()));
+  }
+  if (c.nvme_policy == "adaptive") {
+    return absl::InvalidArgumentError(
+        "tiers.nvme.policy = \"adaptive\" is host-only (its shadows learn from host lookups); use lru, s3fifo, "
+        "s3fifo-deep or tinylfu");
+  }
   if (c.host_low_watermark > c.host_high_watermark) {
     return absl::InvalidArgumentError(Cat("tiers.host.low_watermark = ", c.host_low_watermark,
                                           " is above tiers.host.high_watermark = ", c.host_high_watermark,
@@ -450,6 +459,7 @@ std::string DefaultConfigToml() {
       "allow_buffered = false      # accept file systems without O_DIRECT (page-cache I/O)\n"
       "staging_bytes = \"64MiB\"    # aligned bounce memory for direct I/O\n"
       "write_through = false       # write committed blocks to NVMe at once, not only on eviction\n"
+      "policy = \"lru\"              # eviction policy of the NVMe tier: lru, s3fifo, s3fifo-deep, tinylfu\n"
       "\n[cost_model]\n"
       "# What a block is worth: prefill time of its tokens at its position, for this\n"
       "# model shape, at a throughput fitted to the engines' report_prefill calls.\n"

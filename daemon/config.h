@@ -67,6 +67,7 @@ struct Config {
   bool nvme_allow_buffered = false;
   uint64_t nvme_staging_bytes = 64ull << 20;
   bool nvme_write_through = false;
+  std::string nvme_policy = "lru";
   // [cost_model]
   std::string cost_model_config;  // HF config.json; empty: ModelProfile::Default()
   double cost_prefill_tflops = 300;

@@ -85,7 +85,7 @@ absl::Status Daemon::Open() {
   spdlog::info("event=cost_model model=\"{}\" kv_bytes_per_token={} prefill_tflops_prior={} decide={}",
                cost.model.name, cost.model.KvBytesPerToken(), config_.cost_prefill_tflops, cost.decide);
   ASSIGN_OR_RETURN(cache_, BlockCache::Create({config_.max_leases_per_session, config_.host_policy,
-                                               config_.nvme_write_through, std::move(cost),
+                                               config_.nvme_policy, config_.nvme_write_through, std::move(cost),
                                                config_.host_high_watermark, config_.host_low_watermark},
                                               &stats_));
   for (const TenantConfig& t : config_.tenants) {

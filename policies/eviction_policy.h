@@ -63,6 +63,9 @@ class EvictionPolicy {
 std::unique_ptr<EvictionPolicy> MakeLruPolicy();
 // LRU for sparse handles (the NVMe tier's segment<<16|slot): links in a hash map.
 std::unique_ptr<EvictionPolicy> MakeSparseLruPolicy();
+// Any dense-handle policy over sparse handles: tracked handles are mapped to
+// dense ones (reused after Remove).
+std::unique_ptr<EvictionPolicy> MakeSparseHandlePolicy(std::unique_ptr<EvictionPolicy> dense);
 
 // S3-FIFO: scan resistant (a small probation FIFO, a main FIFO with lazy
 // reinsertion, ghosts of keys evicted young). Dense handles.

@@ -22,9 +22,11 @@ class BlockCacheNvmeTest : public ::testing::Test {
  protected:
   // host_blocks host slots; an NVMe tier of 4 segments of 1 MiB (~60 slots of 16 KiB + header each).
   void Open(uint64_t host_blocks, const std::vector<std::string>& tenants = {"t"}, bool write_through = false,
-            const std::vector<TenantQuota>& quotas = {}, double high_watermark = 1.0, double low_watermark = 1.0) {
+            const std::vector<TenantQuota>& quotas = {}, double high_watermark = 1.0, double low_watermark = 1.0,
+            const std::string& nvme_policy = "lru") {
     cache_.reset();
-    cache_ = std::move(BlockCache::Create({.write_through = write_through,
+    cache_ = std::move(BlockCache::Create({.nvme_policy = nvme_policy,
+                                           .write_through = write_through,
                                            .high_watermark = high_watermark,
                                            .low_watermark = low_watermark},
                                           &stats_))
@@ -287,6 +289,53 @@ TEST_F(BlockCacheNvmeTest, AFullNvmeTierEvictsItsLeastRecentlyUsedBlocks) {
   LoadVerified(*s, 0, 1, nullptr, &hit);
   EXPECT_EQ(hit, 0u);
   for (uint64_t i = 280; i < 296; i += 2) EXPECT_EQ(LoadVerified(*s, i, 2), 2u) << i;
+}
+
+// tiers.nvme.policy: every policy but adaptive runs the shared NVMe tier
+// (over its sparse segment<<16|slot handles). A block hit on NVMe twice is
+// kept by S3-FIFO through a stream of blocks demoted once; LRU lets it go.
+TEST_F(BlockCacheNvmeTest, TheNvmeTierEvictsByItsConfiguredPolicy) {
+  EXPECT_FALSE(BlockCache::Create({.nvme_policy = "adaptive"}, &stats_).ok());
+  EXPECT_FALSE(BlockCache::Create({.nvme_policy = "mru"}, &stats_).ok());
+  uint64_t base = 0;  // each run its own keys (the NVMe files outlive a run)
+  for (const char* policy : {"lru", "s3fifo", "s3fifo-deep", "tinylfu"}) {
+    SCOPED_TRACE(policy);
+    base += 100000;
+    const uint64_t evictions_before = stats_.nvme_evictions.Get();
+    Open(2, {"t"}, false, {}, 1.0, 1.0, policy);
+    auto s = Session();
+    Store(*s, base, 2);
+    Store(*s, base + 2, 2);  // base and base + 1 demoted
+    SyncNvme();
+    auto probe = [&](bool lease) {
+      std::vector<BlockKey> keys{KeyOf(base)};
+      std::vector<BlockLocation> out(1);
+      uint64_t id = 0;
+      const uint32_t hit = *cache_->Lookup(*s, keys, lease, &id, std::span(out));
+      if (id != 0) {
+        EXPECT_TRUE(cache_->Release(*s, id).ok());
+      }
+      return hit;
+    };
+    ASSERT_EQ(probe(true), 1u);  // a leased hit touches its NVMe copy
+    ASSERT_EQ(probe(true), 1u);
+    for (uint64_t i = 10; i < 310; i += 2) {
+      Store(*s, base + i, 2);
+      SyncNvme();
+    }
+    EXPECT_GT(stats_.nvme_evictions.Get(), evictions_before);
+    EXPECT_EQ(cache_->nvme_tier()->Usage().used_slots, cache_->nvme_blocks());
+    const uint32_t kept = probe(false);
+    if (std::string(policy) == "lru") {
+      EXPECT_EQ(kept, 0u) << "LRU: 300 newer demotions pushed it out";
+    } else if (std::string(policy) != "tinylfu") {
+      EXPECT_EQ(kept, 1u) << "used while young: it went to S3-FIFO's main queue";
+    }
+    if (std::string(policy) != "tinylfu") {  // (its admission duel may turn away new one-time blocks)
+      for (uint64_t i = 290; i < 306; i += 2) EXPECT_EQ(LoadVerified(*s, base + i, 2), 2u) << i;
+    }
+    s.reset();
+  }
 }
 
 TEST_F(BlockCacheNvmeTest, InvalidatingANvmeOnlyBlockFreesItsSlot) {

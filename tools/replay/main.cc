@@ -44,6 +44,7 @@ struct SimFlags {
   std::vector<std::string> tiers, policies;
   bool infinite = false, drop = false, always_load = false;
   std::string model_config;
+  std::string nvme_policy = "lru";
   double prefill_tflops = 300, host_gbps = 25, nvme_gbps = 3, nvme_latency_us = 100;
   uint32_t gpus = 4;
 };
@@ -73,6 +74,7 @@ int RunSimulation(const kvtier::tools::Workload& workload, const SimFlags& f, ui
   base.demote = !f.drop;
   base.cost_aware_loads = !f.always_load;
   if (!f.policies.empty()) base.policies = f.policies;
+  base.nvme_policy = f.nvme_policy;
   std::vector<uint64_t> capacities;
   for (const std::string& t : f.tiers) {
     const size_t eq = t.find('=');
@@ -185,6 +187,9 @@ int main(int argc, char** argv) {
                  "simulate: policies to compare (default lru,s3fifo,s3fifo-deep,tinylfu,adaptive,belady; also none)")
       ->delimiter(',');
   app.add_flag("--infinite", sim.infinite, "simulate: add a row with unbounded capacity");
+  app.add_option("--nvme-policy", sim.nvme_policy,
+                 "simulate: the NVMe tier's policy (default lru; s3fifo, s3fifo-deep, tinylfu), as tiers.nvme.policy; "
+                 "the belady row uses belady on both tiers");
   app.add_option("--model-config", sim.model_config,
                  "simulate: a Hugging Face config.json for the cost model (default: the Llama-3.1-8B shape)")
       ->check(CLI::ExistingFile);

@@ -177,7 +177,12 @@ absl::StatusOr<SimRow> SimulatePolicy(const Workload& w, const std::string& poli
   SimTier host, nvme;
   if (cached) {
     RETURN_IF_ERROR(host.Init(policy, p.distinct, opts.capacity_blocks, p.parent));
-    if (with_nvme) RETURN_IF_ERROR(nvme.Init(belady ? "belady" : "lru", p.distinct, opts.nvme_blocks, p.parent));
+    if (with_nvme) {
+      if (opts.nvme_policy == "adaptive") {
+        return absl::InvalidArgumentError("the NVMe tier's policy cannot be adaptive (as in the daemon)");
+      }
+      RETURN_IF_ERROR(nvme.Init(belady ? "belady" : opts.nvme_policy, p.distinct, opts.nvme_blocks, p.parent));
+    }
   } else {
     host.resident.assign(p.distinct, 0);
   }

@@ -33,6 +33,7 @@ struct SimOptions {
   bool infinite = false;         // one row with unbounded capacity instead
   std::vector<std::string> policies = {"lru", "s3fifo", "s3fifo-deep", "tinylfu", "adaptive", "belady"};
   std::string default_policy{kDefaultHostPolicy};  // the daemon's default, marked in the output
+  std::string nvme_policy = "lru";     // as tiers.nvme.policy (belady rows: belady)
   bool demote = true;                  // host evictions go to NVMe (else dropped)
   bool cost_aware_loads = true;        // recompute NVMe hits that load slower
 
