@@ -120,10 +120,12 @@ bool BlockCache::EvictColdestLocked(TenantState& t, std::vector<PendingDemotion>
   return false;
 }
 
-bool BlockCache::FullerThanLocked(const TenantState& t, double share) const {
+bool BlockCache::FullerThanLocked(const TenantState& t, double share, uint64_t freeing_bytes,
+                                  uint64_t freeing_tokens) const {
   const TierUsage u = t.host->Usage();
-  if (double(u.used_bytes) > share * double(u.capacity_bytes)) return true;
-  return t.quota.host_tokens != 0 && double(t.host_tokens) > share * double(t.quota.host_tokens);
+  if (double(u.used_bytes - std::min(freeing_bytes, u.used_bytes)) > share * double(u.capacity_bytes)) return true;
+  return t.quota.host_tokens != 0 &&
+         double(t.host_tokens - std::min(freeing_tokens, t.host_tokens)) > share * double(t.quota.host_tokens);
 }
 
 void BlockCache::StartBackgroundReclaim() {
@@ -161,20 +163,18 @@ void BlockCache::ReclaimLoop() {
           }
           // Slots of deferred demotions still count as used: aim past them.
           // (Kept and dropped blocks free theirs at once.)
-          uint64_t freeing = 0;
-          for (int evicted = 0;; ++evicted) {
-            const TierUsage u = t.host->Usage();
-            const bool bytes_over = double(u.used_bytes - freeing) > opts_.low_watermark * double(u.capacity_bytes);
-            const bool tokens_over = t.quota.host_tokens != 0 &&
-                                     double(t.host_tokens) > opts_.low_watermark * double(t.quota.host_tokens);
-            if (!bytes_over && !tokens_over) break;
+          uint64_t freeing_bytes = 0, freeing_tokens = 0;
+          for (int evicted = 0; FullerThanLocked(t, opts_.low_watermark, freeing_bytes, freeing_tokens); ++evicted) {
             if (evicted == 16) {
               more = true;
               break;
             }
             const size_t before = pending.size();
             if (!EvictColdestLocked(t, &pending)) break;  // everything left is pinned or moving
-            for (size_t i = before; i < pending.size(); ++i) freeing += t.host->SlotBytes(pending[i].host_slot);
+            for (size_t i = before; i < pending.size(); ++i) {
+              freeing_bytes += t.host->SlotBytes(pending[i].host_slot);
+              freeing_tokens += t.slot_tokens[pending[i].host_slot];
+            }
             t.deferred_in_flight += static_cast<uint32_t>(pending.size() - before);
             stats_->evictions_background.Add();
           }
@@ -592,8 +592,7 @@ absl::StatusOr<uint32_t> BlockCache::StoreBegin(SessionHoldings& s, std::span<co
       parents[j] = s.last_chain[*base_depth - 1];
     }
   }
-  s.ticket_parents.emplace(*ticket, std::move(parents));
-  s.tickets.emplace(*ticket, std::move(created));
+  s.tickets.emplace(*ticket, SessionHoldings::Ticket{std::move(created), std::move(parents)});
   return needed;
 }
 
@@ -604,14 +603,9 @@ void BlockCache::StoreCommit(SessionHoldings& s, uint64_t ticket, bool durable, 
                                                             ": committed or aborted already, or not this session's")));
     return;
   }
-  std::vector<BlockRecord*> blocks = std::move(it->second);
+  std::vector<BlockRecord*> blocks = std::move(it->second.blocks);
+  std::vector<uint64_t> parents = std::move(it->second.parents);
   s.tickets.erase(it);
-  std::vector<uint64_t> parents;
-  if (auto p = s.ticket_parents.find(ticket); p != s.ticket_parents.end()) {
-    parents = std::move(p->second);
-    s.ticket_parents.erase(p);
-  }
-  parents.resize(blocks.size(), 0);
   TenantState& t = *tenants_[s.ns.tenant];
   {
     MutexLock l(&t.mu);
@@ -680,7 +674,7 @@ absl::Status BlockCache::StoreAbort(SessionHoldings& s, uint64_t ticket) {
   TenantState& t = *tenants_[s.ns.tenant];
   {
     MutexLock l(&t.mu);
-    for (BlockRecord* r : it->second) {
+    for (BlockRecord* r : it->second.blocks) {
       {
         BlockIndex::Shard& sh = index_.ShardFor(r);
         MutexLock sl(&sh.mu);
@@ -692,7 +686,6 @@ absl::Status BlockCache::StoreAbort(SessionHoldings& s, uint64_t ticket) {
   }
   stats_->store_aborts.Add();
   s.tickets.erase(it);
-  s.ticket_parents.erase(ticket);
   return absl::OkStatus();
 }
 

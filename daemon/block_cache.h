@@ -53,9 +53,11 @@ struct SessionHoldings {
   NamespaceInfo ns;
   uint64_t next_id = 1;
   absl::flat_hash_map<uint64_t, std::vector<BlockRecord*>> leases;
-  absl::flat_hash_map<uint64_t, std::vector<BlockRecord*>> tickets;
-  // Per ticket, the parent identity (PolicyKeyOf) of each of its blocks; 0 unknown.
-  absl::flat_hash_map<uint64_t, std::vector<uint64_t>> ticket_parents;
+  struct Ticket {
+    std::vector<BlockRecord*> blocks;
+    std::vector<uint64_t> parents;  // each block's parent identity (PolicyKeyOf); 0 unknown
+  };
+  absl::flat_hash_map<uint64_t, Ticket> tickets;
   std::atomic<uint64_t> lease_count{0};
   std::atomic<uint64_t> pinned_blocks{0};
   // The last leased lookup's chain (PolicyKeyOf each key): for the adaptive
@@ -244,8 +246,11 @@ class BlockCache {
   // when nothing can go.
   bool EvictColdestLocked(TenantState& t, std::vector<PendingDemotion>* deferred = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
-  // Fuller than `share` of the arena, or of the token quota.
-  bool FullerThanLocked(const TenantState& t, double share) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
+  // Fuller than `share` of the arena, or of the token quota, not counting
+  // the bytes and tokens of slots about to be freed.
+  bool FullerThanLocked(const TenantState& t, double share, uint64_t freeing_bytes = 0,
+                        uint64_t freeing_tokens = 0) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
   void ReclaimLoop();
   ChainGuard* PolicyFor(TenantState& t, uint64_t slot_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
   void FreeHostSlotLocked(TenantState& t, SlotHandle slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
