@@ -14,12 +14,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/device_types.h"
 #include "core/unique_fd.h"
 
 namespace kvtier {
-
-using DeviceStream = uint64_t;
-using DeviceEvent = uint64_t;
 
 // A handle another process can open to reach device memory. CUDA fills
 // `opaque` (cudaIpcMemHandle_t); the simulated backend passes a memfd.
