@@ -25,7 +25,17 @@ if(KVTIER_WITH_CUDA)
   find_package(CUDAToolkit QUIET)
   if(CUDAToolkit_FOUND)
     set(KVTIER_HAVE_CUDA ON)
-    message(STATUS "kvtier: CUDA toolkit ${CUDAToolkit_VERSION} found; CUDA pieces are built")
+    # The kernels are compiled for these GPUs (A100 = 80, H100/H200 = 90);
+    # e.g. -DKVTIER_CUDA_ARCHITECTURES="80;90;100".
+    set(KVTIER_CUDA_ARCHITECTURES "80;90" CACHE STRING "CUDA architectures the kernels are built for")
+    if(NOT CMAKE_CUDA_COMPILER)
+      set(CMAKE_CUDA_COMPILER ${CUDAToolkit_NVCC_EXECUTABLE})
+    endif()
+    set(CMAKE_CUDA_ARCHITECTURES ${KVTIER_CUDA_ARCHITECTURES})
+    set(CMAKE_CUDA_STANDARD 17)  # CMake 3.25 does not know nvcc 13 takes C++20; the .cu needs 17
+    set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+    enable_language(CUDA)
+    message(STATUS "kvtier: CUDA toolkit ${CUDAToolkit_VERSION} found; CUDA pieces are built for sm ${KVTIER_CUDA_ARCHITECTURES}")
   else()
     message(STATUS "kvtier: no CUDA toolkit; building without CUDA pieces")
   endif()

@@ -8,12 +8,14 @@ function(kvtier_warnings target)
 endfunction()
 
 # Sanitizer flags apply to every target we build (not to Debian's libraries).
+# nvcc takes none of them: CUDA sources are left out.
 if(KVTIER_SANITIZE STREQUAL "asan")
-  add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
+  add_compile_options($<$<COMPILE_LANGUAGE:C,CXX>:-fsanitize=address,undefined> $<$<COMPILE_LANGUAGE:C,CXX>:-fno-omit-frame-pointer>
+                      $<$<COMPILE_LANGUAGE:C,CXX>:-fno-sanitize-recover=undefined>)
   add_link_options(-fsanitize=address,undefined)
   add_compile_definitions(KVTIER_SANITIZER=1)
 elseif(KVTIER_SANITIZE STREQUAL "tsan")
-  add_compile_options(-fsanitize=thread -fno-omit-frame-pointer)
+  add_compile_options($<$<COMPILE_LANGUAGE:C,CXX>:-fsanitize=thread> $<$<COMPILE_LANGUAGE:C,CXX>:-fno-omit-frame-pointer>)
   add_link_options(-fsanitize=thread)
   add_compile_definitions(KVTIER_SANITIZER=1 KVTIER_TSAN=1)
 elseif(NOT KVTIER_SANITIZE STREQUAL "")

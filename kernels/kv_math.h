@@ -223,6 +223,9 @@ inline const uint8_t* Secret() { return kSecretHost; }
 #endif
 
 KVTIER_HD uint64_t Read64(const uint8_t* p) {
+#if defined(__CUDA_ARCH__)
+  if ((reinterpret_cast<uintptr_t>(p) & 7) == 0) return *reinterpret_cast<const uint64_t*>(p);
+#endif
   uint64_t v;
   memcpy(&v, p, 8);
   return v;

@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "core/device_types.h"
 #include "core/unique_fd.h"
+#include "kernels/kv_kernels.h"
 
 namespace kvtier {
 
@@ -66,6 +67,9 @@ class DeviceBackend {
   // Thread-safe. Opens a handle from another process; close with CloseImported.
   virtual absl::StatusOr<void*> ImportMemory(const IpcMemHandle& handle) = 0;
   virtual absl::Status CloseImported(void* ptr) = 0;
+  // Thread-safe. The KV kernels (gather / scatter / quantize / checksum),
+  // run in order with the copies of the stream they are given.
+  virtual kernels::KvKernels& kernels() = 0;
 };
 
 struct SimDeviceOptions {
@@ -73,6 +77,10 @@ struct SimDeviceOptions {
   uint64_t bandwidth_bytes_per_s = 0;
 };
 std::unique_ptr<DeviceBackend> MakeSimDevice(const SimDeviceOptions& opts = {});
+
+// The CUDA backend on device `ordinal`: Unavailable when this build has no
+// CUDA or the device does not answer.
+absl::StatusOr<std::unique_ptr<DeviceBackend>> MakeCudaDevice(int ordinal);
 
 // Number of CUDA devices that answer; 0 (with the reason in *why) when the
 // build has no CUDA, there is no driver, or any CUDA call fails.

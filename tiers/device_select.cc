@@ -26,6 +26,12 @@ int ProbeCudaDevices(std::string* why) {
 #endif
 }
 
+#ifndef KVTIER_HAVE_CUDA
+absl::StatusOr<std::unique_ptr<DeviceBackend>> MakeCudaDevice(int) {
+  return absl::UnavailableError("this build has no CUDA device backend (no CUDA toolkit at build time)");
+}
+#endif
+
 absl::StatusOr<DeviceChoice> OpenDeviceBackend(absl::string_view device, const SimDeviceOptions& sim) {
   if (device == "sim") {
     return DeviceChoice{MakeSimDevice(sim), "device=sim: host-simulated device backend"};
@@ -37,17 +43,15 @@ absl::StatusOr<DeviceChoice> OpenDeviceBackend(absl::string_view device, const S
   std::string why;
   const int count = ProbeCudaDevices(&why);
   if (count > 0) {
-    // The CUDA backend itself lands with the GPU tier; until then a present
-    // GPU is reported and the simulated backend serves.
-    if (device == "cuda") {
-      return absl::UnimplementedError(absl::StrCat(
-          count, " CUDA device(s) answer, but this build has no CUDA device backend yet; "
-                 "set device = \"auto\" or \"sim\""));
+    absl::StatusOr<std::unique_ptr<DeviceBackend>> cuda = MakeCudaDevice(0);
+    if (cuda.ok()) {
+      return DeviceChoice{std::move(*cuda), absl::StrCat("device=", device, ": ", count,
+                                                         " CUDA device(s) answer; using CUDA device 0")};
     }
+    if (device == "cuda") return cuda.status();
     return DeviceChoice{MakeSimDevice(sim),
-                        absl::StrCat("device=auto: ", count,
-                                     " CUDA device(s) answer but this build has no CUDA backend "
-                                     "yet; using the host-simulated device")};
+                        absl::StrCat("device=auto: ", count, " CUDA device(s) answer but device 0 could not be "
+                                     "opened (", cuda.status().message(), "); using the host-simulated device")};
   }
   if (device == "cuda") {
     return absl::FailedPreconditionError(absl::StrCat(

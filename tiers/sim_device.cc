@@ -17,6 +17,7 @@
 #include "core/mutex.h"
 #include "core/status.h"
 #include "ipc/shm.h"
+#include "kernels/kv_kernels.h"
 #include "tiers/device_backend.h"
 
 namespace kvtier {
@@ -82,6 +83,56 @@ struct SimEvent {
   uint64_t completed ABSL_GUARDED_BY(mu) = 0;  // generation last completed
 };
 
+// The CPU reference kernels, run on a simulated stream in order with its
+// copies. Arguments are checked at the call (errors come back at once) and
+// copied, since the work runs later.
+class SimKernels final : public kernels::KvKernels {
+ public:
+  using StreamLookup = absl::AnyInvocable<std::shared_ptr<SimStream>(DeviceStream)>;
+  explicit SimKernels(StreamLookup lookup) : lookup_(std::move(lookup)) {}
+
+  absl::string_view name() const override { return "reference"; }
+
+  absl::Status Gather(const kernels::KvShape& shape, kernels::BlockCodec codec, const kernels::PagedCache& cache,
+                      const kernels::BlockIo& io, DeviceStream stream) override {
+    return Enqueue(shape, codec, cache, io, stream, /*gather=*/true);
+  }
+  absl::Status Scatter(const kernels::KvShape& shape, kernels::BlockCodec codec,
+                       const kernels::PagedCache& cache, const kernels::BlockIo& io,
+                       DeviceStream stream) override {
+    return Enqueue(shape, codec, cache, io, stream, /*gather=*/false);
+  }
+  absl::Status Checksum(absl::Span<const uint64_t> blocks, uint64_t bytes, uint64_t* out,
+                        DeviceStream stream) override {
+    if (out == nullptr && !blocks.empty()) return absl::InvalidArgumentError("checksum: null output");
+    std::shared_ptr<SimStream> s = lookup_(stream);
+    if (!s) return absl::InvalidArgumentError(absl::StrCat("unknown stream ", stream));
+    s->Enqueue([this, blocks = std::vector<uint64_t>(blocks.begin(), blocks.end()), bytes, out] {
+      (void)ref_->Checksum(blocks, bytes, out, 0);
+    });
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Status Enqueue(const kernels::KvShape& shape, kernels::BlockCodec codec, const kernels::PagedCache& cache,
+                       const kernels::BlockIo& io, DeviceStream stream, bool gather) {
+    RETURN_IF_ERROR(kernels::ValidateIo(shape, codec, cache, io));
+    std::shared_ptr<SimStream> s = lookup_(stream);
+    if (!s) return absl::InvalidArgumentError(absl::StrCat("unknown stream ", stream));
+    s->Enqueue([this, shape, codec, cache, gather, pages = std::vector<uint32_t>(io.pages.begin(), io.pages.end()),
+                blocks = std::vector<uint64_t>(io.blocks.begin(), io.blocks.end()), first = io.first_layer,
+                count = io.layer_count] {
+      const kernels::BlockIo copy{pages, blocks, first, count};
+      // Validated above; the reference cannot fail on what ValidateIo accepts.
+      (void)(gather ? ref_->Gather(shape, codec, cache, copy, 0) : ref_->Scatter(shape, codec, cache, copy, 0));
+    });
+    return absl::OkStatus();
+  }
+
+  StreamLookup lookup_;
+  const std::unique_ptr<kernels::KvKernels> ref_ = kernels::MakeReferenceKernels();
+};
+
 struct SimAllocation {
   UniqueFd fd;
   ipc::MappedRegion region;
@@ -89,7 +140,8 @@ struct SimAllocation {
 
 class SimDevice final : public DeviceBackend {
  public:
-  explicit SimDevice(const SimDeviceOptions& opts) : opts_(opts) {}
+  explicit SimDevice(const SimDeviceOptions& opts)
+      : opts_(opts), kernels_([this](DeviceStream id) { return FindStream(id); }) {}
 
   absl::string_view name() const override { return "sim"; }
 
@@ -257,6 +309,8 @@ class SimDevice final : public DeviceBackend {
     return absl::OkStatus();
   }
 
+  kernels::KvKernels& kernels() override { return kernels_; }
+
  private:
   static absl::Status UnknownStream(DeviceStream s) {
     return absl::InvalidArgumentError(absl::StrCat("unknown stream ", s));
@@ -276,6 +330,8 @@ class SimDevice final : public DeviceBackend {
   }
 
   const SimDeviceOptions opts_;
+  // Before streams_, so it outlives the stream threads that run its work.
+  SimKernels kernels_;
   Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<void*, std::unique_ptr<SimAllocation>> allocations_ ABSL_GUARDED_BY(mu_);

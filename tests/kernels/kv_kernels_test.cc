@@ -10,6 +10,7 @@
 #include "kernels/kv_kernels.h"
 #include "kernels/kv_math.h"
 #include "tests/kernels/kv_kernels_testlib.h"
+#include "tiers/device_backend.h"
 
 namespace kvtier::kernels {
 namespace {
@@ -17,24 +18,7 @@ namespace {
 using testing::Case;
 using testing::Memory;
 
-// Host memory: what the reference (and the simulated device) reads and writes.
-Memory HostMemory() {
-  auto owned = std::make_shared<std::vector<void*>>();
-  Memory m;
-  m.alloc = [owned](uint64_t bytes) {
-    void* p = std::calloc(1, bytes + 16);
-    owned->push_back(p);
-    return reinterpret_cast<uint64_t>(p);
-  };
-  m.upload = [](uint64_t dst, const void* src, uint64_t n) { std::memcpy(reinterpret_cast<void*>(dst), src, n); };
-  m.download = [](void* dst, uint64_t src, uint64_t n) { std::memcpy(dst, reinterpret_cast<void*>(src), n); };
-  m.sync = [] {};
-  m.free_all = [owned] {
-    for (void* p : *owned) std::free(p);
-    owned->clear();
-  };
-  return m;
-}
+using testing::HostMemory;
 
 bool Quantizable(KvDtype d) { return d == KvDtype::kF16 || d == KvDtype::kBF16 || d == KvDtype::kF32; }
 
@@ -72,6 +56,32 @@ TEST(KvKernelsTest, ChecksumsAreTheNvmeTiersXxh3) {
   auto k = MakeReferenceKernels();
   Memory m = HostMemory();
   EXPECT_EQ(testing::CheckChecksums(*k, m, 4), "");
+}
+
+// The host-simulated device runs the reference on its streams, in order with
+// its copies: the same checks, through device memory and a stream.
+TEST(KvKernelsTest, SimulatedDeviceRunsTheKernelsOnItsStreams) {
+  auto dev = MakeSimDevice();
+  const DeviceStream stream = *dev->CreateStream();
+  Memory m = testing::DeviceMemory(*dev, stream);
+  EXPECT_EQ(dev->kernels().name(), "reference");
+  int n = 100;
+  for (const Case& c : testing::Cases(6, 10)) {
+    EXPECT_EQ(testing::CheckLosslessRoundTrip(dev->kernels(), m, c, n++), "") << c.Name();
+    EXPECT_EQ(testing::CheckLayerwiseScatter(dev->kernels(), m, c, n++), "") << c.Name();
+    if (Quantizable(c.shape.dtype)) {
+      EXPECT_EQ(testing::CheckQuantized(dev->kernels(), m, c, BlockCodec::kFp8E4M3, n++), "") << c.Name();
+    }
+  }
+  EXPECT_EQ(testing::CheckChecksums(dev->kernels(), m, 7), "");
+  // Bad arguments fail at the call, not later on the stream.
+  KvShape shape{1, 4, 1, 4, KvDtype::kF16};
+  PagedCache cache{4, 1, 32, {0x1000}, {0x2000}};
+  std::vector<uint32_t> pages = {3};
+  std::vector<uint64_t> blocks = {0x3000};
+  EXPECT_FALSE(dev->kernels().Gather(shape, BlockCodec::kLossless, cache, BlockIo{pages, blocks}, stream).ok());
+  EXPECT_FALSE(dev->kernels().Checksum(blocks, 8, reinterpret_cast<uint64_t*>(0x10), 999).ok());
+  ASSERT_TRUE(dev->DestroyStream(stream).ok());
 }
 
 // A quantizer that takes K scales per token and V scales per channel — the

@@ -157,6 +157,54 @@ double Bound(BlockCodec codec, double x, double scale) {
 
 }  // namespace
 
+Memory HostMemory() {
+  auto owned = std::make_shared<std::vector<void*>>();
+  Memory m;
+  m.alloc = [owned](uint64_t bytes) {
+    void* p = std::calloc(1, bytes + 16);
+    owned->push_back(p);
+    return reinterpret_cast<uint64_t>(p);
+  };
+  m.upload = [](uint64_t dst, const void* src, uint64_t n) { std::memcpy(reinterpret_cast<void*>(dst), src, n); };
+  m.download = [](void* dst, uint64_t src, uint64_t n) { std::memcpy(dst, reinterpret_cast<void*>(src), n); };
+  m.sync = [] {};
+  m.free_all = [owned] {
+    for (void* p : *owned) std::free(p);
+    owned->clear();
+  };
+  return m;
+}
+
+Memory DeviceMemory(DeviceBackend& dev, DeviceStream stream) {
+  auto owned = std::make_shared<std::vector<void*>>();
+  Memory m;
+  m.stream = stream;
+  m.alloc = [&dev, owned, stream](uint64_t bytes) {
+    absl::StatusOr<void*> p = dev.Allocate(bytes + 16);
+    if (!p.ok()) std::abort();
+    owned->push_back(*p);
+    std::vector<uint8_t> zero(bytes + 16, 0);
+    if (!dev.CopyAsync(*p, zero.data(), zero.size(), stream).ok() || !dev.SynchronizeStream(stream).ok()) {
+      std::abort();
+    }
+    return reinterpret_cast<uint64_t>(*p);
+  };
+  m.upload = [&dev, stream](uint64_t dst, const void* src, uint64_t n) {
+    if (!dev.CopyAsync(reinterpret_cast<void*>(dst), src, n, stream).ok()) std::abort();
+  };
+  m.download = [&dev, stream](void* dst, uint64_t src, uint64_t n) {
+    if (!dev.CopyAsync(dst, reinterpret_cast<void*>(src), n, stream).ok()) std::abort();
+  };
+  m.sync = [&dev, stream] {
+    if (!dev.SynchronizeStream(stream).ok()) std::abort();
+  };
+  m.free_all = [&dev, owned] {
+    for (void* p : *owned) (void)dev.Free(p);
+    owned->clear();
+  };
+  return m;
+}
+
 std::string Case::Name() const {
   return absl::StrCat(DtypeName(shape.dtype), " L", shape.layers, " T", shape.block_tokens, "/", page_tokens,
                       " H", shape.kv_heads, " D", shape.head_dim, fused ? " fused" : " apart", " x",

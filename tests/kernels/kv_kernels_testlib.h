@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/kv_kernels.h"
+#include "tiers/device_backend.h"
 
 namespace kvtier::kernels::testing {
 
@@ -32,6 +33,11 @@ struct Case {
   uint32_t spare_pages = 3;  // pages no block uses (must stay untouched)
   std::string Name() const;
 };
+
+// Host memory: what the CPU reference reads and writes.
+Memory HostMemory();
+// Memory of a device backend, moved with its copies on `stream`.
+Memory DeviceMemory(DeviceBackend& dev, DeviceStream stream);
 
 // A spread of shapes: every dtype, odd block sizes, head counts and dims,
 // fused and separate K/V, one and several pages per block.
