@@ -5,7 +5,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <set>
 #include <sstream>
+#include <string>
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -275,6 +277,27 @@ TEST(ToolsTest, BenchPrintsOneJsonObjectPerMetric) {
     ++reclaim;
   }
   EXPECT_EQ(reclaim, 2);
+
+  // The gpu suite's code on the host-simulated device: every figure, each a
+  // ratio against a baseline of the same run.
+  Output g = RunCommand(Tool("kvtier-bench") + " gpu --device sim --quick --json");
+  ASSERT_EQ(g.exit_code, 0) << g.out;
+  std::istringstream gl(g.out);
+  std::set<std::string> gpu_metrics;
+  while (std::getline(gl, line)) {
+    if (line.empty()) continue;
+    nlohmann::json m = nlohmann::json::parse(line);
+    EXPECT_EQ(m["suite"], "gpu");
+    EXPECT_GT(m["value"].get<double>(), 0) << line;
+    EXPECT_GT(m["baseline"].get<double>(), 0) << line;
+    gpu_metrics.insert(m["metric"].get<std::string>());
+  }
+  EXPECT_EQ(gpu_metrics, (std::set<std::string>{"host_to_device_GBps", "device_to_host_GBps", "gather_GBps",
+                                                "scatter_GBps", "gather_fp8_GBps_read", "checksum_GBps",
+                                                "layerwise_first_layer_ms"}));
+  // On CUDA it runs only where a device answers; elsewhere it says so and exits 77.
+  const int cuda_rc = RunCommand(Tool("kvtier-bench") + " gpu --quick --json 2>/dev/null").exit_code;
+  EXPECT_TRUE(cuda_rc == 77 || cuda_rc == 0 || cuda_rc == 1) << cuda_rc;
 }
 
 }  // namespace

@@ -42,6 +42,7 @@ struct Context {
   std::string dir;      // nvme suite: where files go (default: a temp dir)
   int pairs = 0;        // nvme suite: ours/fio pairs per point (0: the default)
   std::string only;     // nvme suite: run only points whose label contains this
+  std::string device = "cuda";  // gpu suite: "cuda", or "sim" for the host-simulated device
 };
 
 // Registers benchmarks, runs them (echoing Google Benchmark's console lines
@@ -83,6 +84,7 @@ std::vector<Metric> RunHostSuite(const Context& ctx);
 std::vector<Metric> RunLookupSuite(const Context& ctx);
 std::vector<Metric> RunNvmeSuite(const Context& ctx);
 std::vector<Metric> RunReclaimSuite(const Context& ctx);
+std::vector<Metric> RunGpuSuite(const Context& ctx);
 
 }  // namespace kvtier::bench
 

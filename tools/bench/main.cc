@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "tiers/device_backend.h"
 #include "tools/bench/bench.h"
 #include "tools/common/daemon_process.h"
 #include "tools/common/table.h"
@@ -28,7 +29,10 @@ void Usage() {
                "                of ours and fio per point, default 5; --only TEXT: points whose name\n"
                "                contains TEXT, e.g. 256KiB_qd1, journal, restart)\n"
                "        reclaim store latency into a full host tier, background reclaim on vs off\n"
-               "        all     every suite\n"
+               "        gpu     pinned host<->device copies vs cudaMemcpyAsync, gather/scatter kernels vs a\n"
+               "                device-to-device copy, layer-wise load (--device sim: on the simulated device;\n"
+               "                exit 77 when no CUDA device answers)\n"
+               "        all     every suite (gpu only where a CUDA device answers)\n"
                "--json prints one JSON object per metric; exit code 1 when a target is missed.\n");
 }
 
@@ -52,6 +56,12 @@ int main(int argc, char** argv) {
       ctx.pairs = std::atoi(argv[++i]);
       if (ctx.pairs < 1) {
         std::fprintf(stderr, "kvtier-bench: --pairs wants a positive count\n");
+        return 2;
+      }
+    } else if (a == "--device" && i + 1 < argc) {
+      ctx.device = argv[++i];
+      if (ctx.device != "cuda" && ctx.device != "sim") {
+        std::fprintf(stderr, "kvtier-bench: --device is cuda or sim\n");
         return 2;
       }
     } else if (a == "--only" && i + 1 < argc) {
@@ -93,6 +103,15 @@ int main(int argc, char** argv) {
   any |= run("lookup", kvtier::bench::RunLookupSuite);
   any |= run("nvme", kvtier::bench::RunNvmeSuite);
   any |= run("reclaim", kvtier::bench::RunReclaimSuite);
+  std::string why;
+  if ((suite == "gpu" || suite == "all") && ctx.device == "cuda" && kvtier::ProbeCudaDevices(&why) == 0) {
+    std::fprintf(stderr, "kvtier-bench: gpu suite skipped: no CUDA device answers (%s); --device sim runs it on "
+                         "the host-simulated device\n", why.c_str());
+    if (suite == "gpu") return 77;
+    any = true;
+  } else {
+    any |= run("gpu", kvtier::bench::RunGpuSuite);
+  }
   if (!any) {
     std::fprintf(stderr, "kvtier-bench: unknown suite \"%s\"\n", suite.c_str());
     Usage();
