@@ -17,6 +17,7 @@
 #include "core/status.h"
 #include "core/units.h"
 #include "ipc/attach.h"
+#include "ipc/kv_registration.h"
 #include "ipc/unix_socket.h"
 #include "core/fmt_absl.h"
 #include "spdlog/spdlog.h"
@@ -94,6 +95,15 @@ absl::Status Daemon::Open() {
     if (!host.ok()) {
       return absl::Status(host.status().code(), absl::StrCat("opening the host tier of tenant \"", t.name,
                                                              "\": ", host.status().message()));
+    }
+    // Pinned for the device, so daemon-driven copies with engine caches can
+    // read and write blocks in place (cudaHostRegister on a GPU).
+    if (absl::Status r = device_->RegisterHost((*host)->arena_base(), (*host)->arena_bytes()); r.ok()) {
+      arena_registered_.insert(t.name);
+    } else {
+      spdlog::warn("event=host_register_failed tenant={} reason=\"{}\" hint=\"engines of this tenant cannot "
+                   "register KV caches; raise LimitMEMLOCK (ulimit -l)\"",
+                   t.name, r.message());
     }
     ASSIGN_OR_RETURN(uint16_t idx,
                      cache_->AddTenant(t.name, std::move(*host), {t.host_tokens, t.nvme_bytes, t.nvme_tokens}));
@@ -232,17 +242,7 @@ absl::Status Daemon::Run() {
         case FdKind::kAdminListen: OnAdminListen(); break;
         case FdKind::kPendingAttach: OnPendingAttach(fd); break;
         case FdKind::kAdminConn: OnAdminConn(fd); break;
-        case FdKind::kSessionSocket: {
-          char buf[256];
-          const ssize_t got = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
-          // Clients send nothing after attach: EOF or an error is a hang-up;
-          // stray bytes are dropped.
-          if (got == 0 || (got < 0 && errno != EAGAIN && errno != EINTR) ||
-              (events[i].events & (EPOLLHUP | EPOLLRDHUP | EPOLLERR))) {
-            OnSessionGone(id, "socket hang-up");
-          }
-          break;
-        }
+        case FdKind::kSessionSocket: OnSessionSocket(fd, id, events[i].events); break;
         case FdKind::kSessionPid: OnSessionGone(id, "process exited"); break;
         case FdKind::kWake: {
           uint64_t v;
@@ -393,7 +393,8 @@ void Daemon::Attach(UniqueFd fd, std::span<const std::byte> request) {
       SessionOptions{config_.spin_us}, [this] {
         const uint64_t one = 1;
         (void)!write(wake_fd_.get(), &one, sizeof(one));
-      });
+      },
+      device_.get(), arena_registered_.contains(tenant->name) ? host->arena_base() : nullptr);
   Watch(sock, FdKind::kSessionSocket, id, EPOLLIN | EPOLLRDHUP);
   if (pidfd.valid()) Watch(pidfd.get(), FdKind::kSessionPid, id, EPOLLIN);
   session->Start();
@@ -403,6 +404,35 @@ void Daemon::Attach(UniqueFd fd, std::span<const std::byte> request) {
                id, peer->pid, peer->uid, tenant->name, ShortId(ns_id), ns->model_id, ns->block_bytes,
                req->client_name);
   sessions_.emplace(id, LiveSession{std::move(session), std::move(pidfd)});
+}
+
+void Daemon::OnSessionSocket(int fd, uint64_t session_id, uint32_t events) {
+  // After attach a client sends only KV-cache registrations (with their
+  // memfds); EOF or an error is a hang-up.
+  if (events & EPOLLIN) {
+    absl::StatusOr<ipc::ReceivedMessage> m = ipc::ReceiveMessage(fd, ipc::kMaxKvMessage, ipc::kMaxKvRegions);
+    if (!m.ok() || m->eof) {
+      OnSessionGone(session_id, "socket hang-up");
+      return;
+    }
+    auto it = sessions_.find(session_id);
+    if (it != sessions_.end() && !m->data.empty()) {
+      ipc::KvRegisterReply reply;
+      if (m->truncated) {
+        reply.status = KVTIER_EPROTO;
+        reply.message = absl::StrCat("KV-cache registration larger than ", ipc::kMaxKvMessage, " bytes or ",
+                                     ipc::kMaxKvRegions, " descriptors");
+        stats_.kv_registrations_refused.Add();
+      } else {
+        reply = it->second.session->OnKvMessage(m->data, std::move(m->fds));
+      }
+      if (absl::Status s = ipc::SendMessage(fd, ipc::EncodeKvReply(reply)); !s.ok()) {
+        spdlog::warn("event=kv_reply_failed session={} reason=\"{}\"", session_id, s.message());
+      }
+    }
+    return;
+  }
+  if (events & (EPOLLHUP | EPOLLRDHUP | EPOLLERR)) OnSessionGone(session_id, "socket hang-up");
 }
 
 void Daemon::OnSessionGone(uint64_t session_id, absl::string_view why) {

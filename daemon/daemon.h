@@ -12,6 +12,7 @@
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "core/unique_fd.h"
 #include "daemon/block_cache.h"
@@ -59,6 +60,7 @@ class Daemon {
   void OnPendingAttach(int fd);
   void OnAdminListen();
   void OnAdminConn(int fd);
+  void OnSessionSocket(int fd, uint64_t session_id, uint32_t events);
   void OnSessionGone(uint64_t session_id, absl::string_view why);
   void ReapSessions();
   void ExpirePendingAttaches();
@@ -71,6 +73,7 @@ class Daemon {
   DaemonStats stats_;
   std::unique_ptr<DeviceBackend> device_;
   std::string device_reason_;
+  absl::flat_hash_set<std::string> arena_registered_;  // tenants whose host arena the device can reach
   std::unique_ptr<BlockCache> cache_;
   NamespaceRegistry namespaces_;
   absl::flat_hash_map<std::string, uint16_t> tenant_index_;

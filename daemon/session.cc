@@ -24,11 +24,183 @@ using ipc::RequestRecord;
 
 Session::Session(SessionIdentity identity, NamespaceInfo ns, std::string tenant,
                  ipc::SessionSegment segment, UniqueFd socket, BlockCache* cache,
-                 DaemonStats* stats, SessionOptions opts, std::function<void()> on_exit)
+                 DaemonStats* stats, SessionOptions opts, std::function<void()> on_exit,
+                 DeviceBackend* device, std::byte* arena_base)
     : identity_(std::move(identity)), ns_(ns), tenant_(std::move(tenant)),
       segment_(std::move(segment)), socket_(std::move(socket)), cache_(cache), stats_(stats),
-      opts_(opts), on_exit_(std::move(on_exit)) {
+      opts_(opts), on_exit_(std::move(on_exit)), arena_base_(arena_base),
+      engines_(device != nullptr && arena_base != nullptr ? std::make_unique<EngineCaches>(device, ns)
+                                                          : nullptr) {
   holdings_.ns = ns_;
+}
+
+ipc::KvRegisterReply Session::OnKvMessage(std::span<const std::byte> data, std::vector<UniqueFd> fds) {
+  ipc::KvRegisterReply reply;
+  absl::StatusOr<ipc::KvMessage> m = ipc::DecodeKvMessage(data);
+  absl::Status st = m.status();
+  if (st.ok() && engines_ == nullptr) st = absl::FailedPreconditionError("this kvtierd has no device backend");
+  if (st.ok() && m->unregister) {
+    st = engines_->Unregister(m->registration);
+    reply.registration = m->registration;
+  } else if (st.ok()) {
+    absl::StatusOr<uint64_t> id = engines_->Register(m->request, std::move(fds));
+    st = id.status();
+    if (id.ok()) {
+      reply.registration = *id;
+      stats_->kv_registrations.Add();
+      spdlog::info("event=kv_cache_registered session={} registration={} layers={} page_tokens={} pages={} "
+                   "regions={}",
+                   identity_.id, *id, m->request.layers, m->request.page_tokens, m->request.num_pages,
+                   m->request.regions.size());
+    }
+  }
+  if (!st.ok()) {
+    stats_->kv_registrations_refused.Add();
+    reply.status = ToErrorCode(st);
+    reply.message = std::string(st.message());
+    spdlog::warn("event=kv_cache_refused session={} pid={} reason=\"{}\"", identity_.id, identity_.peer.pid,
+                 reply.message);
+  }
+  return reply;
+}
+
+bool Session::ReadPages(const RequestRecord& req, uint64_t n, std::vector<uint32_t>* pages, std::string* why) {
+  const std::span<std::byte> scratch = segment_.scratch();
+  const uint64_t bytes = n * sizeof(uint32_t);
+  if (req.args[0] > scratch.size() || bytes > scratch.size() - req.args[0]) {
+    *why = absl::StrCat(n, " page ids at scratch offset ", req.args[0], " lie outside scratch");
+    return false;
+  }
+  pages->resize(n);
+  std::memcpy(pages->data(), scratch.data() + req.args[0], bytes);
+  return true;
+}
+
+Session::Outcome Session::StoreDevice(const RequestRecord& req, const std::vector<BlockKey>& keys,
+                                      std::vector<BlockLocation>& locs) {
+  std::shared_ptr<const EngineCache> reg = engines_ ? engines_->Find(req.args[1]) : nullptr;
+  if (!reg) {
+    return FromStatus(absl::NotFoundError(absl::StrCat("no KV-cache registration ", req.args[1],
+                                                       " in this session; register the engine's cache first")));
+  }
+  std::vector<uint32_t> pages;
+  std::string why;
+  if (!ReadPages(req, uint64_t{keys.size()} * reg->pages_per_block, &pages, &why)) {
+    Outcome o = FromStatus(absl::InvalidArgumentError(why));
+    o.status = KVTIER_EPROTO;
+    o.fatal = true;
+    return o;
+  }
+  for (uint32_t p : pages) {
+    if (p >= reg->cache.num_pages) {
+      return FromStatus(absl::InvalidArgumentError(
+          absl::StrCat("page id ", p, " is past the registered cache's ", reg->cache.num_pages, " pages")));
+    }
+  }
+  uint64_t ticket = 0;
+  absl::StatusOr<uint32_t> needed = cache_->StoreBegin(holdings_, keys, &ticket, std::span(locs));
+  if (!needed.ok()) return FromStatus(needed.status());
+  WriteResults(req, locs);
+  stats_->device_stores.Add();
+  if (*needed == 0) return Outcome{};
+  std::vector<uint32_t> sel;
+  std::vector<uint64_t> dst;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (!locs[i].needed) continue;
+    dst.push_back(reinterpret_cast<uint64_t>(arena_base_ + locs[i].arena_offset));
+    sel.insert(sel.end(), pages.begin() + i * reg->pages_per_block, pages.begin() + (i + 1) * reg->pages_per_block);
+  }
+  if (absl::Status g = engines_->Gather(*reg, sel, dst); !g.ok()) {
+    (void)cache_->StoreAbort(holdings_, ticket);
+    stats_->device_errors.Add();
+    spdlog::warn("event=device_store_failed session={} reason=\"{}\"", identity_.id, g.message());
+    return FromStatus(g);
+  }
+  stats_->device_blocks_stored.Add(*needed);
+  async_in_flight_.fetch_add(1, std::memory_order_acq_rel);
+  cache_->StoreCommit(holdings_, ticket, false, [this, req, n = *needed](absl::Status st) {
+    Deferred d{req, FromStatus(st), {}};
+    if (st.ok()) d.outcome.count = n;
+    Defer(std::move(d));
+  });
+  return Outcome{.deferred = true};
+}
+
+Session::Outcome Session::LoadDevice(const RequestRecord& req, const std::vector<BlockKey>& keys) {
+  std::shared_ptr<const EngineCache> reg = engines_ ? engines_->Find(req.args[1]) : nullptr;
+  if (!reg) {
+    return FromStatus(absl::NotFoundError(absl::StrCat("no KV-cache registration ", req.args[1],
+                                                       " in this session; register the engine's cache first")));
+  }
+  auto fatal = [](std::string why) {
+    Outcome o;
+    o.status = KVTIER_EPROTO;
+    o.message = absl::StrCat("malformed request (", why, "); kvtierd closed this session");
+    o.fatal = true;
+    return o;
+  };
+  const uint64_t progress_at = req.out_offset + uint64_t{keys.size()} * sizeof(ipc::BlockResult);
+  if (!OutRangeOk(req, uint64_t{keys.size()} * sizeof(ipc::BlockResult) + sizeof(ipc::DeviceLoadProgress)) ||
+      progress_at % alignof(ipc::DeviceLoadProgress) != 0) {
+    return fatal("no aligned room for the load's progress after its results");
+  }
+  std::vector<uint32_t> pages;
+  std::string why;
+  if (!ReadPages(req, uint64_t{keys.size()} * reg->pages_per_block, &pages, &why)) return fatal(why);
+  for (uint32_t p : pages) {
+    if (p >= reg->cache.num_pages) {
+      return FromStatus(absl::InvalidArgumentError(
+          absl::StrCat("page id ", p, " is past the registered cache's ", reg->cache.num_pages, " pages")));
+    }
+  }
+  auto* progress = reinterpret_cast<ipc::DeviceLoadProgress*>(segment_.scratch().data() + progress_at);
+  progress->layers = reg->shape.layers;
+  progress->layers_done.store(0, std::memory_order_relaxed);
+  progress->failed.store(0, std::memory_order_relaxed);
+  progress->blocks.store(ipc::kDeviceLoadUnknown, std::memory_order_release);
+  stats_->device_loads.Add();
+  // Runs here or on an I/O thread (after NVMe reads): scatters the prefix that
+  // loaded, publishing layers as they land.
+  auto finish = [this, req, reg, pages = std::move(pages), progress](LoadOutcome lo) {
+    Deferred d{req, {}, {}};
+    if (lo.locations.empty() && !lo.status.ok()) {
+      progress->failed.store(1, std::memory_order_release);
+      ipc::FutexWakeAll(&progress->layers_done);
+      d.outcome = FromStatus(lo.status);
+      return d;
+    }
+    std::vector<uint64_t> src;
+    for (uint32_t i = 0; i < lo.loaded; ++i) {
+      src.push_back(reinterpret_cast<uint64_t>(arena_base_ + lo.locations[i].arena_offset));
+    }
+    progress->blocks.store(lo.loaded, std::memory_order_release);
+    absl::Status st = absl::OkStatus();
+    if (lo.loaded > 0) {
+      st = engines_->ScatterByLayer(
+          *reg, std::span(pages).first(uint64_t{lo.loaded} * reg->pages_per_block), src, progress);
+    } else {
+      progress->layers_done.store(reg->shape.layers, std::memory_order_release);
+      ipc::FutexWakeAll(&progress->layers_done);
+    }
+    if (!st.ok()) {
+      stats_->device_errors.Add();
+      spdlog::warn("event=device_load_failed session={} reason=\"{}\"", identity_.id, st.message());
+      d.outcome = FromStatus(st);
+      return d;
+    }
+    stats_->device_blocks_loaded.Add(lo.loaded);
+    d.outcome.count = lo.loaded;
+    d.locations = std::move(lo.locations);
+    return d;
+  };
+  async_in_flight_.fetch_add(1, std::memory_order_acq_rel);
+  std::optional<LoadOutcome> now =
+      cache_->Load(holdings_, req.handle, keys, [this, finish](LoadOutcome lo) mutable { Defer(finish(std::move(lo))); });
+  if (!now) return Outcome{.deferred = true};
+  async_in_flight_.fetch_sub(1, std::memory_order_acq_rel);
+  Deferred d = finish(std::move(*now));
+  if (!d.locations.empty()) WriteResults(req, d.locations);
+  return d.outcome;
 }
 
 Session::~Session() {
@@ -249,8 +421,10 @@ Session::Outcome Session::Process(const RequestRecord& req) {
   }
   const Opcode op = static_cast<Opcode>(req.opcode);
   const bool takes_keys = op == Opcode::kLookup || op == Opcode::kLoad || op == Opcode::kStoreBegin ||
-                          op == Opcode::kInvalidate || op == Opcode::kPrefetch;
-  const bool returns_blocks = op == Opcode::kLookup || op == Opcode::kLoad || op == Opcode::kStoreBegin;
+                          op == Opcode::kInvalidate || op == Opcode::kPrefetch || op == Opcode::kStoreDevice ||
+                          op == Opcode::kLoadDevice;
+  const bool returns_blocks = op == Opcode::kLookup || op == Opcode::kLoad || op == Opcode::kStoreBegin ||
+                              op == Opcode::kStoreDevice || op == Opcode::kLoadDevice;
   std::vector<BlockKey> keys;
   if (takes_keys) {
     std::string why;
@@ -351,6 +525,10 @@ Session::Outcome Session::Process(const RequestRecord& req) {
       stats_->prefill_reports.Add();
       return o;
     }
+    case Opcode::kStoreDevice:
+      return StoreDevice(req, keys, locs);
+    case Opcode::kLoadDevice:
+      return LoadDevice(req, keys);
     case Opcode::kInvalidateNamespace: {
       absl::StatusOr<uint32_t> n = cache_->InvalidateNamespace(holdings_);
       if (!n.ok()) return fail(n.status());

@@ -17,6 +17,7 @@
 #include "core/mutex.h"
 #include "core/unique_fd.h"
 #include "daemon/block_cache.h"
+#include "daemon/engine_caches.h"
 #include "daemon/stats.h"
 #include "ipc/abi.h"
 #include "ipc/session_segment.h"
@@ -48,9 +49,11 @@ struct SessionInfo {
 class Session {
  public:
   // on_exit runs on the session thread after it released everything.
+  // `device` and `arena_base` (the tenant's host arena in the daemon) serve
+  // the engine caches the client registers.
   Session(SessionIdentity identity, NamespaceInfo ns, std::string tenant, ipc::SessionSegment segment,
           UniqueFd socket, BlockCache* cache, DaemonStats* stats, SessionOptions opts,
-          std::function<void()> on_exit);
+          std::function<void()> on_exit, DeviceBackend* device = nullptr, std::byte* arena_base = nullptr);
   ~Session();  // stops and joins
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
@@ -71,6 +74,9 @@ class Session {
   }
   // Thread-safe.
   SessionInfo Info() const;
+  // Thread-safe (the daemon's main thread calls it): a KV-cache registration
+  // message from the session socket, with its descriptors; the reply to send.
+  ipc::KvRegisterReply OnKvMessage(std::span<const std::byte> data, std::vector<UniqueFd> fds);
 
  private:
   struct Outcome {
@@ -99,6 +105,11 @@ class Session {
   // Copies `count` keys out of scratch; false (with *why) if out of bounds.
   bool ReadKeys(const ipc::RequestRecord& req, std::vector<BlockKey>* keys, std::string* why);
   bool OutRangeOk(const ipc::RequestRecord& req, uint64_t need) const;
+  // Copies `n` page ids from scratch at req.args[0]; false (with *why) if out of bounds.
+  bool ReadPages(const ipc::RequestRecord& req, uint64_t n, std::vector<uint32_t>* pages, std::string* why);
+  Outcome StoreDevice(const ipc::RequestRecord& req, const std::vector<BlockKey>& keys,
+                      std::vector<BlockLocation>& locs);
+  Outcome LoadDevice(const ipc::RequestRecord& req, const std::vector<BlockKey>& keys);
   void WriteResults(const ipc::RequestRecord& req, const std::vector<BlockLocation>& locs);
   void WriteMessage(const ipc::RequestRecord& req, const std::string& message);
   // Pushes a completion, waiting for room; false if stopped meanwhile.
@@ -114,6 +125,8 @@ class Session {
   const SessionOptions opts_;
   std::function<void()> on_exit_;
 
+  std::byte* const arena_base_;
+  std::unique_ptr<EngineCaches> engines_;  // null without a device backend
   SessionHoldings holdings_;  // session thread only (atomics inside are shared)
   Mutex deferred_mu_;
   std::vector<Deferred> deferred_ ABSL_GUARDED_BY(deferred_mu_);

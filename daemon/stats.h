@@ -41,6 +41,10 @@ struct DaemonStats {
   Counter nvme_evictions, writes_through, bytes_written_nvme;
   Counter promotions, promotions_failed, promotions_for_load, prefetches;
   Counter recovered_dropped;
+  // Engine KV caches: registrations (and refusals), daemon-driven gathers
+  // (stores) and scatters (loads) with them, and device work that failed.
+  Counter kv_registrations, kv_registrations_refused, device_stores, device_blocks_stored, device_loads,
+      device_blocks_loaded, device_errors;
   Counter sessions_attached, sessions_detached, attach_refused, protocol_errors, sessions_closed_dead;
 };
 

@@ -24,7 +24,7 @@
 namespace kvtier::ipc {
 
 inline constexpr uint64_t kSegmentMagic = 0x3130474553545654ull;  // "TVTSEG01" LE
-inline constexpr uint32_t kAbiVersion = 1;
+inline constexpr uint32_t kAbiVersion = 2;
 
 enum class Opcode : uint16_t {
   kPing = 1,
@@ -38,8 +38,13 @@ enum class Opcode : uint16_t {
   kInvalidateNamespace = 9,
   kPrefetch = 10,
   kReportPrefill = 11,  // handle = prefill ns; args = {tokens reused, tokens computed}
+  // Daemon-driven copies with a registered engine KV cache (ipc/kv_registration.h):
+  // args = {scratch offset of the page ids (u32, pages-per-block per key), registration}.
+  kStoreDevice = 12,  // StoreBegin + gather from the engine's pages + StoreCommit; count = blocks written
+  kLoadDevice = 13,   // handle = lease; Load + scatter into the engine's pages by layer;
+                      // DeviceLoadProgress follows the block results
 };
-inline constexpr uint16_t kMaxOpcode = 11;
+inline constexpr uint16_t kMaxOpcode = 13;
 
 // Request flags.
 inline constexpr uint16_t kFlagLease = 1;    // kLookup: pin the hit prefix
@@ -83,6 +88,20 @@ struct BlockResult {
   uint8_t pad[6];
 };
 static_assert(sizeof(BlockResult) == 16);
+
+// kLoadDevice progress, in the result area right after the count block
+// results (8-byte aligned). The daemon sets `blocks` (the prefix that loaded)
+// before the first layer, then bumps layers_done as each layer lands in the
+// engine's pages and wakes layers_done's futex; the client reads both with
+// acquire. `failed` is set when the scatter broke off.
+struct DeviceLoadProgress {
+  std::atomic<uint32_t> blocks;       // kDeviceLoadUnknown until known
+  std::atomic<uint32_t> layers_done;
+  std::atomic<uint32_t> failed;
+  uint32_t layers;
+};
+static_assert(sizeof(DeviceLoadProgress) == 16);
+inline constexpr uint32_t kDeviceLoadUnknown = 0xffffffffu;
 
 inline constexpr size_t kKeyBytes = 32;
 inline constexpr size_t kErrorMessageBytes = 256;  // clients reserve this much out space

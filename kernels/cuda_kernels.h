@@ -11,6 +11,7 @@
 
 namespace kvtier::kernels {
 
+// nullptr in a build without CUDA.
 std::unique_ptr<KvKernels> MakeCudaKernels();
 
 }  // namespace kvtier::kernels

@@ -167,7 +167,7 @@ class CudaDevice final : public DeviceBackend {
       if (registered_.contains(ptr)) return absl::AlreadyExistsError("host memory is already registered");
     }
     RETURN_IF_ERROR(Use());
-    RETURN_IF_ERROR(CudaError(cudaHostRegister(ptr, bytes, cudaHostRegisterPortable),
+    RETURN_IF_ERROR(CudaError(cudaHostRegister(ptr, bytes, cudaHostRegisterPortable | cudaHostRegisterMapped),
                               absl::StrCat("cudaHostRegister of ", bytes,
                                            " bytes (raise LimitMEMLOCK / ulimit -l if this is an out-of-memory error)")));
     MutexLock l(&mu_);

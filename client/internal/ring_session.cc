@@ -161,6 +161,25 @@ bool RingSession::CheckAlive() {
   return true;
 }
 
+absl::StatusOr<std::vector<std::byte>> RingSession::Exchange(std::span<const std::byte> message,
+                                                             std::span<const int> fds,
+                                                             std::chrono::milliseconds timeout) {
+  RETURN_IF_ERROR(broken_);
+  RETURN_IF_ERROR(ipc::SendMessage(socket_.get(), message, fds));
+  pollfd p{socket_.get(), POLLIN | POLLRDHUP, 0};
+  int n;
+  do {
+    n = poll(&p, 1, static_cast<int>(timeout.count()));
+  } while (n < 0 && errno == EINTR);
+  if (n == 0) return CodedStatus(KVTIER_ETIMEDOUT, "kvtierd did not answer on the session socket in time");
+  ASSIGN_OR_RETURN(ipc::ReceivedMessage m, ipc::ReceiveMessage(socket_.get(), 64 * 1024, 0));
+  if (m.eof) {
+    broken_ = CodedStatus(KVTIER_ENOTCONN, "kvtierd went away (its socket closed); attach again when it is back");
+    return broken_;
+  }
+  return std::move(m.data);
+}
+
 absl::StatusOr<ipc::CompletionRecord> RingSession::WaitTake(uint64_t op, std::chrono::nanoseconds timeout) {
   Slot& slot = slots_[op & slots_mask_];
   if (slot.op != op) {

@@ -58,6 +58,11 @@ class RingSession {
   // the doorbell in slices, checking that the daemon is alive between them.
   absl::StatusOr<ipc::CompletionRecord> WaitTake(uint64_t op, std::chrono::nanoseconds timeout);
 
+  // Sends one message (with descriptors) on the session socket and waits for
+  // the daemon's reply there (KV-cache registration).
+  absl::StatusOr<std::vector<std::byte>> Exchange(std::span<const std::byte> message, std::span<const int> fds,
+                                                  std::chrono::milliseconds timeout);
+
   // OK while the session is usable; else why not.
   absl::Status health() const { return broken_; }
 

@@ -98,6 +98,49 @@ struct StoreTicket {
 
 using OpId = uint64_t;
 
+// ---- Engine KV caches ------------------------------------------------------
+// An engine can register its paged KV cache (vLLM / SGLang style: per layer,
+// K and V each [num_pages][page_tokens][kv_heads][head_dim], apart or fused)
+// so that blocks move between its pages and kvtier without the engine
+// copying them: the daemon gathers and scatters them itself (StoreFromCache,
+// LoadIntoCache), or this client does, on the engine's own stream, from the
+// host arena (ScatterToCache, GatherFromCache). A block holds block_tokens()
+// tokens = block_tokens() / page_tokens pages per layer.
+
+// Memory the cache lives in. CUDA device memory (memfd = -1): `base` must be
+// what cudaMalloc returned; the daemon opens it with a CUDA IPC handle. Host
+// memory backed by a memfd (a CPU engine, or tests on the host-simulated
+// device): the daemon maps the memfd.
+struct KvMemoryRegion {
+  const void* base = nullptr;
+  size_t bytes = 0;
+  int memfd = -1;
+};
+
+struct KvCacheLayout {
+  uint32_t layers = 0;
+  uint32_t page_tokens = 0;  // the engine's block size; must divide block_tokens()
+  uint32_t kv_heads = 0;     // this rank's KV heads
+  uint32_t head_dim = 0;
+  std::string dtype = "f16";  // f16, bf16, f32, fp8_e4m3, int8
+  // Blocks as kvtier keeps them: "none" (a copy), or "int8" / "fp8" (E4M3)
+  // quantized on offload with per-channel K and per-token V scales, and
+  // restored on reload. The namespace's block_bytes must match the codec.
+  std::string codec = "none";
+  uint64_t num_pages = 0;
+  uint64_t page_stride = 0;  // bytes between pages; 0 = one page (fused K/V: twice that)
+  std::vector<const void*> k_layers;  // address of page 0 of each layer's K
+  std::vector<const void*> v_layers;  // and of its V (fused: K + one page)
+  std::vector<KvMemoryRegion> regions;  // every address above lies in one of them
+};
+
+// A daemon-driven load in flight: its layers land in the engine's pages in
+// order, and each can be used as soon as it is there.
+struct DeviceLoad {
+  OpId op = 0;
+  uint32_t layers = 0;
+};
+
 namespace client_internal {
 class ClientImpl;
 }  // namespace client_internal
@@ -172,6 +215,47 @@ class Client {
   Status Wait(OpId op, std::chrono::nanoseconds timeout = std::chrono::nanoseconds::max());
   // Operations submitted and not yet consumed by Poll/Wait.
   uint32_t InFlight() const;
+
+  // Registers an engine KV cache with the daemon; the id names it in the
+  // calls below. Errors name what does not fit (a block size that does not
+  // match the namespace, an address outside the regions, a CUDA region on a
+  // daemon without a GPU).
+  Result<uint64_t> RegisterKvCache(const KvCacheLayout& layout);
+  Status UnregisterKvCache(uint64_t registration);
+
+  // Daemon-driven store: kvtier gathers each block from the engine's pages
+  // (`pages`: page ids, page_tokens-sized, block_tokens()/page_tokens per key,
+  // key after key) into its host tier. Returns the blocks written (the rest
+  // were already cached).
+  Result<uint32_t> StoreFromCache(uint64_t registration, std::span<const BlockKey> keys,
+                                  std::span<const uint32_t> pages);
+  // Daemon-driven load of leased blocks into the engine's pages, layer by
+  // layer. `keys` must be in the lease; pages as for StoreFromCache.
+  Result<DeviceLoad> LoadIntoCacheAsync(uint64_t registration, uint64_t lease, std::span<const BlockKey> keys,
+                                        std::span<const uint32_t> pages);
+  // Layers of `load` already in the engine's pages. Never blocks.
+  uint32_t LayersReady(const DeviceLoad& load) const;
+  // Blocks until the first `layers` layers are in the engine's pages; returns
+  // how many blocks they cover (the prefix that loaded: the engine recomputes
+  // the rest). kIoError when the load failed.
+  Result<uint32_t> WaitLayers(const DeviceLoad& load, uint32_t layers,
+                              std::chrono::nanoseconds timeout = std::chrono::seconds(30));
+  // Waits for the whole load and ends it; returns the blocks loaded.
+  Result<uint32_t> FinishLoad(const DeviceLoad& load, std::chrono::nanoseconds timeout = std::chrono::seconds(30));
+  // LoadIntoCacheAsync + FinishLoad.
+  Result<uint32_t> LoadIntoCache(uint64_t registration, uint64_t lease, std::span<const BlockKey> keys,
+                                 std::span<const uint32_t> pages);
+
+  // Client-driven copies, on the engine's own `stream` (a cudaStream_t for a
+  // CUDA cache; ignored for a host-memory cache, which this thread copies at
+  // once). Scatters blocks read in place (views from Load) into pages, layers
+  // [first_layer, first_layer + layer_count) (0 = all).
+  Status ScatterToCache(uint64_t registration, std::span<const BlockView> blocks, std::span<const uint32_t> pages,
+                        uint64_t stream = 0, uint32_t first_layer = 0, uint32_t layer_count = 0);
+  // Gathers pages into the needed slots of a store ticket (pages for every
+  // key of the ticket, needed or not); then StoreCommit.
+  Status GatherFromCache(uint64_t registration, const StoreTicket& ticket, std::span<const uint32_t> pages,
+                         uint64_t stream = 0);
 
   // False once the daemon closed the session or went away; every call then
   // fails with the reason. Attach again to continue.

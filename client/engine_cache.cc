@@ -1,0 +1,277 @@
+// libkvtier: engine KV caches — registration with the daemon, daemon-driven
+// stores and layer-by-layer loads, and client-driven copies on the engine's
+// own stream.
+#include <chrono>
+#include <thread>
+
+#include "client/internal/client_impl.h"
+#include "core/status.h"
+#include "ipc/doorbell.h"
+#include "ipc/kv_registration.h"
+#include "kernels/cuda_host.h"
+#include "kernels/cuda_kernels.h"
+#include "kvtier/client.h"
+
+namespace kvtier {
+
+using client_internal::ClientImpl;
+
+namespace {
+
+Status Invalid(std::string message) { return Status(ErrorCode::kInvalidArgument, std::move(message)); }
+
+uint64_t Addr(const void* p) { return reinterpret_cast<uint64_t>(p); }
+
+}  // namespace
+
+Result<uint64_t> Client::RegisterKvCache(const KvCacheLayout& layout) {
+  ClientImpl& c = *impl_;
+  kernels::KvDtype dtype;
+  kernels::BlockCodec codec;
+  if (absl::Status s = kernels::ParseDtype(layout.dtype, &dtype); !s.ok()) return ToPublic(s);
+  if (absl::Status s = kernels::ParseCodec(layout.codec, &codec); !s.ok()) return ToPublic(s);
+  if (layout.k_layers.size() != layout.layers || layout.v_layers.size() != layout.layers) {
+    return Invalid(absl::StrCat(layout.k_layers.size(), " K and ", layout.v_layers.size(), " V layer addresses for ",
+                                layout.layers, " layers"));
+  }
+  if (layout.regions.empty() || layout.regions.size() > ipc::kMaxKvRegions) {
+    return Invalid(absl::StrCat("a KV cache lies in 1 to ", ipc::kMaxKvRegions, " memory regions, not ",
+                                layout.regions.size()));
+  }
+  ClientImpl::KvCache local;
+  local.shape = kernels::KvShape{layout.layers, c.info.block_tokens, layout.kv_heads, layout.head_dim, dtype};
+  local.codec = codec;
+  local.cache.page_tokens = layout.page_tokens;
+  local.cache.num_pages = layout.num_pages;
+  local.cache.page_stride = layout.page_stride;
+  if (local.cache.page_stride == 0 && layout.page_tokens != 0) {
+    local.cache.page_stride = kernels::PageBytes(local.shape, local.cache);
+  }
+  for (uint32_t l = 0; l < layout.layers; ++l) {
+    local.cache.k_base.push_back(Addr(layout.k_layers[l]));
+    local.cache.v_base.push_back(Addr(layout.v_layers[l]));
+  }
+  if (absl::Status s = kernels::Validate(local.shape, codec); !s.ok()) return ToPublic(s);
+  if (absl::Status s = kernels::Validate(local.shape, local.cache); !s.ok()) return ToPublic(s);
+
+  ipc::KvRegisterRequest req;
+  req.layers = layout.layers;
+  req.page_tokens = layout.page_tokens;
+  req.kv_heads = layout.kv_heads;
+  req.head_dim = layout.head_dim;
+  req.dtype = static_cast<uint8_t>(dtype);
+  req.codec = static_cast<uint8_t>(codec);
+  req.num_pages = layout.num_pages;
+  req.page_stride = local.cache.page_stride;
+  req.k_layers = local.cache.k_base;
+  req.v_layers = local.cache.v_base;
+  std::vector<int> fds;
+  for (const KvMemoryRegion& r : layout.regions) {
+    ipc::KvRegion g;
+    g.base = Addr(r.base);
+    g.bytes = r.bytes;
+    if (r.memfd >= 0) {
+      g.kind = ipc::KvRegionKind::kHostMemfd;
+      fds.push_back(r.memfd);
+    } else {
+      g.kind = ipc::KvRegionKind::kCudaIpc;
+      local.cuda = true;
+      absl::StatusOr<std::array<uint8_t, 64>> h = kernels::CudaIpcHandleOf(r.base);
+      if (!h.ok()) return ToPublic(h.status());
+      g.handle = *h;
+    }
+    req.regions.push_back(g);
+  }
+  if (local.cuda && fds.size() > 0) {
+    return Invalid("a KV cache lies either in CUDA device memory or in host memfds, not both");
+  }
+  if (local.cuda && !c.arena_registered_with_cuda) {
+    // Client-driven copies read and write the arena from kernels on the
+    // engine's stream: pin it for the device.
+    if (absl::Status s = kernels::CudaRegisterHost(c.ring->arena(), c.ring->arena_bytes()); !s.ok()) {
+      return ToPublic(s);
+    }
+    c.arena_registered_with_cuda = true;
+  }
+  absl::StatusOr<std::vector<std::byte>> answer =
+      c.ring->Exchange(ipc::EncodeKvRegister(req), fds, std::chrono::seconds(10));
+  if (!answer.ok()) return ToPublic(answer.status());
+  absl::StatusOr<ipc::KvRegisterReply> reply = ipc::DecodeKvReply(*answer);
+  if (!reply.ok()) return ToPublic(reply.status());
+  if (reply->status != 0) return Status(static_cast<ErrorCode>(reply->status), reply->message);
+  c.kv_caches.emplace(reply->registration, std::move(local));
+  return reply->registration;
+}
+
+Status Client::UnregisterKvCache(uint64_t registration) {
+  ClientImpl& c = *impl_;
+  if (!c.kv_caches.contains(registration)) {
+    return Status(ErrorCode::kNotFound, absl::StrCat("no KV-cache registration ", registration));
+  }
+  absl::StatusOr<std::vector<std::byte>> answer =
+      c.ring->Exchange(ipc::EncodeKvUnregister(registration), {}, std::chrono::seconds(10));
+  if (!answer.ok()) return ToPublic(answer.status());
+  absl::StatusOr<ipc::KvRegisterReply> reply = ipc::DecodeKvReply(*answer);
+  if (!reply.ok()) return ToPublic(reply.status());
+  c.kv_caches.erase(registration);
+  if (reply->status != 0) return Status(static_cast<ErrorCode>(reply->status), reply->message);
+  return Status();
+}
+
+namespace {
+
+// The pages of keys.size() blocks, checked against the registration.
+Status CheckPages(const ClientImpl& c, uint64_t registration, size_t keys, std::span<const uint32_t> pages,
+                  const ClientImpl::KvCache** out) {
+  auto it = c.kv_caches.find(registration);
+  if (it == c.kv_caches.end()) {
+    return Status(ErrorCode::kNotFound, absl::StrCat("no KV-cache registration ", registration,
+                                                     " in this client; RegisterKvCache first"));
+  }
+  const uint64_t ppb = kernels::PagesPerBlock(it->second.shape, it->second.cache);
+  if (pages.size() != keys * ppb) {
+    return Invalid(absl::StrCat(pages.size(), " page ids for ", keys, " blocks of ", ppb, " pages"));
+  }
+  *out = &it->second;
+  return Status();
+}
+
+}  // namespace
+
+Result<uint32_t> Client::StoreFromCache(uint64_t registration, std::span<const BlockKey> keys,
+                                        std::span<const uint32_t> pages) {
+  const ClientImpl::KvCache* kc;
+  if (Status s = CheckPages(*impl_, registration, keys.size(), pages, &kc); !s.ok()) return s;
+  uint32_t written = 0;
+  ClientImpl::OpState st;
+  st.value = &written;
+  Result<OpId> op = impl_->Submit(Opcode::kStoreDevice, 0, 0, keys, st, 0, registration, pages);
+  if (!op.ok()) return op.status();
+  if (Status s = impl_->WaitOp(*op, std::chrono::nanoseconds::max()); !s.ok()) return s;
+  return written;
+}
+
+Result<DeviceLoad> Client::LoadIntoCacheAsync(uint64_t registration, uint64_t lease, std::span<const BlockKey> keys,
+                                              std::span<const uint32_t> pages) {
+  const ClientImpl::KvCache* kc;
+  if (Status s = CheckPages(*impl_, registration, keys.size(), pages, &kc); !s.ok()) return s;
+  ClientImpl::OpState st;
+  st.layers = kc->shape.layers;
+  Result<OpId> op = impl_->Submit(Opcode::kLoadDevice, 0, lease, keys, st, 0, registration, pages,
+                                  sizeof(ipc::DeviceLoadProgress));
+  if (!op.ok()) return op.status();
+  return DeviceLoad{*op, kc->shape.layers};
+}
+
+uint32_t Client::LayersReady(const DeviceLoad& load) const {
+  auto it = impl_->ops.find(load.op);
+  if (it == impl_->ops.end() || it->second.progress == nullptr) return load.layers;  // already finished
+  return it->second.progress->layers_done.load(std::memory_order_acquire);
+}
+
+Result<uint32_t> Client::WaitLayers(const DeviceLoad& load, uint32_t layers, std::chrono::nanoseconds timeout) {
+  ClientImpl& c = *impl_;
+  auto it = c.ops.find(load.op);
+  if (it == c.ops.end() || it->second.progress == nullptr) {
+    return Status(ErrorCode::kNotFound, absl::StrCat("load ", load.op, " is not outstanding (already finished?)"));
+  }
+  ipc::DeviceLoadProgress* p = it->second.progress;
+  layers = std::max(1u, std::min(layers, load.layers));  // layer 1 also means "the prefix is known"
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  uint64_t waited_ns = 0;
+  for (;;) {
+    const uint32_t done = p->layers_done.load(std::memory_order_acquire);
+    if (done >= layers) return p->blocks.load(std::memory_order_acquire);
+    if (p->failed.load(std::memory_order_acquire) != 0) {
+      return Status(ErrorCode::kIo, "the load into the engine's cache failed; FinishLoad says why");
+    }
+    // The operation may have completed with an error before any layer.
+    if (std::optional<ipc::CompletionRecord> done_op = c.ring->TryTake(load.op)) {
+      Status s = c.Finish(load.op, *done_op);
+      if (!s.ok()) return s;
+      return Status(ErrorCode::kIo, "the load ended before its layers arrived");
+    }
+    if (Status h = ToPublic(c.ring->health()); !h.ok()) return h;
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) return Status(ErrorCode::kTimedOut, absl::StrCat("layer ", layers, " did not arrive in time"));
+    if (waited_ns < 50'000) {
+      ipc::PollPause(waited_ns);
+      waited_ns += 1000;
+    } else {
+      ipc::FutexWait(&p->layers_done, done, std::min<std::chrono::nanoseconds>(deadline - now, std::chrono::milliseconds(100)));
+    }
+  }
+}
+
+Result<uint32_t> Client::FinishLoad(const DeviceLoad& load, std::chrono::nanoseconds timeout) {
+  ClientImpl& c = *impl_;
+  auto it = c.ops.find(load.op);
+  if (it == c.ops.end()) {
+    return Status(ErrorCode::kNotFound, absl::StrCat("load ", load.op, " is not outstanding"));
+  }
+  uint32_t loaded = 0;
+  it->second.value = &loaded;
+  if (Status s = c.WaitOp(load.op, timeout); !s.ok()) {
+    if (auto again = c.ops.find(load.op); again != c.ops.end()) again->second.value = nullptr;  // still in flight
+    return s;
+  }
+  return loaded;
+}
+
+Result<uint32_t> Client::LoadIntoCache(uint64_t registration, uint64_t lease, std::span<const BlockKey> keys,
+                                       std::span<const uint32_t> pages) {
+  Result<DeviceLoad> load = LoadIntoCacheAsync(registration, lease, keys, pages);
+  if (!load.ok()) return load.status();
+  return FinishLoad(*load, std::chrono::nanoseconds::max());
+}
+
+namespace {
+
+Result<kernels::KvKernels*> KernelsFor(ClientImpl& c, const ClientImpl::KvCache& kc) {
+  if (kc.cuda) {
+    if (!c.cuda_kernels) c.cuda_kernels = kernels::MakeCudaKernels();
+    if (!c.cuda_kernels) return Status(ErrorCode::kInvalidArgument, "this libkvtier was built without CUDA");
+    return c.cuda_kernels.get();
+  }
+  if (!c.cpu_kernels) c.cpu_kernels = kernels::MakeReferenceKernels();
+  return c.cpu_kernels.get();
+}
+
+}  // namespace
+
+Status Client::ScatterToCache(uint64_t registration, std::span<const BlockView> blocks, std::span<const uint32_t> pages,
+                              uint64_t stream, uint32_t first_layer, uint32_t layer_count) {
+  const ClientImpl::KvCache* kc;
+  if (Status s = CheckPages(*impl_, registration, blocks.size(), pages, &kc); !s.ok()) return s;
+  std::vector<uint64_t> src;
+  for (const BlockView& v : blocks) {
+    if (v.data == nullptr || v.size != impl_->info.block_bytes) {
+      return Invalid("a block view is empty or not block_bytes() long");
+    }
+    src.push_back(Addr(v.data));
+  }
+  Result<kernels::KvKernels*> k = KernelsFor(*impl_, *kc);
+  if (!k.ok()) return k.status();
+  return ToPublic((*k)->Scatter(kc->shape, kc->codec, kc->cache,
+                                kernels::BlockIo{pages, src, first_layer, layer_count}, stream));
+}
+
+Status Client::GatherFromCache(uint64_t registration, const StoreTicket& ticket, std::span<const uint32_t> pages,
+                               uint64_t stream) {
+  const ClientImpl::KvCache* kc;
+  if (Status s = CheckPages(*impl_, registration, ticket.slots.size(), pages, &kc); !s.ok()) return s;
+  const uint64_t ppb = kernels::PagesPerBlock(kc->shape, kc->cache);
+  std::vector<uint64_t> dst;
+  std::vector<uint32_t> sel;
+  for (size_t i = 0; i < ticket.slots.size(); ++i) {
+    if (!ticket.slots[i].needed) continue;
+    dst.push_back(Addr(ticket.slots[i].data));
+    sel.insert(sel.end(), pages.begin() + i * ppb, pages.begin() + (i + 1) * ppb);
+  }
+  if (dst.empty()) return Status();
+  Result<kernels::KvKernels*> k = KernelsFor(*impl_, *kc);
+  if (!k.ok()) return k.status();
+  return ToPublic((*k)->Gather(kc->shape, kc->codec, kc->cache, kernels::BlockIo{sel, dst}, stream));
+}
+
+}  // namespace kvtier

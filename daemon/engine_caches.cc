@@ -1,0 +1,201 @@
+#include "daemon/engine_caches.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+#include "core/units.h"
+#include "ipc/doorbell.h"
+#include "ipc/shm.h"
+
+namespace kvtier {
+namespace {
+
+constexpr auto kDeviceTimeout = std::chrono::seconds(30);
+
+}  // namespace
+
+EngineCache::~EngineCache() {
+  for (void* p : imported) (void)device->CloseImported(p);
+}
+
+EngineCaches::~EngineCaches() {
+  MutexLock l(&mu_);
+  for (DeviceEvent e : events_) (void)device_->DestroyEvent(e);
+  if (stream_ != 0) (void)device_->DestroyStream(stream_);
+}
+
+absl::StatusOr<uint64_t> EngineCaches::Register(const ipc::KvRegisterRequest& req, std::vector<UniqueFd> fds) {
+  auto c = std::make_shared<EngineCache>(device_);
+  if (req.dtype > static_cast<uint8_t>(kernels::KvDtype::kInt8)) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown KV dtype code ", req.dtype));
+  }
+  if (req.codec > static_cast<uint8_t>(kernels::BlockCodec::kFp8E4M3)) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown block codec code ", req.codec));
+  }
+  c->shape = kernels::KvShape{req.layers, ns_.block_tokens, req.kv_heads, req.head_dim,
+                              static_cast<kernels::KvDtype>(req.dtype)};
+  c->codec = static_cast<kernels::BlockCodec>(req.codec);
+  RETURN_IF_ERROR(kernels::Validate(c->shape, c->codec));
+  const uint64_t block_bytes = kernels::GeometryOf(c->shape, c->codec).block_bytes;
+  if (block_bytes != ns_.block_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "this layout makes blocks of ", block_bytes, " bytes (", req.layers, " layers x K,V x ", ns_.block_tokens,
+        " tokens x ", req.kv_heads, " heads x ", req.head_dim, " x ", kernels::DtypeName(c->shape.dtype),
+        ", codec ", kernels::CodecName(c->codec), ") but the namespace's blocks are ", ns_.block_bytes,
+        " bytes; attach with the matching block_bytes"));
+  }
+  c->cache.page_tokens = req.page_tokens;
+  c->cache.num_pages = req.num_pages;
+  c->cache.page_stride = req.page_stride;
+  if (req.page_tokens == 0 || ns_.block_tokens % req.page_tokens != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("page_tokens ", req.page_tokens, " does not divide the ",
+                                                   ns_.block_tokens, "-token blocks"));
+  }
+  const uint64_t page_bytes = kernels::PageBytes(c->shape, c->cache);
+  if (req.page_stride < page_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_stride ", req.page_stride, " is smaller than a page (", page_bytes, " bytes)"));
+  }
+  if (req.num_pages == 0 || req.num_pages > (uint64_t{1} << 32)) {
+    return absl::InvalidArgumentError(absl::StrCat("num_pages ", req.num_pages, " is not in 1..2^32"));
+  }
+  // Import every region; memfd regions come with one descriptor each.
+  size_t next_fd = 0;
+  std::vector<uint64_t> local(req.regions.size());
+  for (size_t i = 0; i < req.regions.size(); ++i) {
+    const ipc::KvRegion& r = req.regions[i];
+    if (r.bytes == 0 || r.base == 0 || r.base + r.bytes < r.base) {
+      return absl::InvalidArgumentError(absl::StrCat("memory region ", i, " is empty or wraps around"));
+    }
+    IpcMemHandle h;
+    h.bytes = r.bytes;
+    if (r.kind == ipc::KvRegionKind::kHostMemfd) {
+      if (device_->name() != "sim") {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "memory region ", i, " is host memory (a memfd), which this kvtierd's ", device_->name(),
+            " device backend cannot reach; register CUDA device memory, or run kvtierd with device = \"sim\""));
+      }
+      if (next_fd >= fds.size()) {
+        return absl::InvalidArgumentError(absl::StrCat("memory region ", i, " is host memory but came without its memfd"));
+      }
+      h.fd = std::move(fds[next_fd++]);
+      ASSIGN_OR_RETURN(uint64_t size, ipc::FdSize(h.fd.get()));
+      if (size < r.bytes) {
+        return absl::InvalidArgumentError(absl::StrCat("memory region ", i, " claims ", r.bytes,
+                                                       " bytes but its memfd holds ", size));
+      }
+    } else {
+      if (device_->name() != "cuda") {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "memory region ", i, " is CUDA device memory but this kvtierd runs the ", device_->name(),
+            " device backend (no GPU answered it at start)"));
+      }
+      std::copy(r.handle.begin(), r.handle.end(), h.opaque.begin());
+    }
+    absl::StatusOr<void*> p = device_->ImportMemory(h);
+    if (!p.ok()) return absl::Status(p.status().code(), absl::StrCat("memory region ", i, ": ", p.status().message()));
+    c->imported.push_back(*p);
+    local[i] = reinterpret_cast<uint64_t>(*p);
+  }
+  if (next_fd != fds.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(fds.size(), " descriptors for ", next_fd, " host regions"));
+  }
+  // Each layer's pages must lie inside one region.
+  const uint64_t span = (req.num_pages - 1) * req.page_stride + page_bytes;
+  auto translate = [&](uint64_t addr, uint32_t layer, const char* kv) -> absl::StatusOr<uint64_t> {
+    for (size_t i = 0; i < req.regions.size(); ++i) {
+      const ipc::KvRegion& r = req.regions[i];
+      if (addr >= r.base && addr - r.base <= r.bytes && r.bytes - (addr - r.base) >= span) {
+        return local[i] + (addr - r.base);
+      }
+    }
+    return absl::InvalidArgumentError(absl::StrCat("layer ", layer, "'s ", kv, " pages (", FormatBytes(span),
+                                                   " from its address) lie in no registered memory region"));
+  };
+  for (uint32_t l = 0; l < req.layers; ++l) {
+    ASSIGN_OR_RETURN(uint64_t k, translate(req.k_layers[l], l, "K"));
+    ASSIGN_OR_RETURN(uint64_t v, translate(req.v_layers[l], l, "V"));
+    c->cache.k_base.push_back(k);
+    c->cache.v_base.push_back(v);
+  }
+  RETURN_IF_ERROR(kernels::Validate(c->shape, c->cache));
+  c->pages_per_block = kernels::PagesPerBlock(c->shape, c->cache);
+  MutexLock l(&mu_);
+  if (caches_.size() >= kMaxPerSession) {
+    return absl::ResourceExhaustedError(absl::StrCat("a session registers at most ", kMaxPerSession,
+                                                     " KV caches; unregister one first"));
+  }
+  c->id = next_id_++;
+  caches_.emplace(c->id, c);
+  return c->id;
+}
+
+absl::Status EngineCaches::Unregister(uint64_t id) {
+  MutexLock l(&mu_);
+  if (caches_.erase(id) == 0) return absl::NotFoundError(absl::StrCat("no KV-cache registration ", id));
+  return absl::OkStatus();
+}
+
+std::shared_ptr<const EngineCache> EngineCaches::Find(uint64_t id) const {
+  MutexLock l(&mu_);
+  auto it = caches_.find(id);
+  return it == caches_.end() ? nullptr : it->second;
+}
+
+size_t EngineCaches::size() const {
+  MutexLock l(&mu_);
+  return caches_.size();
+}
+
+absl::StatusOr<DeviceStream> EngineCaches::Stream() {
+  MutexLock l(&mu_);
+  if (stream_ == 0) {
+    ASSIGN_OR_RETURN(stream_, device_->CreateStream());
+  }
+  return stream_;
+}
+
+absl::Status EngineCaches::Gather(const EngineCache& c, std::span<const uint32_t> pages,
+                                  std::span<const uint64_t> dst) {
+  MutexLock work(&work_mu_);
+  ASSIGN_OR_RETURN(DeviceStream s, Stream());
+  RETURN_IF_ERROR(device_->kernels().Gather(c.shape, c.codec, c.cache, kernels::BlockIo{pages, dst}, s));
+  return device_->SynchronizeStream(s);
+}
+
+absl::Status EngineCaches::ScatterByLayer(const EngineCache& c, std::span<const uint32_t> pages,
+                                          std::span<const uint64_t> src, ipc::DeviceLoadProgress* progress) {
+  MutexLock work(&work_mu_);
+  ASSIGN_OR_RETURN(DeviceStream s, Stream());
+  std::vector<DeviceEvent> events;
+  {
+    MutexLock l(&mu_);
+    while (events_.size() < c.shape.layers) {
+      ASSIGN_OR_RETURN(DeviceEvent e, device_->CreateEvent());
+      events_.push_back(e);
+    }
+    events.assign(events_.begin(), events_.begin() + c.shape.layers);
+  }
+  auto fail = [&](absl::Status st) {
+    progress->failed.store(1, std::memory_order_release);
+    ipc::FutexWakeAll(&progress->layers_done);
+    (void)device_->SynchronizeStream(s);  // nothing of ours may still write after we return
+    return st;
+  };
+  // Everything is queued first, so the device works on later layers while
+  // earlier ones are announced.
+  for (uint32_t l = 0; l < c.shape.layers; ++l) {
+    absl::Status st = device_->kernels().Scatter(c.shape, c.codec, c.cache, kernels::BlockIo{pages, src, l, 1}, s);
+    if (st.ok()) st = device_->RecordEvent(events[l], s);
+    if (!st.ok()) return fail(st);
+  }
+  for (uint32_t l = 0; l < c.shape.layers; ++l) {
+    if (absl::Status st = device_->WaitEvent(events[l], kDeviceTimeout); !st.ok()) return fail(st);
+    progress->layers_done.store(l + 1, std::memory_order_release);
+    ipc::FutexWakeAll(&progress->layers_done);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kvtier

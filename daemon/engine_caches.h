@@ -1,0 +1,88 @@
+// The KV caches engines registered with the daemon (one set per session):
+// their layout as the kernels see it, in the daemon's own addresses (the
+// engine's memory imported through the device backend), and the device work
+// that moves blocks between them and the host arena.
+//
+// Daemon-driven copies: a store gathers the engine's pages straight into the
+// block's host-arena slot; a load scatters host-arena blocks into the
+// engine's pages layer by layer, publishing each finished layer to the
+// client through shared memory (ipc::DeviceLoadProgress), so the engine can
+// start on layer 0 while later layers are still in flight.
+#ifndef KVTIER_DAEMON_ENGINE_CACHES_H_
+#define KVTIER_DAEMON_ENGINE_CACHES_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/mutex.h"
+#include "core/unique_fd.h"
+#include "daemon/namespace_registry.h"
+#include "ipc/abi.h"
+#include "ipc/kv_registration.h"
+#include "kernels/kv_kernels.h"
+#include "tiers/device_backend.h"
+
+namespace kvtier {
+
+// One registered engine cache.
+struct EngineCache {
+  EngineCache(DeviceBackend* device) : device(device) {}
+  ~EngineCache();  // closes the imported memory
+  EngineCache(const EngineCache&) = delete;
+  EngineCache& operator=(const EngineCache&) = delete;
+
+  uint64_t id = 0;
+  kernels::KvShape shape;  // block_tokens from the namespace
+  kernels::BlockCodec codec = kernels::BlockCodec::kLossless;
+  kernels::PagedCache cache;  // daemon addresses
+  uint32_t pages_per_block = 0;
+  DeviceBackend* const device;
+  std::vector<void*> imported;
+};
+
+class EngineCaches {
+ public:
+  static constexpr size_t kMaxPerSession = 16;
+
+  EngineCaches(DeviceBackend* device, NamespaceInfo ns) : device_(device), ns_(std::move(ns)) {}
+  ~EngineCaches();
+
+  // Thread-safe. Checks the layout against the namespace (block bytes must
+  // match), imports every region and maps each layer into daemon addresses.
+  // InvalidArgument / FailedPrecondition naming what does not fit.
+  absl::StatusOr<uint64_t> Register(const ipc::KvRegisterRequest& req, std::vector<UniqueFd> fds);
+  // Thread-safe. NotFound for an unknown id. Work already running keeps its
+  // reference and finishes first.
+  absl::Status Unregister(uint64_t id);
+  // Thread-safe. nullptr when unknown.
+  std::shared_ptr<const EngineCache> Find(uint64_t id) const;
+  size_t size() const;
+
+  // Gathers pages (pages_per_block per block) into the host-arena blocks at
+  // `dst` and waits for it. Any thread.
+  absl::Status Gather(const EngineCache& c, std::span<const uint32_t> pages, std::span<const uint64_t> dst);
+  // Scatters the host-arena blocks at `src` into pages, layer after layer,
+  // publishing each finished layer in *progress (and waking its futex).
+  // Any thread.
+  absl::Status ScatterByLayer(const EngineCache& c, std::span<const uint32_t> pages, std::span<const uint64_t> src,
+                              ipc::DeviceLoadProgress* progress);
+
+ private:
+  absl::StatusOr<DeviceStream> Stream();
+
+  DeviceBackend* const device_;
+  const NamespaceInfo ns_;
+  mutable Mutex mu_;
+  std::map<uint64_t, std::shared_ptr<EngineCache>> caches_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  DeviceStream stream_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<DeviceEvent> events_ ABSL_GUARDED_BY(mu_);  // one per layer, reused
+  Mutex work_mu_;  // one device operation at a time per session: they share the stream and events
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_DAEMON_ENGINE_CACHES_H_

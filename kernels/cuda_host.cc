@@ -1,0 +1,55 @@
+#include "kernels/cuda_host.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+#ifdef KVTIER_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace kvtier::kernels {
+
+#ifdef KVTIER_HAVE_CUDA
+bool CudaDeviceAnswers() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return count > 0;
+}
+
+absl::StatusOr<std::array<uint8_t, 64>> CudaIpcHandleOf(const void* base) {
+  static_assert(sizeof(cudaIpcMemHandle_t) <= 64);
+  cudaIpcMemHandle_t h;
+  const cudaError_t err = cudaIpcGetMemHandle(&h, const_cast<void*>(base));
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return absl::InvalidArgumentError(absl::StrCat("cudaIpcGetMemHandle: ", cudaGetErrorString(err),
+                                                   " (a region's base must be what cudaMalloc returned)"));
+  }
+  std::array<uint8_t, 64> out{};
+  std::memcpy(out.data(), &h, sizeof(h));
+  return out;
+}
+
+absl::Status CudaRegisterHost(void* ptr, size_t bytes) {
+  const cudaError_t err = cudaHostRegister(ptr, bytes, cudaHostRegisterPortable | cudaHostRegisterMapped);
+  if (err != cudaSuccess && err != cudaErrorHostMemoryAlreadyRegistered) {
+    cudaGetLastError();
+    return absl::InternalError(absl::StrCat("cudaHostRegister of the host arena: ", cudaGetErrorString(err),
+                                            " (raise ulimit -l / LimitMEMLOCK)"));
+  }
+  cudaGetLastError();
+  return absl::OkStatus();
+}
+#else
+bool CudaDeviceAnswers() { return false; }
+absl::StatusOr<std::array<uint8_t, 64>> CudaIpcHandleOf(const void*) {
+  return absl::UnavailableError("this libkvtier was built without CUDA");
+}
+absl::Status CudaRegisterHost(void*, size_t) { return absl::UnavailableError("this libkvtier was built without CUDA"); }
+#endif
+
+}  // namespace kvtier::kernels

@@ -1,0 +1,24 @@
+// The few CUDA runtime calls libkvtier makes for an engine's CUDA KV cache:
+// is there a device, the IPC handle of an allocation, and pinning the host
+// arena so kernels on the engine's stream can read it in place. Each fails
+// with Unavailable in a build without CUDA.
+#ifndef KVTIER_KERNELS_CUDA_HOST_H_
+#define KVTIER_KERNELS_CUDA_HOST_H_
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+
+namespace kvtier::kernels {
+
+bool CudaDeviceAnswers();
+// cudaIpcGetMemHandle of `base` (the start of a cudaMalloc allocation).
+absl::StatusOr<std::array<uint8_t, 64>> CudaIpcHandleOf(const void* base);
+// cudaHostRegister (portable, mapped).
+absl::Status CudaRegisterHost(void* ptr, size_t bytes);
+
+}  // namespace kvtier::kernels
+
+#endif  // KVTIER_KERNELS_CUDA_HOST_H_

@@ -1,0 +1,353 @@
+// Engine KV caches end to end on the host-simulated device: an engine
+// registers its paged cache ("device" memory: a memfd the daemon maps), the
+// daemon gathers blocks straight from its pages and scatters them back layer
+// by layer, the client copies them itself on the engine's stream, INT8 blocks
+// come back within their bound, bad registrations are refused with the
+// reason, and an engine killed with -9 leaves a daemon that serves the next
+// one. Bytes are checked against naive indexing every time.
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "gtest/gtest.h"
+#include "kvtier/client.h"
+#include "tests/support/client_helpers.h"
+#include "tests/support/test_support.h"
+
+namespace kvtier {
+namespace {
+
+using testing::DaemonProcess;
+
+// A small model: 4 layers, 2 KV heads of 16, f16, 4-token pages, 16-token
+// blocks (4 pages per block per layer).
+constexpr uint32_t kLayers = 4, kHeads = 2, kDim = 16, kPageTokens = 4, kBlockTokens = 16;
+constexpr uint32_t kPpb = kBlockTokens / kPageTokens;
+constexpr uint64_t kPageBytes = uint64_t{kPageTokens} * kHeads * kDim * 2;
+constexpr uint64_t kBlockBytes = uint64_t{kLayers} * 2 * kBlockTokens * kHeads * kDim * 2;  // 8 KiB
+constexpr uint32_t kPages = 96;
+
+const char* kConfig = "device = \"sim\"\n[tiers.host]\ncapacity = \"4MiB\"\n";
+
+// The engine's paged cache in a memfd: per layer, K then V, each kPages pages.
+struct EngineMemory {
+  int fd = -1;
+  std::byte* base = nullptr;
+  uint64_t bytes = uint64_t{kLayers} * 2 * kPages * kPageBytes;
+  EngineMemory() {
+    fd = memfd_create("engine-kv", MFD_CLOEXEC);
+    EXPECT_GE(fd, 0);
+    EXPECT_EQ(ftruncate(fd, static_cast<off_t>(bytes)), 0);
+    base = static_cast<std::byte*>(mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+    EXPECT_NE(base, MAP_FAILED);
+  }
+  ~EngineMemory() {
+    munmap(base, bytes);
+    close(fd);
+  }
+  std::byte* Page(uint32_t layer, int kv, uint32_t page) const {
+    return base + ((uint64_t{layer} * 2 + kv) * kPages + page) * kPageBytes;
+  }
+  KvCacheLayout Layout(std::string codec = "none") const {
+    KvCacheLayout l;
+    l.layers = kLayers;
+    l.page_tokens = kPageTokens;
+    l.kv_heads = kHeads;
+    l.head_dim = kDim;
+    l.dtype = "f16";
+    l.codec = std::move(codec);
+    l.num_pages = kPages;
+    for (uint32_t i = 0; i < kLayers; ++i) {
+      l.k_layers.push_back(Page(i, 0, 0));
+      l.v_layers.push_back(Page(i, 1, 0));
+    }
+    l.regions.push_back({base, bytes, fd});
+    return l;
+  }
+};
+
+std::vector<uint32_t> PagesFrom(uint32_t first, size_t blocks) {
+  std::vector<uint32_t> p;
+  for (uint32_t i = 0; i < blocks * kPpb; ++i) p.push_back(first + (i * 7) % (blocks * kPpb));  // shuffled
+  return p;
+}
+
+void FillPages(const EngineMemory& m, std::span<const uint32_t> pages, uint32_t seed) {
+  std::mt19937 rng(seed);
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    for (int kv = 0; kv < 2; ++kv) {
+      for (uint32_t p : pages) {
+        for (uint64_t i = 0; i < kPageBytes; ++i) m.Page(l, kv, p)[i] = static_cast<std::byte>(rng());
+      }
+    }
+  }
+}
+
+// True when `block` is the layer-major form of block b's pages:
+// [layer][K|V][tokens][heads][dim].
+bool BlockMatchesPages(const std::byte* block, const EngineMemory& m, std::span<const uint32_t> pages, size_t b) {
+  const uint64_t token_bytes = uint64_t{kHeads} * kDim * 2;
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    for (int kv = 0; kv < 2; ++kv) {
+      for (uint32_t t = 0; t < kBlockTokens; ++t) {
+        const std::byte* want = m.Page(l, kv, pages[b * kPpb + t / kPageTokens]) + (t % kPageTokens) * token_bytes;
+        const std::byte* got = block + ((uint64_t{l} * 2 + kv) * kBlockTokens + t) * token_bytes;
+        if (std::memcmp(want, got, token_bytes) != 0) return false;
+      }
+    }
+  }
+  return true;
+}
+
+bool SamePages(const EngineMemory& m, std::span<const uint32_t> a, std::span<const uint32_t> b, uint32_t layers) {
+  for (uint32_t l = 0; l < layers; ++l) {
+    for (int kv = 0; kv < 2; ++kv) {
+      for (size_t i = 0; i < a.size(); ++i) {
+        if (std::memcmp(m.Page(l, kv, a[i]), m.Page(l, kv, b[i]), kPageBytes) != 0) return false;
+      }
+    }
+  }
+  return true;
+}
+
+NamespaceDescriptor Ns(uint64_t block_bytes = kBlockBytes) { return testing::TestNamespace(block_bytes, "device/e2e"); }
+
+TEST(DeviceE2eTest, DaemonGathersFromPagesAndScattersBackLayerByLayer) {
+  DaemonProcess d(kConfig);
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  auto c = testing::AttachTo(d.socket_path(), Ns());
+  ASSERT_NE(c, nullptr);
+  EngineMemory mem;
+  auto reg = c->RegisterKvCache(mem.Layout());
+  ASSERT_TRUE(reg.ok()) << reg.status().ToString();
+  const auto keys = testing::SeededKeys(*c, 1, 6);
+  const auto src = PagesFrom(0, 6);   // pages 0..23
+  const auto dst = PagesFrom(40, 6);  // pages 40..63
+  FillPages(mem, src, 11);
+  auto written = c->StoreFromCache(*reg, keys, src);
+  ASSERT_TRUE(written.ok()) << written.status().ToString();
+  EXPECT_EQ(*written, 6u);
+  // Storing again writes nothing: the blocks are cached.
+  EXPECT_EQ(*c->StoreFromCache(*reg, keys, src), 0u);
+
+  // The stored blocks are the layer-major form of the pages.
+  auto hit = c->Lookup(keys, {.lease = true});
+  ASSERT_TRUE(hit.ok());
+  ASSERT_EQ(hit->hit_blocks, 6u);
+  auto views = c->Load(hit->lease, keys);
+  ASSERT_TRUE(views.ok());
+  for (size_t b = 0; b < keys.size(); ++b) EXPECT_TRUE(BlockMatchesPages((*views)[b].data, mem, src, b)) << b;
+
+  // Daemon-driven load into other pages, layer by layer.
+  auto load = c->LoadIntoCacheAsync(*reg, hit->lease, keys, dst);
+  ASSERT_TRUE(load.ok()) << load.status().ToString();
+  EXPECT_EQ(load->layers, kLayers);
+  auto blocks = c->WaitLayers(*load, 1);
+  ASSERT_TRUE(blocks.ok()) << blocks.status().ToString();
+  EXPECT_EQ(*blocks, 6u);
+  EXPECT_GE(c->LayersReady(*load), 1u);
+  EXPECT_TRUE(SamePages(mem, src, dst, 1)) << "layer 0 is in place once WaitLayers(1) returns";
+  auto loaded = c->FinishLoad(*load);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_EQ(*loaded, 6u);
+  EXPECT_EQ(c->LayersReady(*load), kLayers);
+  EXPECT_TRUE(SamePages(mem, src, dst, kLayers));
+  ASSERT_TRUE(c->Release(hit->lease).ok());
+
+  auto s = d.Status();
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ((*s)["stats"]["kv_registrations"].get<int>(), 1);
+  EXPECT_EQ((*s)["stats"]["device_blocks_stored"].get<int>(), 6);
+  EXPECT_EQ((*s)["stats"]["device_blocks_loaded"].get<int>(), 6);
+  EXPECT_EQ((*s)["stats"]["device_errors"].get<int>(), 0);
+  EXPECT_TRUE(c->UnregisterKvCache(*reg).ok());
+  EXPECT_EQ(c->StoreFromCache(*reg, keys, src).status().code(), ErrorCode::kNotFound);
+}
+
+TEST(DeviceE2eTest, ClientCopiesOnTheEnginesStreamMatchTheDaemons) {
+  DaemonProcess d(kConfig);
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  auto c = testing::AttachTo(d.socket_path(), Ns());
+  ASSERT_NE(c, nullptr);
+  EngineMemory mem;
+  auto reg = c->RegisterKvCache(mem.Layout());
+  ASSERT_TRUE(reg.ok()) << reg.status().ToString();
+  const auto keys = testing::SeededKeys(*c, 2, 4);
+  const auto src = PagesFrom(0, 4), dst = PagesFrom(50, 4);
+  FillPages(mem, src, 12);
+  // Client-driven store: gather into the ticket's slots, then commit.
+  auto ticket = c->StoreBegin(keys);
+  ASSERT_TRUE(ticket.ok());
+  ASSERT_EQ(ticket->needed, 4u);
+  ASSERT_TRUE(c->GatherFromCache(*reg, *ticket, src).ok());
+  ASSERT_TRUE(c->StoreCommit(*ticket).ok());
+  auto hit = c->Lookup(keys, {.lease = true});
+  ASSERT_EQ(hit->hit_blocks, 4u);
+  auto views = c->Load(hit->lease, keys);
+  ASSERT_TRUE(views.ok());
+  for (size_t b = 0; b < keys.size(); ++b) EXPECT_TRUE(BlockMatchesPages((*views)[b].data, mem, src, b)) << b;
+  // Client-driven load, layer by layer.
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    ASSERT_TRUE(c->ScatterToCache(*reg, *views, dst, 0, l, 1).ok());
+    EXPECT_TRUE(SamePages(mem, src, dst, l + 1));
+  }
+  // Wrong page counts and foreign views are refused.
+  EXPECT_EQ(c->ScatterToCache(*reg, *views, std::span(dst).first(3)).code(), ErrorCode::kInvalidArgument);
+  std::vector<BlockView> bogus = {BlockView{nullptr, 0, TierKind::kHost}};
+  EXPECT_EQ(c->ScatterToCache(*reg, bogus, std::span(dst).first(kPpb)).code(), ErrorCode::kInvalidArgument);
+  ASSERT_TRUE(c->Release(hit->lease).ok());
+}
+
+TEST(DeviceE2eTest, Int8BlocksComeBackWithinTheirBound) {
+  DaemonProcess d(kConfig);
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  // INT8 layer: K codes + 16-aligned per-channel scales + V codes + per-token scales.
+  const uint64_t codes = uint64_t{kBlockTokens} * kHeads * kDim;               // 512
+  const uint64_t layer = codes + kHeads * kDim * 4 + codes + kBlockTokens * kHeads * 4;  // aligned already
+  auto c = testing::AttachTo(d.socket_path(), Ns(layer * kLayers));
+  ASSERT_NE(c, nullptr);
+  EngineMemory mem;
+  // A lossless layout does not fit this namespace's block size: refused, with why.
+  auto wrong = c->RegisterKvCache(mem.Layout("none"));
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.status().message().find("block"), std::string::npos) << wrong.status().message();
+  auto reg = c->RegisterKvCache(mem.Layout("int8"));
+  ASSERT_TRUE(reg.ok()) << reg.status().ToString();
+  const auto keys = testing::SeededKeys(*c, 3, 3);
+  const auto src = PagesFrom(0, 3), dst = PagesFrom(30, 3);
+  // f16 values around 1 with a few larger ones.
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    for (int kv = 0; kv < 2; ++kv) {
+      for (uint32_t p : src) {
+        auto* h = reinterpret_cast<_Float16*>(mem.Page(l, kv, p));
+        for (uint64_t i = 0; i < kPageBytes / 2; ++i) h[i] = static_cast<_Float16>(normal(rng));
+      }
+    }
+  }
+  ASSERT_EQ(*c->StoreFromCache(*reg, keys, src), 3u);
+  auto hit = c->Lookup(keys, {.lease = true});
+  ASSERT_EQ(hit->hit_blocks, 3u);
+  ASSERT_EQ(*c->LoadIntoCache(*reg, hit->lease, keys, dst), 3u);
+  // Each value within half a step of its group's scale (max |x| / 127),
+  // plus f16 rounding: the largest |x| here is below 6, so 6/254 + slack.
+  double worst = 0;
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    for (int kv = 0; kv < 2; ++kv) {
+      for (size_t i = 0; i < src.size(); ++i) {
+        auto* a = reinterpret_cast<const _Float16*>(mem.Page(l, kv, src[i]));
+        auto* b = reinterpret_cast<const _Float16*>(mem.Page(l, kv, dst[i]));
+        for (uint64_t e = 0; e < kPageBytes / 2; ++e) {
+          worst = std::max(worst, std::fabs(double(a[e]) - double(b[e])));
+        }
+      }
+    }
+  }
+  EXPECT_GT(worst, 0.0) << "INT8 is lossy";
+  EXPECT_LT(worst, 6.0 / 254 + 0.01);
+  ASSERT_TRUE(c->Release(hit->lease).ok());
+}
+
+TEST(DeviceE2eTest, BadRegistrationsAndRequestsAreRefusedWithTheReason) {
+  DaemonProcess d(kConfig);
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  auto c = testing::AttachTo(d.socket_path(), Ns());
+  ASSERT_NE(c, nullptr);
+  EngineMemory mem;
+  auto expect_refused = [&](KvCacheLayout l, const char* needle) {
+    auto r = c->RegisterKvCache(l);
+    ASSERT_FALSE(r.ok()) << needle;
+    EXPECT_NE(r.status().message().find(needle), std::string::npos) << r.status().message();
+  };
+  KvCacheLayout outside = mem.Layout();
+  outside.v_layers[3] = mem.base + mem.bytes - kPageBytes;  // its pages run past the region
+  expect_refused(outside, "no registered memory region");
+  KvCacheLayout short_region = mem.Layout();
+  short_region.regions[0].bytes = mem.bytes * 2;  // more than the memfd holds
+  expect_refused(short_region, "memfd holds");
+  KvCacheLayout odd_page = mem.Layout();
+  odd_page.page_tokens = 3;
+  expect_refused(odd_page, "whole number");
+  KvCacheLayout fp8_int8 = mem.Layout("int8");
+  fp8_int8.dtype = "fp8_e4m3";
+  expect_refused(fp8_int8, "quantizes");
+  KvCacheLayout bad_dtype = mem.Layout();
+  bad_dtype.dtype = "fp4";
+  expect_refused(bad_dtype, "fp4");
+  KvCacheLayout cuda = mem.Layout();
+  cuda.regions[0].memfd = -1;  // claims CUDA memory
+  auto r = c->RegisterKvCache(cuda);
+  EXPECT_FALSE(r.ok());
+  // The session still works, and a good registration succeeds after them.
+  auto reg = c->RegisterKvCache(mem.Layout());
+  ASSERT_TRUE(reg.ok()) << reg.status().ToString();
+  const auto keys = testing::SeededKeys(*c, 4, 2);
+  std::vector<uint32_t> past = PagesFrom(kPages - 2, 2);  // runs past the cache's pages
+  EXPECT_EQ(c->StoreFromCache(*reg, keys, past).status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(c->StoreFromCache(*reg, keys, std::span(past).first(3)).status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(c->StoreFromCache(999, keys, PagesFrom(0, 2)).status().code(), ErrorCode::kNotFound);
+  EXPECT_EQ(*c->StoreFromCache(*reg, keys, PagesFrom(0, 2)), 2u);
+  auto s = d.Status();
+  // The first two reach the daemon; the others are caught by the client.
+  EXPECT_EQ((*s)["stats"]["kv_registrations_refused"].get<int>(), 2);
+  EXPECT_EQ((*s)["stats"]["kv_registrations"].get<int>(), 1);
+}
+
+TEST(DeviceE2eTest, AnEngineKilledMidLoadLeavesADaemonThatServesTheNext) {
+  DaemonProcess d(kConfig);
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  const pid_t engine = fork();
+  if (engine == 0) {
+    auto c = testing::AttachTo(d.socket_path(), Ns());
+    EngineMemory mem;
+    auto reg = c ? c->RegisterKvCache(mem.Layout()) : Result<uint64_t>(Status(ErrorCode::kIo, "attach"));
+    if (!reg.ok()) _exit(2);
+    const auto keys = testing::SeededKeys(*c, 9, 6);
+    FillPages(mem, PagesFrom(0, 6), 99);
+    if (*c->StoreFromCache(*reg, keys, PagesFrom(0, 6)) != 6) _exit(3);
+    (void)!write(ready[1], "y", 1);
+    // Load over and over until killed.
+    for (;;) {
+      auto hit = c->Lookup(keys, {.lease = true});
+      if (!hit.ok() || !c->LoadIntoCache(*reg, hit->lease, keys, PagesFrom(40, 6)).ok()) _exit(4);
+      (void)c->Release(hit->lease);
+    }
+  }
+  char x;
+  ASSERT_EQ(read(ready[0], &x, 1), 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  kill(engine, SIGKILL);
+  int st;
+  waitpid(engine, &st, 0);
+  ASSERT_TRUE(WIFSIGNALED(st)) << "the engine ran into an error instead: exit " << WEXITSTATUS(st);
+  // The daemon dropped the dead session (its leases and its registration)...
+  EXPECT_TRUE(testing::Eventually([&] {
+    auto s = d.Status();
+    return s.ok() && (*s)["sessions"].size() == 0;
+  })) << d.Status()->dump();
+  // ...and a new engine reuses what the first one stored, into its own cache.
+  auto c = testing::AttachTo(d.socket_path(), Ns());
+  ASSERT_NE(c, nullptr);
+  EngineMemory mem;
+  FillPages(mem, PagesFrom(0, 6), 99);  // what the first engine had, to compare with
+  auto reg = c->RegisterKvCache(mem.Layout());
+  ASSERT_TRUE(reg.ok()) << reg.status().ToString();
+  const auto keys = testing::SeededKeys(*c, 9, 6);
+  auto hit = c->Lookup(keys, {.lease = true});
+  ASSERT_TRUE(hit.ok());
+  ASSERT_EQ(hit->hit_blocks, 6u);
+  ASSERT_EQ(*c->LoadIntoCache(*reg, hit->lease, keys, PagesFrom(40, 6)), 6u);
+  EXPECT_TRUE(SamePages(mem, PagesFrom(0, 6), PagesFrom(40, 6), kLayers));
+  ASSERT_TRUE(c->Release(hit->lease).ok());
+}
+
+}  // namespace
+}  // namespace kvtier

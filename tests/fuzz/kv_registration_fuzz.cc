@@ -1,0 +1,44 @@
+// The KV-cache registration decoders: arbitrary bytes from an attached client.
+#include <cstring>
+
+#include "ipc/kv_registration.h"
+#include "tests/fuzz/fuzz_target.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  std::span<const std::byte> in(reinterpret_cast<const std::byte*>(data), size);
+  auto m = kvtier::ipc::DecodeKvMessage(in);
+  if (m.ok()) {
+    // Whatever decodes re-encodes to the same bytes, and stays within limits.
+    std::vector<std::byte> again = m->unregister ? kvtier::ipc::EncodeKvUnregister(m->registration)
+                                                 : kvtier::ipc::EncodeKvRegister(m->request);
+    if (again.size() != size || std::memcmp(again.data(), data, size) != 0) __builtin_trap();
+    if (!m->unregister && (m->request.regions.size() > kvtier::ipc::kMaxKvRegions ||
+                           m->request.k_layers.size() != m->request.layers ||
+                           m->request.layers > kvtier::ipc::kMaxKvLayers)) {
+      __builtin_trap();
+    }
+  }
+  (void)kvtier::ipc::DecodeKvReply(in);
+  return 0;
+}
+
+std::vector<std::string> FuzzSeeds() {
+  kvtier::ipc::KvRegisterRequest r;
+  r.layers = 2;
+  r.page_tokens = 16;
+  r.kv_heads = 2;
+  r.head_dim = 8;
+  r.num_pages = 4;
+  r.page_stride = 512;
+  r.regions.push_back({kvtier::ipc::KvRegionKind::kHostMemfd, 0x1000, 8192, {}});
+  r.regions.push_back({kvtier::ipc::KvRegionKind::kCudaIpc, 0x7f0000000000, 1 << 20, {1, 2, 3}});
+  r.k_layers = {0x1000, 0x2000};
+  r.v_layers = {0x1800, 0x2800};
+  auto a = kvtier::ipc::EncodeKvRegister(r);
+  auto b = kvtier::ipc::EncodeKvUnregister(7);
+  auto c = kvtier::ipc::EncodeKvReply({0, 7, "ok"});
+  auto s = [](const std::vector<std::byte>& v) { return std::string(reinterpret_cast<const char*>(v.data()), v.size()); };
+  return {s(a), s(b), s(c)};
+}
+
+long FuzzDefaultIterations() { return 50000; }
