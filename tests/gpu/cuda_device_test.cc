@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "ipc/shm.h"
 #include "tiers/device_backend.h"
+#include "tiers/gpu_tier.h"
 
 extern char** environ;
 
@@ -127,6 +128,31 @@ TEST(CudaDeviceTest, ExportsMemoryToAnotherProcess) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
   ASSERT_TRUE(dev->DestroyStream(s).ok());
   ASSERT_TRUE(dev->Free(d).ok());
+}
+
+TEST(CudaDeviceTest, GpuTierRoundTripsBlocksInDeviceMemory) {
+  auto dev = Cuda();
+  ASSERT_NE(dev, nullptr);
+  auto tier = GpuTier::Create(dev.get(), {64 << 20});
+  ASSERT_TRUE(tier.ok()) << tier.status();
+  std::vector<std::byte> data(2 << 20), back(2 << 20);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<std::byte>(i * 31 + 7);
+  BlockMeta meta;
+  meta.key.bytes[0] = 1;
+  auto slot = (*tier)->Allocate(data.size());
+  ASSERT_TRUE(slot.ok());
+  absl::Status w = absl::UnknownError("no callback"), r = absl::UnknownError("no callback");
+  (*tier)->Write(*slot, meta, data, IoPriority::kDemote, [&](absl::Status s) { w = s; });
+  ASSERT_TRUE(w.ok()) << w;
+  (*tier)->Read(*slot, meta, back, IoPriority::kLoad, [&](absl::Status s) { r = s; });
+  ASSERT_TRUE(r.ok()) << r;
+  EXPECT_EQ(back, data);
+  BlockMeta other = meta;
+  other.key.bytes[0] = 2;
+  (*tier)->Read(*slot, other, back, IoPriority::kLoad, [&](absl::Status s) { r = s; });
+  EXPECT_TRUE(absl::IsDataLoss(r));
+  auto h = (*tier)->ExportArena();
+  EXPECT_TRUE(h.ok()) << h.status();
 }
 
 }  // namespace
