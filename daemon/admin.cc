@@ -107,6 +107,7 @@ nlohmann::json Daemon::Status() const {
                             {"ops", info.ops},
                             {"leases", info.leases},
                             {"pinned_blocks", info.pinned_blocks},
+                            {"kv_caches", info.kv_caches},
                             {"attached_unix_s", info.identity.attached_unix_s}});
   }
   json tenants = json::array();

@@ -263,7 +263,8 @@ void Session::Join() {
 SessionInfo Session::Info() const {
   return SessionInfo{identity_, tenant_, ns_, ops_.load(std::memory_order_relaxed),
                      holdings_.lease_count.load(std::memory_order_relaxed),
-                     holdings_.pinned_blocks.load(std::memory_order_relaxed)};
+                     holdings_.pinned_blocks.load(std::memory_order_relaxed),
+                     engines_ ? engines_->size() : 0};
 }
 
 bool Session::Post(ipc::RingProducer<CompletionRecord>& cq, const CompletionRecord& c) {

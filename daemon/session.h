@@ -44,6 +44,7 @@ struct SessionInfo {
   uint64_t ops = 0;
   uint64_t leases = 0;
   uint64_t pinned_blocks = 0;
+  uint64_t kv_caches = 0;  // engine KV caches registered
 };
 
 class Session {

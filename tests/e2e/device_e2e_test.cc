@@ -10,9 +10,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <thread>
 
 #include "gtest/gtest.h"
 #include "kvtier/client.h"
@@ -165,6 +167,7 @@ TEST(DeviceE2eTest, DaemonGathersFromPagesAndScattersBackLayerByLayer) {
   EXPECT_EQ((*s)["stats"]["device_blocks_stored"].get<int>(), 6);
   EXPECT_EQ((*s)["stats"]["device_blocks_loaded"].get<int>(), 6);
   EXPECT_EQ((*s)["stats"]["device_errors"].get<int>(), 0);
+  EXPECT_EQ((*s)["sessions"][0]["kv_caches"].get<int>(), 1);
   EXPECT_TRUE(c->UnregisterKvCache(*reg).ok());
   EXPECT_EQ(c->StoreFromCache(*reg, keys, src).status().code(), ErrorCode::kNotFound);
 }
@@ -297,6 +300,62 @@ TEST(DeviceE2eTest, BadRegistrationsAndRequestsAreRefusedWithTheReason) {
   // The first two reach the daemon; the others are caught by the client.
   EXPECT_EQ((*s)["stats"]["kv_registrations_refused"].get<int>(), 2);
   EXPECT_EQ((*s)["stats"]["kv_registrations"].get<int>(), 1);
+}
+
+// Several engines store and load through their caches at once, into a host
+// tier too small for all of them (evictions race the device copies): every
+// block that loads carries its own bytes.
+TEST(DeviceE2eTest, ConcurrentEnginesEachGetTheirOwnBytesBack) {
+  DaemonProcess d("device = \"sim\"\n[tiers.host]\ncapacity = \"1MiB\"\n");  // 128 blocks
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  constexpr int kEngines = 3, kRounds = 40;
+  std::atomic<int> wrong{0}, loaded{0}, errors{0};
+  std::vector<std::thread> engines;
+  for (int e = 0; e < kEngines; ++e) {
+    engines.emplace_back([&, e] {
+      auto c = testing::AttachTo(d.socket_path(), Ns());
+      if (!c) {
+        ++errors;
+        return;
+      }
+      EngineMemory mem;
+      auto reg = c->RegisterKvCache(mem.Layout());
+      if (!reg.ok()) {
+        ++errors;
+        return;
+      }
+      for (int r = 0; r < kRounds; ++r) {
+        const auto keys = testing::SeededKeys(*c, 1000 * (e + 1) + r % 20, 4);
+        const auto src = PagesFrom(0, 4), dst = PagesFrom(50, 4);
+        FillPages(mem, src, 1000 * (e + 1) + r % 20);  // the same bytes for the same keys
+        if (!c->StoreFromCache(*reg, keys, src).ok()) ++errors;
+        auto hit = c->Lookup(keys, {.lease = true});
+        if (!hit.ok()) {
+          ++errors;
+          continue;
+        }
+        if (hit->hit_blocks > 0) {
+          auto n = c->LoadIntoCache(*reg, hit->lease, std::span(keys).first(hit->hit_blocks),
+                                    std::span(dst).first(hit->hit_blocks * kPpb));
+          if (!n.ok()) {
+            ++errors;
+          } else {
+            loaded += *n;
+            if (!SamePages(mem, std::span(src).first(*n * kPpb), std::span(dst).first(*n * kPpb), kLayers)) ++wrong;
+          }
+          (void)c->Release(hit->lease);
+        }
+      }
+    });
+  }
+  for (auto& t : engines) t.join();
+  EXPECT_EQ(errors.load(), 0);
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_GT(loaded.load(), kEngines * kRounds);
+  auto s = d.Status();
+  ASSERT_TRUE(s.ok());
+  EXPECT_GT((*s)["stats"]["evictions"].get<int>(), 0) << "the tier was meant to overflow";
+  EXPECT_EQ((*s)["stats"]["device_errors"].get<int>(), 0);
 }
 
 TEST(DeviceE2eTest, AnEngineKilledMidLoadLeavesADaemonThatServesTheNext) {

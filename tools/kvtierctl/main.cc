@@ -59,10 +59,12 @@ void PrintStatus(const json& s) {
   if (s["sessions"].empty()) {
     std::cout << "no sessions attached\n";
   } else {
-    Table sessions({"SESSION", "PID", "UID", "TENANT", "CLIENT", "MODEL", "NAMESPACE", "OPS", "LEASES", "PINNED"});
+    Table sessions(
+        {"SESSION", "PID", "UID", "TENANT", "CLIENT", "MODEL", "NAMESPACE", "OPS", "LEASES", "PINNED", "KV CACHES"});
     for (const json& x : s["sessions"]) {
       sessions.AddRow({Num(x["id"]), Num(x["pid"]), Num(x["uid"]), x["tenant"], x["client"], x["model"],
-                       x["namespace"], Num(x["ops"]), Num(x["leases"]), Num(x["pinned_blocks"])});
+                       x["namespace"], Num(x["ops"]), Num(x["leases"]), Num(x["pinned_blocks"]),
+                       x.contains("kv_caches") ? Num(x["kv_caches"]) : "-"});
     }
     sessions.Print(std::cout);
   }
@@ -99,6 +101,12 @@ void PrintStatus(const json& s) {
             << s["tiers"][0]["evictions_for_quota"] << "\n"
             << "sessions attached " << st["sessions_attached"] << "  detached " << st["sessions_detached"]
             << "  died " << st["sessions_closed_dead"] << "  refused " << st["attach_refused"] << "  protocol errors " << st["protocol_errors"] << "\n";
+  if (st.contains("kv_registrations")) {
+    std::cout << "engine KV caches registered " << st["kv_registrations"] << " (refused "
+              << st["kv_registrations_refused"] << ")  device stores " << st["device_stores"] << " ("
+              << st["device_blocks_stored"] << " blocks)  device loads " << st["device_loads"] << " ("
+              << st["device_blocks_loaded"] << " blocks)  device errors " << st["device_errors"] << "\n";
+  }
 }
 
 void PrintTiers(const json& s) {
