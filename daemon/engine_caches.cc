@@ -1,5 +1,7 @@
 #include "daemon/engine_caches.h"
 
+#include <fcntl.h>
+
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
@@ -80,6 +82,14 @@ absl::StatusOr<uint64_t> EngineCaches::Register(const ipc::KvRegisterRequest& re
         return absl::InvalidArgumentError(absl::StrCat("memory region ", i, " is host memory but came without its memfd"));
       }
       h.fd = std::move(fds[next_fd++]);
+      // A memfd the engine could still shrink would turn our next access
+      // into SIGBUS: it must be sealed against that.
+      const int seals = fcntl(h.fd.get(), F_GET_SEALS);
+      if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "memory region ", i, "'s memfd is not sealed against shrinking; create it with MFD_ALLOW_SEALING "
+            "and fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) before registering"));
+      }
       ASSIGN_OR_RETURN(uint64_t size, ipc::FdSize(h.fd.get()));
       if (size < r.bytes) {
         return absl::InvalidArgumentError(absl::StrCat("memory region ", i, " claims ", r.bytes,
@@ -135,6 +145,11 @@ absl::Status EngineCaches::Unregister(uint64_t id) {
   MutexLock l(&mu_);
   if (caches_.erase(id) == 0) return absl::NotFoundError(absl::StrCat("no KV-cache registration ", id));
   return absl::OkStatus();
+}
+
+void EngineCaches::Clear() {
+  MutexLock l(&mu_);
+  caches_.clear();
 }
 
 std::shared_ptr<const EngineCache> EngineCaches::Find(uint64_t id) const {

@@ -57,6 +57,8 @@ class EngineCaches {
   // Thread-safe. NotFound for an unknown id. Work already running keeps its
   // reference and finishes first.
   absl::Status Unregister(uint64_t id);
+  // Thread-safe. Drops every registration (the session ended).
+  void Clear();
   // Thread-safe. nullptr when unknown.
   std::shared_ptr<const EngineCache> Find(uint64_t id) const;
   size_t size() const;

@@ -349,6 +349,9 @@ void Session::Run() {
   const uint64_t leases = holdings_.leases.size();
   const uint64_t tickets = holdings_.tickets.size();
   cache_->CloseSession(holdings_);
+  // The engine's memory goes now, not when the session object is reaped: a
+  // dead engine's device memory must not be touched again.
+  if (engines_) engines_->Clear();
   h->closed.store(static_cast<uint32_t>(reason == CloseReason::kOpen ? CloseReason::kShutdown : reason),
                   std::memory_order_release);
   ipc::FutexWakeAll(&h->cq_tail);

@@ -110,7 +110,8 @@ using OpId = uint64_t;
 // Memory the cache lives in. CUDA device memory (memfd = -1): `base` must be
 // what cudaMalloc returned; the daemon opens it with a CUDA IPC handle. Host
 // memory backed by a memfd (a CPU engine, or tests on the host-simulated
-// device): the daemon maps the memfd.
+// device): the daemon maps the memfd, which must be sealed against shrinking
+// (MFD_ALLOW_SEALING, then fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK)).
 struct KvMemoryRegion {
   const void* base = nullptr;
   size_t bytes = 0;

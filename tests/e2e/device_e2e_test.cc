@@ -5,6 +5,7 @@
 // come back within their bound, bad registrations are refused with the
 // reason, and an engine killed with -9 leaves a daemon that serves the next
 // one. Bytes are checked against naive indexing every time.
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -42,9 +43,10 @@ struct EngineMemory {
   std::byte* base = nullptr;
   uint64_t bytes = uint64_t{kLayers} * 2 * kPages * kPageBytes;
   EngineMemory() {
-    fd = memfd_create("engine-kv", MFD_CLOEXEC);
+    fd = memfd_create("engine-kv", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     EXPECT_GE(fd, 0);
     EXPECT_EQ(ftruncate(fd, static_cast<off_t>(bytes)), 0);
+    EXPECT_EQ(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), 0);  // the daemon requires it
     base = static_cast<std::byte*>(mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
     EXPECT_NE(base, MAP_FAILED);
   }
@@ -283,6 +285,14 @@ TEST(DeviceE2eTest, BadRegistrationsAndRequestsAreRefusedWithTheReason) {
   KvCacheLayout bad_dtype = mem.Layout();
   bad_dtype.dtype = "fp4";
   expect_refused(bad_dtype, "fp4");
+  {
+    const int unsealed = memfd_create("unsealed", MFD_CLOEXEC);
+    ASSERT_EQ(ftruncate(unsealed, static_cast<off_t>(mem.bytes)), 0);
+    KvCacheLayout l = mem.Layout();
+    l.regions[0].memfd = unsealed;  // the engine could shrink it under the daemon
+    expect_refused(l, "sealed");
+    close(unsealed);
+  }
   KvCacheLayout cuda = mem.Layout();
   cuda.regions[0].memfd = -1;  // claims CUDA memory
   auto r = c->RegisterKvCache(cuda);
@@ -297,8 +307,8 @@ TEST(DeviceE2eTest, BadRegistrationsAndRequestsAreRefusedWithTheReason) {
   EXPECT_EQ(c->StoreFromCache(999, keys, PagesFrom(0, 2)).status().code(), ErrorCode::kNotFound);
   EXPECT_EQ(*c->StoreFromCache(*reg, keys, PagesFrom(0, 2)), 2u);
   auto s = d.Status();
-  // The first two reach the daemon; the others are caught by the client.
-  EXPECT_EQ((*s)["stats"]["kv_registrations_refused"].get<int>(), 2);
+  // Three reach the daemon (outside, memfd size, unsealed); the client catches the rest.
+  EXPECT_EQ((*s)["stats"]["kv_registrations_refused"].get<int>(), 3);
   EXPECT_EQ((*s)["stats"]["kv_registrations"].get<int>(), 1);
 }
 
