@@ -165,8 +165,12 @@ Memory HostMemory() {
     owned->push_back(p);
     return reinterpret_cast<uint64_t>(p);
   };
-  m.upload = [](uint64_t dst, const void* src, uint64_t n) { std::memcpy(reinterpret_cast<void*>(dst), src, n); };
-  m.download = [](void* dst, uint64_t src, uint64_t n) { std::memcpy(dst, reinterpret_cast<void*>(src), n); };
+  m.upload = [](uint64_t dst, const void* src, uint64_t n) {
+    if (n > 0) std::memcpy(reinterpret_cast<void*>(dst), src, n);
+  };
+  m.download = [](void* dst, uint64_t src, uint64_t n) {
+    if (n > 0) std::memcpy(dst, reinterpret_cast<void*>(src), n);
+  };
   m.sync = [] {};
   m.free_all = [owned] {
     for (void* p : *owned) std::free(p);
