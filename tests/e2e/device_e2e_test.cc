@@ -121,14 +121,30 @@ bool SamePages(const EngineMemory& m, std::span<const uint32_t> a, std::span<con
 
 NamespaceDescriptor Ns(uint64_t block_bytes = kBlockBytes) { return testing::TestNamespace(block_bytes, "device/e2e"); }
 
-TEST(DeviceE2eTest, DaemonGathersFromPagesAndScattersBackLayerByLayer) {
-  DaemonProcess d(kConfig);
-  ASSERT_TRUE(d.Start().ok()) << d.Log();
-  auto c = testing::AttachTo(d.socket_path(), Ns());
-  ASSERT_NE(c, nullptr);
-  EngineMemory mem;
-  auto reg = c->RegisterKvCache(mem.Layout());
-  ASSERT_TRUE(reg.ok()) << reg.status().ToString();
+// A daemon on the simulated device and one engine attached to it, its cache
+// registered.
+class DeviceE2eTest : public ::testing::Test {
+ protected:
+  void StartEngine() {
+    ASSERT_TRUE(d_.Start().ok()) << d_.Log();
+    c_ = testing::AttachTo(d_.socket_path(), Ns());
+    ASSERT_NE(c_, nullptr);
+    auto reg = c_->RegisterKvCache(mem_.Layout());
+    ASSERT_TRUE(reg.ok()) << reg.status().ToString();
+    reg_ = *reg;
+  }
+  DaemonProcess d_{kConfig};
+  std::unique_ptr<Client> c_;
+  EngineMemory mem_;
+  uint64_t reg_ = 0;
+};
+
+TEST_F(DeviceE2eTest, DaemonGathersFromPagesAndScattersBackLayerByLayer) {
+  ASSERT_NO_FATAL_FAILURE(StartEngine());
+  Client* c = c_.get();
+  EngineMemory& mem = mem_;
+  const uint64_t* reg = &reg_;
+  DaemonProcess& d = d_;
   const auto keys = testing::SeededKeys(*c, 1, 6);
   const auto src = PagesFrom(0, 6);   // pages 0..23
   const auto dst = PagesFrom(40, 6);  // pages 40..63
@@ -174,14 +190,11 @@ TEST(DeviceE2eTest, DaemonGathersFromPagesAndScattersBackLayerByLayer) {
   EXPECT_EQ(c->StoreFromCache(*reg, keys, src).status().code(), ErrorCode::kNotFound);
 }
 
-TEST(DeviceE2eTest, ClientCopiesOnTheEnginesStreamMatchTheDaemons) {
-  DaemonProcess d(kConfig);
-  ASSERT_TRUE(d.Start().ok()) << d.Log();
-  auto c = testing::AttachTo(d.socket_path(), Ns());
-  ASSERT_NE(c, nullptr);
-  EngineMemory mem;
-  auto reg = c->RegisterKvCache(mem.Layout());
-  ASSERT_TRUE(reg.ok()) << reg.status().ToString();
+TEST_F(DeviceE2eTest, ClientCopiesOnTheEnginesStreamMatchTheDaemons) {
+  ASSERT_NO_FATAL_FAILURE(StartEngine());
+  Client* c = c_.get();
+  EngineMemory& mem = mem_;
+  const uint64_t* reg = &reg_;
   const auto keys = testing::SeededKeys(*c, 2, 4);
   const auto src = PagesFrom(0, 4), dst = PagesFrom(50, 4);
   FillPages(mem, src, 12);
@@ -208,7 +221,7 @@ TEST(DeviceE2eTest, ClientCopiesOnTheEnginesStreamMatchTheDaemons) {
   ASSERT_TRUE(c->Release(hit->lease).ok());
 }
 
-TEST(DeviceE2eTest, Int8BlocksComeBackWithinTheirBound) {
+TEST(DeviceE2eOneOffTest, Int8BlocksComeBackWithinTheirBound) {
   DaemonProcess d(kConfig);
   ASSERT_TRUE(d.Start().ok()) << d.Log();
   // INT8 layer: K codes + 16-aligned per-channel scales + V codes + per-token scales.
@@ -259,7 +272,7 @@ TEST(DeviceE2eTest, Int8BlocksComeBackWithinTheirBound) {
   ASSERT_TRUE(c->Release(hit->lease).ok());
 }
 
-TEST(DeviceE2eTest, BadRegistrationsAndRequestsAreRefusedWithTheReason) {
+TEST(DeviceE2eOneOffTest, BadRegistrationsAndRequestsAreRefusedWithTheReason) {
   DaemonProcess d(kConfig);
   ASSERT_TRUE(d.Start().ok()) << d.Log();
   auto c = testing::AttachTo(d.socket_path(), Ns());
@@ -315,7 +328,7 @@ TEST(DeviceE2eTest, BadRegistrationsAndRequestsAreRefusedWithTheReason) {
 // Several engines store and load through their caches at once, into a host
 // tier too small for all of them (evictions race the device copies): every
 // block that loads carries its own bytes.
-TEST(DeviceE2eTest, ConcurrentEnginesEachGetTheirOwnBytesBack) {
+TEST(DeviceE2eOneOffTest, ConcurrentEnginesEachGetTheirOwnBytesBack) {
   DaemonProcess d("device = \"sim\"\n[tiers.host]\ncapacity = \"1MiB\"\n");  // 128 blocks
   ASSERT_TRUE(d.Start().ok()) << d.Log();
   constexpr int kEngines = 3, kRounds = 40;
@@ -368,7 +381,7 @@ TEST(DeviceE2eTest, ConcurrentEnginesEachGetTheirOwnBytesBack) {
   EXPECT_EQ((*s)["stats"]["device_errors"].get<int>(), 0);
 }
 
-TEST(DeviceE2eTest, AnEngineKilledMidLoadLeavesADaemonThatServesTheNext) {
+TEST(DeviceE2eOneOffTest, AnEngineKilledMidLoadLeavesADaemonThatServesTheNext) {
   DaemonProcess d(kConfig);
   ASSERT_TRUE(d.Start().ok()) << d.Log();
   int ready[2];
