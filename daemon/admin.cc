@@ -203,6 +203,38 @@ nlohmann::json Daemon::Status() const {
                                            {"seconds", n.recovery.seconds}}},
                          {"health", std::string(TierHealthName(nvme->Health()))}});
   }
+  if (!gpu_.empty()) {
+    // One GPU arena per tenant; summed here, per tenant under "tenants".
+    GpuCache::Usage sum;
+    TierHealth health = TierHealth::kHealthy;
+    for (const auto& [name, g] : gpu_) {
+      if (g->health() != TierHealth::kHealthy) health = g->health();
+      const GpuCache::Usage u = g->usage();
+      sum.capacity_bytes += u.capacity_bytes;
+      sum.used_bytes += u.used_bytes;
+      sum.blocks += u.blocks;
+      sum.pinned += u.pinned;
+      sum.hits += u.hits;
+      sum.promotions += u.promotions;
+      sum.demotions += u.demotions;
+      sum.evictions += u.evictions;
+      for (json& t : tenants) {
+        if (t["name"] == name) t["gpu"] = json{{"capacity_bytes", u.capacity_bytes}, {"used_bytes", u.used_bytes},
+                                               {"blocks", u.blocks}};
+      }
+    }
+    tiers.push_back(json{{"tier", "gpu"},
+                         {"device", std::string(device_->name())},
+                         {"capacity_bytes", sum.capacity_bytes},
+                         {"used_bytes", sum.used_bytes},
+                         {"blocks", sum.blocks},
+                         {"pinned_blocks", sum.pinned},
+                         {"hits", sum.hits},
+                         {"promotions", sum.promotions},
+                         {"demotions", sum.demotions},
+                         {"evictions", sum.evictions},
+                         {"health", std::string(TierHealthName(health))}});
+  }
   json stats{{"lookups", s.lookups.Get()},
              {"lookup_hits", s.lookup_hits.Get()},
              {"hit_rate", Ratio(s.lookup_hits.Get(), s.lookups.Get())},

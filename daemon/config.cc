@@ -292,6 +292,11 @@ absl::StatusOr<Config> ParseConfig(std::string_view toml_text, std::string_view 
       RETURN_IF_ERROR(r.String("policy", &c.nvme_policy));
       RETURN_IF_ERROR(r.RejectUnknown());
     }
+    if (const toml::table* g = tiers.SubTable("gpu")) {
+      TableReader r(*g, "tiers.gpu", origin);
+      RETURN_IF_ERROR(r.Bytes("capacity", &c.gpu_capacity));
+      RETURN_IF_ERROR(r.RejectUnknown());
+    }
     RETURN_IF_ERROR(tiers.RejectUnknown());
   }
   if (const toml::table* t = top.SubTable("cost_model")) {
@@ -447,6 +452,9 @@ std::string DefaultConfigToml() {
       "                            # others on recent traffic), lru, s3fifo, s3fifo-deep, tinylfu\n"
       "high_watermark = 0.95       # above this share of the arena, evict in the background\n"
       "low_watermark = 0.90        # ... down to this share (1 and 1: only when full)\n"
+      "\n[tiers.gpu]\n"
+      "capacity = 0                # per-tenant device memory holding copies of its blocks\n"
+      "                            # (daemon-driven stores and loads with engine KV caches); 0: off\n"
       "\n[tiers.nvme]\n"
       "# NVMe directories, one slab file each (one per device). Default: <data_dir>/nvme\n"
       "dirs = []\n"

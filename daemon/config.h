@@ -68,6 +68,8 @@ struct Config {
   uint64_t nvme_staging_bytes = 64ull << 20;
   bool nvme_write_through = false;
   std::string nvme_policy = "lru";
+  // Per tenant: device memory for the GPU tier (0: no GPU tier).
+  uint64_t gpu_capacity = 0;
   // [cost_model]
   std::string cost_model_config;  // HF config.json; empty: ModelProfile::Default()
   double cost_prefill_tflops = 300;

@@ -105,6 +105,22 @@ absl::Status Daemon::Open() {
                    "register KV caches; raise LimitMEMLOCK (ulimit -l)\"",
                    t.name, r.message());
     }
+    if (config_.gpu_capacity > 0) {
+      if (!arena_registered_.contains(t.name)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "tiers.gpu.capacity is set but tenant \"", t.name,
+            "\"'s host arena could not be registered with the device (see the warning above)"));
+      }
+      absl::StatusOr<std::unique_ptr<GpuTier>> gpu = GpuTier::Create(device_.get(), {config_.gpu_capacity});
+      if (!gpu.ok()) {
+        return absl::Status(gpu.status().code(),
+                            absl::StrCat("tiers.gpu.capacity = ", FormatBytes(config_.gpu_capacity), " for tenant \"",
+                                         t.name, "\" on the ", device_->name(), " device: ", gpu.status().message()));
+      }
+      gpu_[t.name] = std::make_unique<GpuCache>(std::move(*gpu));
+      spdlog::info("event=gpu_tier tenant={} capacity=\"{}\" device={}", t.name, FormatBytes(config_.gpu_capacity),
+                   device_->name());
+    }
     ASSIGN_OR_RETURN(uint16_t idx,
                      cache_->AddTenant(t.name, std::move(*host), {t.host_tokens, t.nvme_bytes, t.nvme_tokens}));
     tenant_index_[t.name] = idx;
@@ -394,7 +410,8 @@ void Daemon::Attach(UniqueFd fd, std::span<const std::byte> request) {
         const uint64_t one = 1;
         (void)!write(wake_fd_.get(), &one, sizeof(one));
       },
-      device_.get(), arena_registered_.contains(tenant->name) ? host->arena_base() : nullptr);
+      device_.get(), arena_registered_.contains(tenant->name) ? host->arena_base() : nullptr,
+      gpu_.contains(tenant->name) ? gpu_.at(tenant->name).get() : nullptr);
   Watch(sock, FdKind::kSessionSocket, id, EPOLLIN | EPOLLRDHUP);
   if (pidfd.valid()) Watch(pidfd.get(), FdKind::kSessionPid, id, EPOLLIN);
   session->Start();

@@ -17,6 +17,7 @@
 #include "core/unique_fd.h"
 #include "daemon/block_cache.h"
 #include "daemon/config.h"
+#include "daemon/gpu_cache.h"
 #include "daemon/namespace_registry.h"
 #include "daemon/session.h"
 #include "daemon/stats.h"
@@ -74,6 +75,7 @@ class Daemon {
   std::unique_ptr<DeviceBackend> device_;
   std::string device_reason_;
   absl::flat_hash_set<std::string> arena_registered_;  // tenants whose host arena the device can reach
+  absl::flat_hash_map<std::string, std::unique_ptr<GpuCache>> gpu_;  // tenants with a GPU tier
   std::unique_ptr<BlockCache> cache_;
   NamespaceRegistry namespaces_;
   absl::flat_hash_map<std::string, uint16_t> tenant_index_;

@@ -179,6 +179,13 @@ absl::Status EngineCaches::Gather(const EngineCache& c, std::span<const uint32_t
   return device_->SynchronizeStream(s);
 }
 
+absl::Status EngineCaches::Copy(std::span<const CopyOp> ops, uint64_t bytes) {
+  MutexLock work(&work_mu_);
+  ASSIGN_OR_RETURN(DeviceStream s, Stream());
+  for (const CopyOp& op : ops) RETURN_IF_ERROR(device_->CopyAsync(op.dst, op.src, bytes, s));
+  return device_->SynchronizeStream(s);
+}
+
 absl::Status EngineCaches::ScatterByLayer(const EngineCache& c, std::span<const uint32_t> pages,
                                           std::span<const uint64_t> src, ipc::DeviceLoadProgress* progress) {
   MutexLock work(&work_mu_);

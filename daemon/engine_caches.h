@@ -66,6 +66,13 @@ class EngineCaches {
   // Gathers pages (pages_per_block per block) into the host-arena blocks at
   // `dst` and waits for it. Any thread.
   absl::Status Gather(const EngineCache& c, std::span<const uint32_t> pages, std::span<const uint64_t> dst);
+  // Copies `bytes` from each src to its dst (device or registered host
+  // memory) on the session's stream and waits. Any thread.
+  struct CopyOp {
+    void* dst;
+    const void* src;
+  };
+  absl::Status Copy(std::span<const CopyOp> ops, uint64_t bytes);
   // Scatters the host-arena blocks at `src` into pages, layer after layer,
   // publishing each finished layer in *progress (and waking its futex).
   // Any thread.

@@ -25,10 +25,10 @@ using ipc::RequestRecord;
 Session::Session(SessionIdentity identity, NamespaceInfo ns, std::string tenant,
                  ipc::SessionSegment segment, UniqueFd socket, BlockCache* cache,
                  DaemonStats* stats, SessionOptions opts, std::function<void()> on_exit,
-                 DeviceBackend* device, std::byte* arena_base)
+                 DeviceBackend* device, std::byte* arena_base, GpuCache* gpu)
     : identity_(std::move(identity)), ns_(ns), tenant_(std::move(tenant)),
       segment_(std::move(segment)), socket_(std::move(socket)), cache_(cache), stats_(stats),
-      opts_(opts), on_exit_(std::move(on_exit)), arena_base_(arena_base),
+      opts_(opts), on_exit_(std::move(on_exit)), arena_base_(arena_base), gpu_(gpu),
       engines_(device != nullptr && arena_base != nullptr ? std::make_unique<EngineCaches>(device, ns)
                                                           : nullptr) {
   holdings_.ns = ns_;
@@ -103,14 +103,36 @@ Session::Outcome Session::StoreDevice(const RequestRecord& req, const std::vecto
   WriteResults(req, locs);
   stats_->device_stores.Add();
   if (*needed == 0) return Outcome{};
+  // With a GPU tier the pages are gathered into GPU slots (device to
+  // device) and the blocks demoted from there to their host slots; blocks
+  // without room in the GPU tier go straight to the host.
   std::vector<uint32_t> sel;
   std::vector<uint64_t> dst;
+  std::vector<EngineCaches::CopyOp> demote;
+  std::vector<const BlockKey*> in_gpu;
   for (size_t i = 0; i < keys.size(); ++i) {
     if (!locs[i].needed) continue;
-    dst.push_back(reinterpret_cast<uint64_t>(arena_base_ + locs[i].arena_offset));
+    std::byte* host = arena_base_ + locs[i].arena_offset;
+    std::optional<GpuCache::Pin> pin = gpu_ ? gpu_->Reserve(ns_.handle, keys[i], ns_.block_bytes) : std::nullopt;
+    if (pin) {
+      dst.push_back(reinterpret_cast<uint64_t>(pin->data));
+      demote.push_back({host, pin->data});
+      in_gpu.push_back(&keys[i]);
+    } else {
+      dst.push_back(reinterpret_cast<uint64_t>(host));
+    }
     sel.insert(sel.end(), pages.begin() + i * reg->pages_per_block, pages.begin() + (i + 1) * reg->pages_per_block);
   }
-  if (absl::Status g = engines_->Gather(*reg, sel, dst); !g.ok()) {
+  absl::Status g = engines_->Gather(*reg, sel, dst);
+  if (g.ok() && !demote.empty()) g = engines_->Copy(demote, ns_.block_bytes);
+  for (const BlockKey* k : in_gpu) {
+    if (g.ok()) {
+      gpu_->Publish(ns_.handle, *k);
+      gpu_->CountDemotion();
+    }
+    gpu_->Release(ns_.handle, *k);  // frees it when unpublished
+  }
+  if (!g.ok()) {
     (void)cache_->StoreAbort(holdings_, ticket);
     stats_->device_errors.Add();
     spdlog::warn("event=device_store_failed session={} reason=\"{}\"", identity_.id, g.message());
@@ -124,6 +146,31 @@ Session::Outcome Session::StoreDevice(const RequestRecord& req, const std::vecto
     Defer(std::move(d));
   });
   return Outcome{.deferred = true};
+}
+
+void Session::PromoteToGpu(const std::vector<BlockKey>& keys, const LoadOutcome& lo,
+                           const std::vector<bool>& from_gpu) {
+  std::vector<EngineCaches::CopyOp> copies;
+  std::vector<const BlockKey*> reserved;
+  for (uint32_t i = 0; i < lo.loaded; ++i) {
+    if (from_gpu[i]) continue;
+    std::optional<GpuCache::Pin> pin = gpu_->Reserve(ns_.handle, keys[i], ns_.block_bytes);
+    if (!pin) continue;  // no room: every copy is pinned
+    copies.push_back({pin->data, arena_base_ + lo.locations[i].arena_offset});
+    reserved.push_back(&keys[i]);
+  }
+  const absl::Status st = copies.empty() ? absl::OkStatus() : engines_->Copy(copies, ns_.block_bytes);
+  if (!st.ok()) {
+    stats_->device_errors.Add();
+    spdlog::warn("event=gpu_promotion_failed session={} reason=\"{}\"", identity_.id, st.message());
+  }
+  for (const BlockKey* k : reserved) {
+    if (st.ok()) {
+      gpu_->Publish(ns_.handle, *k);
+      gpu_->CountPromotion();
+    }
+    gpu_->Release(ns_.handle, *k);
+  }
 }
 
 Session::Outcome Session::LoadDevice(const RequestRecord& req, const std::vector<BlockKey>& keys) {
@@ -161,7 +208,7 @@ Session::Outcome Session::LoadDevice(const RequestRecord& req, const std::vector
   stats_->device_loads.Add();
   // Runs here or on an I/O thread (after NVMe reads): scatters the prefix that
   // loaded, publishing layers as they land.
-  auto finish = [this, req, reg, pages = std::move(pages), progress](LoadOutcome lo) {
+  auto finish = [this, req, reg, keys, pages = std::move(pages), progress](LoadOutcome lo) {
     Deferred d{req, {}, {}};
     if (lo.locations.empty() && !lo.status.ok()) {
       progress->failed.store(1, std::memory_order_release);
@@ -169,9 +216,15 @@ Session::Outcome Session::LoadDevice(const RequestRecord& req, const std::vector
       d.outcome = FromStatus(lo.status);
       return d;
     }
+    // Each block comes from its GPU copy when it has one (pinned meanwhile),
+    // else from its host slot.
     std::vector<uint64_t> src;
+    std::vector<bool> from_gpu(lo.loaded, false);
     for (uint32_t i = 0; i < lo.loaded; ++i) {
-      src.push_back(reinterpret_cast<uint64_t>(arena_base_ + lo.locations[i].arena_offset));
+      std::optional<GpuCache::Pin> pin = gpu_ ? gpu_->Acquire(ns_.handle, keys[i]) : std::nullopt;
+      from_gpu[i] = pin.has_value();
+      src.push_back(pin ? reinterpret_cast<uint64_t>(pin->data)
+                        : reinterpret_cast<uint64_t>(arena_base_ + lo.locations[i].arena_offset));
     }
     progress->blocks.store(lo.loaded, std::memory_order_release);
     absl::Status st = absl::OkStatus();
@@ -182,6 +235,12 @@ Session::Outcome Session::LoadDevice(const RequestRecord& req, const std::vector
       progress->layers_done.store(reg->shape.layers, std::memory_order_release);
       ipc::FutexWakeAll(&progress->layers_done);
     }
+    for (uint32_t i = 0; i < lo.loaded; ++i) {
+      if (from_gpu[i]) gpu_->Release(ns_.handle, keys[i]);
+    }
+    // The engine has its layers; now promote what came from host memory, so
+    // the next load of these blocks stays on the device.
+    if (st.ok() && gpu_ != nullptr) PromoteToGpu(keys, lo, from_gpu);
     if (!st.ok()) {
       stats_->device_errors.Add();
       spdlog::warn("event=device_load_failed session={} reason=\"{}\"", identity_.id, st.message());
@@ -454,6 +513,11 @@ Session::Outcome Session::Process(const RequestRecord& req) {
       absl::StatusOr<uint32_t> hit =
           cache_->Lookup(holdings_, keys, (req.flags & ipc::kFlagLease) != 0, &lease, std::span(locs), &recompute);
       if (!hit.ok()) return fail(hit.status());
+      if (gpu_ != nullptr) {
+        for (uint32_t i = 0; i < *hit && i < keys.size(); ++i) {
+          if (gpu_->Contains(ns_.handle, keys[i])) locs[i].tier = TierKind::kGpu;
+        }
+      }
       WriteResults(req, locs);
       o.count = *hit;
       o.handle = lease;
@@ -517,6 +581,9 @@ Session::Outcome Session::Process(const RequestRecord& req) {
     case Opcode::kInvalidate: {
       absl::StatusOr<uint32_t> n = cache_->Invalidate(holdings_, keys);
       if (!n.ok()) return fail(n.status());
+      if (gpu_ != nullptr) {
+        for (const BlockKey& k : keys) gpu_->Drop(ns_.handle, k);
+      }
       o.value = *n;
       return o;
     }
@@ -536,6 +603,7 @@ Session::Outcome Session::Process(const RequestRecord& req) {
     case Opcode::kInvalidateNamespace: {
       absl::StatusOr<uint32_t> n = cache_->InvalidateNamespace(holdings_);
       if (!n.ok()) return fail(n.status());
+      if (gpu_ != nullptr) gpu_->DropNamespace(ns_.handle);
       o.value = *n;
       return o;
     }

@@ -18,6 +18,7 @@
 #include "core/unique_fd.h"
 #include "daemon/block_cache.h"
 #include "daemon/engine_caches.h"
+#include "daemon/gpu_cache.h"
 #include "daemon/stats.h"
 #include "ipc/abi.h"
 #include "ipc/session_segment.h"
@@ -54,7 +55,8 @@ class Session {
   // the engine caches the client registers.
   Session(SessionIdentity identity, NamespaceInfo ns, std::string tenant, ipc::SessionSegment segment,
           UniqueFd socket, BlockCache* cache, DaemonStats* stats, SessionOptions opts,
-          std::function<void()> on_exit, DeviceBackend* device = nullptr, std::byte* arena_base = nullptr);
+          std::function<void()> on_exit, DeviceBackend* device = nullptr, std::byte* arena_base = nullptr,
+          GpuCache* gpu = nullptr);
   ~Session();  // stops and joins
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
@@ -111,6 +113,8 @@ class Session {
   Outcome StoreDevice(const ipc::RequestRecord& req, const std::vector<BlockKey>& keys,
                       std::vector<BlockLocation>& locs);
   Outcome LoadDevice(const ipc::RequestRecord& req, const std::vector<BlockKey>& keys);
+  // Copies the loaded blocks that did not come from the GPU tier into it.
+  void PromoteToGpu(const std::vector<BlockKey>& keys, const LoadOutcome& lo, const std::vector<bool>& from_gpu);
   void WriteResults(const ipc::RequestRecord& req, const std::vector<BlockLocation>& locs);
   void WriteMessage(const ipc::RequestRecord& req, const std::string& message);
   // Pushes a completion, waiting for room; false if stopped meanwhile.
@@ -127,6 +131,7 @@ class Session {
   std::function<void()> on_exit_;
 
   std::byte* const arena_base_;
+  GpuCache* const gpu_;  // the tenant's GPU tier, or null
   std::unique_ptr<EngineCaches> engines_;  // null without a device backend
   SessionHoldings holdings_;  // session thread only (atomics inside are shared)
   Mutex deferred_mu_;

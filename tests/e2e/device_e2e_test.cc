@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -219,6 +220,69 @@ TEST_F(DeviceE2eTest, ClientCopiesOnTheEnginesStreamMatchTheDaemons) {
   std::vector<BlockView> bogus = {BlockView{nullptr, 0, TierKind::kHost}};
   EXPECT_EQ(c->ScatterToCache(*reg, bogus, std::span(dst).first(kPpb)).code(), ErrorCode::kInvalidArgument);
   ASSERT_TRUE(c->Release(hit->lease).ok());
+}
+
+int GpuTier(const DaemonProcess& d, const char* key) {
+  auto s = d.Status();
+  if (!s.ok()) return -1;
+  for (const auto& t : (*s)["tiers"]) {
+    if (t["tier"] == "gpu") return t[key].get<int>();
+  }
+  return -1;
+}
+
+// With a GPU tier (8 blocks here) stores land in it and are demoted to host
+// memory, loads come from it, and what it had to drop is promoted back.
+TEST(DeviceE2eOneOffTest, TheGpuTierHoldsStoresAndServesLoads) {
+  DaemonProcess d(std::string(kConfig) + "[tiers.gpu]\ncapacity = \"64KiB\"\n");
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  auto c = testing::AttachTo(d.socket_path(), Ns());
+  ASSERT_NE(c, nullptr);
+  EngineMemory mem;
+  auto reg = c->RegisterKvCache(mem.Layout());
+  ASSERT_TRUE(reg.ok()) << reg.status().ToString();
+  const auto a = testing::SeededKeys(*c, 21, 6), b = testing::SeededKeys(*c, 22, 6);
+  const auto a_src = PagesFrom(0, 6), b_src = PagesFrom(24, 6), dst = PagesFrom(60, 6);
+  FillPages(mem, a_src, 21);
+  FillPages(mem, b_src, 22);
+  ASSERT_EQ(*c->StoreFromCache(*reg, a, a_src), 6u);
+  EXPECT_EQ(GpuTier(d, "blocks"), 6);
+  EXPECT_EQ(GpuTier(d, "demotions"), 6);
+  auto tiers_of = [&](std::span<const BlockKey> keys) {
+    std::vector<TierKind> t = c->Lookup(keys)->tiers;
+    return std::make_pair(std::count(t.begin(), t.end(), TierKind::kGpu),
+                          std::count(t.begin(), t.end(), TierKind::kHost));
+  };
+  EXPECT_EQ(tiers_of(a), std::make_pair(6l, 0l));
+  // Demoted to host memory intact, and loaded from the GPU copies.
+  auto hit = c->Lookup(a, {.lease = true});
+  auto views = c->Load(hit->lease, a);
+  ASSERT_TRUE(views.ok());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(BlockMatchesPages((*views)[i].data, mem, a_src, i)) << i;
+  ASSERT_EQ(*c->LoadIntoCache(*reg, hit->lease, a, dst), 6u);
+  EXPECT_TRUE(SamePages(mem, a_src, dst, kLayers));
+  EXPECT_EQ(GpuTier(d, "hits"), 6);
+  ASSERT_TRUE(c->Release(hit->lease).ok());
+  // Six more blocks need four of A's slots.
+  ASSERT_EQ(*c->StoreFromCache(*reg, b, b_src), 6u);
+  EXPECT_EQ(GpuTier(d, "evictions"), 4);
+  EXPECT_EQ(tiers_of(a), std::make_pair(2l, 4l));
+  // Loading A takes four from host memory and promotes them.
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    for (int kv = 0; kv < 2; ++kv) {
+      for (uint32_t p : dst) std::memset(mem.Page(l, kv, p), 0, kPageBytes);
+    }
+  }
+  hit = c->Lookup(a, {.lease = true});
+  ASSERT_EQ(*c->LoadIntoCache(*reg, hit->lease, a, dst), 6u);
+  EXPECT_TRUE(SamePages(mem, a_src, dst, kLayers));
+  ASSERT_TRUE(c->Release(hit->lease).ok());
+  EXPECT_EQ(GpuTier(d, "promotions"), 4);
+  EXPECT_EQ(tiers_of(a), std::make_pair(6l, 0l));
+  // Invalidated blocks leave the GPU tier too.
+  EXPECT_EQ(*c->Invalidate(std::span(a).first(2)), 2u);
+  EXPECT_EQ(GpuTier(d, "blocks"), 6);  // 4 of A and 2 of B
+  EXPECT_EQ(GpuTier(d, "pinned_blocks"), 0);
 }
 
 TEST(DeviceE2eOneOffTest, Int8BlocksComeBackWithinTheirBound) {

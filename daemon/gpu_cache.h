@@ -1,0 +1,96 @@
+// The GPU tier as the daemon uses it: one tenant's device-memory arena
+// (tiers.gpu.capacity, 0 = off) holding copies of that tenant's blocks,
+// least recently used first out.
+//
+// The GPU tier sits above the host tier and includes it: a daemon-driven
+// store gathers the engine's pages into a GPU slot and demotes the block to
+// its host slot before the store commits; a daemon-driven load scatters from
+// the GPU copy when there is one (device to device), and promotes the blocks
+// it had to bring from host memory into the GPU tier after the engine has
+// them. Dropping a GPU copy therefore never loses a block. Copies are pinned
+// while a device operation reads or writes them; eviction skips pinned ones.
+#ifndef KVTIER_DAEMON_GPU_CACHE_H_
+#define KVTIER_DAEMON_GPU_CACHE_H_
+
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <optional>
+
+#include "absl/container/flat_hash_map.h"
+#include "core/mutex.h"
+#include "daemon/stats.h"
+#include "kvtier/types.h"
+#include "tiers/gpu_tier.h"
+
+namespace kvtier {
+
+class GpuCache {
+ public:
+  explicit GpuCache(std::unique_ptr<GpuTier> tier) : tier_(std::move(tier)) {}
+
+  struct Pin {
+    SlotHandle slot = 0;
+    std::byte* data = nullptr;  // device address of the copy
+  };
+
+  // Thread-safe. The block's published copy, pinned and made most recent.
+  std::optional<Pin> Acquire(uint32_t ns, const BlockKey& key);
+  // Thread-safe. A new slot for a block that has no copy yet, pinned and not
+  // yet visible; evicts unpinned copies to make room. nullopt when the block
+  // already has a copy (or one in the making) or nothing can be evicted.
+  std::optional<Pin> Reserve(uint32_t ns, const BlockKey& key, uint64_t bytes);
+  // Thread-safe. A reserved copy whose bytes are in place becomes visible.
+  void Publish(uint32_t ns, const BlockKey& key);
+  // Thread-safe. Unpins; a reserved copy that was never published, or one
+  // dropped while pinned, is freed.
+  void Release(uint32_t ns, const BlockKey& key);
+  // Thread-safe. True when a published copy exists.
+  bool Contains(uint32_t ns, const BlockKey& key) const;
+  // Thread-safe. Removes the block's copy (now, or when its last pin goes).
+  void Drop(uint32_t ns, const BlockKey& key);
+  // Thread-safe. Drops every copy of namespace ns.
+  void DropNamespace(uint32_t ns);
+
+  struct Usage {
+    uint64_t capacity_bytes = 0, used_bytes = 0, blocks = 0, pinned = 0;
+    uint64_t hits = 0, promotions = 0, demotions = 0, evictions = 0;
+  };
+  // Thread-safe.
+  Usage usage() const;
+  TierHealth health() const { return tier_->Health(); }
+  // Thread-safe: counted by the session that did the copy.
+  void CountPromotion() { promotions_.Add(); }
+  void CountDemotion() { demotions_.Add(); }
+
+ private:
+  struct Id {
+    uint32_t ns;
+    BlockKey key;
+    bool operator==(const Id& o) const { return ns == o.ns && key == o.key; }
+    template <typename H>
+    friend H AbslHashValue(H h, const Id& id) {
+      return H::combine(std::move(h), id.ns, id.key);
+    }
+  };
+  struct Entry {
+    Id id;
+    SlotHandle slot;
+    uint32_t pins = 0;
+    bool visible = false;
+    bool dropped = false;
+  };
+  using List = std::list<Entry>;  // most recent at the front
+
+  void EraseLocked(List::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const std::unique_ptr<GpuTier> tier_;
+  mutable Mutex mu_;
+  List lru_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<Id, List::iterator> index_ ABSL_GUARDED_BY(mu_);
+  Counter hits_, promotions_, demotions_, evictions_;
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_DAEMON_GPU_CACHE_H_
