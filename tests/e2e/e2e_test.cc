@@ -367,8 +367,11 @@ TEST(E2eTest, AbiMismatchIsRefusedAtAttachWithBothVersions) {
 }
 
 TEST(E2eTest, FullHostTierEvictsUnpinnedBlocksAndRefusesOnlyWhenAllArePinned) {
-  // 16 blocks of 64 KiB fill the 1 MiB arena.
-  DaemonProcess d("[tiers.host]\ncapacity = \"1MiB\"\n");
+  // 16 blocks of 64 KiB fill the 1 MiB arena. Background reclaim is off: it
+  // would take the second set below 16 whenever it ran after the stores
+  // (seen under ASan with other tests running), and this test is about the
+  // store path evicting and refusing.
+  DaemonProcess d("[tiers.host]\ncapacity = \"1MiB\"\nhigh_watermark = 1.0\nlow_watermark = 1.0\n");
   ASSERT_TRUE(d.Start().ok());
   auto c = AttachTo(d, testing::TestNamespace(64 << 10));
   ASSERT_NE(c, nullptr);
