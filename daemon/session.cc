@@ -76,27 +76,38 @@ bool Session::ReadPages(const RequestRecord& req, uint64_t n, std::vector<uint32
   return true;
 }
 
-Session::Outcome Session::StoreDevice(const RequestRecord& req, const std::vector<BlockKey>& keys,
-                                      std::vector<BlockLocation>& locs) {
-  std::shared_ptr<const EngineCache> reg = engines_ ? engines_->Find(req.args[1]) : nullptr;
-  if (!reg) {
+Session::Outcome Session::Malformed(absl::string_view why) {
+  Outcome o;
+  o.status = KVTIER_EPROTO;
+  o.message = absl::StrCat("malformed request (", why, "); kvtierd closed this session");
+  o.fatal = true;
+  return o;
+}
+
+std::optional<Session::Outcome> Session::ReadDeviceArgs(const RequestRecord& req, size_t keys,
+                                                        std::shared_ptr<const EngineCache>* reg,
+                                                        std::vector<uint32_t>* pages) {
+  *reg = engines_ ? engines_->Find(req.args[1]) : nullptr;
+  if (!*reg) {
     return FromStatus(absl::NotFoundError(absl::StrCat("no KV-cache registration ", req.args[1],
                                                        " in this session; register the engine's cache first")));
   }
-  std::vector<uint32_t> pages;
   std::string why;
-  if (!ReadPages(req, uint64_t{keys.size()} * reg->pages_per_block, &pages, &why)) {
-    Outcome o = FromStatus(absl::InvalidArgumentError(why));
-    o.status = KVTIER_EPROTO;
-    o.fatal = true;
-    return o;
-  }
-  for (uint32_t p : pages) {
-    if (p >= reg->cache.num_pages) {
+  if (!ReadPages(req, uint64_t{keys} * (*reg)->pages_per_block, pages, &why)) return Malformed(why);
+  for (uint32_t p : *pages) {
+    if (p >= (*reg)->cache.num_pages) {
       return FromStatus(absl::InvalidArgumentError(
-          absl::StrCat("page id ", p, " is past the registered cache's ", reg->cache.num_pages, " pages")));
+          absl::StrCat("page id ", p, " is past the registered cache's ", (*reg)->cache.num_pages, " pages")));
     }
   }
+  return std::nullopt;
+}
+
+Session::Outcome Session::StoreDevice(const RequestRecord& req, const std::vector<BlockKey>& keys,
+                                      std::vector<BlockLocation>& locs) {
+  std::shared_ptr<const EngineCache> reg;
+  std::vector<uint32_t> pages;
+  if (std::optional<Outcome> bad = ReadDeviceArgs(req, keys.size(), &reg, &pages)) return *bad;
   uint64_t ticket = 0;
   absl::StatusOr<uint32_t> needed = cache_->StoreBegin(holdings_, keys, &ticket, std::span(locs));
   if (!needed.ok()) return FromStatus(needed.status());
@@ -174,32 +185,14 @@ void Session::PromoteToGpu(const std::vector<BlockKey>& keys, const LoadOutcome&
 }
 
 Session::Outcome Session::LoadDevice(const RequestRecord& req, const std::vector<BlockKey>& keys) {
-  std::shared_ptr<const EngineCache> reg = engines_ ? engines_->Find(req.args[1]) : nullptr;
-  if (!reg) {
-    return FromStatus(absl::NotFoundError(absl::StrCat("no KV-cache registration ", req.args[1],
-                                                       " in this session; register the engine's cache first")));
-  }
-  auto fatal = [](std::string why) {
-    Outcome o;
-    o.status = KVTIER_EPROTO;
-    o.message = absl::StrCat("malformed request (", why, "); kvtierd closed this session");
-    o.fatal = true;
-    return o;
-  };
   const uint64_t progress_at = req.out_offset + uint64_t{keys.size()} * sizeof(ipc::BlockResult);
   if (!OutRangeOk(req, uint64_t{keys.size()} * sizeof(ipc::BlockResult) + sizeof(ipc::DeviceLoadProgress)) ||
       progress_at % alignof(ipc::DeviceLoadProgress) != 0) {
-    return fatal("no aligned room for the load's progress after its results");
+    return Malformed("no aligned room for the load's progress after its results");
   }
+  std::shared_ptr<const EngineCache> reg;
   std::vector<uint32_t> pages;
-  std::string why;
-  if (!ReadPages(req, uint64_t{keys.size()} * reg->pages_per_block, &pages, &why)) return fatal(why);
-  for (uint32_t p : pages) {
-    if (p >= reg->cache.num_pages) {
-      return FromStatus(absl::InvalidArgumentError(
-          absl::StrCat("page id ", p, " is past the registered cache's ", reg->cache.num_pages, " pages")));
-    }
-  }
+  if (std::optional<Outcome> bad = ReadDeviceArgs(req, keys.size(), &reg, &pages)) return *bad;
   auto* progress = reinterpret_cast<ipc::DeviceLoadProgress*>(segment_.scratch().data() + progress_at);
   progress->layers = reg->shape.layers;
   progress->layers_done.store(0, std::memory_order_relaxed);
@@ -473,12 +466,7 @@ Session::Outcome Session::Process(const RequestRecord& req) {
     o.message = std::string(s.message());
     return o;
   };
-  auto fatal = [&](std::string why) {
-    o.status = KVTIER_EPROTO;
-    o.message = absl::StrCat("malformed request (", why, "); kvtierd closed this session");
-    o.fatal = true;
-    return o;
-  };
+  auto fatal = [](std::string why) { return Malformed(why); };
   if (req.opcode == 0 || req.opcode > ipc::kMaxOpcode) {
     return fatal(absl::StrCat("unknown opcode ", req.opcode));
   }

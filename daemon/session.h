@@ -108,6 +108,12 @@ class Session {
   // Copies `count` keys out of scratch; false (with *why) if out of bounds.
   bool ReadKeys(const ipc::RequestRecord& req, std::vector<BlockKey>* keys, std::string* why);
   bool OutRangeOk(const ipc::RequestRecord& req, uint64_t need) const;
+  // A malformed request: EPROTO, and the session closes after answering.
+  static Outcome Malformed(absl::string_view why);
+  // The registration (args[1]) and page ids (args[0]) of a device operation
+  // on `keys` blocks; the outcome to answer with when they are not usable.
+  std::optional<Outcome> ReadDeviceArgs(const ipc::RequestRecord& req, size_t keys,
+                                        std::shared_ptr<const EngineCache>* reg, std::vector<uint32_t>* pages);
   // Copies `n` page ids from scratch at req.args[0]; false (with *why) if out of bounds.
   bool ReadPages(const ipc::RequestRecord& req, uint64_t n, std::vector<uint32_t>* pages, std::string* why);
   Outcome StoreDevice(const ipc::RequestRecord& req, const std::vector<BlockKey>& keys,

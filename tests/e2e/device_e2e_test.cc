@@ -142,84 +142,77 @@ class DeviceE2eTest : public ::testing::Test {
 
 TEST_F(DeviceE2eTest, DaemonGathersFromPagesAndScattersBackLayerByLayer) {
   ASSERT_NO_FATAL_FAILURE(StartEngine());
-  Client* c = c_.get();
-  EngineMemory& mem = mem_;
-  const uint64_t* reg = &reg_;
-  DaemonProcess& d = d_;
-  const auto keys = testing::SeededKeys(*c, 1, 6);
+  const auto keys = testing::SeededKeys(*c_, 1, 6);
   const auto src = PagesFrom(0, 6);   // pages 0..23
   const auto dst = PagesFrom(40, 6);  // pages 40..63
-  FillPages(mem, src, 11);
-  auto written = c->StoreFromCache(*reg, keys, src);
+  FillPages(mem_, src, 11);
+  auto written = c_->StoreFromCache(reg_, keys, src);
   ASSERT_TRUE(written.ok()) << written.status().ToString();
   EXPECT_EQ(*written, 6u);
   // Storing again writes nothing: the blocks are cached.
-  EXPECT_EQ(*c->StoreFromCache(*reg, keys, src), 0u);
+  EXPECT_EQ(*c_->StoreFromCache(reg_, keys, src), 0u);
 
   // The stored blocks are the layer-major form of the pages.
-  auto hit = c->Lookup(keys, {.lease = true});
+  auto hit = c_->Lookup(keys, {.lease = true});
   ASSERT_TRUE(hit.ok());
   ASSERT_EQ(hit->hit_blocks, 6u);
-  auto views = c->Load(hit->lease, keys);
+  auto views = c_->Load(hit->lease, keys);
   ASSERT_TRUE(views.ok());
-  for (size_t b = 0; b < keys.size(); ++b) EXPECT_TRUE(BlockMatchesPages((*views)[b].data, mem, src, b)) << b;
+  for (size_t b = 0; b < keys.size(); ++b) EXPECT_TRUE(BlockMatchesPages((*views)[b].data, mem_, src, b)) << b;
 
   // Daemon-driven load into other pages, layer by layer.
-  auto load = c->LoadIntoCacheAsync(*reg, hit->lease, keys, dst);
+  auto load = c_->LoadIntoCacheAsync(reg_, hit->lease, keys, dst);
   ASSERT_TRUE(load.ok()) << load.status().ToString();
   EXPECT_EQ(load->layers, kLayers);
-  auto blocks = c->WaitLayers(*load, 1);
+  auto blocks = c_->WaitLayers(*load, 1);
   ASSERT_TRUE(blocks.ok()) << blocks.status().ToString();
   EXPECT_EQ(*blocks, 6u);
-  EXPECT_GE(c->LayersReady(*load), 1u);
-  EXPECT_TRUE(SamePages(mem, src, dst, 1)) << "layer 0 is in place once WaitLayers(1) returns";
-  auto loaded = c->FinishLoad(*load);
+  EXPECT_GE(c_->LayersReady(*load), 1u);
+  EXPECT_TRUE(SamePages(mem_, src, dst, 1)) << "layer 0 is in place once WaitLayers(1) returns";
+  auto loaded = c_->FinishLoad(*load);
   ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
   EXPECT_EQ(*loaded, 6u);
-  EXPECT_EQ(c->LayersReady(*load), kLayers);
-  EXPECT_TRUE(SamePages(mem, src, dst, kLayers));
-  ASSERT_TRUE(c->Release(hit->lease).ok());
+  EXPECT_EQ(c_->LayersReady(*load), kLayers);
+  EXPECT_TRUE(SamePages(mem_, src, dst, kLayers));
+  ASSERT_TRUE(c_->Release(hit->lease).ok());
 
-  auto s = d.Status();
+  auto s = d_.Status();
   ASSERT_TRUE(s.ok());
   EXPECT_EQ((*s)["stats"]["kv_registrations"].get<int>(), 1);
   EXPECT_EQ((*s)["stats"]["device_blocks_stored"].get<int>(), 6);
   EXPECT_EQ((*s)["stats"]["device_blocks_loaded"].get<int>(), 6);
   EXPECT_EQ((*s)["stats"]["device_errors"].get<int>(), 0);
   EXPECT_EQ((*s)["sessions"][0]["kv_caches"].get<int>(), 1);
-  EXPECT_TRUE(c->UnregisterKvCache(*reg).ok());
-  EXPECT_EQ(c->StoreFromCache(*reg, keys, src).status().code(), ErrorCode::kNotFound);
+  EXPECT_TRUE(c_->UnregisterKvCache(reg_).ok());
+  EXPECT_EQ(c_->StoreFromCache(reg_, keys, src).status().code(), ErrorCode::kNotFound);
 }
 
 TEST_F(DeviceE2eTest, ClientCopiesOnTheEnginesStreamMatchTheDaemons) {
   ASSERT_NO_FATAL_FAILURE(StartEngine());
-  Client* c = c_.get();
-  EngineMemory& mem = mem_;
-  const uint64_t* reg = &reg_;
-  const auto keys = testing::SeededKeys(*c, 2, 4);
+  const auto keys = testing::SeededKeys(*c_, 2, 4);
   const auto src = PagesFrom(0, 4), dst = PagesFrom(50, 4);
-  FillPages(mem, src, 12);
+  FillPages(mem_, src, 12);
   // Client-driven store: gather into the ticket's slots, then commit.
-  auto ticket = c->StoreBegin(keys);
+  auto ticket = c_->StoreBegin(keys);
   ASSERT_TRUE(ticket.ok());
   ASSERT_EQ(ticket->needed, 4u);
-  ASSERT_TRUE(c->GatherFromCache(*reg, *ticket, src).ok());
-  ASSERT_TRUE(c->StoreCommit(*ticket).ok());
-  auto hit = c->Lookup(keys, {.lease = true});
+  ASSERT_TRUE(c_->GatherFromCache(reg_, *ticket, src).ok());
+  ASSERT_TRUE(c_->StoreCommit(*ticket).ok());
+  auto hit = c_->Lookup(keys, {.lease = true});
   ASSERT_EQ(hit->hit_blocks, 4u);
-  auto views = c->Load(hit->lease, keys);
+  auto views = c_->Load(hit->lease, keys);
   ASSERT_TRUE(views.ok());
-  for (size_t b = 0; b < keys.size(); ++b) EXPECT_TRUE(BlockMatchesPages((*views)[b].data, mem, src, b)) << b;
+  for (size_t b = 0; b < keys.size(); ++b) EXPECT_TRUE(BlockMatchesPages((*views)[b].data, mem_, src, b)) << b;
   // Client-driven load, layer by layer.
   for (uint32_t l = 0; l < kLayers; ++l) {
-    ASSERT_TRUE(c->ScatterToCache(*reg, *views, dst, 0, l, 1).ok());
-    EXPECT_TRUE(SamePages(mem, src, dst, l + 1));
+    ASSERT_TRUE(c_->ScatterToCache(reg_, *views, dst, 0, l, 1).ok());
+    EXPECT_TRUE(SamePages(mem_, src, dst, l + 1));
   }
   // Wrong page counts and foreign views are refused.
-  EXPECT_EQ(c->ScatterToCache(*reg, *views, std::span(dst).first(3)).code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(c_->ScatterToCache(reg_, *views, std::span(dst).first(3)).code(), ErrorCode::kInvalidArgument);
   std::vector<BlockView> bogus = {BlockView{nullptr, 0, TierKind::kHost}};
-  EXPECT_EQ(c->ScatterToCache(*reg, bogus, std::span(dst).first(kPpb)).code(), ErrorCode::kInvalidArgument);
-  ASSERT_TRUE(c->Release(hit->lease).ok());
+  EXPECT_EQ(c_->ScatterToCache(reg_, bogus, std::span(dst).first(kPpb)).code(), ErrorCode::kInvalidArgument);
+  ASSERT_TRUE(c_->Release(hit->lease).ok());
 }
 
 int GpuTier(const DaemonProcess& d, const char* key) {
