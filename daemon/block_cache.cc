@@ -26,14 +26,7 @@ absl::StatusOr<std::unique_ptr<BlockCache>> BlockCache::Create(const Options& op
 }
 
 BlockCache::~BlockCache() {
-  if (reclaim_thread_.joinable()) {
-    {
-      MutexLock l(&reclaim_mu_);
-      reclaim_stop_ = true;
-    }
-    reclaim_cv_.notify_all();
-    reclaim_thread_.join();
-  }
+  StopBackgroundReclaim();
   // Drain NVMe I/O and journal callbacks while everything they touch lives.
   nvme_.reset();
 }
@@ -131,6 +124,16 @@ bool BlockCache::FullerThanLocked(const TenantState& t, double share, uint64_t f
 void BlockCache::StartBackgroundReclaim() {
   if (opts_.high_watermark >= 1.0 || reclaim_thread_.joinable()) return;
   reclaim_thread_ = std::thread([this] { ReclaimLoop(); });
+}
+
+void BlockCache::StopBackgroundReclaim() {
+  if (!reclaim_thread_.joinable()) return;
+  {
+    MutexLock l(&reclaim_mu_);
+    reclaim_stop_ = true;
+  }
+  reclaim_cv_.notify_all();
+  reclaim_thread_.join();
 }
 
 void BlockCache::ReclaimLoop() {

@@ -142,6 +142,10 @@ class BlockCache {
   // Starts the background reclaim thread when the watermarks are below 1;
   // after every AddTenant (the thread walks the tenants).
   void StartBackgroundReclaim();
+  // Stops it after its current batch (whose slots are then free); stores
+  // evict on their own path from then on. Call it when no store runs (stores
+  // read whether the thread is running).
+  void StopBackgroundReclaim();
   // Thread-safe. Makes a namespace's id known for NVMe block headers.
   void RegisterNamespace(const NamespaceInfo& info);
 
