@@ -22,6 +22,29 @@ Status Invalid(std::string message) { return Status(ErrorCode::kInvalidArgument,
 
 uint64_t Addr(const void* p) { return reinterpret_cast<uint64_t>(p); }
 
+// Opens the daemon's per-layer events: CUDA events for a CUDA cache, the
+// simulated device's shared states for a host-memory one.
+absl::Status OpenLayerEvents(const ipc::KvRegisterReply& reply, const std::vector<UniqueFd>& fds,
+                             ClientImpl::KvCache* kc) {
+  const ipc::KvEventKind want = kc->cuda ? ipc::KvEventKind::kCudaIpc : ipc::KvEventKind::kSharedPage;
+  if (reply.event_kind != want) {
+    return absl::InvalidArgumentError(absl::StrCat("kvtierd sent layer events of kind ",
+                                                   static_cast<int>(reply.event_kind), " for a ",
+                                                   kc->cuda ? "CUDA" : "host-memory", " KV cache"));
+  }
+  for (const ipc::KvEventRef& ref : reply.layer_events) {
+    if (kc->cuda) {
+      ASSIGN_OR_RETURN(uint64_t e, kernels::CudaOpenEvent(ref.handle));
+      kc->cuda_events.ids.push_back(e);
+    } else {
+      // DecodeKvReply checked fd_index against the descriptors that came.
+      ASSIGN_OR_RETURN(ipc::ImportedEvent e, ipc::ImportedEvent::Open(fds[ref.fd_index].get(), ref.offset));
+      kc->shared_events.push_back(std::move(e));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 Result<uint64_t> Client::RegisterKvCache(const KvCacheLayout& layout) {
@@ -93,12 +116,22 @@ Result<uint64_t> Client::RegisterKvCache(const KvCacheLayout& layout) {
     }
     c.arena_registered_with_cuda = true;
   }
-  absl::StatusOr<std::vector<std::byte>> answer =
+  absl::StatusOr<ipc::ReceivedMessage> answer =
       c.ring->Exchange(ipc::EncodeKvRegister(req), fds, std::chrono::seconds(10));
   if (!answer.ok()) return ToPublic(answer.status());
-  absl::StatusOr<ipc::KvRegisterReply> reply = ipc::DecodeKvReply(*answer);
+  absl::StatusOr<ipc::KvRegisterReply> reply = ipc::DecodeKvReply(answer->data, answer->fds.size());
   if (!reply.ok()) return ToPublic(reply.status());
   if (reply->status != 0) return Status(static_cast<ErrorCode>(reply->status), reply->message);
+  absl::Status events = OpenLayerEvents(*reply, answer->fds, &local);
+  if (events.ok() && local.cuda_events.ids.size() + local.shared_events.size() != layout.layers) {
+    events = absl::InvalidArgumentError(absl::StrCat("kvtierd sent ", reply->layer_events.size(),
+                                                     " layer events for ", layout.layers, " layers"));
+  }
+  if (!events.ok()) {
+    // The daemon holds a registration this client cannot use: drop it there.
+    (void)c.ring->Exchange(ipc::EncodeKvUnregister(reply->registration), {}, std::chrono::seconds(10));
+    return ToPublic(events);
+  }
   c.kv_caches.emplace(reply->registration, std::move(local));
   return reply->registration;
 }
@@ -108,10 +141,10 @@ Status Client::UnregisterKvCache(uint64_t registration) {
   if (!c.kv_caches.contains(registration)) {
     return Status(ErrorCode::kNotFound, absl::StrCat("no KV-cache registration ", registration));
   }
-  absl::StatusOr<std::vector<std::byte>> answer =
+  absl::StatusOr<ipc::ReceivedMessage> answer =
       c.ring->Exchange(ipc::EncodeKvUnregister(registration), {}, std::chrono::seconds(10));
   if (!answer.ok()) return ToPublic(answer.status());
-  absl::StatusOr<ipc::KvRegisterReply> reply = ipc::DecodeKvReply(*answer);
+  absl::StatusOr<ipc::KvRegisterReply> reply = ipc::DecodeKvReply(answer->data, answer->fds.size());
   if (!reply.ok()) return ToPublic(reply.status());
   c.kv_caches.erase(registration);
   if (reply->status != 0) return Status(static_cast<ErrorCode>(reply->status), reply->message);
@@ -160,7 +193,7 @@ Result<DeviceLoad> Client::LoadIntoCacheAsync(uint64_t registration, uint64_t le
   Result<OpId> op = impl_->Submit(Opcode::kLoadDevice, 0, lease, keys, st, 0, registration, pages,
                                   sizeof(ipc::DeviceLoadProgress));
   if (!op.ok()) return op.status();
-  return DeviceLoad{*op, kc->shape.layers};
+  return DeviceLoad{*op, kc->shape.layers, registration};
 }
 
 uint32_t Client::LayersReady(const DeviceLoad& load) const {
@@ -169,19 +202,23 @@ uint32_t Client::LayersReady(const DeviceLoad& load) const {
   return it->second.progress->layers_done.load(std::memory_order_acquire);
 }
 
-Result<uint32_t> Client::WaitLayers(const DeviceLoad& load, uint32_t layers, std::chrono::nanoseconds timeout) {
-  ClientImpl& c = *impl_;
+namespace {
+
+// Waits until `*word` reaches `target` in a load's progress (layers_done, or
+// armed); returns the blocks the load covers.
+Result<uint32_t> WaitProgress(ClientImpl& c, const DeviceLoad& load, std::atomic<uint32_t> ipc::DeviceLoadProgress::*word,
+                              uint32_t target, std::chrono::nanoseconds timeout) {
   auto it = c.ops.find(load.op);
   if (it == c.ops.end() || it->second.progress == nullptr) {
     return Status(ErrorCode::kNotFound, absl::StrCat("load ", load.op, " is not outstanding (already finished?)"));
   }
   ipc::DeviceLoadProgress* p = it->second.progress;
-  layers = std::max(1u, std::min(layers, load.layers));  // layer 1 also means "the prefix is known"
+  std::atomic<uint32_t>* w = &(p->*word);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   uint64_t waited_ns = 0;
   for (;;) {
-    const uint32_t done = p->layers_done.load(std::memory_order_acquire);
-    if (done >= layers) return p->blocks.load(std::memory_order_acquire);
+    const uint32_t now_at = w->load(std::memory_order_acquire);
+    if (now_at >= target) return p->blocks.load(std::memory_order_acquire);
     if (p->failed.load(std::memory_order_acquire) != 0) {
       return Status(ErrorCode::kIo, "the load into the engine's cache failed; FinishLoad says why");
     }
@@ -193,14 +230,49 @@ Result<uint32_t> Client::WaitLayers(const DeviceLoad& load, uint32_t layers, std
     }
     if (Status h = ToPublic(c.ring->health()); !h.ok()) return h;
     const auto now = std::chrono::steady_clock::now();
-    if (now >= deadline) return Status(ErrorCode::kTimedOut, absl::StrCat("layer ", layers, " did not arrive in time"));
+    if (now >= deadline) return Status(ErrorCode::kTimedOut, "the load's layers did not arrive in time");
     if (waited_ns < 50'000) {
       ipc::PollPause(waited_ns);
       waited_ns += 1000;
     } else {
-      ipc::FutexWait(&p->layers_done, done, std::min<std::chrono::nanoseconds>(deadline - now, std::chrono::milliseconds(100)));
+      ipc::FutexWait(w, now_at, std::min<std::chrono::nanoseconds>(deadline - now, std::chrono::milliseconds(100)));
     }
   }
+}
+
+}  // namespace
+
+Result<uint32_t> Client::WaitLayers(const DeviceLoad& load, uint32_t layers, std::chrono::nanoseconds timeout) {
+  layers = std::max(1u, std::min(layers, load.layers));  // layer 1 also means "the prefix is known"
+  return WaitProgress(*impl_, load, &ipc::DeviceLoadProgress::layers_done, layers, timeout);
+}
+
+Result<uint32_t> Client::StreamWaitLayers(const DeviceLoad& load, uint32_t layers, uint64_t stream,
+                                          std::chrono::nanoseconds timeout) {
+  ClientImpl& c = *impl_;
+  auto kc = c.kv_caches.find(load.registration);
+  if (kc == c.kv_caches.end()) {
+    return Status(ErrorCode::kNotFound, absl::StrCat("no KV-cache registration ", load.registration));
+  }
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  // Once armed, each layer's event stands behind this load's layer.
+  Result<uint32_t> blocks = WaitProgress(c, load, &ipc::DeviceLoadProgress::armed, 1, timeout);
+  if (!blocks.ok() || *blocks == 0) return blocks;
+  layers = std::min(layers, load.layers);
+  for (uint32_t l = 0; l < layers; ++l) {
+    if (kc->second.cuda) {
+      if (absl::Status s = kernels::CudaStreamWaitEvent(stream, kc->second.cuda_events.ids[l]); !s.ok()) {
+        return ToPublic(s);
+      }
+      continue;
+    }
+    ipc::SharedEventState& e = kc->second.shared_events[l].state();
+    const auto left = deadline - std::chrono::steady_clock::now();
+    if (!ipc::EventWait(e, ipc::EventTarget(e), std::max<std::chrono::nanoseconds>(left, std::chrono::nanoseconds(0)))) {
+      return Status(ErrorCode::kTimedOut, absl::StrCat("layer ", l, "'s event did not complete in time"));
+    }
+  }
+  return blocks;
 }
 
 Result<uint32_t> Client::FinishLoad(const DeviceLoad& load, std::chrono::nanoseconds timeout) {

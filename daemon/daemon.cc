@@ -435,15 +435,18 @@ void Daemon::OnSessionSocket(int fd, uint64_t session_id, uint32_t events) {
     auto it = sessions_.find(session_id);
     if (it != sessions_.end() && !m->data.empty()) {
       ipc::KvRegisterReply reply;
+      std::vector<UniqueFd> reply_fds;
       if (m->truncated) {
         reply.status = KVTIER_EPROTO;
         reply.message = absl::StrCat("KV-cache registration larger than ", ipc::kMaxKvMessage, " bytes or ",
                                      ipc::kMaxKvRegions, " descriptors");
         stats_.kv_registrations_refused.Add();
       } else {
-        reply = it->second.session->OnKvMessage(m->data, std::move(m->fds));
+        reply = it->second.session->OnKvMessage(m->data, std::move(m->fds), &reply_fds);
       }
-      if (absl::Status s = ipc::SendMessage(fd, ipc::EncodeKvReply(reply)); !s.ok()) {
+      std::vector<int> raw;
+      for (const UniqueFd& f : reply_fds) raw.push_back(f.get());
+      if (absl::Status s = ipc::SendMessage(fd, ipc::EncodeKvReply(reply), raw); !s.ok()) {
         spdlog::warn("event=kv_reply_failed session={} reason=\"{}\"", session_id, s.message());
       }
     }

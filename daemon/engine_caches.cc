@@ -1,6 +1,7 @@
 #include "daemon/engine_caches.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 
 #include <chrono>
 
@@ -18,16 +19,16 @@ constexpr auto kDeviceTimeout = std::chrono::seconds(30);
 }  // namespace
 
 EngineCache::~EngineCache() {
+  for (DeviceEvent e : layer_events) (void)device->DestroyEvent(e);
   for (void* p : imported) (void)device->CloseImported(p);
 }
 
 EngineCaches::~EngineCaches() {
   MutexLock l(&mu_);
-  for (DeviceEvent e : events_) (void)device_->DestroyEvent(e);
   if (stream_ != 0) (void)device_->DestroyStream(stream_);
 }
 
-absl::StatusOr<uint64_t> EngineCaches::Register(const ipc::KvRegisterRequest& req, std::vector<UniqueFd> fds) {
+absl::StatusOr<Registered> EngineCaches::Register(const ipc::KvRegisterRequest& req, std::vector<UniqueFd> fds) {
   auto c = std::make_shared<EngineCache>(device_);
   if (req.dtype > static_cast<uint8_t>(kernels::KvDtype::kInt8)) {
     return absl::InvalidArgumentError(absl::StrCat("unknown KV dtype code ", req.dtype));
@@ -131,6 +132,8 @@ absl::StatusOr<uint64_t> EngineCaches::Register(const ipc::KvRegisterRequest& re
   }
   RETURN_IF_ERROR(kernels::Validate(c->shape, c->cache));
   c->pages_per_block = kernels::PagesPerBlock(c->shape, c->cache);
+  Registered out;
+  RETURN_IF_ERROR(ExportLayerEvents(*c, &out));
   MutexLock l(&mu_);
   if (caches_.size() >= kMaxPerSession) {
     return absl::ResourceExhaustedError(absl::StrCat("a session registers at most ", kMaxPerSession,
@@ -138,7 +141,33 @@ absl::StatusOr<uint64_t> EngineCaches::Register(const ipc::KvRegisterRequest& re
   }
   c->id = next_id_++;
   caches_.emplace(c->id, c);
-  return c->id;
+  out.id = c->id;
+  return out;
+}
+
+absl::Status EngineCaches::ExportLayerEvents(EngineCache& c, Registered* out) {
+  const bool cuda = device_->name() == "cuda";
+  out->event_kind = cuda ? ipc::KvEventKind::kCudaIpc : ipc::KvEventKind::kSharedPage;
+  // Simulated events share memfd pages: one descriptor per page.
+  std::map<std::pair<dev_t, ino_t>, uint32_t> pages;
+  for (uint32_t l = 0; l < c.shape.layers; ++l) {
+    ASSIGN_OR_RETURN(DeviceEvent e, device_->CreateEvent());
+    c.layer_events.push_back(e);
+    absl::StatusOr<IpcEventHandle> h = device_->ExportEvent(e);
+    if (!h.ok()) return absl::Status(h.status().code(), absl::StrCat("layer ", l, "'s event: ", h.status().message()));
+    ipc::KvEventRef& ref = out->layer_events.emplace_back();
+    if (cuda) {
+      ref.handle = h->opaque;
+      continue;
+    }
+    struct stat st;
+    if (fstat(h->fd.get(), &st) != 0) return ErrnoStatus(errno, "fstat of an event page");
+    auto [it, fresh] = pages.emplace(std::pair{st.st_dev, st.st_ino}, static_cast<uint32_t>(out->fds.size()));
+    if (fresh) out->fds.push_back(std::move(h->fd));
+    ref.fd_index = it->second;
+    ref.offset = h->offset;
+  }
+  return absl::OkStatus();
 }
 
 absl::Status EngineCaches::Unregister(uint64_t id) {
@@ -189,31 +218,31 @@ absl::Status EngineCaches::Copy(std::span<const CopyOp> ops, uint64_t bytes) {
 absl::Status EngineCaches::ScatterByLayer(const EngineCache& c, std::span<const uint32_t> pages,
                                           std::span<const uint64_t> src, ipc::DeviceLoadProgress* progress) {
   MutexLock work(&work_mu_);
-  ASSIGN_OR_RETURN(DeviceStream s, Stream());
-  std::vector<DeviceEvent> events;
-  {
-    MutexLock l(&mu_);
-    while (events_.size() < c.shape.layers) {
-      ASSIGN_OR_RETURN(DeviceEvent e, device_->CreateEvent());
-      events_.push_back(e);
-    }
-    events.assign(events_.begin(), events_.begin() + c.shape.layers);
-  }
   auto fail = [&](absl::Status st) {
     progress->failed.store(1, std::memory_order_release);
     ipc::FutexWakeAll(&progress->layers_done);
-    (void)device_->SynchronizeStream(s);  // nothing of ours may still write after we return
+    ipc::FutexWakeAll(&progress->armed);
     return st;
   };
+  absl::StatusOr<DeviceStream> s = Stream();
+  if (!s.ok()) return fail(s.status());
   // Everything is queued first, so the device works on later layers while
   // earlier ones are announced.
   for (uint32_t l = 0; l < c.shape.layers; ++l) {
-    absl::Status st = device_->kernels().Scatter(c.shape, c.codec, c.cache, kernels::BlockIo{pages, src, l, 1}, s);
-    if (st.ok()) st = device_->RecordEvent(events[l], s);
-    if (!st.ok()) return fail(st);
+    absl::Status st = device_->kernels().Scatter(c.shape, c.codec, c.cache, kernels::BlockIo{pages, src, l, 1}, *s);
+    if (st.ok()) st = device_->RecordEvent(c.layer_events[l], *s);
+    if (!st.ok()) {
+      (void)device_->SynchronizeStream(*s);  // nothing of ours may still write after we return
+      return fail(st);
+    }
   }
+  progress->armed.store(1, std::memory_order_release);
+  ipc::FutexWakeAll(&progress->armed);
   for (uint32_t l = 0; l < c.shape.layers; ++l) {
-    if (absl::Status st = device_->WaitEvent(events[l], kDeviceTimeout); !st.ok()) return fail(st);
+    if (absl::Status st = device_->WaitEvent(c.layer_events[l], kDeviceTimeout); !st.ok()) {
+      (void)device_->SynchronizeStream(*s);
+      return fail(st);
+    }
     progress->layers_done.store(l + 1, std::memory_order_release);
     ipc::FutexWakeAll(&progress->layers_done);
   }

@@ -7,7 +7,10 @@
 // block's host-arena slot; a load scatters host-arena blocks into the
 // engine's pages layer by layer, publishing each finished layer to the
 // client through shared memory (ipc::DeviceLoadProgress), so the engine can
-// start on layer 0 while later layers are still in flight.
+// start on layer 0 while later layers are still in flight. Each registration
+// has one device event per layer, exported to the engine at registration:
+// the daemon records layer i's event behind layer i's scatter, so an
+// engine's stream can wait for a layer on the device itself.
 #ifndef KVTIER_DAEMON_ENGINE_CACHES_H_
 #define KVTIER_DAEMON_ENGINE_CACHES_H_
 
@@ -41,6 +44,15 @@ struct EngineCache {
   uint32_t pages_per_block = 0;
   DeviceBackend* const device;
   std::vector<void*> imported;
+  std::vector<DeviceEvent> layer_events;  // one per layer, exported to the engine
+};
+
+// What a registration hands back to the engine.
+struct Registered {
+  uint64_t id = 0;
+  ipc::KvEventKind event_kind = ipc::KvEventKind::kNone;
+  std::vector<ipc::KvEventRef> layer_events;
+  std::vector<UniqueFd> fds;  // the event pages (simulated device)
 };
 
 class EngineCaches {
@@ -51,9 +63,10 @@ class EngineCaches {
   ~EngineCaches();
 
   // Thread-safe. Checks the layout against the namespace (block bytes must
-  // match), imports every region and maps each layer into daemon addresses.
-  // InvalidArgument / FailedPrecondition naming what does not fit.
-  absl::StatusOr<uint64_t> Register(const ipc::KvRegisterRequest& req, std::vector<UniqueFd> fds);
+  // match), imports every region, maps each layer into daemon addresses and
+  // exports one event per layer. InvalidArgument / FailedPrecondition naming
+  // what does not fit.
+  absl::StatusOr<Registered> Register(const ipc::KvRegisterRequest& req, std::vector<UniqueFd> fds);
   // Thread-safe. NotFound for an unknown id. Work already running keeps its
   // reference and finishes first.
   absl::Status Unregister(uint64_t id);
@@ -74,13 +87,14 @@ class EngineCaches {
   };
   absl::Status Copy(std::span<const CopyOp> ops, uint64_t bytes);
   // Scatters the host-arena blocks at `src` into pages, layer after layer,
-  // publishing each finished layer in *progress (and waking its futex).
-  // Any thread.
+  // recording each layer's event behind it, then arms *progress and
+  // publishes each finished layer there (waking the futexes). Any thread.
   absl::Status ScatterByLayer(const EngineCache& c, std::span<const uint32_t> pages, std::span<const uint64_t> src,
                               ipc::DeviceLoadProgress* progress);
 
  private:
   absl::StatusOr<DeviceStream> Stream();
+  absl::Status ExportLayerEvents(EngineCache& c, Registered* out);
 
   DeviceBackend* const device_;
   const NamespaceInfo ns_;
@@ -88,8 +102,7 @@ class EngineCaches {
   std::map<uint64_t, std::shared_ptr<EngineCache>> caches_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   DeviceStream stream_ ABSL_GUARDED_BY(mu_) = 0;
-  std::vector<DeviceEvent> events_ ABSL_GUARDED_BY(mu_);  // one per layer, reused
-  Mutex work_mu_;  // one device operation at a time per session: they share the stream and events
+  Mutex work_mu_;  // one device operation at a time per session: they share the stream
 };
 
 }  // namespace kvtier

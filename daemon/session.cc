@@ -34,7 +34,8 @@ Session::Session(SessionIdentity identity, NamespaceInfo ns, std::string tenant,
   holdings_.ns = ns_;
 }
 
-ipc::KvRegisterReply Session::OnKvMessage(std::span<const std::byte> data, std::vector<UniqueFd> fds) {
+ipc::KvRegisterReply Session::OnKvMessage(std::span<const std::byte> data, std::vector<UniqueFd> fds,
+                                          std::vector<UniqueFd>* reply_fds) {
   ipc::KvRegisterReply reply;
   absl::StatusOr<ipc::KvMessage> m = ipc::DecodeKvMessage(data);
   absl::Status st = m.status();
@@ -43,14 +44,17 @@ ipc::KvRegisterReply Session::OnKvMessage(std::span<const std::byte> data, std::
     st = engines_->Unregister(m->registration);
     reply.registration = m->registration;
   } else if (st.ok()) {
-    absl::StatusOr<uint64_t> id = engines_->Register(m->request, std::move(fds));
-    st = id.status();
-    if (id.ok()) {
-      reply.registration = *id;
+    absl::StatusOr<Registered> r = engines_->Register(m->request, std::move(fds));
+    st = r.status();
+    if (r.ok()) {
+      reply.registration = r->id;
+      reply.event_kind = r->event_kind;
+      reply.layer_events = std::move(r->layer_events);
+      *reply_fds = std::move(r->fds);
       stats_->kv_registrations.Add();
       spdlog::info("event=kv_cache_registered session={} registration={} layers={} page_tokens={} pages={} "
                    "regions={}",
-                   identity_.id, *id, m->request.layers, m->request.page_tokens, m->request.num_pages,
+                   identity_.id, r->id, m->request.layers, m->request.page_tokens, m->request.num_pages,
                    m->request.regions.size());
     }
   }
@@ -197,6 +201,7 @@ Session::Outcome Session::LoadDevice(const RequestRecord& req, const std::vector
   progress->layers = reg->shape.layers;
   progress->layers_done.store(0, std::memory_order_relaxed);
   progress->failed.store(0, std::memory_order_relaxed);
+  progress->armed.store(0, std::memory_order_relaxed);
   progress->blocks.store(ipc::kDeviceLoadUnknown, std::memory_order_release);
   stats_->device_loads.Add();
   // Runs here or on an I/O thread (after NVMe reads): scatters the prefix that
@@ -206,6 +211,7 @@ Session::Outcome Session::LoadDevice(const RequestRecord& req, const std::vector
     if (lo.locations.empty() && !lo.status.ok()) {
       progress->failed.store(1, std::memory_order_release);
       ipc::FutexWakeAll(&progress->layers_done);
+      ipc::FutexWakeAll(&progress->armed);
       d.outcome = FromStatus(lo.status);
       return d;
     }
@@ -225,7 +231,10 @@ Session::Outcome Session::LoadDevice(const RequestRecord& req, const std::vector
       st = engines_->ScatterByLayer(
           *reg, std::span(pages).first(uint64_t{lo.loaded} * reg->pages_per_block), src, progress);
     } else {
+      // Nothing to wait for, on the host or on a stream.
+      progress->armed.store(1, std::memory_order_release);
       progress->layers_done.store(reg->shape.layers, std::memory_order_release);
+      ipc::FutexWakeAll(&progress->armed);
       ipc::FutexWakeAll(&progress->layers_done);
     }
     for (uint32_t i = 0; i < lo.loaded; ++i) {

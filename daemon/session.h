@@ -79,7 +79,9 @@ class Session {
   SessionInfo Info() const;
   // Thread-safe (the daemon's main thread calls it): a KV-cache registration
   // message from the session socket, with its descriptors; the reply to send.
-  ipc::KvRegisterReply OnKvMessage(std::span<const std::byte> data, std::vector<UniqueFd> fds);
+  // *reply_fds: descriptors to send with the reply (the layer events' pages).
+  ipc::KvRegisterReply OnKvMessage(std::span<const std::byte> data, std::vector<UniqueFd> fds,
+                                   std::vector<UniqueFd>* reply_fds);
 
  private:
   struct Outcome {

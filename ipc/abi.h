@@ -24,7 +24,7 @@
 namespace kvtier::ipc {
 
 inline constexpr uint64_t kSegmentMagic = 0x3130474553545654ull;  // "TVTSEG01" LE
-inline constexpr uint32_t kAbiVersion = 2;
+inline constexpr uint32_t kAbiVersion = 3;
 
 enum class Opcode : uint16_t {
   kPing = 1,
@@ -93,14 +93,19 @@ static_assert(sizeof(BlockResult) == 16);
 // results (8-byte aligned). The daemon sets `blocks` (the prefix that loaded)
 // before the first layer, then bumps layers_done as each layer lands in the
 // engine's pages and wakes layers_done's futex; the client reads both with
-// acquire. `failed` is set when the scatter broke off.
+// acquire. `armed` becomes 1 (with a wake) once the daemon has queued every
+// layer and recorded each layer's event (KvRegisterReply::layer_events)
+// behind it: from then on a stream wait on layer i's event waits for this
+// load's layer i. `failed` is set when the scatter broke off.
 struct DeviceLoadProgress {
   std::atomic<uint32_t> blocks;       // kDeviceLoadUnknown until known
   std::atomic<uint32_t> layers_done;
   std::atomic<uint32_t> failed;
   uint32_t layers;
+  std::atomic<uint32_t> armed;
+  uint32_t reserved[3];
 };
-static_assert(sizeof(DeviceLoadProgress) == 16);
+static_assert(sizeof(DeviceLoadProgress) == 32);
 inline constexpr uint32_t kDeviceLoadUnknown = 0xffffffffu;
 
 inline constexpr size_t kKeyBytes = 32;

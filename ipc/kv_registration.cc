@@ -114,18 +114,41 @@ std::vector<std::byte> EncodeKvReply(const KvRegisterReply& reply) {
   w.Put(reply.status);
   w.Put(reply.registration);
   w.PutString(reply.message);
+  w.Put(static_cast<uint8_t>(reply.event_kind));
+  w.Put(static_cast<uint32_t>(reply.layer_events.size()));
+  for (const KvEventRef& e : reply.layer_events) {
+    if (reply.event_kind == KvEventKind::kCudaIpc) {
+      w.PutBytes(e.handle);
+    } else {
+      w.Put(e.fd_index);
+      w.Put(e.offset);
+    }
+  }
   return std::move(w.bytes());
 }
 
-absl::StatusOr<KvRegisterReply> DecodeKvReply(std::span<const std::byte> data) {
+absl::StatusOr<KvRegisterReply> DecodeKvReply(std::span<const std::byte> data, size_t fds) {
   ByteReader r(data);
   uint64_t magic = 0;
-  uint32_t version = 0;
+  uint32_t version = 0, events = 0;
+  uint8_t kind = 0;
   KvRegisterReply rep;
   if (!r.Get(&magic) || magic != kKvReplyMagic || !r.Get(&version) || version != kAbiVersion ||
-      !r.Get(&rep.status) || !r.Get(&rep.registration) || !r.GetString(&rep.message, 4096) || !r.AtEnd()) {
+      !r.Get(&rep.status) || !r.Get(&rep.registration) || !r.GetString(&rep.message, 4096) || !r.Get(&kind) ||
+      kind > static_cast<uint8_t>(KvEventKind::kSharedPage) || !r.Get(&events) || events > kMaxKvLayers ||
+      (kind == 0 && events != 0)) {
     return Malformed("reply");
   }
+  rep.event_kind = static_cast<KvEventKind>(kind);
+  rep.layer_events.resize(events);
+  for (KvEventRef& e : rep.layer_events) {
+    if (rep.event_kind == KvEventKind::kCudaIpc) {
+      if (!r.GetBytes(e.handle)) return Malformed("reply's event handles");
+    } else if (!r.Get(&e.fd_index) || !r.Get(&e.offset) || e.fd_index >= fds) {
+      return Malformed("reply's event pages");
+    }
+  }
+  if (!r.AtEnd()) return Malformed("reply");
   return rep;
 }
 

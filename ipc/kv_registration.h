@@ -3,7 +3,8 @@
 //
 //   client -> daemon  KvRegisterRequest + SCM_RIGHTS [one memfd per host region]
 //                     or KvUnregisterRequest
-//   daemon -> client  KvRegisterReply (registration id, or why not)
+//   daemon -> client  KvRegisterReply (registration id and one event per
+//                     layer, or why not) + SCM_RIGHTS [the event pages]
 //
 // A region is either CUDA device memory (its cudaIpcMemHandle_t travels in
 // `handle`) or host memory backed by a memfd (CPU engines, and the
@@ -47,10 +48,26 @@ struct KvRegisterRequest {
   std::vector<uint64_t> k_layers, v_layers;  // engine addresses of page 0 of each layer
 };
 
+// Each layer's event: the daemon records it when it has queued that layer of
+// a load (DeviceLoadProgress::armed says when all are), so an engine's
+// stream can wait for the layer on the device instead of on the host.
+enum class KvEventKind : uint8_t {
+  kNone = 0,
+  kCudaIpc = 1,     // `handle` is a cudaIpcEventHandle_t
+  kSharedPage = 2,  // the simulated device's: descriptor `fd_index` of the reply, state at `offset`
+};
+struct KvEventRef {
+  std::array<uint8_t, 64> handle{};
+  uint32_t fd_index = 0;
+  uint64_t offset = 0;
+};
+
 struct KvRegisterReply {
   int32_t status = 0;  // 0 or KVTIER_E*
   uint64_t registration = 0;
   std::string message;
+  KvEventKind event_kind = KvEventKind::kNone;
+  std::vector<KvEventRef> layer_events;  // empty, or one per layer
 };
 
 std::vector<std::byte> EncodeKvRegister(const KvRegisterRequest& req);
@@ -66,7 +83,8 @@ struct KvMessage {
 absl::StatusOr<KvMessage> DecodeKvMessage(std::span<const std::byte> data);
 
 std::vector<std::byte> EncodeKvReply(const KvRegisterReply& reply);
-absl::StatusOr<KvRegisterReply> DecodeKvReply(std::span<const std::byte> data);
+// `fds`: how many descriptors came with it (every fd_index must be below).
+absl::StatusOr<KvRegisterReply> DecodeKvReply(std::span<const std::byte> data, size_t fds = 0);
 
 }  // namespace kvtier::ipc
 

@@ -44,12 +44,47 @@ absl::Status CudaRegisterHost(void* ptr, size_t bytes) {
   cudaGetLastError();
   return absl::OkStatus();
 }
+
+absl::StatusOr<uint64_t> CudaOpenEvent(const std::array<uint8_t, 64>& handle) {
+  static_assert(sizeof(cudaIpcEventHandle_t) <= 64);
+  cudaIpcEventHandle_t h;
+  std::memcpy(&h, handle.data(), sizeof(h));
+  cudaEvent_t e;
+  const cudaError_t err = cudaIpcOpenEventHandle(&e, h);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return absl::InternalError(absl::StrCat("cudaIpcOpenEventHandle of a layer event: ", cudaGetErrorString(err)));
+  }
+  return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(e));
+}
+
+absl::Status CudaStreamWaitEvent(uint64_t stream, uint64_t event) {
+  const cudaError_t err = cudaStreamWaitEvent(reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(stream)),
+                                              reinterpret_cast<cudaEvent_t>(static_cast<uintptr_t>(event)), 0);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return absl::InternalError(absl::StrCat("cudaStreamWaitEvent: ", cudaGetErrorString(err)));
+  }
+  return absl::OkStatus();
+}
+
+void CudaCloseEvent(uint64_t event) {
+  cudaEventDestroy(reinterpret_cast<cudaEvent_t>(static_cast<uintptr_t>(event)));
+  cudaGetLastError();
+}
 #else
 bool CudaDeviceAnswers() { return false; }
 absl::StatusOr<std::array<uint8_t, 64>> CudaIpcHandleOf(const void*) {
   return absl::UnavailableError("this libkvtier was built without CUDA");
 }
 absl::Status CudaRegisterHost(void*, size_t) { return absl::UnavailableError("this libkvtier was built without CUDA"); }
+absl::StatusOr<uint64_t> CudaOpenEvent(const std::array<uint8_t, 64>&) {
+  return absl::UnavailableError("this libkvtier was built without CUDA");
+}
+absl::Status CudaStreamWaitEvent(uint64_t, uint64_t) {
+  return absl::UnavailableError("this libkvtier was built without CUDA");
+}
+void CudaCloseEvent(uint64_t) {}
 #endif
 
 }  // namespace kvtier::kernels

@@ -1,6 +1,7 @@
 // The few CUDA runtime calls libkvtier makes for an engine's CUDA KV cache:
-// is there a device, the IPC handle of an allocation, and pinning the host
-// arena so kernels on the engine's stream can read it in place. Each fails
+// is there a device, the IPC handle of an allocation, pinning the host arena
+// so kernels on the engine's stream can read it in place, and opening the
+// daemon's per-layer events so that stream can wait for a layer. Each fails
 // with Unavailable in a build without CUDA.
 #ifndef KVTIER_KERNELS_CUDA_HOST_H_
 #define KVTIER_KERNELS_CUDA_HOST_H_
@@ -18,6 +19,12 @@ bool CudaDeviceAnswers();
 absl::StatusOr<std::array<uint8_t, 64>> CudaIpcHandleOf(const void* base);
 // cudaHostRegister (portable, mapped).
 absl::Status CudaRegisterHost(void* ptr, size_t bytes);
+// cudaIpcOpenEventHandle: another process's event, as a cudaEvent_t's bits.
+absl::StatusOr<uint64_t> CudaOpenEvent(const std::array<uint8_t, 64>& handle);
+// cudaStreamWaitEvent(stream, event).
+absl::Status CudaStreamWaitEvent(uint64_t stream, uint64_t event);
+// cudaEventDestroy.
+void CudaCloseEvent(uint64_t event);
 
 }  // namespace kvtier::kernels
 

@@ -116,6 +116,7 @@ class CudaDevice final : public DeviceBackend {
     {
       MutexLock l(&mu_);
       if (events_.erase(event) == 0) return UnknownEvent(event);
+      imported_events_.erase(event);
     }
     RETURN_IF_ERROR(Use());
     return CudaError(cudaEventDestroy(AsEvent(event)), "cudaEventDestroy");
@@ -158,6 +159,42 @@ class CudaDevice final : public DeviceBackend {
         pause = std::min(pause * 2, std::chrono::microseconds(100));
       }
     }
+  }
+
+  absl::Status StreamWaitEvent(DeviceStream stream, DeviceEvent event) override {
+    if (!KnownEvent(event)) return UnknownEvent(event);
+    if (!KnownStream(stream)) return UnknownStream(stream);
+    RETURN_IF_ERROR(Use());
+    return CudaError(cudaStreamWaitEvent(AsStream(stream), AsEvent(event), 0), "cudaStreamWaitEvent");
+  }
+
+  absl::StatusOr<IpcEventHandle> ExportEvent(DeviceEvent event) override {
+    if (!KnownEvent(event)) return UnknownEvent(event);
+    {
+      MutexLock l(&mu_);
+      if (imported_events_.contains(event)) return absl::InvalidArgumentError("export of an event this device imported");
+    }
+    RETURN_IF_ERROR(Use());
+    cudaIpcEventHandle_t h;
+    RETURN_IF_ERROR(CudaError(cudaIpcGetEventHandle(&h, AsEvent(event)), "cudaIpcGetEventHandle"));
+    IpcEventHandle out;
+    static_assert(sizeof(h) <= sizeof(out.opaque));
+    std::memcpy(out.opaque.data(), &h, sizeof(h));
+    return out;
+  }
+
+  absl::StatusOr<DeviceEvent> ImportEvent(const IpcEventHandle& handle) override {
+    RETURN_IF_ERROR(Use());
+    cudaIpcEventHandle_t h;
+    std::memcpy(&h, handle.opaque.data(), sizeof(h));
+    cudaEvent_t e;
+    RETURN_IF_ERROR(CudaError(cudaIpcOpenEventHandle(&e, h),
+                              "cudaIpcOpenEventHandle (the exporting process must still hold the event)"));
+    const auto id = static_cast<DeviceEvent>(reinterpret_cast<uintptr_t>(e));
+    MutexLock l(&mu_);
+    events_.insert(id);
+    imported_events_.insert(id);
+    return id;
   }
 
   absl::Status RegisterHost(void* ptr, uint64_t bytes) override {
@@ -252,6 +289,7 @@ class CudaDevice final : public DeviceBackend {
   absl::flat_hash_map<void*, uint64_t> allocations_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<DeviceStream> streams_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<DeviceEvent> events_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<DeviceEvent> imported_events_ ABSL_GUARDED_BY(mu_);  // also in events_
   absl::flat_hash_set<void*> registered_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<void*> imported_ ABSL_GUARDED_BY(mu_);
 };

@@ -28,6 +28,15 @@ struct IpcMemHandle {
   uint64_t bytes = 0;
 };
 
+// A handle another process can open to wait on an event. CUDA fills
+// `opaque` (cudaIpcEventHandle_t); the simulated backend passes the memfd
+// page that holds the event's state and its offset there.
+struct IpcEventHandle {
+  std::array<uint8_t, 64> opaque{};
+  UniqueFd fd;
+  uint64_t offset = 0;
+};
+
 class DeviceBackend {
  public:
   DeviceBackend() = default;
@@ -59,6 +68,15 @@ class DeviceBackend {
   virtual absl::StatusOr<bool> QueryEvent(DeviceEvent event) = 0;
   // Thread-safe. DeadlineExceeded when not complete within timeout.
   virtual absl::Status WaitEvent(DeviceEvent event, std::chrono::nanoseconds timeout) = 0;
+  // Thread-safe. Work enqueued on `stream` after this call waits until the
+  // event's latest record (as of this call) completes; it may come from
+  // another stream, or from another process (ImportEvent).
+  virtual absl::Status StreamWaitEvent(DeviceStream stream, DeviceEvent event) = 0;
+  // Thread-safe. A handle to an event for another process.
+  virtual absl::StatusOr<IpcEventHandle> ExportEvent(DeviceEvent event) = 0;
+  // Thread-safe. Opens an exported event; it records, waits and is queried
+  // like one of ours, and DestroyEvent closes it.
+  virtual absl::StatusOr<DeviceEvent> ImportEvent(const IpcEventHandle& handle) = 0;
   // Thread-safe. Pins host memory for fast copies (cudaHostRegister).
   virtual absl::Status RegisterHost(void* ptr, uint64_t bytes) = 0;
   virtual absl::Status UnregisterHost(void* ptr) = 0;

@@ -1,14 +1,17 @@
 // The host-simulated device: device memory is host memory (memfds, so it can
 // be "exported" to another process), streams are worker threads that run
-// copies in order, events are completion flags, and an optional bandwidth cap
+// copies in order, events are counters in shared memfd pages (so another
+// process can import and wait on them), and an optional bandwidth cap
 // imitates a PCIe link.
 #include <fcntl.h>
 #include <sys/mman.h>
 
 #include <cstring>
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <optional>
 #include <thread>
 
 #include "absl/container/flat_hash_map.h"
@@ -16,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/mutex.h"
 #include "core/status.h"
+#include "ipc/shared_event.h"
 #include "ipc/shm.h"
 #include "kernels/kv_kernels.h"
 #include "tiers/device_backend.h"
@@ -28,6 +32,7 @@ class SimStream {
  public:
   SimStream() : thread_([this] { Run(); }) {}
   ~SimStream() {
+    stopping_.store(true, std::memory_order_release);
     {
       MutexLock l(&mu_);
       stop_ = true;
@@ -46,6 +51,9 @@ class SimStream {
     MutexLock l(&mu_);
     mu_.Await(cv_, [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return queue_.empty() && !busy_; });
   }
+  // True once the stream is being destroyed: work that waits on another
+  // stream's (or process's) event gives up then, so destruction never hangs.
+  bool stopping() const { return stopping_.load(std::memory_order_acquire); }
 
  private:
   void Run() {
@@ -73,14 +81,27 @@ class SimStream {
   std::deque<absl::AnyInvocable<void() &&>> queue_ ABSL_GUARDED_BY(mu_);
   bool busy_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<bool> stopping_{false};
   std::thread thread_;
 };
 
+// An event of ours (a slot of the pool, returned when the last reference
+// goes: queued work may still complete it after DestroyEvent), or one
+// imported from another process (its page mapped here).
 struct SimEvent {
-  Mutex mu;
-  std::condition_variable_any cv;
-  uint64_t recorded ABSL_GUARDED_BY(mu) = 0;   // generation last recorded
-  uint64_t completed ABSL_GUARDED_BY(mu) = 0;  // generation last completed
+  SimEvent(ipc::SharedEventPool* pool, ipc::SharedEventPool::Slot slot)
+      : state(slot.state), pool(pool), slot(slot) {}
+  explicit SimEvent(ipc::ImportedEvent imp) : state(&imp.state()), imported(std::move(imp)) {}
+  ~SimEvent() {
+    if (pool != nullptr) pool->Free(slot);
+  }
+  SimEvent(const SimEvent&) = delete;
+  SimEvent& operator=(const SimEvent&) = delete;
+
+  ipc::SharedEventState* const state;
+  ipc::SharedEventPool* const pool = nullptr;
+  const ipc::SharedEventPool::Slot slot{};
+  const std::optional<ipc::ImportedEvent> imported;
 };
 
 // The CPU reference kernels, run on a simulated stream in order with its
@@ -210,9 +231,11 @@ class SimDevice final : public DeviceBackend {
   }
 
   absl::StatusOr<DeviceEvent> CreateEvent() override {
+    ASSIGN_OR_RETURN(ipc::SharedEventPool::Slot slot, event_pool_.Allocate());
+    auto e = std::make_shared<SimEvent>(&event_pool_, slot);
     MutexLock l(&mu_);
     const DeviceEvent id = ++next_id_;
-    events_.emplace(id, std::make_shared<SimEvent>());
+    events_.emplace(id, std::move(e));
     return id;
   }
 
@@ -227,37 +250,58 @@ class SimDevice final : public DeviceBackend {
     if (!e) return UnknownEvent(event);
     std::shared_ptr<SimStream> s = FindStream(stream);
     if (!s) return UnknownStream(stream);
-    uint64_t gen;
-    {
-      MutexLock l(&e->mu);
-      gen = ++e->recorded;
-    }
-    s->Enqueue([e, gen] {
-      {
-        MutexLock l(&e->mu);
-        if (e->completed < gen) e->completed = gen;
-      }
-      e->cv.notify_all();
-    });
+    const uint32_t gen = ipc::EventRecord(*e->state);
+    s->Enqueue([e, gen] { ipc::EventComplete(*e->state, gen); });
     return absl::OkStatus();
   }
 
   absl::StatusOr<bool> QueryEvent(DeviceEvent event) override {
     std::shared_ptr<SimEvent> e = FindEvent(event);
     if (!e) return UnknownEvent(event);
-    MutexLock l(&e->mu);
-    return e->completed >= e->recorded;
+    return ipc::EventReached(*e->state, ipc::EventTarget(*e->state));
   }
 
   absl::Status WaitEvent(DeviceEvent event, std::chrono::nanoseconds timeout) override {
     std::shared_ptr<SimEvent> e = FindEvent(event);
     if (!e) return UnknownEvent(event);
-    MutexLock l(&e->mu);
-    const bool done = e->mu.AwaitFor(e->cv, timeout, [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-      return e->completed >= e->recorded;
-    });
-    if (!done) return absl::DeadlineExceededError("simulated device event did not complete in time");
+    if (!ipc::EventWait(*e->state, ipc::EventTarget(*e->state), timeout)) {
+      return absl::DeadlineExceededError("simulated device event did not complete in time");
+    }
     return absl::OkStatus();
+  }
+
+  absl::Status StreamWaitEvent(DeviceStream stream, DeviceEvent event) override {
+    std::shared_ptr<SimEvent> e = FindEvent(event);
+    if (!e) return UnknownEvent(event);
+    std::shared_ptr<SimStream> s = FindStream(stream);
+    if (!s) return UnknownStream(stream);
+    const uint32_t gen = ipc::EventTarget(*e->state);
+    // The stream owns this work: the raw pointer lives as long as it runs.
+    s->Enqueue([e, gen, self = s.get()] {
+      while (!ipc::EventWait(*e->state, gen, std::chrono::milliseconds(50)) && !self->stopping()) {
+      }
+    });
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<IpcEventHandle> ExportEvent(DeviceEvent event) override {
+    std::shared_ptr<SimEvent> e = FindEvent(event);
+    if (!e) return UnknownEvent(event);
+    if (e->pool == nullptr) return absl::InvalidArgumentError("export of an event this device imported");
+    IpcEventHandle h;
+    h.fd = UniqueFd(fcntl(event_pool_.PageFd(e->slot.page), F_DUPFD_CLOEXEC, 0));
+    if (!h.fd.valid()) return ErrnoStatus(errno, "dup of a simulated event page");
+    h.offset = ipc::SharedEventPool::OffsetOf(e->slot);
+    return h;
+  }
+
+  absl::StatusOr<DeviceEvent> ImportEvent(const IpcEventHandle& handle) override {
+    ASSIGN_OR_RETURN(ipc::ImportedEvent imported, ipc::ImportedEvent::Open(handle.fd.get(), handle.offset));
+    auto e = std::make_shared<SimEvent>(std::move(imported));
+    MutexLock l(&mu_);
+    const DeviceEvent id = ++next_id_;
+    events_.emplace(id, std::move(e));
+    return id;
   }
 
   absl::Status RegisterHost(void* ptr, uint64_t bytes) override {
@@ -330,6 +374,8 @@ class SimDevice final : public DeviceBackend {
   }
 
   const SimDeviceOptions opts_;
+  // Before streams_ and events_: queued work returns event slots here.
+  ipc::SharedEventPool event_pool_;
   // Before streams_, so it outlives the stream threads that run its work.
   SimKernels kernels_;
   Mutex mu_;

@@ -8,11 +8,14 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "client/internal/ring_session.h"
 #include "core/status.h"
+#include "ipc/shared_event.h"
+#include "kernels/cuda_host.h"
 #include "kernels/kv_kernels.h"
 #include "kvtier/client.h"
 
@@ -21,6 +24,20 @@ namespace kvtier {
 using ipc::Opcode;
 
 namespace client_internal {
+
+// CUDA events opened from the daemon's handles, closed with their owner.
+class CudaEvents {
+ public:
+  CudaEvents() = default;
+  ~CudaEvents() {
+    for (uint64_t e : ids) kernels::CudaCloseEvent(e);
+  }
+  CudaEvents(CudaEvents&& o) noexcept : ids(std::move(o.ids)) { o.ids.clear(); }
+  CudaEvents& operator=(CudaEvents&&) = delete;
+  CudaEvents(const CudaEvents&) = delete;
+  CudaEvents& operator=(const CudaEvents&) = delete;
+  std::vector<uint64_t> ids;
+};
 
 class ClientImpl {
  public:
@@ -50,6 +67,10 @@ class ClientImpl {
     kernels::BlockCodec codec = kernels::BlockCodec::kLossless;
     kernels::PagedCache cache;
     bool cuda = false;
+    // The daemon's per-layer events: opened CUDA events (a CUDA cache), or
+    // the simulated device's shared states (a host-memory cache).
+    CudaEvents cuda_events;
+    std::vector<ipc::ImportedEvent> shared_events;
   };
   std::map<uint64_t, KvCache> kv_caches;
   std::unique_ptr<kernels::KvKernels> cpu_kernels;   // host-memory caches
@@ -93,6 +114,17 @@ class ClientImpl {
     rec.out_bytes = out_bytes;
     rec.args[0] = arg0;
     rec.args[1] = arg1;
+    if (opcode == Opcode::kLoadDevice) {
+      // Before the submit: the daemon may write progress as soon as it has
+      // the record (scratch is reused, so stale values must not show).
+      auto* progress = reinterpret_cast<ipc::DeviceLoadProgress*>(scratch + key_bytes + page_bytes +
+                                                                  keys.size() * sizeof(ipc::BlockResult));
+      progress->blocks.store(ipc::kDeviceLoadUnknown, std::memory_order_relaxed);
+      progress->layers_done.store(0, std::memory_order_relaxed);
+      progress->failed.store(0, std::memory_order_relaxed);
+      progress->armed.store(0, std::memory_order_relaxed);
+      state.progress = progress;
+    }
     absl::StatusOr<uint64_t> op = ring->Submit(rec);
     if (!op.ok()) {
       ring->FreeScratch(scratch);
@@ -101,13 +133,6 @@ class ClientImpl {
     state.opcode = opcode;
     state.scratch = scratch;
     state.out_at = key_bytes + page_bytes;
-    if (opcode == Opcode::kLoadDevice) {
-      state.progress = reinterpret_cast<ipc::DeviceLoadProgress*>(scratch + state.out_at +
-                                                                  keys.size() * sizeof(ipc::BlockResult));
-      state.progress->blocks.store(ipc::kDeviceLoadUnknown, std::memory_order_relaxed);
-      state.progress->layers_done.store(0, std::memory_order_relaxed);
-      state.progress->failed.store(0, std::memory_order_relaxed);
-    }
     state.out_bytes = out_bytes;
     state.count = rec.count;
     ops.emplace(*op, state);

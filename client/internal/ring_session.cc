@@ -11,6 +11,7 @@
 #include "core/status.h"
 #include "core/units.h"
 #include "ipc/doorbell.h"
+#include "ipc/kv_registration.h"
 #include "ipc/unix_socket.h"
 
 namespace kvtier::client_internal {
@@ -161,9 +162,9 @@ bool RingSession::CheckAlive() {
   return true;
 }
 
-absl::StatusOr<std::vector<std::byte>> RingSession::Exchange(std::span<const std::byte> message,
-                                                             std::span<const int> fds,
-                                                             std::chrono::milliseconds timeout) {
+absl::StatusOr<ipc::ReceivedMessage> RingSession::Exchange(std::span<const std::byte> message,
+                                                           std::span<const int> fds,
+                                                           std::chrono::milliseconds timeout) {
   RETURN_IF_ERROR(broken_);
   RETURN_IF_ERROR(ipc::SendMessage(socket_.get(), message, fds));
   pollfd p{socket_.get(), POLLIN | POLLRDHUP, 0};
@@ -172,12 +173,14 @@ absl::StatusOr<std::vector<std::byte>> RingSession::Exchange(std::span<const std
     n = poll(&p, 1, static_cast<int>(timeout.count()));
   } while (n < 0 && errno == EINTR);
   if (n == 0) return CodedStatus(KVTIER_ETIMEDOUT, "kvtierd did not answer on the session socket in time");
-  ASSIGN_OR_RETURN(ipc::ReceivedMessage m, ipc::ReceiveMessage(socket_.get(), 64 * 1024, 0));
+  ASSIGN_OR_RETURN(ipc::ReceivedMessage m,
+                   ipc::ReceiveMessage(socket_.get(), ipc::kMaxKvMessage, ipc::kMaxKvRegions));
   if (m.eof) {
     broken_ = CodedStatus(KVTIER_ENOTCONN, "kvtierd went away (its socket closed); attach again when it is back");
     return broken_;
   }
-  return std::move(m.data);
+  if (m.truncated) return CodedStatus(KVTIER_EPROTO, "kvtierd's answer on the session socket was truncated");
+  return m;
 }
 
 absl::StatusOr<ipc::CompletionRecord> RingSession::WaitTake(uint64_t op, std::chrono::nanoseconds timeout) {

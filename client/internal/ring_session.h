@@ -19,6 +19,7 @@
 #include "ipc/ring.h"
 #include "ipc/session_segment.h"
 #include "ipc/shm.h"
+#include "ipc/unix_socket.h"
 
 namespace kvtier::client_internal {
 
@@ -59,9 +60,10 @@ class RingSession {
   absl::StatusOr<ipc::CompletionRecord> WaitTake(uint64_t op, std::chrono::nanoseconds timeout);
 
   // Sends one message (with descriptors) on the session socket and waits for
-  // the daemon's reply there (KV-cache registration).
-  absl::StatusOr<std::vector<std::byte>> Exchange(std::span<const std::byte> message, std::span<const int> fds,
-                                                  std::chrono::milliseconds timeout);
+  // the daemon's reply there (KV-cache registration), with the descriptors
+  // it carried (at most ipc::kMaxKvRegions).
+  absl::StatusOr<ipc::ReceivedMessage> Exchange(std::span<const std::byte> message, std::span<const int> fds,
+                                                std::chrono::milliseconds timeout);
 
   // OK while the session is usable; else why not.
   absl::Status health() const { return broken_; }

@@ -140,6 +140,7 @@ struct KvCacheLayout {
 struct DeviceLoad {
   OpId op = 0;
   uint32_t layers = 0;
+  uint64_t registration = 0;
 };
 
 namespace client_internal {
@@ -241,6 +242,18 @@ class Client {
   // the rest). kIoError when the load failed.
   Result<uint32_t> WaitLayers(const DeviceLoad& load, uint32_t layers,
                               std::chrono::nanoseconds timeout = std::chrono::seconds(30));
+  // Makes the engine's `stream` wait, on the device, for the first `layers`
+  // layers of `load`: once the daemon has queued the load (it arms it before
+  // the copies run), each layer's CUDA event, recorded by the daemon behind
+  // that layer, is put on the stream with cudaStreamWaitEvent, so kernels the
+  // engine enqueues after this call see the layers without the host waiting
+  // for them. A host-memory cache has no stream: this thread waits on the
+  // layers' events (shared with the daemon) instead. Returns the blocks the
+  // load covers (0: nothing loaded; recompute). Issue it before the next load
+  // into the same registration is submitted, or the stream waits for that
+  // one too (never less than it needs).
+  Result<uint32_t> StreamWaitLayers(const DeviceLoad& load, uint32_t layers, uint64_t stream = 0,
+                                    std::chrono::nanoseconds timeout = std::chrono::seconds(30));
   // Waits for the whole load and ends it; returns the blocks loaded.
   Result<uint32_t> FinishLoad(const DeviceLoad& load, std::chrono::nanoseconds timeout = std::chrono::seconds(30));
   // LoadIntoCacheAsync + FinishLoad.

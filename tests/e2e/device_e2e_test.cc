@@ -187,6 +187,36 @@ TEST_F(DeviceE2eTest, DaemonGathersFromPagesAndScattersBackLayerByLayer) {
   EXPECT_EQ(c_->StoreFromCache(reg_, keys, src).status().code(), ErrorCode::kNotFound);
 }
 
+// The registration brought one event per layer (the simulated device's
+// shared states, as CUDA IPC events would be on a GPU); StreamWaitLayers waits
+// on them once the daemon armed the load.
+TEST_F(DeviceE2eTest, StreamWaitLayersWaitsOnTheDaemonsLayerEvents) {
+  ASSERT_NO_FATAL_FAILURE(StartEngine());
+  const auto src = PagesFrom(0, 4);
+  FillPages(mem_, src, 23);
+  const auto keys = testing::SeededKeys(*c_, 3, 4);
+  ASSERT_EQ(*c_->StoreFromCache(reg_, keys, src), 4u);
+  for (int round = 0; round < 3; ++round) {  // the same events serve load after load
+    const auto dst = PagesFrom(40 + 16 * round, 4);
+    auto hit = c_->Lookup(keys, {.lease = true});
+    ASSERT_TRUE(hit.ok());
+    auto load = c_->LoadIntoCacheAsync(reg_, hit->lease, keys, dst);
+    ASSERT_TRUE(load.ok()) << load.status().ToString();
+    EXPECT_EQ(load->registration, reg_);
+    auto blocks = c_->StreamWaitLayers(*load, 2);
+    ASSERT_TRUE(blocks.ok()) << blocks.status().ToString();
+    EXPECT_EQ(*blocks, 4u);
+    EXPECT_TRUE(SamePages(mem_, src, dst, 2)) << "layers 0 and 1 are in place once their events completed";
+    ASSERT_TRUE(c_->StreamWaitLayers(*load, kLayers).ok());
+    EXPECT_TRUE(SamePages(mem_, src, dst, kLayers));
+    EXPECT_EQ(*c_->FinishLoad(*load), 4u);
+    EXPECT_EQ(c_->StreamWaitLayers(*load, 1).status().code(), ErrorCode::kNotFound) << "the load is over";
+    ASSERT_TRUE(c_->Release(hit->lease).ok());
+  }
+  DeviceLoad bogus = {12345, kLayers, reg_ + 100};
+  EXPECT_EQ(c_->StreamWaitLayers(bogus, 1).status().code(), ErrorCode::kNotFound);
+}
+
 TEST_F(DeviceE2eTest, ClientCopiesOnTheEnginesStreamMatchTheDaemons) {
   ASSERT_NO_FATAL_FAILURE(StartEngine());
   const auto keys = testing::SeededKeys(*c_, 2, 4);

@@ -18,7 +18,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       __builtin_trap();
     }
   }
-  (void)kvtier::ipc::DecodeKvReply(in);
+  // A reply, as if it came with 2 descriptors: what decodes re-encodes to
+  // the same bytes and names only descriptors that came.
+  auto r = kvtier::ipc::DecodeKvReply(in, 2);
+  if (r.ok()) {
+    std::vector<std::byte> again = kvtier::ipc::EncodeKvReply(*r);
+    if (again.size() != size || std::memcmp(again.data(), data, size) != 0) __builtin_trap();
+    if (r->layer_events.size() > kvtier::ipc::kMaxKvLayers) __builtin_trap();
+    for (const auto& e : r->layer_events) {
+      if (r->event_kind == kvtier::ipc::KvEventKind::kSharedPage && e.fd_index >= 2) __builtin_trap();
+    }
+  }
   return 0;
 }
 
@@ -37,8 +47,14 @@ std::vector<std::string> FuzzSeeds() {
   auto a = kvtier::ipc::EncodeKvRegister(r);
   auto b = kvtier::ipc::EncodeKvUnregister(7);
   auto c = kvtier::ipc::EncodeKvReply({0, 7, "ok"});
+  kvtier::ipc::KvRegisterReply shared{0, 8, "", kvtier::ipc::KvEventKind::kSharedPage, {}};
+  shared.layer_events = {{{}, 0, 0}, {{}, 1, 8}};
+  kvtier::ipc::KvRegisterReply cuda{0, 9, "", kvtier::ipc::KvEventKind::kCudaIpc, {}};
+  cuda.layer_events = {{{1, 2, 3}, 0, 0}};
+  auto d = kvtier::ipc::EncodeKvReply(shared);
+  auto e = kvtier::ipc::EncodeKvReply(cuda);
   auto s = [](const std::vector<std::byte>& v) { return std::string(reinterpret_cast<const char*>(v.data()), v.size()); };
-  return {s(a), s(b), s(c)};
+  return {s(a), s(b), s(c), s(d), s(e)};
 }
 
 long FuzzDefaultIterations() { return 50000; }

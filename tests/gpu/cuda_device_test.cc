@@ -55,6 +55,32 @@ TEST(CudaDeviceTest, CopiesRunInStreamOrderAndEventsReportThem) {
   ASSERT_TRUE(dev->Free(d).ok());
 }
 
+// A second stream reads what the first wrote only because it waits on the
+// first's event: without the wait it would copy while 256 MiB still land.
+TEST(CudaDeviceTest, StreamWaitEventOrdersTwoStreams) {
+  auto dev = Cuda();
+  ASSERT_NE(dev, nullptr);
+  const DeviceStream a = *dev->CreateStream();
+  const DeviceStream b = *dev->CreateStream();
+  constexpr size_t kBytes = 256 << 20;
+  void* d = *dev->Allocate(kBytes);
+  std::vector<uint8_t> ones(kBytes, 1), twos(kBytes, 2), out(4096, 0);
+  ASSERT_TRUE(dev->CopyAsync(d, ones.data(), kBytes, a).ok());
+  ASSERT_TRUE(dev->SynchronizeStream(a).ok());
+  ASSERT_TRUE(dev->CopyAsync(d, twos.data(), kBytes, a).ok());
+  const DeviceEvent e = *dev->CreateEvent();
+  ASSERT_TRUE(dev->RecordEvent(e, a).ok());
+  ASSERT_TRUE(dev->StreamWaitEvent(b, e).ok());
+  ASSERT_TRUE(dev->CopyAsync(out.data(), static_cast<uint8_t*>(d) + kBytes - out.size(), out.size(), b).ok());
+  ASSERT_TRUE(dev->SynchronizeStream(b).ok());
+  EXPECT_TRUE(*dev->QueryEvent(e));
+  EXPECT_EQ(out, std::vector<uint8_t>(out.size(), 2));
+  ASSERT_TRUE(dev->DestroyEvent(e).ok());
+  ASSERT_TRUE(dev->DestroyStream(a).ok());
+  ASSERT_TRUE(dev->DestroyStream(b).ok());
+  ASSERT_TRUE(dev->Free(d).ok());
+}
+
 TEST(CudaDeviceTest, RegistersASharedMemoryMapping) {
   auto dev = Cuda();
   ASSERT_NE(dev, nullptr);
@@ -92,11 +118,23 @@ TEST(CudaDeviceTest, ImportChild) {
   auto p = dev->ImportMemory(h);
   ASSERT_TRUE(p.ok()) << p.status();
   const DeviceStream s = *dev->CreateStream();
+  // The parent's event, recorded after it wrote the pattern: this stream
+  // waits on it before reading.
+  IpcEventHandle eh;
+  const std::string event_bytes = absl::HexStringToBytes(std::getenv("KVTIER_TEST_IPC_EVENT"));
+  ASSERT_GE(eh.opaque.size(), event_bytes.size());
+  std::memcpy(eh.opaque.data(), event_bytes.data(), event_bytes.size());
+  auto ev = dev->ImportEvent(eh);
+  ASSERT_TRUE(ev.ok()) << ev.status();
+  ASSERT_TRUE(dev->StreamWaitEvent(s, *ev).ok());
+  ASSERT_TRUE(dev->WaitEvent(*ev, std::chrono::seconds(10)).ok());
+  EXPECT_FALSE(dev->ExportEvent(*ev).ok());
   std::vector<uint8_t> got(1 << 20);
   ASSERT_TRUE(dev->CopyAsync(got.data(), *p, got.size(), s).ok());
   ASSERT_TRUE(dev->SynchronizeStream(s).ok());
   for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], static_cast<uint8_t>(i * 13 + 5)) << i;
   ASSERT_TRUE(dev->CloseImported(*p).ok());
+  ASSERT_TRUE(dev->DestroyEvent(*ev).ok());
 }
 
 TEST(CudaDeviceTest, ExportsMemoryToAnotherProcess) {
@@ -107,6 +145,10 @@ TEST(CudaDeviceTest, ExportsMemoryToAnotherProcess) {
   std::vector<uint8_t> pattern(1 << 20);
   for (size_t i = 0; i < pattern.size(); ++i) pattern[i] = static_cast<uint8_t>(i * 13 + 5);
   ASSERT_TRUE(dev->CopyAsync(d, pattern.data(), pattern.size(), s).ok());
+  const DeviceEvent written = *dev->CreateEvent();
+  ASSERT_TRUE(dev->RecordEvent(written, s).ok());
+  auto eh = dev->ExportEvent(written);
+  ASSERT_TRUE(eh.ok()) << eh.status();
   ASSERT_TRUE(dev->SynchronizeStream(s).ok());
   auto h = dev->ExportMemory(d);
   ASSERT_TRUE(h.ok()) << h.status();
@@ -114,9 +156,12 @@ TEST(CudaDeviceTest, ExportsMemoryToAnotherProcess) {
   EXPECT_FALSE(dev->ExportMemory(static_cast<uint8_t*>(d) + 1).ok());
   const std::string env = "KVTIER_TEST_IPC_HANDLE=" +
       absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(h->opaque.data()), h->opaque.size()));
+  const std::string env_event = "KVTIER_TEST_IPC_EVENT=" +
+      absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(eh->opaque.data()), eh->opaque.size()));
   std::vector<char*> envp;
   for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
   envp.push_back(const_cast<char*>(env.c_str()));
+  envp.push_back(const_cast<char*>(env_event.c_str()));
   envp.push_back(nullptr);
   char filter[] = "--gtest_filter=CudaDeviceTest.ImportChild";
   char self[] = "/proc/self/exe";
@@ -126,6 +171,7 @@ TEST(CudaDeviceTest, ExportsMemoryToAnotherProcess) {
   int status = 0;
   ASSERT_EQ(waitpid(pid, &status, 0), pid);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+  ASSERT_TRUE(dev->DestroyEvent(written).ok());
   ASSERT_TRUE(dev->DestroyStream(s).ok());
   ASSERT_TRUE(dev->Free(d).ok());
 }

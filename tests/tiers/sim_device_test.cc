@@ -73,6 +73,105 @@ TEST(SimDeviceTest, ExportedMemoryIsSharedWithAnotherProcess) {
   EXPECT_EQ(std::memcmp(*d, "from-child", 10), 0);
 }
 
+// Work on one stream waits for an event recorded on another.
+TEST(SimDeviceTest, StreamWaitEventHoldsLaterWorkBehindTheEvent) {
+  auto dev = MakeSimDevice(SimDeviceOptions{40ull << 20});  // 40 MiB/s: 500 ms per copy below
+  auto slow = *dev->CreateStream();
+  auto other = *dev->CreateStream();
+  auto d = *dev->Allocate(20 << 20);
+  std::vector<uint8_t> src(20 << 20, 5);
+  auto done_slow = *dev->CreateEvent();
+  auto done_other = *dev->CreateEvent();
+  auto never = *dev->CreateEvent();
+  // An event never recorded holds nothing back.
+  ASSERT_TRUE(dev->StreamWaitEvent(other, never).ok());
+  ASSERT_TRUE(dev->RecordEvent(done_other, other).ok());
+  ASSERT_TRUE(dev->WaitEvent(done_other, std::chrono::seconds(5)).ok());
+
+  ASSERT_TRUE(dev->CopyAsync(d, src.data(), src.size(), slow).ok());
+  ASSERT_TRUE(dev->RecordEvent(done_slow, slow).ok());
+  uint32_t word = 0, one = 1;
+  ASSERT_TRUE(dev->StreamWaitEvent(other, done_slow).ok());
+  ASSERT_TRUE(dev->CopyAsync(&word, &one, sizeof(one), other).ok());
+  ASSERT_TRUE(dev->RecordEvent(done_other, other).ok());
+  EXPECT_TRUE(absl::IsDeadlineExceeded(dev->WaitEvent(done_other, std::chrono::milliseconds(20))))
+      << "the 4-byte copy ran before the 500 ms one it waits for";
+  ASSERT_TRUE(dev->WaitEvent(done_other, std::chrono::seconds(10)).ok());
+  EXPECT_TRUE(*dev->QueryEvent(done_slow));
+  EXPECT_EQ(word, 1u);
+  // A wait takes the record current when it is issued: recording the event
+  // again afterwards does not hold the earlier wait back.
+  ASSERT_TRUE(dev->StreamWaitEvent(other, done_slow).ok());
+  ASSERT_TRUE(dev->CopyAsync(d, src.data(), src.size(), slow).ok());
+  ASSERT_TRUE(dev->RecordEvent(done_slow, slow).ok());
+  ASSERT_TRUE(dev->RecordEvent(done_other, other).ok());
+  ASSERT_TRUE(dev->WaitEvent(done_other, std::chrono::milliseconds(300)).ok());
+  EXPECT_FALSE(*dev->QueryEvent(done_slow));
+  ASSERT_TRUE(dev->SynchronizeStream(slow).ok());
+}
+
+// The daemon's side of a layer-wise load: it records, an engine process
+// waits on the exported event and then reads what the work wrote.
+TEST(SimDeviceTest, ExportedEventsAreWaitedOnInAnotherProcess) {
+  auto dev = MakeSimDevice(SimDeviceOptions{100ull << 20});
+  auto stream = *dev->CreateStream();
+  constexpr size_t kBytes = 50 << 20;  // 500 ms at 100 MiB/s
+  auto d = *dev->Allocate(kBytes);
+  auto ev = *dev->CreateEvent();
+  auto mem = dev->ExportMemory(d);
+  auto handle = dev->ExportEvent(ev);
+  ASSERT_TRUE(mem.ok() && handle.ok()) << handle.status();
+  int go[2];
+  ASSERT_EQ(pipe(go), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto other = MakeSimDevice();
+    auto p = other->ImportMemory(*mem);
+    auto e = other->ImportEvent(*handle);
+    if (!p.ok() || !e.ok()) _exit(2);
+    char c;
+    if (read(go[0], &c, 1) != 1) _exit(3);
+    if (!absl::IsDeadlineExceeded(other->WaitEvent(*e, std::chrono::milliseconds(1)))) _exit(4);
+    if (!other->WaitEvent(*e, std::chrono::seconds(20)).ok()) _exit(5);
+    const auto* bytes = static_cast<const uint8_t*>(*p);
+    for (size_t i = 0; i < kBytes; i += 4093) {
+      if (bytes[i] != 7) _exit(6);
+    }
+    if (other->ExportEvent(*e).ok()) _exit(7);  // an imported event is not ours to hand on
+    _exit(other->DestroyEvent(*e).ok() ? 0 : 8);
+  }
+  std::vector<uint8_t> src(kBytes, 7);
+  ASSERT_TRUE(dev->CopyAsync(d, src.data(), src.size(), stream).ok());
+  ASSERT_TRUE(dev->RecordEvent(ev, stream).ok());
+  ASSERT_EQ(write(go[1], "g", 1), 1);
+  int st = 0;
+  waitpid(child, &st, 0);
+  close(go[0]);
+  close(go[1]);
+  ASSERT_TRUE(WIFEXITED(st));
+  EXPECT_EQ(WEXITSTATUS(st), 0) << "2: import, 4: the wait did not wait, 5: it never ended, 6: bytes, 7/8: handles";
+  ASSERT_TRUE(dev->SynchronizeStream(stream).ok());
+}
+
+TEST(SimDeviceTest, BadEventHandlesAreRefused) {
+  auto dev = MakeSimDevice();
+  EXPECT_FALSE(dev->ExportEvent(12345).ok());
+  EXPECT_FALSE(dev->StreamWaitEvent(12345, 12345).ok());
+  IpcEventHandle none;
+  EXPECT_FALSE(dev->ImportEvent(none).ok());
+  auto ev = *dev->CreateEvent();
+  auto h = *dev->ExportEvent(ev);
+  h.offset = 4093;  // not a state's start
+  EXPECT_FALSE(dev->ImportEvent(h).ok());
+  h.offset = 4096;  // past the page
+  EXPECT_FALSE(dev->ImportEvent(h).ok());
+  auto mem = *dev->ExportMemory(*dev->Allocate(1 << 20));  // a memfd, but not an event page
+  IpcEventHandle wrong;
+  wrong.fd = std::move(mem.fd);
+  EXPECT_FALSE(dev->ImportEvent(wrong).ok());
+}
+
 TEST(SimDeviceTest, MisuseIsAnErrorNotACrash) {
   auto dev = MakeSimDevice();
   int x = 0;
