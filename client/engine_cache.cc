@@ -136,6 +136,38 @@ Result<uint64_t> Client::RegisterKvCache(const KvCacheLayout& layout) {
   return reply->registration;
 }
 
+Result<uint64_t> Client::MapGpuArena() {
+  ClientImpl& c = *impl_;
+  if (c.gpu_arena.base != nullptr) return c.gpu_arena.bytes;
+  absl::StatusOr<ipc::ReceivedMessage> answer =
+      c.ring->Exchange(ipc::EncodeGpuArenaRequest(), {}, std::chrono::seconds(10));
+  if (!answer.ok()) return ToPublic(answer.status());
+  absl::StatusOr<ipc::KvRegisterReply> reply = ipc::DecodeKvReply(answer->data, answer->fds.size());
+  if (!reply.ok()) return ToPublic(reply.status());
+  if (reply->status != 0) return Status(static_cast<ErrorCode>(reply->status), reply->message);
+  if (reply->arena_kind == ipc::KvArenaKind::kCudaIpc) {
+    absl::StatusOr<void*> p = kernels::CudaOpenMemory(reply->arena_handle);
+    if (!p.ok()) return ToPublic(p.status());
+    c.gpu_arena.cuda = true;
+    c.gpu_arena.base = static_cast<const std::byte*>(*p);
+  } else if (reply->arena_kind == ipc::KvArenaKind::kMemfd) {
+    const int fd = answer->fds[0].get();
+    absl::StatusOr<uint64_t> size = ipc::FdSize(fd);
+    if (!size.ok()) return ToPublic(size.status());
+    if (!ipc::IsSealedAgainstShrink(fd) || *size < reply->arena_bytes) {
+      return Status(ErrorCode::kProtocol, "kvtierd's GPU-tier arena memfd is unsealed or smaller than it claims");
+    }
+    absl::StatusOr<ipc::MappedRegion> region = ipc::MappedRegion::Map(fd, reply->arena_bytes);
+    if (!region.ok()) return ToPublic(region.status());
+    c.gpu_arena.region = std::move(*region);
+    c.gpu_arena.base = c.gpu_arena.region.data();
+  } else {
+    return Status(ErrorCode::kProtocol, "kvtierd answered a GPU arena request without an arena");
+  }
+  c.gpu_arena.bytes = reply->arena_bytes;
+  return c.gpu_arena.bytes;
+}
+
 Status Client::UnregisterKvCache(uint64_t registration) {
   ClientImpl& c = *impl_;
   if (!c.kv_caches.contains(registration)) {

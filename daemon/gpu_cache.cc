@@ -4,13 +4,13 @@
 
 namespace kvtier {
 
-std::optional<GpuCache::Pin> GpuCache::Acquire(uint32_t ns, const BlockKey& key) {
+std::optional<GpuCache::Pin> GpuCache::Acquire(uint32_t ns, const BlockKey& key, bool count_hit) {
   MutexLock l(&mu_);
   auto it = index_.find(Id{ns, key});
   if (it == index_.end() || !it->second->visible || it->second->dropped) return std::nullopt;
   lru_.splice(lru_.begin(), lru_, it->second);
   ++it->second->pins;
-  hits_.Add();
+  if (count_hit) hits_.Add();
   return Pin{it->second->slot, tier_->SlotData(it->second->slot)};
 }
 

@@ -34,8 +34,10 @@ class GpuCache {
     std::byte* data = nullptr;  // device address of the copy
   };
 
-  // Thread-safe. The block's published copy, pinned and made most recent.
-  std::optional<Pin> Acquire(uint32_t ns, const BlockKey& key);
+  // Thread-safe. The block's published copy, pinned and made most recent;
+  // counted as a hit unless count_hit is false (a lookup pinning it for the
+  // engine: the load that reads it counts).
+  std::optional<Pin> Acquire(uint32_t ns, const BlockKey& key, bool count_hit = true);
   // Thread-safe. A new slot for a block that has no copy yet, pinned and not
   // yet visible; evicts unpinned copies to make room. nullopt when the block
   // already has a copy (or one in the making) or nothing can be evicted.
@@ -59,6 +61,11 @@ class GpuCache {
   // Thread-safe.
   Usage usage() const;
   TierHealth health() const { return tier_->Health(); }
+  // Thread-safe. Where a pinned copy lies in the arena, and the arena for
+  // engines (leased lookups hand them offsets into it).
+  uint64_t OffsetOf(const Pin& pin) const { return tier_->ArenaOffset(pin.slot); }
+  absl::StatusOr<IpcMemHandle> ExportArena() const { return tier_->ExportArena(); }
+  uint64_t arena_bytes() const { return tier_->arena_bytes(); }
   // Thread-safe: counted by the session that did the copy.
   void CountPromotion() { promotions_.Add(); }
   void CountDemotion() { demotions_.Add(); }

@@ -40,7 +40,23 @@ ipc::KvRegisterReply Session::OnKvMessage(std::span<const std::byte> data, std::
   absl::StatusOr<ipc::KvMessage> m = ipc::DecodeKvMessage(data);
   absl::Status st = m.status();
   if (st.ok() && engines_ == nullptr) st = absl::FailedPreconditionError("this kvtierd has no device backend");
-  if (st.ok() && m->unregister) {
+  if (st.ok() && m->gpu_arena) {
+    if (gpu_ == nullptr) {
+      st = absl::NotFoundError("this kvtierd has no GPU tier for this tenant (tiers.gpu.capacity = 0)");
+    } else if (absl::StatusOr<IpcMemHandle> h = gpu_->ExportArena(); !h.ok()) {
+      st = h.status();
+    } else {
+      reply.arena_bytes = gpu_->arena_bytes();
+      if (h->fd.valid()) {
+        reply.arena_kind = ipc::KvArenaKind::kMemfd;
+        reply_fds->push_back(std::move(h->fd));
+      } else {
+        reply.arena_kind = ipc::KvArenaKind::kCudaIpc;
+        reply.arena_handle = h->opaque;
+      }
+      spdlog::info("event=gpu_arena_exported session={} bytes={}", identity_.id, reply.arena_bytes);
+    }
+  } else if (st.ok() && m->unregister) {
     st = engines_->Unregister(m->registration);
     reply.registration = m->registration;
   } else if (st.ok()) {
@@ -58,7 +74,11 @@ ipc::KvRegisterReply Session::OnKvMessage(std::span<const std::byte> data, std::
                    m->request.regions.size());
     }
   }
-  if (!st.ok()) {
+  if (!st.ok() && m.ok() && m->gpu_arena) {
+    reply.status = ToErrorCode(st);
+    reply.message = std::string(st.message());
+    spdlog::info("event=gpu_arena_refused session={} reason=\"{}\"", identity_.id, reply.message);
+  } else if (!st.ok()) {
     stats_->kv_registrations_refused.Add();
     reply.status = ToErrorCode(st);
     reply.message = std::string(st.message());
@@ -410,6 +430,7 @@ void Session::Run() {
   const uint64_t leases = holdings_.leases.size();
   const uint64_t tickets = holdings_.tickets.size();
   cache_->CloseSession(holdings_);
+  while (!gpu_pins_.empty()) ReleaseGpuPins(gpu_pins_.begin()->first);
   // The engine's memory goes now, not when the session object is reaped: a
   // dead engine's device memory must not be touched again.
   if (engines_) engines_->Clear();
@@ -448,11 +469,20 @@ bool Session::ReadKeys(const RequestRecord& req, std::vector<BlockKey>* keys, st
   return true;
 }
 
-void Session::WriteResults(const RequestRecord& req, const std::vector<BlockLocation>& locs) {
+void Session::ReleaseGpuPins(uint64_t lease) {
+  auto it = gpu_pins_.find(lease);
+  if (it == gpu_pins_.end()) return;
+  for (const BlockKey& k : it->second) gpu_->Release(ns_.handle, k);
+  gpu_pins_.erase(it);
+}
+
+void Session::WriteResults(const RequestRecord& req, const std::vector<BlockLocation>& locs,
+                           std::span<const uint64_t> gpu_offsets) {
   std::byte* out = segment_.scratch().data() + req.out_offset;
   for (size_t i = 0; i < locs.size(); ++i) {
     ipc::BlockResult r{};
     r.arena_offset = locs[i].arena_offset;
+    r.gpu_offset = i < gpu_offsets.size() ? gpu_offsets[i] : ipc::kNoGpuCopy;
     r.tier = static_cast<uint8_t>(locs[i].tier);
     r.flags = static_cast<uint8_t>((locs[i].needed ? ipc::kBlockNeeded : 0) |
                                    (locs[i].recompute ? ipc::kBlockRecompute : 0));
@@ -510,12 +540,23 @@ Session::Outcome Session::Process(const RequestRecord& req) {
       absl::StatusOr<uint32_t> hit =
           cache_->Lookup(holdings_, keys, (req.flags & ipc::kFlagLease) != 0, &lease, std::span(locs), &recompute);
       if (!hit.ok()) return fail(hit.status());
+      std::vector<uint64_t> gpu_offsets(locs.size(), ipc::kNoGpuCopy);
       if (gpu_ != nullptr) {
         for (uint32_t i = 0; i < *hit && i < keys.size(); ++i) {
-          if (gpu_->Contains(ns_.handle, keys[i])) locs[i].tier = TierKind::kGpu;
+          if (lease == 0) {
+            if (gpu_->Contains(ns_.handle, keys[i])) locs[i].tier = TierKind::kGpu;
+            continue;
+          }
+          // Leased: pin the copy, so the engine may read it in place until
+          // it releases the lease.
+          if (std::optional<GpuCache::Pin> pin = gpu_->Acquire(ns_.handle, keys[i], /*count_hit=*/false)) {
+            locs[i].tier = TierKind::kGpu;
+            gpu_offsets[i] = gpu_->OffsetOf(*pin);
+            gpu_pins_[lease].push_back(keys[i]);
+          }
         }
       }
-      WriteResults(req, locs);
+      WriteResults(req, locs, gpu_offsets);
       o.count = *hit;
       o.handle = lease;
       o.value = recompute;
@@ -573,6 +614,7 @@ Session::Outcome Session::Process(const RequestRecord& req) {
     }
     case Opcode::kRelease: {
       absl::Status s = cache_->Release(holdings_, req.handle);
+      if (s.ok()) ReleaseGpuPins(req.handle);
       return s.ok() ? o : fail(s);
     }
     case Opcode::kInvalidate: {

@@ -12,8 +12,11 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <span>
 #include <thread>
+#include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "core/mutex.h"
 #include "core/unique_fd.h"
 #include "daemon/block_cache.h"
@@ -123,7 +126,9 @@ class Session {
   Outcome LoadDevice(const ipc::RequestRecord& req, const std::vector<BlockKey>& keys);
   // Copies the loaded blocks that did not come from the GPU tier into it.
   void PromoteToGpu(const std::vector<BlockKey>& keys, const LoadOutcome& lo, const std::vector<bool>& from_gpu);
-  void WriteResults(const ipc::RequestRecord& req, const std::vector<BlockLocation>& locs);
+  // gpu_offsets: per block, its pinned GPU copy's arena offset (leased lookups).
+  void WriteResults(const ipc::RequestRecord& req, const std::vector<BlockLocation>& locs,
+                    std::span<const uint64_t> gpu_offsets = {});
   void WriteMessage(const ipc::RequestRecord& req, const std::string& message);
   // Pushes a completion, waiting for room; false if stopped meanwhile.
   bool Post(ipc::RingProducer<ipc::CompletionRecord>& cq, const ipc::CompletionRecord& c);
@@ -140,6 +145,10 @@ class Session {
 
   std::byte* const arena_base_;
   GpuCache* const gpu_;  // the tenant's GPU tier, or null
+  // GPU copies a leased lookup pinned for the engine to read, by lease;
+  // unpinned when the lease is released or the session ends. Session thread.
+  absl::flat_hash_map<uint64_t, std::vector<BlockKey>> gpu_pins_;
+  void ReleaseGpuPins(uint64_t lease);
   std::unique_ptr<EngineCaches> engines_;  // null without a device backend
   SessionHoldings holdings_;  // session thread only (atomics inside are shared)
   Mutex deferred_mu_;

@@ -83,11 +83,15 @@ inline constexpr uint8_t kBlockNeeded = 1;     // kStoreBegin: the client must f
 inline constexpr uint8_t kBlockRecompute = 2;  // kLookup: present, but slower to load than to recompute
 struct BlockResult {
   uint64_t arena_offset;  // offset of the block's bytes in the tenant's host arena
+  // A leased lookup: offset of the block's GPU-tier copy in the tenant's GPU
+  // arena, pinned until the lease is released; kNoGpuCopy otherwise.
+  uint64_t gpu_offset;
   uint8_t tier;           // kvtier_tier
   uint8_t flags;
   uint8_t pad[6];
 };
-static_assert(sizeof(BlockResult) == 16);
+static_assert(sizeof(BlockResult) == 24);
+inline constexpr uint64_t kNoGpuCopy = ~uint64_t{0};
 
 // kLoadDevice progress, in the result area right after the count block
 // results (8-byte aligned). The daemon sets `blocks` (the prefix that loaded)

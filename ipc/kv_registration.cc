@@ -8,7 +8,7 @@
 namespace kvtier::ipc {
 namespace {
 
-constexpr uint32_t kRegister = 1, kUnregister = 2;
+constexpr uint32_t kRegister = 1, kUnregister = 2, kGpuArena = 3;
 
 absl::Status Malformed(absl::string_view what) {
   return CodedStatus(KVTIER_EPROTO, absl::StrCat("malformed KV-cache registration (", what, ")"));
@@ -51,6 +51,14 @@ std::vector<std::byte> EncodeKvUnregister(uint64_t registration) {
   return std::move(w.bytes());
 }
 
+std::vector<std::byte> EncodeGpuArenaRequest() {
+  ByteWriter w;
+  w.Put(kKvRegisterMagic);
+  w.Put(kAbiVersion);
+  w.Put(kGpuArena);
+  return std::move(w.bytes());
+}
+
 absl::StatusOr<KvMessage> DecodeKvMessage(std::span<const std::byte> data) {
   ByteReader r(data);
   uint64_t magic = 0;
@@ -65,6 +73,11 @@ absl::StatusOr<KvMessage> DecodeKvMessage(std::span<const std::byte> data) {
   if (kind == kUnregister) {
     m.unregister = true;
     if (!r.Get(&m.registration) || !r.AtEnd()) return Malformed("unregister");
+    return m;
+  }
+  if (kind == kGpuArena) {
+    m.gpu_arena = true;
+    if (!r.AtEnd()) return Malformed("GPU arena request");
     return m;
   }
   if (kind != kRegister) return Malformed(absl::StrCat("unknown kind ", kind));
@@ -124,6 +137,11 @@ std::vector<std::byte> EncodeKvReply(const KvRegisterReply& reply) {
       w.Put(e.offset);
     }
   }
+  w.Put(static_cast<uint8_t>(reply.arena_kind));
+  if (reply.arena_kind != KvArenaKind::kNone) {
+    w.PutBytes(reply.arena_handle);
+    w.Put(reply.arena_bytes);
+  }
   return std::move(w.bytes());
 }
 
@@ -147,6 +165,14 @@ absl::StatusOr<KvRegisterReply> DecodeKvReply(std::span<const std::byte> data, s
     } else if (!r.Get(&e.fd_index) || !r.Get(&e.offset) || e.fd_index >= fds) {
       return Malformed("reply's event pages");
     }
+  }
+  uint8_t arena = 0;
+  if (!r.Get(&arena) || arena > static_cast<uint8_t>(KvArenaKind::kMemfd)) return Malformed("reply's arena");
+  rep.arena_kind = static_cast<KvArenaKind>(arena);
+  if (rep.arena_kind != KvArenaKind::kNone &&
+      (!r.GetBytes(rep.arena_handle) || !r.Get(&rep.arena_bytes) ||
+       (rep.arena_kind == KvArenaKind::kMemfd && fds == 0))) {
+    return Malformed("reply's arena");
   }
   if (!r.AtEnd()) return Malformed("reply");
   return rep;

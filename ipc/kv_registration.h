@@ -2,9 +2,10 @@
 // Unix socket after attach (SOCK_SEQPACKET):
 //
 //   client -> daemon  KvRegisterRequest + SCM_RIGHTS [one memfd per host region]
-//                     or KvUnregisterRequest
+//                     or KvUnregisterRequest, or a GPU arena request
 //   daemon -> client  KvRegisterReply (registration id and one event per
-//                     layer, or why not) + SCM_RIGHTS [the event pages]
+//                     layer, or the tenant's GPU-tier arena, or why not)
+//                     + SCM_RIGHTS [the event pages, or the arena's memfd]
 //
 // A region is either CUDA device memory (its cudaIpcMemHandle_t travels in
 // `handle`) or host memory backed by a memfd (CPU engines, and the
@@ -62,20 +63,35 @@ struct KvEventRef {
   uint64_t offset = 0;
 };
 
+// The tenant's GPU-tier arena (answer to a GPU arena request): leased
+// lookups give the offset of each block's pinned copy in it.
+enum class KvArenaKind : uint8_t {
+  kNone = 0,
+  kCudaIpc = 1,  // `arena_handle` is a cudaIpcMemHandle_t
+  kMemfd = 2,    // the simulated device's: the reply's first descriptor
+};
+
 struct KvRegisterReply {
   int32_t status = 0;  // 0 or KVTIER_E*
   uint64_t registration = 0;
   std::string message;
   KvEventKind event_kind = KvEventKind::kNone;
   std::vector<KvEventRef> layer_events;  // empty, or one per layer
+  KvArenaKind arena_kind = KvArenaKind::kNone;
+  std::array<uint8_t, 64> arena_handle{};
+  uint64_t arena_bytes = 0;
 };
 
 std::vector<std::byte> EncodeKvRegister(const KvRegisterRequest& req);
 // An unregistration is the same message kind with only the id.
 std::vector<std::byte> EncodeKvUnregister(uint64_t registration);
 
+// Asks for the session tenant's GPU-tier arena.
+std::vector<std::byte> EncodeGpuArenaRequest();
+
 struct KvMessage {
   bool unregister = false;
+  bool gpu_arena = false;
   uint64_t registration = 0;  // unregister
   KvRegisterRequest request;  // register
 };

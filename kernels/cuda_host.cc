@@ -58,6 +58,23 @@ absl::StatusOr<uint64_t> CudaOpenEvent(const std::array<uint8_t, 64>& handle) {
   return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(e));
 }
 
+absl::StatusOr<void*> CudaOpenMemory(const std::array<uint8_t, 64>& handle) {
+  cudaIpcMemHandle_t h;
+  std::memcpy(&h, handle.data(), sizeof(h));
+  void* p = nullptr;
+  const cudaError_t err = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return absl::InternalError(absl::StrCat("cudaIpcOpenMemHandle of the GPU-tier arena: ", cudaGetErrorString(err)));
+  }
+  return p;
+}
+
+void CudaCloseMemory(const void* ptr) {
+  cudaIpcCloseMemHandle(const_cast<void*>(ptr));
+  cudaGetLastError();
+}
+
 absl::Status CudaStreamWaitEvent(uint64_t stream, uint64_t event) {
   const cudaError_t err = cudaStreamWaitEvent(reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(stream)),
                                               reinterpret_cast<cudaEvent_t>(static_cast<uintptr_t>(event)), 0);
@@ -85,6 +102,10 @@ absl::Status CudaStreamWaitEvent(uint64_t, uint64_t) {
   return absl::UnavailableError("this libkvtier was built without CUDA");
 }
 void CudaCloseEvent(uint64_t) {}
+absl::StatusOr<void*> CudaOpenMemory(const std::array<uint8_t, 64>&) {
+  return absl::UnavailableError("this libkvtier was built without CUDA");
+}
+void CudaCloseMemory(const void*) {}
 #endif
 
 }  // namespace kvtier::kernels

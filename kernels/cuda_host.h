@@ -21,6 +21,9 @@ absl::StatusOr<std::array<uint8_t, 64>> CudaIpcHandleOf(const void* base);
 absl::Status CudaRegisterHost(void* ptr, size_t bytes);
 // cudaIpcOpenEventHandle: another process's event, as a cudaEvent_t's bits.
 absl::StatusOr<uint64_t> CudaOpenEvent(const std::array<uint8_t, 64>& handle);
+// cudaIpcOpenMemHandle: another process's allocation, mapped here.
+absl::StatusOr<void*> CudaOpenMemory(const std::array<uint8_t, 64>& handle);
+void CudaCloseMemory(const void* ptr);
 // cudaStreamWaitEvent(stream, event).
 absl::Status CudaStreamWaitEvent(uint64_t stream, uint64_t event);
 // cudaEventDestroy.

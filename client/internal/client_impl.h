@@ -73,6 +73,18 @@ class ClientImpl {
     std::vector<ipc::ImportedEvent> shared_events;
   };
   std::map<uint64_t, KvCache> kv_caches;
+  // The tenant's GPU-tier arena, once MapGpuArena mapped it: a CUDA IPC
+  // mapping, or (simulated device) its memfd mapped.
+  struct GpuArena {
+    const std::byte* base = nullptr;
+    uint64_t bytes = 0;
+    bool cuda = false;
+    ipc::MappedRegion region;
+    ~GpuArena() {
+      if (cuda && base != nullptr) kernels::CudaCloseMemory(base);
+    }
+  };
+  GpuArena gpu_arena;
   std::unique_ptr<kernels::KvKernels> cpu_kernels;   // host-memory caches
   std::unique_ptr<kernels::KvKernels> cuda_kernels;  // CUDA caches
   bool arena_registered_with_cuda = false;
@@ -176,7 +188,16 @@ class ClientImpl {
             c.count <= st.count ? static_cast<uint32_t>(std::min<uint64_t>(c.value, st.count - c.count)) : 0;
         st.lookup->lease = c.handle;
         st.lookup->tiers.resize(st.count);
-        for (uint32_t i = 0; i < st.count; ++i) st.lookup->tiers[i] = static_cast<TierKind>(r[i].tier);
+        st.lookup->gpu_blocks.assign(st.count, nullptr);
+        for (uint32_t i = 0; i < st.count; ++i) {
+          st.lookup->tiers[i] = static_cast<TierKind>(r[i].tier);
+          // A pinned GPU-tier copy, reachable once this client mapped the arena.
+          const uint64_t g = r[i].gpu_offset;
+          if (g != ipc::kNoGpuCopy && gpu_arena.base != nullptr && g <= gpu_arena.bytes &&
+              info.block_bytes <= gpu_arena.bytes - g) {
+            st.lookup->gpu_blocks[i] = gpu_arena.base + g;
+          }
+        }
         return Status();
       }
       case Opcode::kLoad: {

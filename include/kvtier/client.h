@@ -67,6 +67,12 @@ struct LookupResult {
   uint32_t recompute_blocks = 0;
   uint64_t lease = 0;            // 0 without a lease or without a hit
   std::vector<TierKind> tiers;   // per key; kNone past the prefix
+  // Per key, with a lease and after MapGpuArena: the address, in this
+  // process, of the block's copy in the daemon's GPU tier (device memory
+  // for a CUDA daemon), pinned until the lease is released; nullptr when
+  // the block has no GPU copy. Pass BlockView{p, block_bytes(), kGpu} to
+  // ScatterToCache to copy it device to device on the engine's stream.
+  std::vector<const std::byte*> gpu_blocks;
 };
 
 // A block to read in place; valid until its lease is released.
@@ -270,6 +276,12 @@ class Client {
   // key of the ticket, needed or not); then StoreCommit.
   Status GatherFromCache(uint64_t registration, const StoreTicket& ticket, std::span<const uint32_t> pages,
                          uint64_t stream = 0);
+
+  // Maps the tenant's GPU-tier arena into this process (CUDA IPC; a memfd on
+  // the simulated device) so leased lookups give gpu_blocks. Returns its
+  // size. kNotFound when the daemon has no GPU tier
+  // (tiers.gpu.capacity = 0); calling it again is a no-op.
+  Result<uint64_t> MapGpuArena();
 
   // False once the daemon closed the session or went away; every call then
   // fails with the reason. Attach again to continue.

@@ -308,6 +308,90 @@ TEST(DeviceE2eOneOffTest, TheGpuTierHoldsStoresAndServesLoads) {
   EXPECT_EQ(GpuTier(d, "pinned_blocks"), 0);
 }
 
+// An engine maps the tenant's GPU-tier arena and copies leased blocks out of
+// it itself (device to device on a GPU); a lease pins the copies it names
+// against eviction until it is released.
+TEST(DeviceE2eOneOffTest, EnginesReadPinnedGpuCopiesThroughTheExportedArena) {
+  DaemonProcess d(std::string(kConfig) + "[tiers.gpu]\ncapacity = \"64KiB\"\n");  // 8 blocks
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  auto c = testing::AttachTo(d.socket_path(), Ns());
+  ASSERT_NE(c, nullptr);
+  EngineMemory mem;
+  auto reg = c->RegisterKvCache(mem.Layout());
+  ASSERT_TRUE(reg.ok()) << reg.status().ToString();
+  const auto a = testing::SeededKeys(*c, 31, 4), b = testing::SeededKeys(*c, 32, 8);
+  const auto a_src = PagesFrom(0, 4), b_src = PagesFrom(16, 8), dst = PagesFrom(60, 4);
+  FillPages(mem, a_src, 31);
+  FillPages(mem, b_src, 32);
+  ASSERT_EQ(*c->StoreFromCache(*reg, a, a_src), 4u);
+
+  // Before the arena is mapped a leased lookup names no GPU addresses.
+  auto hit = c->Lookup(a, {.lease = true});
+  ASSERT_TRUE(hit.ok());
+  EXPECT_EQ(hit->gpu_blocks, std::vector<const std::byte*>(4, nullptr));
+  ASSERT_TRUE(c->Release(hit->lease).ok());
+
+  auto bytes = c->MapGpuArena();
+  ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+  EXPECT_EQ(*bytes, 64u << 10);
+  EXPECT_EQ(*c->MapGpuArena(), *bytes) << "mapping again is a no-op";
+  hit = c->Lookup(a, {.lease = true});
+  ASSERT_TRUE(hit.ok());
+  ASSERT_EQ(hit->hit_blocks, 4u);
+  std::vector<BlockView> gpu;
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_NE(hit->gpu_blocks[i], nullptr) << i;
+    EXPECT_EQ(hit->tiers[i], TierKind::kGpu);
+    EXPECT_TRUE(BlockMatchesPages(hit->gpu_blocks[i], mem, a_src, i)) << "the GPU copy of block " << i;
+    gpu.push_back(BlockView{hit->gpu_blocks[i], c->block_bytes(), TierKind::kGpu});
+  }
+  EXPECT_EQ(GpuTier(d, "pinned_blocks"), 4);
+  // B needs every slot, but A's four are pinned by the lease: only four of
+  // B get GPU copies, and A's copies stay intact.
+  ASSERT_EQ(*c->StoreFromCache(*reg, b, b_src), 8u);
+  EXPECT_EQ(GpuTier(d, "blocks"), 8);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(BlockMatchesPages(gpu[i].data, mem, a_src, i)) << i;
+  // The engine scatters straight from the GPU copies into its pages.
+  ASSERT_TRUE(c->ScatterToCache(*reg, gpu, dst).ok());
+  EXPECT_TRUE(SamePages(mem, a_src, dst, kLayers));
+  ASSERT_TRUE(c->Release(hit->lease).ok());
+  EXPECT_EQ(GpuTier(d, "pinned_blocks"), 0);
+  EXPECT_EQ(GpuTier(d, "hits"), 0) << "pinning for a lookup is not a load";
+
+  // Without a lease nothing is pinned and no address is given.
+  auto peek = c->Lookup(a);
+  ASSERT_TRUE(peek.ok());
+  EXPECT_EQ(std::count(peek->gpu_blocks.begin(), peek->gpu_blocks.end(), nullptr), 4);
+  EXPECT_EQ(GpuTier(d, "pinned_blocks"), 0);
+
+  // An engine that dies holding a lease leaves no pins behind.
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto cc = testing::AttachTo(d.socket_path(), Ns());
+    if (cc == nullptr || !cc->MapGpuArena().ok()) _exit(2);
+    auto h = cc->Lookup(a, {.lease = true});
+    if (!h.ok() || h->gpu_blocks[0] == nullptr) _exit(3);
+    kill(getpid(), SIGKILL);
+  }
+  int st = 0;
+  waitpid(child, &st, 0);
+  ASSERT_TRUE(WIFSIGNALED(st)) << "child exit " << WEXITSTATUS(st);
+  EXPECT_TRUE(testing::Eventually([&] { return GpuTier(d, "pinned_blocks") == 0; }));
+}
+
+TEST(DeviceE2eOneOffTest, AGpuArenaRequestWithoutAGpuTierSaysSo) {
+  DaemonProcess d(kConfig);
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  auto c = testing::AttachTo(d.socket_path(), Ns());
+  ASSERT_NE(c, nullptr);
+  auto bytes = c->MapGpuArena();
+  ASSERT_FALSE(bytes.ok());
+  EXPECT_EQ(bytes.status().code(), ErrorCode::kNotFound);
+  EXPECT_NE(bytes.status().message().find("tiers.gpu.capacity"), std::string::npos) << bytes.status().message();
+  EXPECT_TRUE(c->Ping().ok()) << "the session goes on";
+}
+
 TEST(DeviceE2eOneOffTest, Int8BlocksComeBackWithinTheirBound) {
   DaemonProcess d(kConfig);
   ASSERT_TRUE(d.Start().ok()) << d.Log();

@@ -9,10 +9,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto m = kvtier::ipc::DecodeKvMessage(in);
   if (m.ok()) {
     // Whatever decodes re-encodes to the same bytes, and stays within limits.
-    std::vector<std::byte> again = m->unregister ? kvtier::ipc::EncodeKvUnregister(m->registration)
-                                                 : kvtier::ipc::EncodeKvRegister(m->request);
+    std::vector<std::byte> again = m->gpu_arena    ? kvtier::ipc::EncodeGpuArenaRequest()
+                                   : m->unregister ? kvtier::ipc::EncodeKvUnregister(m->registration)
+                                                   : kvtier::ipc::EncodeKvRegister(m->request);
     if (again.size() != size || std::memcmp(again.data(), data, size) != 0) __builtin_trap();
-    if (!m->unregister && (m->request.regions.size() > kvtier::ipc::kMaxKvRegions ||
+    if (!m->unregister && !m->gpu_arena && (m->request.regions.size() > kvtier::ipc::kMaxKvRegions ||
                            m->request.k_layers.size() != m->request.layers ||
                            m->request.layers > kvtier::ipc::kMaxKvLayers)) {
       __builtin_trap();
@@ -51,10 +52,17 @@ std::vector<std::string> FuzzSeeds() {
   shared.layer_events = {{{}, 0, 0}, {{}, 1, 8}};
   kvtier::ipc::KvRegisterReply cuda{0, 9, "", kvtier::ipc::KvEventKind::kCudaIpc, {}};
   cuda.layer_events = {{{1, 2, 3}, 0, 0}};
+  cuda.arena_kind = kvtier::ipc::KvArenaKind::kCudaIpc;
+  cuda.arena_bytes = 1 << 20;
+  kvtier::ipc::KvRegisterReply memfd_arena{0, 0, "", kvtier::ipc::KvEventKind::kNone, {}};
+  memfd_arena.arena_kind = kvtier::ipc::KvArenaKind::kMemfd;
+  memfd_arena.arena_bytes = 65536;
   auto d = kvtier::ipc::EncodeKvReply(shared);
   auto e = kvtier::ipc::EncodeKvReply(cuda);
+  auto f = kvtier::ipc::EncodeKvReply(memfd_arena);
+  auto g = kvtier::ipc::EncodeGpuArenaRequest();
   auto s = [](const std::vector<std::byte>& v) { return std::string(reinterpret_cast<const char*>(v.data()), v.size()); };
-  return {s(a), s(b), s(c), s(d), s(e)};
+  return {s(a), s(b), s(c), s(d), s(e), s(f), s(g)};
 }
 
 long FuzzDefaultIterations() { return 50000; }
