@@ -22,10 +22,18 @@ absl::StatusOr<uint32_t> Field(const nlohmann::json& j, const char* key, const s
 }  // namespace
 
 ModelProfile ModelProfile::Default() {
-  return ModelProfile{"default (Llama-3.1-8B shape)", 32, 4096, 32, 8, 128, 14336, 2};
+  return ModelProfile{"default (Llama-3.1-8B shape)", 32, 4096, 32, 8, 128, 14336, 2, "bfloat16"};
 }
 
-absl::StatusOr<ModelProfile> ModelProfile::FromHfConfig(const std::string& json_text, const std::string& name) {
+uint32_t ModelProfile::DtypeBytes(const std::string& dtype) {
+  if (dtype == "bfloat16" || dtype == "float16" || dtype == "half" || dtype == "fp16" || dtype == "bf16") return 2;
+  if (dtype == "float32" || dtype == "float" || dtype == "fp32") return 4;
+  if (dtype == "float8_e4m3fn" || dtype == "float8_e5m2" || dtype == "fp8" || dtype == "int8") return 1;
+  return 0;
+}
+
+absl::StatusOr<ModelProfile> ModelProfile::FromHfConfig(const std::string& json_text, const std::string& name,
+                                                        bool kv_only) {
   nlohmann::json j = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(name, ": not a JSON object"));
@@ -42,12 +50,14 @@ absl::StatusOr<ModelProfile> ModelProfile::FromHfConfig(const std::string& json_
   if (!hidden.ok()) return hidden.status();
   auto heads = Field(j, "num_attention_heads", name);
   if (!heads.ok()) return heads.status();
-  auto inter = Field(j, "intermediate_size", name);
-  if (!inter.ok()) return inter.status();
   m.layers = *layers;
   m.hidden = *hidden;
   m.heads = *heads;
-  m.intermediate = *inter;
+  if (!kv_only) {
+    auto inter = Field(j, "intermediate_size", name);
+    if (!inter.ok()) return inter.status();
+    m.intermediate = *inter;
+  }
   if (j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null()) {
     auto kv = Field(j, "num_key_value_heads", name);
     if (!kv.ok()) return kv.status();
@@ -70,25 +80,30 @@ absl::StatusOr<ModelProfile> ModelProfile::FromHfConfig(const std::string& json_
     return absl::InvalidArgumentError(
         absl::StrCat(name, ": num_attention_heads is not a multiple of num_key_value_heads"));
   }
-  const std::string dtype = j.value("torch_dtype", std::string("bfloat16"));
-  if (dtype == "bfloat16" || dtype == "float16") {
-    m.dtype_bytes = 2;
-  } else if (dtype == "float32") {
-    m.dtype_bytes = 4;
-  } else if (dtype == "float8_e4m3fn" || dtype == "int8") {
-    m.dtype_bytes = 1;
+  // Newer configs name it "dtype", older ones "torch_dtype".
+  const char* key = j.contains("torch_dtype") && j["torch_dtype"].is_string() ? "torch_dtype" : "dtype";
+  if (!j.contains(key) || !j[key].is_string()) {
+    if (kv_only) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": config.json has no \"torch_dtype\" (or \"dtype\"); "
+                                                     "give the KV cache's dtype with --dtype"));
+    }
+    m.dtype = "bfloat16";
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(name, ": unknown torch_dtype \"", dtype, "\""));
+    m.dtype = j[key].get<std::string>();
+  }
+  m.dtype_bytes = DtypeBytes(m.dtype);
+  if (m.dtype_bytes == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": unknown ", key, " \"", m.dtype, "\""));
   }
   return m;
 }
 
-absl::StatusOr<ModelProfile> ModelProfile::FromHfConfigFile(const std::string& path) {
+absl::StatusOr<ModelProfile> ModelProfile::FromHfConfigFile(const std::string& path, bool kv_only) {
   std::ifstream f(path);
   if (!f) return absl::NotFoundError(absl::StrCat("cannot read the model config ", path));
   std::stringstream ss;
   ss << f.rdbuf();
-  return FromHfConfig(ss.str(), path);
+  return FromHfConfig(ss.str(), path, kv_only);
 }
 
 uint64_t ModelProfile::KvBytesPerToken() const {

@@ -28,16 +28,21 @@ struct ModelProfile {
   uint32_t head_dim = 0;
   uint32_t intermediate = 0;
   uint32_t dtype_bytes = 2;
+  std::string dtype = "bfloat16";
 
   // Llama-3.1-8B (32 layers, hidden 4096, 32 heads, 8 KV heads, head_dim
   // 128, intermediate 14336, bf16): the profile used when none is given.
   static ModelProfile Default();
   // From a Hugging Face config.json's text: num_hidden_layers, hidden_size,
   // num_attention_heads, num_key_value_heads (default: heads), head_dim
-  // (default: hidden / heads), intermediate_size, torch_dtype. Errors name
-  // the missing or bad field.
-  static absl::StatusOr<ModelProfile> FromHfConfig(const std::string& json_text, const std::string& name);
-  static absl::StatusOr<ModelProfile> FromHfConfigFile(const std::string& path);
+  // (default: hidden / heads), intermediate_size, torch_dtype (or dtype;
+  // default bfloat16). Errors name the missing or bad field. `kv_only`: what
+  // the KV cache's size needs (no intermediate_size; the dtype must be given).
+  static absl::StatusOr<ModelProfile> FromHfConfig(const std::string& json_text, const std::string& name,
+                                                   bool kv_only = false);
+  static absl::StatusOr<ModelProfile> FromHfConfigFile(const std::string& path, bool kv_only = false);
+  // Bytes of one element of a torch / HF dtype name; 0 when unknown.
+  static uint32_t DtypeBytes(const std::string& dtype);
 
   // K and V of one token across all layers.
   uint64_t KvBytesPerToken() const;

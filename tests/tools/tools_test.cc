@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 #include <string>
@@ -69,6 +70,84 @@ TEST(ToolsTest, KvtierctlStatusInBothForms) {
   d.Stop();
   EXPECT_EQ(RunCommand(ctl + " status 2>/dev/null").exit_code, 1) << "unreachable daemon: exit 1";
   EXPECT_EQ(RunCommand(Tool("kvtierctl") + " frobnicate 2>/dev/null").exit_code, 2) << "usage error";
+}
+
+std::string WriteFile(const std::string& name, const std::string& text) {
+  const std::string path = ::testing::TempDir() + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+// The issue's example: 32 layers, hidden 4096, 32 heads, fp16, sequences of
+// 4096 and 2048 tokens: 3 GiB with 32 KV heads, 0.75 GiB with 8.
+TEST(ToolsTest, CapacityPlannerGivesBytesPerTokenAndTheLogicalCache) {
+  const std::string ctl = Tool("kvtierctl");
+  const std::string mha = WriteFile(
+      "mha.json", R"({"num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, "torch_dtype": "float16"})");
+  const std::string gqa = WriteFile("gqa.json", R"({"num_hidden_layers": 32, "hidden_size": 4096,
+      "num_attention_heads": 32, "num_key_value_heads": 8, "dtype": "float16"})");
+  Output a = RunCommand(ctl + " capacity --model " + mha + " --seq 4096 --seq 2048 --config /nonexistent 2>&1");
+  EXPECT_EQ(a.exit_code, 4) << "a kvtierd config that was named must exist: " << a.out;
+  a = RunCommand(ctl + " capacity --model " + mha + " --seq 4096 --seq 2048");
+  ASSERT_EQ(a.exit_code, 0) << a.out;
+  EXPECT_NE(a.out.find("3.000 GiB"), std::string::npos) << a.out;
+  EXPECT_NE(a.out.find("bytes per token: 524288"), std::string::npos) << a.out;
+  Output b = RunCommand(ctl + " capacity --model " + gqa + " --seq 4096 --seq 2048");
+  ASSERT_EQ(b.exit_code, 0) << b.out;
+  EXPECT_NE(b.out.find("0.750 GiB"), std::string::npos) << b.out;
+
+  // Tiers of a given config: 64 MiB host, 1 GiB GPU, no NVMe, 2 MiB blocks
+  // (16 tokens x 128 KiB per token with 8 KV heads).
+  const std::string toml = WriteFile("kvtierd.toml", "[tiers.host]\ncapacity = \"64MiB\"\n[tiers.gpu]\n"
+                                                     "capacity = \"1GiB\"\n[tiers.nvme]\ncapacity = 0\n");
+  Output js = RunCommand(ctl + " --json capacity -m " + gqa + " --seq 4096 --seq 2048 -c " + toml);
+  ASSERT_EQ(js.exit_code, 0) << js.out;
+  nlohmann::json j = nlohmann::json::parse(js.out);
+  EXPECT_EQ(j["bytes_per_token"], 131072);
+  EXPECT_EQ(j["logical_bytes"], 6144ull * 131072);
+  EXPECT_DOUBLE_EQ(j["logical_gib"].get<double>(), 0.75);
+  std::map<std::string, uint64_t> tokens;
+  for (const auto& t : j["tiers"]) tokens[t["tier"]] = t["tokens"];
+  EXPECT_EQ(tokens["host"], 512u);   // 32 blocks of 2 MiB
+  EXPECT_EQ(tokens["gpu"], 8192u);   // 512 blocks
+  EXPECT_EQ(tokens["nvme"], 0u);
+
+  // A trace: its prompt lengths, and the distinct prefix blocks it reuses.
+  const std::string trace = WriteFile("trace.jsonl",
+                                      "{\"input_length\": 1024, \"hash_ids\": [0, 1]}\n"
+                                      "{\"input_length\": 1536, \"hash_ids\": [0, 1, 2]}\n");
+  js = RunCommand(ctl + " --json capacity -m " + gqa + " --trace " + trace);
+  ASSERT_EQ(js.exit_code, 0) << js.out;
+  j = nlohmann::json::parse(js.out);
+  EXPECT_EQ(j["logical_tokens"], 2560);
+  EXPECT_EQ(j["trace_distinct_blocks"], 3);
+  EXPECT_EQ(j["trace_working_set_bytes"], 3ull * 512 * 131072);
+}
+
+TEST(ToolsTest, CapacityPlannerNamesWhatIsMissing) {
+  const std::string ctl = Tool("kvtierctl");
+  const std::string no_heads =
+      WriteFile("no_heads.json", R"({"num_hidden_layers": 32, "hidden_size": 4096, "torch_dtype": "float16"})");
+  Output o = RunCommand(ctl + " capacity -m " + no_heads + " --seq 100 2>&1");
+  EXPECT_EQ(o.exit_code, 4);
+  EXPECT_NE(o.out.find("num_attention_heads"), std::string::npos) << o.out;
+  const std::string no_dtype =
+      WriteFile("no_dtype.json", R"({"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4})");
+  o = RunCommand(ctl + " capacity -m " + no_dtype + " --seq 100 2>&1");
+  EXPECT_EQ(o.exit_code, 4);
+  EXPECT_NE(o.out.find("torch_dtype"), std::string::npos) << o.out;
+  o = RunCommand(ctl + " --json capacity -m " + no_dtype + " --seq 100 --dtype bfloat16");
+  ASSERT_EQ(o.exit_code, 0) << "--dtype supplies it";
+  EXPECT_EQ(nlohmann::json::parse(o.out)["bytes_per_token"], 2 * 2 * 4 * 16 * 2);
+  o = RunCommand(ctl + " capacity -m " + no_dtype + " --seq 100 --dtype float13 2>&1");
+  EXPECT_EQ(o.exit_code, 4);
+  EXPECT_NE(o.out.find("float13"), std::string::npos) << o.out;
+  EXPECT_EQ(RunCommand(ctl + " capacity -m " + no_dtype + " 2>/dev/null").exit_code, 2) << "no sequences: usage";
+  EXPECT_EQ(RunCommand(ctl + " capacity -m /nonexistent.json --seq 1 2>/dev/null").exit_code, 4);
+  const std::string bad_trace = WriteFile("bad.jsonl", "{\"input_length\": 5}\nnot json\n");
+  o = RunCommand(ctl + " capacity -m " + no_dtype + " --dtype float16 --trace " + bad_trace + " 2>&1");
+  EXPECT_EQ(o.exit_code, 4);
+  EXPECT_NE(o.out.find("bad.jsonl:2"), std::string::npos) << "the line at fault: " << o.out;
 }
 
 TEST(ToolsTest, ReplayOfAHandMadeTraceGivesTheHandComputedRates) {

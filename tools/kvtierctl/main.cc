@@ -1,7 +1,9 @@
-// kvtierctl: inspect a running kvtierd over its admin socket.
+// kvtierctl: inspect a running kvtierd over its admin socket, and plan
+// capacity without one.
 //
 // Exit codes: 0 ok, 1 kvtierd unreachable, 2 usage error, 3 kvtierd answered
-// with an error.
+// with an error, 4 an input file (model config, trace, kvtierd config) is
+// missing or wrong.
 #include <iostream>
 
 #include "core/cli_parse.h"
@@ -10,6 +12,7 @@
 #include "core/units.h"
 #include "ipc/admin_client.h"
 #include "tools/common/table.h"
+#include "tools/kvtierctl/capacity.h"
 
 namespace {
 
@@ -142,9 +145,50 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   CLI::App* status = app.add_subcommand("status", "sessions, tenants, tiers, hits and misses");
   CLI::App* tiers = app.add_subcommand("tiers", "every tier in detail: capacity, I/O, checksums, journal, recovery");
+  CLI::App* capacity = app.add_subcommand(
+      "capacity", "plan capacity: a model's KV bytes per token, the cache some sequences need, what each tier holds");
+  kvtier::tools::CapacityInput plan;
+  capacity->add_option("-m,--model", plan.model_path, "the model's Hugging Face config.json")->required();
+  CLI::Option* seq = capacity->add_option("--seq", plan.seqs, "a sequence length in tokens (repeat for several)");
+  CLI::Option* trace =
+      capacity->add_option("--trace", plan.trace_path, "or a request trace (Mooncake JSONL: input_length per request)");
+  seq->excludes(trace);
+  capacity->add_option("--dtype", plan.dtype, "KV dtype when the config has none, or to override it (float16, "
+                                              "bfloat16, float32, float8_e4m3fn, int8)");
+  capacity->add_option("--block-tokens", plan.block_tokens, "tokens per kvtier block")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  capacity->add_option("-c,--config", plan.config_path,
+                       "kvtierd config whose tiers to fill (default /etc/kvtier/kvtierd.toml if it exists, else "
+                       "kvtierd's embedded defaults)");
+  capacity->footer("Examples:\n  kvtierctl capacity --model config.json --seq 4096 --seq 2048\n"
+                   "  kvtierctl capacity -m config.json --trace conversation_trace.jsonl -c /etc/kvtier/kvtierd.toml\n"
+                   "  kvtierctl --json capacity -m config.json --seq 32768 --dtype float8_e4m3fn");
   app.footer("Examples:\n  kvtierctl status\n  kvtierctl tiers\n  kvtierctl --json status | jq .stats.hit_rate\n"
-             "  kvtierctl --socket /tmp/kv/kvtierd-admin.sock status");
+             "  kvtierctl --socket /tmp/kv/kvtierd-admin.sock status\n"
+             "  kvtierctl capacity --model config.json --seq 4096 --seq 2048\n"
+             "Exit codes: 0 ok, 1 kvtierd unreachable, 2 usage error, 3 kvtierd answered with an error, 4 an input "
+             "file is missing or wrong");
   KVTIER_CLI_PARSE(app, argc, argv);
+
+  if (capacity->parsed()) {
+    // No daemon needed.
+    if (seq->count() == 0 && trace->count() == 0) {
+      std::cerr << "kvtierctl capacity: give the sequence lengths with --seq (one or more), or a trace with --trace\n";
+      return 2;
+    }
+    absl::StatusOr<kvtier::tools::CapacityPlan> p = kvtier::tools::PlanCapacity(plan);
+    if (!p.ok()) {
+      std::cerr << "kvtierctl capacity: " << p.status().message() << "\n";
+      return 4;
+    }
+    if (as_json) {
+      std::cout << kvtier::tools::CapacityJson(*p).dump() << "\n";
+    } else {
+      kvtier::tools::PrintCapacity(*p, std::cout);
+    }
+    return 0;
+  }
 
   absl::StatusOr<json> s = kvtier::ipc::AdminCall(socket, json{{"cmd", "status"}});
   if (!s.ok()) {
