@@ -12,6 +12,7 @@ find_package(nlohmann_json REQUIRED)      # nlohmann-json3-dev
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(URING REQUIRED IMPORTED_TARGET liburing)    # liburing-dev
 pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)  # libxxhash-dev
+pkg_check_modules(SYSTEMD REQUIRED IMPORTED_TARGET libsystemd)  # libsystemd-dev (sd_notify)
 if(KVTIER_BUILD_TESTS)
   find_package(GTest REQUIRED)            # libgtest-dev, libgmock-dev
 endif()

@@ -13,6 +13,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "core/namespace.h"
 #include "core/status.h"
 #include "core/units.h"
@@ -243,10 +244,31 @@ void Daemon::Stop() {
   }
 }
 
+std::string Daemon::StatusLine() const {
+  uint64_t used = 0, capacity = 0, blocks = 0;
+  for (const TenantUsage& u : cache_->Usage()) {
+    used += u.used_bytes;
+    capacity += u.capacity_bytes;
+    blocks += u.blocks;
+  }
+  const uint64_t queried = stats_.tokens_queried.Get();
+  const double reused = queried == 0 ? 0.0 : double(stats_.tokens_hit.Get()) / double(queried);
+  return absl::StrFormat("%d sessions; host %s of %s (%d blocks); reused-token ratio %.3f", sessions_.size(),
+                         FormatBytes(used), FormatBytes(capacity), blocks, reused);
+}
+
 absl::Status Daemon::Run() {
   epoll_event events[64];
+  // Open() has opened every tier and recovered the NVMe tier's blocks.
+  notifier_.Ready(StatusLine());
+  if (notifier_.watchdog_interval_ns() != 0) {
+    spdlog::info("event=watchdog interval_ms={}", notifier_.watchdog_interval_ns() / 1'000'000);
+  }
   while (!stop_.load(std::memory_order_acquire)) {
-    const int n = epoll_wait(epoll_.get(), events, 64, 1000);
+    // The watchdog is pinged from here only: a loop that stops turning
+    // stops pinging, and systemd restarts the daemon.
+    notifier_.Tick(MonotonicNanos(), StatusLine());
+    const int n = epoll_wait(epoll_.get(), events, 64, notifier_.loop_timeout_ms(1000));
     if (n < 0 && errno != EINTR) return ErrnoStatus(errno, "epoll_wait");
     for (int i = 0; i < n; ++i) {
       const int fd = events[i].data.fd;
@@ -284,6 +306,7 @@ absl::Status Daemon::Run() {
     ExpirePendingAttaches();
     ReapSessions();
   }
+  notifier_.Stopping("stopping: closing sessions");
   CloseAll();
   return absl::OkStatus();
 }

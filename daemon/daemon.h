@@ -19,6 +19,7 @@
 #include "daemon/config.h"
 #include "daemon/gpu_cache.h"
 #include "daemon/namespace_registry.h"
+#include "daemon/service_notify.h"
 #include "daemon/session.h"
 #include "daemon/stats.h"
 #include "nlohmann/json.hpp"
@@ -68,10 +69,13 @@ class Daemon {
   void Attach(UniqueFd fd, std::span<const std::byte> request);
   void RefuseAttach(int fd, int code, const std::string& message, const ipc::PeerCredentials& peer);
   nlohmann::json Status() const;
+  // One line for systemd's STATUS= (no block contents, keys or salts).
+  std::string StatusLine() const;
   void CloseAll();
 
   Config config_;
   DaemonStats stats_;
+  ServiceNotifier notifier_;
   std::unique_ptr<DeviceBackend> device_;
   std::string device_reason_;
   absl::flat_hash_set<std::string> arena_registered_;  // tenants whose host arena the device can reach
