@@ -271,6 +271,8 @@ nlohmann::json Daemon::Status() const {
              {"device_loads", s.device_loads.Get()},
              {"device_blocks_loaded", s.device_blocks_loaded.Get()},
              {"device_errors", s.device_errors.Get()},
+             {"reloads", s.reloads.Get()},
+             {"reloads_failed", s.reloads_failed.Get()},
              {"sessions_attached", s.sessions_attached.Get()},
              {"sessions_detached", s.sessions_detached.Get()},
              {"attach_refused", s.attach_refused.Get()},

@@ -14,7 +14,12 @@
 namespace kvtier {
 
 BlockCache::BlockCache(const Options& opts, DaemonStats* stats)
-    : opts_(opts), adaptive_(opts.policy == "adaptive"), stats_(stats), cost_(opts.cost) {}
+    : opts_(opts),
+      high_watermark_(opts.high_watermark),
+      low_watermark_(opts.low_watermark),
+      adaptive_(opts.policy == "adaptive"),
+      stats_(stats),
+      cost_(opts.cost) {}
 
 absl::StatusOr<std::unique_ptr<BlockCache>> BlockCache::Create(const Options& opts, DaemonStats* stats) {
   RETURN_IF_ERROR(MakeEvictionPolicy(opts.policy).status());
@@ -37,7 +42,9 @@ absl::StatusOr<uint16_t> BlockCache::AddTenant(std::string name, std::unique_ptr
   t->hash = TenantHash(name);
   t->name = std::move(name);
   t->host = std::move(host);
-  t->quota = quota;
+  t->quota_host_tokens = quota.host_tokens;
+  t->quota_nvme_bytes = quota.nvme_bytes;
+  t->quota_nvme_tokens = quota.nvme_tokens;
   {
     MutexLock nl(&nvme_mu_);
     nvme_use_.resize(tenants_.size() + 1);
@@ -117,23 +124,62 @@ bool BlockCache::FullerThanLocked(const TenantState& t, double share, uint64_t f
                                   uint64_t freeing_tokens) const {
   const TierUsage u = t.host->Usage();
   if (double(u.used_bytes - std::min(freeing_bytes, u.used_bytes)) > share * double(u.capacity_bytes)) return true;
-  return t.quota.host_tokens != 0 &&
-         double(t.host_tokens - std::min(freeing_tokens, t.host_tokens)) > share * double(t.quota.host_tokens);
+  const uint64_t quota = t.QuotaHostTokens();
+  return quota != 0 && double(t.host_tokens - std::min(freeing_tokens, t.host_tokens)) > share * double(quota);
 }
 
 void BlockCache::StartBackgroundReclaim() {
-  if (opts_.high_watermark >= 1.0 || reclaim_thread_.joinable()) return;
+  if (high_watermark_.load(std::memory_order_relaxed) >= 1.0 || reclaim_thread_.joinable()) return;
+  {
+    MutexLock l(&reclaim_mu_);
+    reclaim_stop_ = false;
+  }
   reclaim_thread_ = std::thread([this] { ReclaimLoop(); });
+  reclaim_running_.store(true, std::memory_order_relaxed);
 }
 
 void BlockCache::StopBackgroundReclaim() {
   if (!reclaim_thread_.joinable()) return;
+  reclaim_running_.store(false, std::memory_order_relaxed);
   {
     MutexLock l(&reclaim_mu_);
     reclaim_stop_ = true;
   }
   reclaim_cv_.notify_all();
   reclaim_thread_.join();
+}
+
+absl::Status BlockCache::SetQuota(const std::string& tenant, TenantQuota quota) {
+  for (const auto& t : tenants_) {
+    if (t->name != tenant) continue;
+    t->quota_host_tokens.store(quota.host_tokens, std::memory_order_relaxed);
+    t->quota_nvme_bytes.store(quota.nvme_bytes, std::memory_order_relaxed);
+    t->quota_nvme_tokens.store(quota.nvme_tokens, std::memory_order_relaxed);
+    return absl::OkStatus();
+  }
+  return absl::NotFoundError(absl::StrCat("no tenant \"", tenant, "\""));
+}
+
+absl::Status BlockCache::SetWatermarks(double high, double low) {
+  if (!(low >= 0.05 && low <= high && high <= 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat("watermarks ", high, " / ", low, " are not 0.05 <= low <= high <= 1"));
+  }
+  // Low first when lowering, high first when raising: the pair read by the
+  // reclaimer never has low above high.
+  if (low < low_watermark_.load()) {
+    low_watermark_.store(low);
+    high_watermark_.store(high);
+  } else {
+    high_watermark_.store(high);
+    low_watermark_.store(low);
+  }
+  StartBackgroundReclaim();  // when it was off
+  {
+    MutexLock l(&reclaim_mu_);
+    reclaim_wanted_ = true;  // look again with the new marks
+  }
+  reclaim_cv_.notify_one();
+  return absl::OkStatus();
 }
 
 void BlockCache::ReclaimLoop() {
@@ -161,13 +207,13 @@ void BlockCache::ReclaimLoop() {
         {
           MutexLock l(&t.mu);
           if (!started) {
-            if (!FullerThanLocked(t, opts_.high_watermark)) break;
+            if (!FullerThanLocked(t, high_watermark_.load(std::memory_order_relaxed))) break;
             started = true;
           }
           // Slots of deferred demotions still count as used: aim past them.
           // (Kept and dropped blocks free theirs at once.)
           uint64_t freeing_bytes = 0, freeing_tokens = 0;
-          for (int evicted = 0; FullerThanLocked(t, opts_.low_watermark, freeing_bytes, freeing_tokens); ++evicted) {
+          for (int evicted = 0; FullerThanLocked(t, low_watermark_.load(std::memory_order_relaxed), freeing_bytes, freeing_tokens); ++evicted) {
             if (evicted == 16) {
               more = true;
               break;
@@ -193,7 +239,8 @@ void BlockCache::ReclaimLoop() {
 absl::StatusOr<SlotHandle> BlockCache::AllocateSlotLocked(TenantState& t, uint64_t bytes, uint32_t tokens,
                                                           BlockRecord* owner) {
   for (;;) {
-    const bool over_quota = t.quota.host_tokens != 0 && t.host_tokens + tokens > t.quota.host_tokens;
+    const uint64_t quota = t.QuotaHostTokens();
+    const bool over_quota = quota != 0 && t.host_tokens + tokens > quota;
     absl::StatusOr<SlotHandle> slot =
         over_quota ? absl::ResourceExhaustedError("token quota") : t.host->Allocate(bytes);
     if (slot.ok()) {
@@ -204,7 +251,8 @@ absl::StatusOr<SlotHandle> BlockCache::AllocateSlotLocked(TenantState& t, uint64
       t.slot_owner[*slot] = owner;
       t.slot_tokens[*slot] = tokens;
       t.host_tokens += tokens;
-      if (reclaim_thread_.joinable() && FullerThanLocked(t, opts_.high_watermark)) {
+      if (reclaim_running_.load(std::memory_order_relaxed) &&
+          FullerThanLocked(t, high_watermark_.load(std::memory_order_relaxed))) {
         {
           MutexLock l(&reclaim_mu_);
           reclaim_wanted_ = true;
@@ -222,10 +270,10 @@ absl::StatusOr<SlotHandle> BlockCache::AllocateSlotLocked(TenantState& t, uint64
     }
     ChainGuard* policy = PolicyFor(t, t.host->SlotSizeFor(bytes));
     if (over_quota) {
-      if (tokens > t.quota.host_tokens) {
+      if (tokens > quota) {
         stats_->store_refused_no_space.Add();
         return CodedStatus(KVTIER_ENOSPC, absl::StrCat("a block of ", tokens, " tokens is over tenant \"", t.name,
-                                                       "\"'s host_tokens quota of ", t.quota.host_tokens,
+                                                       "\"'s host_tokens quota of ", quota,
                                                        "; raise [[tenants]] host_tokens"));
       }
       // Over the token quota: any block size may give tokens back.
@@ -237,7 +285,7 @@ absl::StatusOr<SlotHandle> BlockCache::AllocateSlotLocked(TenantState& t, uint64
       stats_->store_refused_no_space.Add();
       return CodedStatus(KVTIER_ENOSPC,
                          absl::StrCat("tenant \"", t.name, "\" holds ", t.host_tokens, " of its host_tokens quota of ",
-                                      t.quota.host_tokens, " and every block it could evict is pinned by leases or "
+                                      quota, " and every block it could evict is pinned by leases or "
                                       "busy with I/O; release leases or raise [[tenants]] host_tokens"));
     }
     std::optional<SlotHandle> victim = PickHostVictimLocked(t, policy);
@@ -537,9 +585,10 @@ absl::StatusOr<uint32_t> BlockCache::StoreBegin(SessionHoldings& s, std::span<co
   const uint64_t need_tokens = uint64_t{s.ns.block_tokens} * created.size();
   const uint64_t need_bytes = t.host->SlotSizeFor(s.ns.block_bytes) * created.size();
   std::string too_big;
-  if (t.quota.host_tokens != 0 && need_tokens > t.quota.host_tokens) {
+  const uint64_t quota = t.QuotaHostTokens();
+  if (quota != 0 && need_tokens > quota) {
     too_big = absl::StrCat(created.size(), " new blocks of ", s.ns.block_tokens, " tokens are over tenant \"", t.name,
-                           "\"'s host_tokens quota of ", t.quota.host_tokens,
+                           "\"'s host_tokens quota of ", quota,
                            "; store fewer at a time or raise [[tenants]] host_tokens");
   } else if (need_bytes > t.host->arena_bytes()) {
     too_big = absl::StrCat(created.size(), " new blocks (", FormatBytes(need_bytes), ") do not fit tenant \"", t.name,
@@ -790,7 +839,7 @@ std::vector<TenantUsage> BlockCache::Usage() const {
     tu.blocks = u.used_slots;
     tu.pinned_blocks = t->pinned.load(std::memory_order_relaxed);
     tu.evictions = t->evictions.load(std::memory_order_relaxed);
-    tu.quota = t->quota;
+    tu.quota = t->Quota();
     {
       MutexLock nl(&nvme_mu_);
       if (tenant < nvme_use_.size()) {

@@ -140,11 +140,16 @@ class BlockCache {
   absl::StatusOr<uint64_t> AttachNvme(std::unique_ptr<NvmeTier> nvme, const std::vector<RecoveredBlock>& recovered,
                                       NamespaceRegistry* namespaces);
   // Starts the background reclaim thread when the watermarks are below 1;
-  // after every AddTenant (the thread walks the tenants).
+  // after every AddTenant (the thread walks the tenants). Main thread.
   void StartBackgroundReclaim();
+  // A config reload: a tenant's quotas (thread-safe) (NotFound for an unknown
+  // tenant), and the background reclaim watermarks (starting the reclaimer
+  // if it was off; InvalidArgument unless 0.05 <= low <= high <= 1). Blocks
+  // already over a lowered quota are evicted as stores need room.
+  absl::Status SetQuota(const std::string& tenant, TenantQuota quota);
+  absl::Status SetWatermarks(double high, double low);  // main thread (may start the reclaimer)
   // Stops it after its current batch (whose slots are then free); stores
-  // evict on their own path from then on. Call it when no store runs (stores
-  // read whether the thread is running).
+  // evict on their own path from then on. Main thread.
   void StopBackgroundReclaim();
   // Thread-safe. Makes a namespace's id known for NVMe block headers.
   void RegisterNamespace(const NamespaceInfo& info);
@@ -214,7 +219,13 @@ class BlockCache {
     std::vector<BlockRecord*> slot_owner ABSL_GUARDED_BY(mu);
     std::vector<uint32_t> slot_tokens ABSL_GUARDED_BY(mu);  // tokens of each slot's block
     uint64_t host_tokens ABSL_GUARDED_BY(mu) = 0;           // their sum
-    TenantQuota quota;                                      // fixed after AddTenant
+    // Quotas: SetQuota (a config reload) may change them while sessions run.
+    std::atomic<uint64_t> quota_host_tokens{0}, quota_nvme_bytes{0}, quota_nvme_tokens{0};
+    uint64_t QuotaHostTokens() const { return quota_host_tokens.load(std::memory_order_relaxed); }
+    TenantQuota Quota() const {
+      return {quota_host_tokens.load(std::memory_order_relaxed), quota_nvme_bytes.load(std::memory_order_relaxed),
+              quota_nvme_tokens.load(std::memory_order_relaxed)};
+    }
     // Background demotions chosen but not yet copied out (their slots are
     // still allocated); a store that finds the tier full waits for them
     // rather than evicting a hotter block.
@@ -300,6 +311,9 @@ class BlockCache {
   void ReleaseIoRef(TenantState& t, BlockRecord* r);
 
   const Options opts_;
+  // opts_'s watermarks, as a reload may change them.
+  std::atomic<double> high_watermark_, low_watermark_;
+  std::atomic<bool> reclaim_running_{false};  // read by stores; reclaim_thread_ is the main thread's
   const bool adaptive_;  // opts_.policy is "adaptive": leased lookups feed its shadows
   DaemonStats* const stats_;
   CostTracker cost_;

@@ -190,7 +190,7 @@ void BlockCache::ChargeNvmeLocked(const BlockRecord* r, int sign) {
 
 absl::StatusOr<SlotHandle> BlockCache::AllocateNvmeSlotLocked(const BlockRecord* owner, uint64_t bytes) {
   const uint16_t tenant = owner->tenant;
-  const TenantQuota& q = tenants_[tenant]->quota;
+  const TenantQuota q = tenants_[tenant]->Quota();
   const uint64_t tokens = MetaOf(owner).block_tokens;
   if ((q.nvme_bytes != 0 && bytes > q.nvme_bytes) || (q.nvme_tokens != 0 && tokens > q.nvme_tokens)) {
     stats_->demotions_refused_quota.Add();

@@ -14,7 +14,7 @@ constexpr uint64_t kMaxReportTokens = 1ull << 24;
 
 }  // namespace
 
-CostTracker::CostTracker(Options opts) : opts_(std::move(opts)), cal_(opts_.prior_flops_per_s) {}
+CostTracker::CostTracker(Options opts) : opts_(std::move(opts)), decide_(opts_.decide), cal_(opts_.prior_flops_per_s) {}
 
 absl::Status CostTracker::ReportPrefill(uint64_t cached_tokens, uint64_t computed_tokens, double seconds) {
   if (computed_tokens == 0) return absl::InvalidArgumentError("report_prefill: 0 tokens computed");
@@ -82,7 +82,7 @@ bool CostTracker::Prices(uint64_t block_bytes, uint64_t block_tokens, uint32_t t
 }
 
 bool CostTracker::RecomputeBeatsNvme(uint64_t position, uint64_t tokens, uint64_t bytes, uint32_t tp_size) const {
-  if (!opts_.decide || !Prices(bytes, tokens, tp_size)) return false;
+  if (!decide() || !Prices(bytes, tokens, tp_size)) return false;
   MutexLock l(&mu_);
   return DecideHit(opts_.model, cal_, position, tokens, bytes, NvmeSpeedLocked()) == HitDecision::kRecompute;
 }
@@ -92,7 +92,7 @@ nlohmann::json CostTracker::ToJson() const {
   const TierSpeed nvme = NvmeSpeedLocked();
   return nlohmann::json{{"model", opts_.model.name},
                         {"kv_bytes_per_token", opts_.model.KvBytesPerToken()},
-                        {"decide", opts_.decide},
+                        {"decide", decide()},
                         {"prefill_reports", reports_},
                         {"prefill_fitted", cal_.samples() >= 2 && cal_.r_squared() > 0},
                         {"prefill_tflops", cal_.flops_per_second() / 1e12},

@@ -7,6 +7,7 @@
 #ifndef KVTIER_DAEMON_COST_TRACKER_H_
 #define KVTIER_DAEMON_COST_TRACKER_H_
 
+#include <atomic>
 #include <cstdint>
 
 #include "absl/status/status.h"
@@ -47,7 +48,9 @@ class CostTracker {
   // from NVMe is slower than prefilling them. False when decide is off or
   // the block's shape is not the profile's (Prices).
   bool RecomputeBeatsNvme(uint64_t position, uint64_t tokens, uint64_t bytes, uint32_t tp_size) const;
-  bool decide() const { return opts_.decide; }
+  bool decide() const { return decide_.load(std::memory_order_relaxed); }
+  // Thread-safe (a config reload).
+  void set_decide(bool on) { decide_.store(on, std::memory_order_relaxed); }
   const ModelProfile& model() const { return opts_.model; }
 
   // The fit and the measurements, for kvtierctl.
@@ -57,6 +60,7 @@ class CostTracker {
   TierSpeed NvmeSpeedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options opts_;
+  std::atomic<bool> decide_;
   mutable Mutex mu_;
   PrefillCalibration cal_ ABSL_GUARDED_BY(mu_);
   uint64_t reports_ ABSL_GUARDED_BY(mu_) = 0;

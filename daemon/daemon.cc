@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "core/namespace.h"
 #include "core/status.h"
 #include "core/units.h"
@@ -292,8 +293,7 @@ absl::Status Daemon::Run() {
           signalfd_siginfo si;
           while (read(signal_fd_.get(), &si, sizeof(si)) == sizeof(si)) {
             if (si.ssi_signo == SIGHUP) {
-              spdlog::info("event=sighup action=none detail=\"configuration reload is not supported "
-                           "by this version; restart kvtierd to apply a changed config\"");
+              Reload();
             } else {
               spdlog::info("event=signal signal={} action=shutdown", strsignal(si.ssi_signo));
               stop_.store(true, std::memory_order_release);
@@ -508,6 +508,107 @@ void Daemon::ReapSessions() {
       ++it;
     }
   }
+}
+
+void Daemon::Reload() {
+  if (!loader_) {
+    spdlog::warn("event=reload_skipped detail=\"kvtierd runs on its embedded defaults: no config file to reload\" "
+                 "hint=\"start it with --config FILE\"");
+    return;
+  }
+  notifier_.Reloading("reloading the config");
+  absl::StatusOr<Config> next = loader_();
+  if (next.ok()) {
+    if (absl::Status v = ValidateConfig(*next); !v.ok()) next = v;
+  }
+  if (!next.ok()) {
+    stats_.reloads_failed.Add();
+    spdlog::error("event=reload_failed detail=\"{}\" hint=\"the running config is unchanged; fix the file and "
+                  "send SIGHUP again\"",
+                  next.status().message());
+    notifier_.Ready(StatusLine());
+    return;
+  }
+  const Config& n = *next;
+  std::vector<std::string> applied, restart;
+  if (n.log_level != config_.log_level) {
+    spdlog::set_level(spdlog::level::from_str(n.log_level));
+    config_.log_level = n.log_level;
+    applied.push_back("daemon.log_level");
+  }
+  if (n.host_high_watermark != config_.host_high_watermark || n.host_low_watermark != config_.host_low_watermark) {
+    if (absl::Status s = cache_->SetWatermarks(n.host_high_watermark, n.host_low_watermark); s.ok()) {
+      config_.host_high_watermark = n.host_high_watermark;
+      config_.host_low_watermark = n.host_low_watermark;
+      applied.push_back("tiers.host.watermarks");
+    } else {
+      restart.push_back(absl::StrCat("tiers.host.watermarks (", s.message(), ")"));
+    }
+  }
+  if (n.cost_decide != config_.cost_decide) {
+    cache_->cost().set_decide(n.cost_decide);
+    config_.cost_decide = n.cost_decide;
+    applied.push_back("cost_model.decide");
+  }
+  // Tenants: quotas change in place; a tenant added, removed or with other
+  // credentials or salt needs a restart (its arena and namespaces are fixed).
+  bool same_tenants = n.tenants.size() == config_.tenants.size();
+  for (size_t i = 0; same_tenants && i < n.tenants.size(); ++i) {
+    const TenantConfig &a = n.tenants[i], &b = config_.tenants[i];
+    same_tenants = a.name == b.name && a.uids == b.uids && a.gids == b.gids && a.salt == b.salt &&
+                   a.host_bytes == b.host_bytes;
+  }
+  if (!same_tenants) restart.push_back("tenants (added, removed, credentials, salt or host_bytes)");
+  for (const TenantConfig& t : n.tenants) {
+    for (TenantConfig& cur : config_.tenants) {
+      if (cur.name != t.name) continue;
+      if (cur.host_tokens == t.host_tokens && cur.nvme_bytes == t.nvme_bytes && cur.nvme_tokens == t.nvme_tokens) break;
+      if (cache_->SetQuota(t.name, {t.host_tokens, t.nvme_bytes, t.nvme_tokens}).ok()) {
+        cur.host_tokens = t.host_tokens;
+        cur.nvme_bytes = t.nvme_bytes;
+        cur.nvme_tokens = t.nvme_tokens;
+        applied.push_back(absl::StrCat("tenants.", t.name, ".quotas"));
+      }
+      break;
+    }
+  }
+  // Everything else is fixed at start.
+  const std::pair<const char*, bool> fixed[] = {
+      {"daemon.run_dir", n.run_dir != config_.run_dir},
+      {"daemon.data_dir", n.data_dir != config_.data_dir},
+      {"daemon.device", n.device != config_.device},
+      {"daemon.hash", n.hash != config_.hash},
+      {"ipc", n.ring_entries != config_.ring_entries || n.scratch_bytes != config_.scratch_bytes ||
+                  n.max_keys_per_op != config_.max_keys_per_op || n.spin_us != config_.spin_us ||
+                  n.max_sessions != config_.max_sessions || n.max_leases_per_session != config_.max_leases_per_session},
+      {"tiers.host.capacity", n.host_capacity != config_.host_capacity},
+      {"tiers.host.prefault", n.host_prefault != config_.host_prefault},
+      {"tiers.host.policy", n.host_policy != config_.host_policy},
+      {"tiers.nvme", n.nvme_dirs != config_.nvme_dirs || n.nvme_capacity != config_.nvme_capacity ||
+                         n.nvme_segment_bytes != config_.nvme_segment_bytes ||
+                         n.nvme_queue_depth != config_.nvme_queue_depth || n.nvme_io_workers != config_.nvme_io_workers ||
+                         n.nvme_io_engine != config_.nvme_io_engine || n.nvme_allow_buffered != config_.nvme_allow_buffered ||
+                         n.nvme_staging_bytes != config_.nvme_staging_bytes ||
+                         n.nvme_write_through != config_.nvme_write_through || n.nvme_policy != config_.nvme_policy},
+      {"tiers.gpu.capacity", n.gpu_capacity != config_.gpu_capacity},
+      {"cost_model (model, priors)", n.cost_model_config != config_.cost_model_config ||
+                                         n.cost_prefill_tflops != config_.cost_prefill_tflops ||
+                                         n.cost_nvme_read_gbps != config_.cost_nvme_read_gbps ||
+                                         n.cost_nvme_read_latency_us != config_.cost_nvme_read_latency_us},
+      {"sim.bandwidth", n.sim_bandwidth != config_.sim_bandwidth},
+  };
+  for (const auto& [key, changed] : fixed) {
+    if (changed) restart.push_back(key);
+  }
+  stats_.reloads.Add();
+  if (restart.empty()) {
+    spdlog::info("event=reload applied=\"{}\"", applied.empty() ? "nothing changed" : absl::StrJoin(applied, ", "));
+  } else {
+    spdlog::warn("event=reload applied=\"{}\" needs_restart=\"{}\" hint=\"restart kvtierd to apply these; they "
+                 "keep their running values until then\"",
+                 applied.empty() ? "nothing" : absl::StrJoin(applied, ", "), absl::StrJoin(restart, "; "));
+  }
+  notifier_.Ready(StatusLine());
 }
 
 void Daemon::CloseAll() {

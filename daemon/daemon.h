@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -39,6 +40,11 @@ class Daemon {
   // removes its sockets. The calling thread must have SIGTERM, SIGINT and
   // SIGHUP blocked (BlockSignals) so the loop's signalfd receives them.
   absl::Status Run();
+  // Where SIGHUP reads the new config from (the file kvtierd started with,
+  // with the command line's overrides); unset: SIGHUP logs that there is no
+  // file to reload. Before Run.
+  using ConfigLoader = std::function<absl::StatusOr<Config>()>;
+  void SetConfigLoader(ConfigLoader loader) { loader_ = std::move(loader); }
   // Thread-safe, async-signal-safe: makes Run return.
   void Stop();
 
@@ -72,10 +78,15 @@ class Daemon {
   // One line for systemd's STATUS= (no block contents, keys or salts).
   std::string StatusLine() const;
   void CloseAll();
+  // SIGHUP: validates the new config, applies what can change at run time
+  // (log level, tenant quotas, reclaim watermarks, cost_model.decide) and
+  // logs what needs a restart; an invalid file changes nothing.
+  void Reload();
 
   Config config_;
   DaemonStats stats_;
   ServiceNotifier notifier_;
+  ConfigLoader loader_;
   std::unique_ptr<DeviceBackend> device_;
   std::string device_reason_;
   absl::flat_hash_set<std::string> arena_registered_;  // tenants whose host arena the device can reach

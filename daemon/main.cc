@@ -75,6 +75,17 @@ int main(int argc, char** argv) {
     spdlog::critical("event=start_failed detail=\"{}\"", daemon.status().message());
     return 1;
   }
+  if (from_file) {
+    // SIGHUP reads the same file, with the same command-line overrides.
+    (*daemon)->SetConfigLoader([config_path, run_dir, data_dir, log_level]() -> absl::StatusOr<kvtier::Config> {
+      absl::StatusOr<kvtier::Config> c = kvtier::LoadConfigFile(config_path);
+      if (!c.ok()) return c;
+      if (!run_dir.empty()) c->run_dir = run_dir;
+      if (!data_dir.empty()) c->data_dir = data_dir;
+      if (!log_level.empty()) c->log_level = log_level;
+      return c;
+    });
+  }
   if (absl::Status s = (*daemon)->Run(); !s.ok()) {
     spdlog::critical("event=loop_failed detail=\"{}\"", s.message());
     return 1;

@@ -46,6 +46,8 @@ struct DaemonStats {
   Counter kv_registrations, kv_registrations_refused, device_stores, device_blocks_stored, device_loads,
       device_blocks_loaded, device_errors;
   Counter sessions_attached, sessions_detached, attach_refused, protocol_errors, sessions_closed_dead;
+  // SIGHUP: config reloads applied, and refused (the file did not parse or validate).
+  Counter reloads, reloads_failed;
 };
 
 }  // namespace kvtier

@@ -283,6 +283,31 @@ TEST_F(BlockCacheTest, AHostTokensQuotaEvictsTheTenantsColdestBlocks) {
   EXPECT_EQ(cache_->Usage()[0].host_tokens, 160u);
 }
 
+// A config reload: new watermarks start the reclaimer that was off, and a
+// lowered quota makes the next store evict down to it.
+TEST_F(BlockCacheTest, ReloadedWatermarksAndQuotasTakeEffectWhileRunning) {
+  SetUpCache(20);  // reclaim off (1 and 1), no quota
+  auto s = Session();
+  ASSERT_TRUE(Store(*s, Keys(0, 16)).ok());  // 80%
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  EXPECT_EQ(stats_.evictions_background.Get(), 0u);
+  EXPECT_FALSE(cache_->SetWatermarks(0.5, 0.6).ok()) << "low above high";
+  EXPECT_FALSE(cache_->SetWatermarks(1.5, 0.6).ok());
+  ASSERT_TRUE(cache_->SetWatermarks(0.7, 0.5).ok());
+  ASSERT_TRUE(Eventually([&] { return cache_->Usage()[0].blocks <= 10; })) << cache_->Usage()[0].blocks;
+  EXPECT_EQ(stats_.evictions_background.Get(), 6u);
+
+  EXPECT_TRUE(absl::IsNotFound(cache_->SetQuota("nobody", {})));
+  ASSERT_TRUE(cache_->SetQuota("tenant0", {.host_tokens = 4 * 16}).ok());
+  EXPECT_EQ(cache_->Usage()[0].quota.host_tokens, 64u);
+  ASSERT_TRUE(Store(*s, {KeyOf(100)}).ok());
+  EXPECT_EQ(cache_->Usage()[0].blocks, 4u) << "the store evicted down to the new quota";
+  EXPECT_EQ(stats_.evictions_for_quota.Get(), 7u);
+  ASSERT_TRUE(cache_->SetQuota("tenant0", {}).ok());  // lifted
+  ASSERT_TRUE(Store(*s, Keys(200, 5)).ok());
+  EXPECT_EQ(cache_->Usage()[0].blocks, 9u);
+}
+
 TEST_F(BlockCacheTest, PinnedBlocksAreNeverEvictedAndAllPinnedIsAClearError) {
   SetUpCache(4);
   auto s = Session();

@@ -10,9 +10,12 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kvtier/client.h"
 #include "tests/support/client_helpers.h"
@@ -98,6 +101,89 @@ TEST(ServiceE2eTest, NotifiesReadyWithStatusPingsTheWatchdogAndStopping) {
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
   std::vector<std::string> seen;
   EXPECT_FALSE(notify.WaitFor("STOPPING=1", std::chrono::seconds(1), &seen).empty());
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+void Replace(std::string& s, const std::string& from, const std::string& to) {
+  const size_t at = s.find(from);
+  ASSERT_NE(at, std::string::npos) << from;
+  s.replace(at, from.size(), to);
+}
+
+// Waits until the daemon's log has `n` occurrences of `what`.
+bool LogHas(const DaemonProcess& d, const std::string& what, int n = 1) {
+  return testing::Eventually([&] {
+    const std::string log = d.Log();
+    int count = 0;
+    for (size_t at = log.find(what); at != std::string::npos; at = log.find(what, at + 1)) ++count;
+    return count >= n;
+  });
+}
+
+TEST(ServiceE2eTest, SighupReloadsWhatCanChangeAndKeepsTheConfigWhenTheFileIsBad) {
+  NotifySocket notify;
+  DaemonProcess d(absl::StrCat("[tiers.host]\nhigh_watermark = 0.95\nlow_watermark = 0.90\n[[tenants]]\n"
+                               "name = \"default\"\nuids = [", getuid(), "]\nhost_tokens = 1000\n"));
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  ASSERT_FALSE(notify.WaitFor("READY=1", std::chrono::seconds(10)).empty());
+  const std::string path = d.dir() + "/kvtierd.toml";
+  const std::string original = ReadFile(path);
+  auto status = [&] { return *d.Status(); };
+
+  // Quotas, watermarks and the log level change in place.
+  std::string next = original;
+  Replace(next, "host_tokens = 1000", "host_tokens = 2000");
+  Replace(next, "high_watermark = 0.95", "high_watermark = 0.80");
+  Replace(next, "low_watermark = 0.90", "low_watermark = 0.70");
+  Replace(next, "log_level = \"debug\"", "log_level = \"info\"");
+  std::ofstream(path) << next;
+  d.Kill(SIGHUP);
+  ASSERT_TRUE(LogHas(d, "event=reload applied")) << d.Log();
+  EXPECT_FALSE(notify.WaitFor("RELOADING=1", std::chrono::seconds(5)).empty());
+  EXPECT_FALSE(notify.WaitFor("READY=1", std::chrono::seconds(5)).empty()) << "ready again after the reload";
+  nlohmann::json s = status();
+  EXPECT_EQ(s["tenants"][0]["quota"]["host_tokens"], 2000);
+  EXPECT_DOUBLE_EQ(s["tiers"][0]["high_watermark"].get<double>(), 0.80);
+  EXPECT_DOUBLE_EQ(s["tiers"][0]["low_watermark"].get<double>(), 0.70);
+  EXPECT_EQ(s["stats"]["reloads"], 1);
+  EXPECT_NE(d.Log().find("daemon.log_level, tiers.host.watermarks, tenants.default.quotas"), std::string::npos)
+      << d.Log();
+
+  // A file that does not validate (low above high), then one that does not
+  // parse: refused, with why, and nothing changes.
+  std::string bad = next;
+  Replace(bad, "low_watermark = 0.70", "low_watermark = 0.90");
+  Replace(bad, "host_tokens = 2000", "host_tokens = 5");
+  std::ofstream(path) << bad;
+  d.Kill(SIGHUP);
+  ASSERT_TRUE(LogHas(d, "event=reload_failed")) << d.Log();
+  EXPECT_NE(d.Log().find("low_watermark"), std::string::npos);
+  std::ofstream(path) << "[[[ not toml\n";
+  d.Kill(SIGHUP);
+  ASSERT_TRUE(LogHas(d, "event=reload_failed", 2)) << d.Log();
+  s = status();
+  EXPECT_EQ(s["stats"]["reloads_failed"], 2);
+  EXPECT_EQ(s["tenants"][0]["quota"]["host_tokens"], 2000);
+  EXPECT_DOUBLE_EQ(s["tiers"][0]["low_watermark"].get<double>(), 0.70);
+
+  // What is fixed at start is named, and keeps its running value.
+  std::string fixed = next;
+  Replace(fixed, "[tiers.host]\n", "[tiers.host]\ncapacity = \"2MiB\"\n");
+  std::ofstream(path) << fixed;
+  const uint64_t capacity = s["tiers"][0]["capacity_bytes"];
+  d.Kill(SIGHUP);
+  ASSERT_TRUE(LogHas(d, "needs_restart=\"tiers.host.capacity\"")) << d.Log();
+  s = status();
+  EXPECT_EQ(s["tiers"][0]["capacity_bytes"], capacity);
+  EXPECT_EQ(s["stats"]["reloads"], 2);
+  const int st = d.Stop();
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 }
 
 TEST(ServiceE2eTest, WithoutNotifySocketNothingIsSentAndTheDaemonRuns) {
