@@ -205,6 +205,7 @@ TEST(E2eTest, KillNineOfTheDaemonFailsABlockedCallWithinOneSecond) {
   ASSERT_TRUE(c->Lookup(keys).ok());
   // Freeze the daemon so the next call blocks, then kill it.
   d.Kill(SIGSTOP);
+  ASSERT_TRUE(testing::Eventually([&] { return testing::IsStopped(d.pid()); }));
   auto pending = std::async(std::launch::async, [&] { return c->Lookup(keys).status(); });
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   ASSERT_EQ(pending.wait_for(std::chrono::milliseconds(0)), std::future_status::timeout) << "the call should block";

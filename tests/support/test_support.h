@@ -5,6 +5,8 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <span>
 #include <string>
 #include <thread>
@@ -28,6 +30,22 @@ bool MatchesKey(const BlockKey& key, std::span<const std::byte> data);
 
 // A key that is just the counter i in its first 8 bytes.
 BlockKey KeyOf(uint64_t i);
+
+// True once every thread of process `pid` is stopped (state T in /proc):
+// kill(SIGSTOP) returns before they all have.
+inline bool IsStopped(pid_t pid) {
+  std::error_code ec;
+  bool any = false;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+    std::ifstream f(task.path() / "stat");
+    std::string line;
+    std::getline(f, line);
+    const size_t paren = line.rfind(')');
+    if (paren == std::string::npos || paren + 2 >= line.size() || line[paren + 2] != 'T') return false;
+    any = true;
+  }
+  return any;
+}
 
 // Polls cond every 5 ms until true or timeout; returns cond().
 template <typename F>
