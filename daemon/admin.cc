@@ -273,6 +273,7 @@ nlohmann::json Daemon::Status() const {
              {"device_errors", s.device_errors.Get()},
              {"reloads", s.reloads.Get()},
              {"reloads_failed", s.reloads_failed.Get()},
+             {"store_refused_draining", s.store_refused_draining.Get()},
              {"sessions_attached", s.sessions_attached.Get()},
              {"sessions_detached", s.sessions_detached.Get()},
              {"attach_refused", s.attach_refused.Get()},

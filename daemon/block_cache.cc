@@ -149,6 +149,60 @@ void BlockCache::StopBackgroundReclaim() {
   reclaim_thread_.join();
 }
 
+BlockCache::FlushResult BlockCache::FlushToNvme(std::chrono::nanoseconds timeout) {
+  FlushResult out;
+  if (!nvme_) return out;
+  struct Job {
+    Mutex mu;
+    std::condition_variable_any cv;
+    uint64_t remaining ABSL_GUARDED_BY(mu) = 0;
+    uint64_t written ABSL_GUARDED_BY(mu) = 0, failed ABSL_GUARDED_BY(mu) = 0;
+  };
+  auto job = std::make_shared<Job>();
+  for (const auto& tp : tenants_) {
+    TenantState& t = *tp;
+    std::vector<BlockRecord*> todo;
+    {
+      MutexLock l(&t.mu);
+      for (BlockRecord* r : t.slot_owner) {
+        if (r == nullptr) continue;
+        BlockIndex::Shard& sh = index_.ShardFor(r);
+        MutexLock sl(&sh.mu);
+        if (r->removed || r->state != BlockState::kReady) continue;
+        if (r->nvme_state == NvmeState::kNone) {
+          todo.push_back(r);
+        } else {
+          ++out.already_on_nvme;
+        }
+      }
+    }
+    {
+      MutexLock l(&job->mu);
+      job->remaining += todo.size();
+    }
+    for (BlockRecord* r : todo) {
+      WriteToNvme(t, r, IoPriority::kDemote, [job](absl::Status s) {
+        {
+          MutexLock l(&job->mu);
+          (s.ok() ? job->written : job->failed) += 1;
+          --job->remaining;
+        }
+        job->cv.notify_all();
+      });
+    }
+  }
+  {
+    MutexLock l(&job->mu);
+    out.timed_out = !job->mu.AwaitFor(job->cv, timeout, [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      return job->remaining == 0;
+    });
+    out.written = job->written;
+    out.failed = job->failed;
+  }
+  out.sync = nvme_->Sync();
+  return out;
+}
+
 absl::Status BlockCache::SetQuota(const std::string& tenant, TenantQuota quota) {
   for (const auto& t : tenants_) {
     if (t->name != tenant) continue;
@@ -552,6 +606,11 @@ std::optional<LoadOutcome> BlockCache::Load(SessionHoldings& s, uint64_t lease_i
 absl::StatusOr<uint32_t> BlockCache::StoreBegin(SessionHoldings& s, std::span<const BlockKey> keys,
                                                 uint64_t* ticket, std::span<BlockLocation> out) {
   *ticket = 0;
+  if (draining_.load(std::memory_order_acquire)) {
+    stats_->store_refused_draining.Add();
+    return CodedStatus(KVTIER_EBUSY, "kvtierd is draining (shutting down): stores are refused; store again once it "
+                                     "is back (lookups and loads still answer until it exits)");
+  }
   TenantState& t = *tenants_[s.ns.tenant];
   std::vector<BlockRecord*> created;
   std::vector<size_t> created_at;
@@ -645,6 +704,7 @@ absl::StatusOr<uint32_t> BlockCache::StoreBegin(SessionHoldings& s, std::span<co
     }
   }
   s.tickets.emplace(*ticket, SessionHoldings::Ticket{std::move(created), std::move(parents)});
+  s.ticket_count.fetch_add(1, std::memory_order_relaxed);
   return needed;
 }
 
@@ -658,6 +718,7 @@ void BlockCache::StoreCommit(SessionHoldings& s, uint64_t ticket, bool durable, 
   std::vector<BlockRecord*> blocks = std::move(it->second.blocks);
   std::vector<uint64_t> parents = std::move(it->second.parents);
   s.tickets.erase(it);
+  s.ticket_count.fetch_sub(1, std::memory_order_relaxed);
   TenantState& t = *tenants_[s.ns.tenant];
   {
     MutexLock l(&t.mu);
@@ -738,6 +799,7 @@ absl::Status BlockCache::StoreAbort(SessionHoldings& s, uint64_t ticket) {
   }
   stats_->store_aborts.Add();
   s.tickets.erase(it);
+  s.ticket_count.fetch_sub(1, std::memory_order_relaxed);
   return absl::OkStatus();
 }
 

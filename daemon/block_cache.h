@@ -60,6 +60,7 @@ struct SessionHoldings {
   absl::flat_hash_map<uint64_t, Ticket> tickets;
   std::atomic<uint64_t> lease_count{0};
   std::atomic<uint64_t> pinned_blocks{0};
+  std::atomic<uint64_t> ticket_count{0};  // stores begun and not yet committed or aborted
   // The last leased lookup's chain (PolicyKeyOf each key): for the adaptive
   // policy (ObservePending), and to know the depth of the blocks a store
   // after it brings.
@@ -148,6 +149,18 @@ class BlockCache {
   // already over a lowered quota are evicted as stores need room.
   absl::Status SetQuota(const std::string& tenant, TenantQuota quota);
   absl::Status SetWatermarks(double high, double low);  // main thread (may start the reclaimer)
+  // Draining (SIGTERM): from now on StoreBegin refuses with EBUSY. Thread-safe.
+  void SetDraining() { draining_.store(true, std::memory_order_release); }
+  // Writes every committed host block without an NVMe copy to the NVMe
+  // tier and makes the journal durable, so a restart serves them again.
+  // Only when no session runs and the reclaimer is stopped (records must
+  // stay put). Waits at most `timeout` for the writes.
+  struct FlushResult {
+    uint64_t written = 0, failed = 0, already_on_nvme = 0;
+    bool timed_out = false;
+    absl::Status sync;
+  };
+  FlushResult FlushToNvme(std::chrono::nanoseconds timeout);
   // Stops it after its current batch (whose slots are then free); stores
   // evict on their own path from then on. Main thread.
   void StopBackgroundReclaim();
@@ -313,7 +326,8 @@ class BlockCache {
   const Options opts_;
   // opts_'s watermarks, as a reload may change them.
   std::atomic<double> high_watermark_, low_watermark_;
-  std::atomic<bool> reclaim_running_{false};  // read by stores; reclaim_thread_ is the main thread's
+  std::atomic<bool> reclaim_running_{false};
+  std::atomic<bool> draining_{false};  // read by stores; reclaim_thread_ is the main thread's
   const bool adaptive_;  // opts_.policy is "adaptive": leased lookups feed its shadows
   DaemonStats* const stats_;
   CostTracker cost_;

@@ -246,6 +246,7 @@ absl::StatusOr<Config> ParseConfig(std::string_view toml_text, std::string_view 
     RETURN_IF_ERROR(r.String("data_dir", &c.data_dir));
     RETURN_IF_ERROR(r.String("log_level", &c.log_level));
     RETURN_IF_ERROR(r.String("device", &c.device));
+    RETURN_IF_ERROR(r.Int("drain_timeout_ms", &c.drain_timeout_ms, 0, 600000));
     std::string hash(HashAlgorithmName(c.hash));
     RETURN_IF_ERROR(r.String("hash", &hash));
     auto algo = ParseHashAlgorithm(hash);
@@ -438,6 +439,7 @@ std::string DefaultConfigToml() {
       "log_level = \"info\"        # trace, debug, info, warn, error, critical, off\n"
       "device = \"auto\"           # auto (CUDA when a device answers), cuda, sim\n"
       "hash = \"sha256\"           # block-key hash; xxh3-128 only with a single tenant\n"
+      "drain_timeout_ms = 8000     # SIGTERM: finish open stores, write host blocks to NVMe, within this\n"
       "\n[ipc]\n"
       "ring_entries = 256          # request/completion ring records per session\n"
       "scratch_bytes = \"4MiB\"     # per-session shared space for keys and results\n"

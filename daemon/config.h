@@ -38,6 +38,9 @@ struct Config {
   std::string data_dir;  // persistent data; default: see core/paths.h
   std::string log_level = "info";
   std::string device = "auto";  // "auto" | "cuda" | "sim"
+  // SIGTERM: how long draining may take in all (open stores finishing, then
+  // host blocks written to NVMe); then the daemon exits regardless.
+  uint32_t drain_timeout_ms = 8000;
   HashAlgorithm hash = HashAlgorithm::kSha256;
   // [ipc]
   uint32_t ring_entries = 256;

@@ -11,6 +11,7 @@
 
 #include <cerrno>
 #include <filesystem>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -294,8 +295,9 @@ absl::Status Daemon::Run() {
           while (read(signal_fd_.get(), &si, sizeof(si)) == sizeof(si)) {
             if (si.ssi_signo == SIGHUP) {
               Reload();
-            } else {
-              spdlog::info("event=signal signal={} action=shutdown", strsignal(si.ssi_signo));
+            } else if (!stop_.load(std::memory_order_acquire)) {
+              spdlog::info("event=signal signal={} action=drain", strsignal(si.ssi_signo));
+              Drain();
               stop_.store(true, std::memory_order_release);
             }
           }
@@ -545,6 +547,10 @@ void Daemon::Reload() {
       restart.push_back(absl::StrCat("tiers.host.watermarks (", s.message(), ")"));
     }
   }
+  if (n.drain_timeout_ms != config_.drain_timeout_ms) {
+    config_.drain_timeout_ms = n.drain_timeout_ms;
+    applied.push_back("daemon.drain_timeout_ms");
+  }
   if (n.cost_decide != config_.cost_decide) {
     cache_->cost().set_decide(n.cost_decide);
     config_.cost_decide = n.cost_decide;
@@ -611,10 +617,65 @@ void Daemon::Reload() {
   notifier_.Ready(StatusLine());
 }
 
+void Daemon::Drain() {
+  const uint64_t start = MonotonicNanos();
+  const uint64_t budget = uint64_t{config_.drain_timeout_ms} * 1'000'000;
+  notifier_.Stopping("draining: stores refused, open stores finishing");
+  spdlog::info("event=drain_start sessions={} timeout_ms={}", sessions_.size(), config_.drain_timeout_ms);
+  // No new engines: the data socket goes (its path too, so a client sees
+  // "no kvtierd" rather than a socket nobody accepts on).
+  if (data_listen_.valid()) {
+    Unwatch(data_listen_.get());
+    unlink(config_.DataSocketPath().c_str());
+    data_listen_.Reset();
+  }
+  cache_->SetDraining();
+  // Stores already begun may still commit, and operations in flight (NVMe
+  // reads, durable commits) complete, for half the budget.
+  size_t busy = 0;
+  for (;;) {
+    busy = 0;
+    for (const auto& [id, ls] : sessions_) busy += ls.session->Idle() ? 0 : 1;
+    if (busy == 0 || MonotonicNanos() - start >= budget / 2) break;
+    notifier_.Tick(MonotonicNanos(), absl::StrCat("draining: ", busy, " sessions finishing"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (busy > 0) {
+    spdlog::warn("event=drain_sessions_busy sessions={} detail=\"stores still open after {} ms are aborted (they were "
+                 "never acknowledged)\" hint=\"raise daemon.drain_timeout_ms\"",
+                 busy, (MonotonicNanos() - start) / 1'000'000);
+  }
+  // Sessions end: nothing moves blocks any more but the flush below.
+  for (auto& [id, ls] : sessions_) ls.session->Stop(ipc::CloseReason::kShutdown);
+  for (auto& [id, ls] : sessions_) ls.session->Join();
+  cache_->StopBackgroundReclaim();
+  if (cache_->nvme_tier() == nullptr) {
+    spdlog::info("event=drained seconds={:.3f} detail=\"no NVMe tier: host blocks do not outlive the process\"",
+                 double(MonotonicNanos() - start) / 1e9);
+    return;
+  }
+  notifier_.Tick(MonotonicNanos(), "draining: writing host blocks to NVMe");
+  const uint64_t spent = MonotonicNanos() - start;
+  const BlockCache::FlushResult f =
+      cache_->FlushToNvme(std::chrono::nanoseconds(budget > spent ? budget - spent : 0));
+  const double seconds = double(MonotonicNanos() - start) / 1e9;
+  if (f.timed_out || f.failed > 0 || !f.sync.ok()) {
+    spdlog::warn("event=drained written={} already_on_nvme={} failed={} timed_out={} journal=\"{}\" seconds={:.3f} "
+                 "hint=\"blocks not written are lost with this process; raise daemon.drain_timeout_ms or "
+                 "tiers.nvme.capacity\"",
+                 f.written, f.already_on_nvme, f.failed, f.timed_out, f.sync.ok() ? "durable" : f.sync.message(),
+                 seconds);
+  } else {
+    spdlog::info("event=drained written={} already_on_nvme={} failed=0 journal=durable seconds={:.3f}", f.written,
+                 f.already_on_nvme, seconds);
+  }
+}
+
 void Daemon::CloseAll() {
   for (auto& [id, ls] : sessions_) ls.session->Stop(ipc::CloseReason::kShutdown);
   for (auto& [id, ls] : sessions_) ls.session->Join();
-  const bool had = !sessions_.empty() || data_listen_.valid();
+  const bool had = !closed_;  // once, whether Run or the destructor gets here first
+  closed_ = true;
   sessions_.clear();
   pending_.clear();
   admin_conns_.clear();

@@ -82,11 +82,17 @@ class Daemon {
   // (log level, tenant quotas, reclaim watermarks, cost_model.decide) and
   // logs what needs a restart; an invalid file changes nothing.
   void Reload();
+  // SIGTERM: refuse new engines and stores, give open stores and in-flight
+  // operations half of drain_timeout_ms to finish, end the sessions, write
+  // committed host blocks that have no NVMe copy to the NVMe tier and make
+  // its journal durable, all within drain_timeout_ms.
+  void Drain();
 
   Config config_;
   DaemonStats stats_;
   ServiceNotifier notifier_;
   ConfigLoader loader_;
+  bool closed_ = false;  // CloseAll ran
   std::unique_ptr<DeviceBackend> device_;
   std::string device_reason_;
   absl::flat_hash_set<std::string> arena_registered_;  // tenants whose host arena the device can reach

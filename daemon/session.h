@@ -80,6 +80,12 @@ class Session {
   }
   // Thread-safe.
   SessionInfo Info() const;
+  // Thread-safe. No store open (begun, not committed or aborted) and no
+  // operation waiting for its completion: nothing in flight to lose.
+  bool Idle() const {
+    return async_in_flight_.load(std::memory_order_acquire) == 0 &&
+           holdings_.ticket_count.load(std::memory_order_acquire) == 0;
+  }
   // Thread-safe (the daemon's main thread calls it): a KV-cache registration
   // message from the session socket, with its descriptors; the reply to send.
   // *reply_fds: descriptors to send with the reply (the layer events' pages).

@@ -48,6 +48,8 @@ struct DaemonStats {
   Counter sessions_attached, sessions_detached, attach_refused, protocol_errors, sessions_closed_dead;
   // SIGHUP: config reloads applied, and refused (the file did not parse or validate).
   Counter reloads, reloads_failed;
+  // SIGTERM: stores refused while draining.
+  Counter store_refused_draining;
 };
 
 }  // namespace kvtier
