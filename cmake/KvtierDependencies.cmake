@@ -13,6 +13,7 @@ find_package(PkgConfig REQUIRED)
 pkg_check_modules(URING REQUIRED IMPORTED_TARGET liburing)    # liburing-dev
 pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)  # libxxhash-dev
 pkg_check_modules(SYSTEMD REQUIRED IMPORTED_TARGET libsystemd)  # libsystemd-dev (sd_notify)
+pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)  # libcpp-httplib-dev (metrics endpoint)
 if(KVTIER_BUILD_TESTS)
   find_package(GTest REQUIRED)            # libgtest-dev, libgmock-dev
 endif()

@@ -279,6 +279,11 @@ nlohmann::json Daemon::Status() const {
              {"attach_refused", s.attach_refused.Get()},
              {"sessions_closed_dead", s.sessions_closed_dead.Get()},
              {"protocol_errors", s.protocol_errors.Get()}};
+  json ops = json::object();
+  for (size_t op = 1; op < stats_.op_latency.size(); ++op) ops[kOpNames[op]] = HistogramJson(stats_.op_latency[op].Get());
+  const json latency = {{"ops", ops},
+                        {"nvme_read", HistogramJson(stats_.nvme_read_latency.Get())},
+                        {"nvme_write", HistogramJson(stats_.nvme_write_latency.Get())}};
   return json{{"ok", true},
               {"version", KVTIER_VERSION},
               {"pid", getpid()},
@@ -292,6 +297,12 @@ nlohmann::json Daemon::Status() const {
               {"tenants", tenants},
               {"tiers", tiers},
               {"cost_model", cache_->cost().ToJson()},
+              {"metrics", metrics_ ? json{{"enabled", true},
+                                          {"url", absl::StrCat("http://", config_.metrics_address, ":",
+                                                               metrics_->port(), "/metrics")},
+                                          {"port", metrics_->port()}}
+                                   : json{{"enabled", false}}},
+              {"latency", latency},
               {"stats", stats}};
 }
 

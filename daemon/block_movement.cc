@@ -9,6 +9,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "core/units.h"
 #include "core/status.h"
 #include "daemon/block_cache.h"
 #include "tiers/nvme_format.h"
@@ -132,7 +133,8 @@ BlockCache::EvictResult BlockCache::EvictHostCopyLocked(TenantState& t, BlockRec
       // right after. Its callback takes no tenant lock (r has no host slot),
       // so it may run inline here.
       nvme_->Write(*nslot, meta, {t.host->arena_base() + offset, meta.payload_bytes}, IoPriority::kDemote,
-                   [this, &t, r](absl::Status s) {
+                   [this, &t, r, start = MonotonicNanos()](absl::Status s) {
+                     stats_->nvme_write_latency.Record(MonotonicNanos() - start);
                      if (!s.ok()) stats_->demotions_failed.Add();
                      OnNvmeWritten(r, s);
                      ReleaseIoRef(t, r);
@@ -166,7 +168,8 @@ void BlockCache::FinishDemotion(TenantState& t, const PendingDemotion& d) {
   BlockRecord* r = d.r;
   // The slot is still allocated to r: nobody else writes these bytes.
   nvme_->Write(d.nvme_slot, d.meta, {t.host->arena_base() + d.offset, d.meta.payload_bytes}, IoPriority::kDemote,
-               [this, &t, r](absl::Status s) {
+               [this, &t, r, start = MonotonicNanos()](absl::Status s) {
+                 stats_->nvme_write_latency.Record(MonotonicNanos() - start);
                  if (!s.ok()) stats_->demotions_failed.Add();
                  OnNvmeWritten(r, s);
                  ReleaseIoRef(t, r);
@@ -337,7 +340,8 @@ void BlockCache::WriteToNvme(TenantState& t, BlockRecord* r, IoPriority prio, St
   }
   stats_->writes_through.Add();
   nvme_->Write(nslot, meta, {t.host->arena_base() + offset, meta.payload_bytes}, prio,
-               [this, &t, r, done = std::move(done)](absl::Status s) mutable {
+               [this, &t, r, start = MonotonicNanos(), done = std::move(done)](absl::Status s) mutable {
+                 stats_->nvme_write_latency.Record(MonotonicNanos() - start);
                  OnNvmeWritten(r, s);
                  ReleaseIoRef(t, r);
                  std::move(done)(s);
@@ -457,6 +461,9 @@ void BlockCache::Promote(TenantState& t, BlockRecord* r, IoPriority prio, absl::
               [this, &t, r, hslot, read_start, bytes = meta.payload_bytes, parent_key, block_tokens = meta.block_tokens,
                done = std::move(done)](absl::Status s) mutable {
                 const bool ok = s.ok();
+                stats_->nvme_read_latency.Record(static_cast<uint64_t>(
+                    std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - read_start)
+                        .count()));
                 if (ok) {
                   cost_.RecordNvmeRead(
                       bytes, std::chrono::duration<double>(std::chrono::steady_clock::now() - read_start).count());

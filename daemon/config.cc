@@ -237,7 +237,7 @@ absl::StatusOr<Config> ParseConfig(std::string_view toml_text, std::string_view 
   }
   Config c = DefaultConfig();
   TableReader top(root, "", origin);
-  for (std::string_view t : {"daemon", "ipc", "tiers", "sim"}) {
+  for (std::string_view t : {"daemon", "ipc", "tiers", "sim", "metrics"}) {
     RETURN_IF_ERROR(CheckTableType(root, t, origin));
   }
   if (const toml::table* t = top.SubTable("daemon")) {
@@ -252,6 +252,13 @@ absl::StatusOr<Config> ParseConfig(std::string_view toml_text, std::string_view 
     auto algo = ParseHashAlgorithm(hash);
     if (!algo.ok()) return absl::InvalidArgumentError(Cat(origin, ": daemon.hash: ", algo.status().message()));
     c.hash = *algo;
+    RETURN_IF_ERROR(r.RejectUnknown());
+  }
+  if (const toml::table* t = top.SubTable("metrics")) {
+    TableReader r(*t, "metrics", origin);
+    RETURN_IF_ERROR(r.Bool("enabled", &c.metrics_enabled));
+    RETURN_IF_ERROR(r.String("address", &c.metrics_address));
+    RETURN_IF_ERROR(r.Int("port", &c.metrics_port, 0, 65535));
     RETURN_IF_ERROR(r.RejectUnknown());
   }
   if (const toml::table* t = top.SubTable("ipc")) {
@@ -440,6 +447,10 @@ std::string DefaultConfigToml() {
       "device = \"auto\"           # auto (CUDA when a device answers), cuda, sim\n"
       "hash = \"sha256\"           # block-key hash; xxh3-128 only with a single tenant\n"
       "drain_timeout_ms = 8000     # SIGTERM: finish open stores, write host blocks to NVMe, within this\n"
+      "\n[metrics]\n"
+      "enabled = true             # Prometheus text at http://address:port/metrics\n"
+      "address = \"127.0.0.1\"\n"
+      "port = 9464                 # 0: any free port (kvtierctl status shows it)\n"
       "\n[ipc]\n"
       "ring_entries = 256          # request/completion ring records per session\n"
       "scratch_bytes = \"4MiB\"     # per-session shared space for keys and results\n"

@@ -73,6 +73,10 @@ struct Config {
   std::string nvme_policy = "lru";
   // Per tenant: device memory for the GPU tier (0: no GPU tier).
   uint64_t gpu_capacity = 0;
+  // [metrics]: Prometheus text over HTTP (GET /metrics).
+  bool metrics_enabled = true;
+  std::string metrics_address = "127.0.0.1";
+  uint32_t metrics_port = 9464;  // 0: any free port (kvtierctl status shows which)
   // [cost_model]
   std::string cost_model_config;  // HF config.json; empty: ModelProfile::Default()
   double cost_prefill_tflops = 300;

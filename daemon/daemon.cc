@@ -159,6 +159,18 @@ absl::Status Daemon::Open() {
   Watch(wake_fd_.get(), FdKind::kWake, 0, EPOLLIN);
   spdlog::info("event=listening socket={} admin_socket={} hash={}", config_.DataSocketPath(),
                config_.AdminSocketPath(), HashAlgorithmName(config_.hash));
+  if (config_.metrics_enabled) {
+    absl::StatusOr<std::unique_ptr<MetricsServer>> m =
+        MetricsServer::Start(config_.metrics_address, static_cast<uint16_t>(config_.metrics_port),
+                             [this] { return StatusFromLoop(); });
+    if (m.ok()) {
+      metrics_ = std::move(*m);
+      spdlog::info("event=metrics url=http://{}:{}/metrics", config_.metrics_address, metrics_->port());
+    } else {
+      // Serving engines matters more than being scraped.
+      spdlog::error("event=metrics_unavailable detail=\"{}\"", m.status().message());
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -287,6 +299,7 @@ absl::Status Daemon::Run() {
         case FdKind::kWake: {
           uint64_t v;
           (void)!read(wake_fd_.get(), &v, sizeof(v));
+          AnswerStatusRequests();
           ReapSessions();
           break;
         }
@@ -617,6 +630,31 @@ void Daemon::Reload() {
   notifier_.Ready(StatusLine());
 }
 
+std::optional<nlohmann::json> Daemon::StatusFromLoop() {
+  auto request = std::make_shared<std::promise<std::optional<nlohmann::json>>>();
+  std::future<std::optional<nlohmann::json>> answer = request->get_future();
+  {
+    MutexLock l(&status_mu_);
+    if (status_closed_) return std::nullopt;
+    status_requests_.push_back(request);
+  }
+  const uint64_t one = 1;
+  (void)!write(wake_fd_.get(), &one, sizeof(one));
+  if (answer.wait_for(std::chrono::seconds(2)) != std::future_status::ready) return std::nullopt;
+  return answer.get();
+}
+
+void Daemon::AnswerStatusRequests() {
+  std::vector<std::shared_ptr<std::promise<std::optional<nlohmann::json>>>> requests;
+  {
+    MutexLock l(&status_mu_);
+    requests.swap(status_requests_);
+  }
+  if (requests.empty()) return;
+  const nlohmann::json s = Status();
+  for (auto& r : requests) r->set_value(s);
+}
+
 void Daemon::Drain() {
   const uint64_t start = MonotonicNanos();
   const uint64_t budget = uint64_t{config_.drain_timeout_ms} * 1'000'000;
@@ -672,6 +710,14 @@ void Daemon::Drain() {
 }
 
 void Daemon::CloseAll() {
+  {
+    // Scrapes waiting on the loop get "busy" now, and no new ones wait.
+    MutexLock l(&status_mu_);
+    status_closed_ = true;
+    for (auto& r : status_requests_) r->set_value(std::nullopt);
+    status_requests_.clear();
+  }
+  metrics_.reset();
   for (auto& [id, ls] : sessions_) ls.session->Stop(ipc::CloseReason::kShutdown);
   for (auto& [id, ls] : sessions_) ls.session->Join();
   const bool had = !closed_;  // once, whether Run or the destructor gets here first

@@ -11,14 +11,19 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
+#include <optional>
+#include <future>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
+#include "core/mutex.h"
 #include "core/unique_fd.h"
 #include "daemon/block_cache.h"
 #include "daemon/config.h"
 #include "daemon/gpu_cache.h"
+#include "daemon/metrics.h"
 #include "daemon/namespace_registry.h"
 #include "daemon/service_notify.h"
 #include "daemon/session.h"
@@ -87,11 +92,21 @@ class Daemon {
   // committed host blocks that have no NVMe copy to the NVMe tier and make
   // its journal durable, all within drain_timeout_ms.
   void Drain();
+  // Any thread (the metrics server's): the status JSON, built on the main
+  // loop; nullopt when the loop does not answer within 2 s (draining) or is
+  // stopping.
+  std::optional<nlohmann::json> StatusFromLoop();
+  void AnswerStatusRequests();
 
   Config config_;
   DaemonStats stats_;
   ServiceNotifier notifier_;
   ConfigLoader loader_;
+  std::unique_ptr<MetricsServer> metrics_;
+  Mutex status_mu_;
+  std::vector<std::shared_ptr<std::promise<std::optional<nlohmann::json>>>> status_requests_
+      ABSL_GUARDED_BY(status_mu_);
+  bool status_closed_ ABSL_GUARDED_BY(status_mu_) = false;
   bool closed_ = false;  // CloseAll ran
   std::unique_ptr<DeviceBackend> device_;
   std::string device_reason_;

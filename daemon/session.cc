@@ -324,6 +324,12 @@ bool Session::PostDeferred(ipc::RingProducer<CompletionRecord>& cq) {
     if (d.outcome.status != 0) WriteMessage(d.req, d.outcome.message);
     const Outcome& o = d.outcome;
     const bool posted = Post(cq, CompletionRecord{d.req.op_id, o.status, o.count, o.handle, o.value});
+    if (auto it = deferred_started_.find(d.req.op_id); it != deferred_started_.end()) {
+      if (d.req.opcode < stats_->op_latency.size()) {
+        stats_->op_latency[d.req.opcode].Record(MonotonicNanos() - it->second);
+      }
+      deferred_started_.erase(it);
+    }
     async_in_flight_.fetch_sub(1, std::memory_order_acq_rel);
     if (!posted) return false;
   }
@@ -377,12 +383,15 @@ void Session::Run() {
       break;
     }
     if (pr == ipc::PopResult::kOk) {
+      const uint64_t started = MonotonicNanos();
       Outcome o = Process(req);
       ops_.fetch_add(1, std::memory_order_relaxed);
       if (o.deferred) {
+        deferred_started_[req.op_id] = started;
         idle_since = MonotonicNanos();
         continue;
       }
+      if (req.opcode < stats_->op_latency.size()) stats_->op_latency[req.opcode].Record(MonotonicNanos() - started);
       if (o.status != 0) WriteMessage(req, o.message);
       if (!Post(cq, CompletionRecord{req.op_id, o.status, o.count, o.handle, o.value})) break;
       cache_->ObservePending(holdings_);

@@ -154,6 +154,8 @@ class Session {
   // GPU copies a leased lookup pinned for the engine to read, by lease;
   // unpinned when the lease is released or the session ends. Session thread.
   absl::flat_hash_map<uint64_t, std::vector<BlockKey>> gpu_pins_;
+  // When each deferred operation was taken (for its latency). Session thread.
+  absl::flat_hash_map<uint64_t, uint64_t> deferred_started_;
   void ReleaseGpuPins(uint64_t lease);
   std::unique_ptr<EngineCaches> engines_;  // null without a device backend
   SessionHoldings holdings_;  // session thread only (atomics inside are shared)

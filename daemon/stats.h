@@ -3,6 +3,7 @@
 #ifndef KVTIER_DAEMON_STATS_H_
 #define KVTIER_DAEMON_STATS_H_
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 
@@ -12,6 +13,40 @@ struct Counter {
   std::atomic<uint64_t> v{0};
   void Add(uint64_t n = 1) { v.fetch_add(n, std::memory_order_relaxed); }
   uint64_t Get() const { return v.load(std::memory_order_relaxed); }
+};
+
+// A latency histogram with fixed bounds (seconds, Prometheus style: a
+// bucket counts observations <= its bound; the last is +Inf).
+class Histogram {
+ public:
+  static constexpr std::array<double, 15> kBounds = {1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4,
+                                                     5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 1e-1, 1.0};
+  static constexpr size_t kBuckets = kBounds.size() + 1;
+  void Record(uint64_t ns) {
+    const double s = double(ns) * 1e-9;
+    size_t i = 0;
+    while (i < kBounds.size() && s > kBounds[i]) ++i;
+    buckets_[i].fetch_add(1, std::memory_order_relaxed);
+    sum_ns_.fetch_add(ns, std::memory_order_relaxed);
+  }
+  struct Snapshot {
+    std::array<uint64_t, kBuckets> counts{};  // per bucket, not cumulative
+    uint64_t count = 0;
+    double sum_s = 0;
+  };
+  Snapshot Get() const {
+    Snapshot s;
+    for (size_t i = 0; i < kBuckets; ++i) {
+      s.counts[i] = buckets_[i].load(std::memory_order_relaxed);
+      s.count += s.counts[i];
+    }
+    s.sum_s = double(sum_ns_.load(std::memory_order_relaxed)) * 1e-9;
+    return s;
+  }
+
+ private:
+  std::array<std::atomic<uint64_t>, kBuckets> buckets_{};
+  std::atomic<uint64_t> sum_ns_{0};
 };
 
 struct DaemonStats {
@@ -50,6 +85,11 @@ struct DaemonStats {
   Counter reloads, reloads_failed;
   // SIGTERM: stores refused while draining.
   Counter store_refused_draining;
+  // Latency: each request from the session thread taking it to its
+  // completion, by opcode (index = ipc::Opcode, 0 unused); NVMe transfers
+  // from submission to callback.
+  std::array<Histogram, 14> op_latency;
+  Histogram nvme_read_latency, nvme_write_latency;
 };
 
 }  // namespace kvtier

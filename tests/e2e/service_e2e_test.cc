@@ -16,6 +16,8 @@
 #include <thread>
 #include <vector>
 
+#include <httplib.h>
+
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kvtier/client.h"
@@ -252,6 +254,94 @@ TEST(ServiceE2eTest, SigtermDrainsUnderLoadAndLosesNoAcknowledgedStore) {
     }
   }
   EXPECT_EQ(correct, blocks) << "every acknowledged block is back, byte for byte (" << seeds.size() << " stores)";
+}
+
+// Runs a command line, feeding `input` on stdin; returns its exit code and
+// what it printed (stdout and stderr).
+std::pair<int, std::string> RunWithInput(const std::string& cmd, const std::string& input) {
+  const std::string in = ::testing::TempDir() + "/kvtier-metrics-in-" + std::to_string(getpid());
+  std::ofstream(in) << input;
+  FILE* p = popen((cmd + " < " + in + " 2>&1").c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while (p != nullptr && (n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  const int st = p == nullptr ? -1 : pclose(p);
+  unlink(in.c_str());
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+
+// The value of a sample line "name{labels} value" (or "name value").
+double Sample(const std::string& text, const std::string& series) {
+  const size_t at = text.find("\n" + series + " ");
+  if (at == std::string::npos) return -1;
+  return std::stod(text.substr(at + series.size() + 2));
+}
+
+TEST(ServiceE2eTest, MetricsAreScrapedAndPassPromtool) {
+  DaemonProcess d(absl::StrCat("[metrics]\nport = 0\n[[tenants]]\nname = \"team\"\nuids = [", getuid(),
+                               "]\nsalt = \"s3cret-salt-value\"\n"));
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  auto status = d.Status();
+  ASSERT_TRUE(status.ok());
+  ASSERT_TRUE((*status)["metrics"]["enabled"].get<bool>());
+  const int port = (*status)["metrics"]["port"];
+  // Traffic: a store of 4 blocks, a leased lookup of 6 (4 hit), a load.
+  auto c = testing::AttachTo(d.socket_path(), testing::TestNamespace(4096, "metrics"));
+  ASSERT_NE(c, nullptr);
+  const auto keys = testing::SeededKeys(*c, 7, 6);
+  ASSERT_TRUE(testing::StoreFilled(*c, std::span(keys).first(4)).ok());
+  auto hit = c->Lookup(keys, {.lease = true});
+  ASSERT_TRUE(hit.ok());
+  ASSERT_EQ(hit->hit_blocks, 4u);
+  ASSERT_TRUE(c->Load(hit->lease, std::span(keys).first(4)).ok());
+
+  httplib::Client http("127.0.0.1", port);
+  auto res = http.Get("/metrics");
+  ASSERT_TRUE(res) << "no answer on port " << port;
+  ASSERT_EQ(res->status, 200);
+  const std::string text = "\n" + res->body;
+  EXPECT_NE(res->get_header_value("Content-Type").find("text/plain"), std::string::npos);
+  // Both hit figures, and the ones they come from.
+  EXPECT_EQ(Sample(text, "kvtier_hit_rate"), 1.0);
+  EXPECT_NEAR(Sample(text, "kvtier_reused_token_ratio"), 4.0 / 6.0, 1e-6);
+  EXPECT_EQ(Sample(text, "kvtier_lookups_total"), 1);
+  EXPECT_EQ(Sample(text, "kvtier_blocks_hit_total{tier=\"host\"}"), 4);
+  EXPECT_EQ(Sample(text, "kvtier_blocks_missed_total"), 2);
+  EXPECT_EQ(Sample(text, "kvtier_tier_blocks{tier=\"host\"}"), 4);
+  EXPECT_EQ(Sample(text, "kvtier_bytes_moved_total{direction=\"engine_to_host\"}"), 4 * 4096);
+  EXPECT_EQ(Sample(text, "kvtier_bytes_moved_total{direction=\"host_to_engine\"}"), 4 * 4096);
+  EXPECT_EQ(Sample(text, "kvtier_sessions"), 1);
+  EXPECT_EQ(Sample(text, "kvtier_leases"), 1);
+  EXPECT_EQ(Sample(text, "kvtier_pinned_blocks"), 4);
+  EXPECT_EQ(Sample(text, "kvtier_op_latency_seconds_count{op=\"lookup\"}"), 1);
+  EXPECT_EQ(Sample(text, "kvtier_op_latency_seconds_bucket{op=\"lookup\",le=\"+Inf\"}"), 1);
+  EXPECT_EQ(Sample(text, "kvtier_op_latency_seconds_count{op=\"store_begin\"}"), 1);
+  EXPECT_EQ(Sample(text, "kvtier_checksum_failures_total"), 0);
+  EXPECT_EQ(text.find("s3cret-salt-value"), std::string::npos) << "salts never reach metrics";
+  // The exposition format as Prometheus itself reads it.
+  if (system("command -v promtool >/dev/null 2>&1") != 0) GTEST_SKIP() << "promtool is not installed";
+  const auto [rc, out] = RunWithInput("promtool check metrics", res->body);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_EQ(out.find("error"), std::string::npos) << out;
+  ASSERT_TRUE(c->Release(hit->lease).ok());
+}
+
+TEST(ServiceE2eTest, MetricsOffAndPortInUseAreSaidPlainly) {
+  // A port in use: the daemon serves engines anyway and says why there are
+  // no metrics.
+  httplib::Server blocker;
+  const int taken = blocker.bind_to_any_port("127.0.0.1");
+  ASSERT_GT(taken, 0);
+  DaemonProcess d(absl::StrCat("[metrics]\nport = ", taken, "\n"));
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  auto status = d.Status();
+  ASSERT_TRUE(status.ok());
+  EXPECT_FALSE((*status)["metrics"]["enabled"].get<bool>());
+  EXPECT_NE(d.Log().find("event=metrics_unavailable"), std::string::npos) << d.Log();
+  DaemonProcess off;  // the test default: [metrics] enabled = false
+  ASSERT_TRUE(off.Start().ok());
+  EXPECT_FALSE((*off.Status())["metrics"]["enabled"].get<bool>());
 }
 
 TEST(ServiceE2eTest, WithoutNotifySocketNothingIsSentAndTheDaemonRuns) {

@@ -64,6 +64,8 @@ absl::Status DaemonProcess::Start() {
   // Host tier only unless the caller configures NVMe: a child daemon should
   // not preallocate gigabytes by default.
   if (cfg.find("[tiers.nvme]") == std::string::npos) cfg += "\n[tiers.nvme]\ncapacity = 0\n";
+  // Many test daemons run at once: no fixed metrics port unless asked for.
+  if (cfg.find("[metrics]") == std::string::npos) cfg += "\n[metrics]\nenabled = false\n";
   if (cfg.find("[daemon]") == std::string::npos) {
     cfg = absl::StrCat("[daemon]\nrun_dir = \"", dir_.path(), "\"\ndata_dir = \"",
                        data_dir_.empty() ? dir_.path() + "/data" : data_dir_, "\"\nlog_level = \"debug\"\n", cfg);

@@ -1,0 +1,56 @@
+// Prometheus metrics: kvtierd's status rendered in the text exposition
+// format, served over HTTP on a local address (cpp-httplib). See
+// docs/operations.md for the families.
+#ifndef KVTIER_DAEMON_METRICS_H_
+#define KVTIER_DAEMON_METRICS_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "daemon/stats.h"
+#include "nlohmann/json.hpp"
+
+namespace httplib {
+class Server;
+}
+
+namespace kvtier {
+
+// Names of the request opcodes (index = ipc::Opcode), as the "op" label.
+extern const char* const kOpNames[14];
+
+// A histogram as the status JSON carries it: bounds, per-bucket counts,
+// count, sum.
+nlohmann::json HistogramJson(const Histogram::Snapshot& h);
+
+// The exposition text for a status JSON (Daemon::Status()). Never contains
+// block contents, keys, prompts or salts: only counts, sizes and names of
+// tiers, tenants and policies.
+std::string PrometheusText(const nlohmann::json& status);
+
+// Serves GET /metrics on address:port from its own thread. `snapshot`
+// returns the status JSON (nullopt: the daemon is busy; the scrape gets 503).
+class MetricsServer {
+ public:
+  using Snapshot = std::function<std::optional<nlohmann::json>()>;
+  // port 0 picks a free port. Errors name the address.
+  static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(const std::string& address, uint16_t port,
+                                                              Snapshot snapshot);
+  ~MetricsServer();
+  uint16_t port() const { return port_; }
+
+ private:
+  MetricsServer() = default;
+  std::unique_ptr<httplib::Server> server_;
+  std::thread thread_;
+  uint16_t port_ = 0;
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_DAEMON_METRICS_H_
