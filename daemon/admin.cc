@@ -5,9 +5,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 
 #include "absl/strings/str_cat.h"
+#include "core/block_key.h"
 #include "core/namespace.h"
 #include "core/units.h"
 #include "daemon/daemon.h"
@@ -83,9 +85,108 @@ void Daemon::OnAdminConn(int fd) {
 
 nlohmann::json Daemon::HandleAdmin(const nlohmann::json& request) {
   const std::string cmd = request.value("cmd", std::string());
+  using nlohmann::json;
   if (cmd == "status") return Status();
-  if (cmd == "ping") return nlohmann::json{{"ok", true}};
-  return Error(absl::StrCat("unknown command \"", cmd, "\"; known: status, ping"));
+  if (cmd == "ping") return json{{"ok", true}};
+  if (cmd == "config") return json{{"ok", true}, {"config", ConfigJson()}};
+  if (cmd == "drain") {
+    // Answered first; the loop drains (as on SIGTERM) and exits after.
+    drain_requested_ = true;
+    spdlog::info("event=admin_drain");
+    return json{{"ok", true}, {"draining", true}, {"timeout_ms", config_.drain_timeout_ms}};
+  }
+  if (cmd == "flush") {
+    if (cache_->nvme_tier() == nullptr) return Error("kvtierd has no NVMe tier to flush to ([tiers.nvme] capacity = 0)");
+    // Bounded: the loop (and the watchdog's pings) waits for it.
+    const int64_t ms = std::clamp<int64_t>(request.value("timeout_ms", int64_t{10000}), 1, 10000);
+    const BlockCache::FlushResult f = cache_->FlushToNvme(std::chrono::milliseconds(ms));
+    spdlog::info("event=admin_flush written={} already_on_nvme={} failed={} timed_out={}", f.written,
+                 f.already_on_nvme, f.failed, f.timed_out);
+    return json{{"ok", true},          {"written", f.written}, {"already_on_nvme", f.already_on_nvme},
+                {"failed", f.failed},  {"timed_out", f.timed_out},
+                {"journal", f.sync.ok() ? std::string("durable") : std::string(f.sync.message())}};
+  }
+  if (cmd == "evict") {
+    const std::string tenant = request.value("tenant", std::string());
+    if (tenant.empty()) return Error("evict needs a tenant (kvtierctl evict --tenant NAME)");
+    absl::StatusOr<uint64_t> n = cache_->EvictTenant(tenant);
+    if (!n.ok()) return Error(std::string(n.status().message()));
+    spdlog::info("event=admin_evict tenant={} evicted={}", tenant, *n);
+    return json{{"ok", true}, {"tenant", tenant}, {"evicted", *n}};
+  }
+  if (cmd == "blocks") {
+    std::optional<uint16_t> tenant;
+    if (request.contains("tenant")) {
+      auto it = tenant_index_.find(request.value("tenant", std::string()));
+      if (it == tenant_index_.end()) return Error(absl::StrCat("no tenant \"", request.value("tenant", std::string()), "\""));
+      tenant = it->second;
+    }
+    std::optional<BlockKey> key;
+    if (request.contains("key")) {
+      absl::StatusOr<BlockKey> k = ParseBlockKeyHex(request.value("key", std::string()));
+      if (!k.ok()) return Error(absl::StrCat("key: ", k.status().message()));
+      key = *k;
+    }
+    const size_t limit = std::clamp<int64_t>(request.value("limit", int64_t{100}), 1, 100000);
+    absl::flat_hash_map<uint32_t, NamespaceInfo> ns;
+    for (const NamespaceInfo& n : namespaces_.List()) ns[n.handle] = n;
+    json blocks = json::array();
+    for (const BlockCache::BlockInfo& b : cache_->ListBlocks(tenant, limit, key ? &*key : nullptr)) {
+      const auto it = ns.find(b.ns);
+      json tiers = json::array();
+      if (b.on_host) tiers.push_back("host");
+      if (b.on_nvme) tiers.push_back("nvme");
+      blocks.push_back({{"key", b.key.Hex()},
+                        {"namespace", it == ns.end() ? std::string("?") : it->second.id.Hex()},
+                        {"model", it == ns.end() ? std::string() : it->second.model_id},
+                        {"tenant", cache_->tenant_name(b.tenant)},
+                        {"tiers", tiers},
+                        {"moving", b.moving},
+                        {"pins", b.pins},
+                        {"depth", b.depth == kUnknownDepth ? json(nullptr) : json(b.depth)},
+                        {"tokens", b.tokens},
+                        {"bytes", b.bytes}});
+    }
+    return json{{"ok", true}, {"blocks", blocks}, {"limit", limit}, {"indexed_blocks", cache_->indexed_blocks()}};
+  }
+  return Error(absl::StrCat("unknown command \"", cmd, "\"; known: status, ping, config, blocks, evict, flush, drain"));
+}
+
+nlohmann::json Daemon::ConfigJson() const {
+  using nlohmann::json;
+  const Config& c = config_;
+  json tenants = json::array();
+  for (const TenantConfig& t : c.tenants) {
+    tenants.push_back({{"name", t.name},
+                       {"uids", t.uids},
+                       {"gids", t.gids},
+                       {"salt", t.salt.empty() ? "" : "<set>"},  // a secret: never shown
+                       {"host_bytes", t.host_bytes},
+                       {"host_tokens", t.host_tokens},
+                       {"nvme_bytes", t.nvme_bytes},
+                       {"nvme_tokens", t.nvme_tokens}});
+  }
+  return json{{"daemon", {{"run_dir", c.run_dir}, {"data_dir", c.data_dir}, {"log_level", c.log_level},
+                          {"device", c.device}, {"hash", std::string(HashAlgorithmName(c.hash))},
+                          {"drain_timeout_ms", c.drain_timeout_ms}}},
+              {"ipc", {{"ring_entries", c.ring_entries}, {"scratch_bytes", c.scratch_bytes},
+                       {"max_keys_per_op", c.max_keys_per_op}, {"spin_us", c.spin_us},
+                       {"max_sessions", c.max_sessions}, {"max_leases_per_session", c.max_leases_per_session}}},
+              {"metrics", {{"enabled", c.metrics_enabled}, {"address", c.metrics_address}, {"port", c.metrics_port}}},
+              {"tiers", {{"host", {{"capacity", c.host_capacity}, {"prefault", c.host_prefault}, {"policy", c.host_policy},
+                                   {"high_watermark", c.host_high_watermark},
+                                   {"low_watermark", c.host_low_watermark}}},
+                         {"nvme", {{"dirs", c.NvmeDirs()}, {"capacity", c.nvme_capacity},
+                                   {"segment_bytes", c.nvme_segment_bytes}, {"queue_depth", c.nvme_queue_depth},
+                                   {"io_workers", c.nvme_io_workers}, {"io_engine", c.nvme_io_engine},
+                                   {"allow_buffered", c.nvme_allow_buffered}, {"staging_bytes", c.nvme_staging_bytes},
+                                   {"write_through", c.nvme_write_through}, {"policy", c.nvme_policy}}},
+                         {"gpu", {{"capacity", c.gpu_capacity}}}}},
+              {"cost_model", {{"model_config", c.cost_model_config}, {"prefill_tflops", c.cost_prefill_tflops},
+                              {"nvme_read_gbps", c.cost_nvme_read_gbps},
+                              {"nvme_read_latency_us", c.cost_nvme_read_latency_us}, {"decide", c.cost_decide}}},
+              {"sim", {{"bandwidth", c.sim_bandwidth}}},
+              {"tenants", tenants}};
 }
 
 nlohmann::json Daemon::Status() const {

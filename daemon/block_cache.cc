@@ -170,6 +170,7 @@ BlockCache::FlushResult BlockCache::FlushToNvme(std::chrono::nanoseconds timeout
         MutexLock sl(&sh.mu);
         if (r->removed || r->state != BlockState::kReady) continue;
         if (r->nvme_state == NvmeState::kNone) {
+          ++r->io_refs;  // held until WriteToNvme took its own: r stays put meanwhile
           todo.push_back(r);
         } else {
           ++out.already_on_nvme;
@@ -189,6 +190,7 @@ BlockCache::FlushResult BlockCache::FlushToNvme(std::chrono::nanoseconds timeout
         }
         job->cv.notify_all();
       });
+      ReleaseIoRef(t, r);
     }
   }
   {
@@ -201,6 +203,56 @@ BlockCache::FlushResult BlockCache::FlushToNvme(std::chrono::nanoseconds timeout
   }
   out.sync = nvme_->Sync();
   return out;
+}
+
+std::vector<BlockCache::BlockInfo> BlockCache::ListBlocks(std::optional<uint16_t> tenant, size_t limit,
+                                                          const BlockKey* key) {
+  std::vector<BlockInfo> out;
+  for (BlockIndex::Shard& sh : index_.shards()) {
+    MutexLock sl(&sh.mu);
+    for (const BlockRecord* r : sh.set) {
+      if (out.size() >= limit) break;
+      if (tenant && r->tenant != *tenant) continue;
+      if (key != nullptr && r->key != *key) continue;
+      if (!r->visible()) continue;
+      BlockInfo b;
+      b.key = r->key;
+      b.ns = r->ns;
+      b.tenant = r->tenant;
+      b.on_host = r->state == BlockState::kReady;
+      b.on_nvme = r->nvme_state == NvmeState::kReady;
+      b.moving = r->nvme_state == NvmeState::kWriting || r->state != BlockState::kReady;
+      b.pins = r->pins;
+      b.depth = r->depth;
+      out.push_back(b);
+    }
+  }
+  MutexLock l(&ns_mu_);
+  for (BlockInfo& b : out) {
+    if (b.ns < ns_info_.size()) {
+      b.tokens = ns_info_[b.ns].block_tokens;
+      b.bytes = ns_info_[b.ns].block_bytes;
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<uint64_t> BlockCache::EvictTenant(const std::string& tenant) {
+  for (const auto& tp : tenants_) {
+    TenantState& t = *tp;
+    if (t.name != tenant) continue;
+    uint64_t evicted = 0;
+    MutexLock l(&t.mu);
+    // Bounded: a victim that turns out busy is skipped, not retried forever.
+    const uint64_t slots = t.host->Usage().used_slots;
+    for (uint64_t i = 0; i < slots; ++i) {
+      const uint64_t before = t.host->Usage().used_slots;
+      if (!EvictColdestLocked(t)) break;  // counts its evictions
+      if (t.host->Usage().used_slots < before) ++evicted;
+    }
+    return evicted;
+  }
+  return absl::NotFoundError(absl::StrCat("no tenant \"", tenant, "\""));
 }
 
 absl::Status BlockCache::SetQuota(const std::string& tenant, TenantQuota quota) {

@@ -153,14 +153,31 @@ class BlockCache {
   void SetDraining() { draining_.store(true, std::memory_order_release); }
   // Writes every committed host block without an NVMe copy to the NVMe
   // tier and makes the journal durable, so a restart serves them again.
-  // Only when no session runs and the reclaimer is stopped (records must
-  // stay put). Waits at most `timeout` for the writes.
+  // Thread-safe (blocks moving meanwhile are counted as failed). Waits at
+  // most `timeout` for the writes.
   struct FlushResult {
     uint64_t written = 0, failed = 0, already_on_nvme = 0;
     bool timed_out = false;
     absl::Status sync;
   };
   FlushResult FlushToNvme(std::chrono::nanoseconds timeout);
+
+  // Thread-safe. Up to `limit` visible blocks (of one tenant, or with one
+  // key), for kvtierctl blocks: where each is, its pins and size.
+  struct BlockInfo {
+    BlockKey key;
+    uint32_t ns = 0;
+    uint16_t tenant = 0;
+    bool on_host = false, on_nvme = false, moving = false;
+    uint32_t pins = 0;
+    uint16_t depth = kUnknownDepth;
+    uint32_t tokens = 0;
+    uint64_t bytes = 0;
+  };
+  std::vector<BlockInfo> ListBlocks(std::optional<uint16_t> tenant, size_t limit, const BlockKey* key = nullptr);
+  // Thread-safe. Evicts every unpinned host block of a tenant (demoting
+  // those worth keeping to NVMe, as evictions do); returns how many.
+  absl::StatusOr<uint64_t> EvictTenant(const std::string& tenant);
   // Stops it after its current batch (whose slots are then free); stores
   // evict on their own path from then on. Main thread.
   void StopBackgroundReclaim();

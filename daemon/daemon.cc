@@ -320,6 +320,10 @@ absl::Status Daemon::Run() {
     }
     ExpirePendingAttaches();
     ReapSessions();
+    if (drain_requested_ && !stop_.load(std::memory_order_acquire)) {
+      Drain();
+      stop_.store(true, std::memory_order_release);
+    }
   }
   notifier_.Stopping("stopping: closing sessions");
   CloseAll();

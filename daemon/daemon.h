@@ -97,6 +97,8 @@ class Daemon {
   // stopping.
   std::optional<nlohmann::json> StatusFromLoop();
   void AnswerStatusRequests();
+  // The running config for kvtierctl config show (salts redacted).
+  nlohmann::json ConfigJson() const;
 
   Config config_;
   DaemonStats stats_;
@@ -108,6 +110,7 @@ class Daemon {
       ABSL_GUARDED_BY(status_mu_);
   bool status_closed_ ABSL_GUARDED_BY(status_mu_) = false;
   bool closed_ = false;  // CloseAll ran
+  bool drain_requested_ = false;  // kvtierctl drain: the loop drains after answering
   std::unique_ptr<DeviceBackend> device_;
   std::string device_reason_;
   absl::flat_hash_set<std::string> arena_registered_;  // tenants whose host arena the device can reach

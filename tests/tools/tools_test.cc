@@ -1,7 +1,10 @@
 // The tools as a user runs them: real binaries against a real kvtierd,
 // checking what they print and how they exit.
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -148,6 +151,116 @@ TEST(ToolsTest, CapacityPlannerNamesWhatIsMissing) {
   o = RunCommand(ctl + " capacity -m " + no_dtype + " --dtype float16 --trace " + bad_trace + " 2>&1");
   EXPECT_EQ(o.exit_code, 4);
   EXPECT_NE(o.out.find("bad.jsonl:2"), std::string::npos) << "the line at fault: " << o.out;
+}
+
+// Every kvtierctl command against a live daemon, in both output forms.
+TEST(ToolsTest, KvtierctlCommandsInBothForms) {
+  testing::TempDir data;
+  testing::DaemonProcess d("[tiers.nvme]\ndirs = [\"" + data.File("nvme") +
+                           "\"]\ncapacity = \"64MiB\"\nsegment_bytes = \"16MiB\"\nstaging_bytes = \"8MiB\"\n"
+                           "[[tenants]]\nname = \"team\"\nuids = [" + std::to_string(getuid()) +
+                           "]\nsalt = \"do-not-show-me\"\nhost_tokens = 100000\n");
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  ASSERT_EQ(RunCommand(Tool("kvtier-replay") + " --socket " + d.socket_path() +
+                       " --conversations 2 --turns 2 --sessions 1 --block-bytes 16KiB > /dev/null")
+                .exit_code,
+            0);
+  const std::string ctl = Tool("kvtierctl") + " --socket " + d.admin_socket_path();
+  auto json_of = [&](const std::string& args) {
+    Output o = RunCommand(ctl + " --json " + args);
+    EXPECT_EQ(o.exit_code, 0) << args << ": " << o.out;
+    return nlohmann::json::parse(o.out, nullptr, false);
+  };
+  auto human = [&](const std::string& args) {
+    Output o = RunCommand(ctl + " " + args);
+    EXPECT_EQ(o.exit_code, 0) << args << ": " << o.out;
+    return o.out;
+  };
+
+  nlohmann::json status = json_of("status");
+  const uint64_t indexed = status["indexed_blocks"];
+  ASSERT_GT(indexed, 0u);
+  EXPECT_NE(human("sessions").find("no sessions attached"), std::string::npos);
+  EXPECT_TRUE(json_of("sessions")["sessions"].is_array());
+  EXPECT_NE(human("tenants").find("team"), std::string::npos);
+  EXPECT_EQ(json_of("tenants")["tenants"][0]["name"], "team");
+  EXPECT_NE(human("tiers").find("nvme tier"), std::string::npos);
+
+  nlohmann::json ls = json_of("blocks ls --limit 5");
+  ASSERT_EQ(ls["blocks"].size(), 5u);
+  EXPECT_EQ(ls["indexed_blocks"], indexed);
+  const std::string key = ls["blocks"][0]["key"];
+  EXPECT_EQ(key.size(), 64u);
+  EXPECT_EQ(ls["blocks"][0]["tenant"], "team");
+  EXPECT_EQ(ls["blocks"][0]["tiers"][0], "host");
+  EXPECT_EQ(ls["blocks"][0]["bytes"], 16384);
+  EXPECT_NE(human("blocks ls --tenant team").find(key.substr(0, 16)), std::string::npos);
+  EXPECT_EQ(json_of("blocks inspect " + key)["key"], key);
+  EXPECT_NE(human("blocks inspect " + key).find(key), std::string::npos);
+  EXPECT_EQ(RunCommand(ctl + " blocks inspect " + std::string(64, '0') + " 2>/dev/null").exit_code, 3) << "no such block";
+  EXPECT_EQ(RunCommand(ctl + " blocks inspect nothex 2>/dev/null").exit_code, 3);
+  EXPECT_EQ(RunCommand(ctl + " blocks ls --tenant nobody 2>/dev/null").exit_code, 3);
+
+  nlohmann::json config = json_of("config show");
+  EXPECT_EQ(config["tenants"][0]["salt"], "<set>");
+  EXPECT_EQ(config["tenants"][0]["host_tokens"], 100000);
+  const std::string shown = human("config show");
+  EXPECT_NE(shown.find("tiers.nvme.capacity = 67108864"), std::string::npos) << shown;
+  EXPECT_EQ(shown.find("do-not-show-me"), std::string::npos) << "salts are never shown";
+
+  // top: frames refresh in place; --json prints one object per frame.
+  const std::string frames = human("top -n 2 -i 0.1");
+  EXPECT_NE(frames.find("\033[H\033[2J"), std::string::npos);
+  EXPECT_NE(frames.find("hit rate ["), std::string::npos);
+  EXPECT_NE(frames.find("%"), std::string::npos);
+  Output top_json = RunCommand(ctl + " --json top -n 2 -i 0.1");
+  ASSERT_EQ(top_json.exit_code, 0);
+  EXPECT_EQ(std::count(top_json.out.begin(), top_json.out.end(), '\n'), 2);
+
+  // flush writes every host-only block to NVMe; evict then empties host memory.
+  nlohmann::json flushed = json_of("flush");
+  EXPECT_EQ(flushed["written"].get<uint64_t>() + flushed["already_on_nvme"].get<uint64_t>(), indexed);
+  EXPECT_EQ(flushed["failed"], 0);
+  EXPECT_EQ(flushed["journal"], "durable");
+  EXPECT_NE(human("flush").find("wrote 0 blocks to NVMe (" + std::to_string(indexed) + " were there already"),
+            std::string::npos);
+  nlohmann::json evicted = json_of("evict --tenant team");
+  EXPECT_EQ(evicted["evicted"], indexed);
+  status = json_of("status");
+  EXPECT_EQ(status["tiers"][0]["blocks"], 0) << "host memory is empty";
+  EXPECT_EQ(status["tiers"][1]["blocks"], indexed) << "every block is on NVMe";
+  EXPECT_EQ(RunCommand(ctl + " evict --tenant nobody 2>/dev/null").exit_code, 3);
+
+  // drain: answered, then the daemon drains and exits 0.
+  EXPECT_NE(human("drain").find("draining"), std::string::npos);
+  const int st = d.WaitExit(std::chrono::seconds(10));
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
+  EXPECT_EQ(RunCommand(ctl + " status 2>/dev/null").exit_code, 1) << "gone: unreachable";
+}
+
+// The admin socket is owner and group only: another user is refused by the
+// socket's mode, and by the daemon itself if the mode is loosened.
+TEST(ToolsTest, TheAdminSocketRefusesAnotherUser) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run kvtierctl as another user";
+  testing::DaemonProcess d;
+  ASSERT_TRUE(d.Start().ok());
+  ASSERT_EQ(chmod(d.dir().c_str(), 0755), 0);  // let the other user reach the socket's folder
+  auto as_nobody = [&]() {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      if (setgid(65534) != 0 || setuid(65534) != 0) _exit(90);
+      const std::string cmd = Tool("kvtierctl") + " --socket " + d.admin_socket_path() + " status >/dev/null 2>&1";
+      execl("/bin/sh", "sh", "-c", cmd.c_str(), nullptr);
+      _exit(91);
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  };
+  EXPECT_EQ(as_nobody(), 1) << "mode 0660: connect is refused";
+  ASSERT_EQ(chmod(d.admin_socket_path().c_str(), 0666), 0);
+  EXPECT_EQ(as_nobody(), 3) << "mode loosened: the daemon refuses by credentials";
+  EXPECT_NE(d.Log().find("event=admin_refused uid=65534"), std::string::npos) << d.Log();
 }
 
 TEST(ToolsTest, ReplayOfAHandMadeTraceGivesTheHandComputedRates) {
