@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <sstream>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -89,17 +90,13 @@ std::string PrometheusText(const json& s) {
   w.Sample("kvtier_uptime_seconds", "", s["uptime_s"].get<double>());
 
   // Tiers.
-  w.Family("kvtier_tier_capacity_bytes", "gauge", "Bytes each tier can hold.");
-  for (const json& t : s["tiers"]) {
-    w.Sample("kvtier_tier_capacity_bytes", "tier=\"" + Esc(t["tier"]) + "\"", double(U(t, "capacity_bytes")));
-  }
-  w.Family("kvtier_tier_used_bytes", "gauge", "Bytes in use in each tier.");
-  for (const json& t : s["tiers"]) {
-    w.Sample("kvtier_tier_used_bytes", "tier=\"" + Esc(t["tier"]) + "\"", double(U(t, "used_bytes")));
-  }
-  w.Family("kvtier_tier_blocks", "gauge", "Blocks held in each tier.");
-  for (const json& t : s["tiers"]) {
-    w.Sample("kvtier_tier_blocks", "tier=\"" + Esc(t["tier"]) + "\"", double(U(t, "blocks")));
+  const std::tuple<const char*, const char*, const char*> tier_gauges[] = {
+      {"kvtier_tier_capacity_bytes", "capacity_bytes", "Bytes each tier can hold."},
+      {"kvtier_tier_used_bytes", "used_bytes", "Bytes in use in each tier."},
+      {"kvtier_tier_blocks", "blocks", "Blocks held in each tier."}};
+  for (const auto& [family, key, help] : tier_gauges) {
+    w.Family(family, "gauge", help);
+    for (const json& t : s["tiers"]) w.Sample(family, "tier=\"" + Esc(t["tier"]) + "\"", double(U(t, key)));
   }
   w.Family("kvtier_tier_healthy", "gauge", "1 when the tier is healthy.");
   for (const json& t : s["tiers"]) {

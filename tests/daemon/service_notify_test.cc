@@ -2,47 +2,20 @@
 // (the watchdog at half its interval, status only when it changed).
 #include "daemon/service_notify.h"
 
-#include <poll.h>
-#include <sys/socket.h>
-#include <sys/un.h>
-#include <unistd.h>
-
 #include <cstdlib>
 #include <string>
 
 #include "gtest/gtest.h"
+#include "tests/support/notify_socket.h"
 
 namespace kvtier {
 namespace {
 
 class NotifyTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    path_ = ::testing::TempDir() + "/kvtier-notify-unit-" + std::to_string(getpid());
-    unlink(path_.c_str());
-    fd_ = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    sockaddr_un a{};
-    a.sun_family = AF_UNIX;
-    path_.copy(a.sun_path, sizeof(a.sun_path) - 1);
-    ASSERT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-    setenv("NOTIFY_SOCKET", path_.c_str(), 1);
-    setenv("WATCHDOG_USEC", "1000000", 1);  // 1 s
-  }
-  void TearDown() override {
-    unsetenv("NOTIFY_SOCKET");
-    unsetenv("WATCHDOG_USEC");
-    close(fd_);
-    unlink(path_.c_str());
-  }
-  std::string Next() {
-    pollfd p{fd_, POLLIN, 0};
-    if (poll(&p, 1, 100) != 1) return "";
-    char buf[1024];
-    const ssize_t n = recv(fd_, buf, sizeof(buf), 0);
-    return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
-  }
-  std::string path_;
-  int fd_ = -1;
+  void SetUp() override { setenv("WATCHDOG_USEC", "1000000", 1); }  // 1 s; the socket unsets it
+  std::string Next() { return socket_.Next(std::chrono::milliseconds(100)); }
+  testing::NotifySocket socket_;
 };
 
 TEST_F(NotifyTest, PingsAtHalfTheIntervalAndSendsStatusOnlyWhenItChanges) {

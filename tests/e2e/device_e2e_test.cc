@@ -254,121 +254,125 @@ int GpuTier(const DaemonProcess& d, const char* key) {
   return -1;
 }
 
+// A daemon with a GPU tier of 8 blocks (on the simulated device) and one
+// engine attached to it, its cache registered.
+class GpuTierE2eTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(d_.Start().ok()) << d_.Log();
+    c_ = testing::AttachTo(d_.socket_path(), Ns());
+    ASSERT_NE(c_, nullptr);
+    auto reg = c_->RegisterKvCache(mem_.Layout());
+    ASSERT_TRUE(reg.ok()) << reg.status().ToString();
+    reg_ = *reg;
+  }
+  DaemonProcess d_{std::string(kConfig) + "[tiers.gpu]\ncapacity = \"64KiB\"\n"};
+  std::unique_ptr<Client> c_;
+  EngineMemory mem_;
+  uint64_t reg_ = 0;
+};
+
 // With a GPU tier (8 blocks here) stores land in it and are demoted to host
 // memory, loads come from it, and what it had to drop is promoted back.
-TEST(DeviceE2eOneOffTest, TheGpuTierHoldsStoresAndServesLoads) {
-  DaemonProcess d(std::string(kConfig) + "[tiers.gpu]\ncapacity = \"64KiB\"\n");
-  ASSERT_TRUE(d.Start().ok()) << d.Log();
-  auto c = testing::AttachTo(d.socket_path(), Ns());
-  ASSERT_NE(c, nullptr);
-  EngineMemory mem;
-  auto reg = c->RegisterKvCache(mem.Layout());
-  ASSERT_TRUE(reg.ok()) << reg.status().ToString();
-  const auto a = testing::SeededKeys(*c, 21, 6), b = testing::SeededKeys(*c, 22, 6);
+TEST_F(GpuTierE2eTest, TheGpuTierHoldsStoresAndServesLoads) {
+  const auto a = testing::SeededKeys(*c_, 21, 6), b = testing::SeededKeys(*c_, 22, 6);
   const auto a_src = PagesFrom(0, 6), b_src = PagesFrom(24, 6), dst = PagesFrom(60, 6);
-  FillPages(mem, a_src, 21);
-  FillPages(mem, b_src, 22);
-  ASSERT_EQ(*c->StoreFromCache(*reg, a, a_src), 6u);
-  EXPECT_EQ(GpuTier(d, "blocks"), 6);
-  EXPECT_EQ(GpuTier(d, "demotions"), 6);
+  FillPages(mem_, a_src, 21);
+  FillPages(mem_, b_src, 22);
+  ASSERT_EQ(*c_->StoreFromCache(reg_, a, a_src), 6u);
+  EXPECT_EQ(GpuTier(d_, "blocks"), 6);
+  EXPECT_EQ(GpuTier(d_, "demotions"), 6);
   auto tiers_of = [&](std::span<const BlockKey> keys) {
-    std::vector<TierKind> t = c->Lookup(keys)->tiers;
+    std::vector<TierKind> t = c_->Lookup(keys)->tiers;
     return std::make_pair(std::count(t.begin(), t.end(), TierKind::kGpu),
                           std::count(t.begin(), t.end(), TierKind::kHost));
   };
   EXPECT_EQ(tiers_of(a), std::make_pair(6l, 0l));
   // Demoted to host memory intact, and loaded from the GPU copies.
-  auto hit = c->Lookup(a, {.lease = true});
-  auto views = c->Load(hit->lease, a);
+  auto hit = c_->Lookup(a, {.lease = true});
+  auto views = c_->Load(hit->lease, a);
   ASSERT_TRUE(views.ok());
-  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(BlockMatchesPages((*views)[i].data, mem, a_src, i)) << i;
-  ASSERT_EQ(*c->LoadIntoCache(*reg, hit->lease, a, dst), 6u);
-  EXPECT_TRUE(SamePages(mem, a_src, dst, kLayers));
-  EXPECT_EQ(GpuTier(d, "hits"), 6);
-  ASSERT_TRUE(c->Release(hit->lease).ok());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(BlockMatchesPages((*views)[i].data, mem_, a_src, i)) << i;
+  ASSERT_EQ(*c_->LoadIntoCache(reg_, hit->lease, a, dst), 6u);
+  EXPECT_TRUE(SamePages(mem_, a_src, dst, kLayers));
+  EXPECT_EQ(GpuTier(d_, "hits"), 6);
+  ASSERT_TRUE(c_->Release(hit->lease).ok());
   // Six more blocks need four of A's slots.
-  ASSERT_EQ(*c->StoreFromCache(*reg, b, b_src), 6u);
-  EXPECT_EQ(GpuTier(d, "evictions"), 4);
+  ASSERT_EQ(*c_->StoreFromCache(reg_, b, b_src), 6u);
+  EXPECT_EQ(GpuTier(d_, "evictions"), 4);
   EXPECT_EQ(tiers_of(a), std::make_pair(2l, 4l));
   // Loading A takes four from host memory and promotes them.
   for (uint32_t l = 0; l < kLayers; ++l) {
     for (int kv = 0; kv < 2; ++kv) {
-      for (uint32_t p : dst) std::memset(mem.Page(l, kv, p), 0, kPageBytes);
+      for (uint32_t p : dst) std::memset(mem_.Page(l, kv, p), 0, kPageBytes);
     }
   }
-  hit = c->Lookup(a, {.lease = true});
-  ASSERT_EQ(*c->LoadIntoCache(*reg, hit->lease, a, dst), 6u);
-  EXPECT_TRUE(SamePages(mem, a_src, dst, kLayers));
-  ASSERT_TRUE(c->Release(hit->lease).ok());
-  EXPECT_EQ(GpuTier(d, "promotions"), 4);
+  hit = c_->Lookup(a, {.lease = true});
+  ASSERT_EQ(*c_->LoadIntoCache(reg_, hit->lease, a, dst), 6u);
+  EXPECT_TRUE(SamePages(mem_, a_src, dst, kLayers));
+  ASSERT_TRUE(c_->Release(hit->lease).ok());
+  EXPECT_EQ(GpuTier(d_, "promotions"), 4);
   EXPECT_EQ(tiers_of(a), std::make_pair(6l, 0l));
   // Invalidated blocks leave the GPU tier too.
-  EXPECT_EQ(*c->Invalidate(std::span(a).first(2)), 2u);
-  EXPECT_EQ(GpuTier(d, "blocks"), 6);  // 4 of A and 2 of B
-  EXPECT_EQ(GpuTier(d, "pinned_blocks"), 0);
+  EXPECT_EQ(*c_->Invalidate(std::span(a).first(2)), 2u);
+  EXPECT_EQ(GpuTier(d_, "blocks"), 6);  // 4 of A and 2 of B
+  EXPECT_EQ(GpuTier(d_, "pinned_blocks"), 0);
 }
 
 // An engine maps the tenant's GPU-tier arena and copies leased blocks out of
 // it itself (device to device on a GPU); a lease pins the copies it names
 // against eviction until it is released.
-TEST(DeviceE2eOneOffTest, EnginesReadPinnedGpuCopiesThroughTheExportedArena) {
-  DaemonProcess d(std::string(kConfig) + "[tiers.gpu]\ncapacity = \"64KiB\"\n");  // 8 blocks
-  ASSERT_TRUE(d.Start().ok()) << d.Log();
-  auto c = testing::AttachTo(d.socket_path(), Ns());
-  ASSERT_NE(c, nullptr);
-  EngineMemory mem;
-  auto reg = c->RegisterKvCache(mem.Layout());
-  ASSERT_TRUE(reg.ok()) << reg.status().ToString();
-  const auto a = testing::SeededKeys(*c, 31, 4), b = testing::SeededKeys(*c, 32, 8);
+TEST_F(GpuTierE2eTest, EnginesReadPinnedGpuCopiesThroughTheExportedArena) {
+  const auto a = testing::SeededKeys(*c_, 31, 4), b = testing::SeededKeys(*c_, 32, 8);
   const auto a_src = PagesFrom(0, 4), b_src = PagesFrom(16, 8), dst = PagesFrom(60, 4);
-  FillPages(mem, a_src, 31);
-  FillPages(mem, b_src, 32);
-  ASSERT_EQ(*c->StoreFromCache(*reg, a, a_src), 4u);
+  FillPages(mem_, a_src, 31);
+  FillPages(mem_, b_src, 32);
+  ASSERT_EQ(*c_->StoreFromCache(reg_, a, a_src), 4u);
 
   // Before the arena is mapped a leased lookup names no GPU addresses.
-  auto hit = c->Lookup(a, {.lease = true});
+  auto hit = c_->Lookup(a, {.lease = true});
   ASSERT_TRUE(hit.ok());
   EXPECT_EQ(hit->gpu_blocks, std::vector<const std::byte*>(4, nullptr));
-  ASSERT_TRUE(c->Release(hit->lease).ok());
+  ASSERT_TRUE(c_->Release(hit->lease).ok());
 
-  auto bytes = c->MapGpuArena();
+  auto bytes = c_->MapGpuArena();
   ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
   EXPECT_EQ(*bytes, 64u << 10);
-  EXPECT_EQ(*c->MapGpuArena(), *bytes) << "mapping again is a no-op";
-  hit = c->Lookup(a, {.lease = true});
+  EXPECT_EQ(*c_->MapGpuArena(), *bytes) << "mapping again is a no-op";
+  hit = c_->Lookup(a, {.lease = true});
   ASSERT_TRUE(hit.ok());
   ASSERT_EQ(hit->hit_blocks, 4u);
   std::vector<BlockView> gpu;
   for (size_t i = 0; i < a.size(); ++i) {
     ASSERT_NE(hit->gpu_blocks[i], nullptr) << i;
     EXPECT_EQ(hit->tiers[i], TierKind::kGpu);
-    EXPECT_TRUE(BlockMatchesPages(hit->gpu_blocks[i], mem, a_src, i)) << "the GPU copy of block " << i;
-    gpu.push_back(BlockView{hit->gpu_blocks[i], c->block_bytes(), TierKind::kGpu});
+    EXPECT_TRUE(BlockMatchesPages(hit->gpu_blocks[i], mem_, a_src, i)) << "the GPU copy of block " << i;
+    gpu.push_back(BlockView{hit->gpu_blocks[i], c_->block_bytes(), TierKind::kGpu});
   }
-  EXPECT_EQ(GpuTier(d, "pinned_blocks"), 4);
+  EXPECT_EQ(GpuTier(d_, "pinned_blocks"), 4);
   // B needs every slot, but A's four are pinned by the lease: only four of
   // B get GPU copies, and A's copies stay intact.
-  ASSERT_EQ(*c->StoreFromCache(*reg, b, b_src), 8u);
-  EXPECT_EQ(GpuTier(d, "blocks"), 8);
-  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(BlockMatchesPages(gpu[i].data, mem, a_src, i)) << i;
+  ASSERT_EQ(*c_->StoreFromCache(reg_, b, b_src), 8u);
+  EXPECT_EQ(GpuTier(d_, "blocks"), 8);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(BlockMatchesPages(gpu[i].data, mem_, a_src, i)) << i;
   // The engine scatters straight from the GPU copies into its pages.
-  ASSERT_TRUE(c->ScatterToCache(*reg, gpu, dst).ok());
-  EXPECT_TRUE(SamePages(mem, a_src, dst, kLayers));
-  ASSERT_TRUE(c->Release(hit->lease).ok());
-  EXPECT_EQ(GpuTier(d, "pinned_blocks"), 0);
-  EXPECT_EQ(GpuTier(d, "hits"), 0) << "pinning for a lookup is not a load";
+  ASSERT_TRUE(c_->ScatterToCache(reg_, gpu, dst).ok());
+  EXPECT_TRUE(SamePages(mem_, a_src, dst, kLayers));
+  ASSERT_TRUE(c_->Release(hit->lease).ok());
+  EXPECT_EQ(GpuTier(d_, "pinned_blocks"), 0);
+  EXPECT_EQ(GpuTier(d_, "hits"), 0) << "pinning for a lookup is not a load";
 
   // Without a lease nothing is pinned and no address is given.
-  auto peek = c->Lookup(a);
+  auto peek = c_->Lookup(a);
   ASSERT_TRUE(peek.ok());
   EXPECT_EQ(std::count(peek->gpu_blocks.begin(), peek->gpu_blocks.end(), nullptr), 4);
-  EXPECT_EQ(GpuTier(d, "pinned_blocks"), 0);
+  EXPECT_EQ(GpuTier(d_, "pinned_blocks"), 0);
 
   // An engine that dies holding a lease leaves no pins behind.
   const pid_t child = fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
-    auto cc = testing::AttachTo(d.socket_path(), Ns());
+    auto cc = testing::AttachTo(d_.socket_path(), Ns());
     if (cc == nullptr || !cc->MapGpuArena().ok()) _exit(2);
     auto h = cc->Lookup(a, {.lease = true});
     if (!h.ok() || h->gpu_blocks[0] == nullptr) _exit(3);
@@ -377,7 +381,7 @@ TEST(DeviceE2eOneOffTest, EnginesReadPinnedGpuCopiesThroughTheExportedArena) {
   int st = 0;
   waitpid(child, &st, 0);
   ASSERT_TRUE(WIFSIGNALED(st)) << "child exit " << WEXITSTATUS(st);
-  EXPECT_TRUE(testing::Eventually([&] { return GpuTier(d, "pinned_blocks") == 0; }));
+  EXPECT_TRUE(testing::Eventually([&] { return GpuTier(d_, "pinned_blocks") == 0; }));
 }
 
 TEST(DeviceE2eOneOffTest, AGpuArenaRequestWithoutAGpuTierSaysSo) {
