@@ -1,0 +1,19 @@
+"""kvtier: keep LLM KV-cache blocks across GPU memory, pinned host memory and
+NVMe, shared between engine processes through the kvtierd daemon.
+
+    import kvtier, numpy as np
+    c = kvtier.Client.attach("my-model", block_tokens=16, block_bytes=c_bytes)
+    keys = c.compute_keys(prompt_tokens)
+    hit = c.lookup(keys, lease=True)
+    blocks = c.load(hit.lease, keys[:hit.hit_blocks])   # read-only uint8 views
+    ...                                                 # copy them into the engine's KV cache
+    c.release(hit.lease)
+    c.store(keys[hit.hit_blocks:], new_blocks)          # (n, block_bytes) uint8
+
+Errors raise kvtier.KvtierError (.code: the negative errno of kvtier.h).
+See examples/python/connector_example.py for where a vLLM or SGLang KV
+connector calls each function.
+"""
+from ._kvtier import Client, KvtierError, LookupResult, Operation
+
+__all__ = ["Client", "KvtierError", "LookupResult", "Operation"]

@@ -1,0 +1,440 @@
+// Python bindings of the libkvtier client API (pybind11): the module
+// `kvtier._kvtier`, re-exported by the `kvtier` package. Block keys are
+// 32-byte `bytes`; blocks are NumPy uint8 arrays (read-only views into the
+// shared host arena for loads, any C-contiguous uint8 buffer for stores).
+// Blocking calls release the GIL. A Client is used from one thread at a time.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kvtier/client.h"
+
+namespace py = pybind11;
+
+namespace kvtier {
+namespace {
+
+// kvtier.KvtierError, created at import.
+PyObject* g_error = nullptr;
+
+[[noreturn]] void Raise(const Status& s) {
+  py::object err = py::reinterpret_borrow<py::object>(g_error)(s.message());
+  err.attr("code") = s.raw_code();
+  PyErr_SetObject(g_error, err.ptr());
+  throw py::error_already_set();
+}
+
+template <typename T>
+T Check(Result<T> r) {
+  if (!r.ok()) Raise(r.status());
+  return std::move(r).value();
+}
+
+void Check(const Status& s) {
+  if (!s.ok()) Raise(s);
+}
+
+BlockKey KeyFrom(const py::handle& h) {
+  const std::string b = py::cast<py::bytes>(h);
+  if (b.size() != 32) throw py::value_error("a block key is 32 bytes, got " + std::to_string(b.size()));
+  BlockKey k;
+  std::memcpy(k.bytes.data(), b.data(), 32);
+  return k;
+}
+
+std::vector<BlockKey> KeysFrom(const py::sequence& seq) {
+  std::vector<BlockKey> out;
+  out.reserve(py::len(seq));
+  for (const py::handle& h : seq) out.push_back(KeyFrom(h));
+  return out;
+}
+
+py::bytes KeyBytes(const BlockKey& k) { return py::bytes(reinterpret_cast<const char*>(k.bytes.data()), 32); }
+
+std::string TierString(TierKind t) { return std::string(TierName(t)); }
+
+// A read-only uint8 array over a block in the arena; keeps the client alive.
+py::array View(const BlockView& v, const py::object& owner) {
+  py::array a(py::dtype::of<uint8_t>(), {static_cast<py::ssize_t>(v.size)}, {1},
+              reinterpret_cast<const void*>(v.data), owner);
+  a.attr("flags").attr("writeable") = false;
+  return a;
+}
+
+struct PyLookup {
+  uint32_t hit_blocks = 0, recompute_blocks = 0;
+  uint64_t lease = 0;
+  std::vector<std::string> tiers;
+};
+
+class PyClient;
+
+// An asynchronous operation: wait() returns its result, poll() says whether
+// it completed. Results of a load are views valid until the lease is released.
+class PyOp {
+ public:
+  enum class Kind { kLoad, kPrefetch, kLookup };
+  PyOp(std::shared_ptr<Client> client, py::object owner, Kind kind, OpId id)
+      : client_(std::move(client)), owner_(std::move(owner)), kind_(kind), id_(id) {}
+
+  std::vector<BlockView> views;
+  uint32_t count = 0;
+  LookupResult lookup;
+
+  py::object Wait(std::optional<double> timeout_s) {
+    if (!done_) {
+      Status s;
+      {
+        py::gil_scoped_release nogil;
+        s = client_->Wait(id_, timeout_s ? std::chrono::nanoseconds(static_cast<int64_t>(*timeout_s * 1e9))
+                                         : std::chrono::nanoseconds::max());
+      }
+      if (s.code() == ErrorCode::kTimedOut) Raise(s);  // still in flight: wait again
+      done_ = true;
+      status_ = s;
+    }
+    Check(status_);
+    return Value();
+  }
+  bool Poll() {
+    if (done_) return true;
+    std::optional<Status> s = client_->Poll(id_);
+    if (!s) return false;
+    done_ = true;
+    status_ = *s;
+    return true;
+  }
+  uint64_t id() const { return id_; }
+  void set_id(OpId id) { id_ = id; }
+
+ private:
+  py::object Value() {
+    switch (kind_) {
+      case Kind::kLoad: {
+        py::list out;
+        for (const BlockView& v : views) out.append(View(v, owner_));
+        return out;
+      }
+      case Kind::kPrefetch:
+        return py::int_(count);
+      case Kind::kLookup: {
+        PyLookup r{lookup.hit_blocks, lookup.recompute_blocks, lookup.lease, {}};
+        for (TierKind t : lookup.tiers) r.tiers.push_back(TierString(t));
+        return py::cast(r);
+      }
+    }
+    return py::none();
+  }
+
+  std::shared_ptr<Client> client_;
+  py::object owner_;
+  Kind kind_;
+  OpId id_;
+  bool done_ = false;
+  Status status_;
+};
+
+class PyClient {
+ public:
+  explicit PyClient(std::unique_ptr<Client> c) : c_(std::move(c)) {}
+  Client& c() { return *c_; }
+  std::shared_ptr<Client> shared() { return c_; }
+
+  uint64_t block_bytes() const { return c_->block_bytes(); }
+
+ private:
+  std::shared_ptr<Client> c_;
+};
+
+std::vector<std::span<const std::byte>> BlocksFrom(const py::object& blocks, size_t n, uint64_t block_bytes,
+                                                   std::vector<py::buffer_info>* keep) {
+  std::vector<std::span<const std::byte>> out;
+  if (py::isinstance<py::array>(blocks) && py::cast<py::array>(blocks).ndim() == 2) {
+    auto a = py::cast<py::array_t<uint8_t, py::array::c_style>>(blocks);
+    if (static_cast<size_t>(a.shape(0)) != n || static_cast<uint64_t>(a.shape(1)) != block_bytes) {
+      throw py::value_error("blocks must have shape (" + std::to_string(n) + ", " + std::to_string(block_bytes) +
+                            "), one row per key; got (" + std::to_string(a.shape(0)) + ", " +
+                            std::to_string(a.shape(1)) + ")");
+    }
+    keep->push_back(a.request());
+    const auto* base = static_cast<const std::byte*>(keep->back().ptr);
+    for (size_t i = 0; i < n; ++i) out.emplace_back(base + i * block_bytes, block_bytes);
+    return out;
+  }
+  const py::sequence seq = py::cast<py::sequence>(blocks);
+  if (py::len(seq) != n) throw py::value_error("one block per key");
+  for (const py::handle& h : seq) {
+    keep->push_back(py::cast<py::buffer>(h).request());
+    const py::buffer_info& b = keep->back();
+    const uint64_t bytes = static_cast<uint64_t>(b.size) * static_cast<uint64_t>(b.itemsize);
+    if (bytes != block_bytes) {
+      throw py::value_error("every block must be block_bytes (" + std::to_string(block_bytes) + ") long, got " +
+                            std::to_string(bytes));
+    }
+    out.emplace_back(static_cast<const std::byte*>(b.ptr), bytes);
+  }
+  return out;
+}
+
+}  // namespace
+}  // namespace kvtier
+
+PYBIND11_MODULE(_kvtier, m) {
+  using namespace kvtier;
+  m.doc() = "Python bindings of libkvtier, the kvtier engine client (see the kvtier package).";
+  static py::exception<std::runtime_error> error(m, "KvtierError");
+  g_error = error.ptr();
+  error.doc() = "An error from kvtier: .code is the negative errno value (kvtier.h), str() says what to do.";
+
+  py::class_<PyLookup>(m, "LookupResult", "What a lookup found.")
+      .def_readonly("hit_blocks", &PyLookup::hit_blocks, "Longest present prefix worth loading, in blocks.")
+      .def_readonly("recompute_blocks", &PyLookup::recompute_blocks,
+                    "Blocks right after the prefix that are present but cheaper to recompute.")
+      .def_readonly("lease", &PyLookup::lease, "The lease pinning the prefix (0 without one).")
+      .def_readonly("tiers", &PyLookup::tiers, "Per key: 'gpu', 'host', 'nvme' or 'none'.")
+      .def("__repr__", [](const PyLookup& r) {
+        return "LookupResult(hit_blocks=" + std::to_string(r.hit_blocks) + ", lease=" + std::to_string(r.lease) + ")";
+      });
+
+  py::class_<PyOp, std::shared_ptr<PyOp>>(m, "Operation", "An asynchronous operation in flight.")
+      .def_property_readonly("id", &PyOp::id)
+      .def("poll", &PyOp::Poll, "True once the operation completed (never blocks).")
+      .def("wait", &PyOp::Wait, py::arg("timeout") = py::none(),
+           "Blocks until it completes and returns its result (raises KvtierError on failure, and with code "
+           "ETIMEDOUT after `timeout` seconds, leaving it in flight).");
+
+  py::class_<PyClient>(m, "Client", "A session with kvtierd: lookups, loads and stores of KV-cache blocks.")
+      .def_static(
+          "attach",
+          [](const std::string& model_id, uint32_t block_tokens, uint64_t block_bytes, const std::string& socket,
+             const std::string& model_revision, const std::string& tokenizer_revision, const std::string& adapter_id,
+             const std::string& attention_config_hash, const std::string& kv_dtype, const std::string& kv_layout,
+             const std::string& cache_salt, uint32_t tp_rank, uint32_t tp_size, const std::string& client_name) {
+            AttachOptions o;
+            o.socket_path = socket;
+            o.client_name = client_name.empty() ? "python" : client_name;
+            o.ns = NamespaceDescriptor{model_id,  model_revision, tokenizer_revision, adapter_id,
+                                       attention_config_hash, kv_dtype, kv_layout, cache_salt,
+                                       block_tokens, block_bytes, tp_rank, tp_size};
+            Result<std::unique_ptr<Client>> c = [&] {
+              py::gil_scoped_release nogil;
+              return Client::Attach(o);
+            }();
+            return PyClient(Check(std::move(c)));
+          },
+          py::arg("model_id"), py::arg("block_tokens"), py::arg("block_bytes"), py::kw_only(),
+          py::arg("socket") = "", py::arg("model_revision") = "", py::arg("tokenizer_revision") = "",
+          py::arg("adapter_id") = "", py::arg("attention_config_hash") = "", py::arg("kv_dtype") = "fp16",
+          py::arg("kv_layout") = "layer_major", py::arg("cache_salt") = "", py::arg("tp_rank") = 0,
+          py::arg("tp_size") = 1, py::arg("client_name") = "",
+          "Connects to kvtierd (socket: $KVTIER_SOCKET or the default run directory) and is admitted as one of "
+          "its tenants. Everything that changes a block's bytes (model, revision, adapter, dtype, salt, ...) goes "
+          "into the namespace: blocks are shared only within one.")
+      .def_property_readonly("session_id", [](PyClient& c) { return c.c().session_id(); })
+      .def_property_readonly("block_bytes", [](PyClient& c) { return c.c().block_bytes(); })
+      .def_property_readonly("block_tokens", [](PyClient& c) { return c.c().block_tokens(); })
+      .def_property_readonly("tenant", [](PyClient& c) { return c.c().tenant(); })
+      .def_property_readonly("hash", [](PyClient& c) { return std::string(HashAlgorithmName(c.c().hash())); })
+      .def_property_readonly("namespace_id", [](PyClient& c) { return KeyBytes(c.c().namespace_id()); })
+      .def_property_readonly("connected", [](PyClient& c) { return c.c().connected(); })
+      .def(
+          "compute_keys",
+          [](PyClient& c, py::array_t<uint32_t, py::array::c_style | py::array::forcecast> tokens,
+             std::optional<py::bytes> parent, py::bytes extra) {
+            const BlockKey p = parent ? KeyFrom(*parent) : BlockKey{};
+            const std::string x = extra;
+            std::vector<BlockKey> keys = c.c().ComputeKeys(
+                std::span<const uint32_t>(tokens.data(), static_cast<size_t>(tokens.size())),
+                parent ? &p : nullptr, std::span(reinterpret_cast<const std::byte*>(x.data()), x.size()));
+            py::list out;
+            for (const BlockKey& k : keys) out.append(KeyBytes(k));
+            return out;
+          },
+          py::arg("tokens"), py::arg("parent") = py::none(), py::arg("extra") = py::bytes(),
+          "Chained keys of every full block of `tokens` (the partial tail is not cached). `parent` continues an "
+          "earlier chain; `extra` carries multimodal hashes or a per-request salt.")
+      .def(
+          "lookup",
+          [](PyClient& c, const py::sequence& keys, bool lease) {
+            const std::vector<BlockKey> k = KeysFrom(keys);
+            Result<LookupResult> r = [&] {
+              py::gil_scoped_release nogil;
+              return c.c().Lookup(k, {.lease = lease});
+            }();
+            const LookupResult v = Check(std::move(r));
+            PyLookup out{v.hit_blocks, v.recompute_blocks, v.lease, {}};
+            for (TierKind t : v.tiers) out.tiers.push_back(TierString(t));
+            return out;
+          },
+          py::arg("keys"), py::arg("lease") = false,
+          "The longest present prefix of `keys`. With lease=True it is pinned until release(result.lease).")
+      .def(
+          "load",
+          [](py::object self, uint64_t lease, const py::sequence& keys) {
+            PyClient& c = py::cast<PyClient&>(self);
+            const std::vector<BlockKey> k = KeysFrom(keys);
+            Result<std::vector<BlockView>> r = [&] {
+              py::gil_scoped_release nogil;
+              return c.c().Load(lease, k);
+            }();
+            py::list out;
+            for (const BlockView& v : Check(std::move(r))) out.append(View(v, self));
+            return out;
+          },
+          py::arg("lease"), py::arg("keys"),
+          "Read-only uint8 views of leased blocks, valid until the lease is released. The list is the prefix that "
+          "loaded: shorter than keys when a block failed to come back (recompute the rest).")
+      .def(
+          "load_into",
+          [](PyClient& c, uint64_t lease, const py::sequence& keys, py::array_t<uint8_t, py::array::c_style> out) {
+            const std::vector<BlockKey> k = KeysFrom(keys);
+            if (out.ndim() != 2 || static_cast<uint64_t>(out.shape(1)) != c.block_bytes() ||
+                static_cast<size_t>(out.shape(0)) < k.size()) {
+              throw py::value_error("out must be a writable uint8 array of shape (>= len(keys), block_bytes)");
+            }
+            uint8_t* dst = out.mutable_data();
+            py::gil_scoped_release nogil;
+            Result<std::vector<BlockView>> r = c.c().Load(lease, k);
+            if (!r.ok()) {
+              py::gil_scoped_acquire gil;
+              Raise(r.status());
+            }
+            for (size_t i = 0; i < r->size(); ++i) std::memcpy(dst + i * c.block_bytes(), (*r)[i].data, (*r)[i].size);
+            return static_cast<uint32_t>(r->size());
+          },
+          py::arg("lease"), py::arg("keys"), py::arg("out"),
+          "Copies leased blocks into rows of `out`; returns how many loaded (a prefix).")
+      .def(
+          "store",
+          [](PyClient& c, const py::sequence& keys, const py::object& blocks, bool durable) {
+            const std::vector<BlockKey> k = KeysFrom(keys);
+            std::vector<py::buffer_info> keep;
+            const std::vector<std::span<const std::byte>> src = BlocksFrom(blocks, k.size(), c.block_bytes(), &keep);
+            py::gil_scoped_release nogil;
+            Result<StoreTicket> t = c.c().StoreBegin(k);
+            if (t.ok()) {
+              for (size_t i = 0; i < t->slots.size(); ++i) {
+                if (t->slots[i].needed) std::memcpy(t->slots[i].data, src[i].data(), src[i].size());
+              }
+              Status s = c.c().StoreCommit(*t, {.durable = durable});
+              if (!s.ok()) t = s;
+            }
+            if (!t.ok()) {
+              py::gil_scoped_acquire gil;
+              Raise(t.status());
+            }
+            return t->needed;
+          },
+          py::arg("keys"), py::arg("blocks"), py::arg("durable") = false,
+          "Stores one block per key: a (len(keys), block_bytes) uint8 array or a sequence of buffers. Returns how "
+          "many were written (the rest were cached already). durable=True returns once they are on NVMe.")
+      .def(
+          "store_from_pointers",
+          [](PyClient& c, const py::sequence& keys, const std::vector<uintptr_t>& ptrs) {
+            const std::vector<BlockKey> k = KeysFrom(keys);
+            if (ptrs.size() != k.size()) throw py::value_error("one pointer per key");
+            std::vector<std::span<const std::byte>> src;
+            for (uintptr_t p : ptrs) src.emplace_back(reinterpret_cast<const std::byte*>(p), c.block_bytes());
+            py::gil_scoped_release nogil;
+            Result<uint32_t> n = c.c().Store(k, src);
+            if (!n.ok()) {
+              py::gil_scoped_acquire gil;
+              Raise(n.status());
+            }
+            return *n;
+          },
+          py::arg("keys"), py::arg("pointers"),
+          "Stores blocks from raw host addresses (block_bytes each), e.g. tensor.data_ptr() of pinned CPU tensors.")
+      .def(
+          "prefetch",
+          [](PyClient& c, const py::sequence& keys) {
+            const std::vector<BlockKey> k = KeysFrom(keys);
+            Result<uint32_t> r = [&] {
+              py::gil_scoped_release nogil;
+              return c.c().Prefetch(k);
+            }();
+            return Check(std::move(r));
+          },
+          py::arg("keys"), "Brings NVMe blocks of the present prefix into host memory ahead of need.")
+      .def(
+          "lookup_async",
+          [](py::object self, const py::sequence& keys, bool lease) {
+            PyClient& c = py::cast<PyClient&>(self);
+            const std::vector<BlockKey> k = KeysFrom(keys);
+            auto op = std::make_shared<PyOp>(c.shared(), self, PyOp::Kind::kLookup, 0);
+            // The results land in op's members when the completion is taken.
+            op->set_id(Check(c.c().LookupAsync(k, {.lease = lease}, &op->lookup)));
+            return op;
+          },
+          py::arg("keys"), py::arg("lease") = false, "lookup(), returning an Operation.")
+      .def(
+          "load_async",
+          [](py::object self, uint64_t lease, const py::sequence& keys) {
+            PyClient& c = py::cast<PyClient&>(self);
+            const std::vector<BlockKey> k = KeysFrom(keys);
+            auto op = std::make_shared<PyOp>(c.shared(), self, PyOp::Kind::kLoad, 0);
+            // The results land in op's members when the completion is taken.
+            op->set_id(Check(c.c().LoadAsync(lease, k, &op->views)));
+            return op;
+          },
+          py::arg("lease"), py::arg("keys"), "load(), returning an Operation whose wait() gives the views.")
+      .def(
+          "prefetch_async",
+          [](py::object self, const py::sequence& keys) {
+            PyClient& c = py::cast<PyClient&>(self);
+            const std::vector<BlockKey> k = KeysFrom(keys);
+            auto op = std::make_shared<PyOp>(c.shared(), self, PyOp::Kind::kPrefetch, 0);
+            // The results land in op's members when the completion is taken.
+            op->set_id(Check(c.c().PrefetchAsync(k, &op->count)));
+            return op;
+          },
+          py::arg("keys"), "prefetch(), returning an Operation whose wait() gives the count.")
+      .def(
+          "release",
+          [](PyClient& c, uint64_t lease) {
+            Status s;
+            {
+              py::gil_scoped_release nogil;
+              s = c.c().Release(lease);
+            }
+            Check(s);
+          },
+          py::arg("lease"), "Unpins a lease's blocks; views of them must not be used afterwards.")
+      .def(
+          "invalidate",
+          [](PyClient& c, const py::sequence& keys) {
+            const std::vector<BlockKey> k = KeysFrom(keys);
+            Result<uint32_t> r = [&] {
+              py::gil_scoped_release nogil;
+              return c.c().Invalidate(k);
+            }();
+            return Check(std::move(r));
+          },
+          py::arg("keys"), "Removes these blocks of this namespace; returns how many.")
+      .def(
+          "report_prefill",
+          [](PyClient& c, uint64_t cached_tokens, uint64_t computed_tokens, double seconds) {
+            Check(c.c().ReportPrefill(cached_tokens, computed_tokens,
+                                      std::chrono::nanoseconds(static_cast<int64_t>(seconds * 1e9))));
+          },
+          py::arg("cached_tokens"), py::arg("computed_tokens"), py::arg("seconds"),
+          "Tells the daemon what a prefill cost, so it can price recomputation.")
+      .def(
+          "ping",
+          [](PyClient& c) {
+            Status s;
+            {
+              py::gil_scoped_release nogil;
+              s = c.c().Ping();
+            }
+            Check(s);
+          },
+          "An empty round trip.");
+}

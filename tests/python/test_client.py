@@ -1,0 +1,152 @@
+"""The kvtier Python package against a live kvtierd: keys, lookups, loads
+into NumPy, stores from NumPy and raw pointers, async operations, errors,
+and namespace isolation."""
+import ctypes
+
+import numpy as np
+import pytest
+
+import kvtier
+
+BLOCK_TOKENS = 16
+BLOCK_BYTES = 4096
+
+
+def attach(d, **kw):
+    kw.setdefault("block_tokens", BLOCK_TOKENS)
+    kw.setdefault("block_bytes", BLOCK_BYTES)
+    return kvtier.Client.attach(kw.pop("model_id", "py/test"), socket=d.socket, **kw)
+
+
+def blocks_for(n, seed):
+    return np.random.default_rng(seed).integers(0, 256, size=(n, BLOCK_BYTES), dtype=np.uint8)
+
+
+def test_attach_reports_the_session(daemon):
+    c = attach(daemon)
+    assert c.block_bytes == BLOCK_BYTES and c.block_tokens == BLOCK_TOKENS
+    assert c.session_id > 0 and c.tenant == "default" and c.connected
+    assert c.hash == "sha256" and len(c.namespace_id) == 32
+    c.ping()
+
+
+def test_keys_are_chained_and_cover_full_blocks_only(daemon):
+    c = attach(daemon)
+    tokens = np.arange(100, dtype=np.uint32)
+    keys = c.compute_keys(tokens)
+    assert len(keys) == 100 // BLOCK_TOKENS and all(len(k) == 32 for k in keys)
+    assert c.compute_keys(list(range(100))) == keys, "lists and arrays give the same keys"
+    assert c.compute_keys(tokens[:32]) == keys[:2], "a prefix has the prefix's keys"
+    assert c.compute_keys(tokens[32:96], parent=keys[1]) == keys[2:6], "parent continues the chain"
+    assert c.compute_keys(tokens, extra=b"image-hash")[0] != keys[0]
+    with pytest.raises(ValueError):
+        c.compute_keys(tokens, parent=b"short")
+
+
+def test_store_lookup_load_round_trip(daemon):
+    c = attach(daemon)
+    keys = c.compute_keys(np.arange(96, dtype=np.uint32))  # 6 blocks
+    data = blocks_for(4, seed=1)
+    assert c.store(keys[:4], data) == 4
+    assert c.store(keys[:4], data) == 0, "already cached"
+    probe = c.lookup(keys)
+    assert probe.hit_blocks == 4 and probe.lease == 0
+    assert probe.tiers == ["host"] * 4 + ["none"] * 2
+    hit = c.lookup(keys, lease=True)
+    assert hit.hit_blocks == 4 and hit.lease != 0
+    views = c.load(hit.lease, keys[:4])
+    assert len(views) == 4
+    for i, v in enumerate(views):
+        assert v.dtype == np.uint8 and v.shape == (BLOCK_BYTES,)
+        assert np.array_equal(v, data[i])
+        assert not v.flags.writeable, "views of the shared arena are read-only"
+    out = np.zeros((4, BLOCK_BYTES), dtype=np.uint8)
+    assert c.load_into(hit.lease, keys[:4], out) == 4
+    assert np.array_equal(out, data)
+    c.release(hit.lease)
+
+
+def test_store_from_a_list_of_buffers_and_raw_pointers(daemon):
+    c = attach(daemon)
+    keys = c.compute_keys(np.arange(1000, 1064, dtype=np.uint32))  # 4 blocks
+    data = blocks_for(4, seed=2)
+    assert c.store(keys[:2], [bytes(data[0]), memoryview(data[1])]) == 2
+    buffers = [np.ascontiguousarray(data[i]) for i in (2, 3)]
+    assert c.store_from_pointers(keys[2:], [b.ctypes.data for b in buffers]) == 2
+    hit = c.lookup(keys, lease=True)
+    assert hit.hit_blocks == 4
+    assert all(np.array_equal(v, data[i]) for i, v in enumerate(c.load(hit.lease, keys)))
+    c.release(hit.lease)
+
+
+def test_async_operations(daemon):
+    c = attach(daemon)
+    keys = c.compute_keys(np.arange(2000, 2048, dtype=np.uint32))
+    data = blocks_for(3, seed=3)
+    c.store(keys, data)
+    op = c.lookup_async(keys, lease=True)
+    hit = op.wait(5.0)
+    assert isinstance(hit, kvtier.LookupResult) and hit.hit_blocks == 3
+    assert op.poll(), "a completed operation stays completed"
+    load = c.load_async(hit.lease, keys)
+    views = load.wait()
+    assert [np.array_equal(v, data[i]) for i, v in enumerate(views)] == [True] * 3
+    assert c.prefetch_async(keys).wait() == 0, "no NVMe tier: nothing to promote"
+    c.release(hit.lease)
+
+
+def test_errors_carry_the_code_and_say_why(daemon):
+    c = attach(daemon)
+    keys = c.compute_keys(np.arange(32, dtype=np.uint32))
+    with pytest.raises(ValueError, match="shape"):
+        c.store(keys, np.zeros((2, BLOCK_BYTES - 1), dtype=np.uint8))
+    with pytest.raises(ValueError, match="32 bytes"):
+        c.lookup([b"not a key"])
+    with pytest.raises(kvtier.KvtierError) as e:
+        c.release(123456)
+    assert e.value.code == -2, "ENOENT: no such lease"
+    assert "lease" in str(e.value)
+    with pytest.raises(kvtier.KvtierError):
+        kvtier.Client.attach("m", 16, 4096, socket=daemon.dir + "/no-such.sock")
+
+
+def test_namespaces_never_share_blocks(daemon):
+    a = attach(daemon, cache_salt="one")
+    b = attach(daemon, cache_salt="two")
+    rev = attach(daemon, cache_salt="one", model_revision="v2")
+    tokens = np.arange(64, dtype=np.uint32)
+    a.store(a.compute_keys(tokens), blocks_for(4, seed=4))
+    assert a.lookup(a.compute_keys(tokens)).hit_blocks == 4
+    assert b.lookup(b.compute_keys(tokens)).hit_blocks == 0, "another salt"
+    assert rev.lookup(rev.compute_keys(tokens)).hit_blocks == 0, "another model revision"
+    assert a.namespace_id != b.namespace_id != rev.namespace_id
+
+
+def test_invalidate_and_report_prefill(daemon):
+    c = attach(daemon)
+    keys = c.compute_keys(np.arange(500, 548, dtype=np.uint32))
+    c.store(keys, blocks_for(3, seed=5))
+    assert c.invalidate(keys[1:]) == 2
+    assert c.lookup(keys).hit_blocks == 1
+    c.report_prefill(cached_tokens=16, computed_tokens=32, seconds=0.002)
+
+
+def test_docstrings_and_type_hints_ship_with_the_package():
+    import pathlib
+    assert kvtier.Client.lookup.__doc__ and "prefix" in kvtier.Client.lookup.__doc__
+    assert kvtier.Client.attach.__doc__
+    pkg = pathlib.Path(kvtier.__file__).parent
+    assert (pkg / "__init__.pyi").is_file() and (pkg / "py.typed").is_file()
+
+
+def test_the_connector_example_reuses_the_shared_system_prompt(daemon):
+    import pathlib
+    import subprocess
+    import sys
+    example = pathlib.Path(__file__).resolve().parents[2] / "examples" / "python" / "connector_example.py"
+    out = subprocess.run([sys.executable, str(example), "--socket", daemon.socket], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert "kvtier matched 0, loaded 0 blocks" in lines[0]
+    assert "kvtier matched 64, loaded 4 blocks, computed 2, stored 2 new; cache exact: True" in lines[1], lines
