@@ -1,6 +1,9 @@
 // The tiny engine on a live kvtierd: greedy generation that reuses blocks
 // from kvtier (host memory, NVMe, another session) gives logits bit-identical
 // to recomputing everything; another namespace never hits.
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cstring>
 
 #include "gtest/gtest.h"
@@ -109,6 +112,46 @@ TEST(TinyEngineTest, ReuseAcrossSessionsAndFromNvmeIsBitIdentical) {
   ASSERT_TRUE(got.ok());
   EXPECT_EQ(got->reused_tokens, 56u);
   ExpectSame(*want, *got);
+}
+
+// A block corrupted on disk is never served: the load stops before it, the
+// engine recomputes from there, and the output is still exact.
+TEST(TinyEngineTest, ACorruptedBlockFallsBackToRecomputeWithIdenticalOutput) {
+  testing::TempDir data;
+  DaemonProcess d("[tiers.nvme]\ndirs = [\"" + data.File("nvme") +
+                  "\"]\ncapacity = \"64MiB\"\nsegment_bytes = \"16MiB\"\nstaging_bytes = \"8MiB\"\n");
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  tiny::Engine plain(Model(), 1, kBlockTokens, 64, nullptr);
+  const auto prompt = Prompt(57, 4);
+  auto want = plain.Generate(prompt, 5);
+  ASSERT_TRUE(want.ok());
+  auto c = Attach(d);
+  tiny::Engine e(Model(), 1, kBlockTokens, 64, c.get());
+  ASSERT_EQ(e.Generate(prompt, 5)->stored_blocks, 7u);
+  ASSERT_TRUE(ipc::AdminCall(d.admin_socket_path(), {{"cmd", "evict"}, {"tenant", "default"}}).ok());
+  // The demotions' writes land before the byte is flipped.
+  ASSERT_TRUE(testing::Eventually([&] {
+    auto s = d.Status();
+    return s.ok() && (*s)["tiers"][1]["blocks"] == 7 && (*s)["tiers"][1]["in_flight"] == 0 &&
+           (*s)["tiers"][1]["queued"] == 0;
+  }));
+  // Flip a byte in the payload of the slab's first slot (reads are O_DIRECT).
+  const std::string slab = data.File("nvme") + "/kvtier-slab.kvt";
+  const int fd = open(slab.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  char b;
+  ASSERT_EQ(pread(fd, &b, 1, 4096 + 1234), 1);
+  b ^= 0x20;
+  ASSERT_EQ(pwrite(fd, &b, 1, 4096 + 1234), 1);
+  fdatasync(fd);
+  close(fd);
+  auto got = e.Generate(prompt, 5);
+  ASSERT_TRUE(got.ok());
+  EXPECT_LT(got->reused_tokens, 56u) << "the corrupted block and what follows it are recomputed";
+  ExpectSame(*want, *got);
+  auto s = d.Status();
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ((*s)["tiers"][1]["checksum_failures"], 1);
 }
 
 TEST(TinyEngineTest, AnotherNamespaceNeverHits) {
