@@ -2,6 +2,8 @@
 // from kvtier (host memory, NVMe, another session) gives logits bit-identical
 // to recomputing everything; another namespace never hits.
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -152,6 +154,53 @@ TEST(TinyEngineTest, ACorruptedBlockFallsBackToRecomputeWithIdenticalOutput) {
   auto s = d.Status();
   ASSERT_TRUE(s.ok());
   EXPECT_EQ((*s)["tiers"][1]["checksum_failures"], 1);
+}
+
+// Two engine processes share a system prompt through the daemon, and an
+// engine started after the first was killed with -9 reuses what it stored.
+TEST(TinyEngineTest, EngineProcessesShareASystemPromptAcrossKillNine) {
+  DaemonProcess d;
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  const auto system = Prompt(48, 5);  // 6 blocks
+  auto with_user = [&](uint32_t seed) {
+    auto p = system;
+    for (uint32_t t : Prompt(20, seed)) p.push_back(t);
+    return p;
+  };
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  const pid_t first = fork();
+  ASSERT_GE(first, 0);
+  if (first == 0) {
+    auto c = Attach(d);
+    tiny::Engine e(Model(), 1, kBlockTokens, 64, c.get());
+    auto r = e.Generate(with_user(1), 3);
+    const char ok = r.ok() && r->stored_blocks == 8 ? 'y' : 'n';
+    (void)!write(ready[1], &ok, 1);
+    pause();  // killed here
+    _exit(0);
+  }
+  char ok = 0;
+  ASSERT_EQ(read(ready[0], &ok, 1), 1);
+  EXPECT_EQ(ok, 'y');
+  kill(first, SIGKILL);
+  waitpid(first, nullptr, 0);
+  close(ready[0]);
+  close(ready[1]);
+  // A new engine process-equivalent (own session) after the kill.
+  tiny::Engine plain(Model(), 1, kBlockTokens, 64, nullptr);
+  auto c = Attach(d);
+  tiny::Engine e(Model(), 1, kBlockTokens, 64, c.get());
+  const auto prompt = with_user(2);
+  auto want = plain.Generate(prompt, 3);
+  auto got = e.Generate(prompt, 3);
+  ASSERT_TRUE(want.ok() && got.ok());
+  EXPECT_EQ(got->reused_tokens, 48u) << "the shared system prompt, stored by the killed engine";
+  ExpectSame(*want, *got);
+  EXPECT_TRUE(testing::Eventually([&] {
+    auto s = d.Status();
+    return s.ok() && (*s)["stats"]["sessions_closed_dead"] == 1;
+  })) << "the daemon saw the first engine die";
 }
 
 TEST(TinyEngineTest, AnotherNamespaceNeverHits) {
