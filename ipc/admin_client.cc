@@ -16,7 +16,9 @@ absl::StatusOr<nlohmann::json> AdminCall(const std::string& socket_path,
                                          std::chrono::milliseconds timeout) {
   ASSIGN_OR_RETURN(UniqueFd fd, ConnectUnix(socket_path, SOCK_STREAM));
   RETURN_IF_ERROR(SetSocketTimeouts(fd.get(), timeout));
-  RETURN_IF_ERROR(WriteAll(fd.get(), request.dump() + "\n"));
+  // A daemon that refuses this peer answers at once and closes, possibly
+  // before the request is written: read its answer even when the write failed.
+  const absl::Status wrote = WriteAll(fd.get(), request.dump() + "\n");
   std::string line;
   char buf[65536];
   while (line.find('\n') == std::string::npos) {
@@ -27,9 +29,10 @@ absl::StatusOr<nlohmann::json> AdminCall(const std::string& socket_path,
         return absl::DeadlineExceededError(
             absl::StrCat("kvtierd did not answer on ", socket_path, " within ", timeout.count(), " ms"));
       }
-      return ErrnoStatus(errno, "reading the admin response");
+      return wrote.ok() ? ErrnoStatus(errno, "reading the admin response") : wrote;
     }
     if (n == 0) {
+      if (!wrote.ok()) return wrote;
       return absl::UnavailableError(
           absl::StrCat("kvtierd closed the admin connection on ", socket_path, " without answering"));
     }
