@@ -296,6 +296,9 @@ TEST_F(BlockCacheTest, ReloadedWatermarksAndQuotasTakeEffectWhileRunning) {
   ASSERT_TRUE(cache_->SetWatermarks(0.7, 0.5).ok());
   ASSERT_TRUE(Eventually([&] { return cache_->Usage()[0].blocks <= 10; })) << cache_->Usage()[0].blocks;
   EXPECT_EQ(stats_.evictions_background.Get(), 6u);
+  // Watermarks apply to a token quota too: off again, so that the quota
+  // below is what evicts.
+  ASSERT_TRUE(cache_->SetWatermarks(1.0, 1.0).ok());
 
   EXPECT_TRUE(absl::IsNotFound(cache_->SetQuota("nobody", {})));
   ASSERT_TRUE(cache_->SetQuota("tenant0", {.host_tokens = 4 * 16}).ok());
