@@ -195,15 +195,7 @@ TEST(NvmeE2eTest, ACorruptedBlockOnDiskIsAMissNeverServed) {
   ASSERT_TRUE(StoreAll(*c, Keys(*c, 6, 16)).ok());
   ASSERT_TRUE(testing::Eventually([&] { return StatusInt(d, "nvme", "blocks") == 24; }));
   // Flip a byte in the payload of the slab's first slot.
-  const std::string slab = data.File("nvme") + "/kvtier-slab.kvt";
-  const int fd = open(slab.c_str(), O_RDWR);
-  ASSERT_GE(fd, 0);
-  char b;
-  ASSERT_EQ(pread(fd, &b, 1, 4096 + 1234), 1);
-  b ^= 0x20;
-  ASSERT_EQ(pwrite(fd, &b, 1, 4096 + 1234), 1);
-  fdatasync(fd);
-  close(fd);
+  ASSERT_TRUE(testing::FlipByteOnDisk(data.File("nvme") + "/kvtier-slab.kvt", 4096 + 1234));
   // The daemon's reads are O_DIRECT: they see the device, not a cache.
   Tally t = LoadEach(*c, keys);
   EXPECT_EQ(t.hit, 8);

@@ -47,6 +47,12 @@ std::vector<uint32_t> Prompt(uint32_t n, uint32_t seed) {
   return p;
 }
 
+// A daemon config with a 64 MiB NVMe tier under `data`.
+std::string WithNvme(const testing::TempDir& data) {
+  return "[tiers.nvme]\ndirs = [\"" + data.File("nvme") +
+         "\"]\ncapacity = \"64MiB\"\nsegment_bytes = \"16MiB\"\nstaging_bytes = \"8MiB\"\n";
+}
+
 // Same tokens and bit-identical logits.
 void ExpectSame(const tiny::GenerateResult& a, const tiny::GenerateResult& b) {
   ASSERT_EQ(a.tokens, b.tokens);
@@ -88,8 +94,7 @@ TEST(TinyEngineTest, ReuseFromHostMemoryIsBitIdentical) {
 
 TEST(TinyEngineTest, ReuseAcrossSessionsAndFromNvmeIsBitIdentical) {
   testing::TempDir data;
-  DaemonProcess d("[tiers.nvme]\ndirs = [\"" + data.File("nvme") +
-                  "\"]\ncapacity = \"64MiB\"\nsegment_bytes = \"16MiB\"\nstaging_bytes = \"8MiB\"\n");
+  DaemonProcess d(WithNvme(data));
   ASSERT_TRUE(d.Start().ok()) << d.Log();
   tiny::Engine plain(Model(), 1, kBlockTokens, 64, nullptr);
   const auto prompt = Prompt(57, 2);
@@ -120,8 +125,7 @@ TEST(TinyEngineTest, ReuseAcrossSessionsAndFromNvmeIsBitIdentical) {
 // engine recomputes from there, and the output is still exact.
 TEST(TinyEngineTest, ACorruptedBlockFallsBackToRecomputeWithIdenticalOutput) {
   testing::TempDir data;
-  DaemonProcess d("[tiers.nvme]\ndirs = [\"" + data.File("nvme") +
-                  "\"]\ncapacity = \"64MiB\"\nsegment_bytes = \"16MiB\"\nstaging_bytes = \"8MiB\"\n");
+  DaemonProcess d(WithNvme(data));
   ASSERT_TRUE(d.Start().ok()) << d.Log();
   tiny::Engine plain(Model(), 1, kBlockTokens, 64, nullptr);
   const auto prompt = Prompt(57, 4);
@@ -138,15 +142,7 @@ TEST(TinyEngineTest, ACorruptedBlockFallsBackToRecomputeWithIdenticalOutput) {
            (*s)["tiers"][1]["queued"] == 0;
   }));
   // Flip a byte in the payload of the slab's first slot (reads are O_DIRECT).
-  const std::string slab = data.File("nvme") + "/kvtier-slab.kvt";
-  const int fd = open(slab.c_str(), O_RDWR);
-  ASSERT_GE(fd, 0);
-  char b;
-  ASSERT_EQ(pread(fd, &b, 1, 4096 + 1234), 1);
-  b ^= 0x20;
-  ASSERT_EQ(pwrite(fd, &b, 1, 4096 + 1234), 1);
-  fdatasync(fd);
-  close(fd);
+  ASSERT_TRUE(testing::FlipByteOnDisk(data.File("nvme") + "/kvtier-slab.kvt", 4096 + 1234));
   auto got = e.Generate(prompt, 5);
   ASSERT_TRUE(got.ok());
   EXPECT_LT(got->reused_tokens, 56u) << "the corrupted block and what follows it are recomputed";

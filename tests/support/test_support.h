@@ -2,7 +2,9 @@
 #ifndef KVTIER_TESTS_SUPPORT_TEST_SUPPORT_H_
 #define KVTIER_TESTS_SUPPORT_TEST_SUPPORT_H_
 
+#include <fcntl.h>
 #include <sys/types.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
@@ -30,6 +32,22 @@ bool MatchesKey(const BlockKey& key, std::span<const std::byte> data);
 
 // A key that is just the counter i in its first 8 bytes.
 BlockKey KeyOf(uint64_t i);
+
+// Flips one bit of the byte at `offset` in `path` and syncs it: corruption
+// on disk, for tests that a damaged block is never served.
+inline bool FlipByteOnDisk(const std::string& path, off_t offset) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  char b;
+  if (!f.seekg(offset) || !f.get(b)) return false;
+  b ^= 0x20;
+  if (!f.seekp(offset) || !f.put(b) || !f.flush()) return false;
+  f.close();
+  const int fd = open(path.c_str(), O_RDONLY);
+  if (fd < 0) return false;
+  const bool synced = fdatasync(fd) == 0;
+  close(fd);
+  return synced;
+}
 
 // True once every thread of process `pid` is stopped (state T in /proc):
 // kill(SIGSTOP) returns before they all have.
