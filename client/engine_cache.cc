@@ -47,6 +47,16 @@ absl::Status OpenLayerEvents(const ipc::KvRegisterReply& reply, const std::vecto
 
 }  // namespace
 
+Result<uint64_t> KvBlockBytes(const KvCacheLayout& layout, uint32_t block_tokens) {
+  kernels::KvDtype dtype;
+  kernels::BlockCodec codec;
+  if (absl::Status s = kernels::ParseDtype(layout.dtype, &dtype); !s.ok()) return ToPublic(s);
+  if (absl::Status s = kernels::ParseCodec(layout.codec, &codec); !s.ok()) return ToPublic(s);
+  const kernels::KvShape shape{layout.layers, block_tokens, layout.kv_heads, layout.head_dim, dtype};
+  if (absl::Status s = kernels::Validate(shape, codec); !s.ok()) return ToPublic(s);
+  return kernels::GeometryOf(shape, codec).block_bytes;
+}
+
 Result<uint64_t> Client::RegisterKvCache(const KvCacheLayout& layout) {
   ClientImpl& c = *impl_;
   kernels::KvDtype dtype;

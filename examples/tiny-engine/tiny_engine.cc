@@ -6,6 +6,10 @@
 #include <cstring>
 #include <random>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include "nlohmann/json.hpp"
 
 namespace tiny {
@@ -46,46 +50,62 @@ kvtier::Result<ModelConfig> ModelConfig::FromJson(const std::string& text) {
   return m;
 }
 
-struct Weights {
-  struct Layer {
-    std::vector<float> attn_norm, wq, wk, wv, wo, mlp_norm, wg, wu, wd;
+std::shared_ptr<const Weights> Weights::Seeded(const ModelConfig& m, uint64_t seed) {
+  auto w = std::make_shared<Weights>();
+  std::mt19937_64 rng(seed);
+  auto fill = [&](size_t n, uint32_t fan_in) {
+    std::uniform_real_distribution<float> d(-1.0f / std::sqrt(float(fan_in)), 1.0f / std::sqrt(float(fan_in)));
+    std::vector<float> v(n);
+    for (float& x : v) x = d(rng);
+    return v;
   };
-  std::vector<float> embed, final_norm, lm_head;
-  std::vector<Layer> layers;
-
-  Weights(const ModelConfig& m, uint64_t seed) {
-    std::mt19937_64 rng(seed);
-    auto fill = [&](size_t n, uint32_t fan_in) {
-      std::uniform_real_distribution<float> d(-1.0f / std::sqrt(float(fan_in)), 1.0f / std::sqrt(float(fan_in)));
-      std::vector<float> v(n);
-      for (float& x : v) x = d(rng);
-      return v;
-    };
-    auto norm = [&](size_t n) {
-      std::uniform_real_distribution<float> d(0.9f, 1.1f);
-      std::vector<float> v(n);
-      for (float& x : v) x = d(rng);
-      return v;
-    };
-    const size_t q = size_t{m.heads} * m.head_dim, kv = size_t{m.kv_heads} * m.head_dim;
-    embed = fill(size_t{m.vocab} * m.hidden, 1);
-    for (uint32_t l = 0; l < m.layers; ++l) {
-      Layer L;
-      L.attn_norm = norm(m.hidden);
-      L.wq = fill(q * m.hidden, m.hidden);
-      L.wk = fill(kv * m.hidden, m.hidden);
-      L.wv = fill(kv * m.hidden, m.hidden);
-      L.wo = fill(m.hidden * q, static_cast<uint32_t>(q));
-      L.mlp_norm = norm(m.hidden);
-      L.wg = fill(size_t{m.intermediate} * m.hidden, m.hidden);
-      L.wu = fill(size_t{m.intermediate} * m.hidden, m.hidden);
-      L.wd = fill(size_t{m.hidden} * m.intermediate, m.intermediate);
-      layers.push_back(std::move(L));
-    }
-    final_norm = norm(m.hidden);
-    lm_head = fill(size_t{m.vocab} * m.hidden, m.hidden);
+  auto norm = [&](size_t n) {
+    std::uniform_real_distribution<float> d(0.9f, 1.1f);
+    std::vector<float> v(n);
+    for (float& x : v) x = d(rng);
+    return v;
+  };
+  const size_t q = size_t{m.heads} * m.head_dim, kv = size_t{m.kv_heads} * m.head_dim;
+  w->embed = fill(size_t{m.vocab} * m.hidden, 1);
+  for (uint32_t l = 0; l < m.layers; ++l) {
+    Layer L;
+    L.attn_norm = norm(m.hidden);
+    L.wq = fill(q * m.hidden, m.hidden);
+    L.wk = fill(kv * m.hidden, m.hidden);
+    L.wv = fill(kv * m.hidden, m.hidden);
+    L.wo = fill(m.hidden * q, static_cast<uint32_t>(q));
+    L.mlp_norm = norm(m.hidden);
+    L.wg = fill(size_t{m.intermediate} * m.hidden, m.hidden);
+    L.wu = fill(size_t{m.intermediate} * m.hidden, m.hidden);
+    L.wd = fill(size_t{m.hidden} * m.intermediate, m.intermediate);
+    w->layers.push_back(std::move(L));
   }
-};
+  w->final_norm = norm(m.hidden);
+  w->lm_head = fill(size_t{m.vocab} * m.hidden, m.hidden);
+  return w;
+}
+
+kvtier::Result<kvtier::NamespaceDescriptor> NamespaceFor(const ModelConfig& m, uint32_t block_tokens,
+                                                         const std::string& model_id, const std::string& codec) {
+  kvtier::KvCacheLayout l;
+  l.layers = m.layers;
+  l.page_tokens = block_tokens;
+  l.kv_heads = m.kv_heads;
+  l.head_dim = m.head_dim;
+  l.dtype = "f32";
+  l.codec = codec;
+  auto bytes = kvtier::KvBlockBytes(l, block_tokens);
+  if (!bytes.ok()) return bytes.status();
+  kvtier::NamespaceDescriptor ns;
+  ns.model_id = model_id;
+  // What kvtier keeps: int8 and fp8 blocks have the same size, so the dtype
+  // is what keeps an engine from reading the other codec's blocks.
+  ns.kv_dtype = codec == "none" ? "f32" : (codec == "fp8" ? "fp8_e4m3" : codec);
+  ns.kv_layout = "layer_major";
+  ns.block_tokens = block_tokens;
+  ns.block_bytes = *bytes;
+  return ns;
+}
 
 namespace {
 
@@ -124,8 +144,46 @@ void Rope(float* v, uint32_t heads, uint32_t hd, uint32_t pos, float theta) {
 
 PagedKvCache::PagedKvCache(const ModelConfig& m, uint32_t block_tokens, uint32_t pages)
     : layers_(m.layers), block_tokens_(block_tokens), token_floats_(m.kv_heads * m.head_dim), pages_(pages),
-      data_(size_t{m.layers} * 2 * pages * block_tokens * token_floats_, 0.0f), refs_(pages, 0) {
-  for (int p = static_cast<int>(pages) - 1; p >= 0; --p) free_.push_back(p);
+      bytes_(size_t{m.layers} * 2 * pages * block_tokens * token_floats_ * sizeof(float)), refs_(pages, 0) {
+  // A memfd (zero-filled), sealed against shrinking: the daemon maps it when
+  // the cache is registered. Without a memfd (an old kernel) the daemon
+  // cannot, and registration is refused.
+  fd_ = memfd_create("tiny-engine-kv", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  void* p = MAP_FAILED;
+  if (fd_ >= 0 && ftruncate(fd_, static_cast<off_t>(bytes_)) == 0 && fcntl(fd_, F_ADD_SEALS, F_SEAL_SHRINK) == 0) {
+    p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+  }
+  if (p == MAP_FAILED) {
+    if (fd_ >= 0) close(fd_);
+    fd_ = -1;
+    p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+  }
+  data_ = static_cast<float*>(p);
+  for (int pg = static_cast<int>(pages) - 1; pg >= 0; --pg) free_.push_back(pg);
+}
+
+PagedKvCache::~PagedKvCache() {
+  munmap(data_, bytes_);
+  if (fd_ >= 0) close(fd_);
+}
+
+kvtier::KvCacheLayout PagedKvCache::Layout(const ModelConfig& m, const std::string& codec) const {
+  kvtier::KvCacheLayout l;
+  l.layers = layers_;
+  l.page_tokens = block_tokens_;
+  l.kv_heads = m.kv_heads;
+  l.head_dim = m.head_dim;
+  l.dtype = "f32";
+  l.codec = codec;
+  l.num_pages = pages_;
+  const size_t page_floats = size_t{block_tokens_} * token_floats_;
+  for (uint32_t layer = 0; layer < layers_; ++layer) {
+    l.k_layers.push_back(data_ + (size_t{layer} * 2 + 0) * pages_ * page_floats);
+    l.v_layers.push_back(data_ + (size_t{layer} * 2 + 1) * pages_ * page_floats);
+  }
+  l.regions.push_back({data_, bytes_, fd_});
+  return l;
 }
 
 int PagedKvCache::Allocate() {
@@ -141,14 +199,14 @@ void PagedKvCache::Release(int page) {
 }
 
 float* PagedKvCache::At(uint32_t layer, int kv, int page, uint32_t t) {
-  return data_.data() + (((size_t{layer} * 2 + kv) * pages_ + page) * block_tokens_ + t) * token_floats_;
+  return data_ + (((size_t{layer} * 2 + kv) * pages_ + page) * block_tokens_ + t) * token_floats_;
 }
 
 void PagedKvCache::ToBlock(int page, std::byte* block) const {
   const size_t bytes = size_t{block_tokens_} * token_floats_ * sizeof(float);
   for (uint32_t l = 0; l < layers_; ++l) {
     for (int kv = 0; kv < 2; ++kv) {
-      const float* src = data_.data() + ((size_t{l} * 2 + kv) * pages_ + page) * block_tokens_ * token_floats_;
+      const float* src = data_ + ((size_t{l} * 2 + kv) * pages_ + page) * block_tokens_ * token_floats_;
       std::memcpy(block + (size_t{l} * 2 + kv) * bytes, src, bytes);
     }
   }
@@ -158,16 +216,25 @@ void PagedKvCache::FromBlock(int page, const std::byte* block) {
   const size_t bytes = size_t{block_tokens_} * token_floats_ * sizeof(float);
   for (uint32_t l = 0; l < layers_; ++l) {
     for (int kv = 0; kv < 2; ++kv) {
-      float* dst = data_.data() + ((size_t{l} * 2 + kv) * pages_ + page) * block_tokens_ * token_floats_;
+      float* dst = data_ + ((size_t{l} * 2 + kv) * pages_ + page) * block_tokens_ * token_floats_;
       std::memcpy(dst, block + (size_t{l} * 2 + kv) * bytes, bytes);
     }
   }
 }
 
-Engine::Engine(const ModelConfig& m, uint64_t seed, uint32_t block_tokens, uint32_t pages, kvtier::Client* client)
-    : m_(m), w_(std::make_unique<Weights>(m, seed)), cache_(m, block_tokens, pages), client_(client) {}
+Engine::Engine(const ModelConfig& m, uint64_t seed, uint32_t block_tokens, uint32_t pages, kvtier::Client* client,
+               EngineOptions options)
+    : Engine(m, Weights::Seeded(m, seed), block_tokens, pages, client, std::move(options)) {}
 
-Engine::~Engine() = default;
+Engine::Engine(const ModelConfig& m, std::shared_ptr<const Weights> weights, uint32_t block_tokens, uint32_t pages,
+               kvtier::Client* client, EngineOptions options)
+    : m_(m), w_(std::move(weights)), cache_(m, block_tokens, pages), client_(client), options_(std::move(options)) {}
+
+Engine::~Engine() {
+  if (registration_ != 0 && client_ != nullptr && client_->connected()) {
+    (void)client_->UnregisterKvCache(registration_);
+  }
+}
 
 bool Engine::EnsurePages(Sequence& s, size_t tokens) {
   const size_t need = (tokens + cache_.block_tokens() - 1) / cache_.block_tokens();
@@ -190,7 +257,7 @@ void Engine::Free(Sequence& s) {
   s.computed = 0;
 }
 
-std::vector<float> Engine::Forward(Sequence& s) {
+std::vector<float> Engine::Forward(Sequence& s, const std::function<bool(uint32_t)>& before_layer) {
   const uint32_t H = m_.hidden, hd = m_.head_dim, q_dim = m_.heads * hd, kv_dim = m_.kv_heads * hd;
   const uint32_t bt = cache_.block_tokens(), group = m_.heads / m_.kv_heads;
   const size_t first = s.computed, n = s.tokens.size();
@@ -201,6 +268,7 @@ std::vector<float> Engine::Forward(Sequence& s) {
   std::vector<float> h(H), q(q_dim), k(kv_dim), v(kv_dim), attn(q_dim), o(H), g(m_.intermediate),
       u(m_.intermediate), scores;
   for (uint32_t l = 0; l < m_.layers; ++l) {
+    if (before_layer && !before_layer(l)) return {};
     const Weights::Layer& L = w_->layers[l];
     for (size_t i = first; i < n; ++i) {
       float* xi = x[i - first].data();
@@ -259,56 +327,127 @@ std::vector<float> Engine::Forward(Sequence& s) {
   return logits;
 }
 
+kvtier::Result<std::vector<float>> Engine::Prefill(Sequence& s, const std::vector<kvtier::BlockKey>& keys,
+                                                   GenerateResult* r) {
+  using Clock = std::chrono::steady_clock;
+  const uint32_t bt = cache_.block_tokens();
+  const size_t prompt = s.tokens.size();
+  auto recompute_all = [&]() -> kvtier::Result<std::vector<float>> {
+    s.computed = 0;
+    r->reused_tokens = 0;
+    if (!EnsurePages(s, prompt)) return Status(ErrorCode::kNoSpace, "tiny-engine: out of KV-cache pages");
+    return Forward(s);
+  };
+  if (client_ == nullptr || keys.empty()) return recompute_all();
+  // At least the last prompt token is computed: its logits pick the first token.
+  const size_t reusable = std::min((prompt - 1) / bt, keys.size());
+  if (reusable == 0) return recompute_all();
+  auto hit = client_->Lookup(std::span(keys).first(reusable), {.lease = true});
+  if (!hit.ok()) return hit.status();
+  if (hit->hit_blocks == 0) return recompute_all();
+  const auto hit_keys = std::span(keys).first(hit->hit_blocks);
+  if (!EnsurePages(s, prompt)) {
+    (void)client_->Release(hit->lease);
+    return Status(ErrorCode::kNoSpace, "tiny-engine: out of KV-cache pages");
+  }
+  if (options_.path == EngineOptions::Path::kCopy) {
+    auto views = client_->Load(hit->lease, hit_keys);
+    uint32_t loaded = 0;
+    if (views.ok()) {
+      for (size_t b = 0; b < views->size(); ++b) cache_.FromBlock(s.block_table[b], (*views)[b].data);
+      loaded = static_cast<uint32_t>(views->size());  // a failed load is a shorter prefix: recomputed
+    }
+    (void)client_->Release(hit->lease);
+    s.computed = loaded * bt;
+    r->reused_tokens = s.computed;
+    return Forward(s);
+  }
+  // Registered: the daemon scatters the prefix into our pages layer by layer,
+  // and layer l of the new tokens runs once layer l of the prefix is in.
+  std::vector<uint32_t> pages(s.block_table.begin(), s.block_table.begin() + hit->hit_blocks);
+  auto load = client_->LoadIntoCacheAsync(registration_, hit->lease, hit_keys, pages);
+  if (!load.ok()) {
+    (void)client_->Release(hit->lease);
+    return recompute_all();  // a failed load is a miss
+  }
+  auto waited = [&](uint32_t layers) -> kvtier::Result<uint32_t> {
+    const auto t = Clock::now();
+    auto blocks = client_->WaitLayers(*load, layers);
+    r->load_wait_s += std::chrono::duration<double>(Clock::now() - t).count();
+    r->layers_waited = layers;
+    return blocks;
+  };
+  // Layer 0 tells how many blocks the load covers (a block that failed to
+  // come back, and those after it, are recomputed).
+  auto blocks = waited(1);
+  uint32_t loaded = blocks.ok() ? *blocks : 0;
+  s.computed = loaded * bt;
+  r->reused_tokens = s.computed;
+  bool broken = !blocks.ok();
+  std::vector<float> logits;
+  if (!broken) {
+    logits = Forward(s, [&](uint32_t l) {
+      if (l == 0) return true;
+      auto b = waited(l + 1);
+      broken = !b.ok() || *b != loaded;
+      return !broken;
+    });
+  }
+  auto finished = client_->FinishLoad(*load);
+  (void)client_->Release(hit->lease);
+  if (broken || !finished.ok()) return recompute_all();  // whatever landed is not trusted
+  return logits;
+}
+
+void Engine::StoreNew(const Sequence& s, const std::vector<kvtier::BlockKey>& keys, uint32_t loaded,
+                      GenerateResult* r) {
+  // What kvtier did not supply: full prompt blocks after the loaded prefix.
+  const size_t full = std::min(keys.size(), s.tokens.size() / cache_.block_tokens());
+  if (full <= loaded) return;
+  const auto new_keys = std::span(keys).subspan(loaded, full - loaded);
+  if (options_.path == EngineOptions::Path::kRegistered) {
+    std::vector<uint32_t> pages(s.block_table.begin() + loaded, s.block_table.begin() + full);
+    auto n = client_->StoreFromCache(registration_, new_keys, pages);
+    if (n.ok()) r->stored_blocks = *n;
+    return;
+  }
+  std::vector<std::vector<std::byte>> bufs;
+  std::vector<std::span<const std::byte>> spans;
+  for (size_t b = loaded; b < full; ++b) {
+    bufs.emplace_back(cache_.block_bytes());
+    cache_.ToBlock(s.block_table[b], bufs.back().data());
+  }
+  for (const auto& b : bufs) spans.emplace_back(b.data(), b.size());
+  auto n = client_->Store(new_keys, spans);
+  if (n.ok()) r->stored_blocks = *n;
+}
+
 kvtier::Result<GenerateResult> Engine::Generate(const std::vector<uint32_t>& prompt, uint32_t new_tokens) {
   if (prompt.empty()) return Status(ErrorCode::kInvalidArgument, "an empty prompt");
   for (uint32_t t : prompt) {
     if (t >= m_.vocab) return Status(ErrorCode::kInvalidArgument, "a token id past the vocabulary");
+  }
+  if (client_ != nullptr && options_.path == EngineOptions::Path::kRegistered && registration_ == 0) {
+    auto reg = client_->RegisterKvCache(cache_.Layout(m_, options_.codec));
+    if (!reg.ok()) return reg.status();
+    registration_ = *reg;
   }
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
   GenerateResult r;
   Sequence s;
   s.tokens = prompt;
-  const uint32_t bt = cache_.block_tokens();
   std::vector<kvtier::BlockKey> keys;
-  uint32_t loaded = 0;
-  if (client_ != nullptr) {
-    keys = client_->ComputeKeys(prompt);
-    // At least the last prompt token is computed: its logits pick the first token.
-    const size_t reusable = (prompt.size() - 1) / bt;
-    auto hit = client_->Lookup(std::span(keys).first(std::min(reusable, keys.size())), {.lease = true});
-    if (!hit.ok()) return hit.status();
-    if (hit->hit_blocks > 0) {
-      auto views = client_->Load(hit->lease, std::span(keys).first(hit->hit_blocks));
-      if (views.ok() && EnsurePages(s, size_t{views->size()} * bt)) {
-        for (size_t b = 0; b < views->size(); ++b) cache_.FromBlock(s.block_table[b], (*views)[b].data);
-        loaded = static_cast<uint32_t>(views->size());  // a failed load is a shorter prefix: recomputed
-      }
-      (void)client_->Release(hit->lease);
-    }
-  }
-  s.computed = loaded * bt;
-  r.reused_tokens = s.computed;
-  if (!EnsurePages(s, prompt.size())) {
+  if (client_ != nullptr) keys = client_->ComputeKeys(prompt);
+  auto first = Prefill(s, keys, &r);
+  if (!first.ok()) {
     Free(s);
-    return Status(ErrorCode::kNoSpace, "tiny-engine: out of KV-cache pages");
+    return first.status();
   }
-  std::vector<float> logits = Forward(s);
+  std::vector<float> logits = std::move(*first);
   const auto prefill_end = Clock::now();
   if (client_ != nullptr) {
-    // Store what kvtier did not supply: full prompt blocks after the loaded prefix.
-    const size_t full = prompt.size() / bt;
-    std::vector<std::vector<std::byte>> bufs;
-    std::vector<std::span<const std::byte>> spans;
-    for (size_t b = loaded; b < full; ++b) {
-      bufs.emplace_back(cache_.block_bytes());
-      cache_.ToBlock(s.block_table[b], bufs.back().data());
-    }
-    for (const auto& b : bufs) spans.emplace_back(b.data(), b.size());
-    if (!spans.empty()) {
-      auto n = client_->Store(std::span(keys).subspan(loaded, spans.size()), spans);
-      if (n.ok()) r.stored_blocks = *n;
-    }
+    StoreNew(s, keys, r.reused_tokens / cache_.block_tokens(), &r);
     (void)client_->ReportPrefill(r.reused_tokens, prompt.size() - r.reused_tokens, prefill_end - t0);
   }
   for (uint32_t i = 0; i < new_tokens; ++i) {

@@ -141,6 +141,13 @@ struct KvCacheLayout {
   std::vector<KvMemoryRegion> regions;  // every address above lies in one of them
 };
 
+// Bytes of one kvtier block of this layout's shape (layers, kv_heads,
+// head_dim, dtype, codec) over `block_tokens` tokens: the block_bytes a
+// namespace needs for RegisterKvCache to accept the layout. kInvalidArgument
+// names what does not fit (an unknown dtype or codec, an empty shape, a codec
+// that cannot quantize the dtype).
+Result<uint64_t> KvBlockBytes(const KvCacheLayout& layout, uint32_t block_tokens);
+
 // A daemon-driven load in flight: its layers land in the engine's pages in
 // order, and each can be used as soon as it is there.
 struct DeviceLoad {
