@@ -424,6 +424,7 @@ void Engine::StoreNew(const Sequence& s, const std::vector<kvtier::BlockKey>& ke
 
 kvtier::Result<GenerateResult> Engine::Generate(const std::vector<uint32_t>& prompt, uint32_t new_tokens) {
   if (prompt.empty()) return Status(ErrorCode::kInvalidArgument, "an empty prompt");
+  if (new_tokens == 0) return Status(ErrorCode::kInvalidArgument, "generate at least one token");
   for (uint32_t t : prompt) {
     if (t >= m_.vocab) return Status(ErrorCode::kInvalidArgument, "a token id past the vocabulary");
   }
@@ -446,13 +447,17 @@ kvtier::Result<GenerateResult> Engine::Generate(const std::vector<uint32_t>& pro
   }
   std::vector<float> logits = std::move(*first);
   const auto prefill_end = Clock::now();
-  if (client_ != nullptr) {
-    StoreNew(s, keys, r.reused_tokens / cache_.block_tokens(), &r);
-    (void)client_->ReportPrefill(r.reused_tokens, prompt.size() - r.reused_tokens, prefill_end - t0);
-  }
   for (uint32_t i = 0; i < new_tokens; ++i) {
     const uint32_t next = static_cast<uint32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-    if (i == 0) r.ttft_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (i == 0) {
+      r.ttft_s = std::chrono::duration<double>(Clock::now() - t0).count();
+      // The first token is out; offloading the new blocks does not delay it
+      // (an engine with a GPU would do this on a side stream).
+      if (client_ != nullptr) {
+        StoreNew(s, keys, r.reused_tokens / cache_.block_tokens(), &r);
+        (void)client_->ReportPrefill(r.reused_tokens, prompt.size() - r.reused_tokens, prefill_end - t0);
+      }
+    }
     r.tokens.push_back(next);
     r.logits.push_back(std::move(logits));
     if (i + 1 == new_tokens) break;

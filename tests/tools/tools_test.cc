@@ -489,6 +489,25 @@ TEST(ToolsTest, BenchPrintsOneJsonObjectPerMetric) {
   EXPECT_EQ(gpu_metrics, (std::set<std::string>{"host_to_device_GBps", "device_to_host_GBps", "gather_GBps",
                                                 "scatter_GBps", "gather_fp8_GBps_read", "checksum_GBps",
                                                 "layerwise_first_layer_ms"}));
+  // The engine suite: TTFT per tier against no cache, the reused prefix and
+  // the exactness check in each figure's note.
+  Output e = RunCommand(Tool("kvtier-bench") + " engine --quick --json --kvtierd " +
+                        std::string(std::getenv("KVTIERD_BIN") ? std::getenv("KVTIERD_BIN") : "kvtierd"));
+  ASSERT_EQ(e.exit_code, 0) << e.out;
+  std::istringstream el(e.out);
+  std::set<std::string> engine_metrics;
+  while (std::getline(el, line)) {
+    if (line.empty()) continue;
+    nlohmann::json m = nlohmann::json::parse(line);
+    EXPECT_EQ(m["suite"], "engine");
+    EXPECT_EQ(m["baseline_name"], "no_cache");
+    EXPECT_GT(m["value"].get<double>(), 0) << line;
+    EXPECT_GT(m["baseline"].get<double>(), 0) << line;
+    EXPECT_NE(m["note"].get<std::string>().find("448 of 512 tokens reused"), std::string::npos) << line;
+    EXPECT_NE(m["note"].get<std::string>().find("bit-identical"), std::string::npos) << line;
+    engine_metrics.insert(m["metric"].get<std::string>());
+  }
+  EXPECT_EQ(engine_metrics, (std::set<std::string>{"ttft_host", "ttft_nvme", "ttft_gpu_sim"}));
   // On CUDA it runs only where a device answers; elsewhere it says so and exits 77.
   const int cuda_rc = RunCommand(Tool("kvtier-bench") + " gpu --quick --json 2>/dev/null").exit_code;
   EXPECT_TRUE(cuda_rc == 77 || cuda_rc == 0 || cuda_rc == 1) << cuda_rc;

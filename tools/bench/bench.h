@@ -40,7 +40,7 @@ struct Context {
   bool json = false;
   bool quick = false;   // fewer iterations (smoke runs in tests)
   std::string dir;      // nvme suite: where files go (default: a temp dir)
-  int pairs = 0;        // nvme suite: ours/fio pairs per point (0: the default)
+  int pairs = 0;        // nvme suite: ours/fio pairs per point; engine suite: repetitions (0: the default)
   std::string only;     // nvme suite: run only points whose label contains this
   std::string device = "cuda";  // gpu suite: "cuda", or "sim" for the host-simulated device
 };
@@ -85,6 +85,7 @@ std::vector<Metric> RunLookupSuite(const Context& ctx);
 std::vector<Metric> RunNvmeSuite(const Context& ctx);
 std::vector<Metric> RunReclaimSuite(const Context& ctx);
 std::vector<Metric> RunGpuSuite(const Context& ctx);
+std::vector<Metric> RunEngineSuite(const Context& ctx);
 
 }  // namespace kvtier::bench
 

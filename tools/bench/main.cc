@@ -1,6 +1,6 @@
 // kvtier-bench: microbenchmarks with a baseline measured in the same run.
 //
-//   kvtier-bench ipc|host|lookup|all [--json] [--quick] [--kvtierd PATH]
+//   kvtier-bench ipc|host|lookup|nvme|reclaim|gpu|engine|all [--json] [--quick] [--kvtierd PATH]
 //                [Google Benchmark flags, e.g. --benchmark_min_time=...]
 //
 // Build with the release preset for meaningful figures.
@@ -32,6 +32,8 @@ void Usage() {
                "        gpu     pinned host<->device copies vs cudaMemcpyAsync, gather/scatter kernels vs a\n"
                "                device-to-device copy, layer-wise load (--device sim: on the simulated device;\n"
                "                exit 77 when no CUDA device answers)\n"
+               "        engine  time to first token of the tiny engine, 4096-token prompt with 3584 cached, per tier\n"
+               "                (host, NVMe, GPU tier on the simulated device) vs no cache (--pairs N: repetitions)\n"
                "        all     every suite (gpu only where a CUDA device answers)\n"
                "--json prints one JSON object per metric; exit code 1 when a target is missed.\n");
 }
@@ -103,6 +105,7 @@ int main(int argc, char** argv) {
   any |= run("lookup", kvtier::bench::RunLookupSuite);
   any |= run("nvme", kvtier::bench::RunNvmeSuite);
   any |= run("reclaim", kvtier::bench::RunReclaimSuite);
+  any |= run("engine", kvtier::bench::RunEngineSuite);
   std::string why;
   if ((suite == "gpu" || suite == "all") && ctx.device == "cuda" && kvtier::ProbeCudaDevices(&why) == 0) {
     std::fprintf(stderr, "kvtier-bench: gpu suite skipped: no CUDA device answers (%s); --device sim runs it on "
