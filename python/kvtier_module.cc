@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kvtier/client.h"
@@ -141,6 +142,62 @@ class PyOp {
   Status status_;
 };
 
+// A daemon-driven load into a registered KV cache, landing layer by layer.
+class PyDeviceLoad {
+ public:
+  PyDeviceLoad(std::shared_ptr<Client> client, DeviceLoad load) : client_(std::move(client)), load_(load) {}
+  uint32_t layers() const { return load_.layers; }
+  uint32_t LayersReady() const { return client_->LayersReady(load_); }
+  uint32_t WaitLayers(uint32_t layers, std::optional<double> timeout_s) {
+    Result<uint32_t> r = [&] {
+      py::gil_scoped_release nogil;
+      return client_->WaitLayers(load_, layers, Timeout(timeout_s));
+    }();
+    return Check(std::move(r));
+  }
+  uint32_t StreamWaitLayers(uint32_t layers, uint64_t stream, std::optional<double> timeout_s) {
+    Result<uint32_t> r = [&] {
+      py::gil_scoped_release nogil;
+      return client_->StreamWaitLayers(load_, layers, stream, Timeout(timeout_s));
+    }();
+    return Check(std::move(r));
+  }
+  uint32_t Finish(std::optional<double> timeout_s) {
+    Result<uint32_t> r = [&] {
+      py::gil_scoped_release nogil;
+      return client_->FinishLoad(load_, Timeout(timeout_s));
+    }();
+    return Check(std::move(r));
+  }
+
+ private:
+  static std::chrono::nanoseconds Timeout(std::optional<double> s) {
+    return s ? std::chrono::nanoseconds(static_cast<int64_t>(*s * 1e9)) : std::chrono::nanoseconds(30'000'000'000);
+  }
+  std::shared_ptr<Client> client_;
+  DeviceLoad load_;
+};
+
+KvCacheLayout LayoutFrom(uint32_t layers, uint32_t page_tokens, uint32_t kv_heads, uint32_t head_dim,
+                         uint64_t num_pages, const std::vector<uintptr_t>& k_layers,
+                         const std::vector<uintptr_t>& v_layers,
+                         const std::vector<std::tuple<uintptr_t, uint64_t, int>>& regions, const std::string& dtype,
+                         const std::string& codec, uint64_t page_stride) {
+  KvCacheLayout l;
+  l.layers = layers;
+  l.page_tokens = page_tokens;
+  l.kv_heads = kv_heads;
+  l.head_dim = head_dim;
+  l.dtype = dtype;
+  l.codec = codec;
+  l.num_pages = num_pages;
+  l.page_stride = page_stride;
+  for (uintptr_t a : k_layers) l.k_layers.push_back(reinterpret_cast<const void*>(a));
+  for (uintptr_t a : v_layers) l.v_layers.push_back(reinterpret_cast<const void*>(a));
+  for (const auto& [base, bytes, fd] : regions) l.regions.push_back({reinterpret_cast<const void*>(base), bytes, fd});
+  return l;
+}
+
 class PyClient {
  public:
   explicit PyClient(std::unique_ptr<Client> c) : c_(std::move(c)) {}
@@ -209,6 +266,37 @@ PYBIND11_MODULE(_kvtier, m) {
       .def("wait", &PyOp::Wait, py::arg("timeout") = py::none(),
            "Blocks until it completes and returns its result (raises KvtierError on failure, and with code "
            "ETIMEDOUT after `timeout` seconds, leaving it in flight).");
+
+  py::class_<PyDeviceLoad, std::shared_ptr<PyDeviceLoad>>(
+      m, "DeviceLoad", "A daemon-driven load into a registered KV cache; its layers land in order.")
+      .def_property_readonly("layers", &PyDeviceLoad::layers)
+      .def("layers_ready", &PyDeviceLoad::LayersReady, "Layers already in the engine's pages (never blocks).")
+      .def("wait_layers", &PyDeviceLoad::WaitLayers, py::arg("layers"), py::arg("timeout") = py::none(),
+           "Blocks until the first `layers` layers are in the pages; returns the blocks they cover (the prefix "
+           "that loaded: recompute the rest).")
+      .def("stream_wait_layers", &PyDeviceLoad::StreamWaitLayers, py::arg("layers"), py::arg("stream") = 0,
+           py::arg("timeout") = py::none(),
+           "Makes CUDA `stream` (an int, e.g. torch.cuda.current_stream().cuda_stream) wait on the device for the "
+           "first `layers` layers, without the host waiting for them; a host-memory cache waits here instead. "
+           "Returns the blocks the load covers.")
+      .def("finish", &PyDeviceLoad::Finish, py::arg("timeout") = py::none(),
+           "Waits for the whole load and ends it; returns the blocks loaded.");
+
+  m.def(
+      "kv_block_bytes",
+      [](uint32_t layers, uint32_t block_tokens, uint32_t kv_heads, uint32_t head_dim, const std::string& dtype,
+         const std::string& codec) {
+        KvCacheLayout l;
+        l.layers = layers;
+        l.kv_heads = kv_heads;
+        l.head_dim = head_dim;
+        l.dtype = dtype;
+        l.codec = codec;
+        return Check(KvBlockBytes(l, block_tokens));
+      },
+      py::arg("layers"), py::arg("block_tokens"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("dtype") = "f16",
+      py::arg("codec") = "none",
+      "Bytes of one kvtier block of this KV shape: the block_bytes to attach with before register_kv_cache.");
 
   py::class_<PyClient>(m, "Client", "A session with kvtierd: lookups, loads and stores of KV-cache blocks.")
       .def_static(
@@ -426,6 +514,69 @@ PYBIND11_MODULE(_kvtier, m) {
           },
           py::arg("cached_tokens"), py::arg("computed_tokens"), py::arg("seconds"),
           "Tells the daemon what a prefill cost, so it can price recomputation.")
+      .def(
+          "register_kv_cache",
+          [](PyClient& c, uint32_t layers, uint32_t page_tokens, uint32_t kv_heads, uint32_t head_dim,
+             uint64_t num_pages, const std::vector<uintptr_t>& k_layers, const std::vector<uintptr_t>& v_layers,
+             const std::vector<std::tuple<uintptr_t, uint64_t, int>>& regions, const std::string& dtype,
+             const std::string& codec, uint64_t page_stride) {
+            const KvCacheLayout l = LayoutFrom(layers, page_tokens, kv_heads, head_dim, num_pages, k_layers, v_layers,
+                                               regions, dtype, codec, page_stride);
+            Result<uint64_t> r = [&] {
+              py::gil_scoped_release nogil;
+              return c.c().RegisterKvCache(l);
+            }();
+            return Check(std::move(r));
+          },
+          py::arg("layers"), py::arg("page_tokens"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("num_pages"),
+          py::arg("k_layers"), py::arg("v_layers"), py::arg("regions"), py::kw_only(), py::arg("dtype") = "f16",
+          py::arg("codec") = "none", py::arg("page_stride") = 0,
+          "Registers the engine's paged KV cache: per layer the address of page 0 of K and of V "
+          "([num_pages, page_tokens, kv_heads, head_dim] each), and the memory they lie in as (base, bytes, memfd) "
+          "tuples: memfd -1 for CUDA memory (base as cudaMalloc returned it), else a memfd sealed against "
+          "shrinking. codec 'int8' / 'fp8' quantizes blocks on offload. Returns the registration id.")
+      .def(
+          "unregister_kv_cache",
+          [](PyClient& c, uint64_t reg) { Check(c.c().UnregisterKvCache(reg)); }, py::arg("registration"),
+          "Forgets a registration.")
+      .def(
+          "store_from_cache",
+          [](PyClient& c, uint64_t reg, const py::sequence& keys, const std::vector<uint32_t>& pages) {
+            const std::vector<BlockKey> k = KeysFrom(keys);
+            Result<uint32_t> r = [&] {
+              py::gil_scoped_release nogil;
+              return c.c().StoreFromCache(reg, k, pages);
+            }();
+            return Check(std::move(r));
+          },
+          py::arg("registration"), py::arg("keys"), py::arg("pages"),
+          "The daemon gathers each key's pages (block_tokens / page_tokens per key, key after key) from the "
+          "registered cache into kvtier. Returns the blocks written.")
+      .def(
+          "load_into_cache_async",
+          [](PyClient& c, uint64_t reg, uint64_t lease, const py::sequence& keys, const std::vector<uint32_t>& pages) {
+            const std::vector<BlockKey> k = KeysFrom(keys);
+            Result<DeviceLoad> r = [&] {
+              py::gil_scoped_release nogil;
+              return c.c().LoadIntoCacheAsync(reg, lease, k, pages);
+            }();
+            return std::make_shared<PyDeviceLoad>(c.shared(), Check(std::move(r)));
+          },
+          py::arg("registration"), py::arg("lease"), py::arg("keys"), py::arg("pages"),
+          "The daemon scatters leased blocks into the registered cache's pages, layer by layer. Returns a "
+          "DeviceLoad: wait for layer l before running layer l (wait_layers), then finish().")
+      .def(
+          "load_into_cache",
+          [](PyClient& c, uint64_t reg, uint64_t lease, const py::sequence& keys, const std::vector<uint32_t>& pages) {
+            const std::vector<BlockKey> k = KeysFrom(keys);
+            Result<uint32_t> r = [&] {
+              py::gil_scoped_release nogil;
+              return c.c().LoadIntoCache(reg, lease, k, pages);
+            }();
+            return Check(std::move(r));
+          },
+          py::arg("registration"), py::arg("lease"), py::arg("keys"), py::arg("pages"),
+          "load_into_cache_async + finish: returns the blocks loaded (a prefix; recompute the rest).")
       .def(
           "ping",
           [](PyClient& c) {

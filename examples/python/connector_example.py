@@ -9,10 +9,18 @@ backend has the same shape):
   scheduler  get_num_new_matched_tokens  -> Client.lookup (no lease: may repeat)
   scheduler  update_state_after_alloc    -> Client.lookup(lease=True): pin the hit
   worker     start_load_kv               -> Client.load / load_async: copy blocks into the paged cache
-  worker     wait_for_layer_load         -> Operation.wait (or, for a registered GPU cache,
-                                            the C++ API's StreamWaitLayers)
+  worker     wait_for_layer_load         -> Operation.wait (or, for a registered cache,
+                                            DeviceLoad.wait_layers / stream_wait_layers)
   worker     save_kv_layer/wait_for_save -> Client.store: blocks computed by this prefill
   scheduler  request_finished            -> Client.release(lease)
+
+A connector whose engine registers its paged cache (Client.register_kv_cache
+at worker start, block_bytes from kvtier.kv_block_bytes) lets the daemon move
+the pages itself instead: start_load_kv -> Client.load_into_cache_async,
+wait_for_layer_load(layer) -> DeviceLoad.stream_wait_layers(layer + 1,
+torch.cuda.current_stream().cuda_stream), save_kv_layer -> Client.store_from_cache.
+tests/python/test_client.py (test_registered_cache_moves_pages_layer_by_layer)
+shows those calls on a host-memory cache.
 
 This file plays a tiny engine with a paged KV cache in a NumPy array (one
 "layer", blocks of BLOCK_TOKENS tokens) so it runs anywhere:

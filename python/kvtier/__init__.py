@@ -10,10 +10,16 @@ NVMe, shared between engine processes through the kvtierd daemon.
     c.release(hit.lease)
     c.store(keys[hit.hit_blocks:], new_blocks)          # (n, block_bytes) uint8
 
+An engine can instead register its paged KV cache (register_kv_cache, with
+block_bytes from kvtier.kv_block_bytes) and let the daemon move blocks in and
+out of its pages: store_from_cache, and load_into_cache_async, whose
+DeviceLoad says when each layer has landed (wait_layers), so layer 0 can run
+while later layers arrive.
+
 Errors raise kvtier.KvtierError (.code: the negative errno of kvtier.h).
 See examples/python/connector_example.py for where a vLLM or SGLang KV
 connector calls each function.
 """
-from ._kvtier import Client, KvtierError, LookupResult, Operation
+from ._kvtier import Client, DeviceLoad, KvtierError, LookupResult, Operation, kv_block_bytes
 
-__all__ = ["Client", "KvtierError", "LookupResult", "Operation"]
+__all__ = ["Client", "DeviceLoad", "KvtierError", "LookupResult", "Operation", "kv_block_bytes"]

@@ -2,6 +2,7 @@
 into NumPy, stores from NumPy and raw pointers, async operations, errors,
 and namespace isolation."""
 import ctypes
+import os
 
 import numpy as np
 import pytest
@@ -150,3 +151,69 @@ def test_the_connector_example_reuses_the_shared_system_prompt(daemon):
     lines = out.stdout.splitlines()
     assert "kvtier matched 0, loaded 0 blocks" in lines[0]
     assert "kvtier matched 64, loaded 4 blocks, computed 2, stored 2 new; cache exact: True" in lines[1], lines
+
+
+def _paged_cache(layers, pages, page_tokens, kv_heads, head_dim):
+    """An engine's paged KV cache in a sealed memfd, as the daemon maps it:
+    per layer K then V, each [pages, page_tokens, kv_heads, head_dim] f32."""
+    import fcntl
+    import mmap
+    shape = (layers, 2, pages, page_tokens, kv_heads, head_dim)
+    nbytes = int(np.prod(shape)) * 4
+    fd = os.memfd_create("py-engine-kv", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, nbytes)
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+    mem = mmap.mmap(fd, nbytes)
+    cache = np.frombuffer(mem, dtype=np.float32).reshape(shape)
+    base = cache.ctypes.data
+    layer_bytes = 2 * pages * page_tokens * kv_heads * head_dim * 4
+    k_layers = [base + l * layer_bytes for l in range(layers)]
+    v_layers = [a + layer_bytes // 2 for a in k_layers]
+    return cache, mem, fd, k_layers, v_layers, (base, nbytes, fd)
+
+
+def test_registered_cache_moves_pages_layer_by_layer(daemon):
+    layers, page_tokens, kv_heads, head_dim, pages = 3, 8, 2, 16, 32
+    bb = kvtier.kv_block_bytes(layers, 8, kv_heads, head_dim, dtype="f32")
+    assert bb == layers * 2 * 8 * kv_heads * head_dim * 4
+    c = kvtier.Client.attach("py/registered", block_tokens=8, block_bytes=bb, socket=daemon.socket, kv_dtype="f32")
+    cache, mem, fd, k_layers, v_layers, region = _paged_cache(layers, pages, page_tokens, kv_heads, head_dim)
+    try:
+        reg = c.register_kv_cache(layers, page_tokens, kv_heads, head_dim, pages, k_layers, v_layers, [region],
+                                  dtype="f32")
+        rng = np.random.default_rng(3)
+        src = [5, 1, 9]
+        cache[:, :, src] = rng.standard_normal(cache[:, :, src].shape, dtype=np.float32)
+        keys = c.compute_keys(np.arange(24, dtype=np.uint32))
+        assert c.store_from_cache(reg, keys, src) == 3
+        hit = c.lookup(keys, lease=True)
+        assert hit.hit_blocks == 3
+        dst = [20, 21, 22]
+        load = c.load_into_cache_async(reg, hit.lease, keys, dst)
+        assert load.layers == layers
+        for layer in range(layers):
+            assert load.wait_layers(layer + 1) == 3
+            assert load.layers_ready() >= layer + 1
+            np.testing.assert_array_equal(cache[layer, :, dst], cache[layer, :, src])
+        assert load.finish() == 3
+        c.release(hit.lease)
+        # A page list of the wrong length is refused with the reason.
+        with pytest.raises(kvtier.KvtierError) as e:
+            c.store_from_cache(reg, keys, [1, 2])
+        assert e.value.code == -22
+        c.unregister_kv_cache(reg)
+        with pytest.raises(kvtier.KvtierError):
+            c.store_from_cache(reg, keys, src)
+    finally:
+        del cache
+        mem.close()
+        os.close(fd)
+
+
+def test_kv_block_bytes_sizes_quantized_blocks_and_names_bad_input():
+    lossless = kvtier.kv_block_bytes(2, 16, 2, 64, dtype="f16")
+    assert lossless == 2 * 2 * 16 * 2 * 64 * 2
+    assert kvtier.kv_block_bytes(2, 16, 2, 64, dtype="f16", codec="int8") < lossless
+    with pytest.raises(kvtier.KvtierError) as e:
+        kvtier.kv_block_bytes(2, 16, 2, 64, dtype="f17")
+    assert "f17" in str(e.value)
