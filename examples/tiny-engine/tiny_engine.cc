@@ -401,14 +401,14 @@ kvtier::Result<std::vector<float>> Engine::Prefill(Sequence& s, const std::vecto
 
 void Engine::StoreNew(const Sequence& s, const std::vector<kvtier::BlockKey>& keys, uint32_t loaded,
                       GenerateResult* r) {
-  // What kvtier did not supply: full prompt blocks after the loaded prefix.
-  const size_t full = std::min(keys.size(), s.tokens.size() / cache_.block_tokens());
+  // Full blocks of computed tokens after `loaded`.
+  const size_t full = std::min(keys.size(), size_t{s.computed} / cache_.block_tokens());
   if (full <= loaded) return;
   const auto new_keys = std::span(keys).subspan(loaded, full - loaded);
   if (options_.path == EngineOptions::Path::kRegistered) {
     std::vector<uint32_t> pages(s.block_table.begin() + loaded, s.block_table.begin() + full);
     auto n = client_->StoreFromCache(registration_, new_keys, pages);
-    if (n.ok()) r->stored_blocks = *n;
+    if (n.ok()) r->stored_blocks += *n;
     return;
   }
   std::vector<std::vector<std::byte>> bufs;
@@ -419,7 +419,7 @@ void Engine::StoreNew(const Sequence& s, const std::vector<kvtier::BlockKey>& ke
   }
   for (const auto& b : bufs) spans.emplace_back(b.data(), b.size());
   auto n = client_->Store(new_keys, spans);
-  if (n.ok()) r->stored_blocks = *n;
+  if (n.ok()) r->stored_blocks += *n;
 }
 
 kvtier::Result<GenerateResult> Engine::Generate(const std::vector<uint32_t>& prompt, uint32_t new_tokens) {
@@ -467,6 +467,12 @@ kvtier::Result<GenerateResult> Engine::Generate(const std::vector<uint32_t>& pro
       return Status(ErrorCode::kNoSpace, "tiny-engine: out of KV-cache pages");
     }
     logits = Forward(s);
+  }
+  if (client_ != nullptr && s.computed / cache_.block_tokens() > prompt.size() / cache_.block_tokens()) {
+    // The sequence ends and its pages go (the engine's eviction): blocks its
+    // reply filled are offloaded too, so the next turn reuses them.
+    StoreNew(s, client_->ComputeKeys(std::span(s.tokens).first(s.computed)),
+             static_cast<uint32_t>(prompt.size() / cache_.block_tokens()), &r);
   }
   Free(s);
   return r;

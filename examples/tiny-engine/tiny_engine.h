@@ -118,7 +118,7 @@ struct GenerateResult {
   std::vector<uint32_t> tokens;             // generated
   std::vector<std::vector<float>> logits;   // per generated token: the logits it was picked from
   uint32_t reused_tokens = 0;               // prompt tokens loaded from kvtier
-  uint32_t stored_blocks = 0;
+  uint32_t stored_blocks = 0;               // written: the prompt's after prefill, the reply's at the end
   double ttft_s = 0;                        // prompt in, first token out
   double load_wait_s = 0;                   // of which waiting for loaded layers
   uint32_t layers_waited = 0;               // layers the prefill waited for (registered path)

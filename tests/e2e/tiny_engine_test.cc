@@ -86,7 +86,9 @@ TEST(TinyEngineTest, ReuseFromHostMemoryIsBitIdentical) {
   auto first = cached.Generate(prompt, 6);
   ASSERT_TRUE(first.ok());
   EXPECT_EQ(first->reused_tokens, 0u);
-  EXPECT_EQ(first->stored_blocks, 5u);  // 44 tokens: 5 full blocks of 8
+  // 44 prompt tokens: 5 full blocks after prefill; 5 of the 6 generated
+  // tokens are computed (49 tokens), filling a 6th block stored at the end.
+  EXPECT_EQ(first->stored_blocks, 6u);
   ExpectSame(*want, *first);
   auto second = cached.Generate(prompt, 6);
   ASSERT_TRUE(second.ok());
@@ -100,6 +102,16 @@ TEST(TinyEngineTest, ReuseFromHostMemoryIsBitIdentical) {
   ASSERT_TRUE(want_longer.ok() && got_longer.ok());
   EXPECT_EQ(got_longer->reused_tokens, 40u);
   ExpectSame(*want_longer, *got_longer);
+  // The next turn of a chat: the prompt, the reply, a new message. The block
+  // the reply completed is reused too.
+  auto next_turn = prompt;
+  next_turn.insert(next_turn.end(), first->tokens.begin(), first->tokens.end());
+  for (uint32_t t : Prompt(12, 10)) next_turn.push_back(t);
+  auto want_next = plain.Generate(next_turn, 3);
+  auto got_next = cached.Generate(next_turn, 3);
+  ASSERT_TRUE(want_next.ok() && got_next.ok());
+  EXPECT_EQ(got_next->reused_tokens, 48u) << "6 blocks: the prompt's 5 and the one the reply filled";
+  ExpectSame(*want_next, *got_next);
 }
 
 TEST(TinyEngineTest, ReuseAcrossSessionsAndFromNvmeIsBitIdentical) {
@@ -285,7 +297,7 @@ TEST(TinyEngineTest, LayerWiseLoadsFromHostAndGpuTierAreBitIdentical) {
     // The writer copies through the host tier: nothing on the GPU tier yet.
     auto w = Attach(d);
     tiny::Engine writer(Model(), 1, kBlockTokens, 64, w.get(), CopyPath());
-    ASSERT_EQ(writer.Generate(prompt, 5)->stored_blocks, 7u);
+    ASSERT_EQ(writer.Generate(prompt, 5)->stored_blocks, 8u);  // 60 + 4 computed reply tokens
   }
   EXPECT_EQ(gpu("blocks"), 0);
   auto c = Attach(d);
