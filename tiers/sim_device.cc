@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <deque>
 #include <optional>
+#include <chrono>
 #include <thread>
 
 #include "absl/container/flat_hash_map.h"
@@ -106,11 +107,12 @@ struct SimEvent {
 
 // The CPU reference kernels, run on a simulated stream in order with its
 // copies. Arguments are checked at the call (errors come back at once) and
-// copied, since the work runs later.
+// copied, since the work runs later. A bandwidth cap paces gathers and
+// scatters by the block bytes they move, as it paces copies.
 class SimKernels final : public kernels::KvKernels {
  public:
   using StreamLookup = absl::AnyInvocable<std::shared_ptr<SimStream>(DeviceStream)>;
-  explicit SimKernels(StreamLookup lookup) : lookup_(std::move(lookup)) {}
+  SimKernels(StreamLookup lookup, uint64_t bandwidth) : lookup_(std::move(lookup)), bandwidth_(bandwidth) {}
 
   absl::string_view name() const override { return "reference"; }
 
@@ -140,17 +142,24 @@ class SimKernels final : public kernels::KvKernels {
     RETURN_IF_ERROR(kernels::ValidateIo(shape, codec, cache, io));
     std::shared_ptr<SimStream> s = lookup_(stream);
     if (!s) return absl::InvalidArgumentError(absl::StrCat("unknown stream ", stream));
+    const uint32_t layers = io.layer_count == 0 ? shape.layers - io.first_layer : io.layer_count;
+    const uint64_t bytes = uint64_t{io.blocks.size()} * layers * kernels::GeometryOf(shape, codec).layer_bytes;
     s->Enqueue([this, shape, codec, cache, gather, pages = std::vector<uint32_t>(io.pages.begin(), io.pages.end()),
                 blocks = std::vector<uint64_t>(io.blocks.begin(), io.blocks.end()), first = io.first_layer,
-                count = io.layer_count] {
+                count = io.layer_count, bytes] {
+      const auto start = std::chrono::steady_clock::now();
       const kernels::BlockIo copy{pages, blocks, first, count};
       // Validated above; the reference cannot fail on what ValidateIo accepts.
       (void)(gather ? ref_->Gather(shape, codec, cache, copy, 0) : ref_->Scatter(shape, codec, cache, copy, 0));
+      if (bandwidth_ > 0) {
+        std::this_thread::sleep_until(start + std::chrono::nanoseconds(static_cast<int64_t>(bytes * 1e9 / bandwidth_)));
+      }
     });
     return absl::OkStatus();
   }
 
   StreamLookup lookup_;
+  const uint64_t bandwidth_;
   const std::unique_ptr<kernels::KvKernels> ref_ = kernels::MakeReferenceKernels();
 };
 
@@ -162,7 +171,7 @@ struct SimAllocation {
 class SimDevice final : public DeviceBackend {
  public:
   explicit SimDevice(const SimDeviceOptions& opts)
-      : opts_(opts), kernels_([this](DeviceStream id) { return FindStream(id); }) {}
+      : opts_(opts), kernels_([this](DeviceStream id) { return FindStream(id); }, opts.bandwidth_bytes_per_s) {}
 
   absl::string_view name() const override { return "sim"; }
 

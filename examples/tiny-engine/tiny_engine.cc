@@ -387,7 +387,10 @@ kvtier::Result<std::vector<float>> Engine::Prefill(Sequence& s, const std::vecto
   std::vector<float> logits;
   if (!broken) {
     logits = Forward(s, [&](uint32_t l) {
-      if (l == 0) return true;
+      if (l == 0) {
+        r->layers_in_at_first_compute = client_->LayersReady(*load);
+        return true;
+      }
       auto b = waited(l + 1);
       broken = !b.ok() || *b != loaded;
       return !broken;

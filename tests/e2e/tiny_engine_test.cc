@@ -315,6 +315,32 @@ TEST(TinyEngineTest, LayerWiseLoadsFromHostAndGpuTierAreBitIdentical) {
   EXPECT_EQ(gpu("hits"), 7) << "the second load came from the GPU tier";
 }
 
+// On a device whose copies take time (the simulated device paced to 64 KiB/s:
+// 7 blocks' layer, 14 KiB, takes ~220 ms), the engine computes layer 0 of the
+// new tokens while layer 1 of the prefix is still on its way, and the output
+// is still exact.
+TEST(TinyEngineTest, LayerZeroIsComputedWhileLaterLayersArrive) {
+  DaemonProcess d("device = \"sim\"\n[sim]\nbandwidth = \"64KiB\"\n");
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  tiny::Engine plain(Model(), 1, kBlockTokens, 64, nullptr);
+  const auto prompt = Prompt(60, 22);
+  auto want = plain.Generate(prompt, 3);
+  ASSERT_TRUE(want.ok());
+  {
+    auto w = Attach(d);
+    tiny::Engine writer(Model(), 1, kBlockTokens, 64, w.get(), CopyPath());
+    ASSERT_EQ(writer.Generate(prompt, 1)->stored_blocks, 7u);
+  }
+  auto c = Attach(d);
+  tiny::Engine e(Model(), 1, kBlockTokens, 64, c.get());
+  auto got = e.Generate(prompt, 3);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(got->reused_tokens, 56u);
+  EXPECT_EQ(got->layers_in_at_first_compute, 1u) << "layer 0 ran with only layer 0 of the prefix in";
+  EXPECT_GT(got->load_wait_s, 0.1) << "then the engine waited for layer 1";
+  ExpectSame(*want, *got);
+}
+
 // Largest |a - b| over every generated token's logits, and the largest |a|.
 std::pair<double, double> LogitError(const tiny::GenerateResult& a, const tiny::GenerateResult& b) {
   double worst = 0, scale = 0;
