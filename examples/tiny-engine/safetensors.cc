@@ -108,7 +108,12 @@ kvtier::Result<std::shared_ptr<const Weights>> Weights::FromSafetensors(const Mo
   if (!f) return Status(ErrorCode::kNotFound, path + ": cannot open");
   std::stringstream ss;
   ss << f.rdbuf();
-  const std::string file = ss.str();
+  return FromSafetensorsBytes(m, ss.str(), path);
+}
+
+kvtier::Result<std::shared_ptr<const Weights>> Weights::FromSafetensorsBytes(const ModelConfig& m,
+                                                                             std::string_view file,
+                                                                             const std::string& path) {
   if (file.size() < 8) return Bad(path, "shorter than a safetensors header");
   uint64_t header_bytes = 0;
   for (int i = 7; i >= 0; --i) header_bytes = (header_bytes << 8) | static_cast<uint8_t>(file[i]);
@@ -116,10 +121,9 @@ kvtier::Result<std::shared_ptr<const Weights>> Weights::FromSafetensors(const Mo
     return Bad(path, "the header length (" + std::to_string(header_bytes) + " bytes) runs past the file");
   }
   Tensors t;
-  t.header = nlohmann::json::parse(file.begin() + 8, file.begin() + 8 + static_cast<std::ptrdiff_t>(header_bytes),
-                                   nullptr, /*allow_exceptions=*/false);
+  t.header = nlohmann::json::parse(file.substr(8, header_bytes), nullptr, /*allow_exceptions=*/false);
   if (t.header.is_discarded() || !t.header.is_object()) return Bad(path, "the header is not a JSON object");
-  t.data = file.substr(8 + header_bytes);
+  t.data = std::string(file.substr(8 + header_bytes));
 
   const uint64_t H = m.hidden, q = uint64_t{m.heads} * m.head_dim, kv = uint64_t{m.kv_heads} * m.head_dim,
                  I = m.intermediate, V = m.vocab;

@@ -28,6 +28,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kvtier/client.h"
@@ -57,6 +58,10 @@ struct Weights {
   // and lm_head.weight (absent: tied to the embeddings), in F32, F16 or BF16.
   // Errors name the tensor and what is wrong with it.
   static kvtier::Result<std::shared_ptr<const Weights>> FromSafetensors(const ModelConfig& m, const std::string& path);
+  // The same from the file's bytes (`path` names it in errors).
+  static kvtier::Result<std::shared_ptr<const Weights>> FromSafetensorsBytes(const ModelConfig& m,
+                                                                             std::string_view file,
+                                                                             const std::string& path);
   // Writes the weights as F32 safetensors (the names above).
   kvtier::Status SaveSafetensors(const ModelConfig& m, const std::string& path) const;
 };

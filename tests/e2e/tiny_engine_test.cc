@@ -390,9 +390,10 @@ TEST(TinyEngineTest, QuantizedBlocksStayWithinTheStatedBound) {
 
 // An engine killed with -9 in the middle of its loads leaves the daemon
 // consistent: its session, leases and registration go, and the next engine
-// reuses the same blocks exactly.
+// reuses the same blocks exactly. The simulated device is paced so that each
+// load (14 blocks of 4 KiB) takes ~220 ms: the kills land inside one.
 TEST(TinyEngineTest, AnEngineKilledMidLoadLeavesTheDaemonConsistent) {
-  DaemonProcess d;
+  DaemonProcess d("device = \"sim\"\n[sim]\nbandwidth = \"256KiB\"\n");
   ASSERT_TRUE(d.Start().ok()) << d.Log();
   const auto prompt = Prompt(120, 41);  // 14 blocks reused per load
   tiny::Engine plain(Model(), 1, kBlockTokens, 64, nullptr);
@@ -417,7 +418,7 @@ TEST(TinyEngineTest, AnEngineKilledMidLoadLeavesTheDaemonConsistent) {
     }
     char go = 0;
     ASSERT_EQ(read(ready[0], &go, 1), 1);
-    usleep(20000 + round * 15000);
+    usleep(40000 + round * 30000);
     kill(child, SIGKILL);
     waitpid(child, nullptr, 0);
     close(ready[0]);
