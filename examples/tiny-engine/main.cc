@@ -4,7 +4,8 @@
 // to a run that recomputes everything.
 //
 //   tiny-engine [--config config.json] [--weights model.safetensors] [--socket kvtierd.sock]
-//               [--turns 4] [--codec none|int8|fp8] [--copy] [--save-weights out.safetensors]
+//               [--turns 4] [--codec none|int8|fp8] [--copy] [--device cpu|cuda]
+//               [--save-weights out.safetensors]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -33,6 +34,11 @@ int main(int argc, char** argv) {
   app.add_option("--save-weights", save_path, "write the weights as safetensors and exit");
   app.add_option("--codec", codec, "blocks kept in kvtier: none (exact), int8 or fp8 (quantized, within a bound)")
       ->check(CLI::IsMember({"none", "int8", "fp8"}))
+      ->capture_default_str();
+  std::string device = "cpu";
+  app.add_option("--device", device, "where prefill and decode run: cpu, or cuda (the daemon then needs "
+                                     "device = \"cuda\")")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
   app.add_flag("--copy", copy, "copy blocks through Load/Store instead of registering the KV cache (no layer-wise "
                                "load; lossless only)");
@@ -97,8 +103,11 @@ int main(int argc, char** argv) {
   tiny::EngineOptions eo;
   eo.path = copy ? tiny::EngineOptions::Path::kCopy : tiny::EngineOptions::Path::kRegistered;
   eo.codec = codec;
+  eo.device = device == "cuda" ? tiny::EngineOptions::Device::kCuda : tiny::EngineOptions::Device::kCpu;
   tiny::Engine with(*m, weights, block_tokens, pages, client->get(), eo);
-  tiny::Engine without(*m, weights, block_tokens, pages, nullptr);
+  tiny::EngineOptions plain;
+  plain.device = eo.device;
+  tiny::Engine without(*m, weights, block_tokens, pages, nullptr, plain);
   const bool exact = codec == "none";
   std::vector<uint32_t> conversation;
   uint32_t next_token = 7;

@@ -142,9 +142,12 @@ void Rope(float* v, uint32_t heads, uint32_t hd, uint32_t pos, float theta) {
 
 }  // namespace
 
-PagedKvCache::PagedKvCache(const ModelConfig& m, uint32_t block_tokens, uint32_t pages)
+PagedKvCache::PagedKvCache(const ModelConfig& m, uint32_t block_tokens, uint32_t pages, bool storage)
     : layers_(m.layers), block_tokens_(block_tokens), token_floats_(m.kv_heads * m.head_dim), pages_(pages),
-      bytes_(size_t{m.layers} * 2 * pages * block_tokens * token_floats_ * sizeof(float)), refs_(pages, 0) {
+      bytes_(storage ? size_t{m.layers} * 2 * pages * block_tokens * token_floats_ * sizeof(float) : 0),
+      refs_(pages, 0) {
+  for (int pg = static_cast<int>(pages) - 1; pg >= 0; --pg) free_.push_back(pg);
+  if (!storage) return;
   // A memfd (zero-filled), sealed against shrinking: the daemon maps it when
   // the cache is registered. Without a memfd (an old kernel) the daemon
   // cannot, and registration is refused.
@@ -160,11 +163,10 @@ PagedKvCache::PagedKvCache(const ModelConfig& m, uint32_t block_tokens, uint32_t
     if (p == MAP_FAILED) throw std::bad_alloc();
   }
   data_ = static_cast<float*>(p);
-  for (int pg = static_cast<int>(pages) - 1; pg >= 0; --pg) free_.push_back(pg);
 }
 
 PagedKvCache::~PagedKvCache() {
-  munmap(data_, bytes_);
+  if (data_ != nullptr) munmap(data_, bytes_);
   if (fd_ >= 0) close(fd_);
 }
 
@@ -228,7 +230,11 @@ Engine::Engine(const ModelConfig& m, uint64_t seed, uint32_t block_tokens, uint3
 
 Engine::Engine(const ModelConfig& m, std::shared_ptr<const Weights> weights, uint32_t block_tokens, uint32_t pages,
                kvtier::Client* client, EngineOptions options)
-    : m_(m), w_(std::move(weights)), cache_(m, block_tokens, pages), client_(client), options_(std::move(options)) {}
+    : m_(m),
+      w_(std::move(weights)),
+      cache_(m, block_tokens, pages, options.device == EngineOptions::Device::kCpu),
+      client_(client),
+      options_(std::move(options)) {}
 
 Engine::~Engine() {
   if (registration_ != 0 && client_ != nullptr && client_->connected()) {
@@ -257,7 +263,14 @@ void Engine::Free(Sequence& s) {
   s.computed = 0;
 }
 
-std::vector<float> Engine::Forward(Sequence& s, const std::function<bool(uint32_t)>& before_layer) {
+kvtier::Result<std::vector<float>> Engine::Forward(Sequence& s, const std::function<bool(uint32_t)>& before_layer) {
+  if (cuda_ == nullptr) return ForwardCpu(s, before_layer);
+  auto logits = cuda_->Forward(s.tokens, s.computed, s.block_table, before_layer);
+  if (logits.ok() && !logits->empty()) s.computed = static_cast<uint32_t>(s.tokens.size());
+  return logits;
+}
+
+std::vector<float> Engine::ForwardCpu(Sequence& s, const std::function<bool(uint32_t)>& before_layer) {
   const uint32_t H = m_.hidden, hd = m_.head_dim, q_dim = m_.heads * hd, kv_dim = m_.kv_heads * hd;
   const uint32_t bt = cache_.block_tokens(), group = m_.heads / m_.kv_heads;
   const size_t first = s.computed, n = s.tokens.size();
@@ -372,7 +385,10 @@ kvtier::Result<std::vector<float>> Engine::Prefill(Sequence& s, const std::vecto
   }
   auto waited = [&](uint32_t layers) -> kvtier::Result<uint32_t> {
     const auto t = Clock::now();
-    auto blocks = client_->WaitLayers(*load, layers);
+    // On CUDA the stream waits for the layer on the device; the host only
+    // waits for the load to be queued.
+    auto blocks = cuda_ != nullptr ? client_->StreamWaitLayers(*load, layers, cuda_->stream())
+                                   : client_->WaitLayers(*load, layers);
     r->load_wait_s += std::chrono::duration<double>(Clock::now() - t).count();
     r->layers_waited = layers;
     return blocks;
@@ -384,7 +400,7 @@ kvtier::Result<std::vector<float>> Engine::Prefill(Sequence& s, const std::vecto
   s.computed = loaded * bt;
   r->reused_tokens = s.computed;
   bool broken = !blocks.ok();
-  std::vector<float> logits;
+  kvtier::Result<std::vector<float>> logits = std::vector<float>{};
   if (!broken) {
     logits = Forward(s, [&](uint32_t l) {
       if (l == 0) {
@@ -398,6 +414,7 @@ kvtier::Result<std::vector<float>> Engine::Prefill(Sequence& s, const std::vecto
   }
   auto finished = client_->FinishLoad(*load);
   (void)client_->Release(hit->lease);
+  if (!logits.ok()) return logits.status();  // the engine's own failure, not the load's
   if (broken || !finished.ok()) return recompute_all();  // whatever landed is not trusted
   return logits;
 }
@@ -431,8 +448,17 @@ kvtier::Result<GenerateResult> Engine::Generate(const std::vector<uint32_t>& pro
   for (uint32_t t : prompt) {
     if (t >= m_.vocab) return Status(ErrorCode::kInvalidArgument, "a token id past the vocabulary");
   }
+  if (options_.device == EngineOptions::Device::kCuda && cuda_ == nullptr) {
+    if (client_ != nullptr && options_.path == EngineOptions::Path::kCopy) {
+      return Status(ErrorCode::kInvalidArgument, "tiny-engine: the copy path runs on the CPU; register the cache");
+    }
+    auto f = CudaForward::Create(m_, *w_, cache_.block_tokens(), cache_.pages());
+    if (!f.ok()) return f.status();
+    cuda_ = std::move(*f);
+  }
   if (client_ != nullptr && options_.path == EngineOptions::Path::kRegistered && registration_ == 0) {
-    auto reg = client_->RegisterKvCache(cache_.Layout(m_, options_.codec));
+    auto reg = client_->RegisterKvCache(cuda_ != nullptr ? cuda_->Layout(options_.codec)
+                                                         : cache_.Layout(m_, options_.codec));
     if (!reg.ok()) return reg.status();
     registration_ = *reg;
   }
@@ -469,7 +495,12 @@ kvtier::Result<GenerateResult> Engine::Generate(const std::vector<uint32_t>& pro
       Free(s);
       return Status(ErrorCode::kNoSpace, "tiny-engine: out of KV-cache pages");
     }
-    logits = Forward(s);
+    auto more = Forward(s);
+    if (!more.ok()) {
+      Free(s);
+      return more.status();
+    }
+    logits = std::move(*more);
   }
   if (client_ != nullptr && s.computed / cache_.block_tokens() > prompt.size() / cache_.block_tokens()) {
     // The sequence ends and its pages go (the engine's eviction): blocks its

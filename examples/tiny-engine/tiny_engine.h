@@ -31,6 +31,7 @@
 #include <string_view>
 #include <vector>
 
+#include "cuda_forward.h"
 #include "kvtier/client.h"
 
 namespace tiny {
@@ -70,7 +71,9 @@ struct Weights {
 // live in a memfd sealed against shrinking, so the daemon can map them.
 class PagedKvCache {
  public:
-  PagedKvCache(const ModelConfig& m, uint32_t block_tokens, uint32_t pages);
+  // `storage` false: page bookkeeping only (the pages live elsewhere, e.g.
+  // on a CUDA device).
+  PagedKvCache(const ModelConfig& m, uint32_t block_tokens, uint32_t pages, bool storage = true);
   ~PagedKvCache();
   PagedKvCache(const PagedKvCache&) = delete;
   PagedKvCache& operator=(const PagedKvCache&) = delete;
@@ -86,6 +89,7 @@ class PagedKvCache {
   void FromBlock(int page, const std::byte* block);
   uint64_t block_bytes() const { return uint64_t{layers_} * 2 * block_tokens_ * token_floats_ * sizeof(float); }
   uint32_t block_tokens() const { return block_tokens_; }
+  uint32_t pages() const { return pages_; }
   // The cache as RegisterKvCache wants it: per layer K then V, each
   // [pages][block_tokens][kv_heads][head_dim] f32.
   kvtier::KvCacheLayout Layout(const ModelConfig& m, const std::string& codec) const;
@@ -109,6 +113,12 @@ struct Sequence {
 struct EngineOptions {
   enum class Path { kRegistered, kCopy };
   Path path = Path::kRegistered;
+  // Where prefill and decode run. kCuda keeps weights and KV pages in device
+  // memory (registered as a CUDA region: the daemon needs device = "cuda")
+  // and makes its stream wait for each loaded layer on the device
+  // (StreamWaitLayers); the copy path is CPU only.
+  enum class Device { kCpu, kCuda };
+  Device device = Device::kCpu;
   // kRegistered only: "none" (lossless), "int8" or "fp8" blocks in kvtier.
   std::string codec = "none";
 };
@@ -150,7 +160,8 @@ class Engine {
   // Runs layers over tokens [s.computed, s.tokens.size()); logits of the last.
   // `before_layer(l)` runs before layer l (waiting for its loaded K/V); when
   // it fails, Forward stops and returns nothing.
-  std::vector<float> Forward(Sequence& s, const std::function<bool(uint32_t)>& before_layer = {});
+  kvtier::Result<std::vector<float>> Forward(Sequence& s, const std::function<bool(uint32_t)>& before_layer = {});
+  std::vector<float> ForwardCpu(Sequence& s, const std::function<bool(uint32_t)>& before_layer);
   bool EnsurePages(Sequence& s, size_t tokens);
   // Loads the hit prefix of `keys` into s's pages and runs the prefill.
   kvtier::Result<std::vector<float>> Prefill(Sequence& s, const std::vector<kvtier::BlockKey>& keys,
@@ -163,6 +174,7 @@ class Engine {
   kvtier::Client* client_;
   EngineOptions options_;
   uint64_t registration_ = 0;  // kRegistered, once registered
+  std::unique_ptr<CudaForward> cuda_;  // kCuda, once created
 };
 
 }  // namespace tiny

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks in one go, for a machine with an NVIDIA GPU: builds (release,
-# with tests), runs the CUDA tests (ctest label "gpu") and `kvtier-bench gpu`,
+# with tests), runs the CUDA tests (ctest label "gpu"), `kvtier-bench gpu` and
+# `kvtier-bench engine` (the tiny engine on the GPU),
 # and prints every figure. A few minutes of device time.
 #
 #   tests/gpu/run.sh                 build here (installs Debian packages), then run
@@ -32,7 +33,8 @@ if [ -n "$pack" ]; then
   pack=$(cd "$pack" && pwd)
   export LD_LIBRARY_PATH="$pack/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   bin=$pack/bin
-  for t in cuda_device_test cuda_kernels_test kv_kernels_test kv_math_test; do
+  export KVTIERD_BIN=$bin/kvtierd
+  for t in cuda_device_test cuda_kernels_test kv_kernels_test kv_math_test tiny_engine_cuda_test; do
     echo "== kvtier gpu: $t" | log
     "$bin/$t" 2>&1 | log
     rc=${PIPESTATUS[0]}
@@ -54,5 +56,11 @@ echo "== kvtier gpu: kvtier-bench gpu" | log
 rc=${PIPESTATUS[0]}
 [ "$rc" -eq 0 ] || status=1
 if [ -n "$out" ]; then "$bench" gpu --json --quick > "$out/gpu-bench-quick.json" 2>&1; fi
+# The tiny engine on the GPU: TTFT with a cached prefix vs none (CPU rows too).
+echo "== kvtier gpu: kvtier-bench engine" | log
+kvtierd_bin=${KVTIERD_BIN:-build/release/daemon/kvtierd}
+"$bench" engine --kvtierd "$kvtierd_bin" 2>&1 | log
+rc=${PIPESTATUS[0]}
+[ "$rc" -eq 0 ] || status=1
 echo "== kvtier gpu: done, exit $status" | log
 exit $status
