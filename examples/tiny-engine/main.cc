@@ -133,6 +133,7 @@ int main(int argc, char** argv) {
     if (!exact) std::snprintf(verdict, sizeof(verdict), "max |dlogit| %.2e", worst);
     std::printf("%4u  %6zu  %6u  %13.2f ms  %10.2f ms  %6.2fx  %s\n", t + 1, conversation.size(), b->reused_tokens,
                 a->ttft_s * 1e3, b->ttft_s * 1e3, a->ttft_s / b->ttft_s, verdict);
+    if (!b->kvtier_error.empty()) std::cerr << "tiny-engine: kvtier: " << b->kvtier_error << " (computed without it)\n";
     if (exact && !same) return 3;
     conversation.insert(conversation.end(), b->tokens.begin(), b->tokens.end());
   }

@@ -356,7 +356,11 @@ kvtier::Result<std::vector<float>> Engine::Prefill(Sequence& s, const std::vecto
   const size_t reusable = std::min((prompt - 1) / bt, keys.size());
   if (reusable == 0) return recompute_all();
   auto hit = client_->Lookup(std::span(keys).first(reusable), {.lease = true});
-  if (!hit.ok()) return hit.status();
+  if (!hit.ok()) {
+    // kvtier is a cache: without it the engine computes everything.
+    r->kvtier_error = hit.status().message();
+    return recompute_all();
+  }
   if (hit->hit_blocks == 0) return recompute_all();
   const auto hit_keys = std::span(keys).first(hit->hit_blocks);
   if (!EnsurePages(s, prompt)) {
@@ -429,6 +433,7 @@ void Engine::StoreNew(const Sequence& s, const std::vector<kvtier::BlockKey>& ke
     std::vector<uint32_t> pages(s.block_table.begin() + loaded, s.block_table.begin() + full);
     auto n = client_->StoreFromCache(registration_, new_keys, pages);
     if (n.ok()) r->stored_blocks += *n;
+    if (!n.ok()) r->kvtier_error = n.status().message();
     return;
   }
   std::vector<std::vector<std::byte>> bufs;
@@ -440,6 +445,7 @@ void Engine::StoreNew(const Sequence& s, const std::vector<kvtier::BlockKey>& ke
   for (const auto& b : bufs) spans.emplace_back(b.data(), b.size());
   auto n = client_->Store(new_keys, spans);
   if (n.ok()) r->stored_blocks += *n;
+  if (!n.ok()) r->kvtier_error = n.status().message();
 }
 
 kvtier::Result<GenerateResult> Engine::Generate(const std::vector<uint32_t>& prompt, uint32_t new_tokens) {

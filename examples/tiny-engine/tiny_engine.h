@@ -138,6 +138,7 @@ struct GenerateResult {
   double load_wait_s = 0;                   // of which waiting for loaded layers
   uint32_t layers_waited = 0;               // layers the prefill waited for (registered path)
   uint32_t layers_in_at_first_compute = 0;  // of the loaded prefix, when layer 0 of the new tokens started
+  std::string kvtier_error;                 // the last kvtier call that failed (the engine went on without it)
 };
 
 class Engine {

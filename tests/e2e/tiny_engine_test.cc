@@ -439,6 +439,27 @@ TEST(TinyEngineTest, AnEngineKilledMidLoadLeavesTheDaemonConsistent) {
   ExpectSame(*want, *got);
 }
 
+// kvtier is a cache: when the daemon goes away the engine goes on computing
+// everything, with the same output, and says what failed.
+TEST(TinyEngineTest, TheEngineGoesOnWhenTheDaemonDies) {
+  DaemonProcess d;
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  auto c = Attach(d);
+  tiny::Engine plain(Model(), 1, kBlockTokens, 64, nullptr);
+  tiny::Engine e(Model(), 1, kBlockTokens, 64, c.get());
+  const auto prompt = Prompt(40, 71);
+  auto want = plain.Generate(prompt, 3);
+  ASSERT_EQ(e.Generate(prompt, 3)->stored_blocks, 5u);
+  d.Kill(SIGKILL);
+  ASSERT_NE(d.WaitExit(std::chrono::seconds(5)), -1);
+  auto got = e.Generate(prompt, 3);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(got->reused_tokens, 0u);
+  EXPECT_EQ(got->stored_blocks, 0u);
+  EXPECT_FALSE(got->kvtier_error.empty());
+  ExpectSame(*want, *got);
+}
+
 // Two tenants run the same engine on the same prompt: neither sees the
 // other's blocks.
 TEST(TinyEngineTest, TenantsNeverShareBlocks) {
