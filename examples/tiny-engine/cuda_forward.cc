@@ -160,21 +160,7 @@ class CudaForwardImpl final : public CudaForward {
   }
 
   kvtier::KvCacheLayout Layout(const std::string& codec) const override {
-    kvtier::KvCacheLayout l;
-    l.layers = m_.layers;
-    l.page_tokens = block_tokens_;
-    l.kv_heads = m_.kv_heads;
-    l.head_dim = m_.head_dim;
-    l.dtype = "f32";
-    l.codec = codec;
-    l.num_pages = pages_;
-    for (uint32_t layer = 0; layer < m_.layers; ++layer) {
-      const float* k = kv_.as<float>() + (size_t{layer} * 2) * pages_ * PageFloats();
-      l.k_layers.push_back(k);
-      l.v_layers.push_back(k + size_t{pages_} * PageFloats());
-    }
-    l.regions.push_back({kv_.as<void>(), kv_.bytes(), -1});
-    return l;
+    return CacheLayout(m_, block_tokens_, pages_, kv_.as<float>(), {kv_.as<void>(), kv_.bytes(), -1}, codec);
   }
 
   uint64_t stream() const override { return reinterpret_cast<uint64_t>(stream_); }

@@ -85,8 +85,8 @@ std::shared_ptr<const Weights> Weights::Seeded(const ModelConfig& m, uint64_t se
   return w;
 }
 
-kvtier::Result<kvtier::NamespaceDescriptor> NamespaceFor(const ModelConfig& m, uint32_t block_tokens,
-                                                         const std::string& model_id, const std::string& codec) {
+kvtier::KvCacheLayout CacheLayout(const ModelConfig& m, uint32_t block_tokens, uint32_t pages, const float* base,
+                                  kvtier::KvMemoryRegion region, const std::string& codec) {
   kvtier::KvCacheLayout l;
   l.layers = m.layers;
   l.page_tokens = block_tokens;
@@ -94,7 +94,19 @@ kvtier::Result<kvtier::NamespaceDescriptor> NamespaceFor(const ModelConfig& m, u
   l.head_dim = m.head_dim;
   l.dtype = "f32";
   l.codec = codec;
-  auto bytes = kvtier::KvBlockBytes(l, block_tokens);
+  l.num_pages = pages;
+  const size_t page_floats = size_t{block_tokens} * m.kv_heads * m.head_dim;
+  for (uint32_t layer = 0; base != nullptr && layer < m.layers; ++layer) {
+    l.k_layers.push_back(base + (size_t{layer} * 2 + 0) * pages * page_floats);
+    l.v_layers.push_back(base + (size_t{layer} * 2 + 1) * pages * page_floats);
+  }
+  l.regions.push_back(region);
+  return l;
+}
+
+kvtier::Result<kvtier::NamespaceDescriptor> NamespaceFor(const ModelConfig& m, uint32_t block_tokens,
+                                                         const std::string& model_id, const std::string& codec) {
+  auto bytes = kvtier::KvBlockBytes(CacheLayout(m, block_tokens, 0, nullptr, {}, codec), block_tokens);
   if (!bytes.ok()) return bytes.status();
   kvtier::NamespaceDescriptor ns;
   ns.model_id = model_id;
@@ -171,21 +183,7 @@ PagedKvCache::~PagedKvCache() {
 }
 
 kvtier::KvCacheLayout PagedKvCache::Layout(const ModelConfig& m, const std::string& codec) const {
-  kvtier::KvCacheLayout l;
-  l.layers = layers_;
-  l.page_tokens = block_tokens_;
-  l.kv_heads = m.kv_heads;
-  l.head_dim = m.head_dim;
-  l.dtype = "f32";
-  l.codec = codec;
-  l.num_pages = pages_;
-  const size_t page_floats = size_t{block_tokens_} * token_floats_;
-  for (uint32_t layer = 0; layer < layers_; ++layer) {
-    l.k_layers.push_back(data_ + (size_t{layer} * 2 + 0) * pages_ * page_floats);
-    l.v_layers.push_back(data_ + (size_t{layer} * 2 + 1) * pages_ * page_floats);
-  }
-  l.regions.push_back({data_, bytes_, fd_});
-  return l;
+  return CacheLayout(m, block_tokens_, pages_, data_, {data_, bytes_, fd_}, codec);
 }
 
 int PagedKvCache::Allocate() {

@@ -67,6 +67,12 @@ struct Weights {
   kvtier::Status SaveSafetensors(const ModelConfig& m, const std::string& path) const;
 };
 
+// The KV cache layout of both devices, as RegisterKvCache wants it: per
+// layer K then V, each [pages][block_tokens][kv_heads][head_dim] f32 from
+// `base`, all in `region`.
+kvtier::KvCacheLayout CacheLayout(const ModelConfig& m, uint32_t block_tokens, uint32_t pages, const float* base,
+                                  kvtier::KvMemoryRegion region, const std::string& codec);
+
 // Pages of the KV cache, shared by the sequences that hold them. The pages
 // live in a memfd sealed against shrinking, so the daemon can map them.
 class PagedKvCache {
