@@ -49,3 +49,16 @@ function(kvtier_cc_test)
     LABELS "${K_LABELS}"
     ENVIRONMENT "KVTIERD_BIN=$<TARGET_FILE:kvtierd>;KVTIER_BUILD_DIR=${PROJECT_BINARY_DIR}")
 endfunction()
+
+# A static library of CUDA sources (kernels that see only plain launch
+# headers, so C++17 suffices): built for KVTIER_CUDA_ARCHITECTURES, position
+# independent, warnings as errors, and without FMA contraction so results
+# are reproducible. Only with KVTIER_HAVE_CUDA.
+function(kvtier_cuda_library name)
+  add_library(${name} STATIC ${ARGN})
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR})
+  set_target_properties(${name} PROPERTIES CUDA_ARCHITECTURES "${KVTIER_CUDA_ARCHITECTURES}"
+                        POSITION_INDEPENDENT_CODE ON)
+  target_compile_options(${name} PRIVATE "SHELL:-Werror all-warnings" --fmad=false)
+  target_link_libraries(${name} PUBLIC CUDA::cudart)
+endfunction()

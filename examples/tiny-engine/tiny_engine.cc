@@ -506,11 +506,17 @@ kvtier::Result<GenerateResult> Engine::Generate(const std::vector<uint32_t>& pro
     }
     logits = std::move(*more);
   }
-  if (client_ != nullptr && s.computed / cache_.block_tokens() > prompt.size() / cache_.block_tokens()) {
+  const uint32_t bt = cache_.block_tokens(), prompt_blocks = static_cast<uint32_t>(prompt.size() / bt);
+  if (client_ != nullptr && s.computed / bt > prompt_blocks) {
     // The sequence ends and its pages go (the engine's eviction): blocks its
-    // reply filled are offloaded too, so the next turn reuses them.
-    StoreNew(s, client_->ComputeKeys(std::span(s.tokens).first(s.computed)),
-             static_cast<uint32_t>(prompt.size() / cache_.block_tokens()), &r);
+    // reply filled are offloaded too, so the next turn reuses them. Their
+    // keys continue the prompt's chain; the prompt is not hashed again.
+    const auto tail = std::span(s.tokens).subspan(size_t{prompt_blocks} * bt, s.computed - size_t{prompt_blocks} * bt);
+    std::vector<kvtier::BlockKey> more =
+        client_->ComputeKeys(tail, prompt_blocks > 0 ? &keys[prompt_blocks - 1] : nullptr);
+    keys.resize(prompt_blocks);
+    keys.insert(keys.end(), more.begin(), more.end());
+    StoreNew(s, keys, prompt_blocks, &r);
   }
   Free(s);
   return r;
