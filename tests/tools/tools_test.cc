@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
@@ -245,11 +246,17 @@ TEST(ToolsTest, TheAdminSocketRefusesAnotherUser) {
   testing::DaemonProcess d;
   ASSERT_TRUE(d.Start().ok());
   ASSERT_EQ(chmod(d.dir().c_str(), 0755), 0);  // let the other user reach the socket's folder
+  // A copy the other user can run: the build tree may sit in a folder only
+  // its owner can enter (a clone under `mktemp -d`). kvtierctl links only
+  // system libraries.
+  const std::string ctl = d.dir() + "/kvtierctl";
+  std::filesystem::copy_file(Tool("kvtierctl"), ctl);
+  ASSERT_EQ(chmod(ctl.c_str(), 0755), 0);
   auto as_nobody = [&]() {
     const pid_t pid = fork();
     if (pid == 0) {
       if (setgid(65534) != 0 || setuid(65534) != 0) _exit(90);
-      const std::string cmd = Tool("kvtierctl") + " --socket " + d.admin_socket_path() + " status >/dev/null 2>&1";
+      const std::string cmd = ctl + " --socket " + d.admin_socket_path() + " status >/dev/null 2>&1";
       execl("/bin/sh", "sh", "-c", cmd.c_str(), nullptr);
       _exit(91);
     }
