@@ -6,6 +6,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "core/checked.h"
 #include "core/status.h"
 #include "core/units.h"
 #include "ipc/doorbell.h"
@@ -68,7 +69,7 @@ absl::StatusOr<Registered> EngineCaches::Register(const ipc::KvRegisterRequest& 
   std::vector<uint64_t> local(req.regions.size());
   for (size_t i = 0; i < req.regions.size(); ++i) {
     const ipc::KvRegion& r = req.regions[i];
-    if (r.bytes == 0 || r.base == 0 || r.base + r.bytes < r.base) {
+    if (r.bytes == 0 || r.base == 0 || !CheckedAdd(r.base, r.bytes)) {
       return absl::InvalidArgumentError(absl::StrCat("memory region ", i, " is empty or wraps around"));
     }
     IpcMemHandle h;
@@ -112,12 +113,19 @@ absl::StatusOr<Registered> EngineCaches::Register(const ipc::KvRegisterRequest& 
   if (next_fd != fds.size()) {
     return absl::InvalidArgumentError(absl::StrCat(fds.size(), " descriptors for ", next_fd, " host regions"));
   }
-  // Each layer's pages must lie inside one region.
-  const uint64_t span = (req.num_pages - 1) * req.page_stride + page_bytes;
+  // Each layer's pages must lie inside one region; the extent they span is
+  // computed with overflow checks (a wrapped extent once let a tenant
+  // address another's arena).
+  const std::optional<uint64_t> extent = StridedExtent(req.num_pages, req.page_stride, page_bytes);
+  if (!extent) {
+    return absl::InvalidArgumentError(absl::StrCat(req.num_pages, " pages of stride ", req.page_stride,
+                                                   " bytes span more than 2^64 bytes"));
+  }
+  const uint64_t span = *extent;
   auto translate = [&](uint64_t addr, uint32_t layer, const char* kv) -> absl::StatusOr<uint64_t> {
     for (size_t i = 0; i < req.regions.size(); ++i) {
       const ipc::KvRegion& r = req.regions[i];
-      if (addr >= r.base && addr - r.base <= r.bytes && r.bytes - (addr - r.base) >= span) {
+      if (addr >= r.base && RangeWithin(addr - r.base, span, r.bytes)) {
         return local[i] + (addr - r.base);
       }
     }

@@ -1,6 +1,7 @@
 #include "kernels/kv_layout.h"
 
 #include "absl/strings/str_cat.h"
+#include "core/checked.h"
 
 namespace kvtier::kernels {
 namespace {
@@ -89,9 +90,10 @@ absl::Status Validate(const KvShape& shape, BlockCodec codec) {
         "KV shape: the ", CodecName(codec), " codec quantizes f16, bf16 or f32 caches, not ",
         DtypeName(shape.dtype), "; use codec none"));
   }
-  // Computed in 64 bits from 32-bit factors: no overflow below 2^64.
-  const uint64_t elems = uint64_t{shape.block_tokens} * shape.kv_heads * shape.head_dim;
-  if (elems * DtypeBytes(shape.dtype) * 2 * shape.layers > kMaxBlockBytes) {
+  // Three 32-bit factors can pass 2^64: every product is checked.
+  const std::optional<uint64_t> bytes = CheckedProduct(
+      {shape.block_tokens, shape.kv_heads, shape.head_dim, DtypeBytes(shape.dtype), 2, shape.layers});
+  if (!bytes || *bytes > kMaxBlockBytes) {
     return absl::InvalidArgumentError("KV shape: one block would exceed 4 GiB");
   }
   return absl::OkStatus();
@@ -135,6 +137,12 @@ absl::Status Validate(const KvShape& shape, const PagedCache& cache) {
                                                    PageBytes(shape, cache), " bytes)"));
   }
   if (cache.num_pages == 0) return absl::InvalidArgumentError("paged cache: num_pages is 0");
+  // Every page address base + p * stride must be computable: the layer's
+  // extent may not wrap 64 bits.
+  if (!StridedExtent(cache.num_pages, cache.page_stride, PageBytes(shape, cache))) {
+    return absl::InvalidArgumentError(absl::StrCat("paged cache: ", cache.num_pages, " pages of stride ",
+                                                   cache.page_stride, " overflow 64 bits"));
+  }
   for (uint32_t l = 0; l < shape.layers; ++l) {
     if (cache.k_base[l] == 0 || cache.v_base[l] == 0) {
       return absl::InvalidArgumentError(absl::StrCat("paged cache: layer ", l, " has a null base"));
