@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/internal/client_impl.h"
 #include "client/internal/ring_session.h"
+#include "core/checked.h"
 #include "core/block_key.h"
 #include "core/namespace.h"
 #include "core/paths.h"
@@ -41,7 +42,10 @@ Result<std::unique_ptr<Client>> Client::Attach(const AttachOptions& options) {
   if (absl::Status s = ValidateDescriptor(options.ns); !s.ok()) return ToPublic(s);
   ipc::AttachRequest req;
   req.ns = options.ns;
-  req.client_name = (options.client_name.empty() ? ProcessName() : options.client_name).substr(0, ipc::kMaxClientName);
+  // A name the caller chose goes as it is (kvtierd refuses one that is not
+  // printable UTF-8, and says so); the process name is made printable.
+  req.client_name = std::string(Utf8Prefix(
+      options.client_name.empty() ? PrintableOrReplaced(ProcessName()) : options.client_name, ipc::kMaxClientName));
   const std::string path = options.socket_path.empty() ? DefaultDataSocketPath() : options.socket_path;
   absl::StatusOr<std::unique_ptr<client_internal::RingSession>> ring =
       client_internal::RingSession::Open(path, req, options.spin_us);

@@ -56,4 +56,28 @@ bool IsPrintableUtf8(std::string_view s) {
   return true;
 }
 
+std::string_view Utf8Prefix(std::string_view s, size_t max_bytes) {
+  if (s.size() <= max_bytes) return s;
+  size_t n = max_bytes;
+  // Back off continuation bytes (10xxxxxx) to the start of their sequence.
+  while (n > 0 && (static_cast<uint8_t>(s[n]) & 0xc0) == 0x80) --n;
+  return s.substr(0, n);
+}
+
+std::string PrintableOrReplaced(std::string_view s) {
+  std::string out;
+  uint32_t cp;
+  for (size_t i = 0; i < s.size();) {
+    const size_t n = DecodeOne(s, i, &cp);
+    if (n == 0 || !IsPrintableUtf8(s.substr(i, n))) {
+      out += '?';
+      i += n == 0 ? 1 : n;
+    } else {
+      out.append(s.substr(i, n));
+      i += n;
+    }
+  }
+  return out;
+}
+
 }  // namespace kvtier

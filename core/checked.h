@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <optional>
+#include <string>
 #include <string_view>
 
 namespace kvtier {
@@ -63,6 +64,14 @@ bool IsValidUtf8(std::string_view s);
 // and no DEL. What a peer's name must be before it reaches a log line, a
 // JSON document or an operator's terminal.
 bool IsPrintableUtf8(std::string_view s);
+
+// The longest prefix of `s` of at most max_bytes that does not cut a UTF-8
+// sequence in two.
+std::string_view Utf8Prefix(std::string_view s, size_t max_bytes);
+
+// `s` with every byte that is not part of printable UTF-8 replaced by '?':
+// for names this process makes up itself (its own /proc comm).
+std::string PrintableOrReplaced(std::string_view s);
 
 }  // namespace kvtier
 

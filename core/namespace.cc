@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/block_key.h"
+#include "core/checked.h"
 
 namespace kvtier {
 namespace {
@@ -16,13 +17,20 @@ void PutString(std::string* out, absl::string_view s) {
 }
 void PutU64(std::string* out, uint64_t v) { out->append(reinterpret_cast<const char*>(&v), 8); }
 
-absl::Status CheckString(absl::string_view field, const std::string& v, bool required) {
+// `shown`: the field reaches logs, the status JSON and kvtierctl's tables,
+// so it must be printable UTF-8 (no control characters or escapes). The
+// salt is a secret that is never shown: any bytes.
+absl::Status CheckString(absl::string_view field, const std::string& v, bool required, bool shown = true) {
   if (required && v.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("namespace field ", field, " is required"));
   }
   if (v.size() > kMaxDescriptorString) {
     return absl::InvalidArgumentError(absl::StrCat("namespace field ", field, " is ", v.size(),
                                                    " bytes; the limit is ", kMaxDescriptorString));
+  }
+  if (shown && !IsPrintableUtf8(v)) {
+    return absl::InvalidArgumentError(absl::StrCat("namespace field ", field,
+                                                   " is not printable UTF-8 (control characters or invalid bytes)"));
   }
   return absl::OkStatus();
 }
@@ -37,7 +45,7 @@ absl::Status ValidateDescriptor(const NamespaceDescriptor& d) {
   if (auto s = CheckString("attention_config_hash", d.attention_config_hash, false); !s.ok()) return s;
   if (auto s = CheckString("kv_dtype", d.kv_dtype, true); !s.ok()) return s;
   if (auto s = CheckString("kv_layout", d.kv_layout, true); !s.ok()) return s;
-  if (auto s = CheckString("cache_salt", d.cache_salt, false); !s.ok()) return s;
+  if (auto s = CheckString("cache_salt", d.cache_salt, false, /*shown=*/false); !s.ok()) return s;
   if (d.block_tokens == 0 || d.block_tokens > kMaxBlockTokens) {
     return absl::InvalidArgumentError(absl::StrCat(
         "namespace block_tokens must be in 1..", kMaxBlockTokens, ", got ", d.block_tokens));

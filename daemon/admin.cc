@@ -21,6 +21,10 @@
 namespace kvtier {
 namespace {
 
+constexpr size_t kMaxAdminConns = 64;
+constexpr size_t kMaxAdminRequest = 1u << 20;   // bytes of requests not yet answered
+constexpr size_t kMaxAdminOutput = 64u << 20;   // bytes of answers the peer has not read
+
 double Ratio(uint64_t a, uint64_t b) { return b == 0 ? 0.0 : static_cast<double>(a) / static_cast<double>(b); }
 
 nlohmann::json Error(absl::string_view message) {
@@ -35,48 +39,105 @@ void Daemon::OnAdminListen() {
   UniqueFd conn(fd);
   absl::StatusOr<ipc::PeerCredentials> peer = ipc::GetPeerCredentials(fd);
   // Owner and group only, as the socket's mode says; checked again here so a
-  // loosened mode cannot widen access.
-  if (!peer.ok() || !(peer->uid == 0 || peer->uid == geteuid() || peer->gid == getegid())) {
+  // loosened mode cannot widen access. The group counts as the peer's
+  // primary group or any of its supplementary groups, as for the file mode.
+  bool allowed = peer.ok() && (peer->uid == 0 || peer->uid == geteuid() || peer->gid == getegid());
+  if (peer.ok() && !allowed) {
+    absl::StatusOr<std::vector<gid_t>> groups = ipc::GetPeerGroups(fd);
+    allowed = groups.ok() && std::find(groups->begin(), groups->end(), getegid()) != groups->end();
+  }
+  if (!allowed || admin_conns_.size() >= kMaxAdminConns) {
     const std::string msg =
-        Error(absl::StrCat("permission denied: uid ", peer.ok() ? peer->uid : -1,
-                           " is neither root nor kvtierd's user or group"))
+        (allowed ? Error(absl::StrCat("kvtierd already serves ", kMaxAdminConns, " admin connections; retry later"))
+                 : Error(absl::StrCat("permission denied: uid ", peer.ok() ? peer->uid : -1,
+                                      " is neither root nor kvtierd's user, nor in its group")))
             .dump() + "\n";
-    (void)ipc::WriteAll(fd, msg);
-    spdlog::warn("event=admin_refused uid={}", peer.ok() ? static_cast<int64_t>(peer->uid) : -1);
+    (void)!send(fd, msg.data(), msg.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    spdlog::warn("event=admin_refused uid={} reason={}", peer.ok() ? static_cast<int64_t>(peer->uid) : -1,
+                 allowed ? "too_many_connections" : "credentials");
     return;
   }
-  admin_conns_[fd] = AdminConn{std::move(conn), {}};
+  admin_conns_[fd] = AdminConn{std::move(conn), {}, {}, false};
   Watch(fd, FdKind::kAdminConn, 0, EPOLLIN | EPOLLRDHUP);
 }
 
-void Daemon::OnAdminConn(int fd) {
+bool Daemon::FlushAdmin(int fd, AdminConn& c) {
+  while (!c.out.empty()) {
+    const ssize_t n = send(fd, c.out.data(), c.out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      c.out.erase(0, static_cast<size_t>(n));
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+    return false;
+  }
+  if (c.out.size() > kMaxAdminOutput) {
+    // A peer that asks and never reads: it goes, the loop never waits on it.
+    stats_.Refused(Refusal::kSlowPeer);
+    spdlog::warn("event=admin_conn_closed reason=\"{} bytes of answers unread\"", c.out.size());
+    return false;
+  }
+  epoll_event ev{};
+  // A peer that hung up is only written to (its EOF would wake us forever).
+  ev.events = (c.closing ? 0u : static_cast<uint32_t>(EPOLLIN | EPOLLRDHUP)) |
+              (c.out.empty() ? 0u : static_cast<uint32_t>(EPOLLOUT));
+  ev.data.fd = fd;
+  epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, fd, &ev);
+  return !(c.closing && c.out.empty());
+}
+
+void Daemon::OnAdminConn(int fd, uint32_t events) {
   auto it = admin_conns_.find(fd);
   if (it == admin_conns_.end()) return;
   AdminConn& c = it->second;
   char buf[4096];
   bool close_conn = false;
-  for (;;) {
-    const ssize_t n = read(fd, buf, sizeof(buf));
-    if (n > 0) {
-      c.buffer.append(buf, static_cast<size_t>(n));
-      if (c.buffer.size() > (1u << 20)) close_conn = true;
-      continue;
+  if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) {
+    for (;;) {
+      const ssize_t n = read(fd, buf, sizeof(buf));
+      if (n > 0) {
+        c.buffer.append(buf, static_cast<size_t>(n));
+        if (c.buffer.size() > kMaxAdminRequest) close_conn = true;
+        if (close_conn) break;
+        continue;
+      }
+      if (n == 0) {
+        c.closing = true;  // answer what was asked, then close
+      } else if (errno != EAGAIN && errno != EINTR) {
+        close_conn = true;
+      }
+      break;
     }
-    if (n == 0 || (errno != EAGAIN && errno != EINTR)) close_conn = true;
-    break;
   }
   size_t nl;
-  while (!close_conn && (nl = c.buffer.find('\n')) != std::string::npos) {
+  // Answers queue in c.out; while the peer has not taken them, its next
+  // requests wait in c.buffer (bounded as above).
+  while (!close_conn && c.out.size() <= kMaxAdminOutput && (nl = c.buffer.find('\n')) != std::string::npos) {
     const std::string line = c.buffer.substr(0, nl);
     c.buffer.erase(0, nl + 1);
     nlohmann::json req = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    nlohmann::json resp = req.is_discarded() || !req.is_object()
-                              ? Error("request is not a JSON object; send {\"cmd\": \"status\"}")
-                              : HandleAdmin(req);
-    // The connection is non-blocking: a peer that leaves a response unread
-    // until the socket buffer fills loses its connection; the loop never stalls.
-    if (!ipc::WriteAll(fd, resp.dump() + "\n").ok()) close_conn = true;
+    nlohmann::json resp;
+    if (req.is_discarded() || !req.is_object()) {
+      stats_.Refused(Refusal::kAdminBadRequest);
+      resp = Error("request is not a JSON object; send {\"cmd\": \"status\"}");
+    } else {
+      try {
+        resp = HandleAdmin(req);
+      } catch (const nlohmann::json::exception& e) {
+        // A field of the wrong type (e.g. "limit": "ten"): the request is
+        // refused, the daemon carries on.
+        stats_.Refused(Refusal::kAdminBadRequest);
+        resp = Error(absl::StrCat("bad request: ", e.what()));
+      }
+    }
+    // Strings in answers came from peers (client names, model ids): never
+    // let one make dump() throw.
+    c.out += resp.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    c.out += '\n';
   }
+  if (!close_conn && !FlushAdmin(fd, c)) close_conn = true;
+  if (c.closing && c.out.empty()) close_conn = true;
   if (close_conn) {
     Unwatch(fd);
     admin_conns_.erase(it);
@@ -233,6 +294,8 @@ nlohmann::json Daemon::Status() const {
                            {"pinned_blocks", u.pinned_blocks},
                            {"evictions", u.evictions},
                            {"host_tokens", u.host_tokens},
+                           {"kv_caches", kv_budgets_.contains(u.name) ? kv_budgets_.at(u.name)->caches() : 0},
+                           {"kv_cache_bytes", kv_budgets_.contains(u.name) ? kv_budgets_.at(u.name)->bytes() : 0},
                            {"nvme_bytes", u.nvme_bytes},
                            {"nvme_tokens", u.nvme_tokens},
                            {"quota", json{{"host_tokens", u.quota.host_tokens},
@@ -380,6 +443,9 @@ nlohmann::json Daemon::Status() const {
              {"attach_refused", s.attach_refused.Get()},
              {"sessions_closed_dead", s.sessions_closed_dead.Get()},
              {"protocol_errors", s.protocol_errors.Get()}};
+  json refused = json::object();
+  for (size_t i = 0; i < s.refused.size(); ++i) refused[kRefusalNames[i]] = s.refused[i].Get();
+  stats["refused"] = refused;
   json ops = json::object();
   for (size_t op = 1; op < stats_.op_latency.size(); ++op) ops[kOpNames[op]] = HistogramJson(stats_.op_latency[op].Get());
   const json latency = {{"ops", ops},

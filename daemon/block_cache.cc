@@ -456,6 +456,14 @@ absl::StatusOr<uint32_t> BlockCache::Lookup(SessionHoldings& s, std::span<const 
     return CodedStatus(KVTIER_EBUSY, absl::StrCat("this session holds ", s.leases.size(),
                                                   " leases (ipc.max_leases_per_session); release some"));
   }
+  if (lease && s.pinned_blocks.load(std::memory_order_relaxed) + keys.size() > opts_.max_leased_blocks_per_session) {
+    stats_->Refused(Refusal::kSessionLeasedBlocks);
+    return CodedStatus(KVTIER_EBUSY,
+                       absl::StrCat("this session's leases hold ", s.pinned_blocks.load(std::memory_order_relaxed),
+                                    " blocks and this lookup asks for ", keys.size(), " more (",
+                                    "limits.leased_blocks_per_session = ", opts_.max_leased_blocks_per_session,
+                                    "); release some leases"));
+  }
   TenantState& t = *tenants_[s.ns.tenant];
   std::vector<BlockRecord*> pinned;
   std::vector<SlotHandle> host_touch, nvme_touch;

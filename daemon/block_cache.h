@@ -126,6 +126,9 @@ class BlockCache {
     // evict when the tier is full, on their own path).
     double high_watermark = 1.0;
     double low_watermark = 1.0;
+    // Blocks one session's leases may hold at once (limits.leased_blocks_per_session):
+    // lease books cost memory per block, so they are bounded in blocks, not leases.
+    uint32_t max_leased_blocks_per_session = 262144;
   };
   // InvalidArgument for an unknown policy name.
   static absl::StatusOr<std::unique_ptr<BlockCache>> Create(const Options& opts, DaemonStats* stats);

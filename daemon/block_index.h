@@ -38,6 +38,10 @@ enum class NvmeState : uint8_t {
   kReady,    // written and journaled: durable
 };
 
+// The most I/O references client requests (prefetches) may hold on one
+// block at once; more prefetches of it while these are in flight skip it.
+inline constexpr uint8_t kMaxClientIoRefs = 128;
+
 struct BlockRecord {
   BlockKey key;
   uint32_t ns = 0;                 // namespace handle
@@ -48,7 +52,11 @@ struct BlockRecord {
   uint16_t tenant = 0;
   BlockState state = BlockState::kWriting;
   NvmeState nvme_state = NvmeState::kNone;
-  uint8_t io_refs = 0;   // tier I/O in flight on this block: not evictable, not freed
+  // Tier I/O in flight on this block: not evictable, not freed. Eight bits
+  // keep the record in one cache line, so the count is bounded where a
+  // client can multiply it (kMaxClientIoRefs for prefetches); the daemon's
+  // own paths (eviction, write-through, promotion, flush) take one each.
+  uint8_t io_refs = 0;
   bool removed = false;  // erased from the index; destroyed when unreferenced
   // Blocks before this one in its chain, when known (a store that follows a
   // lookup of the chain), saturating at kUnknownDepth - 1. Prices recomputation.

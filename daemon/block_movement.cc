@@ -516,7 +516,7 @@ void BlockCache::Prefetch(SessionHoldings& s, std::span<const BlockKey> keys, Co
     MutexLock sl(&sh.mu);
     BlockRecord* r = BlockIndex::Find(sh, s.ns.handle, key);
     if (r == nullptr || !r->visible()) break;  // the present prefix only
-    if (r->state == BlockState::kNone && r->nvme_state == NvmeState::kReady) {
+    if (r->state == BlockState::kNone && r->nvme_state == NvmeState::kReady && r->io_refs < kMaxClientIoRefs) {
       ++r->io_refs;  // holds the NVMe copy until the promotion has started
       todo.push_back(r);
       parents.push_back(i > 0 ? PolicyKeyOf(s.ns.handle, keys[i - 1]) : 0);

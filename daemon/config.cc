@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -215,6 +216,11 @@ std::vector<std::string> Config::NvmeDirs() const {
   return {data_dir + "/nvme"};
 }
 
+uint32_t Config::SessionsPerTenant() const {
+  if (limit_sessions_per_tenant != 0) return limit_sessions_per_tenant;
+  return std::max<uint32_t>(1, max_sessions / std::max<uint32_t>(1, static_cast<uint32_t>(tenants.size())));
+}
+
 std::string Config::DataSocketPath() const { return Cat(run_dir, "/", kDataSocketName); }
 std::string Config::AdminSocketPath() const { return Cat(run_dir, "/", kAdminSocketName); }
 
@@ -237,7 +243,7 @@ absl::StatusOr<Config> ParseConfig(std::string_view toml_text, std::string_view 
   }
   Config c = DefaultConfig();
   TableReader top(root, "", origin);
-  for (std::string_view t : {"daemon", "ipc", "tiers", "sim", "metrics"}) {
+  for (std::string_view t : {"daemon", "ipc", "tiers", "sim", "metrics", "limits"}) {
     RETURN_IF_ERROR(CheckTableType(root, t, origin));
   }
   if (const toml::table* t = top.SubTable("daemon")) {
@@ -269,6 +275,16 @@ absl::StatusOr<Config> ParseConfig(std::string_view toml_text, std::string_view 
     RETURN_IF_ERROR(r.Int("spin_us", &c.spin_us, 0, 1000000));
     RETURN_IF_ERROR(r.Int("max_sessions", &c.max_sessions, 1, 65536));
     RETURN_IF_ERROR(r.Int("max_leases_per_session", &c.max_leases_per_session, 1, 1 << 24));
+    RETURN_IF_ERROR(r.RejectUnknown());
+  }
+  if (const toml::table* t = top.SubTable("limits")) {
+    TableReader r(*t, "limits", origin);
+    RETURN_IF_ERROR(r.Int("sessions_per_tenant", &c.limit_sessions_per_tenant, 0, 65536));
+    RETURN_IF_ERROR(r.Int("kv_caches_per_tenant", &c.limit_kv_caches_per_tenant, 1, 65536));
+    RETURN_IF_ERROR(r.Bytes("kv_cache_bytes_per_tenant", &c.limit_kv_cache_bytes_per_tenant));
+    RETURN_IF_ERROR(r.Int("leased_blocks_per_session", &c.limit_leased_blocks_per_session, 1, 1 << 26));
+    RETURN_IF_ERROR(r.Int("pending_connections", &c.limit_pending_connections, 1, 65536));
+    RETURN_IF_ERROR(r.Int("pending_connections_per_uid", &c.limit_pending_connections_per_uid, 1, 65536));
     RETURN_IF_ERROR(r.RejectUnknown());
   }
   if (const toml::table* t = top.SubTable("tiers")) {
@@ -458,6 +474,15 @@ std::string DefaultConfigToml() {
       "spin_us = 200               # busy-poll this long after a request before sleeping\n"
       "max_sessions = 256\n"
       "max_leases_per_session = 65536\n"
+      "\n[limits]\n"
+      "# Per-tenant and per-peer bounds (docs/security.md); refusals count in\n"
+      "# stats.refused and kvtier_refused_total.\n"
+      "sessions_per_tenant = 0             # 0: an equal share, ipc.max_sessions / tenants\n"
+      "kv_caches_per_tenant = 64           # registered engine KV caches, all sessions together\n"
+      "kv_cache_bytes_per_tenant = \"4TiB\" # their memory mapped into kvtierd\n"
+      "leased_blocks_per_session = 262144  # blocks held by a session's leases at once\n"
+      "pending_connections = 256           # connections that have not attached yet, in all\n"
+      "pending_connections_per_uid = 16    # ... from one local user\n"
       "\n[tiers.host]\n"
       "capacity = \"1GiB\"          # per-tenant shared host arena\n"
       "prefault = false            # fault the arena in at start\n"

@@ -49,6 +49,17 @@ struct Config {
   uint32_t spin_us = 200;  // covers an engine's think time between calls (see docs)
   uint32_t max_sessions = 256;
   uint32_t max_leases_per_session = 65536;
+  // [limits]: per-tenant and per-peer bounds that keep one tenant (or one
+  // local user who is no tenant) from taking what the others need. Each
+  // refusal counts in stats.refused (docs/security.md).
+  uint32_t limit_sessions_per_tenant = 0;  // 0: an equal share, max_sessions / tenants (at least 1)
+  uint32_t limit_kv_caches_per_tenant = 64;
+  uint64_t limit_kv_cache_bytes_per_tenant = 4ull << 40;  // registered memory mapped into kvtierd
+  uint32_t limit_leased_blocks_per_session = 262144;
+  uint32_t limit_pending_connections = 256;          // unauthenticated connections, in all
+  uint32_t limit_pending_connections_per_uid = 16;   // ... from one uid
+  // Sessions a tenant may hold at once (the resolved default).
+  uint32_t SessionsPerTenant() const;
   // [tiers.host]
   uint64_t host_capacity = 1ull << 30;
   bool host_prefault = false;

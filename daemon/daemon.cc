@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "core/checked.h"
 #include "core/namespace.h"
 #include "core/status.h"
 #include "core/units.h"
@@ -90,7 +91,8 @@ absl::Status Daemon::Open() {
                cost.model.name, cost.model.KvBytesPerToken(), config_.cost_prefill_tflops, cost.decide);
   ASSIGN_OR_RETURN(cache_, BlockCache::Create({config_.max_leases_per_session, config_.host_policy,
                                                config_.nvme_policy, config_.nvme_write_through, std::move(cost),
-                                               config_.host_high_watermark, config_.host_low_watermark},
+                                               config_.host_high_watermark, config_.host_low_watermark,
+                                               config_.limit_leased_blocks_per_session},
                                               &stats_));
   for (const TenantConfig& t : config_.tenants) {
     const uint64_t bytes = t.host_bytes ? t.host_bytes : config_.host_capacity;
@@ -127,6 +129,8 @@ absl::Status Daemon::Open() {
     ASSIGN_OR_RETURN(uint16_t idx,
                      cache_->AddTenant(t.name, std::move(*host), {t.host_tokens, t.nvme_bytes, t.nvme_tokens}));
     tenant_index_[t.name] = idx;
+    kv_budgets_[t.name] = std::make_unique<KvCacheBudget>(config_.limit_kv_caches_per_tenant,
+                                                          config_.limit_kv_cache_bytes_per_tenant, &stats_);
     spdlog::info(
         "event=tenant name={} host_capacity=\"{}\" policy={} uids={} gids={} host_tokens_quota={} "
         "nvme_bytes_quota=\"{}\" nvme_tokens_quota={}",
@@ -293,7 +297,7 @@ absl::Status Daemon::Run() {
         case FdKind::kDataListen: OnDataListen(); break;
         case FdKind::kAdminListen: OnAdminListen(); break;
         case FdKind::kPendingAttach: OnPendingAttach(fd); break;
-        case FdKind::kAdminConn: OnAdminConn(fd); break;
+        case FdKind::kAdminConn: OnAdminConn(fd, events[i].events); break;
         case FdKind::kSessionSocket: OnSessionSocket(fd, id, events[i].events); break;
         case FdKind::kSessionPid: OnSessionGone(id, "process exited"); break;
         case FdKind::kWake: {
@@ -335,28 +339,44 @@ void Daemon::OnDataListen() {
   // reports it again while more are queued.
   const int fd = accept4(data_listen_.get(), nullptr, nullptr, SOCK_CLOEXEC);
   if (fd < 0) return;
-  pending_[fd] = PendingAttach{UniqueFd(fd), MonotonicNanos() + kAttachTimeoutNs};
+  UniqueFd conn(fd);
+  // Anyone on the machine may connect, and says who they are only by their
+  // credentials: until they attach, connections are bounded per uid and in
+  // all, and each has kAttachTimeoutNs to say hello.
+  absl::StatusOr<ipc::PeerCredentials> peer = ipc::GetPeerCredentials(fd);
+  if (!peer.ok()) return;
+  if (pending_.size() >= config_.limit_pending_connections ||
+      pending_per_uid_[peer->uid] >= config_.limit_pending_connections_per_uid) {
+    stats_.Refused(Refusal::kPendingConnections);
+    if (pending_per_uid_[peer->uid] == 0) pending_per_uid_.erase(peer->uid);
+    return;  // closed unanswered: answering would be work done for a flood
+  }
+  ++pending_per_uid_[peer->uid];
+  pending_[fd] = PendingAttach{std::move(conn), MonotonicNanos() + kAttachTimeoutNs, peer->uid};
   Watch(fd, FdKind::kPendingAttach, 0, EPOLLIN | EPOLLRDHUP);
+}
+
+void Daemon::DropPending(absl::flat_hash_map<int, PendingAttach>::iterator it) {
+  auto u = pending_per_uid_.find(it->second.uid);
+  if (u != pending_per_uid_.end() && --u->second == 0) pending_per_uid_.erase(u);
+  Unwatch(it->first);
+  pending_.erase(it);
 }
 
 void Daemon::ExpirePendingAttaches() {
   const uint64_t now = MonotonicNanos();
-  for (auto it = pending_.begin(); it != pending_.end();) {
-    if (it->second.deadline_ns < now) {
-      Unwatch(it->first);
-      pending_.erase(it++);
-    } else {
-      ++it;
-    }
+  std::vector<int> expired;
+  for (const auto& [fd, p] : pending_) {
+    if (p.deadline_ns < now) expired.push_back(fd);
   }
+  for (int fd : expired) DropPending(pending_.find(fd));
 }
 
 void Daemon::OnPendingAttach(int fd) {
   auto it = pending_.find(fd);
   if (it == pending_.end()) return;
   UniqueFd conn = std::move(it->second.fd);
-  pending_.erase(it);
-  Unwatch(fd);
+  DropPending(it);
   absl::StatusOr<ipc::ReceivedMessage> msg = ipc::ReceiveMessage(conn.get(), ipc::kMaxAttachMessage, 0);
   if (!msg.ok() || msg->eof) return;  // gone before saying hello
   if (msg->truncated || !msg->fds.empty()) {
@@ -375,7 +395,7 @@ void Daemon::RefuseAttach(int fd, int code, const std::string& message, const ip
   ipc::AttachReply reply;
   reply.status = code;
   reply.message = message;
-  (void)ipc::SendMessage(fd, ipc::EncodeAttachReply(reply));
+  (void)ipc::SendMessage(fd, ipc::EncodeAttachReply(reply), {}, /*nonblocking=*/true);
 }
 
 void Daemon::Attach(UniqueFd fd, std::span<const std::byte> request) {
@@ -387,7 +407,22 @@ void Daemon::Attach(UniqueFd fd, std::span<const std::byte> request) {
     return;
   }
   if (absl::Status s = ValidateDescriptor(req->ns); !s.ok()) {
+    const NamespaceDescriptor& d = req->ns;
+    for (const std::string* f : {&d.model_id, &d.model_revision, &d.tokenizer_revision, &d.adapter_id,
+                                 &d.attention_config_hash, &d.kv_dtype, &d.kv_layout}) {
+      if (!IsPrintableUtf8(*f)) {
+        stats_.Refused(Refusal::kBadClientString);
+        break;
+      }
+    }
     RefuseAttach(fd.get(), KVTIER_EINVAL, std::string(s.message()), *peer);
+    return;
+  }
+  // The name reaches logs, the status JSON and kvtierctl's tables.
+  if (!IsPrintableUtf8(req->client_name)) {
+    stats_.Refused(Refusal::kBadClientString);
+    RefuseAttach(fd.get(), KVTIER_EINVAL,
+                 "client name is not printable UTF-8 (control characters or invalid bytes)", *peer);
     return;
   }
   // Tenants by uid first, then by primary gid.
@@ -410,6 +445,15 @@ void Daemon::Attach(UniqueFd fd, std::span<const std::byte> request) {
     RefuseAttach(fd.get(), KVTIER_EBUSY,
                  absl::StrCat("kvtierd already serves ", sessions_.size(),
                               " sessions (ipc.max_sessions); detach idle clients or raise the limit"),
+                 *peer);
+    return;
+  }
+  if (const uint32_t mine = SessionsOf(tenant->name); mine >= config_.SessionsPerTenant()) {
+    stats_.Refused(Refusal::kTenantSessions);
+    RefuseAttach(fd.get(), KVTIER_EBUSY,
+                 absl::StrCat("tenant \"", tenant->name, "\" already holds ", mine,
+                              " sessions (limits.sessions_per_tenant); detach idle clients or ask the "
+                              "administrator to raise the limit"),
                  *peer);
     return;
   }
@@ -439,7 +483,8 @@ void Daemon::Attach(UniqueFd fd, std::span<const std::byte> request) {
   reply.arena_bytes = host->arena_bytes();
   reply.tenant = tenant->name;
   const int fds[2] = {seg->fd(), host->arena_fd()};
-  if (absl::Status s = ipc::SendMessage(fd.get(), ipc::EncodeAttachReply(reply), fds); !s.ok()) {
+  if (absl::Status s = ipc::SendMessage(fd.get(), ipc::EncodeAttachReply(reply), fds, /*nonblocking=*/true);
+      !s.ok()) {
     spdlog::warn("event=attach_failed pid={} reason=\"{}\"", peer->pid, s.message());
     return;
   }
@@ -453,7 +498,7 @@ void Daemon::Attach(UniqueFd fd, std::span<const std::byte> request) {
         (void)!write(wake_fd_.get(), &one, sizeof(one));
       },
       device_.get(), arena_registered_.contains(tenant->name) ? host->arena_base() : nullptr,
-      gpu_.contains(tenant->name) ? gpu_.at(tenant->name).get() : nullptr);
+      gpu_.contains(tenant->name) ? gpu_.at(tenant->name).get() : nullptr, kv_budgets_.at(tenant->name).get());
   Watch(sock, FdKind::kSessionSocket, id, EPOLLIN | EPOLLRDHUP);
   if (pidfd.valid()) Watch(pidfd.get(), FdKind::kSessionPid, id, EPOLLIN);
   session->Start();
@@ -463,6 +508,12 @@ void Daemon::Attach(UniqueFd fd, std::span<const std::byte> request) {
                id, peer->pid, peer->uid, tenant->name, ShortId(ns_id), ns->model_id, ns->block_bytes,
                req->client_name);
   sessions_.emplace(id, LiveSession{std::move(session), std::move(pidfd)});
+}
+
+uint32_t Daemon::SessionsOf(const std::string& tenant) const {
+  uint32_t n = 0;
+  for (const auto& [id, ls] : sessions_) n += ls.session->tenant() == tenant ? 1 : 0;
+  return n;
 }
 
 void Daemon::OnSessionSocket(int fd, uint64_t session_id, uint32_t events) {
@@ -488,8 +539,13 @@ void Daemon::OnSessionSocket(int fd, uint64_t session_id, uint32_t events) {
       }
       std::vector<int> raw;
       for (const UniqueFd& f : reply_fds) raw.push_back(f.get());
-      if (absl::Status s = ipc::SendMessage(fd, ipc::EncodeKvReply(reply), raw); !s.ok()) {
-        spdlog::warn("event=kv_reply_failed session={} reason=\"{}\"", session_id, s.message());
+      // Never blocks the loop: a client that leaves its replies unread
+      // until its socket buffer is full loses its session.
+      if (absl::Status s = ipc::SendMessage(fd, ipc::EncodeKvReply(reply), raw, /*nonblocking=*/true); !s.ok()) {
+        if (absl::IsResourceExhausted(s)) stats_.Refused(Refusal::kSlowPeer);
+        spdlog::warn("event=kv_reply_failed session={} reason=\"{}\" action=close_session", session_id,
+                     s.message());
+        OnSessionGone(session_id, "does not read its replies");
       }
     }
     return;

@@ -72,7 +72,7 @@ class Daemon {
   void OnDataListen();
   void OnPendingAttach(int fd);
   void OnAdminListen();
-  void OnAdminConn(int fd);
+  void OnAdminConn(int fd, uint32_t events);
   void OnSessionSocket(int fd, uint64_t session_id, uint32_t events);
   void OnSessionGone(uint64_t session_id, absl::string_view why);
   void ReapSessions();
@@ -83,6 +83,8 @@ class Daemon {
   // One line for systemd's STATUS= (no block contents, keys or salts).
   std::string StatusLine() const;
   void CloseAll();
+  // Sessions of the tenant named `tenant` (not yet reaped).
+  uint32_t SessionsOf(const std::string& tenant) const;
   // SIGHUP: validates the new config, applies what can change at run time
   // (log level, tenant quotas, reclaim watermarks, cost_model.decide) and
   // logs what needs a restart; an invalid file changes nothing.
@@ -116,6 +118,9 @@ class Daemon {
   absl::flat_hash_set<std::string> arena_registered_;  // tenants whose host arena the device can reach
   absl::flat_hash_map<std::string, std::unique_ptr<GpuCache>> gpu_;  // tenants with a GPU tier
   std::unique_ptr<BlockCache> cache_;
+  // Per tenant: its registered KV caches, across sessions. Declared before
+  // sessions_, so it outlives them.
+  absl::flat_hash_map<std::string, std::unique_ptr<KvCacheBudget>> kv_budgets_;
   NamespaceRegistry namespaces_;
   absl::flat_hash_map<std::string, uint16_t> tenant_index_;
 
@@ -124,7 +129,10 @@ class Daemon {
   struct PendingAttach {
     UniqueFd fd;
     uint64_t deadline_ns;
+    uid_t uid;
   };
+  absl::flat_hash_map<uid_t, uint32_t> pending_per_uid_;
+  void DropPending(absl::flat_hash_map<int, PendingAttach>::iterator it);
   absl::flat_hash_map<int, PendingAttach> pending_;
   struct LiveSession {
     std::unique_ptr<Session> session;
@@ -133,8 +141,13 @@ class Daemon {
   std::map<uint64_t, LiveSession> sessions_;
   struct AdminConn {
     UniqueFd fd;
-    std::string buffer;
+    std::string buffer;  // requests read, not yet answered
+    std::string out;     // answers not yet taken by the peer
+    bool closing = false;  // the peer hung up: close once `out` is sent
   };
+  // Sends what the socket takes of c.out now; false when the connection
+  // must close (an error, or more unread answers than kMaxAdminOutput).
+  bool FlushAdmin(int fd, AdminConn& c);
   absl::flat_hash_map<int, AdminConn> admin_conns_;
   absl::flat_hash_map<int, std::pair<FdKind, uint64_t>> watched_;
   std::atomic<bool> stop_{false};

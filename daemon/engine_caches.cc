@@ -19,9 +19,47 @@ constexpr auto kDeviceTimeout = std::chrono::seconds(30);
 
 }  // namespace
 
+absl::Status KvCacheBudget::Charge(uint64_t bytes) {
+  MutexLock l(&mu_);
+  if (caches_ >= max_caches_) {
+    if (stats_ != nullptr) stats_->Refused(Refusal::kTenantKvCaches);
+    return CodedStatus(KVTIER_EBUSY, absl::StrCat("this tenant has ", caches_,
+                                                     " KV caches registered (limits.kv_caches_per_tenant = ",
+                                                     max_caches_, "); unregister one first"));
+  }
+  const std::optional<uint64_t> total = CheckedAdd(bytes_, bytes);
+  if (!total || *total > max_bytes_) {
+    if (stats_ != nullptr) stats_->Refused(Refusal::kTenantMappedBytes);
+    return CodedStatus(KVTIER_EBUSY, absl::StrCat(
+        "registering ", FormatBytes(bytes), " more would map ", total ? FormatBytes(*total) : "over 2^64 bytes",
+        " of this tenant's KV caches into kvtierd (limits.kv_cache_bytes_per_tenant = ", FormatBytes(max_bytes_),
+        "); register only the memory the cache lies in"));
+  }
+  ++caches_;
+  bytes_ = *total;
+  return absl::OkStatus();
+}
+
+void KvCacheBudget::Refund(uint64_t bytes) {
+  MutexLock l(&mu_);
+  --caches_;
+  bytes_ -= bytes;
+}
+
+uint32_t KvCacheBudget::caches() const {
+  MutexLock l(&mu_);
+  return caches_;
+}
+
+uint64_t KvCacheBudget::bytes() const {
+  MutexLock l(&mu_);
+  return bytes_;
+}
+
 EngineCache::~EngineCache() {
   for (DeviceEvent e : layer_events) (void)device->DestroyEvent(e);
   for (void* p : imported) (void)device->CloseImported(p);
+  if (budget != nullptr) budget->Refund(charged);
 }
 
 EngineCaches::~EngineCaches() {
@@ -63,6 +101,19 @@ absl::StatusOr<Registered> EngineCaches::Register(const ipc::KvRegisterRequest& 
   }
   if (req.num_pages == 0 || req.num_pages > (uint64_t{1} << 32)) {
     return absl::InvalidArgumentError(absl::StrCat("num_pages ", req.num_pages, " is not in 1..2^32"));
+  }
+  // The tenant's budget is charged before anything is mapped (and refunded
+  // when the cache is destroyed, whatever ends it).
+  uint64_t region_bytes = 0;
+  for (const ipc::KvRegion& r : req.regions) {
+    const std::optional<uint64_t> sum = CheckedAdd(region_bytes, r.bytes);
+    if (!sum) return absl::InvalidArgumentError("the memory regions' sizes add up to more than 2^64 bytes");
+    region_bytes = *sum;
+  }
+  if (budget_ != nullptr) {
+    RETURN_IF_ERROR(budget_->Charge(region_bytes));
+    c->budget = budget_;
+    c->charged = region_bytes;
   }
   // Import every region; memfd regions come with one descriptor each.
   size_t next_fd = 0;

@@ -23,12 +23,38 @@
 #include "core/mutex.h"
 #include "core/unique_fd.h"
 #include "daemon/namespace_registry.h"
+#include "daemon/stats.h"
 #include "ipc/abi.h"
 #include "ipc/kv_registration.h"
 #include "kernels/kv_kernels.h"
 #include "tiers/device_backend.h"
 
 namespace kvtier {
+
+// What one tenant's registered KV caches may take, across its sessions
+// (limits.kv_caches_per_tenant, limits.kv_cache_bytes_per_tenant): each
+// registration maps the engine's memory into kvtierd, and address space and
+// descriptors are shared by every tenant. Owned by the daemon, outlives
+// every session. Thread-safe.
+class KvCacheBudget {
+ public:
+  KvCacheBudget(uint32_t max_caches, uint64_t max_bytes, DaemonStats* stats = nullptr)
+      : max_caches_(max_caches), max_bytes_(max_bytes), stats_(stats) {}
+  // KVTIER_EBUSY (naming the limit) when one more cache of `bytes`
+  // would pass either bound; else charges it.
+  absl::Status Charge(uint64_t bytes);
+  void Refund(uint64_t bytes);
+  uint32_t caches() const;
+  uint64_t bytes() const;
+
+ private:
+  const uint32_t max_caches_;
+  const uint64_t max_bytes_;
+  DaemonStats* const stats_;
+  mutable Mutex mu_;
+  uint32_t caches_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
+};
 
 // One registered engine cache.
 struct EngineCache {
@@ -45,6 +71,8 @@ struct EngineCache {
   DeviceBackend* const device;
   std::vector<void*> imported;
   std::vector<DeviceEvent> layer_events;  // one per layer, exported to the engine
+  KvCacheBudget* budget = nullptr;        // refunded `charged` bytes when the cache goes
+  uint64_t charged = 0;
 };
 
 // What a registration hands back to the engine.
@@ -59,7 +87,9 @@ class EngineCaches {
  public:
   static constexpr size_t kMaxPerSession = 16;
 
-  EngineCaches(DeviceBackend* device, NamespaceInfo ns) : device_(device), ns_(std::move(ns)) {}
+  // `budget` (may be null: unbounded) is the session tenant's.
+  EngineCaches(DeviceBackend* device, NamespaceInfo ns, KvCacheBudget* budget = nullptr)
+      : device_(device), ns_(std::move(ns)), budget_(budget) {}
   ~EngineCaches();
 
   // Thread-safe. Checks the layout against the namespace (block bytes must
@@ -98,6 +128,7 @@ class EngineCaches {
 
   DeviceBackend* const device_;
   const NamespaceInfo ns_;
+  KvCacheBudget* const budget_;
   mutable Mutex mu_;
   std::map<uint64_t, std::shared_ptr<EngineCache>> caches_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;

@@ -123,6 +123,15 @@ std::string PrometheusText(const json& s) {
   w.Family("kvtier_reused_token_ratio", "gauge", "Share of queried tokens that were found (per token).");
   w.Sample("kvtier_reused_token_ratio", "", st["reused_token_ratio"].get<double>());
 
+  // The trust boundary: requests and connections refused by a limit.
+  w.Family("kvtier_refused_total", "counter",
+           "Requests and connections refused by a per-tenant limit or a rule of the trust boundary, by reason.");
+  if (st.contains("refused")) {
+    for (const auto& [reason, n] : st["refused"].items()) {
+      w.Sample("kvtier_refused_total", "reason=\"" + Esc(reason) + "\"", double(n.get<uint64_t>()));
+    }
+  }
+
   // Bytes moved, per direction.
   uint64_t nvme_read = 0, nvme_written = 0, checksum = 0, nvme_evictions = 0;
   for (const json& t : s["tiers"]) {

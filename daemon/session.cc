@@ -6,6 +6,7 @@
 #include <cstring>
 #include <thread>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "core/namespace.h"
 #include "core/status.h"
@@ -25,11 +26,11 @@ using ipc::RequestRecord;
 Session::Session(SessionIdentity identity, NamespaceInfo ns, std::string tenant,
                  ipc::SessionSegment segment, UniqueFd socket, BlockCache* cache,
                  DaemonStats* stats, SessionOptions opts, std::function<void()> on_exit,
-                 DeviceBackend* device, std::byte* arena_base, GpuCache* gpu)
+                 DeviceBackend* device, std::byte* arena_base, GpuCache* gpu, KvCacheBudget* kv_budget)
     : identity_(std::move(identity)), ns_(ns), tenant_(std::move(tenant)),
       segment_(std::move(segment)), socket_(std::move(socket)), cache_(cache), stats_(stats),
       opts_(opts), on_exit_(std::move(on_exit)), arena_base_(arena_base), gpu_(gpu),
-      engines_(device != nullptr && arena_base != nullptr ? std::make_unique<EngineCaches>(device, ns)
+      engines_(device != nullptr && arena_base != nullptr ? std::make_unique<EngineCaches>(device, ns, kv_budget)
                                                           : nullptr) {
   holdings_.ns = ns_;
 }
@@ -507,6 +508,17 @@ void Session::WriteMessage(const RequestRecord& req, const std::string& message)
   out[n] = std::byte{0};
 }
 
+std::optional<std::pair<size_t, size_t>> Session::FirstDuplicate(const std::vector<BlockKey>& keys) {
+  if (keys.size() < 2) return std::nullopt;
+  absl::flat_hash_map<BlockKey, size_t> seen;
+  seen.reserve(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    auto [it, fresh] = seen.emplace(keys[i], i);
+    if (!fresh) return std::pair{it->second, i};
+  }
+  return std::nullopt;
+}
+
 Session::Outcome Session::Process(const RequestRecord& req) {
   Outcome o;
   auto fail = [&](const absl::Status& s) {
@@ -533,6 +545,13 @@ Session::Outcome Session::Process(const RequestRecord& req) {
                                 " bytes) is outside scratch or smaller than ", req.count, " results"));
     }
     if (keys.empty()) return fail(absl::InvalidArgumentError("request carries no keys"));
+    // A chain never repeats a key; a request that does is refused before it
+    // can multiply pins, I/O references or lease books by its length.
+    if (std::optional<std::pair<size_t, size_t>> dup = FirstDuplicate(keys)) {
+      stats_->Refused(Refusal::kDuplicateKeys);
+      return fail(absl::InvalidArgumentError(absl::StrCat("block key ", dup->second, " repeats key ", dup->first,
+                                                          "; a request names each block once")));
+    }
   }
   const uint16_t allowed = op == Opcode::kLookup ? ipc::kFlagLease : op == Opcode::kStoreCommit ? ipc::kFlagDurable : 0;
   if ((req.flags & ~allowed) != 0) {

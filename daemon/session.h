@@ -59,7 +59,7 @@ class Session {
   Session(SessionIdentity identity, NamespaceInfo ns, std::string tenant, ipc::SessionSegment segment,
           UniqueFd socket, BlockCache* cache, DaemonStats* stats, SessionOptions opts,
           std::function<void()> on_exit, DeviceBackend* device = nullptr, std::byte* arena_base = nullptr,
-          GpuCache* gpu = nullptr);
+          GpuCache* gpu = nullptr, KvCacheBudget* kv_budget = nullptr);
   ~Session();  // stops and joins
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
@@ -74,6 +74,7 @@ class Session {
   uint64_t id() const { return identity_.id; }
   int socket_fd() const { return socket_.get(); }
   const SessionIdentity& identity() const { return identity_; }
+  const std::string& tenant() const { return tenant_; }
   // Thread-safe. True when the client said it detaches (versus crashing).
   bool client_detached() const {
     return segment_.header()->detached.load(std::memory_order_acquire) != 0;
@@ -121,6 +122,8 @@ class Session {
   bool OutRangeOk(const ipc::RequestRecord& req, uint64_t need) const;
   // A malformed request: EPROTO, and the session closes after answering.
   static Outcome Malformed(absl::string_view why);
+  // The positions of the first key that repeats an earlier one, if any.
+  static std::optional<std::pair<size_t, size_t>> FirstDuplicate(const std::vector<BlockKey>& keys);
   // The registration (args[1]) and page ids (args[0]) of a device operation
   // on `keys` blocks; the outcome to answer with when they are not usable.
   std::optional<Outcome> ReadDeviceArgs(const ipc::RequestRecord& req, size_t keys,

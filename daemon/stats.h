@@ -6,6 +6,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <iterator>
 
 namespace kvtier {
 
@@ -49,7 +50,30 @@ class Histogram {
   std::atomic<uint64_t> sum_ns_{0};
 };
 
+// Why a peer's request or connection was refused by a limit or a rule of
+// the trust boundary (docs/security.md). Each reason is a counter in the
+// status JSON (stats.refused) and a kvtier_refused_total{reason} series.
+enum class Refusal : uint8_t {
+  kDuplicateKeys,          // a request named one block twice
+  kTenantSessions,         // the tenant's sessions are at ipc.max_sessions_per_tenant
+  kTenantKvCaches,         // the tenant's registered KV caches at limits.kv_caches_per_tenant
+  kTenantMappedBytes,      // ... or their bytes at limits.kv_cache_bytes_per_tenant
+  kSessionLeasedBlocks,    // a session's leases at limits.leased_blocks_per_session
+  kBadClientString,        // a client name or namespace string that is not printable UTF-8
+  kPendingConnections,     // unauthenticated connections over the per-uid or total bound
+  kSlowPeer,               // a peer that did not read its replies was disconnected
+  kAdminBadRequest,        // admin JSON with a wrong type or shape
+  kCount
+};
+inline constexpr const char* kRefusalNames[] = {
+    "duplicate_keys",  "tenant_sessions",     "tenant_kv_caches", "tenant_mapped_bytes", "session_leased_blocks",
+    "bad_client_string", "pending_connections", "slow_peer",        "admin_bad_request"};
+static_assert(std::size(kRefusalNames) == static_cast<size_t>(Refusal::kCount));
+
 struct DaemonStats {
+  std::array<Counter, static_cast<size_t>(Refusal::kCount)> refused;
+  void Refused(Refusal r) { refused[static_cast<size_t>(r)].Add(); }
+
   // Lookups that take a lease are the engine's commitment to a request; they
   // feed hit statistics. Lookups without a lease (scheduler probes that may
   // repeat) are counted apart and change nothing.

@@ -77,7 +77,7 @@ absl::StatusOr<UniqueFd> ConnectUnix(const std::string& path, int type) {
   return fd;
 }
 
-absl::Status SendMessage(int fd, std::span<const std::byte> data, std::span<const int> fds) {
+absl::Status SendMessage(int fd, std::span<const std::byte> data, std::span<const int> fds, bool nonblocking) {
   iovec iov{const_cast<std::byte*>(data.data()), data.size()};
   msghdr msg{};
   msg.msg_iov = &iov;
@@ -95,8 +95,11 @@ absl::Status SendMessage(int fd, std::span<const std::byte> data, std::span<cons
   }
   ssize_t n;
   do {
-    n = sendmsg(fd, &msg, MSG_NOSIGNAL);
+    n = sendmsg(fd, &msg, MSG_NOSIGNAL | (nonblocking ? MSG_DONTWAIT : 0));
   } while (n < 0 && errno == EINTR);
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+    return absl::ResourceExhaustedError("the peer's socket buffer is full (it does not read its replies)");
+  }
   if (n < 0) return ErrnoStatus(errno, "sendmsg");
   if (static_cast<size_t>(n) != data.size()) return absl::InternalError("short sendmsg");
   return absl::OkStatus();
@@ -142,6 +145,23 @@ absl::StatusOr<PeerCredentials> GetPeerCredentials(int fd) {
     return ErrnoStatus(errno, "getsockopt(SO_PEERCRED)");
   }
   return PeerCredentials{cred.pid, cred.uid, cred.gid};
+}
+
+absl::StatusOr<std::vector<gid_t>> GetPeerGroups(int fd) {
+  std::vector<gid_t> groups(64);
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    socklen_t len = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &len) == 0) {
+      groups.resize(len / sizeof(gid_t));
+      return groups;
+    }
+    if (errno != ERANGE) return ErrnoStatus(errno, "getsockopt(SO_PEERGROUPS)");
+    // len now says how much room the list needs; NGROUPS_MAX bounds it.
+    const size_t need = len / sizeof(gid_t);
+    if (need > 65536) return absl::ResourceExhaustedError("the peer has more than 65536 groups");
+    groups.resize(need + 1);
+  }
+  return absl::InternalError("getsockopt(SO_PEERGROUPS) kept changing size");
 }
 
 absl::Status SetSocketTimeouts(int fd, std::chrono::milliseconds timeout) {

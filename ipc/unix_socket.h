@@ -23,8 +23,11 @@ absl::StatusOr<UniqueFd> ListenUnix(const std::string& path, int type, mode_t mo
 // Connects to `path`; errors say whether the daemon is not running.
 absl::StatusOr<UniqueFd> ConnectUnix(const std::string& path, int type);
 
-// Sends one message with optional descriptors.
-absl::Status SendMessage(int fd, std::span<const std::byte> data, std::span<const int> fds = {});
+// Sends one message with optional descriptors. The daemon's control loop
+// sends with `nonblocking` (MSG_DONTWAIT): a peer whose socket buffer is
+// full gets ResourceExhausted instead of stalling the loop.
+absl::Status SendMessage(int fd, std::span<const std::byte> data, std::span<const int> fds = {},
+                         bool nonblocking = false);
 
 struct ReceivedMessage {
   std::vector<std::byte> data;  // empty with eof=true when the peer hung up
@@ -41,6 +44,8 @@ struct PeerCredentials {
   gid_t gid = 0;
 };
 absl::StatusOr<PeerCredentials> GetPeerCredentials(int fd);
+// The peer's supplementary groups when it connected (SO_PEERGROUPS).
+absl::StatusOr<std::vector<gid_t>> GetPeerGroups(int fd);
 
 // Sets SO_RCVTIMEO and SO_SNDTIMEO.
 absl::Status SetSocketTimeouts(int fd, std::chrono::milliseconds timeout);

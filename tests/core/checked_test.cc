@@ -126,5 +126,21 @@ TEST(CheckedTest, Utf8) {
   }
 }
 
+TEST(CheckedTest, Utf8PrefixNeverCutsASequence) {
+  const std::string s = "ab\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80";  // a b é € 😀
+  EXPECT_EQ(Utf8Prefix(s, 100), s);
+  EXPECT_EQ(Utf8Prefix(s, 3), "ab");
+  EXPECT_EQ(Utf8Prefix(s, 4), "ab\xc3\xa9");
+  EXPECT_EQ(Utf8Prefix(s, 6), "ab\xc3\xa9");
+  EXPECT_EQ(Utf8Prefix(s, 10), "ab\xc3\xa9\xe2\x82\xac");
+  for (size_t n = 0; n <= s.size(); ++n) {
+    EXPECT_TRUE(IsValidUtf8(Utf8Prefix(s, n))) << n;
+    EXPECT_LE(Utf8Prefix(s, n).size(), n);
+  }
+  EXPECT_EQ(PrintableOrReplaced("python3"), "python3");
+  EXPECT_EQ(PrintableOrReplaced("a\nb\xff\xc3\xa9"), "a?b?\xc3\xa9");
+  EXPECT_TRUE(IsPrintableUtf8(PrintableOrReplaced("\x1b[2J\xc2\x9b\xe2\x80\xae")));
+}
+
 }  // namespace
 }  // namespace kvtier

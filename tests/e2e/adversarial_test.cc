@@ -1,0 +1,446 @@
+// The trust boundary, attacked as a hostile tenant would: kvtierd serves a
+// victim tenant (this test's uid, root) and an attacker tenant (uid 65534,
+// "nobody"), and the attacker runs in a forked child that switched to its
+// uid, using only the public API or the documented protocol. Each test is
+// one attack; each checks that the victim's bytes are intact, that the
+// daemon still answers (a fresh attach and a status call within a
+// deadline), and that the refusal was counted. Without root (no second uid)
+// every test skips.
+#include <fcntl.h>
+#include <grp.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "ipc/admin_client.h"
+#include "ipc/attach.h"
+#include "ipc/kv_registration.h"
+#include "ipc/unix_socket.h"
+#include "kvtier/client.h"
+#include "tests/support/client_helpers.h"
+#include "tests/support/test_support.h"
+
+namespace kvtier {
+namespace {
+
+using testing::DaemonProcess;
+using Clock = std::chrono::steady_clock;
+
+constexpr uid_t kAttacker = 65534;
+constexpr uint64_t kBlockBytes = 8192;
+
+// Runs fn in a forked child under the attacker's uid (and groups `groups`);
+// returns its exit code, or 128 + signal.
+template <typename F>
+int AsAttacker(F fn, std::vector<gid_t> groups = {}) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    if (setgroups(groups.size(), groups.data()) != 0) _exit(90);
+    if (setresgid(kAttacker, kAttacker, kAttacker) != 0 || setresuid(kAttacker, kAttacker, kAttacker) != 0) _exit(91);
+    _exit(fn());
+  }
+  int st = 0;
+  waitpid(pid, &st, 0);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+class AdversarialTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (geteuid() != 0) GTEST_SKIP() << "needs root to run the attacker under another uid";
+  }
+  // Starts the daemon with the two tenants (and `extra` config), attaches
+  // the victim and stores its blocks.
+  void Start(const std::string& extra = "") {
+    d_ = std::make_unique<DaemonProcess>(
+        extra + "\n[[tenants]]\nname = \"victim\"\nuids = [0]\nsalt = \"v\"\n"
+                "[[tenants]]\nname = \"attacker\"\nuids = [65534]\nhost_bytes = \"8MiB\"\n");
+    ASSERT_TRUE(d_->Start().ok()) << d_->Log();
+    victim_ = testing::AttachTo(d_->socket_path(), testing::TestNamespace(kBlockBytes));
+    ASSERT_NE(victim_, nullptr);
+    keys_ = testing::SeededKeys(*victim_, 1, 8);
+    ASSERT_TRUE(testing::StoreFilled(*victim_, keys_).ok());
+  }
+  // The victim's blocks are all there, byte for byte.
+  void ExpectVictimIntact() {
+    auto hit = victim_->Lookup(keys_, {.lease = true});
+    ASSERT_TRUE(hit.ok()) << hit.status().ToString();
+    ASSERT_EQ(hit->hit_blocks, keys_.size());
+    auto views = victim_->Load(hit->lease, keys_);
+    ASSERT_TRUE(views.ok()) << views.status().ToString();
+    for (size_t i = 0; i < keys_.size(); ++i) {
+      EXPECT_TRUE(testing::MatchesKey(keys_[i], {(*views)[i].data, (*views)[i].size})) << "block " << i;
+    }
+    EXPECT_TRUE(victim_->Release(hit->lease).ok());
+  }
+  // The daemon serves: a new engine attaches and the admin socket answers,
+  // each within two seconds.
+  void ExpectAlive() {
+    const auto t0 = Clock::now();
+    AttachOptions o;
+    o.socket_path = d_->socket_path();
+    o.ns = testing::TestNamespace(kBlockBytes);
+    auto c = Client::Attach(o);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    auto s = ipc::AdminCall(d_->admin_socket_path(), {{"cmd", "status"}}, std::chrono::seconds(2));
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_LT(Clock::now() - t0, std::chrono::seconds(2));
+    EXPECT_EQ(d_->WaitExit(std::chrono::milliseconds(0)), -1) << "kvtierd exited: " << d_->Log();
+  }
+  uint64_t Refused(const std::string& reason) {
+    auto s = d_->Status();
+    if (!s.ok() || !(*s)["stats"].contains("refused")) return 0;
+    return (*s)["stats"]["refused"].value(reason, uint64_t{0});
+  }
+
+  std::unique_ptr<DaemonProcess> d_;
+  std::unique_ptr<Client> victim_;
+  std::vector<BlockKey> keys_;
+};
+
+// A raw attach on the documented protocol, bypassing libkvtier's checks:
+// the session socket, or -1.
+int RawAttach(const std::string& socket, const NamespaceDescriptor& ns, const std::string& name = "raw") {
+  absl::StatusOr<UniqueFd> fd = ipc::ConnectUnix(socket, SOCK_SEQPACKET);
+  if (!fd.ok()) return -1;
+  ipc::AttachRequest req;
+  req.ns = ns;
+  req.client_name = name;
+  if (!ipc::SendMessage(fd->get(), ipc::EncodeAttachRequest(req)).ok()) return -1;
+  absl::StatusOr<ipc::ReceivedMessage> m = ipc::ReceiveMessage(fd->get(), ipc::kMaxAttachMessage, 4);
+  if (!m.ok() || m->eof) return -1;
+  absl::StatusOr<ipc::AttachReply> reply = ipc::DecodeAttachReply(m->data);
+  if (!reply.ok() || reply->status != 0) return -1;
+  return fd->Release();
+}
+
+// Row 1: a KV registration whose geometry wraps 64 bits (2^32 - 1 pages of
+// stride 2^32 + 2: the page extent wraps to a few bytes) over a sparse memfd.
+TEST_F(AdversarialTest, Row01_RegistrationGeometryThatWrapsIsRefused) {
+  Start("device = \"sim\"\n");
+  const int rc = AsAttacker([&] {
+    const int sock = RawAttach(d_->socket_path(), testing::TestNamespace(kBlockBytes));
+    if (sock < 0) return 2;
+    const int memfd = memfd_create("evil", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (memfd < 0 || ftruncate(memfd, 1 << 20) != 0 || fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK) != 0) return 3;
+    ipc::KvRegisterRequest r;
+    r.layers = 2;  // 2 layers x K,V x 16 tokens x 8 heads x 8 dims x f16 = 8 KiB blocks
+    r.page_tokens = 16;
+    r.kv_heads = 8;
+    r.head_dim = 8;
+    r.dtype = 0;  // f16
+    r.num_pages = (uint64_t{1} << 32) - 1;
+    r.page_stride = (uint64_t{1} << 32) + 2;
+    ipc::KvRegion g;
+    g.base = 0x100000000;
+    g.bytes = 1 << 20;
+    r.regions.push_back(g);
+    r.k_layers = {g.base, g.base + 8192};
+    r.v_layers = {g.base + 4096, g.base + 12288};
+    const int fds[] = {memfd};
+    if (!ipc::SendMessage(sock, ipc::EncodeKvRegister(r), fds).ok()) return 4;
+    absl::StatusOr<ipc::ReceivedMessage> m = ipc::ReceiveMessage(sock, ipc::kMaxKvMessage, ipc::kMaxKvRegions);
+    if (!m.ok() || m->eof) return 5;
+    absl::StatusOr<ipc::KvRegisterReply> reply = ipc::DecodeKvReply(m->data, m->fds.size());
+    if (!reply.ok()) return 6;
+    return reply->status != 0 && reply->message.find("2^64") != std::string::npos ? 0 : 7;
+  });
+  EXPECT_EQ(rc, 0) << "the registration was accepted; the attacker can address any page of the daemon";
+  ExpectAlive();
+  ExpectVictimIntact();
+  auto s = d_->Status();
+  EXPECT_EQ((*s)["stats"]["kv_registrations_refused"].get<int>(), 1);
+}
+
+// Row 3: one PREFETCH naming an NVMe-resident key 257 times, then
+// INVALIDATE: 257 I/O references on an 8-bit counter, a double free.
+TEST_F(AdversarialTest, Row03_DuplicateKeysInOneRequestAreRefused) {
+  testing::TempDir nvme;
+  Start("[tiers.host]\ncapacity = \"1MiB\"\n[tiers.nvme]\ndirs = [\"" + nvme.path() +
+        "\"]\ncapacity = \"64MiB\"\nsegment_bytes = \"16MiB\"\nstaging_bytes = \"8MiB\"\n");
+  const int rc = AsAttacker([&] {
+    auto c = testing::AttachTo(d_->socket_path(), testing::TestNamespace(kBlockBytes));
+    if (!c) return 2;
+    auto keys = testing::SeededKeys(*c, 7, 2);
+    if (!testing::StoreFilled(*c, keys, /*durable=*/true).ok()) return 3;
+    // Repeating a key is refused wherever keys are taken.
+    std::vector<BlockKey> dup(257, keys[0]);
+    auto p = c->Prefetch(dup);
+    if (p.ok() || p.status().code() != ErrorCode::kInvalidArgument) return 4;
+    auto l = c->Lookup(dup, {.lease = true});
+    if (l.ok() || l.status().code() != ErrorCode::kInvalidArgument) return 5;
+    auto t = c->StoreBegin(std::vector<BlockKey>{keys[1], keys[0], keys[1]});
+    if (t.ok()) return 6;
+    if (!c->Invalidate(keys).ok()) return 7;
+    return 0;
+  });
+  EXPECT_EQ(rc, 0);
+  ExpectAlive();
+  ExpectVictimIntact();
+  EXPECT_EQ(Refused("duplicate_keys"), 3u);
+}
+
+// Row 4: a client sends KV-registration messages and never reads the
+// replies; the control loop must not block in sendmsg.
+TEST_F(AdversarialTest, Row04_APeerThatDoesNotReadIsDisconnected) {
+  Start("device = \"sim\"\n");
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    if (setresgid(kAttacker, kAttacker, kAttacker) != 0 || setresuid(kAttacker, kAttacker, kAttacker) != 0) _exit(91);
+    const int sock = RawAttach(d_->socket_path(), testing::TestNamespace(kBlockBytes));
+    if (sock < 0) _exit(2);
+    const std::vector<std::byte> msg = ipc::EncodeKvUnregister(12345);
+    // Flood for at most 20 s, never reading, until the daemon hangs up.
+    const auto end = Clock::now() + std::chrono::seconds(20);
+    int sent = 0;
+    while (Clock::now() < end) {
+      const ssize_t n = send(sock, msg.data(), msg.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n > 0) {
+        if (++sent == 200) (void)!write(ready[1], "x", 1);
+        continue;
+      }
+      if (errno == EAGAIN) {
+        pollfd p{sock, POLLOUT, 0};
+        poll(&p, 1, 10);
+        continue;
+      }
+      _exit(0);  // EPIPE / ECONNRESET: the daemon closed the session
+    }
+    _exit(3);
+  }
+  char x;
+  ASSERT_EQ(read(ready[0], &x, 1), 1);
+  // While the attacker floods, the daemon keeps serving everyone else.
+  for (int i = 0; i < 3; ++i) ExpectAlive();
+  int st = 0;
+  waitpid(pid, &st, 0);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "the daemon never closed the flooding session";
+  ExpectVictimIntact();
+  EXPECT_GE(Refused("slow_peer"), 1u);
+  close(ready[0]);
+  close(ready[1]);
+}
+
+// Rows 5 and 13: client names and model ids that are not printable UTF-8
+// (invalid bytes, a newline that forges a log line, terminal escapes).
+TEST_F(AdversarialTest, Row05_Row13_NamesThatAreNotPrintableUtf8AreRefused) {
+  Start();
+  const int rc = AsAttacker([&] {
+    int refused = 0;
+    for (const std::string& name : {std::string("\xff\xfe"), std::string("x\nevent=forged tenant=victim"),
+                                   std::string("\x1b]0;owned\x07\x1b[2J"), std::string("ok\xc2\x9b" "31m")}) {
+      AttachOptions o;
+      o.socket_path = d_->socket_path();
+      o.ns = testing::TestNamespace(kBlockBytes);
+      o.client_name = name;
+      auto c = Client::Attach(o);
+      refused += !c.ok() && c.status().code() == ErrorCode::kInvalidArgument;
+    }
+    NamespaceDescriptor ns = testing::TestNamespace(kBlockBytes, "model\xc3(");
+    if (RawAttach(d_->socket_path(), ns) < 0) ++refused;
+    return refused == 5 ? 0 : 10 + refused;
+  });
+  EXPECT_EQ(rc, 0);
+  ExpectAlive();
+  auto s = d_->Status();
+  ASSERT_TRUE(s.ok());  // the status JSON still dumps (it used to throw on the bytes)
+  EXPECT_EQ(Refused("bad_client_string"), 5u);
+  const std::string log = d_->Log();
+  EXPECT_EQ(log.find("\nevent=forged"), std::string::npos) << "a forged log line";
+  EXPECT_EQ(log.find('\x1b'), std::string::npos) << "a terminal escape reached the log";
+  ExpectVictimIntact();
+}
+
+// A KV-cache layout of kBlockBytes blocks over a memfd of `bytes` (sparse:
+// costs nothing), at a made-up engine address.
+KvCacheLayout LayoutOver(int memfd, uint64_t bytes) {
+  KvCacheLayout l;
+  l.layers = 2;
+  l.page_tokens = 16;
+  l.kv_heads = 8;
+  l.head_dim = 8;  // 2 x K,V x 16 tokens x 8 x 8 x f16 = 8 KiB blocks
+  l.dtype = "f16";
+  l.num_pages = 8;
+  const auto* base = reinterpret_cast<const std::byte*>(uintptr_t{0x100000000});
+  for (uint32_t i = 0; i < 2; ++i) {
+    l.k_layers.push_back(base + i * 65536);
+    l.v_layers.push_back(base + i * 65536 + 32768);
+  }
+  l.regions.push_back({base, bytes, memfd});
+  return l;
+}
+
+int SealedMemfd(uint64_t bytes) {
+  const int fd = memfd_create("kv", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0 || fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0) return -1;
+  return fd;
+}
+
+// Row 6: registered (sparse) memory is bounded per tenant, in caches and
+// in bytes mapped into kvtierd; another tenant registers as before.
+TEST_F(AdversarialTest, Row06_RegisteredMemoryIsBoundedPerTenant) {
+  Start("device = \"sim\"\n[limits]\nkv_cache_bytes_per_tenant = \"1GiB\"\nkv_caches_per_tenant = 3\n");
+  const int rc = AsAttacker([&] {
+    auto c = testing::AttachTo(d_->socket_path(), testing::TestNamespace(kBlockBytes));
+    if (!c) return 2;
+    if (!c->RegisterKvCache(LayoutOver(SealedMemfd(768ull << 20), 768ull << 20)).ok()) return 3;
+    auto big = c->RegisterKvCache(LayoutOver(SealedMemfd(512ull << 20), 512ull << 20));
+    if (big.ok() || big.status().code() != ErrorCode::kBusy) return 4;
+    // A second session of the same tenant shares the budget.
+    auto c2 = testing::AttachTo(d_->socket_path(), testing::TestNamespace(kBlockBytes));
+    if (!c2) return 5;
+    if (!c2->RegisterKvCache(LayoutOver(SealedMemfd(1 << 20), 1 << 20)).ok()) return 6;
+    if (!c->RegisterKvCache(LayoutOver(SealedMemfd(1 << 20), 1 << 20)).ok()) return 7;
+    auto fourth = c2->RegisterKvCache(LayoutOver(SealedMemfd(1 << 20), 1 << 20));
+    if (fourth.ok() || fourth.status().code() != ErrorCode::kBusy) return 8;
+    return 0;
+  });
+  EXPECT_EQ(rc, 0);
+  auto mine = victim_->RegisterKvCache(LayoutOver(SealedMemfd(768ull << 20), 768ull << 20));
+  EXPECT_TRUE(mine.ok()) << "the victim's budget is its own: " << mine.status().ToString();
+  EXPECT_EQ(Refused("tenant_mapped_bytes"), 1u);
+  EXPECT_EQ(Refused("tenant_kv_caches"), 1u);
+  // The attacker's sessions ended: its registrations are refunded.
+  EXPECT_TRUE(testing::Eventually([&] {
+    auto s = d_->Status();
+    return s.ok() && (*s)["tenants"][1]["kv_caches"].get<int>() == 0 && (*s)["tenants"][0]["kv_caches"] == 1;
+  }));
+  ExpectAlive();
+  ExpectVictimIntact();
+}
+
+// Row 8: lease books are bounded in blocks per session, not in leases.
+TEST_F(AdversarialTest, Row08_LeasedBlocksAreBoundedPerSession) {
+  Start("[limits]\nleased_blocks_per_session = 64\n");
+  const int rc = AsAttacker([&] {
+    auto c = testing::AttachTo(d_->socket_path(), testing::TestNamespace(kBlockBytes));
+    if (!c) return 2;
+    auto keys = testing::SeededKeys(*c, 3, 32);
+    if (!testing::StoreFilled(*c, keys).ok()) return 3;
+    auto a = c->Lookup(keys, {.lease = true});
+    auto b = c->Lookup(keys, {.lease = true});
+    if (!a.ok() || !b.ok() || a->hit_blocks != 32) return 4;
+    auto third = c->Lookup(keys, {.lease = true});
+    if (third.ok() || third.status().code() != ErrorCode::kBusy) return 5;
+    if (!c->Release(a->lease).ok()) return 6;
+    return c->Lookup(keys, {.lease = true}).ok() ? 0 : 7;
+  });
+  EXPECT_EQ(rc, 0);
+  EXPECT_EQ(Refused("session_leased_blocks"), 1u);
+  ExpectAlive();
+  ExpectVictimIntact();
+}
+
+// Row 7: one tenant opens sessions until refused; the other still attaches.
+TEST_F(AdversarialTest, Row07_SessionsAreBoundedPerTenant) {
+  Start("[ipc]\nmax_sessions = 8\n");  // two tenants: 4 each by default
+  int ready[2], done[2];
+  ASSERT_EQ(pipe(ready), 0);
+  ASSERT_EQ(pipe(done), 0);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    if (setresgid(kAttacker, kAttacker, kAttacker) != 0 || setresuid(kAttacker, kAttacker, kAttacker) != 0) _exit(91);
+    std::vector<std::unique_ptr<Client>> held;
+    ErrorCode last = ErrorCode::kOk;
+    for (int i = 0; i < 8; ++i) {
+      AttachOptions o;
+      o.socket_path = d_->socket_path();
+      o.ns = testing::TestNamespace(kBlockBytes);
+      auto c = Client::Attach(o);
+      if (c.ok()) {
+        held.push_back(std::move(*c));
+      } else {
+        last = c.status().code();
+      }
+    }
+    const char report = static_cast<char>(held.size() * 16 + (last == ErrorCode::kBusy ? 1 : 0));
+    (void)!write(ready[1], &report, 1);
+    char x;
+    (void)!read(done[0], &x, 1);  // hold them while the victim attaches
+    _exit(0);
+  }
+  char report = 0;
+  ASSERT_EQ(read(ready[0], &report, 1), 1);
+  EXPECT_EQ(report / 16, 4) << "the attacker held more than its share";
+  EXPECT_EQ(report % 16, 1) << "refusals are EBUSY";
+  ExpectAlive();
+  auto more = testing::AttachTo(d_->socket_path(), testing::TestNamespace(kBlockBytes));
+  EXPECT_NE(more, nullptr);
+  EXPECT_EQ(Refused("tenant_sessions"), 4u);
+  (void)!write(done[1], "x", 1);
+  waitpid(pid, nullptr, 0);
+  ExpectVictimIntact();
+  for (int fd : {ready[0], ready[1], done[0], done[1]}) close(fd);
+}
+
+// Row 11: any local user opens connections and never says hello.
+TEST_F(AdversarialTest, Row11_UnauthenticatedConnectionsAreBounded) {
+  Start();
+  int ready[2], done[2];
+  ASSERT_EQ(pipe(ready), 0);
+  ASSERT_EQ(pipe(done), 0);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    // Not even a tenant: uid 65533.
+    if (setresgid(65533, 65533, 65533) != 0 || setresuid(65533, 65533, 65533) != 0) _exit(91);
+    std::vector<UniqueFd> held;
+    for (int i = 0; i < 300; ++i) {
+      absl::StatusOr<UniqueFd> fd = ipc::ConnectUnix(d_->socket_path(), SOCK_SEQPACKET);
+      if (fd.ok()) held.push_back(std::move(*fd));
+    }
+    (void)!write(ready[1], "x", 1);
+    char x;
+    (void)!read(done[0], &x, 1);
+    _exit(0);
+  }
+  char x;
+  ASSERT_EQ(read(ready[0], &x, 1), 1);
+  ExpectAlive();
+  EXPECT_TRUE(testing::Eventually([&] { return Refused("pending_connections") >= 300 - 16; }))
+      << Refused("pending_connections");
+  (void)!write(done[1], "x", 1);
+  waitpid(pid, nullptr, 0);
+  for (int fd : {ready[0], ready[1], done[0], done[1]}) close(fd);
+}
+
+// Row 15 (admin): JSON with the wrong value types gets an error answer.
+TEST_F(AdversarialTest, Row15_AdminRequestsWithWrongTypesAreAnswered) {
+  Start();
+  for (const char* bad : {R"({"cmd": "blocks", "limit": "ten"})", R"({"cmd": 5})",
+                          R"({"cmd": "evict", "tenant": ["victim"]})", R"({"cmd": "blocks", "tenant": 7})"}) {
+    // AdminCall turns an {"ok": false, "error": ...} answer into FailedPrecondition.
+    auto r = ipc::AdminCall(d_->admin_socket_path(), nlohmann::json::parse(bad), std::chrono::seconds(2));
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_TRUE(absl::IsFailedPrecondition(r.status())) << bad << ": " << r.status();
+    EXPECT_NE(r.status().message().find("bad request"), std::string::npos) << r.status();
+  }
+  ExpectAlive();
+  EXPECT_EQ(Refused("admin_bad_request"), 4u);
+  ExpectVictimIntact();
+}
+
+// Row 17: an operator in kvtierd's group only as a supplementary group is
+// admitted, as docs/operations.md says; without the group, refused.
+TEST_F(AdversarialTest, Row17_SupplementaryGroupMembersAreAdmitted) {
+  Start();
+  const std::string admin = d_->admin_socket_path();
+  auto call = [&] {
+    auto r = ipc::AdminCall(admin, {{"cmd", "ping"}}, std::chrono::seconds(2));
+    if (!r.ok()) return 2;
+    return (*r)["ok"].get<bool>() ? 0 : 3;
+  };
+  EXPECT_EQ(AsAttacker(call, {getegid()}), 0) << "a member of the daemon's group by a supplementary group";
+  EXPECT_NE(AsAttacker(call, {}), 0) << "no group in common";
+}
+
+}  // namespace
+}  // namespace kvtier
