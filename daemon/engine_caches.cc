@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 
+#include <atomic>
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
@@ -209,8 +210,13 @@ absl::Status EngineCaches::ExportLayerEvents(EngineCache& c, Registered* out) {
   out->event_kind = cuda ? ipc::KvEventKind::kCudaIpc : ipc::KvEventKind::kSharedPage;
   // Simulated events share memfd pages: one descriptor per page.
   std::map<std::pair<dev_t, ino_t>, uint32_t> pages;
+  // The registration's events are a group of their own: the pages the
+  // engine gets hold no other registration's (or tenant's) events, and it
+  // can only map them read-only.
+  static std::atomic<uint64_t> next_group{1};
+  const uint64_t group = next_group.fetch_add(1, std::memory_order_relaxed);
   for (uint32_t l = 0; l < c.shape.layers; ++l) {
-    ASSIGN_OR_RETURN(DeviceEvent e, device_->CreateEvent());
+    ASSIGN_OR_RETURN(DeviceEvent e, device_->CreateEvent(group));
     c.layer_events.push_back(e);
     absl::StatusOr<IpcEventHandle> h = device_->ExportEvent(e);
     if (!h.ok()) return absl::Status(h.status().code(), absl::StrCat("layer ", l, "'s event: ", h.status().message()));

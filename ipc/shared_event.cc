@@ -35,19 +35,34 @@ bool EventWait(SharedEventState& e, uint32_t gen, std::chrono::nanoseconds timeo
   }
 }
 
-absl::StatusOr<SharedEventPool::Slot> SharedEventPool::Allocate() {
+absl::StatusOr<SharedEventPool::Slot> SharedEventPool::Allocate(uint64_t group) {
   MutexLock l(&mu_);
-  if (free_.empty()) {
+  Page* page = nullptr;
+  uint32_t page_index = 0;
+  // A page of this group with room, else a page nobody owns, else a new one.
+  for (uint32_t i = 0; i < pages_.size() && page == nullptr; ++i) {
+    Page& p = *pages_[i];
+    if (p.owned && p.group == group && !p.free.empty()) page = &p, page_index = i;
+  }
+  for (uint32_t i = 0; i < pages_.size() && page == nullptr; ++i) {
+    if (!pages_[i]->owned) page = pages_[i].get(), page_index = i;
+  }
+  if (page == nullptr) {
     auto p = std::make_unique<Page>();
-    ASSIGN_OR_RETURN(p->fd, CreateSealedMemfd("kvtier-events", kPageBytes));
+    ASSIGN_OR_RETURN(p->fd, CreateResizeSealedMemfd("kvtier-events", kPageBytes));
     ASSIGN_OR_RETURN(p->region, MappedRegion::Map(p->fd.get(), kPageBytes));
-    const auto page = static_cast<uint32_t>(pages_.size());
-    auto* states = reinterpret_cast<SharedEventState*>(p->region.data());
-    for (uint32_t i = kPerPage; i-- > 0;) free_.push_back(Slot{&states[i], page, i});
+    RETURN_IF_ERROR(SealFutureWrites(p->fd.get()));  // ours stays writable; no one else's will be
+    for (uint32_t i = kPerPage; i-- > 0;) p->free.push_back(i);
+    page_index = static_cast<uint32_t>(pages_.size());
+    page = p.get();
     pages_.push_back(std::move(p));
   }
-  Slot s = free_.back();
-  free_.pop_back();
+  page->owned = true;
+  page->group = group;
+  const uint32_t index = page->free.back();
+  page->free.pop_back();
+  auto* states = reinterpret_cast<SharedEventState*>(page->region.data());
+  Slot s{&states[index], page_index, index};
   // A fresh event is complete: whoever reuses the slot starts level.
   s.state->recorded.store(0, std::memory_order_relaxed);
   s.state->completed.store(0, std::memory_order_release);
@@ -56,7 +71,9 @@ absl::StatusOr<SharedEventPool::Slot> SharedEventPool::Allocate() {
 
 void SharedEventPool::Free(const Slot& slot) {
   MutexLock l(&mu_);
-  free_.push_back(slot);
+  Page& p = *pages_[slot.page];
+  p.free.push_back(slot.index);
+  if (p.free.size() == kPerPage) p.owned = false;  // any group may take it now
 }
 
 int SharedEventPool::PageFd(uint32_t page) const {
@@ -73,7 +90,7 @@ absl::StatusOr<ImportedEvent> ImportedEvent::Open(int fd, uint64_t offset) {
                                                    size, "-byte page"));
   }
   if (!IsSealedAgainstShrink(fd)) return absl::InvalidArgumentError("event page is not a sealed memfd");
-  ASSIGN_OR_RETURN(MappedRegion region, MappedRegion::Map(fd, size));
+  ASSIGN_OR_RETURN(MappedRegion region, MappedRegion::MapReadOnly(fd, size));
   ImportedEvent e;
   e.region_ = std::make_shared<MappedRegion>(std::move(region));
   e.state_ = reinterpret_cast<SharedEventState*>(e.region_->data() + offset);

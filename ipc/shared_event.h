@@ -54,7 +54,11 @@ class SharedEventPool {
     uint32_t page = 0;
     uint32_t index = 0;
   };
-  absl::StatusOr<Slot> Allocate();
+  // A slot on a page that holds only `group`'s events (a page goes back
+  // to the pool, for any group, once all its slots are free). Pages are
+  // sealed against new writable mappings: whoever the page is exported to
+  // can only read it, and sees no other group's events.
+  absl::StatusOr<Slot> Allocate(uint64_t group = 0);
   void Free(const Slot& slot);
   // The page's memfd (not a duplicate) and the slot's byte offset in it.
   int PageFd(uint32_t page) const;
@@ -64,16 +68,20 @@ class SharedEventPool {
   struct Page {
     UniqueFd fd;
     MappedRegion region;
+    uint64_t group = 0;
+    bool owned = false;            // some slot is in use (by `group`)
+    std::vector<uint32_t> free;    // free slot indices
   };
   mutable Mutex mu_;
   std::vector<std::unique_ptr<Page>> pages_ ABSL_GUARDED_BY(mu_);
-  std::vector<Slot> free_ ABSL_GUARDED_BY(mu_);
 };
 
 // An event state another process exported: its memfd mapped here.
 class ImportedEvent {
  public:
   // InvalidArgument unless fd is a memfd page holding a state at `offset`.
+  // The page is mapped read-only: an importer waits for the event, only its
+  // exporter records it.
   static absl::StatusOr<ImportedEvent> Open(int fd, uint64_t offset);
   SharedEventState& state() const { return *state_; }
 

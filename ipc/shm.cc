@@ -25,6 +25,30 @@ absl::StatusOr<UniqueFd> CreateSealedMemfd(const std::string& name, uint64_t byt
   return fd;
 }
 
+absl::StatusOr<UniqueFd> CreateResizeSealedMemfd(const std::string& name, uint64_t bytes) {
+  UniqueFd fd(memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("memfd_create(", name, ")"));
+  if (ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) {
+    return ErrnoStatus(errno, absl::StrCat("sizing shared memory ", name, " to ", bytes, " bytes"));
+  }
+  if (fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0) {
+    return ErrnoStatus(errno, absl::StrCat("sealing shared memory ", name));
+  }
+  return fd;
+}
+
+absl::Status SealFutureWrites(int fd) {
+  if (fcntl(fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) != 0) {
+    return ErrnoStatus(errno, "sealing shared memory against writable mappings (F_SEAL_FUTURE_WRITE)");
+  }
+  return absl::OkStatus();
+}
+
+bool IsSealedAgainstWrites(int fd) {
+  const int seals = fcntl(fd, F_GET_SEALS);
+  return seals >= 0 && (seals & (F_SEAL_FUTURE_WRITE | F_SEAL_WRITE)) != 0;
+}
+
 absl::StatusOr<uint64_t> FdSize(int fd) {
   struct stat st;
   if (fstat(fd, &st) != 0) return ErrnoStatus(errno, "fstat");
@@ -61,6 +85,13 @@ absl::StatusOr<MappedRegion> MappedRegion::Map(int fd, uint64_t bytes, bool popu
   int flags = MAP_SHARED | (populate ? MAP_POPULATE : 0);
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, flags, fd, 0);
   if (p == MAP_FAILED) return ErrnoStatus(errno, absl::StrCat("mmap of ", bytes, " bytes"));
+  return MappedRegion(static_cast<std::byte*>(p), bytes);
+}
+
+absl::StatusOr<MappedRegion> MappedRegion::MapReadOnly(int fd, uint64_t bytes) {
+  if (bytes == 0) return absl::InvalidArgumentError("cannot map 0 bytes");
+  void* p = mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) return ErrnoStatus(errno, absl::StrCat("read-only mmap of ", bytes, " bytes"));
   return MappedRegion(static_cast<std::byte*>(p), bytes);
 }
 

@@ -14,6 +14,14 @@ namespace kvtier::ipc {
 // A memfd of `bytes`, sealed against shrinking and growing, so a peer that
 // holds it cannot truncate the memory under the other side's feet.
 absl::StatusOr<UniqueFd> CreateSealedMemfd(const std::string& name, uint64_t bytes);
+// A memfd sealed against resizing only, so F_SEAL_FUTURE_WRITE can follow
+// once its creator has mapped it (SealFutureWrites).
+absl::StatusOr<UniqueFd> CreateResizeSealedMemfd(const std::string& name, uint64_t bytes);
+// No new writable mapping of fd can be made, by anyone it is passed to;
+// mappings made before keep their access. Then seals the seals.
+absl::Status SealFutureWrites(int fd);
+// True when fd can never be mapped writable again.
+bool IsSealedAgainstWrites(int fd);
 
 // Size of the file behind fd.
 absl::StatusOr<uint64_t> FdSize(int fd);
@@ -33,6 +41,8 @@ class MappedRegion {
 
   // Maps `bytes` of fd read-write and shared. populate pre-faults the pages.
   static absl::StatusOr<MappedRegion> Map(int fd, uint64_t bytes, bool populate = false);
+  // Maps `bytes` of fd read-only and shared.
+  static absl::StatusOr<MappedRegion> MapReadOnly(int fd, uint64_t bytes);
 
   std::byte* data() const { return data_; }
   uint64_t size() const { return size_; }

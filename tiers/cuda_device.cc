@@ -100,7 +100,7 @@ class CudaDevice final : public DeviceBackend {
     return CudaError(cudaStreamSynchronize(AsStream(stream)), "cudaStreamSynchronize");
   }
 
-  absl::StatusOr<DeviceEvent> CreateEvent() override {
+  absl::StatusOr<DeviceEvent> CreateEvent(uint64_t /*group*/) override {
     RETURN_IF_ERROR(Use());
     cudaEvent_t e;
     // Interprocess needs DisableTiming; both keep events cheap to record.

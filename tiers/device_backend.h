@@ -59,8 +59,10 @@ class DeviceBackend {
   virtual absl::Status CopyAsync(void* dst, const void* src, uint64_t bytes, DeviceStream stream) = 0;
   // Thread-safe. Blocks until the stream's enqueued work is done.
   virtual absl::Status SynchronizeStream(DeviceStream stream) = 0;
-  // Thread-safe.
-  virtual absl::StatusOr<DeviceEvent> CreateEvent() = 0;
+  // Thread-safe. Events of one `group` (e.g. one engine registration) may
+  // share what is exported of them; events of different groups never do
+  // (the simulated device's event pages; CUDA events are each their own).
+  virtual absl::StatusOr<DeviceEvent> CreateEvent(uint64_t group = 0) = 0;
   virtual absl::Status DestroyEvent(DeviceEvent event) = 0;
   // Thread-safe. The event completes when the stream's work enqueued so far does.
   virtual absl::Status RecordEvent(DeviceEvent event, DeviceStream stream) = 0;

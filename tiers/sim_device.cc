@@ -239,8 +239,8 @@ class SimDevice final : public DeviceBackend {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<DeviceEvent> CreateEvent() override {
-    ASSIGN_OR_RETURN(ipc::SharedEventPool::Slot slot, event_pool_.Allocate());
+  absl::StatusOr<DeviceEvent> CreateEvent(uint64_t group) override {
+    ASSIGN_OR_RETURN(ipc::SharedEventPool::Slot slot, event_pool_.Allocate(group));
     auto e = std::make_shared<SimEvent>(&event_pool_, slot);
     MutexLock l(&mu_);
     const DeviceEvent id = ++next_id_;
@@ -259,6 +259,8 @@ class SimDevice final : public DeviceBackend {
     if (!e) return UnknownEvent(event);
     std::shared_ptr<SimStream> s = FindStream(stream);
     if (!s) return UnknownStream(stream);
+    // An imported event's page is mapped read-only: its exporter records it.
+    if (e->pool == nullptr) return absl::InvalidArgumentError("an imported event can be waited for, not recorded");
     const uint32_t gen = ipc::EventRecord(*e->state);
     s->Enqueue([e, gen] { ipc::EventComplete(*e->state, gen); });
     return absl::OkStatus();

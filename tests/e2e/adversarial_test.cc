@@ -9,8 +9,10 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -157,6 +159,76 @@ TEST_F(AdversarialTest, Row01_RegistrationGeometryThatWrapsIsRefused) {
   ExpectVictimIntact();
   auto s = d_->Status();
   EXPECT_EQ((*s)["stats"]["kv_registrations_refused"].get<int>(), 1);
+}
+
+// Row 2: the layer-event pages a registration gets are its own and
+// read-only: a tenant cannot complete (or hold back) another tenant's
+// layer events by writing into them.
+TEST_F(AdversarialTest, Row02_EventPagesAreReadOnlyAndPerRegistration) {
+  Start("device = \"sim\"\n");
+  // Registers a small valid cache over the documented protocol; writes the
+  // inode of its first event page to `out` (a pipe), or exits non-zero.
+  auto register_and_probe = [&](int out) {
+    const int sock = RawAttach(d_->socket_path(), testing::TestNamespace(kBlockBytes));
+    if (sock < 0) return 2;
+    const int memfd = memfd_create("kv", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (memfd < 0 || ftruncate(memfd, 1 << 20) != 0 || fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK) != 0) return 3;
+    ipc::KvRegisterRequest r;
+    r.layers = 2;
+    r.page_tokens = 16;
+    r.kv_heads = 8;
+    r.head_dim = 8;
+    r.num_pages = 8;
+    r.page_stride = 2048;
+    ipc::KvRegion g;
+    g.base = 0x100000000;
+    g.bytes = 1 << 20;
+    r.regions.push_back(g);
+    r.k_layers = {g.base, g.base + 65536};
+    r.v_layers = {g.base + 32768, g.base + 98304};
+    const int fds[] = {memfd};
+    if (!ipc::SendMessage(sock, ipc::EncodeKvRegister(r), fds).ok()) return 4;
+    absl::StatusOr<ipc::ReceivedMessage> m = ipc::ReceiveMessage(sock, ipc::kMaxKvMessage, ipc::kMaxKvRegions);
+    if (!m.ok() || m->eof) return 5;
+    absl::StatusOr<ipc::KvRegisterReply> reply = ipc::DecodeKvReply(m->data, m->fds.size());
+    if (!reply.ok() || reply->status != 0 || m->fds.empty()) return 6;
+    for (const UniqueFd& fd : m->fds) {
+      void* w = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+      if (w != MAP_FAILED) return 7;  // writable: the attack works
+    }
+    struct stat st;
+    if (fstat(m->fds[0].get(), &st) != 0) return 8;
+    const uint64_t ino = st.st_ino;
+    (void)!write(out, &ino, sizeof(ino));
+    char x;
+    (void)!read(sock, &x, 1);  // hold the registration until the test ends (EOF)
+    return 0;
+  };
+  int victim_pipe[2], attacker_pipe[2];
+  ASSERT_EQ(pipe(victim_pipe), 0);
+  ASSERT_EQ(pipe(attacker_pipe), 0);
+  const pid_t victim = fork();
+  if (victim == 0) _exit(register_and_probe(victim_pipe[1]));
+  close(victim_pipe[1]);  // a child that exits without writing is EOF
+  uint64_t victim_ino = 0, attacker_ino = 0;
+  ASSERT_EQ(read(victim_pipe[0], &victim_ino, sizeof(victim_ino)), 8);
+  const pid_t attacker = fork();
+  if (attacker == 0) {
+    if (setresgid(kAttacker, kAttacker, kAttacker) != 0 || setresuid(kAttacker, kAttacker, kAttacker) != 0) _exit(91);
+    _exit(register_and_probe(attacker_pipe[1]));
+  }
+  close(attacker_pipe[1]);
+  ASSERT_EQ(read(attacker_pipe[0], &attacker_ino, sizeof(attacker_ino)), 8)
+      << "the attacker could map its event pages writable";
+  EXPECT_NE(victim_ino, attacker_ino) << "two tenants' registrations share an event page";
+  ExpectAlive();
+  d_->Kill(SIGKILL);  // ends both children's sessions
+  int st = 0;
+  waitpid(victim, &st, 0);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
+  waitpid(attacker, &st, 0);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
+  for (int fd : {victim_pipe[0], attacker_pipe[0]}) close(fd);
 }
 
 // Row 3: one PREFETCH naming an NVMe-resident key 257 times, then

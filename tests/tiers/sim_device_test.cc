@@ -1,3 +1,5 @@
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -170,6 +172,46 @@ TEST(SimDeviceTest, BadEventHandlesAreRefused) {
   IpcEventHandle wrong;
   wrong.fd = std::move(mem.fd);
   EXPECT_FALSE(dev->ImportEvent(wrong).ok());
+}
+
+TEST(SimDeviceTest, ExportedEventPagesAreReadOnlyAndPerGroup) {
+  // Whoever an event page is exported to cannot map it writable (so it can
+  // neither complete another's event early nor hold one back), and events
+  // of different groups (registrations) never share a page.
+  auto dev = MakeSimDevice();
+  auto a1 = *dev->CreateEvent(1), a2 = *dev->CreateEvent(1), b = *dev->CreateEvent(2);
+  auto ha1 = *dev->ExportEvent(a1), ha2 = *dev->ExportEvent(a2), hb = *dev->ExportEvent(b);
+  struct stat s1, s2, sb;
+  ASSERT_EQ(fstat(ha1.fd.get(), &s1), 0);
+  ASSERT_EQ(fstat(ha2.fd.get(), &s2), 0);
+  ASSERT_EQ(fstat(hb.fd.get(), &sb), 0);
+  EXPECT_EQ(s1.st_ino, s2.st_ino) << "one group's events share a page";
+  EXPECT_NE(s1.st_ino, sb.st_ino) << "another group's events are on another page";
+  for (const IpcEventHandle* h : {&ha1, &hb}) {
+    void* w = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, h->fd.get(), 0);
+    EXPECT_EQ(w, MAP_FAILED) << "an exported event page could be mapped writable";
+    if (w != MAP_FAILED) munmap(w, 4096);
+    void* r = mmap(nullptr, 4096, PROT_READ, MAP_SHARED, h->fd.get(), 0);
+    EXPECT_NE(r, MAP_FAILED);
+    if (r != MAP_FAILED) munmap(r, 4096);
+  }
+  // The importer waits; recording is the exporter's.
+  auto other = MakeSimDevice();
+  auto imported = other->ImportEvent(ha1);
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  auto stream = *other->CreateStream();
+  EXPECT_FALSE(other->RecordEvent(*imported, stream).ok());
+  auto mine = *dev->CreateStream();
+  ASSERT_TRUE(dev->RecordEvent(a1, mine).ok());
+  ASSERT_TRUE(dev->SynchronizeStream(mine).ok());
+  EXPECT_TRUE(other->WaitEvent(*imported, std::chrono::seconds(5)).ok());
+  // A page whose events are all destroyed goes back to any group.
+  ASSERT_TRUE(dev->DestroyEvent(b).ok());
+  auto c = *dev->CreateEvent(3);
+  auto hc = *dev->ExportEvent(c);
+  struct stat sc;
+  ASSERT_EQ(fstat(hc.fd.get(), &sc), 0);
+  EXPECT_NE(sc.st_ino, s1.st_ino);
 }
 
 TEST(SimDeviceTest, MisuseIsAnErrorNotACrash) {
