@@ -235,6 +235,17 @@ absl::Status Daemon::OpenNvme() {
     spdlog::warn("event=nvme_buffered detail=\"O_DIRECT refused; buffered I/O as tiers.nvme.allow_buffered permits\"");
   }
   ASSIGN_OR_RETURN(uint64_t indexed, cache_->AttachNvme(std::move(*nvme), recovered, &namespaces_));
+  if (st.recovery.journal_records_cut > 0 || st.recovery.journal_records_damaged > 0) {
+    // Blocks may have been lost: say what was cut and what the slab proved.
+    spdlog::warn("event=nvme_journal_damaged records_cut={} bytes_cut={} records_damaged={} format_damaged={} "
+                 "scanned={} slots_checked={} recovered_by_scan={} dropped={} detail=\"{}\"",
+                 st.recovery.journal_records_cut, st.recovery.journal_bytes_cut,
+                 st.recovery.journal_records_damaged, st.recovery.journal_format_damaged, st.recovery.scanned,
+                 st.recovery.scan_checked, st.recovery.scan_recovered, st.recovery.dropped,
+                 st.recovery.scanned ? "damaged records inside the journal: kept the blocks whose slab header and "
+                                       "payload checksums prove them, and rewrote the journal"
+                                     : "the journal's torn tail (a crash mid-commit) was cut");
+  }
   spdlog::info("event=nvme_tier state=on dirs={} capacity=\"{}\" engine=\"{}\" recovered={} dropped={} "
                "journal_bytes_cut={} seconds={:.3f}",
                dirs.size(), FormatBytes(capacity), st.io_engine, indexed,

@@ -66,45 +66,53 @@ absl::StatusOr<std::unique_ptr<Journal>> Journal::Open(const JournalOptions& opt
   const uint64_t file_size = static_cast<uint64_t>(st.st_size);
   const JournalRecord format = FormatRecord(opts.format);
 
-  uint64_t good = 0;  // bytes of valid records
+  uint64_t good = 0;  // bytes up to the end of the last intact record
   uint64_t last_seq = 0;
   if (file_size >= kRec) {
     JournalRecord first;
     if (pread(fd.get(), &first, kRec, 0) != static_cast<ssize_t>(kRec)) {
       return ErrnoStatus(errno, "reading the NVMe journal");
     }
-    if (first.magic == kJournalMagic && Intact(first) &&
-        first.type == static_cast<uint8_t>(JournalType::kFormat)) {
-      if (!SameLayout(first, format)) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "the NVMe journal ", opts.path, " was written for another layout (format v", first.version,
-            ", segments of ", first.slot_bytes, " bytes x ", first.slot,
-            "): restore the previous tiers.nvme settings, or remove the NVMe tier's files to start empty"));
-      }
+    const bool format_ok = first.magic == kJournalMagic && Intact(first) &&
+                           first.type == static_cast<uint8_t>(JournalType::kFormat);
+    if (format_ok && !SameLayout(first, format)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the NVMe journal ", opts.path, " was written for another layout (format v", first.version,
+          ", segments of ", first.slot_bytes, " bytes x ", first.slot,
+          "): restore the previous tiers.nvme settings, or remove the NVMe tier's files to start empty"));
+    }
+    if (format_ok) {
       good = kRec;
       replay->format = first;
-      // Stream the rest in chunks; stop at the first damaged record.
-      std::vector<JournalRecord> chunk(4096);
-      for (uint64_t off = kRec; off + kRec <= file_size;) {
-        const size_t want = std::min<uint64_t>(chunk.size(), (file_size - off) / kRec);
-        const ssize_t got = pread(fd.get(), chunk.data(), want * kRec, static_cast<off_t>(off));
-        if (got < static_cast<ssize_t>(kRec)) break;
-        const size_t n = static_cast<size_t>(got) / kRec;
-        size_t i = 0;
-        for (; i < n; ++i) {
-          const JournalRecord& r = chunk[i];
-          if (r.magic != kJournalMagic || !Intact(r) || r.version != kNvmeFormatVersion || r.seq <= last_seq ||
-              r.type < static_cast<uint8_t>(JournalType::kSegment) || r.type > static_cast<uint8_t>(JournalType::kFree)) {
-            break;
-          }
-          last_seq = r.seq;
-          replay->records.push_back(r);
-        }
-        good = off + i * kRec;
-        if (i < n) break;
-        off += n * kRec;
-      }
+    } else {
+      replay->format = format;
     }
+    // Stream the rest in chunks. A damaged record is skipped; whether it was
+    // the torn tail or damage is known once an intact record follows or not.
+    uint64_t damaged_since_good = format_ok ? 0 : 1;
+    std::vector<JournalRecord> chunk(4096);
+    for (uint64_t off = kRec; off + kRec <= file_size;) {
+      const size_t want = std::min<uint64_t>(chunk.size(), (file_size - off) / kRec);
+      const ssize_t got = pread(fd.get(), chunk.data(), want * kRec, static_cast<off_t>(off));
+      if (got < static_cast<ssize_t>(kRec)) break;
+      const size_t n = static_cast<size_t>(got) / kRec;
+      for (size_t i = 0; i < n; ++i) {
+        const JournalRecord& r = chunk[i];
+        if (r.magic != kJournalMagic || !Intact(r) || r.version != kNvmeFormatVersion || r.seq <= last_seq ||
+            r.type < static_cast<uint8_t>(JournalType::kSegment) || r.type > static_cast<uint8_t>(JournalType::kFree)) {
+          ++damaged_since_good;
+          continue;
+        }
+        last_seq = r.seq;
+        replay->records.push_back(r);
+        replay->records_damaged += damaged_since_good;
+        damaged_since_good = 0;
+        good = off + (i + 1) * kRec;
+      }
+      off += n * kRec;
+    }
+    // A damaged format record costs the journal only when nothing after it survived.
+    replay->format_damaged = !format_ok && good > 0;
   }
   if (good == 0) {
     // Empty, or not even the format record survived: start fresh.
@@ -289,6 +297,11 @@ absl::Status Journal::Rewrite(std::vector<JournalRecord> live, uint64_t generati
   ++stats_.rewrites;
   stats_.bytes = size_;
   return absl::OkStatus();
+}
+
+uint64_t Journal::ReserveSeq() {
+  MutexLock l(&mu_);
+  return next_seq_++;
 }
 
 JournalStats Journal::Stats() const {

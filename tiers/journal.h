@@ -12,8 +12,14 @@
 // per flush, so flushing (which also stalls the device's queue) stays a few
 // percent of write-back time.
 //
-// Open() replays the file: records are taken up to the first one that is torn
-// or damaged; that tail is cut off (and counted), never fatal.
+// Open() replays the file. Records have fixed size and place, so one damaged
+// record costs only itself: every intact record is kept, in seq order. Damaged
+// records after the last intact one are the torn tail of a crash: cut off
+// (and counted), never fatal. Damaged records with intact ones after them are
+// not a torn tail (a flipped bit, a bad sector): they are counted as damaged
+// and left for the owner, who cannot trust the journal alone any more and
+// rewrites it (Rewrite) once it has checked what it holds. Before, replay
+// stopped at the first damaged record and cut everything after it.
 #ifndef KVTIER_TIERS_JOURNAL_H_
 #define KVTIER_TIERS_JOURNAL_H_
 
@@ -47,10 +53,16 @@ struct JournalOptions {
 };
 
 struct JournalReplay {
-  JournalRecord format{};              // the file's format record
-  std::vector<JournalRecord> records;  // valid records after the format record
+  JournalRecord format{};              // the file's format record (the expected one when damaged)
+  std::vector<JournalRecord> records;  // intact records after the format record, in seq order
   uint64_t bytes_cut = 0;              // damaged tail removed
   uint64_t records_cut = 0;
+  // Damaged records followed by intact ones, the format record included: the
+  // records that are missing from `records` are unknown.
+  uint64_t records_damaged = 0;
+  // The format record is damaged: its generation high-water mark is lost and
+  // the layout could not be checked.
+  bool format_damaged = false;
   bool created = false;                // no journal existed
 };
 
@@ -90,6 +102,9 @@ class Journal {
   absl::Status Rewrite(std::vector<JournalRecord> live, uint64_t generation = 0);
 
   JournalStats Stats() const;
+  // Thread-safe. A seq no record has and below every later Append's: for
+  // records the owner builds for Rewrite.
+  uint64_t ReserveSeq();
 
  private:
   Journal(const JournalOptions& opts, UniqueFd fd, uint64_t next_seq, uint64_t size);

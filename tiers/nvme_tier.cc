@@ -220,7 +220,42 @@ absl::Status NvmeTier::Recover(std::vector<RecoveredBlock>* recovered) {
                                            &replay));
   recovery_.journal_bytes_cut = replay.bytes_cut;
   recovery_.journal_records_cut = replay.records_cut;
+  recovery_.journal_records_damaged = replay.records_damaged;
+  recovery_.journal_format_damaged = replay.format_damaged;
+  if (replay.records_damaged > 0) {
+    RETURN_IF_ERROR(RecoverByScan(replay, recovered));
+  } else {
+    RETURN_IF_ERROR(RecoverFromJournal(replay, recovered));
+  }
+  std::vector<JournalRecord> snapshot;
+  uint64_t generation = 0;
+  {
+    MutexLock l(&mu_);
+    for (Segment& seg : segments_) {
+      seg.free.clear();
+      for (uint32_t i = static_cast<uint32_t>(seg.slots.size()); i > 0; --i) {
+        if (!seg.slots[i - 1].allocated) seg.free.push_back(i - 1);
+      }
+      used_slots_ += seg.used;
+      used_bytes_ += uint64_t{seg.used} * seg.slot_bytes;
+    }
+    if (recovery_.scanned) {
+      snapshot = SnapshotLocked();
+      generation = last_generation_;
+    }
+  }
+  if (recovery_.scanned) {
+    // The journal now says what the slab proved, and nothing damaged. On
+    // failure the damaged journal stays and the next start checks again.
+    (void)journal_->Rewrite(std::move(snapshot), generation);
+  }
+  recovery_.blocks = recovered->size();
+  recovery_.seconds = static_cast<double>(MonotonicNanos() - t0) / 1e9;
+  journal_->SetPreCommitHook([this] { return SyncDirtyFiles(); });
+  return journal_->Sync();
+}
 
+absl::Status NvmeTier::RecoverFromJournal(const JournalReplay& replay, std::vector<RecoveredBlock>* recovered) {
   // What the journal says is live, then its headers checked on the device.
   struct Check {
     uint32_t segment, slot;
@@ -287,19 +322,152 @@ absl::Status NvmeTier::Recover(std::vector<RecoveredBlock>* recovered) {
       ++live_durable_;
       recovered->push_back(RecoveredBlock{Handle(c.segment, c.slot), s.meta});
     }
-    for (Segment& seg : segments_) {
-      seg.free.clear();
-      for (uint32_t i = static_cast<uint32_t>(seg.slots.size()); i > 0; --i) {
-        if (!seg.slots[i - 1].allocated) seg.free.push_back(i - 1);
-      }
-      used_slots_ += seg.used;
-      used_bytes_ += uint64_t{seg.used} * seg.slot_bytes;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NvmeTier::RecoverByScan(const JournalReplay& replay, std::vector<RecoveredBlock>* recovered) {
+  // Some records are damaged and what they said is unknown: a segment cut, an
+  // assignment, a free. So the journal's state is not replayed; instead every
+  // block an intact kAssign record names (the newest record of its slot, not
+  // older than its segment's newest intact cut) is read whole from the slab
+  // and kept only when its header is intact and matches the record and its
+  // payload matches the header's checksum. The record is still needed: it
+  // holds the block's tenant and token count, which the slot header does not,
+  // so a block whose record is the damaged one cannot be attributed and is
+  // not recovered. A block freed by a damaged kFree record comes back (its
+  // bytes are proven to be that block's).
+  recovery_.scanned = true;
+  uint32_t nseg;
+  {
+    MutexLock l(&mu_);
+    nseg = static_cast<uint32_t>(segments_.size());
+  }
+  std::vector<uint64_t> cut_seq(nseg, 0), cut_bytes(nseg, 0);
+  absl::flat_hash_map<uint64_t, size_t> newest;  // (segment, slot) -> index of its newest record
+  uint64_t max_generation = replay.format_damaged ? 0 : replay.format.generation;
+  for (size_t i = 0; i < replay.records.size(); ++i) {
+    const JournalRecord& r = replay.records[i];
+    max_generation = std::max(max_generation, r.generation);
+    if (r.segment >= nseg) continue;
+    if (r.type == static_cast<uint8_t>(JournalType::kSegment)) {
+      cut_seq[r.segment] = r.seq;
+      cut_bytes[r.segment] = r.slot_bytes;
+    } else {
+      newest[uint64_t{r.segment} << 32 | r.slot] = i;  // records are in seq order
     }
   }
-  recovery_.blocks = recovered->size();
-  recovery_.seconds = static_cast<double>(MonotonicNanos() - t0) / 1e9;
-  journal_->SetPreCommitHook([this] { return SyncDirtyFiles(); });
-  return journal_->Sync();
+  struct Probe {
+    const JournalRecord* rec;
+    uint64_t cut;   // slot size the segment is taken to be cut into
+    uint64_t next;  // another slot size to try when this one fails (0: none)
+    bool ok = false;
+  };
+  std::vector<Probe> probes;
+  for (const auto& [where, i] : newest) {
+    const JournalRecord& r = replay.records[i];
+    if (r.type != static_cast<uint8_t>(JournalType::kAssign) || r.seq < cut_seq[r.segment]) continue;
+    if (r.payload_bytes == 0 || r.payload_bytes > max_block_bytes()) continue;
+    // The slot size is the segment's newest intact cut; if that record is
+    // lost, the size the block's own length asks for.
+    const uint64_t own = SlotBytesFor(r.payload_bytes);
+    const uint64_t cut = cut_bytes[r.segment] >= own ? cut_bytes[r.segment] : own;
+    probes.push_back(Probe{&r, cut, cut == own ? 0 : own});
+  }
+  auto check = [&](std::vector<Probe*>& batch_probes) {
+    const uint64_t batch = std::max<uint32_t>(opts_.queue_depth, 1) * std::max<uint32_t>(opts_.io_workers, 1);
+    for (size_t begin = 0; begin < batch_probes.size(); begin += batch) {
+      const size_t end = std::min(batch_probes.size(), begin + batch);
+      for (size_t c = begin; c < end; ++c) {
+        Probe* p = batch_probes[c];
+        const JournalRecord& r = *p->rec;
+        const uint64_t total = SlotBytesFor(r.payload_bytes);
+        const uint64_t slots = std::min<uint64_t>(opts_.segment_bytes / p->cut, kMaxSlotsPerSegment);
+        if (r.slot >= slots || total > p->cut) continue;
+        uint32_t file;
+        uint64_t off;
+        {
+          MutexLock l(&mu_);
+          file = segments_[r.segment].file;
+          off = segments_[r.segment].file_offset + r.slot * p->cut;
+        }
+        ++recovery_.scan_checked;
+        // nullptr: larger than the whole staging pool, so it was never written.
+        std::byte* buf = staging_->Acquire(total);
+        if (buf == nullptr) continue;
+        engine_->Submit(IoOp{false, file, off, buf, static_cast<uint32_t>(total), IoPriority::kLoad,
+                             [this, p, buf, total](int32_t res) {
+                               const JournalRecord& r = *p->rec;
+                               SlotHeader h;
+                               std::memcpy(&h, buf, sizeof(h));
+                               p->ok = res == static_cast<int32_t>(total) && h.magic == kSlotHeaderMagic &&
+                                       Intact(h) && h.version == kNvmeFormatVersion &&
+                                       h.generation == r.generation && h.segment == r.segment && h.slot == r.slot &&
+                                       h.payload_bytes == r.payload_bytes && std::memcmp(h.ns, r.ns, 32) == 0 &&
+                                       std::memcmp(h.key, r.key, 32) == 0 &&
+                                       (r.payload_xxh3 == 0 || r.payload_xxh3 == h.payload_xxh3) &&
+                                       XXH3_64bits(buf + kSectorBytes, h.payload_bytes) == h.payload_xxh3;
+                               staging_->Release(buf);
+                             }});
+      }
+      engine_->Drain();
+      if (opts_.progress) opts_.progress(end, batch_probes.size());
+    }
+  };
+  std::vector<Probe*> todo;
+  for (Probe& p : probes) todo.push_back(&p);
+  check(todo);
+  todo.clear();
+  for (Probe& p : probes) {
+    if (!p.ok && p.next != 0) {
+      p.cut = p.next;
+      todo.push_back(&p);
+    }
+  }
+  check(todo);
+
+  // A segment holds one slot size: the one of its newest proven block.
+  std::vector<uint64_t> seg_cut(nseg, 0), seg_newest(nseg, 0);
+  for (const Probe& p : probes) {
+    if (!p.ok) continue;
+    max_generation = std::max(max_generation, p.rec->generation);
+    if (p.rec->generation >= seg_newest[p.rec->segment]) {
+      seg_newest[p.rec->segment] = p.rec->generation;
+      seg_cut[p.rec->segment] = p.cut;
+    }
+  }
+  MutexLock l(&mu_);
+  // Damaged records may have held newer generations than any intact one; a
+  // margin keeps a slot header they left from ever matching a new block.
+  last_generation_ = max_generation + (uint64_t{1} << 32);
+  for (uint32_t sg = 0; sg < nseg; ++sg) {
+    if (seg_cut[sg] == 0) continue;
+    CutSegment(segments_[sg], seg_cut[sg]);
+    segments_[sg].segment_seq = journal_->ReserveSeq();
+  }
+  for (const Probe& p : probes) {
+    const JournalRecord& r = *p.rec;
+    if (!p.ok || p.cut != seg_cut[r.segment]) {
+      ++recovery_.dropped;
+      continue;
+    }
+    Segment& seg = segments_[r.segment];
+    SlotState& s = seg.slots[r.slot];
+    s.allocated = true;
+    s.durable = true;
+    s.generation = r.generation;
+    s.assign_seq = journal_->ReserveSeq();
+    std::memcpy(s.meta.ns.bytes.data(), r.ns, 32);
+    std::memcpy(s.meta.key.bytes.data(), r.key, 32);
+    s.meta.payload_bytes = r.payload_bytes;
+    s.meta.tenant_hash = r.tenant_hash;
+    s.meta.block_tokens = r.block_tokens;
+    ++seg.used;
+    ++live_durable_;
+    ++recovery_.scan_recovered;
+    recovered->push_back(RecoveredBlock{Handle(r.segment, r.slot), s.meta});
+  }
+  return absl::OkStatus();
 }
 
 absl::Status NvmeTier::SyncDirtyFiles() {
@@ -543,6 +711,32 @@ void NvmeTier::Read(SlotHandle slot, const BlockMeta& meta, std::span<std::byte>
   engine_->Submit(std::move(op));
 }
 
+std::vector<JournalRecord> NvmeTier::SnapshotLocked() const {
+  std::vector<JournalRecord> out;
+  for (uint32_t sg = 0; sg < segments_.size(); ++sg) {
+    const Segment& seg = segments_[sg];
+    if (seg.slot_bytes == 0) continue;
+    JournalRecord r = RecordFor(JournalType::kSegment, sg, 0);
+    r.slot_bytes = seg.slot_bytes;
+    r.seq = seg.segment_seq;
+    out.push_back(r);
+    for (uint32_t i = 0; i < seg.slots.size(); ++i) {
+      const SlotState& s = seg.slots[i];
+      if (!s.allocated || !s.durable) continue;
+      JournalRecord a = RecordFor(JournalType::kAssign, sg, i);
+      a.seq = s.assign_seq;
+      a.generation = s.generation;
+      a.payload_bytes = s.meta.payload_bytes;
+      std::memcpy(a.ns, s.meta.ns.bytes.data(), 32);
+      std::memcpy(a.key, s.meta.key.bytes.data(), 32);
+      a.tenant_hash = s.meta.tenant_hash;
+      a.block_tokens = s.meta.block_tokens;
+      out.push_back(a);
+    }
+  }
+  return out;
+}
+
 void NvmeTier::MaybeCompact() {
   uint64_t live;
   {
@@ -557,27 +751,7 @@ void NvmeTier::MaybeCompact() {
   {
     MutexLock l(&mu_);
     generation = last_generation_;
-    for (uint32_t sg = 0; sg < segments_.size(); ++sg) {
-      const Segment& seg = segments_[sg];
-      if (seg.slot_bytes == 0) continue;
-      JournalRecord r = RecordFor(JournalType::kSegment, sg, 0);
-      r.slot_bytes = seg.slot_bytes;
-      r.seq = seg.segment_seq;
-      snapshot.push_back(r);
-      for (uint32_t i = 0; i < seg.slots.size(); ++i) {
-        const SlotState& s = seg.slots[i];
-        if (!s.allocated || !s.durable) continue;
-        JournalRecord a = RecordFor(JournalType::kAssign, sg, i);
-        a.seq = s.assign_seq;
-        a.generation = s.generation;
-        a.payload_bytes = s.meta.payload_bytes;
-        std::memcpy(a.ns, s.meta.ns.bytes.data(), 32);
-        std::memcpy(a.key, s.meta.key.bytes.data(), 32);
-        a.tenant_hash = s.meta.tenant_hash;
-        a.block_tokens = s.meta.block_tokens;
-        snapshot.push_back(a);
-      }
-    }
+    snapshot = SnapshotLocked();
   }
   (void)journal_->Rewrite(std::move(snapshot), generation);  // on failure the old journal stays valid
   compacting_.store(false);

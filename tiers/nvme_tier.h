@@ -5,7 +5,10 @@
 // the payload, written and read with O_DIRECT through an I/O engine (io_uring
 // where allowed, else a pread/pwrite thread pool). The journal records every
 // assignment after the data is durable; on start the journal is replayed and
-// every live slot's header checked, so durable blocks are served again.
+// every live slot's header checked, so durable blocks are served again. A
+// journal with damaged records (not just a torn tail) is not replayed: each
+// block an intact record names is kept only when its header and payload on
+// the slab verify, and the journal is rewritten (see RecoverByScan).
 //
 // A block whose header or checksum does not match what the index expects is
 // dropped, counted, and reported as DataLoss: never served.
@@ -57,6 +60,15 @@ struct NvmeRecovery {
   uint64_t dropped = 0;             // header did not match the journal
   uint64_t journal_bytes_cut = 0;   // damaged journal tail
   uint64_t journal_records_cut = 0;
+  // Damaged journal records that were not the torn tail (format record
+  // included). When there are any, the journal alone is not trusted: every
+  // block an intact record names is checked on the slab instead (header and
+  // payload checksums, see Recover), and the journal is rewritten.
+  uint64_t journal_records_damaged = 0;
+  bool journal_format_damaged = false;
+  bool scanned = false;             // recovered by checking the slab
+  uint64_t scan_checked = 0;        // slots read (header and payload)
+  uint64_t scan_recovered = 0;      // blocks that passed (also in `blocks`)
   double seconds = 0;
 };
 
@@ -142,6 +154,12 @@ class NvmeTier final : public Tier {
   absl::Status OpenFiles();
   absl::Status OpenEngine();
   absl::Status Recover(std::vector<RecoveredBlock>* recovered);
+  // The journal is intact but for a torn tail: replay it, check each live header.
+  absl::Status RecoverFromJournal(const JournalReplay& replay, std::vector<RecoveredBlock>* recovered);
+  // The journal has damaged records: keep only blocks the slab proves.
+  absl::Status RecoverByScan(const JournalReplay& replay, std::vector<RecoveredBlock>* recovered);
+  // Segment and live durable slot records, for Rewrite.
+  std::vector<JournalRecord> SnapshotLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyRecord(const JournalRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CutSegment(Segment& seg, uint64_t slot_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status SyncDirtyFiles();

@@ -127,26 +127,50 @@ TEST_F(JournalTest, UnsyncedGarbageAfterASyncIsDroppedNothingElse) {
   }
 }
 
-TEST_F(JournalTest, ABitFlipStopsReplayThere) {
+// One damaged record costs only itself: the records after it are intact and
+// kept, and the damage is reported (it is not a torn tail). Before, replay
+// stopped there and cut the five records after it.
+TEST_F(JournalTest, ABitFlipCostsOnlyThatRecord) {
   JournalReplay replay;
   {
     auto j = Open(&replay);
     for (uint32_t i = 0; i < 10; ++i) j->Append(Assign(0, i, 1));
     ASSERT_TRUE(j->Sync().ok());
   }
-  {
-    // Flip one bit inside record 5 (after the format record).
-    const off_t at = static_cast<off_t>(sizeof(JournalRecord) * 6 + 40);
-    const int fd = open(path_.c_str(), O_RDWR);
-    char c;
-    ASSERT_EQ(pread(fd, &c, 1, at), 1);
-    c ^= 0x10;
-    ASSERT_EQ(pwrite(fd, &c, 1, at), 1);
-    close(fd);
-  }
+  // Flip one bit inside record 5 (after the format record).
+  ASSERT_TRUE(testing::FlipByteOnDisk(path_, static_cast<off_t>(sizeof(JournalRecord) * 6 + 40)));
   Open(&replay);
-  EXPECT_EQ(replay.records.size(), 5u);
-  EXPECT_EQ(replay.records_cut, 5u);
+  ASSERT_EQ(replay.records.size(), 9u);
+  EXPECT_EQ(replay.records_damaged, 1u);
+  EXPECT_EQ(replay.records_cut, 0u);
+  EXPECT_FALSE(replay.format_damaged);
+  for (size_t i = 0; i < replay.records.size(); ++i) EXPECT_EQ(replay.records[i].slot, i < 5 ? i : i + 1);
+}
+
+// A damaged format record does not cost the records after it.
+TEST_F(JournalTest, ADamagedFormatRecordKeepsTheRecordsAfterIt) {
+  JournalReplay replay;
+  {
+    auto j = Open(&replay);
+    for (uint32_t i = 0; i < 10; ++i) j->Append(Assign(0, i, 1));
+    ASSERT_TRUE(j->Sync().ok());
+  }
+  ASSERT_TRUE(testing::FlipByteOnDisk(path_, 20));
+  auto j = Open(&replay);
+  EXPECT_TRUE(replay.format_damaged);
+  EXPECT_EQ(replay.records_damaged, 1u);
+  ASSERT_EQ(replay.records.size(), 10u);
+  // The owner rewrites it; appends continue after every seq it has seen.
+  const uint64_t seq = j->ReserveSeq();
+  EXPECT_GT(seq, replay.records.back().seq);
+  ASSERT_TRUE(j->Rewrite({replay.records.begin(), replay.records.end()}).ok());
+  j->Append(Assign(1, 0, 2));
+  ASSERT_TRUE(j->Sync().ok());
+  j.reset();
+  Open(&replay);
+  EXPECT_FALSE(replay.format_damaged);
+  EXPECT_EQ(replay.records_damaged, 0u);
+  EXPECT_EQ(replay.records.size(), 11u);
 }
 
 TEST_F(JournalTest, AnotherLayoutIsRefusedWithAReason) {
