@@ -252,6 +252,11 @@ Result<uint32_t> WaitProgress(ClientImpl& c, const DeviceLoad& load, std::atomic
                               uint32_t target, std::chrono::nanoseconds timeout) {
   auto it = c.ops.find(load.op);
   if (it == c.ops.end() || it->second.progress == nullptr) {
+    // Finished, its outcome not yet collected by FinishLoad: every layer is in.
+    if (auto done = c.finished_loads.find(load.op); done != c.finished_loads.end()) {
+      if (!done->second.status.ok()) return done->second.status;
+      return done->second.loaded;
+    }
     return Status(ErrorCode::kNotFound, absl::StrCat("load ", load.op, " is not outstanding (already finished?)"));
   }
   ipc::DeviceLoadProgress* p = it->second.progress;
@@ -264,11 +269,16 @@ Result<uint32_t> WaitProgress(ClientImpl& c, const DeviceLoad& load, std::atomic
     if (p->failed.load(std::memory_order_acquire) != 0) {
       return Status(ErrorCode::kIo, "the load into the engine's cache failed; FinishLoad says why");
     }
-    // The operation may have completed with an error before any layer.
+    // The operation may have completed (with an error before any layer, or
+    // successfully since `now_at` was read: the daemon publishes every layer
+    // before it posts the completion). Its outcome is kept for FinishLoad.
     if (std::optional<ipc::CompletionRecord> done_op = c.ring->TryTake(load.op)) {
+      uint32_t loaded = 0;
+      it->second.value = &loaded;
       Status s = c.Finish(load.op, *done_op);
+      c.finished_loads[load.op] = ClientImpl::FinishedLoad{s, loaded};
       if (!s.ok()) return s;
-      return Status(ErrorCode::kIo, "the load ended before its layers arrived");
+      return loaded;
     }
     if (Status h = ToPublic(c.ring->health()); !h.ok()) return h;
     const auto now = std::chrono::steady_clock::now();
@@ -319,6 +329,12 @@ Result<uint32_t> Client::StreamWaitLayers(const DeviceLoad& load, uint32_t layer
 
 Result<uint32_t> Client::FinishLoad(const DeviceLoad& load, std::chrono::nanoseconds timeout) {
   ClientImpl& c = *impl_;
+  if (auto done = c.finished_loads.find(load.op); done != c.finished_loads.end()) {
+    const ClientImpl::FinishedLoad f = done->second;
+    c.finished_loads.erase(done);
+    if (!f.status.ok()) return f.status;
+    return f.loaded;
+  }
   auto it = c.ops.find(load.op);
   if (it == c.ops.end()) {
     return Status(ErrorCode::kNotFound, absl::StrCat("load ", load.op, " is not outstanding"));

@@ -59,6 +59,13 @@ class ClientImpl {
     uint32_t layers = 0;                          // kLoadDevice
   };
   absl::flat_hash_map<OpId, OpState> ops;
+  // Device loads whose completion a layer wait took before FinishLoad asked
+  // for it: FinishLoad answers from here (the load's outcome and count).
+  struct FinishedLoad {
+    Status status;
+    uint32_t loaded = 0;
+  };
+  absl::flat_hash_map<OpId, FinishedLoad> finished_loads;
 
   // An engine KV cache this client registered, in the engine's own addresses
   // (for client-driven copies on the engine's stream).
