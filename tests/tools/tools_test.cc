@@ -13,6 +13,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -152,6 +153,85 @@ TEST(ToolsTest, CapacityPlannerNamesWhatIsMissing) {
   o = RunCommand(ctl + " capacity -m " + no_dtype + " --dtype float16 --trace " + bad_trace + " 2>&1");
   EXPECT_EQ(o.exit_code, 4);
   EXPECT_NE(o.out.find("bad.jsonl:2"), std::string::npos) << "the line at fault: " << o.out;
+}
+
+// Whatever a model's config.json or a trace holds, `kvtierctl capacity`
+// exits 4 with one line naming the file and the field; before, a product of
+// dimensions that wrapped to 0 was a division by zero (SIGFPE) and a wrong
+// type was an uncaught exception.
+TEST(ToolsTest, CapacityPlannerRefusesHostileInputWithExit4) {
+  testing::TempDir dir;
+  const std::string ctl = Tool("kvtierctl");
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir.File(name), std::ios::binary) << text;
+    return dir.File(name);
+  };
+  const std::string base = R"("num_hidden_layers": 2, "hidden_size": 64, "torch_dtype": "float16")";
+  const std::vector<std::pair<std::string, std::string>> models = {  // text, what the message names
+      {"{" + base + R"(, "num_attention_heads": 0})", "num_attention_heads"},
+      {"{" + base + R"(, "num_attention_heads": 4, "num_key_value_heads": 0})", "num_key_value_heads"},
+      {"{" + base + R"(, "num_attention_heads": -4})", "num_attention_heads"},
+      {"{" + base + R"(, "num_attention_heads": "4"})", "num_attention_heads"},
+      {"{" + base + R"(, "num_attention_heads": [4]})", "num_attention_heads"},
+      {"{" + base + R"(, "num_attention_heads": 4, "head_dim": 1e999})", "not valid JSON"},
+      {"{" + base + R"(, "num_attention_heads": 4, "head_dim": 18446744073709551616})", "head_dim"},
+      {R"({"num_hidden_layers": 16777216, "hidden_size": 16777216, "num_attention_heads": 16777216,
+          "head_dim": 16777216, "torch_dtype": "float32"})", "64 bits"},
+      {R"({"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "torch_dtype": 2})", "torch_dtype"},
+      {"[]", "not a JSON object"},
+      {"NaN", "not valid JSON"},
+      {R"({"text_config": {"x": )" + std::string(200000, '[') + std::string(200000, ']') + "}}", "nested deeper"},
+  };
+  for (const auto& [text, field] : models) {
+    for (const char* dtype : {"", " --dtype bfloat16"}) {
+      if (field == "torch_dtype" && *dtype != '\0') continue;  // --dtype replaces it
+      Output o = RunCommand(ctl + " capacity -m " + write("model.json", text) + dtype + " --seq 100 2>&1");
+      EXPECT_EQ(o.exit_code, 4) << text.substr(0, 200) << dtype << ": " << o.out;
+      EXPECT_NE(o.out.find(field), std::string::npos) << text.substr(0, 200) << ": " << o.out;
+      EXPECT_EQ(std::count(o.out.begin(), o.out.end(), '\n'), 1) << "one line: " << o.out;
+    }
+  }
+  // Dimensions that fit, but whose blocks do not: --block-tokens times the
+  // bytes per token (2^61) passes 64 bits.
+  const std::string big = write("big.json", R"({"num_hidden_layers": 16777216, "hidden_size": 16777216,
+      "num_attention_heads": 16777216, "head_dim": 16777216, "num_key_value_heads": 4096, "torch_dtype": "int8"})");
+  Output o = RunCommand(ctl + " capacity -m " + big + " --seq 1 --block-tokens 16 2>&1");
+  EXPECT_EQ(o.exit_code, 4) << o.out;
+  EXPECT_NE(o.out.find("64 bits"), std::string::npos) << o.out;
+
+  const std::string model = write("ok.json", "{" + base + R"(, "num_attention_heads": 4})");
+  const std::vector<std::pair<std::string, std::string>> traces = {
+      {"{\"input_length\": -5}\n", "trace.jsonl:1: \"input_length\""},
+      {"{\"input_length\": \"5\"}\n", "trace.jsonl:1: \"input_length\""},
+      {"{\"input_length\": 5, \"hash_ids\": 7}\n", "trace.jsonl:1: \"hash_ids\""},
+      {"{\"input_length\": 5, \"hash_ids\": [\"a\"]}\n", "trace.jsonl:1: \"hash_ids\""},
+      {"{\"input_length\": 5, \"timestamp\": \"noon\"}\n", "trace.jsonl:1: \"timestamp\""},
+      {"{\"input_length\": 5}\n{\"input_length\": 18446744073709551615}\n", "trace.jsonl:2: \"input_length\""},
+      {"{\"input_length\": 5}\n{\"input_len", "trace.jsonl:2: not a trace record"},
+      {std::string("\x00\xff\xfe\x1b[2J\n", 7), "trace.jsonl:1: not a trace record"},
+      {"{\"input_length\": 5, \"hash_ids\": [" + std::string(300000, '1') + "]}\n", "trace.jsonl:1: "},
+      {"{\"input_length\": 5, \"x\": " + std::string(100000, '[') + "\n", "trace.jsonl:1: not a trace record"},
+  };
+  for (const auto& [text, what] : traces) {
+    o = RunCommand(ctl + " capacity -m " + model + " --trace " + write("trace.jsonl", text) + " 2>&1");
+    EXPECT_EQ(o.exit_code, 4) << text.substr(0, 100) << ": " << o.out;
+    EXPECT_NE(o.out.find(what), std::string::npos) << text.substr(0, 100) << ": " << o.out;
+    EXPECT_EQ(std::count(o.out.begin(), o.out.end(), '\n'), 1) << "one line: " << o.out;
+  }
+  // Lengths each in range whose sum is not: 1024 requests of 2^25 tokens,
+  // 2^35 tokens of 2^30 bytes, pass 64 bits (they wrapped before).
+  std::string many;
+  for (int i = 0; i < 1024; ++i) many += "{\"input_length\": 33554432}\n";
+  const std::string huge = write("huge.json", R"({"num_hidden_layers": 16777216, "hidden_size": 64,
+      "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 16, "torch_dtype": "int8"})");
+  o = RunCommand(ctl + " capacity -m " + huge + " --trace " + write("many.jsonl", many) + " 2>&1");
+  EXPECT_EQ(o.exit_code, 4) << o.out;
+  EXPECT_NE(o.out.find("64 bits"), std::string::npos) << o.out;
+  // A line past 1 MiB is refused without being held whole.
+  std::ofstream(dir.File("long.jsonl")) << "{\"input_length\": 5, \"pad\": \"" << std::string(2 << 20, 'x') << "\"}\n";
+  o = RunCommand(ctl + " capacity -m " + model + " --trace " + dir.File("long.jsonl") + " 2>&1");
+  EXPECT_EQ(o.exit_code, 4) << o.out.substr(0, 200);
+  EXPECT_NE(o.out.find("long.jsonl:1: a line longer than 1 MiB"), std::string::npos) << o.out.substr(0, 200);
 }
 
 // Every kvtierctl command against a live daemon, in both output forms.
