@@ -490,8 +490,66 @@ TEST(ToolsTest, ReplayRefusesAMalformedTraceNamingTheLine) {
   const std::string trace = dir.File("bad.jsonl");
   std::ofstream(trace) << R"({"timestamp": 0, "input_length": 600, "hash_ids": [1]})" << "\n{oops\n";
   Output o = RunCommand(Tool("kvtier-replay") + " --trace " + trace + " 2>&1");
-  EXPECT_EQ(o.exit_code, 2);
+  EXPECT_EQ(o.exit_code, 4) << "a bad input file";
   EXPECT_NE(o.out.find("bad.jsonl:2"), std::string::npos) << o.out;
+}
+
+// Whatever a trace holds, kvtier-replay exits 4 naming the line: never a
+// crash (a string timestamp was an uncaught exception), a giant allocation
+// (a line of gigabytes was read whole) or an endless wait (a negative
+// timestamp read as 2^64 - 5 ms, slept on with --speed).
+TEST(ToolsTest, ReplayRefusesHostileTracesWithExit4) {
+  testing::TempDir dir;
+  const std::string ok = R"({"timestamp": 0, "input_length": 600, "hash_ids": [1]})";
+  const std::vector<std::pair<std::string, std::string>> traces = {
+      {ok + "\n{\"timestamp\": \"noon\", \"input_length\": 600, \"hash_ids\": [1]}\n", "t.jsonl:2: \"timestamp\""},
+      {ok + "\n{\"timestamp\": -5, \"input_length\": 600, \"hash_ids\": [1]}\n", "t.jsonl:2: \"timestamp\""},
+      {ok + "\n{\"timestamp\": 1e300, \"input_length\": 600, \"hash_ids\": [1]}\n", "t.jsonl:2: \"timestamp\""},
+      {ok + "\n{\"timestamp\": 0, \"input_length\": 1099511627776, \"hash_ids\": [1]}\n",
+       "t.jsonl:2: \"input_length\""},
+      {ok + "\n{\"timestamp\": 0, \"input_length\": -1, \"hash_ids\": [1]}\n", "t.jsonl:2: \"input_length\""},
+      {ok + "\n{\"timestamp\": 0, \"input_length\": [600], \"hash_ids\": [1]}\n", "t.jsonl:2: \"input_length\""},
+      {ok + "\n{\"timestamp\": 0, \"input_length\": 600}\n", "t.jsonl:2: no \"hash_ids\""},
+      {ok + "\n{\"timestamp\": 0, \"input_length\": 600, \"hash_ids\": {\"a\": 1}}\n", "t.jsonl:2: \"hash_ids\""},
+      {ok + "\n{\"timestamp\": 0, \"input_length\": 600, \"hash_ids\": [1, \"2\"]}\n", "t.jsonl:2: \"hash_ids\""},
+      {ok + "\n{\"timestamp\": 0, \"input_length\": 600, \"hash_ids\": [1, -2]}\n", "t.jsonl:2: \"hash_ids\""},
+      {ok + "\n{\"timestamp\": 0, \"input_le", "t.jsonl:2: not a trace record"},
+      {ok + "\n" + std::string("\x7f" "ELF\x02\x01\x00\xff\xfe\x1b[2J", 13) + "\n", "t.jsonl:2: not a trace record"},
+      {ok + "\n{\"x\": " + std::string(100000, '[') + "\n", "t.jsonl:2: not a trace record"},
+  };
+  for (const auto& [text, what] : traces) {
+    std::ofstream(dir.File("t.jsonl"), std::ios::binary) << text;
+    for (const char* mode : {" --simulate --tier host=1M", " --speed 1 --socket /nonexistent"}) {
+      Output o = RunCommand(Tool("kvtier-replay") + mode + " --trace " + dir.File("t.jsonl") + " 2>&1");
+      EXPECT_EQ(o.exit_code, 4) << text.substr(0, 120) << mode << ": " << o.out;
+      EXPECT_NE(o.out.find(what), std::string::npos) << text.substr(0, 120) << ": " << o.out;
+    }
+  }
+  // Too many hash_ids for one line, within 1 MiB.
+  {
+    std::ofstream f(dir.File("t.jsonl"));
+    f << "{\"timestamp\": 0, \"input_length\": 600, \"hash_ids\": [0";
+    for (int i = 0; i < 70000; ++i) f << ",1";
+    f << "]}\n";
+  }
+  Output o = RunCommand(Tool("kvtier-replay") + " --simulate --tier host=1M --trace " + dir.File("t.jsonl") + " 2>&1");
+  EXPECT_EQ(o.exit_code, 4) << o.out;
+  EXPECT_NE(o.out.find("t.jsonl:1: more than 65536 hash_ids"), std::string::npos) << o.out;
+  // A line of 64 MiB without a newline: refused at 1 MiB, not held whole.
+  {
+    std::ofstream f(dir.File("t.jsonl"));
+    const std::string chunk(1 << 20, ' ');
+    f << "{\"timestamp\": 0, \"input_length\": 600, \"hash_ids\": [1]";
+    for (int i = 0; i < 64; ++i) f << chunk;
+  }
+  o = RunCommand("ulimit -v 1000000; " + Tool("kvtier-replay") + " --simulate --tier host=1M --trace " +
+                 dir.File("t.jsonl") + " 2>&1");
+  EXPECT_EQ(o.exit_code, 4) << o.out.substr(0, 300);
+  EXPECT_NE(o.out.find("t.jsonl:1: a line longer than 1 MiB"), std::string::npos) << o.out.substr(0, 300);
+  // The bounds are documented where the option is.
+  o = RunCommand(Tool("kvtier-replay") + " --help");
+  EXPECT_NE(o.out.find("at most 1 MiB"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("4 the trace"), std::string::npos) << o.out;
 }
 
 TEST(ToolsTest, ReplayOfTheSyntheticChatReusesEarlierTurnsAndVerifiesEveryByte) {
