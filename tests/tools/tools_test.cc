@@ -1,5 +1,6 @@
 // The tools as a user runs them: real binaries against a real kvtierd,
 // checking what they print and how they exit.
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -10,12 +11,16 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "core/unique_fd.h"
+#include "ipc/unix_socket.h"
 #include "nlohmann/json.hpp"
 #include "tests/support/test_support.h"
 
@@ -232,6 +237,150 @@ TEST(ToolsTest, CapacityPlannerRefusesHostileInputWithExit4) {
   o = RunCommand(ctl + " capacity -m " + model + " --trace " + dir.File("long.jsonl") + " 2>&1");
   EXPECT_EQ(o.exit_code, 4) << o.out.substr(0, 200);
   EXPECT_NE(o.out.find("long.jsonl:1: a line longer than 1 MiB"), std::string::npos) << o.out.substr(0, 200);
+}
+
+// A fake kvtierd: answers every admin connection with the same bytes.
+class FakeAdmin {
+ public:
+  explicit FakeAdmin(const std::string& path) : path_(path) {
+    auto fd = ipc::ListenUnix(path, SOCK_STREAM, 0600);
+    EXPECT_TRUE(fd.ok()) << fd.status();
+    if (fd.ok()) listen_ = std::move(*fd);
+    thread_ = std::thread([this] { Serve(); });
+  }
+  ~FakeAdmin() {
+    shutdown(listen_.get(), SHUT_RDWR);  // accept() returns
+    thread_.join();
+  }
+  void Answer(std::string a) {
+    std::lock_guard<std::mutex> l(mu_);
+    answer_ = std::move(a);
+  }
+  // A JSON text written over several lines for the reader, as one line.
+  void AnswerLine(std::string a) {
+    std::replace(a.begin(), a.end(), '\n', ' ');
+    Answer(a + "\n");
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  void Serve() {
+    for (;;) {
+      const int c = accept(listen_.get(), nullptr, nullptr);
+      if (c < 0) {
+        if (errno == EINTR) continue;
+        return;
+      }
+      char buf[4096];
+      std::string req;
+      while (req.find('\n') == std::string::npos) {
+        const ssize_t n = read(c, buf, sizeof(buf));
+        if (n <= 0) break;
+        req.append(buf, size_t(n));
+      }
+      std::string a;
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        a = answer_;
+      }
+      for (size_t off = 0; off < a.size();) {
+        const ssize_t n = send(c, a.data() + off, a.size() - off, MSG_NOSIGNAL);
+        if (n <= 0) break;  // kvtierctl stopped reading
+        off += size_t(n);
+      }
+      close(c);
+    }
+  }
+  std::string path_;
+  UniqueFd listen_;
+  std::mutex mu_;
+  std::string answer_;
+  std::thread thread_;
+};
+
+// Whatever listens on the admin socket, kvtierctl exits 0, 3 or 4 with a
+// message: never an uncaught exception (a wrong type read with get<>, a
+// missing key read with operator[]), a stack overflow or an endless read;
+// and no terminal control sequence from the daemon's strings reaches the
+// terminal.
+TEST(ToolsTest, KvtierctlSurvivesAHostileDaemon) {
+  testing::TempDir dir;
+  FakeAdmin fake(dir.File("admin.sock"));
+  const std::string ctl = Tool("kvtierctl") + " --socket " + fake.path();
+  const std::vector<std::string> commands = {"status", "tiers", "sessions", "tenants", "top -n 1 -i 0.05",
+                                             "blocks ls", "blocks inspect 00", "evict --tenant a", "flush",
+                                             "drain", "config show"};
+  // Answers that are not an admin response at all: exit 3, with why.
+  const std::vector<std::pair<std::string, std::string>> unreadable = {
+      {"not json\n", "not valid JSON"},
+      {"[1, 2]\n", "not a JSON object"},
+      {"{\"ok\": \"yes\"}\n", "\"ok\""},
+      {"{\"ok\": 1}\n", "\"ok\""},
+      {"{\"ok\": true, \"config\": " + std::string(1000000, '[') + std::string(1000000, ']') + "}\n", "nested deeper"},
+      {std::string(17u << 20, 'x'), "longer than 16 MiB"},
+  };
+  for (const auto& [answer, why] : unreadable) {
+    fake.Answer(answer);
+    for (const std::string& cmd : {std::string("status"), std::string("config show")}) {
+      Output o = RunCommand(ctl + " " + cmd + " 2>&1");
+      EXPECT_EQ(o.exit_code, 3) << cmd << " <- " << answer.substr(0, 60) << ": " << o.out.substr(0, 300);
+      EXPECT_NE(o.out.find(why), std::string::npos) << cmd << " <- " << answer.substr(0, 60) << ": " << o.out;
+    }
+  }
+  // A refusal whose error is not a string.
+  fake.Answer("{\"ok\": false, \"error\": {\"x\": 1}}\n");
+  EXPECT_EQ(RunCommand(ctl + " status 2>/dev/null").exit_code, 3);
+
+  // Objects of the wrong shape: every field missing, or of another type.
+  // The printers show "-" (or 0) where a field cannot be read.
+  const std::string wrong = R"({"ok": true, "version": 7, "pid": "x", "uptime_s": "long", "device": [1],
+      "tiers": [5, {"tier": 3, "capacity_bytes": "lots", "used_bytes": -1, "policies": 2}, [], "host"],
+      "tenants": {"name": "a"}, "sessions": [1, {"id": "s", "client": 5, "model": null}],
+      "cost_model": [], "stats": {"hit_rate": "high", "lookups": {"n": 1}}, "blocks": [7, {"key": 5,
+      "tiers": "host", "moving": "yes"}], "config": {"a": {"b": [1, {"c": 2}]}}, "failed": "none",
+      "timed_out": 1, "evicted": [], "tenant": 4, "journal": 5})";
+  for (const std::string& answer : {std::string("{\"ok\": true}"), wrong,
+                                    std::string(R"({"ok": true, "tiers": 5, "tenants": 5, "sessions": 5,
+                                        "stats": 5, "cost_model": 5, "blocks": 5, "config": 5})")}) {
+    fake.AnswerLine(answer);
+    for (const std::string& cmd : commands) {
+      for (const std::string form : {"", " --json"}) {
+        Output o = RunCommand(ctl + form + " " + cmd + " 2>&1");
+        EXPECT_TRUE(o.exit_code == 0 || o.exit_code == 3)
+            << cmd << form << " <- " << answer << ": exit " << o.exit_code << ": " << o.out;
+        EXPECT_EQ(o.out.find("terminate"), std::string::npos) << cmd << form << ": " << o.out;
+      }
+    }
+  }
+  fake.AnswerLine(wrong);
+  Output o = RunCommand(ctl + " status 2>&1");
+  EXPECT_EQ(o.exit_code, 0) << o.out;
+  EXPECT_NE(o.out.find("kvtierd 7  pid x  up "), std::string::npos) << o.out;
+
+  // Control characters in a client name, a model id, a tenant: '?' in the
+  // tables (C0, DEL, C1 as UTF-8 and as a stray byte), kept escaped in --json.
+  const std::string evil = "e\\u001b]0;pwned\\u0007v\\u007fi\\u009bl\\u202e";
+  fake.AnswerLine(R"({"ok": true, "version": "1\u001b[2J", "tiers": [{"tier": "host\u001b[31m", "health": "ok"}],
+      "tenants": [{"name": ")" + evil + R"("}], "sessions": [{"id": 1, "client": ")" + evil + R"(", "model": ")" +
+              evil + R"("}], "blocks": [{"key": ")" + evil + R"(", "tenant": ")" + evil + R"("}],
+      "config": {")" + evil + R"(": ")" + evil + R"("}, "tenant": ")" + evil + R"("})");
+  for (const std::string& cmd : commands) {
+    o = RunCommand(ctl + " " + cmd + " 2>&1");
+    const std::string shown = cmd == "top -n 1 -i 0.05" ? o.out.substr(o.out.find("\033[2J") + 4) : o.out;
+    for (size_t i = 0; i < shown.size(); ++i) {
+      const uint8_t c = static_cast<uint8_t>(shown[i]);
+      const bool control = (c < 0x20 && c != '\n') || c == 0x7f ||
+                           (c == 0xc2 && i + 1 < shown.size() && uint8_t(shown[i + 1]) >= 0x80 &&
+                            uint8_t(shown[i + 1]) < 0xa0);
+      ASSERT_FALSE(control) << cmd << ": byte " << int(c) << " at " << i << " of " << shown;
+    }
+    EXPECT_EQ(shown.find("\xe2\x80\xae"), std::string::npos) << cmd << ": a bidi override: " << shown;
+  }
+  o = RunCommand(ctl + " sessions");
+  EXPECT_NE(o.out.find("e?]0;pwned?v?i?l?"), std::string::npos) << o.out;
+  o = RunCommand(ctl + " --json sessions");
+  EXPECT_EQ(o.exit_code, 0);
+  EXPECT_EQ(nlohmann::json::parse(o.out)["sessions"][0]["client"], "e\x1b]0;pwned\x07v\x7fi\xc2\x9bl\xe2\x80\xae");
 }
 
 // Every kvtierctl command against a live daemon, in both output forms.
