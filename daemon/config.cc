@@ -209,6 +209,108 @@ absl::Status ReadTenants(const toml::array& arr, std::string_view origin, Config
   return absl::OkStatus();
 }
 
+// toml++ recurses once per level of a dotted key ("a.a.a...": 100000
+// levels overflowed the stack, in kvtierd at start or on SIGHUP), and its
+// own bound (256 nested arrays or inline tables) does not count the dotted
+// keys within them. So before the text reaches toml++: at most
+// kMaxConfigBytes, and no key nested deeper than kMaxConfigDepth, counting
+// the open arrays and inline tables around it and the parts of its dotted
+// name (a [table.header] counts its parts too). A lexical scan: strings
+// (all four kinds) and comments are skipped, so dots and brackets in them
+// do not count; what is not TOML is left for toml++ to reject.
+constexpr size_t kMaxConfigBytes = 1u << 20;
+constexpr size_t kMaxConfigDepth = 32;
+
+absl::Status CheckConfigShape(std::string_view text, std::string_view origin) {
+  if (text.size() > kMaxConfigBytes) {
+    return absl::InvalidArgumentError(
+        Cat(origin, ": ", text.size(), " bytes; a config may hold at most ", kMaxConfigBytes >> 20, " MiB"));
+  }
+  size_t line = 1;
+  std::vector<char> open;    // '[' (an array value) or '{' (an inline table)
+  bool in_key = true;        // reading a key: before its '='
+  bool line_start = true;    // nothing but blanks yet on a statement's line
+  bool header = false;       // inside [a.b] or [[a.b]]
+  size_t parts = 1;          // parts of the key being read
+  auto too_deep = [&] {
+    return absl::InvalidArgumentError(Cat(origin, ":", line, ": keys, arrays and inline tables nested deeper than ",
+                                          kMaxConfigDepth, " levels"));
+  };
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '\n') {
+      ++line;
+      if (open.empty()) {  // a statement ends with its line unless an array is open
+        in_key = true;
+        header = false;
+        parts = 1;
+        line_start = true;
+      }
+      continue;
+    }
+    if (c == '#') {  // a comment, to the end of the line
+      while (i + 1 < text.size() && text[i + 1] != '\n') ++i;
+      continue;
+    }
+    if (c == '"' || c == '\'') {
+      const std::string_view quote = text.substr(i, 1);
+      const bool multi = text.substr(i, 3) == std::string(3, c);
+      const std::string_view close = text.substr(i, multi ? 3 : 1);
+      size_t j = i + close.size();
+      while (j < text.size() && text.substr(j, close.size()) != close) {
+        if (text[j] == '\n') {
+          if (!multi) break;  // unterminated: toml++ says so
+          ++line;
+        }
+        // A basic string's escape: the next byte is not its end.
+        if (quote == "\"" && text[j] == '\\' && j + 1 < text.size()) {
+          if (text[j + 1] == '\n') ++line;
+          ++j;
+        }
+        ++j;
+      }
+      // Past the closing quote(s); a newline that ended an unterminated
+      // string is left for the loop to count.
+      i = j < text.size() && text[j] == '\n' ? j - 1 : std::min(text.size(), j + close.size()) - 1;
+      line_start = false;
+      continue;
+    }
+    if (c == ' ' || c == '\t' || c == '\r') continue;
+    if (line_start && open.empty() && c == '[') {
+      header = true;
+      line_start = false;
+      if (i + 1 < text.size() && text[i + 1] == '[') ++i;
+      continue;
+    }
+    line_start = false;
+    if (in_key || header) {
+      if (c == '.') {
+        if (open.size() + ++parts > kMaxConfigDepth) return too_deep();
+      } else if (c == ']' && header) {
+        header = false;
+        in_key = false;
+      } else if (c == '=' && !header) {
+        in_key = false;
+      }
+      continue;
+    }
+    if (c == '[' || c == '{') {
+      open.push_back(c);
+      if (open.size() > kMaxConfigDepth) return too_deep();
+      if (c == '{') {
+        in_key = true;
+        parts = 1;
+      }
+    } else if ((c == ']' || c == '}') && !open.empty()) {
+      open.pop_back();
+    } else if (c == ',' && !open.empty() && open.back() == '{') {
+      in_key = true;
+      parts = 1;
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::vector<std::string> Config::NvmeDirs() const {
@@ -233,6 +335,7 @@ Config DefaultConfig() {
 }
 
 absl::StatusOr<Config> ParseConfig(std::string_view toml_text, std::string_view origin) {
+  RETURN_IF_ERROR(CheckConfigShape(toml_text, origin));
   // Debian's toml++ is built with exceptions; they stop here.
   toml::table root;
   try {
@@ -355,9 +458,12 @@ absl::StatusOr<Config> LoadConfigFile(const std::string& path) {
     }
     return absl::PermissionDeniedError(Cat("cannot read config file ", path));
   }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ParseConfig(ss.str(), path);
+  // One byte past the bound is enough for ParseConfig to refuse the file:
+  // a huge one (or /dev/zero) is not read into memory.
+  std::string text(kMaxConfigBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  return ParseConfig(text, path);
 }
 
 absl::Status ValidateConfig(const Config& c) {

@@ -4,8 +4,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "core/bounded_json.h"
 #include "core/status.h"
 #include "ipc/unix_socket.h"
 
@@ -19,9 +21,14 @@ absl::StatusOr<nlohmann::json> AdminCall(const std::string& socket_path,
   // A daemon that refuses this peer answers at once and closes, possibly
   // before the request is written: read its answer even when the write failed.
   const absl::Status wrote = WriteAll(fd.get(), request.dump() + "\n");
+  // The answer is untrusted (whatever listens on the socket may be fake or
+  // broken): bounded in length, in time and in nesting, and every way it
+  // can be wrong is a status, never an exception.
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
   std::string line;
+  size_t newline = std::string::npos;
   char buf[65536];
-  while (line.find('\n') == std::string::npos) {
+  while (newline == std::string::npos) {
     ssize_t n = read(fd.get(), buf, sizeof(buf));
     if (n < 0) {
       if (errno == EINTR) continue;
@@ -36,18 +43,38 @@ absl::StatusOr<nlohmann::json> AdminCall(const std::string& socket_path,
       return absl::UnavailableError(
           absl::StrCat("kvtierd closed the admin connection on ", socket_path, " without answering"));
     }
+    // Only the new bytes can hold the newline: searching the whole line
+    // each time was quadratic, seconds of CPU for a 16 MiB answer.
+    const size_t before = line.size();
     line.append(buf, static_cast<size_t>(n));
-    if (line.size() > kMaxAdminLine) return absl::DataLossError("admin response too long");
+    newline = line.find('\n', before);
+    if ((newline == std::string::npos ? line.size() : newline) > kMaxAdminLine) {
+      return absl::DataLossError(absl::StrCat("kvtierd's admin response is longer than ", kMaxAdminLine >> 20, " MiB"));
+    }
+    // The socket timeout bounds each read; a peer that trickles a byte at a
+    // time must not hold the caller for ever.
+    if (newline == std::string::npos && std::chrono::steady_clock::now() > deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("kvtierd did not finish its answer on ", socket_path, " within ", timeout.count(), " ms"));
+    }
   }
-  line.resize(line.find('\n'));
-  nlohmann::json response = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-  if (response.is_discarded() || !response.is_object()) {
-    return absl::DataLossError("kvtierd sent an admin response that is not a JSON object");
+  line.resize(newline);
+  absl::StatusOr<nlohmann::json> response = ParseBoundedJson(line);
+  if (!response.ok()) {
+    return absl::DataLossError(absl::StrCat("kvtierd sent an admin response that is ", response.status().message()));
   }
-  if (!response.value("ok", false)) {
-    return absl::FailedPreconditionError(response.value("error", std::string("unknown error")));
+  if (!response->is_object()) return absl::DataLossError("kvtierd sent an admin response that is not a JSON object");
+  // value("ok", false) throws when "ok" is there with another type.
+  const auto ok = response->find("ok");
+  if (ok == response->end() || !ok->is_boolean()) {
+    return absl::DataLossError("kvtierd sent an admin response without a boolean \"ok\"");
   }
-  return response;
+  if (!ok->get<bool>()) {
+    const auto error = response->find("error");
+    return absl::FailedPreconditionError(error != response->end() && error->is_string() ? error->get<std::string>()
+                                                                                        : std::string("unknown error"));
+  }
+  return std::move(*response);
 }
 
 }  // namespace kvtier::ipc

@@ -16,7 +16,11 @@ namespace kvtier::ipc {
 inline constexpr size_t kMaxAdminLine = 16u << 20;
 
 // Sends one request and returns the response object. A response with
-// "ok": false becomes an error status carrying its message.
+// "ok": false becomes FailedPrecondition carrying its message; one that is
+// not a JSON object with a boolean "ok", is longer than kMaxAdminLine or
+// nested deeper than kMaxJsonDepth is DataLoss. `timeout` bounds the whole
+// answer. The object's fields are still the peer's: read them without
+// assuming their types.
 absl::StatusOr<nlohmann::json> AdminCall(const std::string& socket_path,
                                          const nlohmann::json& request,
                                          std::chrono::milliseconds timeout = std::chrono::seconds(10));

@@ -2,21 +2,53 @@
 
 #include <cmath>
 #include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "core/bounded_json.h"
+#include "core/checked.h"
+#include "core/status.h"
 #include "nlohmann/json.hpp"
 
 namespace kvtier {
 namespace {
 
+// The largest value any one dimension may have: far above any real model's
+// (Llama-3.1-405B: hidden 16384, intermediate 53248), and small enough that
+// the FLOP estimates stay finite.
+constexpr int64_t kMaxDimension = int64_t{1} << 24;
+// A config.json is a few KiB; anything this large is not one.
+constexpr size_t kMaxConfigBytes = 16u << 20;
+
+// What a JSON value is, for a message: the number itself, or its type.
+std::string Describe(const nlohmann::json& v) {
+  if (v.is_number()) return v.dump();
+  if (v.is_string()) return "a string";
+  if (v.is_array()) return "an array";
+  if (v.is_object()) return "an object";
+  if (v.is_boolean()) return "a boolean";
+  return "null";
+}
+
 absl::StatusOr<uint32_t> Field(const nlohmann::json& j, const char* key, const std::string& name) {
   auto it = j.find(key);
   if (it == j.end()) return absl::InvalidArgumentError(absl::StrCat(name, ": config.json has no \"", key, "\""));
-  if (!it->is_number_integer() || it->get<int64_t>() <= 0 || it->get<int64_t>() > (1 << 24)) {
-    return absl::InvalidArgumentError(absl::StrCat(name, ": \"", key, "\" must be a positive integer"));
+  // nlohmann reads every non-negative integer as unsigned; a negative one,
+  // a fraction or 1e30 (a float) is not. Never convert before testing:
+  // get<int64_t>() of 2^64-1 is -1.
+  const bool in_range =
+      it->is_number_unsigned() && it->get<uint64_t>() >= 1 && it->get<uint64_t>() <= uint64_t{kMaxDimension};
+  if (!in_range) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": \"", key, "\" must be a positive integer of at most ",
+                                                   kMaxDimension, ", not ", Describe(*it)));
   }
   return static_cast<uint32_t>(it->get<int64_t>());
+}
+
+// A dtype name as a message may show it: a peer's text could hold a
+// terminal's control sequences or run for megabytes.
+std::string Quoted(const std::string& s) {
+  if (s.size() > 64 || !IsPrintableUtf8(s)) return "(a name that is not a short printable string)";
+  return absl::StrCat("\"", s, "\"");
 }
 
 }  // namespace
@@ -33,42 +65,36 @@ uint32_t ModelProfile::DtypeBytes(const std::string& dtype) {
 }
 
 absl::StatusOr<ModelProfile> ModelProfile::FromHfConfig(const std::string& json_text, const std::string& name,
-                                                        bool kv_only) {
-  nlohmann::json j = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(name, ": not a JSON object"));
+                                                        bool kv_only, const std::string& dtype_override) {
+  // Bounded nesting: a config.json is read by people's tools too, and one
+  // nested a million deep would overflow the stack of whatever copies it.
+  absl::StatusOr<nlohmann::json> parsed = ParseBoundedJson(json_text);
+  if (!parsed.ok()) return absl::InvalidArgumentError(absl::StrCat(name, ": ", parsed.status().message()));
+  if (!parsed->is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": not a JSON object but ", Describe(*parsed)));
   }
   // Multimodal configs nest the language model's under text_config.
-  if (j.contains("text_config") && j["text_config"].is_object() && !j.contains("num_hidden_layers")) {
-    j = j["text_config"];
+  const nlohmann::json* jp = &*parsed;
+  if (auto tc = parsed->find("text_config");
+      tc != parsed->end() && tc->is_object() && !parsed->contains("num_hidden_layers")) {
+    jp = &*tc;
   }
+  const nlohmann::json& j = *jp;
   ModelProfile m;
   m.name = name;
-  auto layers = Field(j, "num_hidden_layers", name);
-  if (!layers.ok()) return layers.status();
-  auto hidden = Field(j, "hidden_size", name);
-  if (!hidden.ok()) return hidden.status();
-  auto heads = Field(j, "num_attention_heads", name);
-  if (!heads.ok()) return heads.status();
-  m.layers = *layers;
-  m.hidden = *hidden;
-  m.heads = *heads;
+  ASSIGN_OR_RETURN(m.layers, Field(j, "num_hidden_layers", name));
+  ASSIGN_OR_RETURN(m.hidden, Field(j, "hidden_size", name));
+  ASSIGN_OR_RETURN(m.heads, Field(j, "num_attention_heads", name));
   if (!kv_only) {
-    auto inter = Field(j, "intermediate_size", name);
-    if (!inter.ok()) return inter.status();
-    m.intermediate = *inter;
+    ASSIGN_OR_RETURN(m.intermediate, Field(j, "intermediate_size", name));
   }
-  if (j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null()) {
-    auto kv = Field(j, "num_key_value_heads", name);
-    if (!kv.ok()) return kv.status();
-    m.kv_heads = *kv;
+  if (auto kv = j.find("num_key_value_heads"); kv != j.end() && !kv->is_null()) {
+    ASSIGN_OR_RETURN(m.kv_heads, Field(j, "num_key_value_heads", name));
   } else {
     m.kv_heads = m.heads;
   }
-  if (j.contains("head_dim") && !j["head_dim"].is_null()) {
-    auto hd = Field(j, "head_dim", name);
-    if (!hd.ok()) return hd.status();
-    m.head_dim = *hd;
+  if (auto hd = j.find("head_dim"); hd != j.end() && !hd->is_null()) {
+    ASSIGN_OR_RETURN(m.head_dim, Field(j, "head_dim", name));
   } else {
     if (m.hidden % m.heads != 0) {
       return absl::InvalidArgumentError(absl::StrCat(name, ": no head_dim, and hidden_size is not a multiple of "
@@ -81,29 +107,52 @@ absl::StatusOr<ModelProfile> ModelProfile::FromHfConfig(const std::string& json_
         absl::StrCat(name, ": num_attention_heads is not a multiple of num_key_value_heads"));
   }
   // Newer configs name it "dtype", older ones "torch_dtype".
-  const char* key = j.contains("torch_dtype") && j["torch_dtype"].is_string() ? "torch_dtype" : "dtype";
-  if (!j.contains(key) || !j[key].is_string()) {
+  const char* key = j.contains("torch_dtype") && !j.at("torch_dtype").is_null() ? "torch_dtype" : "dtype";
+  const auto dt = j.find(key);
+  if (!dtype_override.empty()) {
+    m.dtype = dtype_override;
+    key = "--dtype";
+  } else if (dt == j.end() || dt->is_null()) {
     if (kv_only) {
       return absl::InvalidArgumentError(absl::StrCat(name, ": config.json has no \"torch_dtype\" (or \"dtype\"); "
                                                      "give the KV cache's dtype with --dtype"));
     }
     m.dtype = "bfloat16";
+  } else if (!dt->is_string()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": \"", key, "\" must be a string such as \"bfloat16\", not ", Describe(*dt)));
   } else {
-    m.dtype = j[key].get<std::string>();
+    m.dtype = dt->get<std::string>();
   }
   m.dtype_bytes = DtypeBytes(m.dtype);
   if (m.dtype_bytes == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(name, ": unknown ", key, " \"", m.dtype, "\""));
+    return absl::InvalidArgumentError(absl::StrCat(name, ": unknown ", key, " ", Quoted(m.dtype)));
+  }
+  // Every dimension is at most 2^24, but their product is not: 2 x 2^24
+  // layers x 2^24 KV heads x 2^24 head_dim wraps 64 bits, to 0 for some
+  // shapes, and a planner dividing by it took SIGFPE.
+  if (!CheckedProduct({2, m.layers, m.kv_heads, m.head_dim, m.dtype_bytes})) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, ": the KV bytes per token (2 x num_hidden_layers x num_key_value_heads x head_dim x ", m.dtype_bytes,
+        " bytes) do not fit in 64 bits"));
   }
   return m;
 }
 
-absl::StatusOr<ModelProfile> ModelProfile::FromHfConfigFile(const std::string& path, bool kv_only) {
-  std::ifstream f(path);
+absl::StatusOr<ModelProfile> ModelProfile::FromHfConfigFile(const std::string& path, bool kv_only,
+                                                            const std::string& dtype_override) {
+  std::ifstream f(path, std::ios::binary);
   if (!f) return absl::NotFoundError(absl::StrCat("cannot read the model config ", path));
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return FromHfConfig(ss.str(), path, kv_only);
+  // Read at most one byte past the bound: /dev/zero or a huge file is
+  // refused without being held in memory.
+  std::string text(kMaxConfigBytes + 1, '\0');
+  f.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(f.gcount()));
+  if (text.size() > kMaxConfigBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": larger than ", kMaxConfigBytes >> 20, " MiB, which no config.json is"));
+  }
+  return FromHfConfig(text, path, kv_only, dtype_override);
 }
 
 uint64_t ModelProfile::KvBytesPerToken() const {

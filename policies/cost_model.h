@@ -38,9 +38,15 @@ struct ModelProfile {
   // (default: hidden / heads), intermediate_size, torch_dtype (or dtype;
   // default bfloat16). Errors name the missing or bad field. `kv_only`: what
   // the KV cache's size needs (no intermediate_size; the dtype must be given).
+  // `dtype_override`, when set, replaces the config's dtype.
+  // The text is untrusted: every field is range-checked (each dimension at
+  // most 2^24) and KvBytesPerToken() of a profile returned here fits in 64
+  // bits; a bad file is an error naming the field, never a crash.
   static absl::StatusOr<ModelProfile> FromHfConfig(const std::string& json_text, const std::string& name,
-                                                   bool kv_only = false);
-  static absl::StatusOr<ModelProfile> FromHfConfigFile(const std::string& path, bool kv_only = false);
+                                                   bool kv_only = false, const std::string& dtype_override = "");
+  // The file's text, refused above 16 MiB.
+  static absl::StatusOr<ModelProfile> FromHfConfigFile(const std::string& path, bool kv_only = false,
+                                                       const std::string& dtype_override = "");
   // Bytes of one element of a torch / HF dtype name; 0 when unknown.
   static uint32_t DtypeBytes(const std::string& dtype);
 

@@ -173,5 +173,56 @@ TEST(ConfigTest, DefaultConfigTextParsesToTheDefaults) {
   EXPECT_TRUE(absl::IsNotFound(LoadConfigFile("/nonexistent/kvtierd.toml").status()));
 }
 
+// toml++ recurses once per level of a dotted key: 100000 levels overflowed
+// the stack, at start or on SIGHUP. The file's size and nesting are bounded
+// before the text reaches toml++, with the line at fault named.
+TEST(ConfigTest, DeepNestingAndHugeFilesAreRefusedBeforeToml) {
+  std::string dotted = "a";
+  for (int i = 0; i < 100000; ++i) dotted += ".a";
+  for (const std::string& text : {"[ipc]\n" + dotted + " = 1\n", "[ipc]\n[" + dotted + "]\n",
+                                  "[ipc]\n[[" + dotted + "]]\n", "[ipc]\nx = { " + dotted + " = 1 }\n"}) {
+    auto c = ParseConfig(text, "deep.toml");
+    ASSERT_FALSE(c.ok());
+    EXPECT_NE(Message(c).find("deep.toml:2: "), std::string::npos) << Message(c);
+    EXPECT_NE(Message(c).find("nested deeper than 32"), std::string::npos) << Message(c);
+  }
+  // Arrays and inline tables count with the dotted keys within them (toml++
+  // bounds only the former, at 256).
+  std::string mixed = "x = ";
+  for (int i = 0; i < 20; ++i) mixed += "{ a.b = ";
+  mixed += "1" + std::string(20, '}') + "\n";
+  auto m = ParseConfig("[ipc]\n\n" + mixed, "deep.toml");
+  EXPECT_NE(Message(m).find("deep.toml:3: "), std::string::npos) << Message(m);
+  // A multi-line array: the line where the bound is passed.
+  auto a = ParseConfig("x = [\n" + std::string(40, '[') + "\n" + std::string(40, ']') + "\n]\n", "deep.toml");
+  EXPECT_NE(Message(a).find("deep.toml:2: keys, arrays and inline tables nested deeper than 32"), std::string::npos)
+      << Message(a);
+
+  // Over 1 MiB, even of comments.
+  std::string big;
+  while (big.size() <= (1u << 20)) big += "# a comment that says nothing at all, many times over\n";
+  auto b = ParseConfig(big, "big.toml");
+  ASSERT_FALSE(b.ok());
+  EXPECT_NE(Message(b).find("at most 1 MiB"), std::string::npos) << Message(b);
+  char tmpl[] = "/tmp/config_test_XXXXXX";
+  const int fd = mkstemp(tmpl);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(write(fd, big.data(), big.size()), static_cast<ssize_t>(big.size()));
+  close(fd);
+  auto f = LoadConfigFile(tmpl);
+  unlink(tmpl);
+  EXPECT_NE(Message(f).find("at most 1 MiB"), std::string::npos) << Message(f);
+
+  // Dots and brackets in strings and comments are not nesting; a real
+  // config, a multi-line array of uids and all, passes.
+  const std::string dots(200, '.');
+  const std::string text = "# " + dots + std::string(100, '[') + "\n[daemon] # [[[" + dots + "\nrun_dir = \"/tmp/" +
+                           dots + "[[[[\\\"\" # {{{{\ndata_dir = '''\n" + dots + "\n[[[[[[\n'''\n[[tenants]]\n" +
+                           "name = \"a" + dots.substr(0, 40) + "\"\nuids = [\n  1, # " + dots + "\n  2,\n]\n";
+  auto ok = ParseConfig(text, "ok.toml");
+  EXPECT_TRUE(ok.ok()) << ok.status() << "\n" << text;
+  EXPECT_TRUE(ParseConfig(DefaultConfigToml(), "default.toml").ok());
+}
+
 }  // namespace
 }  // namespace kvtier

@@ -132,6 +132,17 @@ TEST(ServiceE2eTest, SighupReloadsWhatCanChangeAndKeepsTheConfigWhenTheFileIsBad
   EXPECT_EQ(s["stats"]["reloads_failed"], 2);
   EXPECT_EQ(s["tenants"][0]["quota"]["host_tokens"], 2000);
   EXPECT_DOUBLE_EQ(s["tiers"][0]["low_watermark"].get<double>(), 0.70);
+  // A key nested 100000 deep overflowed toml++'s stack: the daemon died of
+  // SIGSEGV on the reload. Refused before toml++ sees it, nothing changes.
+  std::string deep = "a";
+  for (int i = 0; i < 100000; ++i) deep += ".a";
+  std::ofstream(path) << next << deep << " = 1\n";
+  d.Kill(SIGHUP);
+  ASSERT_TRUE(LogHas(d, "event=reload_failed", 3)) << d.Log().substr(0, 4000);
+  EXPECT_NE(d.Log().find("nested deeper than 32 levels"), std::string::npos);
+  s = status();
+  EXPECT_EQ(s["stats"]["reloads_failed"], 3);
+  EXPECT_EQ(s["tenants"][0]["quota"]["host_tokens"], 2000);
 
   // What is fixed at start is named, and keeps its running value.
   std::string fixed = next;

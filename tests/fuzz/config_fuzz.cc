@@ -10,9 +10,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 }
 
 std::vector<std::string> FuzzSeeds() {
+  // Nesting past what toml++'s recursion survives: the pre-scan must refuse
+  // it, and mutations of it, before toml++ sees it.
+  std::string deep = "a";
+  for (int i = 0; i < 100000; ++i) deep += ".a";
   return {kvtier::DefaultConfigToml(), "[ipc]\nring_entries = 64\n",
           "[[tenants]]\nname = \"a\"\nuids = [1]\n[[tenants]]\nname = \"b\"\ngids = [2]\n",
-          "[tiers.host]\ncapacity = \"1GiB\"\n"};
+          "[tiers.host]\ncapacity = \"1GiB\"\n", "[" + deep + "]\n", "x = { " + deep + " = [[[[1]]]] }\n",
+          "[daemon]\nrun_dir = \"/tmp/a.b[[[\" # {{{.\ndata_dir = '''\n..[[\n'''\n"};
 }
 
 long FuzzDefaultIterations() { return 20000; }

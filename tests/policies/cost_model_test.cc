@@ -1,6 +1,8 @@
 #include "policies/cost_model.h"
 
 #include <random>
+#include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -48,6 +50,63 @@ TEST(CostModelTest, BadConfigsNameTheField) {
                        "torch_dtype": "float128"})", "x")
                    .ok());
   EXPECT_FALSE(ModelProfile::FromHfConfigFile("/nonexistent/config.json").ok());
+}
+
+// A config.json is untrusted input (kvtierctl capacity, kvtier-replay,
+// [cost_model] model_config): every hostile one is an error naming the field
+// and what is wrong, on one line; never a crash, a wrapped size or a value
+// read as some other type.
+TEST(CostModelTest, HostileConfigsAreErrorsNamingTheField) {
+  const std::string base = R"("num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128)";
+  struct Case {
+    std::string json;
+    std::string field;  // the message must name it
+  };
+  const std::vector<Case> cases = {
+      {"{" + base + R"(, "num_attention_heads": 0})", "num_attention_heads"},
+      {"{" + base + R"(, "num_attention_heads": 4, "num_key_value_heads": 0})", "num_key_value_heads"},
+      {"{" + base + R"(, "num_attention_heads": -4})", "num_attention_heads"},
+      {"{" + base + R"(, "num_attention_heads": "4"})", "num_attention_heads"},
+      {"{" + base + R"(, "num_attention_heads": [4]})", "num_attention_heads"},
+      {"{" + base + R"(, "num_attention_heads": {"n": 4}})", "num_attention_heads"},
+      {"{" + base + R"(, "num_attention_heads": true})", "num_attention_heads"},
+      {"{" + base + R"(, "num_attention_heads": null})", "num_attention_heads"},
+      {"{" + base + R"(, "num_attention_heads": 4.5})", "num_attention_heads"},
+      {"{" + base + R"(, "num_attention_heads": 1e300})", "num_attention_heads"},
+      {"{" + base + R"(, "num_attention_heads": 18446744073709551615})", "num_attention_heads"},
+      {"{" + base + R"(, "num_attention_heads": 9223372036854775808})", "num_attention_heads"},
+      {"{" + base + R"(, "num_attention_heads": 4, "head_dim": "NaN"})", "head_dim"},
+      {"{" + base + R"(, "num_attention_heads": 4, "head_dim": -1})", "head_dim"},
+      {"{" + base + R"(, "num_attention_heads": 4, "torch_dtype": 16})", "torch_dtype"},
+      {"{" + base + R"(, "num_attention_heads": 4, "torch_dtype": ["bfloat16"]})", "torch_dtype"},
+      {"{" + base + R"(, "num_attention_heads": 4, "dtype": {"x": 1}})", "dtype"},
+      {"{" + base + R"(, "num_attention_heads": 4, "torch_dtype": "\u001b[2Jevil"})", "torch_dtype"},
+      // Each dimension in range, their product past 64 bits (2 x 2^24 x
+      // 2^24 x 2^24 x 4 = 2^75, which wrapped to 0).
+      {R"({"num_hidden_layers": 16777216, "hidden_size": 16777216, "intermediate_size": 1,
+          "num_attention_heads": 16777216, "num_key_value_heads": 16777216, "head_dim": 16777216,
+          "torch_dtype": "float32"})",
+       "64 bits"},
+      {R"([1, 2, 3])", "not a JSON object"},
+      {R"("config")", "not a JSON object"},
+      {R"(NaN)", "not valid JSON"},
+      {R"({"num_hidden_layers": 2,)", "not valid JSON"},
+      {std::string("\x7f\x45\x4c\x46\x02\x01\x01\x00\xff\xfe", 10), "not valid JSON"},
+  };
+  for (const Case& c : cases) {
+    auto m = ModelProfile::FromHfConfig(c.json, "config.json");
+    ASSERT_FALSE(m.ok()) << c.json;
+    const std::string msg(m.status().message());
+    EXPECT_NE(msg.find(c.field), std::string::npos) << c.json << ": " << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << "one line: " << msg;
+    EXPECT_EQ(msg.find('\x1b'), std::string::npos) << "no control characters: " << msg;
+  }
+  // A text_config nested a million levels deep: copying it (or dump()ing
+  // it) recursed once per level and overflowed the stack.
+  const std::string deep = R"({"text_config": {"x": )" + std::string(1000000, '[') + std::string(1000000, ']') + "}}";
+  auto m = ModelProfile::FromHfConfig(deep, "config.json");
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("nested deeper than"), std::string::npos) << m.status();
 }
 
 TEST(CostModelTest, RecomputeCostGrowsWithPosition) {

@@ -1,5 +1,6 @@
 // The tools as a user runs them: real binaries against a real kvtierd,
 // checking what they print and how they exit.
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -10,11 +11,16 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "gtest/gtest.h"
+#include "core/unique_fd.h"
+#include "ipc/unix_socket.h"
 #include "nlohmann/json.hpp"
 #include "tests/support/test_support.h"
 
@@ -152,6 +158,229 @@ TEST(ToolsTest, CapacityPlannerNamesWhatIsMissing) {
   o = RunCommand(ctl + " capacity -m " + no_dtype + " --dtype float16 --trace " + bad_trace + " 2>&1");
   EXPECT_EQ(o.exit_code, 4);
   EXPECT_NE(o.out.find("bad.jsonl:2"), std::string::npos) << "the line at fault: " << o.out;
+}
+
+// Whatever a model's config.json or a trace holds, `kvtierctl capacity`
+// exits 4 with one line naming the file and the field; before, a product of
+// dimensions that wrapped to 0 was a division by zero (SIGFPE) and a wrong
+// type was an uncaught exception.
+TEST(ToolsTest, CapacityPlannerRefusesHostileInputWithExit4) {
+  testing::TempDir dir;
+  const std::string ctl = Tool("kvtierctl");
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir.File(name), std::ios::binary) << text;
+    return dir.File(name);
+  };
+  const std::string base = R"("num_hidden_layers": 2, "hidden_size": 64, "torch_dtype": "float16")";
+  const std::vector<std::pair<std::string, std::string>> models = {  // text, what the message names
+      {"{" + base + R"(, "num_attention_heads": 0})", "num_attention_heads"},
+      {"{" + base + R"(, "num_attention_heads": 4, "num_key_value_heads": 0})", "num_key_value_heads"},
+      {"{" + base + R"(, "num_attention_heads": -4})", "num_attention_heads"},
+      {"{" + base + R"(, "num_attention_heads": "4"})", "num_attention_heads"},
+      {"{" + base + R"(, "num_attention_heads": [4]})", "num_attention_heads"},
+      {"{" + base + R"(, "num_attention_heads": 4, "head_dim": 1e999})", "not valid JSON"},
+      {"{" + base + R"(, "num_attention_heads": 4, "head_dim": 18446744073709551616})", "head_dim"},
+      {R"({"num_hidden_layers": 16777216, "hidden_size": 16777216, "num_attention_heads": 16777216,
+          "head_dim": 16777216, "torch_dtype": "float32"})", "64 bits"},
+      {R"({"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "torch_dtype": 2})", "torch_dtype"},
+      {"[]", "not a JSON object"},
+      {"NaN", "not valid JSON"},
+      {R"({"text_config": {"x": )" + std::string(200000, '[') + std::string(200000, ']') + "}}", "nested deeper"},
+  };
+  for (const auto& [text, field] : models) {
+    for (const char* dtype : {"", " --dtype bfloat16"}) {
+      if (field == "torch_dtype" && *dtype != '\0') continue;  // --dtype replaces it
+      Output o = RunCommand(ctl + " capacity -m " + write("model.json", text) + dtype + " --seq 100 2>&1");
+      EXPECT_EQ(o.exit_code, 4) << text.substr(0, 200) << dtype << ": " << o.out;
+      EXPECT_NE(o.out.find(field), std::string::npos) << text.substr(0, 200) << ": " << o.out;
+      EXPECT_EQ(std::count(o.out.begin(), o.out.end(), '\n'), 1) << "one line: " << o.out;
+    }
+  }
+  // Dimensions that fit, but whose blocks do not: --block-tokens times the
+  // bytes per token (2^61) passes 64 bits.
+  const std::string big = write("big.json", R"({"num_hidden_layers": 16777216, "hidden_size": 16777216,
+      "num_attention_heads": 16777216, "head_dim": 16777216, "num_key_value_heads": 4096, "torch_dtype": "int8"})");
+  Output o = RunCommand(ctl + " capacity -m " + big + " --seq 1 --block-tokens 16 2>&1");
+  EXPECT_EQ(o.exit_code, 4) << o.out;
+  EXPECT_NE(o.out.find("64 bits"), std::string::npos) << o.out;
+
+  const std::string model = write("ok.json", "{" + base + R"(, "num_attention_heads": 4})");
+  const std::vector<std::pair<std::string, std::string>> traces = {
+      {"{\"input_length\": -5}\n", "trace.jsonl:1: \"input_length\""},
+      {"{\"input_length\": \"5\"}\n", "trace.jsonl:1: \"input_length\""},
+      {"{\"input_length\": 5, \"hash_ids\": 7}\n", "trace.jsonl:1: \"hash_ids\""},
+      {"{\"input_length\": 5, \"hash_ids\": [\"a\"]}\n", "trace.jsonl:1: \"hash_ids\""},
+      {"{\"input_length\": 5, \"timestamp\": \"noon\"}\n", "trace.jsonl:1: \"timestamp\""},
+      {"{\"input_length\": 5}\n{\"input_length\": 18446744073709551615}\n", "trace.jsonl:2: \"input_length\""},
+      {"{\"input_length\": 5}\n{\"input_len", "trace.jsonl:2: not a trace record"},
+      {std::string("\x00\xff\xfe\x1b[2J\n", 7), "trace.jsonl:1: not a trace record"},
+      {"{\"input_length\": 5, \"hash_ids\": [" + std::string(300000, '1') + "]}\n", "trace.jsonl:1: "},
+      {"{\"input_length\": 5, \"x\": " + std::string(100000, '[') + "\n", "trace.jsonl:1: not a trace record"},
+  };
+  for (const auto& [text, what] : traces) {
+    o = RunCommand(ctl + " capacity -m " + model + " --trace " + write("trace.jsonl", text) + " 2>&1");
+    EXPECT_EQ(o.exit_code, 4) << text.substr(0, 100) << ": " << o.out;
+    EXPECT_NE(o.out.find(what), std::string::npos) << text.substr(0, 100) << ": " << o.out;
+    EXPECT_EQ(std::count(o.out.begin(), o.out.end(), '\n'), 1) << "one line: " << o.out;
+  }
+  // Lengths each in range whose sum is not: 1024 requests of 2^25 tokens,
+  // 2^35 tokens of 2^30 bytes, pass 64 bits (they wrapped before).
+  std::string many;
+  for (int i = 0; i < 1024; ++i) many += "{\"input_length\": 33554432}\n";
+  const std::string huge = write("huge.json", R"({"num_hidden_layers": 16777216, "hidden_size": 64,
+      "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 16, "torch_dtype": "int8"})");
+  o = RunCommand(ctl + " capacity -m " + huge + " --trace " + write("many.jsonl", many) + " 2>&1");
+  EXPECT_EQ(o.exit_code, 4) << o.out;
+  EXPECT_NE(o.out.find("64 bits"), std::string::npos) << o.out;
+  // A line past 1 MiB is refused without being held whole.
+  std::ofstream(dir.File("long.jsonl")) << "{\"input_length\": 5, \"pad\": \"" << std::string(2 << 20, 'x') << "\"}\n";
+  o = RunCommand(ctl + " capacity -m " + model + " --trace " + dir.File("long.jsonl") + " 2>&1");
+  EXPECT_EQ(o.exit_code, 4) << o.out.substr(0, 200);
+  EXPECT_NE(o.out.find("long.jsonl:1: a line longer than 1 MiB"), std::string::npos) << o.out.substr(0, 200);
+}
+
+// A fake kvtierd: answers every admin connection with the same bytes.
+class FakeAdmin {
+ public:
+  explicit FakeAdmin(const std::string& path) : path_(path) {
+    auto fd = ipc::ListenUnix(path, SOCK_STREAM, 0600);
+    EXPECT_TRUE(fd.ok()) << fd.status();
+    if (fd.ok()) listen_ = std::move(*fd);
+    thread_ = std::thread([this] { Serve(); });
+  }
+  ~FakeAdmin() {
+    shutdown(listen_.get(), SHUT_RDWR);  // accept() returns
+    thread_.join();
+  }
+  void Answer(std::string a) {
+    std::lock_guard<std::mutex> l(mu_);
+    answer_ = std::move(a);
+  }
+  // A JSON text written over several lines for the reader, as one line.
+  void AnswerLine(std::string a) {
+    std::replace(a.begin(), a.end(), '\n', ' ');
+    Answer(a + "\n");
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  void Serve() {
+    for (;;) {
+      const int c = accept(listen_.get(), nullptr, nullptr);
+      if (c < 0) {
+        if (errno == EINTR) continue;
+        return;
+      }
+      char buf[4096];
+      std::string req;
+      while (req.find('\n') == std::string::npos) {
+        const ssize_t n = read(c, buf, sizeof(buf));
+        if (n <= 0) break;
+        req.append(buf, size_t(n));
+      }
+      std::string a;
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        a = answer_;
+      }
+      for (size_t off = 0; off < a.size();) {
+        const ssize_t n = send(c, a.data() + off, a.size() - off, MSG_NOSIGNAL);
+        if (n <= 0) break;  // kvtierctl stopped reading
+        off += size_t(n);
+      }
+      close(c);
+    }
+  }
+  std::string path_;
+  UniqueFd listen_;
+  std::mutex mu_;
+  std::string answer_;
+  std::thread thread_;
+};
+
+// Whatever listens on the admin socket, kvtierctl exits 0, 3 or 4 with a
+// message: never an uncaught exception (a wrong type read with get<>, a
+// missing key read with operator[]), a stack overflow or an endless read;
+// and no terminal control sequence from the daemon's strings reaches the
+// terminal.
+TEST(ToolsTest, KvtierctlSurvivesAHostileDaemon) {
+  testing::TempDir dir;
+  FakeAdmin fake(dir.File("admin.sock"));
+  const std::string ctl = Tool("kvtierctl") + " --socket " + fake.path();
+  const std::vector<std::string> commands = {"status", "tiers", "sessions", "tenants", "top -n 1 -i 0.05",
+                                             "blocks ls", "blocks inspect 00", "evict --tenant a", "flush",
+                                             "drain", "config show"};
+  // Answers that are not an admin response at all: exit 3, with why.
+  const std::vector<std::pair<std::string, std::string>> unreadable = {
+      {"not json\n", "not valid JSON"},
+      {"[1, 2]\n", "not a JSON object"},
+      {"{\"ok\": \"yes\"}\n", "\"ok\""},
+      {"{\"ok\": 1}\n", "\"ok\""},
+      {"{\"ok\": true, \"config\": " + std::string(1000000, '[') + std::string(1000000, ']') + "}\n", "nested deeper"},
+      {std::string(17u << 20, 'x'), "longer than 16 MiB"},
+  };
+  for (const auto& [answer, why] : unreadable) {
+    fake.Answer(answer);
+    for (const std::string& cmd : {std::string("status"), std::string("config show")}) {
+      Output o = RunCommand(ctl + " " + cmd + " 2>&1");
+      EXPECT_EQ(o.exit_code, 3) << cmd << " <- " << answer.substr(0, 60) << ": " << o.out.substr(0, 300);
+      EXPECT_NE(o.out.find(why), std::string::npos) << cmd << " <- " << answer.substr(0, 60) << ": " << o.out;
+    }
+  }
+  // A refusal whose error is not a string.
+  fake.Answer("{\"ok\": false, \"error\": {\"x\": 1}}\n");
+  EXPECT_EQ(RunCommand(ctl + " status 2>/dev/null").exit_code, 3);
+
+  // Objects of the wrong shape: every field missing, or of another type.
+  // The printers show "-" (or 0) where a field cannot be read.
+  const std::string wrong = R"({"ok": true, "version": 7, "pid": "x", "uptime_s": "long", "device": [1],
+      "tiers": [5, {"tier": 3, "capacity_bytes": "lots", "used_bytes": -1, "policies": 2}, [], "host"],
+      "tenants": {"name": "a"}, "sessions": [1, {"id": "s", "client": 5, "model": null}],
+      "cost_model": [], "stats": {"hit_rate": "high", "lookups": {"n": 1}}, "blocks": [7, {"key": 5,
+      "tiers": "host", "moving": "yes"}], "config": {"a": {"b": [1, {"c": 2}]}}, "failed": "none",
+      "timed_out": 1, "evicted": [], "tenant": 4, "journal": 5})";
+  for (const std::string& answer : {std::string("{\"ok\": true}"), wrong,
+                                    std::string(R"({"ok": true, "tiers": 5, "tenants": 5, "sessions": 5,
+                                        "stats": 5, "cost_model": 5, "blocks": 5, "config": 5})")}) {
+    fake.AnswerLine(answer);
+    for (const std::string& cmd : commands) {
+      for (const std::string form : {"", " --json"}) {
+        Output o = RunCommand(ctl + form + " " + cmd + " 2>&1");
+        EXPECT_TRUE(o.exit_code == 0 || o.exit_code == 3)
+            << cmd << form << " <- " << answer << ": exit " << o.exit_code << ": " << o.out;
+        EXPECT_EQ(o.out.find("terminate"), std::string::npos) << cmd << form << ": " << o.out;
+      }
+    }
+  }
+  fake.AnswerLine(wrong);
+  Output o = RunCommand(ctl + " status 2>&1");
+  EXPECT_EQ(o.exit_code, 0) << o.out;
+  EXPECT_NE(o.out.find("kvtierd 7  pid x  up "), std::string::npos) << o.out;
+
+  // Control characters in a client name, a model id, a tenant: '?' in the
+  // tables (C0, DEL, C1 as UTF-8 and as a stray byte), kept escaped in --json.
+  const std::string evil = "e\\u001b]0;pwned\\u0007v\\u007fi\\u009bl\\u202e";
+  fake.AnswerLine(R"({"ok": true, "version": "1\u001b[2J", "tiers": [{"tier": "host\u001b[31m", "health": "ok"}],
+      "tenants": [{"name": ")" + evil + R"("}], "sessions": [{"id": 1, "client": ")" + evil + R"(", "model": ")" +
+              evil + R"("}], "blocks": [{"key": ")" + evil + R"(", "tenant": ")" + evil + R"("}],
+      "config": {")" + evil + R"(": ")" + evil + R"("}, "tenant": ")" + evil + R"("})");
+  for (const std::string& cmd : commands) {
+    o = RunCommand(ctl + " " + cmd + " 2>&1");
+    const std::string shown = cmd == "top -n 1 -i 0.05" ? o.out.substr(o.out.find("\033[2J") + 4) : o.out;
+    for (size_t i = 0; i < shown.size(); ++i) {
+      const uint8_t c = static_cast<uint8_t>(shown[i]);
+      const bool control = (c < 0x20 && c != '\n') || c == 0x7f ||
+                           (c == 0xc2 && i + 1 < shown.size() && uint8_t(shown[i + 1]) >= 0x80 &&
+                            uint8_t(shown[i + 1]) < 0xa0);
+      ASSERT_FALSE(control) << cmd << ": byte " << int(c) << " at " << i << " of " << shown;
+    }
+    EXPECT_EQ(shown.find("\xe2\x80\xae"), std::string::npos) << cmd << ": a bidi override: " << shown;
+  }
+  o = RunCommand(ctl + " sessions");
+  EXPECT_NE(o.out.find("e?]0;pwned?v?i?l?"), std::string::npos) << o.out;
+  o = RunCommand(ctl + " --json sessions");
+  EXPECT_EQ(o.exit_code, 0);
+  EXPECT_EQ(nlohmann::json::parse(o.out)["sessions"][0]["client"], "e\x1b]0;pwned\x07v\x7fi\xc2\x9bl\xe2\x80\xae");
 }
 
 // Every kvtierctl command against a live daemon, in both output forms.
@@ -410,8 +639,66 @@ TEST(ToolsTest, ReplayRefusesAMalformedTraceNamingTheLine) {
   const std::string trace = dir.File("bad.jsonl");
   std::ofstream(trace) << R"({"timestamp": 0, "input_length": 600, "hash_ids": [1]})" << "\n{oops\n";
   Output o = RunCommand(Tool("kvtier-replay") + " --trace " + trace + " 2>&1");
-  EXPECT_EQ(o.exit_code, 2);
+  EXPECT_EQ(o.exit_code, 4) << "a bad input file";
   EXPECT_NE(o.out.find("bad.jsonl:2"), std::string::npos) << o.out;
+}
+
+// Whatever a trace holds, kvtier-replay exits 4 naming the line: never a
+// crash (a string timestamp was an uncaught exception), a giant allocation
+// (a line of gigabytes was read whole) or an endless wait (a negative
+// timestamp read as 2^64 - 5 ms, slept on with --speed).
+TEST(ToolsTest, ReplayRefusesHostileTracesWithExit4) {
+  testing::TempDir dir;
+  const std::string ok = R"({"timestamp": 0, "input_length": 600, "hash_ids": [1]})";
+  const std::vector<std::pair<std::string, std::string>> traces = {
+      {ok + "\n{\"timestamp\": \"noon\", \"input_length\": 600, \"hash_ids\": [1]}\n", "t.jsonl:2: \"timestamp\""},
+      {ok + "\n{\"timestamp\": -5, \"input_length\": 600, \"hash_ids\": [1]}\n", "t.jsonl:2: \"timestamp\""},
+      {ok + "\n{\"timestamp\": 1e300, \"input_length\": 600, \"hash_ids\": [1]}\n", "t.jsonl:2: \"timestamp\""},
+      {ok + "\n{\"timestamp\": 0, \"input_length\": 1099511627776, \"hash_ids\": [1]}\n",
+       "t.jsonl:2: \"input_length\""},
+      {ok + "\n{\"timestamp\": 0, \"input_length\": -1, \"hash_ids\": [1]}\n", "t.jsonl:2: \"input_length\""},
+      {ok + "\n{\"timestamp\": 0, \"input_length\": [600], \"hash_ids\": [1]}\n", "t.jsonl:2: \"input_length\""},
+      {ok + "\n{\"timestamp\": 0, \"input_length\": 600}\n", "t.jsonl:2: no \"hash_ids\""},
+      {ok + "\n{\"timestamp\": 0, \"input_length\": 600, \"hash_ids\": {\"a\": 1}}\n", "t.jsonl:2: \"hash_ids\""},
+      {ok + "\n{\"timestamp\": 0, \"input_length\": 600, \"hash_ids\": [1, \"2\"]}\n", "t.jsonl:2: \"hash_ids\""},
+      {ok + "\n{\"timestamp\": 0, \"input_length\": 600, \"hash_ids\": [1, -2]}\n", "t.jsonl:2: \"hash_ids\""},
+      {ok + "\n{\"timestamp\": 0, \"input_le", "t.jsonl:2: not a trace record"},
+      {ok + "\n" + std::string("\x7f" "ELF\x02\x01\x00\xff\xfe\x1b[2J", 13) + "\n", "t.jsonl:2: not a trace record"},
+      {ok + "\n{\"x\": " + std::string(100000, '[') + "\n", "t.jsonl:2: not a trace record"},
+  };
+  for (const auto& [text, what] : traces) {
+    std::ofstream(dir.File("t.jsonl"), std::ios::binary) << text;
+    for (const char* mode : {" --simulate --tier host=1M", " --speed 1 --socket /nonexistent"}) {
+      Output o = RunCommand(Tool("kvtier-replay") + mode + " --trace " + dir.File("t.jsonl") + " 2>&1");
+      EXPECT_EQ(o.exit_code, 4) << text.substr(0, 120) << mode << ": " << o.out;
+      EXPECT_NE(o.out.find(what), std::string::npos) << text.substr(0, 120) << ": " << o.out;
+    }
+  }
+  // Too many hash_ids for one line, within 1 MiB.
+  {
+    std::ofstream f(dir.File("t.jsonl"));
+    f << "{\"timestamp\": 0, \"input_length\": 600, \"hash_ids\": [0";
+    for (int i = 0; i < 70000; ++i) f << ",1";
+    f << "]}\n";
+  }
+  Output o = RunCommand(Tool("kvtier-replay") + " --simulate --tier host=1M --trace " + dir.File("t.jsonl") + " 2>&1");
+  EXPECT_EQ(o.exit_code, 4) << o.out;
+  EXPECT_NE(o.out.find("t.jsonl:1: more than 65536 hash_ids"), std::string::npos) << o.out;
+  // A line of 64 MiB without a newline: refused at 1 MiB, not held whole.
+  {
+    std::ofstream f(dir.File("t.jsonl"));
+    const std::string chunk(1 << 20, ' ');
+    f << "{\"timestamp\": 0, \"input_length\": 600, \"hash_ids\": [1]";
+    for (int i = 0; i < 64; ++i) f << chunk;
+  }
+  o = RunCommand("ulimit -v 1000000; " + Tool("kvtier-replay") + " --simulate --tier host=1M --trace " +
+                 dir.File("t.jsonl") + " 2>&1");
+  EXPECT_EQ(o.exit_code, 4) << o.out.substr(0, 300);
+  EXPECT_NE(o.out.find("t.jsonl:1: a line longer than 1 MiB"), std::string::npos) << o.out.substr(0, 300);
+  // The bounds are documented where the option is.
+  o = RunCommand(Tool("kvtier-replay") + " --help");
+  EXPECT_NE(o.out.find("at most 1 MiB"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("4 the trace"), std::string::npos) << o.out;
 }
 
 TEST(ToolsTest, ReplayOfTheSyntheticChatReusesEarlierTurnsAndVerifiesEveryByte) {

@@ -2,16 +2,16 @@
 
 #include <sys/stat.h>
 
-#include <fstream>
 #include <ostream>
-#include <sstream>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/checked.h"
 #include "core/status.h"
 #include "core/units.h"
 #include "tools/common/table.h"
+#include "tools/common/trace.h"
 
 namespace kvtier::tools {
 namespace {
@@ -21,42 +21,19 @@ constexpr uint32_t kTraceBlockTokens = 512;  // the Mooncake trace's hash_ids
 std::string GiB(uint64_t bytes) { return absl::StrFormat("%.3f GiB", double(bytes) / double(1ull << 30)); }
 
 absl::StatusOr<ModelProfile> ReadModel(const CapacityInput& in) {
-  std::ifstream f(in.model_path);
-  if (!f) return absl::NotFoundError(absl::StrCat("cannot read the model config ", in.model_path));
-  std::stringstream ss;
-  ss << f.rdbuf();
-  if (in.dtype.empty()) return ModelProfile::FromHfConfig(ss.str(), in.model_path, /*kv_only=*/true);
-  nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(in.model_path, ": not a JSON object"));
-  }
-  nlohmann::json& target = j.contains("text_config") && j["text_config"].is_object() && !j.contains("num_hidden_layers")
-                               ? j["text_config"]
-                               : j;
-  target["torch_dtype"] = in.dtype;
-  return ModelProfile::FromHfConfig(j.dump(), in.model_path, /*kv_only=*/true);
+  return ModelProfile::FromHfConfigFile(in.model_path, /*kv_only=*/true, in.dtype);
 }
 
 // Sequence lengths (input_length) and distinct prefix blocks of a trace.
 absl::Status ReadTrace(const std::string& path, std::vector<uint64_t>* seqs, uint64_t* distinct) {
-  std::ifstream f(path);
-  if (!f) return absl::NotFoundError(absl::StrCat("cannot read the trace ", path));
-  absl::flat_hash_set<int64_t> ids;
-  std::string line;
-  for (uint64_t n = 1; std::getline(f, line); ++n) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("input_length") ||
-        !j["input_length"].is_number_unsigned()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ":", n, ": not a trace record (an object with a non-negative \"input_length\")"));
-    }
-    seqs->push_back(j["input_length"].get<uint64_t>());
-    if (j.contains("hash_ids") && j["hash_ids"].is_array()) {
-      for (const auto& id : j["hash_ids"]) {
-        if (id.is_number_integer()) ids.insert(id.get<int64_t>());
-      }
-    }
+  ASSIGN_OR_RETURN(TraceReader trace, TraceReader::Open(path));
+  absl::flat_hash_set<uint64_t> ids;
+  TraceRecord r;
+  for (;;) {
+    ASSIGN_OR_RETURN(bool more, trace.Next(&r));
+    if (!more) break;
+    seqs->push_back(r.input_length);
+    ids.insert(r.hash_ids.begin(), r.hash_ids.end());
   }
   if (seqs->empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": the trace holds no requests"));
   *distinct = ids.size();
@@ -90,20 +67,43 @@ absl::StatusOr<CapacityPlan> PlanCapacity(const CapacityInput& in) {
   if (!in.trace_path.empty()) RETURN_IF_ERROR(ReadTrace(in.trace_path, &seqs, &p.distinct_trace_blocks));
   ASSIGN_OR_RETURN(Config config, ReadConfig(in.config_path, &p.config_source));
 
-  p.bytes_per_token = p.model.KvBytesPerToken();
+  // Every product below comes from files (the model's config, the trace,
+  // kvtierd's config): checked, so a hostile one is refused instead of
+  // wrapping (a block of 0 bytes was a division by zero).
+  auto too_big = [&](absl::string_view what) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " does not fit in 64 bits"));
+  };
+  p.bytes_per_token = p.model.KvBytesPerToken();  // checked by FromHfConfig
   p.block_tokens = in.block_tokens;
-  p.block_bytes = p.bytes_per_token * in.block_tokens;
+  const std::optional<uint64_t> block_bytes = CheckedMul<uint64_t>(p.bytes_per_token, in.block_tokens);
+  if (!block_bytes) return too_big(absl::StrCat(in.model_path, ": a block of ", in.block_tokens, " tokens"));
+  p.block_bytes = *block_bytes;
   p.sequences = seqs.size();
-  for (uint64_t s : seqs) p.logical_tokens += s;
-  p.logical_bytes = p.logical_tokens * p.bytes_per_token;
+  for (uint64_t s : seqs) {
+    const std::optional<uint64_t> sum = CheckedAdd(p.logical_tokens, s);
+    if (!sum) return too_big("the sum of the sequence lengths");
+    p.logical_tokens = *sum;
+  }
+  const std::optional<uint64_t> logical = CheckedMul(p.logical_tokens, p.bytes_per_token);
+  if (!logical) return too_big(absl::StrCat(in.model_path, ": the logical KV cache of those sequences, in bytes,"));
+  p.logical_bytes = *logical;
+  const std::optional<uint64_t> working_set =
+      CheckedProduct({p.distinct_trace_blocks, kTraceBlockTokens, p.bytes_per_token});
+  if (!working_set) return too_big(absl::StrCat(in.trace_path, ": the trace's working set, in bytes,"));
+  p.trace_working_set_bytes = *working_set;
 
   // What each tier can hold, summed over the tenants that have their own.
   uint64_t host = 0;
-  for (const TenantConfig& t : config.tenants) host += t.host_bytes != 0 ? t.host_bytes : config.host_capacity;
+  for (const TenantConfig& t : config.tenants) {
+    const std::optional<uint64_t> sum = CheckedAdd(host, t.host_bytes != 0 ? t.host_bytes : config.host_capacity);
+    if (!sum) return too_big(absl::StrCat(p.config_source, ": the tenants' host capacity"));
+    host = *sum;
+  }
   if (config.tenants.empty()) host = config.host_capacity;
   const uint64_t tenants = std::max<uint64_t>(1, config.tenants.size());
-  const std::pair<const char*, uint64_t> tiers[] = {
-      {"gpu", config.gpu_capacity * tenants}, {"host", host}, {"nvme", config.nvme_capacity}};
+  const std::optional<uint64_t> gpu = CheckedMul(config.gpu_capacity, tenants);
+  if (!gpu) return too_big(absl::StrCat(p.config_source, ": the tenants' GPU capacity"));
+  const std::pair<const char*, uint64_t> tiers[] = {{"gpu", *gpu}, {"host", host}, {"nvme", config.nvme_capacity}};
   for (const auto& [name, bytes] : tiers) {
     TierPlan t;
     t.tier = name;
@@ -126,9 +126,8 @@ void PrintCapacity(const CapacityPlan& p, std::ostream& out) {
       << "logical KV cache: " << GiB(p.logical_bytes) << " for " << p.sequences << " sequence"
       << (p.sequences == 1 ? "" : "s") << " (" << p.logical_tokens << " tokens)\n";
   if (p.distinct_trace_blocks != 0) {
-    const uint64_t tokens = p.distinct_trace_blocks * kTraceBlockTokens;
     out << "trace working set: " << p.distinct_trace_blocks << " distinct " << kTraceBlockTokens
-        << "-token prefix blocks = " << GiB(tokens * p.bytes_per_token)
+        << "-token prefix blocks = " << GiB(p.trace_working_set_bytes)
         << " (what holding every reusable prefix takes)\n";
   }
   out << "\ntiers of " << p.config_source << ", in " << p.block_tokens << "-token blocks of "
@@ -168,7 +167,7 @@ nlohmann::json CapacityJson(const CapacityPlan& p) {
                       {"tiers", tiers}};
   if (p.distinct_trace_blocks != 0) {
     j["trace_distinct_blocks"] = p.distinct_trace_blocks;
-    j["trace_working_set_bytes"] = p.distinct_trace_blocks * kTraceBlockTokens * p.bytes_per_token;
+    j["trace_working_set_bytes"] = p.trace_working_set_bytes;
   }
   return j;
 }

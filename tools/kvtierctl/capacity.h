@@ -43,11 +43,13 @@ struct CapacityPlan {
   uint64_t logical_tokens = 0;
   uint64_t logical_bytes = 0;
   uint64_t distinct_trace_blocks = 0;  // a trace: distinct 512-token prefix blocks
+  uint64_t trace_working_set_bytes = 0;  // those blocks' KV bytes
   std::string config_source;
   std::vector<TierPlan> tiers;
 };
 
-// InvalidArgument / NotFound naming the file and field at fault.
+// InvalidArgument / NotFound naming the file and field at fault. Every input
+// file is untrusted: a hostile one is an error, never a crash.
 absl::StatusOr<CapacityPlan> PlanCapacity(const CapacityInput& in);
 void PrintCapacity(const CapacityPlan& plan, std::ostream& out);
 nlohmann::json CapacityJson(const CapacityPlan& plan);

@@ -2,8 +2,8 @@
 // capacity without one.
 //
 // Exit codes: 0 ok, 1 kvtierd unreachable, 2 usage error, 3 kvtierd answered
-// with an error, 4 an input file (model config, trace, kvtierd config) is
-// missing or wrong.
+// with an error or with an answer kvtierctl cannot read, 4 an input file
+// (model config, trace, kvtierd config) is missing or wrong.
 #include <algorithm>
 #include <chrono>
 #include <iostream>
@@ -23,8 +23,42 @@ using nlohmann::json;
 using kvtier::tools::Fixed;
 using kvtier::tools::Table;
 
-std::string Bytes(const json& v) { return kvtier::FormatBytes(v.get<uint64_t>()); }
-std::string Num(const json& v) { return v.is_number_float() ? Fixed(v.get<double>(), 3) : v.dump(); }
+// The daemon's answer is untrusted input: a fake daemon on the socket, or a
+// newer or broken one, may send any JSON. nlohmann's get<>() throws on a
+// value of another type, and operator[] on a const object asserts on a
+// missing key (and throws on a non-object): kvtierctl died of an uncaught
+// exception. Everything here reads through these, which never throw: a
+// missing or wrong-typed field prints as "-" (or counts as 0), and a string
+// goes through Printable() before it reaches the terminal.
+const json& kNull = *new json();
+const json& At(const json& j, std::string_view key) {
+  if (!j.is_object()) return kNull;
+  const auto it = j.find(key);
+  return it == j.end() ? kNull : *it;
+}
+const json& At(const json& j, size_t i) { return j.is_array() && i < j.size() ? j[i] : kNull; }
+// The array, or an empty one (iterating a number yields the number itself).
+const json& List(const json& j) {
+  static const json& empty = *new json(json::array());
+  return j.is_array() ? j : empty;
+}
+uint64_t U64(const json& v) {
+  if (v.is_number_unsigned()) return v.get<uint64_t>();
+  if (v.is_number_float() && v.get<double>() >= 0 && v.get<double>() < 1.8e19) return uint64_t(v.get<double>());
+  return 0;
+}
+double Dbl(const json& v) { return v.is_number() ? v.get<double>() : 0; }
+bool Bool(const json& v) { return v.is_boolean() && v.get<bool>(); }
+// A string as it is, made printable; anything else as JSON; "-" when absent.
+std::string Str(const json& v) {
+  if (v.is_null()) return "-";
+  return kvtier::tools::Printable(v.is_string() ? v.get_ref<const std::string&>() : v.dump());
+}
+std::string Bytes(const json& v) { return v.is_number() ? kvtier::FormatBytes(U64(v)) : "-"; }
+std::string Num(const json& v) { return v.is_number_float() ? Fixed(v.get<double>(), 3) : Str(v); }
+std::string Num(const json& j, std::string_view key) { return Num(At(j, key)); }
+std::string Str(const json& j, std::string_view key) { return Str(At(j, key)); }
+std::string Bytes(const json& j, std::string_view key) { return Bytes(At(j, key)); }
 
 void PrintTenants(const json& s) {
   Table tenants({"TENANT", "SESSIONS", "BLOCKS", "PINNED", "HOST USED", "HOST CAPACITY", "HOST TOKENS", "NVME USED",
@@ -32,106 +66,110 @@ void PrintTenants(const json& s) {
   // "used / quota" where a quota is set.
   auto of = [](const json& used, const json& quota, bool bytes) {
     std::string s = bytes ? Bytes(used) : Num(used);
-    if (quota.get<uint64_t>() != 0) s += " / " + (bytes ? Bytes(quota) : Num(quota));
+    if (U64(quota) != 0) s += " / " + (bytes ? Bytes(quota) : Num(quota));
     return s;
   };
-  for (const json& t : s["tenants"]) {
+  for (const json& t : List(At(s, "tenants"))) {
     // Which expert evicts, per block size the tenant holds ("-": none yet).
     std::string by;
-    for (const json& p : t["policies"]) {
+    for (const json& p : List(At(t, "policies"))) {
       if (!by.empty()) by += ", ";
-      by += p["leader"].get<std::string>() + " (" + Bytes(p["slot_bytes"]) + " blocks)";
+      by += Str(p, "leader") + " (" + Bytes(p, "slot_bytes") + " blocks)";
     }
-    const json& q = t["quota"];
-    std::string nvme = of(t["nvme_bytes"], q["nvme_bytes"], true);
-    if (q["nvme_tokens"].get<uint64_t>() != 0) nvme += ", " + of(t["nvme_tokens"], q["nvme_tokens"], false) + " tokens";
-    tenants.AddRow({t["name"], Num(t["sessions"]), Num(t["blocks"]), Num(t["pinned_blocks"]),
-                    Bytes(t["host_used_bytes"]), Bytes(t["host_capacity_bytes"]),
-                    of(t["host_tokens"], q["host_tokens"], false), nvme, by.empty() ? "-" : by});
+    const json& q = At(t, "quota");
+    std::string nvme = of(At(t, "nvme_bytes"), At(q, "nvme_bytes"), true);
+    if (U64(At(q, "nvme_tokens")) != 0) {
+      nvme += ", " + of(At(t, "nvme_tokens"), At(q, "nvme_tokens"), false) + " tokens";
+    }
+    tenants.AddRow({Str(t, "name"), Num(t, "sessions"), Num(t, "blocks"), Num(t, "pinned_blocks"),
+                    Bytes(t, "host_used_bytes"), Bytes(t, "host_capacity_bytes"),
+                    of(At(t, "host_tokens"), At(q, "host_tokens"), false), nvme, by.empty() ? "-" : by});
   }
   tenants.Print(std::cout);
 }
 
 void PrintSessions(const json& s) {
-  if (s["sessions"].empty()) {
+  if (List(At(s, "sessions")).empty()) {
     std::cout << "no sessions attached\n";
   } else {
     Table sessions(
         {"SESSION", "PID", "UID", "TENANT", "CLIENT", "MODEL", "NAMESPACE", "OPS", "LEASES", "PINNED", "KV CACHES"});
-    for (const json& x : s["sessions"]) {
-      sessions.AddRow({Num(x["id"]), Num(x["pid"]), Num(x["uid"]), x["tenant"], x["client"], x["model"],
-                       x["namespace"], Num(x["ops"]), Num(x["leases"]), Num(x["pinned_blocks"]),
-                       x.contains("kv_caches") ? Num(x["kv_caches"]) : "-"});
+    for (const json& x : List(At(s, "sessions"))) {
+      sessions.AddRow({Num(x, "id"), Num(x, "pid"), Num(x, "uid"), Str(x, "tenant"), Str(x, "client"),
+                       Str(x, "model"), Str(x, "namespace"), Num(x, "ops"), Num(x, "leases"),
+                       Num(x, "pinned_blocks"), Num(x, "kv_caches")});
     }
     sessions.Print(std::cout);
   }
 }
 
 void PrintStatus(const json& s) {
-  std::cout << "kvtierd " << s["version"].get<std::string>() << "  pid " << s["pid"] << "  up "
-            << kvtier::tools::Duration(s["uptime_s"].get<double>()) << "  device " << s["device"].get<std::string>()
-            << "  hash " << s["hash"].get<std::string>() << "\n"
-            << "socket " << s["socket"].get<std::string>() << "\n\n";
+  std::cout << "kvtierd " << Str(s, "version") << "  pid " << Num(s, "pid") << "  up "
+            << kvtier::tools::Duration(Dbl(At(s, "uptime_s"))) << "  device " << Str(s, "device") << "  hash "
+            << Str(s, "hash") << "\n"
+            << "socket " << Str(s, "socket") << "\n\n";
   Table tiers({"TIER", "CAPACITY", "USED", "BLOCKS", "PINNED", "EVICTIONS", "HEALTH"});
-  for (const json& t : s["tiers"]) {
-    tiers.AddRow({t["tier"], Bytes(t["capacity_bytes"]), Bytes(t["used_bytes"]), Num(t["blocks"]),
-                  t.contains("pinned_blocks") ? Num(t["pinned_blocks"]) : "-", Num(t["evictions"]), t["health"]});
+  for (const json& t : List(At(s, "tiers"))) {
+    tiers.AddRow({Str(t, "tier"), Bytes(t, "capacity_bytes"), Bytes(t, "used_bytes"), Num(t, "blocks"),
+                  Num(t, "pinned_blocks"), Num(t, "evictions"), Str(t, "health")});
   }
   tiers.Print(std::cout);
   std::cout << "\n";
   PrintTenants(s);
   std::cout << "\n";
   PrintSessions(s);
-  const json& cm = s["cost_model"];
-  std::cout << "\ncost model " << cm["model"].get<std::string>() << ": prefill "
-            << Fixed(cm["prefill_tflops"].get<double>(), 1) << " TFLOP/s";
-  if (cm["prefill_fitted"].get<bool>()) {
-    std::cout << " + " << Fixed(cm["prefill_overhead_s"].get<double>() * 1e3, 2) << " ms (fitted to "
-              << cm["prefill_reports"] << " reports, r^2 " << Fixed(cm["prefill_r_squared"].get<double>(), 3) << ")";
+  const json& cm = At(s, "cost_model");
+  std::cout << "\ncost model " << Str(cm, "model") << ": prefill " << Fixed(Dbl(At(cm, "prefill_tflops")), 1)
+            << " TFLOP/s";
+  if (Bool(At(cm, "prefill_fitted"))) {
+    std::cout << " + " << Fixed(Dbl(At(cm, "prefill_overhead_s")) * 1e3, 2) << " ms (fitted to "
+              << Num(cm, "prefill_reports") << " reports, r^2 " << Fixed(Dbl(At(cm, "prefill_r_squared")), 3) << ")";
   } else {
-    std::cout << " (prior: " << cm["prefill_reports"] << " report_prefill calls so far, 2 needed)";
+    std::cout << " (prior: " << Num(cm, "prefill_reports") << " report_prefill calls so far, 2 needed)";
   }
-  std::cout << "; NVMe read " << Fixed(cm["nvme_read_gbps"].get<double>(), 2) << " GB/s + "
-            << Fixed(cm["nvme_read_latency_us"].get<double>(), 0) << " us ("
-            << (cm["nvme_measured"].get<bool>() ? "measured over " + cm["nvme_reads_measured"].dump() + " reads"
-                                                : std::string("prior"))
-            << ")" << (cm["decide"].get<bool>() ? "" : "; decisions off (always load, always demote)") << "\n";
-  const json& st = s["stats"];
-  std::cout << "\nlookups " << st["lookups"] << " (hit rate " << Fixed(st["hit_rate"].get<double>(), 3)
-            << ", reused-token ratio " << Fixed(st["reused_token_ratio"].get<double>(), 3) << ", block hit rate "
-            << Fixed(st["block_hit_rate"].get<double>(), 3) << ")  probes " << st["probes"] << "\n"
-            << "blocks hit " << st["blocks_hit"] << " (host " << st["blocks_hit_host"] << ", nvme "
-            << st["blocks_hit_nvme"] << ")  missed " << st["blocks_missed"] << "  tokens reused "
-            << st["tokens_hit"] << " of " << st["tokens_queried"] << "\n"
-            << "stored " << st["blocks_stored"] << " blocks (" << Bytes(st["bytes_stored"]) << ")  loaded "
-            << st["blocks_loaded"] << " blocks (" << Bytes(st["bytes_loaded"]) << ")  evictions " << st["evictions"]
-            << "  refused (no space) " << st["store_refused_no_space"] << "\n"
-            << "decisions: NVMe hits loaded " << st["blocks_hit_nvme"] << ", reported recompute "
-            << st["blocks_recompute"] << "; evictions demoted " << s["tiers"][0]["demotions"] << ", dropped "
-            << s["tiers"][0]["evictions_dropped"] << " (by cost " << s["tiers"][0]["evictions_dropped_by_cost"]
-            << "); in the background " << s["tiers"][0]["evictions_background"] << " (watermarks "
-            << Fixed(s["tiers"][0]["high_watermark"].get<double>(), 2) << " / "
-            << Fixed(s["tiers"][0]["low_watermark"].get<double>(), 2) << "), for token quotas "
-            << s["tiers"][0]["evictions_for_quota"] << "\n"
-            << "sessions attached " << st["sessions_attached"] << "  detached " << st["sessions_detached"]
-            << "  died " << st["sessions_closed_dead"] << "  refused " << st["attach_refused"] << "  protocol errors " << st["protocol_errors"] << "\n";
-  if (st.contains("kv_registrations")) {
-    std::cout << "engine KV caches registered " << st["kv_registrations"] << " (refused "
-              << st["kv_registrations_refused"] << ")  device stores " << st["device_stores"] << " ("
-              << st["device_blocks_stored"] << " blocks)  device loads " << st["device_loads"] << " ("
-              << st["device_blocks_loaded"] << " blocks)  device errors " << st["device_errors"] << "\n";
+  std::cout << "; NVMe read " << Fixed(Dbl(At(cm, "nvme_read_gbps")), 2) << " GB/s + "
+            << Fixed(Dbl(At(cm, "nvme_read_latency_us")), 0) << " us ("
+            << (Bool(At(cm, "nvme_measured")) ? "measured over " + Num(cm, "nvme_reads_measured") + " reads"
+                                              : std::string("prior"))
+            << ")" << (Bool(At(cm, "decide")) ? "" : "; decisions off (always load, always demote)") << "\n";
+  const json& st = At(s, "stats");
+  const json& t0 = At(At(s, "tiers"), 0);
+  auto n = [&](std::string_view key) { return Num(st, key); };
+  std::cout << "\nlookups " << n("lookups") << " (hit rate " << Fixed(Dbl(At(st, "hit_rate")), 3)
+            << ", reused-token ratio " << Fixed(Dbl(At(st, "reused_token_ratio")), 3) << ", block hit rate "
+            << Fixed(Dbl(At(st, "block_hit_rate")), 3) << ")  probes " << n("probes") << "\n"
+            << "blocks hit " << n("blocks_hit") << " (host " << n("blocks_hit_host") << ", nvme "
+            << n("blocks_hit_nvme") << ")  missed " << n("blocks_missed") << "  tokens reused "
+            << n("tokens_hit") << " of " << n("tokens_queried") << "\n"
+            << "stored " << n("blocks_stored") << " blocks (" << Bytes(st, "bytes_stored") << ")  loaded "
+            << n("blocks_loaded") << " blocks (" << Bytes(st, "bytes_loaded") << ")  evictions " << n("evictions")
+            << "  refused (no space) " << n("store_refused_no_space") << "\n"
+            << "decisions: NVMe hits loaded " << n("blocks_hit_nvme") << ", reported recompute "
+            << n("blocks_recompute") << "; evictions demoted " << Num(t0, "demotions") << ", dropped "
+            << Num(t0, "evictions_dropped") << " (by cost " << Num(t0, "evictions_dropped_by_cost")
+            << "); in the background " << Num(t0, "evictions_background") << " (watermarks "
+            << Fixed(Dbl(At(t0, "high_watermark")), 2) << " / "
+            << Fixed(Dbl(At(t0, "low_watermark")), 2) << "), for token quotas "
+            << Num(t0, "evictions_for_quota") << "\n"
+            << "sessions attached " << n("sessions_attached") << "  detached " << n("sessions_detached")
+            << "  died " << n("sessions_closed_dead") << "  refused " << n("attach_refused") << "  protocol errors " << n("protocol_errors") << "\n";
+  if (st.is_object() && st.contains("kv_registrations")) {
+    std::cout << "engine KV caches registered " << n("kv_registrations") << " (refused "
+              << n("kv_registrations_refused") << ")  device stores " << n("device_stores") << " ("
+              << n("device_blocks_stored") << " blocks)  device loads " << n("device_loads") << " ("
+              << n("device_blocks_loaded") << " blocks)  device errors " << n("device_errors") << "\n";
   }
 }
 
 void PrintTiers(const json& s) {
-  for (const json& t : s["tiers"]) {
-    const std::string name = t["tier"];
-    std::cout << name << " tier: " << Bytes(t["used_bytes"]) << " of " << Bytes(t["capacity_bytes"]) << " used, "
-              << t["blocks"] << " blocks, " << t["health"].get<std::string>() << "\n";
+  for (const json& t : List(At(s, "tiers"))) {
+    if (!t.is_object()) continue;
+    std::cout << Str(t, "tier") << " tier: " << Bytes(t, "used_bytes") << " of " << Bytes(t, "capacity_bytes")
+              << " used, " << Num(t, "blocks") << " blocks, " << Str(t, "health") << "\n";
     Table d({"FIGURE", "VALUE"});
     for (const auto& [k, v] : t.items()) {
       if (k == "tier" || k == "health" || v.is_object()) continue;
-      d.AddRow({k, k.find("bytes") != std::string::npos && v.is_number() ? Bytes(v) : (v.is_string() ? v.get<std::string>() : Num(v))});
+      d.AddRow({k, k.find("bytes") != std::string::npos && v.is_number() ? Bytes(v) : Num(v)});
     }
     for (const auto& [k, v] : t.items()) {
       if (!v.is_object()) continue;
@@ -152,79 +190,83 @@ std::string Bar(double share, int width = 20) {
 
 // One frame of `kvtierctl top`; rates from the previous frame.
 void PrintTop(const json& s, const json* prev, double interval_s) {
-  const json& st = s["stats"];
-  std::cout << "kvtierd " << s["version"].get<std::string>() << "  pid " << s["pid"] << "  up "
-            << kvtier::tools::Duration(s["uptime_s"].get<double>()) << "  sessions " << s["sessions"].size()
-            << "  device " << s["device"].get<std::string>() << "\n\n";
+  const json& st = At(s, "stats");
+  std::cout << "kvtierd " << Str(s, "version") << "  pid " << Num(s, "pid") << "  up "
+            << kvtier::tools::Duration(Dbl(At(s, "uptime_s"))) << "  sessions " << List(At(s, "sessions")).size()
+            << "  device " << Str(s, "device") << "\n\n";
   Table tiers({"TIER", "USED", "", "BLOCKS", "HEALTH"});
-  for (const json& t : s["tiers"]) {
-    const double cap = double(t["capacity_bytes"].get<uint64_t>());
-    tiers.AddRow({t["tier"], Bytes(t["used_bytes"]) + " / " + Bytes(t["capacity_bytes"]),
-                  Bar(cap > 0 ? double(t["used_bytes"].get<uint64_t>()) / cap : 0), Num(t["blocks"]), t["health"]});
+  for (const json& t : List(At(s, "tiers"))) {
+    const double cap = double(U64(At(t, "capacity_bytes")));
+    tiers.AddRow({Str(t, "tier"), Bytes(t, "used_bytes") + " / " + Bytes(t, "capacity_bytes"),
+                  Bar(cap > 0 ? double(U64(At(t, "used_bytes"))) / cap : 0), Num(t, "blocks"), Str(t, "health")});
   }
   tiers.Print(std::cout);
   std::cout << "\n";
   auto rate = [&](const char* key) {
     if (prev == nullptr || interval_s <= 0) return std::string("-");
-    const double d = double(st[key].get<uint64_t>()) - double((*prev)["stats"][key].get<uint64_t>());
+    const double d = double(U64(At(st, key))) - double(U64(At(At(*prev, "stats"), key)));
     return Fixed(d / interval_s, 1) + "/s";
   };
   Table rates({"FIGURE", "TOTAL", "RATE"});
-  rates.AddRow({"lookups", Num(st["lookups"]), rate("lookups")});
-  rates.AddRow({"blocks stored", Num(st["blocks_stored"]), rate("blocks_stored")});
-  rates.AddRow({"blocks loaded", Num(st["blocks_loaded"]), rate("blocks_loaded")});
-  rates.AddRow({"evictions", Num(st["evictions"]), rate("evictions")});
+  rates.AddRow({"lookups", Num(st, "lookups"), rate("lookups")});
+  rates.AddRow({"blocks stored", Num(st, "blocks_stored"), rate("blocks_stored")});
+  rates.AddRow({"blocks loaded", Num(st, "blocks_loaded"), rate("blocks_loaded")});
+  rates.AddRow({"evictions", Num(st, "evictions"), rate("evictions")});
   rates.Print(std::cout);
-  std::cout << "\nhit rate " << Bar(st["hit_rate"].get<double>()) << "   reused tokens "
-            << Bar(st["reused_token_ratio"].get<double>()) << "\n\n";
+  std::cout << "\nhit rate " << Bar(Dbl(At(st, "hit_rate"))) << "   reused tokens "
+            << Bar(Dbl(At(st, "reused_token_ratio"))) << "\n\n";
   PrintTenants(s);
 }
 
 void PrintBlocks(const json& r) {
   Table t({"KEY", "TENANT", "MODEL", "TIERS", "PINS", "TOKENS", "DEPTH", "BYTES"});
-  for (const json& b : r["blocks"]) {
+  for (const json& b : List(At(r, "blocks"))) {
     std::string tiers;
-    for (const json& x : b["tiers"]) tiers += (tiers.empty() ? "" : ",") + x.get<std::string>();
-    if (b["moving"].get<bool>()) tiers += tiers.empty() ? "moving" : " (moving)";
-    t.AddRow({b["key"].get<std::string>().substr(0, 16) + "...", b["tenant"], b["model"], tiers, Num(b["pins"]),
-              Num(b["tokens"]), b["depth"].is_null() ? "-" : Num(b["depth"]), Bytes(b["bytes"])});
+    for (const json& x : List(At(b, "tiers"))) tiers += (tiers.empty() ? "" : ",") + Str(x);
+    if (Bool(At(b, "moving"))) tiers += tiers.empty() ? "moving" : " (moving)";
+    t.AddRow({Str(b, "key").substr(0, 16) + "...", Str(b, "tenant"), Str(b, "model"), tiers, Num(b, "pins"),
+              Num(b, "tokens"), Num(b, "depth"), Bytes(b, "bytes")});
   }
   if (t.empty()) {
     std::cout << "no blocks\n";
   } else {
     t.Print(std::cout);
   }
-  std::cout << r["blocks"].size() << " of " << r["indexed_blocks"] << " indexed blocks shown (--limit "
-            << r["limit"] << ")\n";
+  std::cout << List(At(r, "blocks")).size() << " of " << Num(r, "indexed_blocks") << " indexed blocks shown (--limit "
+            << Num(r, "limit") << ")\n";
 }
 
 void PrintBlock(const json& b) {
   Table t({"FIELD", "VALUE"});
-  for (const auto& [k, v] : b.items()) {
-    t.AddRow({k, v.is_string() ? v.get<std::string>() : v.is_array() || v.is_null() ? v.dump() : Num(v)});
+  if (b.is_object()) {
+    for (const auto& [k, v] : b.items()) t.AddRow({k, v.is_array() ? Str(v.dump()) : Num(v)});
   }
   t.Print(std::cout);
 }
 
+// Nesting is bounded by AdminCall (kMaxJsonDepth), so is this recursion.
 void PrintConfig(const json& c, const std::string& prefix = "") {
+  if (!c.is_object()) return;
   for (const auto& [k, v] : c.items()) {
     if (v.is_object()) {
       PrintConfig(v, prefix + k + ".");
     } else {
-      std::cout << prefix << k << " = " << v.dump() << "\n";
+      std::cout << kvtier::tools::Printable(prefix + k) << " = " << kvtier::tools::Printable(v.dump()) << "\n";
     }
   }
 }
 
-// Exit codes: see the file comment.
+// Exit codes: see the file comment. An answer kvtierctl cannot read (not
+// JSON, too long, too deep) is kvtierd's fault, as a refusal is: 3, not the
+// 1 of a daemon that is not there.
 int Fail(const absl::Status& s) {
-  std::cerr << "kvtierctl: " << s.message() << "\n";
-  return absl::IsFailedPrecondition(s) ? 3 : 1;
+  std::cerr << "kvtierctl: " << kvtier::tools::Printable(std::string(s.message())) << "\n";
+  return absl::IsFailedPrecondition(s) || absl::IsDataLoss(s) ? 3 : 1;
 }
 
 }  // namespace
 
-int main(int argc, char** argv) {
+static int Main(int argc, char** argv) {
   CLI::App app{"kvtierctl: inspect and steer a running kvtierd"};
   app.set_version_flag("--version", KVTIER_VERSION);
   std::string socket = kvtier::DefaultAdminSocketPath();
@@ -259,8 +301,8 @@ int main(int argc, char** argv) {
              "  kvtierctl blocks inspect 3f2a...(64 hex digits)\n  kvtierctl evict --tenant default\n"
              "  kvtierctl flush\n  kvtierctl drain\n  kvtierctl config show\n  kvtierctl top -i 2\n"
              "  kvtierctl capacity --model config.json --seq 4096 --seq 2048\n"
-             "Exit codes: 0 ok, 1 kvtierd unreachable, 2 usage error, 3 kvtierd answered with an error, 4 an input "
-             "file is missing or wrong");
+             "Exit codes: 0 ok, 1 kvtierd unreachable, 2 usage error, 3 kvtierd answered with an error (or an answer "
+             "kvtierctl cannot read), 4 an input file is missing or wrong");
   CLI::App* sessions = app.add_subcommand("sessions", "engine sessions: pid, uid, tenant, namespace, ops, leases");
   CLI::App* tenants = app.add_subcommand("tenants", "tenants: sessions, blocks, host and NVMe use against quotas");
   CLI::App* blocks = app.add_subcommand("blocks", "blocks the daemon holds");
@@ -325,40 +367,40 @@ int main(int argc, char** argv) {
     absl::StatusOr<json> r = call(req);
     if (!r.ok()) return Fail(r.status());
     if (blocks_ls->parsed()) return emit(*r, PrintBlocks);
-    if ((*r)["blocks"].empty()) {
+    if (List(At(*r, "blocks")).empty()) {
       std::cerr << "kvtierctl: no block with key " << inspect_key << "\n";
       return 3;
     }
-    return emit((*r)["blocks"][0], PrintBlock);
+    return emit(At(At(*r, "blocks"), 0), PrintBlock);
   }
   if (evict->parsed()) {
     absl::StatusOr<json> r = call({{"cmd", "evict"}, {"tenant", evict_tenant}});
     if (!r.ok()) return Fail(r.status());
     return emit(*r, [](const json& j) {
-      std::cout << "evicted " << j["evicted"] << " blocks of tenant " << j["tenant"].get<std::string>() << "\n";
+      std::cout << "evicted " << Num(j, "evicted") << " blocks of tenant " << Str(j, "tenant") << "\n";
     });
   }
   if (flush->parsed()) {
     absl::StatusOr<json> r = call({{"cmd", "flush"}});
     if (!r.ok()) return Fail(r.status());
     emit(*r, [](const json& j) {
-      std::cout << "wrote " << j["written"] << " blocks to NVMe (" << j["already_on_nvme"] << " were there already, "
-                << j["failed"] << " failed" << (j["timed_out"].get<bool>() ? ", timed out" : "") << "); journal "
-                << j["journal"].get<std::string>() << "\n";
+      std::cout << "wrote " << Num(j, "written") << " blocks to NVMe (" << Num(j, "already_on_nvme")
+                << " were there already, " << Num(j, "failed") << " failed"
+                << (Bool(At(j, "timed_out")) ? ", timed out" : "") << "); journal " << Str(j, "journal") << "\n";
     });
-    return (*r)["failed"].get<uint64_t>() == 0 && !(*r)["timed_out"].get<bool>() ? 0 : 3;
+    return U64(At(*r, "failed")) == 0 && !Bool(At(*r, "timed_out")) ? 0 : 3;
   }
   if (drain->parsed()) {
     absl::StatusOr<json> r = call({{"cmd", "drain"}});
     if (!r.ok()) return Fail(r.status());
     return emit(*r, [](const json& j) {
-      std::cout << "kvtierd is draining (at most " << j["timeout_ms"] << " ms) and will exit\n";
+      std::cout << "kvtierd is draining (at most " << Num(j, "timeout_ms") << " ms) and will exit\n";
     });
   }
   if (config->parsed()) {
     absl::StatusOr<json> r = call({{"cmd", "config"}});
     if (!r.ok()) return Fail(r.status());
-    return emit((*r)["config"], [](const json& j) { PrintConfig(j); });
+    return emit(At(*r, "config"), [](const json& j) { PrintConfig(j); });
   }
   if (top->parsed()) {
     json prev;
@@ -380,8 +422,8 @@ int main(int argc, char** argv) {
 
   absl::StatusOr<json> s = call(json{{"cmd", "status"}});
   if (!s.ok()) return Fail(s.status());
-  if (sessions->parsed()) return emit(json{{"sessions", (*s)["sessions"]}}, PrintSessions);
-  if (tenants->parsed()) return emit(json{{"tenants", (*s)["tenants"]}}, PrintTenants);
+  if (sessions->parsed()) return emit(json{{"sessions", At(*s, "sessions")}}, PrintSessions);
+  if (tenants->parsed()) return emit(json{{"tenants", At(*s, "tenants")}}, PrintTenants);
   if (status->parsed()) {
     if (as_json) {
       std::cout << s->dump() << "\n";
@@ -390,10 +432,22 @@ int main(int argc, char** argv) {
     }
   } else if (tiers->parsed()) {
     if (as_json) {
-      std::cout << json{{"tiers", (*s)["tiers"]}}.dump() << "\n";
+      std::cout << json{{"tiers", At(*s, "tiers")}}.dump() << "\n";
     } else {
       PrintTiers(*s);
     }
   }
   return 0;
+}
+
+int main(int argc, char** argv) {
+  // The printers read the daemon's answer without throwing; this is the
+  // last line of defence, so that a mistake there is an error message and
+  // exit 3 rather than std::terminate.
+  try {
+    return Main(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "kvtierctl: cannot read kvtierd's answer: " << kvtier::tools::Printable(e.what()) << "\n";
+    return 3;
+  }
 }

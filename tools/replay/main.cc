@@ -1,7 +1,8 @@
 // kvtier-replay: drives a running kvtierd with a trace or a synthetic chat
 // workload, verifying every loaded byte, and reports hit rates and latencies.
 //
-// Exit codes: 0 ok, 1 a session failed or a loaded byte was wrong, 2 usage.
+// Exit codes: 0 ok, 1 a session failed or a loaded byte was wrong, 2 usage,
+// 4 an input file (the trace, --model-config) is unreadable or wrong.
 #include <cctype>
 #include <iostream>
 
@@ -11,6 +12,7 @@
 #include "core/cli_parse.h"
 #include "core/units.h"
 #include "tools/common/table.h"
+#include "tools/common/trace.h"
 #include "tools/replay/replayer.h"
 #include "tools/replay/simulate.h"
 #include "tools/replay/workload.h"
@@ -55,7 +57,7 @@ int RunSimulation(const kvtier::tools::Workload& workload, const SimFlags& f, ui
     auto m = kvtier::ModelProfile::FromHfConfigFile(f.model_config);
     if (!m.ok()) {
       std::cerr << "kvtier-replay: --model-config: " << m.status().message() << "\n";
-      return 2;
+      return 4;
     }
     base.model = *m;
   }
@@ -167,7 +169,9 @@ int main(int argc, char** argv) {
   SimFlags sim;
   kvtier::tools::ChatOptions chat;
   app.add_option("-s,--socket", socket, "kvtierd's socket (default: $KVTIER_SOCKET or the default run dir)");
-  app.add_option("-t,--trace", trace, "Mooncake-format JSONL trace; without it, the synthetic chat workload")
+  app.add_option("-t,--trace", trace,
+                 std::string("Mooncake-format JSONL trace (") + kvtier::tools::kTraceLimitsText +
+                     "); without it, the synthetic chat workload")
       ->check(CLI::ExistingFile);
   app.add_option("-n,--requests", limit, "replay at most this many requests (0: all)");
   app.add_option("--block-tokens", block_tokens, "tokens per block (default 512 for traces, 64 for the chat)");
@@ -207,7 +211,9 @@ int main(int argc, char** argv) {
   app.footer("Examples:\n  kvtier-replay                                   # synthetic multi-turn chat\n"
              "  kvtier-replay --trace conversation_trace.jsonl --block-bytes 32KiB\n"
              "  kvtier-replay --sessions 2 --json | jq .token_hit_rate\n"
-             "  kvtier-replay --simulate --trace conversation_trace.jsonl --tier host=1M,3M,10M --infinite");
+             "  kvtier-replay --simulate --trace conversation_trace.jsonl --tier host=1M,3M,10M --infinite\n"
+             "Exit codes: 0 ok, 1 a session failed or a loaded byte was wrong, 2 usage error, 4 the trace or "
+             "--model-config is unreadable or wrong");
   KVTIER_CLI_PARSE(app, argc, argv);
 
   auto block_bytes = kvtier::ParseBytes(block_bytes_text);
@@ -220,7 +226,7 @@ int main(int argc, char** argv) {
     auto w = kvtier::tools::LoadMooncakeTrace(trace, block_tokens ? block_tokens : 512, limit);
     if (!w.ok()) {
       std::cerr << "kvtier-replay: " << w.status().message() << "\n";
-      return 2;
+      return 4;
     }
     workload = std::move(*w);
   } else {

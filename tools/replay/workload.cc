@@ -1,45 +1,38 @@
 #include "tools/replay/workload.h"
 
 #include <algorithm>
-#include <fstream>
 #include <random>
 
 #include "absl/strings/str_cat.h"
 #include "core/block_key.h"
-#include "nlohmann/json.hpp"
+#include "core/status.h"
+#include "tools/common/trace.h"
 
 namespace kvtier::tools {
 
 absl::StatusOr<Workload> LoadMooncakeTrace(const std::string& path, uint32_t block_tokens, size_t limit) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open trace ", path));
   if (block_tokens == 0) return absl::InvalidArgumentError("block_tokens must be positive");
+  // TraceReader bounds each line (length, tokens, hash_ids, timestamp):
+  // a hostile trace is an error naming its line.
+  ASSIGN_OR_RETURN(TraceReader trace, TraceReader::Open(path));
   Workload w;
   w.block_tokens = block_tokens;
-  std::string line;
-  size_t lineno = 0;
-  while (std::getline(in, line) && (limit == 0 || w.requests.size() < limit)) {
-    ++lineno;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    auto bad = [&](absl::string_view why) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ":", lineno, ": ", why,
-                                                     " (expected {\"timestamp\", \"input_length\", \"hash_ids\"})"));
-    };
-    if (j.is_discarded() || !j.is_object()) return bad("not a JSON object");
-    if (!j.contains("input_length") || !j["input_length"].is_number_unsigned()) return bad("no input_length");
-    if (!j.contains("hash_ids") || !j["hash_ids"].is_array()) return bad("no hash_ids list");
+  TraceRecord t;
+  while (limit == 0 || w.requests.size() < limit) {
+    ASSIGN_OR_RETURN(bool more, trace.Next(&t));
+    if (!more) break;
+    if (!t.has_hash_ids) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ":", trace.line(), ": no \"hash_ids\" list"));
+    }
     Request r;
-    r.arrival_ms = j.value("timestamp", uint64_t{0});
-    r.prompt_tokens = j["input_length"].get<uint64_t>();
+    r.arrival_ms = t.timestamp_ms;
+    r.prompt_tokens = t.input_length;
     r.stream = static_cast<uint32_t>(w.requests.size());
-    const size_t full = std::min<size_t>(j["hash_ids"].size(), r.prompt_tokens / block_tokens);
+    const size_t full = std::min<size_t>(t.hash_ids.size(), r.prompt_tokens / block_tokens);
     r.keys.reserve(full);
     for (size_t i = 0; i < full; ++i) {
-      const nlohmann::json& id = j["hash_ids"][i];
-      if (!id.is_number_unsigned()) return bad("hash_ids must be non-negative integers");
       std::string buf = "mooncake-block";
-      const uint64_t v = id.get<uint64_t>();
+      const uint64_t v = t.hash_ids[i];
       buf.append(reinterpret_cast<const char*>(&v), sizeof(v));
       r.keys.push_back(Sha256(std::as_bytes(std::span(buf.data(), buf.size()))));
     }

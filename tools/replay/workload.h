@@ -32,7 +32,9 @@ struct Workload {
 
 // Reads a Mooncake-format trace. Keys are SHA-256("mooncake-block" || id),
 // one per full block: min(len(hash_ids), input_length / block_tokens).
-// limit 0 reads everything. Errors name the line.
+// limit 0 reads everything. The file is untrusted: each line is bounded
+// (tools/common/trace.h, kTraceLimitsText), and a bad one is InvalidArgument
+// naming it (path:line); NotFound when the file cannot be read.
 absl::StatusOr<Workload> LoadMooncakeTrace(const std::string& path, uint32_t block_tokens, size_t limit);
 
 struct ChatOptions {
