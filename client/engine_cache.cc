@@ -167,7 +167,7 @@ Result<uint64_t> Client::MapGpuArena() {
     if (!ipc::IsSealedAgainstShrink(fd) || *size < reply->arena_bytes) {
       return Status(ErrorCode::kProtocol, "kvtierd's GPU-tier arena memfd is unsealed or smaller than it claims");
     }
-    absl::StatusOr<ipc::MappedRegion> region = ipc::MappedRegion::Map(fd, reply->arena_bytes);
+    absl::StatusOr<ipc::MappedRegion> region = ipc::MappedRegion::MapReadOnly(fd, reply->arena_bytes);
     if (!region.ok()) return ToPublic(region.status());
     c.gpu_arena.region = std::move(*region);
     c.gpu_arena.base = c.gpu_arena.region.data();

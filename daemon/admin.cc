@@ -233,7 +233,8 @@ nlohmann::json Daemon::ConfigJson() const {
               {"ipc", {{"ring_entries", c.ring_entries}, {"scratch_bytes", c.scratch_bytes},
                        {"max_keys_per_op", c.max_keys_per_op}, {"spin_us", c.spin_us},
                        {"max_sessions", c.max_sessions}, {"max_leases_per_session", c.max_leases_per_session}}},
-              {"metrics", {{"enabled", c.metrics_enabled}, {"address", c.metrics_address}, {"port", c.metrics_port}}},
+              {"metrics", {{"enabled", c.metrics_enabled}, {"address", c.metrics_address}, {"port", c.metrics_port},
+                           {"token_file", c.metrics_token_file}}},
               {"tiers", {{"host", {{"capacity", c.host_capacity}, {"prefault", c.host_prefault}, {"policy", c.host_policy},
                                    {"high_watermark", c.host_high_watermark},
                                    {"low_watermark", c.host_low_watermark}}},
@@ -443,6 +444,7 @@ nlohmann::json Daemon::Status() const {
              {"attach_refused", s.attach_refused.Get()},
              {"sessions_closed_dead", s.sessions_closed_dead.Get()},
              {"protocol_errors", s.protocol_errors.Get()}};
+  stats["log_lines_suppressed"] = s.log_lines_suppressed.Get();
   json refused = json::object();
   for (size_t i = 0; i < s.refused.size(); ++i) refused[kRefusalNames[i]] = s.refused[i].Get();
   stats["refused"] = refused;

@@ -61,6 +61,9 @@ void BlockCache::RegisterNamespace(const NamespaceInfo& info) {
     if (ns_info_.size() <= info.handle) ns_info_.resize(info.handle + 1);
     fresh = ns_info_[info.handle].block_bytes == 0;
     ns_info_[info.handle] = info;
+    // Said once per block shape, not once per namespace: fresh namespaces
+    // are a peer's to make.
+    if (fresh) fresh = unpriced_logged_.insert({info.block_bytes, info.block_tokens, info.tp_size}).second;
   }
   if (fresh && cost_.decide() && !cost_.Prices(info.block_bytes, info.block_tokens, info.tp_size)) {
     spdlog::info(

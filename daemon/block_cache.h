@@ -22,9 +22,11 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
 #include "core/mutex.h"
@@ -379,6 +381,7 @@ class BlockCache {
 
   mutable Mutex ns_mu_;
   std::vector<NamespaceInfo> ns_info_ ABSL_GUARDED_BY(ns_mu_);  // by handle
+  absl::flat_hash_set<std::tuple<uint64_t, uint32_t, uint32_t>> unpriced_logged_ ABSL_GUARDED_BY(ns_mu_);
 };
 
 }  // namespace kvtier

@@ -368,6 +368,7 @@ absl::StatusOr<Config> ParseConfig(std::string_view toml_text, std::string_view 
     RETURN_IF_ERROR(r.Bool("enabled", &c.metrics_enabled));
     RETURN_IF_ERROR(r.String("address", &c.metrics_address));
     RETURN_IF_ERROR(r.Int("port", &c.metrics_port, 0, 65535));
+    RETURN_IF_ERROR(r.String("token_file", &c.metrics_token_file));
     RETURN_IF_ERROR(r.RejectUnknown());
   }
   if (const toml::table* t = top.SubTable("ipc")) {
@@ -388,6 +389,8 @@ absl::StatusOr<Config> ParseConfig(std::string_view toml_text, std::string_view 
     RETURN_IF_ERROR(r.Int("leased_blocks_per_session", &c.limit_leased_blocks_per_session, 1, 1 << 26));
     RETURN_IF_ERROR(r.Int("pending_connections", &c.limit_pending_connections, 1, 65536));
     RETURN_IF_ERROR(r.Int("pending_connections_per_uid", &c.limit_pending_connections_per_uid, 1, 65536));
+    RETURN_IF_ERROR(r.Int("namespaces_per_tenant", &c.limit_namespaces_per_tenant, 1, 1 << 24));
+    RETURN_IF_ERROR(r.Int("log_lines_per_s", &c.limit_log_lines_per_s, 0, 1000000));
     RETURN_IF_ERROR(r.RejectUnknown());
   }
   if (const toml::table* t = top.SubTable("tiers")) {
@@ -573,6 +576,8 @@ std::string DefaultConfigToml() {
       "enabled = true             # Prometheus text at http://address:port/metrics\n"
       "address = \"127.0.0.1\"\n"
       "port = 9464                 # 0: any free port (kvtierctl status shows it)\n"
+      "token_file = \"\"             # a file with a bearer token scrapes must send (mode 0600/0640);\n"
+      "                            # empty: any local user may scrape (docs/security.md)\n"
       "\n[ipc]\n"
       "ring_entries = 256          # request/completion ring records per session\n"
       "scratch_bytes = \"4MiB\"     # per-session shared space for keys and results\n"
@@ -589,6 +594,9 @@ std::string DefaultConfigToml() {
       "leased_blocks_per_session = 262144  # blocks held by a session's leases at once\n"
       "pending_connections = 256           # connections that have not attached yet, in all\n"
       "pending_connections_per_uid = 16    # ... from one local user\n"
+      "namespaces_per_tenant = 1024        # distinct namespaces (model revisions, adapters) per tenant\n"
+      "log_lines_per_s = 20                # attach/detach/refusal log lines per tenant or uid (bursts of\n"
+      "                                    # 10 s worth); dropped lines are counted; 0: no limit\n"
       "\n[tiers.host]\n"
       "capacity = \"1GiB\"          # per-tenant shared host arena\n"
       "prefault = false            # fault the arena in at start\n"

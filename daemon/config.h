@@ -58,6 +58,8 @@ struct Config {
   uint32_t limit_leased_blocks_per_session = 262144;
   uint32_t limit_pending_connections = 256;          // unauthenticated connections, in all
   uint32_t limit_pending_connections_per_uid = 16;   // ... from one uid
+  uint32_t limit_namespaces_per_tenant = 1024;
+  uint32_t limit_log_lines_per_s = 20;  // per tenant (or uid): attach/detach/refusal lines; 0: no limit
   // Sessions a tenant may hold at once (the resolved default).
   uint32_t SessionsPerTenant() const;
   // [tiers.host]
@@ -88,6 +90,8 @@ struct Config {
   bool metrics_enabled = true;
   std::string metrics_address = "127.0.0.1";
   uint32_t metrics_port = 9464;  // 0: any free port (kvtierctl status shows which)
+  // A file holding a bearer token every scrape must send; empty: none.
+  std::string metrics_token_file;
   // [cost_model]
   std::string cost_model_config;  // HF config.json; empty: ModelProfile::Default()
   double cost_prefill_tflops = 300;

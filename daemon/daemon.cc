@@ -1,5 +1,6 @@
 #include "daemon/daemon.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -45,6 +46,29 @@ absl::Status MakeDirs(const std::string& dir, mode_t mode) {
   return absl::OkStatus();
 }
 
+// The metrics bearer token: the file's first line, which must not be
+// readable by every local user (that is whom it keeps out).
+absl::StatusOr<std::string> ReadMetricsToken(const std::string& path) {
+  UniqueFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("metrics.token_file ", path));
+  struct stat st;
+  if (fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, absl::StrCat("metrics.token_file ", path));
+  if ((st.st_mode & S_IROTH) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat("metrics.token_file ", path,
+                                                      " is readable by every user; chmod o-r it"));
+  }
+  char buf[4097];
+  const ssize_t n = read(fd.get(), buf, sizeof(buf));
+  if (n < 0) return ErrnoStatus(errno, absl::StrCat("reading metrics.token_file ", path));
+  std::string token(buf, static_cast<size_t>(n));
+  token = token.substr(0, token.find_first_of("\r\n"));
+  if (token.empty() || token.size() > 4096 || !IsPrintableUtf8(token) || token.find(' ') != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "metrics.token_file ", path, " must hold one token of 1 to 4096 printable characters without spaces"));
+  }
+  return token;
+}
+
 }  // namespace
 
 void Daemon::BlockSignals() {
@@ -70,6 +94,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const Config& config) {
 
 absl::Status Daemon::Open() {
   started_ns_ = MonotonicNanos();
+  log_limiter_ = std::make_unique<LogLimiter>(config_.limit_log_lines_per_s, config_.limit_log_lines_per_s * 10, &stats_);
   ASSIGN_OR_RETURN(DeviceChoice choice,
                    OpenDeviceBackend(config_.device, SimDeviceOptions{config_.sim_bandwidth}));
   device_ = std::move(choice.backend);
@@ -164,9 +189,13 @@ absl::Status Daemon::Open() {
   spdlog::info("event=listening socket={} admin_socket={} hash={}", config_.DataSocketPath(),
                config_.AdminSocketPath(), HashAlgorithmName(config_.hash));
   if (config_.metrics_enabled) {
+    std::string token;
+    if (!config_.metrics_token_file.empty()) {
+      ASSIGN_OR_RETURN(token, ReadMetricsToken(config_.metrics_token_file));
+    }
     absl::StatusOr<std::unique_ptr<MetricsServer>> m =
         MetricsServer::Start(config_.metrics_address, static_cast<uint16_t>(config_.metrics_port),
-                             [this] { return StatusFromLoop(); });
+                             [this] { return StatusFromLoop(); }, std::move(token));
     if (m.ok()) {
       metrics_ = std::move(*m);
       spdlog::info("event=metrics url=http://{}:{}/metrics", config_.metrics_address, metrics_->port());
@@ -401,8 +430,10 @@ void Daemon::OnPendingAttach(int fd) {
 
 void Daemon::RefuseAttach(int fd, int code, const std::string& message, const ipc::PeerCredentials& peer) {
   stats_.attach_refused.Add();
-  spdlog::warn("event=attach_refused pid={} uid={} gid={} code={} reason=\"{}\"", peer.pid, peer.uid,
-               peer.gid, kvtier_strerror(code), message);
+  if (log_limiter_->Allow(absl::StrCat("uid:", peer.uid))) {
+    spdlog::warn("event=attach_refused pid={} uid={} gid={} code={} reason=\"{}\"", peer.pid, peer.uid,
+                 peer.gid, kvtier_strerror(code), message);
+  }
   ipc::AttachReply reply;
   reply.status = code;
   reply.message = message;
@@ -470,8 +501,10 @@ void Daemon::Attach(UniqueFd fd, std::span<const std::byte> request) {
   }
   const uint16_t tenant_idx = tenant_index_.at(tenant->name);
   const NamespaceId ns_id = ComputeNamespaceId(req->ns, tenant->name, tenant->salt);
-  absl::StatusOr<NamespaceInfo> ns = namespaces_.Register(ns_id, tenant_idx, req->ns);
+  absl::StatusOr<NamespaceInfo> ns =
+      namespaces_.Register(ns_id, tenant_idx, req->ns, config_.limit_namespaces_per_tenant);
   if (!ns.ok()) {
+    if (ToErrorCode(ns.status()) == KVTIER_EBUSY) stats_.Refused(Refusal::kTenantNamespaces);
     RefuseAttach(fd.get(), ToErrorCode(ns.status()), std::string(ns.status().message()), *peer);
     return;
   }
@@ -504,7 +537,7 @@ void Daemon::Attach(UniqueFd fd, std::span<const std::byte> request) {
   SessionIdentity identity{id, *peer, req->client_name, static_cast<uint64_t>(time(nullptr))};
   auto session = std::make_unique<Session>(
       identity, *ns, tenant->name, std::move(*seg), std::move(fd), cache_.get(), &stats_,
-      SessionOptions{config_.spin_us}, [this] {
+      SessionOptions{config_.spin_us, log_limiter_.get()}, [this] {
         const uint64_t one = 1;
         (void)!write(wake_fd_.get(), &one, sizeof(one));
       },
@@ -514,7 +547,7 @@ void Daemon::Attach(UniqueFd fd, std::span<const std::byte> request) {
   if (pidfd.valid()) Watch(pidfd.get(), FdKind::kSessionPid, id, EPOLLIN);
   session->Start();
   stats_.sessions_attached.Add();
-  spdlog::info("event=attach session={} pid={} uid={} tenant={} namespace={} model={} block_bytes={} "
+  if (log_limiter_->Allow(tenant->name)) spdlog::info("event=attach session={} pid={} uid={} tenant={} namespace={} model={} block_bytes={} "
                "client=\"{}\"",
                id, peer->pid, peer->uid, tenant->name, ShortId(ns_id), ns->model_id, ns->block_bytes,
                req->client_name);
@@ -573,10 +606,12 @@ void Daemon::OnSessionGone(uint64_t session_id, absl::string_view why) {
   if (!ls.session->finished()) {
     if (ls.session->client_detached()) {
       stats_.sessions_detached.Add();
-      spdlog::info("event=detach session={} pid={}", session_id, ls.session->identity().peer.pid);
+      if (log_limiter_->Allow(ls.session->tenant())) {
+        spdlog::info("event=detach session={} pid={}", session_id, ls.session->identity().peer.pid);
+      }
     } else {
       stats_.sessions_closed_dead.Add();
-      spdlog::info("event=client_gone session={} pid={} detail=\"{}\" action=release_pins", session_id,
+      if (log_limiter_->Allow(ls.session->tenant())) spdlog::info("event=client_gone session={} pid={} detail=\"{}\" action=release_pins", session_id,
                    ls.session->identity().peer.pid, why);
     }
   }

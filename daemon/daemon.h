@@ -23,6 +23,7 @@
 #include "daemon/block_cache.h"
 #include "daemon/config.h"
 #include "daemon/gpu_cache.h"
+#include "daemon/log_limiter.h"
 #include "daemon/metrics.h"
 #include "daemon/namespace_registry.h"
 #include "daemon/service_notify.h"
@@ -121,6 +122,7 @@ class Daemon {
   // Per tenant: its registered KV caches, across sessions. Declared before
   // sessions_, so it outlives them.
   absl::flat_hash_map<std::string, std::unique_ptr<KvCacheBudget>> kv_budgets_;
+  std::unique_ptr<LogLimiter> log_limiter_;  // outlives the sessions, which use it
   NamespaceRegistry namespaces_;
   absl::flat_hash_map<std::string, uint16_t> tenant_index_;
 

@@ -132,6 +132,10 @@ std::string PrometheusText(const json& s) {
     }
   }
 
+  w.Family("kvtier_log_lines_suppressed_total", "counter",
+           "Log lines peers would have caused beyond limits.log_lines_per_s (dropped).");
+  w.Sample("kvtier_log_lines_suppressed_total", "", double(U(st, "log_lines_suppressed")));
+
   // Bytes moved, per direction.
   uint64_t nvme_read = 0, nvme_written = 0, checksum = 0, nvme_evictions = 0;
   for (const json& t : s["tiers"]) {
@@ -215,10 +219,24 @@ std::string PrometheusText(const json& s) {
 }
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& address, uint16_t port,
-                                                                    Snapshot snapshot) {
+                                                                    Snapshot snapshot, std::string bearer_token) {
   std::unique_ptr<MetricsServer> m(new MetricsServer());
   m->server_ = std::make_unique<httplib::Server>();
-  m->server_->Get("/metrics", [snapshot](const httplib::Request&, httplib::Response& res) {
+  m->server_->Get("/metrics", [snapshot, token = std::move(bearer_token)](const httplib::Request& req,
+                                                                         httplib::Response& res) {
+    if (!token.empty()) {
+      const std::string want = "Bearer " + token;
+      const std::string got = req.get_header_value("Authorization");
+      // Compared in time independent of where the first difference is.
+      unsigned diff = got.size() != want.size();
+      for (size_t i = 0; i < want.size(); ++i) diff |= static_cast<unsigned>(i < got.size() ? got[i] ^ want[i] : 1);
+      if (diff != 0) {
+        res.status = 401;
+        res.set_header("WWW-Authenticate", "Bearer realm=\"kvtierd\"");
+        res.set_content("kvtierd: metrics need the bearer token of metrics.token_file\n", "text/plain");
+        return;
+      }
+    }
     std::optional<json> s = snapshot();
     if (!s) {
       res.status = 503;

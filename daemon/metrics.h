@@ -39,8 +39,12 @@ class MetricsServer {
  public:
   using Snapshot = std::function<std::optional<nlohmann::json>()>;
   // port 0 picks a free port. Errors name the address.
+  // A non-empty `bearer_token` is required of every scrape
+  // ("Authorization: Bearer <token>"; 401 otherwise): the metrics show
+  // daemon-wide lookups as they happen, which a local user who is no
+  // tenant could otherwise watch (docs/security.md).
   static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(const std::string& address, uint16_t port,
-                                                              Snapshot snapshot);
+                                                              Snapshot snapshot, std::string bearer_token = "");
   ~MetricsServer();
   uint16_t port() const { return port_; }
 

@@ -1,9 +1,12 @@
 #include "daemon/namespace_registry.h"
 
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+
 namespace kvtier {
 
 absl::StatusOr<NamespaceInfo> NamespaceRegistry::Register(const NamespaceId& id, uint16_t tenant,
-                                                          const NamespaceDescriptor& d) {
+                                                          const NamespaceDescriptor& d, uint32_t max_per_tenant) {
   MutexLock l(&mu_);
   if (auto it = by_id_.find(id); it != by_id_.end()) {
     NamespaceInfo& known = infos_[it->second];
@@ -14,6 +17,12 @@ absl::StatusOr<NamespaceInfo> NamespaceRegistry::Register(const NamespaceId& id,
     return known;
   }
   if (infos_.size() >= UINT32_MAX) return absl::ResourceExhaustedError("too many namespaces");
+  if (per_tenant_[tenant] >= max_per_tenant) {
+    return CodedStatus(KVTIER_EBUSY, absl::StrCat("this tenant already has ", per_tenant_[tenant],
+                                                  " namespaces (limits.namespaces_per_tenant); reuse a model "
+                                                  "revision's descriptor, or ask the administrator to raise the limit"));
+  }
+  ++per_tenant_[tenant];
   NamespaceInfo info{static_cast<uint32_t>(infos_.size()), id, tenant, d.block_tokens,
                      d.block_bytes, d.model_id, std::max<uint32_t>(1, d.tp_size)};
   by_id_.emplace(id, info.handle);
@@ -25,6 +34,7 @@ NamespaceInfo NamespaceRegistry::RegisterRecovered(const NamespaceId& id, uint16
                                                   uint32_t block_tokens) {
   MutexLock l(&mu_);
   if (auto it = by_id_.find(id); it != by_id_.end()) return infos_[it->second];
+  ++per_tenant_[tenant];
   NamespaceInfo info{static_cast<uint32_t>(infos_.size()), id, tenant, block_tokens, block_bytes, ""};
   by_id_.emplace(id, info.handle);
   infos_.push_back(info);

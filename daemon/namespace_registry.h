@@ -26,8 +26,12 @@ struct NamespaceInfo {
 class NamespaceRegistry {
  public:
   // Thread-safe. Returns the existing entry for an id, or registers it.
+  // A new namespace beyond `max_per_tenant` of its tenant's is refused
+  // (KVTIER_EBUSY, limits.namespaces_per_tenant): namespaces are never
+  // freed while the daemon runs, so fresh ones per attach must not grow
+  // it without bound.
   absl::StatusOr<NamespaceInfo> Register(const NamespaceId& id, uint16_t tenant,
-                                         const NamespaceDescriptor& d);
+                                         const NamespaceDescriptor& d, uint32_t max_per_tenant = UINT32_MAX);
   // Thread-safe. A namespace known only from blocks recovered from NVMe (its
   // descriptor arrives when an engine attaches with it).
   NamespaceInfo RegisterRecovered(const NamespaceId& id, uint16_t tenant, uint64_t block_bytes,
@@ -39,6 +43,7 @@ class NamespaceRegistry {
   mutable Mutex mu_;
   absl::flat_hash_map<NamespaceId, uint32_t> by_id_ ABSL_GUARDED_BY(mu_);
   std::vector<NamespaceInfo> infos_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint16_t, uint32_t> per_tenant_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace kvtier

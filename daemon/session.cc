@@ -1,5 +1,8 @@
 #include "daemon/session.h"
 
+#include "daemon/log_limiter.h"
+
+#include <fcntl.h>
 #include <sys/socket.h>
 
 #include <chrono>
@@ -49,13 +52,20 @@ ipc::KvRegisterReply Session::OnKvMessage(std::span<const std::byte> data, std::
     } else {
       reply.arena_bytes = gpu_->arena_bytes();
       if (h->fd.valid()) {
-        reply.arena_kind = ipc::KvArenaKind::kMemfd;
-        reply_fds->push_back(std::move(h->fd));
+        // Engines read pinned copies in place and never write them: the
+        // simulated device's arena goes out as a read-only descriptor.
+        UniqueFd ro(open(absl::StrCat("/proc/self/fd/", h->fd.get()).c_str(), O_RDONLY | O_CLOEXEC));
+        if (ro.valid()) {
+          reply.arena_kind = ipc::KvArenaKind::kMemfd;
+          reply_fds->push_back(std::move(ro));
+        } else {
+          st = ErrnoStatus(errno, "reopening the GPU-tier arena read-only");
+        }
       } else {
         reply.arena_kind = ipc::KvArenaKind::kCudaIpc;
         reply.arena_handle = h->opaque;
       }
-      spdlog::info("event=gpu_arena_exported session={} bytes={}", identity_.id, reply.arena_bytes);
+      if (LogOk()) spdlog::info("event=gpu_arena_exported session={} bytes={}", identity_.id, reply.arena_bytes);
     }
   } else if (st.ok() && m->unregister) {
     st = engines_->Unregister(m->registration);
@@ -69,7 +79,7 @@ ipc::KvRegisterReply Session::OnKvMessage(std::span<const std::byte> data, std::
       reply.layer_events = std::move(r->layer_events);
       *reply_fds = std::move(r->fds);
       stats_->kv_registrations.Add();
-      spdlog::info("event=kv_cache_registered session={} registration={} layers={} page_tokens={} pages={} "
+      if (LogOk()) spdlog::info("event=kv_cache_registered session={} registration={} layers={} page_tokens={} pages={} "
                    "regions={}",
                    identity_.id, r->id, m->request.layers, m->request.page_tokens, m->request.num_pages,
                    m->request.regions.size());
@@ -78,12 +88,12 @@ ipc::KvRegisterReply Session::OnKvMessage(std::span<const std::byte> data, std::
   if (!st.ok() && m.ok() && m->gpu_arena) {
     reply.status = ToErrorCode(st);
     reply.message = std::string(st.message());
-    spdlog::info("event=gpu_arena_refused session={} reason=\"{}\"", identity_.id, reply.message);
+    if (LogOk()) spdlog::info("event=gpu_arena_refused session={} reason=\"{}\"", identity_.id, reply.message);
   } else if (!st.ok()) {
     stats_->kv_registrations_refused.Add();
     reply.status = ToErrorCode(st);
     reply.message = std::string(st.message());
-    spdlog::warn("event=kv_cache_refused session={} pid={} reason=\"{}\"", identity_.id, identity_.peer.pid,
+    if (LogOk()) spdlog::warn("event=kv_cache_refused session={} pid={} reason=\"{}\"", identity_.id, identity_.peer.pid,
                  reply.message);
   }
   return reply;
@@ -100,6 +110,8 @@ bool Session::ReadPages(const RequestRecord& req, uint64_t n, std::vector<uint32
   std::memcpy(pages->data(), scratch.data() + req.args[0], bytes);
   return true;
 }
+
+bool Session::LogOk() { return opts_.log_limiter == nullptr || opts_.log_limiter->Allow(tenant_); }
 
 Session::Outcome Session::Malformed(absl::string_view why) {
   Outcome o;
@@ -449,7 +461,7 @@ void Session::Run() {
   ipc::FutexWakeAll(&h->cq_tail);
   // Tell the client through the socket too (it may be polling it).
   shutdown(socket_.get(), SHUT_RDWR);
-  spdlog::info("event=session_end session={} pid={} ops={} leases_released={} stores_aborted={}",
+  if (LogOk()) spdlog::info("event=session_end session={} pid={} ops={} leases_released={} stores_aborted={}",
                identity_.id, identity_.peer.pid, ops_.load(), leases, tickets);
   finished_.store(true, std::memory_order_release);
   if (on_exit_) on_exit_();

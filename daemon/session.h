@@ -36,8 +36,10 @@ struct SessionIdentity {
   uint64_t attached_unix_s = 0;
 };
 
+class LogLimiter;
 struct SessionOptions {
   uint32_t spin_us = 50;
+  LogLimiter* log_limiter = nullptr;  // per-tenant rate of this session's log lines; null: none
 };
 
 // What the admin endpoint shows about a session.
@@ -122,6 +124,8 @@ class Session {
   bool OutRangeOk(const ipc::RequestRecord& req, uint64_t need) const;
   // A malformed request: EPROTO, and the session closes after answering.
   static Outcome Malformed(absl::string_view why);
+  // True when this tenant may write one more log line now (LogLimiter).
+  bool LogOk();
   // The positions of the first key that repeats an earlier one, if any.
   static std::optional<std::pair<size_t, size_t>> FirstDuplicate(const std::vector<BlockKey>& keys);
   // The registration (args[1]) and page ids (args[0]) of a device operation

@@ -63,16 +63,19 @@ enum class Refusal : uint8_t {
   kPendingConnections,     // unauthenticated connections over the per-uid or total bound
   kSlowPeer,               // a peer that did not read its replies was disconnected
   kAdminBadRequest,        // admin JSON with a wrong type or shape
+  kTenantNamespaces,       // a new namespace past limits.namespaces_per_tenant
   kCount
 };
 inline constexpr const char* kRefusalNames[] = {
     "duplicate_keys",  "tenant_sessions",     "tenant_kv_caches", "tenant_mapped_bytes", "session_leased_blocks",
-    "bad_client_string", "pending_connections", "slow_peer",        "admin_bad_request"};
+    "bad_client_string", "pending_connections", "slow_peer",        "admin_bad_request", "tenant_namespaces"};
 static_assert(std::size(kRefusalNames) == static_cast<size_t>(Refusal::kCount));
 
 struct DaemonStats {
   std::array<Counter, static_cast<size_t>(Refusal::kCount)> refused;
   void Refused(Refusal r) { refused[static_cast<size_t>(r)].Add(); }
+  // Lines a peer would have made kvtierd log beyond limits.log_lines_per_s.
+  Counter log_lines_suppressed;
 
   // Lookups that take a lease are the engine's commitment to a request; they
   // feed hit statistics. Lookups without a lease (scheduler probes that may

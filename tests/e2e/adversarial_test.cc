@@ -18,7 +18,10 @@
 
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <thread>
+
+#include <httplib.h>
 
 #include "gtest/gtest.h"
 #include "ipc/admin_client.h"
@@ -454,6 +457,38 @@ TEST_F(AdversarialTest, Row07_SessionsAreBoundedPerTenant) {
   for (int fd : {ready[0], ready[1], done[0], done[1]}) close(fd);
 }
 
+// Row 12: attach/detach churn with fresh namespaces: namespaces are bounded
+// per tenant, and the lines it makes kvtierd log are rate-limited per
+// tenant, with what was dropped counted.
+TEST_F(AdversarialTest, Row12_AttachChurnIsBoundedInNamespacesAndLogLines) {
+  Start("[limits]\nnamespaces_per_tenant = 50\nlog_lines_per_s = 5\n");
+  const size_t log_before = d_->Log().size();
+  const int rc = AsAttacker([&] {
+    int refused = 0;
+    for (int i = 0; i < 200; ++i) {
+      AttachOptions o;
+      o.socket_path = d_->socket_path();
+      o.ns = testing::TestNamespace(kBlockBytes, "churn/model-" + std::to_string(i));
+      auto c = Client::Attach(o);
+      if (!c.ok()) refused += c.status().code() == ErrorCode::kBusy;
+    }
+    return refused == 150 ? 0 : 1;
+  });
+  EXPECT_EQ(rc, 0) << "namespaces past the tenant's 50 are refused with EBUSY";
+  EXPECT_EQ(Refused("tenant_namespaces"), 150u);
+  auto s = d_->Status();
+  ASSERT_TRUE(s.ok());
+  EXPECT_GT((*s)["stats"]["log_lines_suppressed"].get<uint64_t>(), 0u);
+  const std::string log = d_->Log().substr(log_before);
+  size_t lines = 0;
+  for (size_t at = 0; (at = log.find("event=", at)) != std::string::npos; ++at) ++lines;
+  // 400 attach-related lines (attach or refusal, then detach) at most 50 in
+  // a burst plus 5/s; the run takes well under 10 s.
+  EXPECT_LT(lines, 120u) << log;
+  ExpectAlive();
+  ExpectVictimIntact();
+}
+
 // Row 11: any local user opens connections and never says hello.
 TEST_F(AdversarialTest, Row11_UnauthenticatedConnectionsAreBounded) {
   Start();
@@ -482,6 +517,43 @@ TEST_F(AdversarialTest, Row11_UnauthenticatedConnectionsAreBounded) {
   (void)!write(done[1], "x", 1);
   waitpid(pid, nullptr, 0);
   for (int fd : {ready[0], ready[1], done[0], done[1]}) close(fd);
+}
+
+// Row 14: the metrics show daemon-wide lookups as they happen; with
+// metrics.token_file set, a scrape without the token gets 401.
+TEST_F(AdversarialTest, Row14_MetricsCanRequireABearerToken) {
+  testing::TempDir secrets;
+  const std::string token_file = secrets.File("metrics.token");
+  {
+    std::ofstream f(token_file);
+    f << "s3cret-token-1234\n";
+  }
+  chmod(token_file.c_str(), 0600);
+  Start("[metrics]\nenabled = true\nport = 0\ntoken_file = \"" + token_file + "\"\n");
+  auto s = d_->Status();
+  ASSERT_TRUE(s.ok());
+  const int port = (*s)["metrics"]["port"].get<int>();
+  const int rc = AsAttacker([&] {
+    httplib::Client http("127.0.0.1", port);
+    auto anon = http.Get("/metrics");
+    if (!anon || anon->status != 401) return 2;
+    if (anon->body.find("kvtier_lookups_total") != std::string::npos) return 3;
+    auto wrong = http.Get("/metrics", {{"Authorization", "Bearer s3cret-token-1235"}});
+    if (!wrong || wrong->status != 401) return 4;
+    return 0;
+  });
+  EXPECT_EQ(rc, 0) << "a local user without the token could scrape";
+  httplib::Client http("127.0.0.1", port);
+  auto ok = http.Get("/metrics", {{"Authorization", "Bearer s3cret-token-1234"}});
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200);
+  EXPECT_NE(ok->body.find("kvtier_lookups_total"), std::string::npos);
+  ExpectAlive();
+  // A token file every user can read keeps nobody out: refused at start.
+  chmod(token_file.c_str(), 0644);
+  DaemonProcess loose("[metrics]\nenabled = true\nport = 0\ntoken_file = \"" + token_file + "\"\n");
+  EXPECT_FALSE(loose.Start().ok());
+  EXPECT_NE(loose.Log().find("readable by every user"), std::string::npos) << loose.Log();
 }
 
 // Row 15 (admin): JSON with the wrong value types gets an error answer.
