@@ -57,7 +57,7 @@ void Daemon::OnAdminListen() {
                  allowed ? "too_many_connections" : "credentials");
     return;
   }
-  admin_conns_[fd] = AdminConn{std::move(conn), {}, {}, false};
+  admin_conns_[fd] = AdminConn{std::move(conn), {}, {}, false, MonotonicNanos()};
   Watch(fd, FdKind::kAdminConn, 0, EPOLLIN | EPOLLRDHUP);
 }
 
@@ -91,6 +91,7 @@ void Daemon::OnAdminConn(int fd, uint32_t events) {
   auto it = admin_conns_.find(fd);
   if (it == admin_conns_.end()) return;
   AdminConn& c = it->second;
+  c.active_ns = MonotonicNanos();
   char buf[4096];
   bool close_conn = false;
   if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) {

@@ -31,6 +31,7 @@ namespace kvtier {
 namespace {
 
 constexpr uint64_t kAttachTimeoutNs = 5'000'000'000;  // a connection must say hello within 5 s
+constexpr uint64_t kAdminIdleNs = 60'000'000'000;     // an admin connection idle this long is closed
 
 int PidfdOpen(pid_t pid) { return static_cast<int>(syscall(SYS_pidfd_open, pid, 0)); }
 
@@ -410,6 +411,15 @@ void Daemon::ExpirePendingAttaches() {
     if (p.deadline_ns < now) expired.push_back(fd);
   }
   for (int fd : expired) DropPending(pending_.find(fd));
+  // Admin connections too: one that neither asks nor reads for a minute goes.
+  std::vector<int> idle;
+  for (const auto& [fd, c] : admin_conns_) {
+    if (now - c.active_ns > kAdminIdleNs) idle.push_back(fd);
+  }
+  for (int fd : idle) {
+    Unwatch(fd);
+    admin_conns_.erase(fd);
+  }
 }
 
 void Daemon::OnPendingAttach(int fd) {

@@ -146,6 +146,7 @@ class Daemon {
     std::string buffer;  // requests read, not yet answered
     std::string out;     // answers not yet taken by the peer
     bool closing = false;  // the peer hung up: close once `out` is sent
+    uint64_t active_ns = 0;  // last read or write; idle connections are closed
   };
   // Sends what the socket takes of c.out now; false when the connection
   // must close (an error, or more unread answers than kMaxAdminOutput).
