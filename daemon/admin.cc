@@ -355,6 +355,7 @@ nlohmann::json Daemon::Status() const {
                          {"evictions", s.nvme_evictions.Get()},
                          {"evictions_for_quota", s.nvme_evictions_for_quota.Get()},
                          {"demotions_refused_quota", s.demotions_refused_quota.Get()},
+                         {"demotions_refused_fair_share", s.demotions_refused_fair_share.Get()},
                          {"promotions", s.promotions.Get()},
                          {"promotions_failed", s.promotions_failed.Get()},
                          {"writes_through", s.writes_through.Get()},

@@ -325,8 +325,10 @@ class BlockCache {
   // Starts a deferred demotion's write, then frees its host slot. Without the tier lock.
   void FinishDemotion(TenantState& t, const PendingDemotion& d) ABSL_LOCKS_EXCLUDED(t.mu);
   // An NVMe slot for r's bytes, evicting while the tier is full or r's
-  // tenant would go over its NVMe quota (then from its own blocks). Charges
-  // r's tenant.
+  // tenant would go over its NVMe quota (then from its own blocks). Never
+  // evicts another tenant's block if that would leave the other below its
+  // fair share (nvme_fair_share_bytes_; see the rule in block_movement.cc).
+  // Charges r's tenant.
   absl::StatusOr<SlotHandle> AllocateNvmeSlotLocked(const BlockRecord* r, uint64_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(nvme_mu_);
   // Adds (sign +1) or removes (-1) r's bytes and tokens from its tenant's NVMe use.
@@ -367,9 +369,13 @@ class BlockCache {
       ABSL_GUARDED_BY(nvme_mu_);
   std::atomic<uint64_t> nvme_blocks_{0};
   struct NvmeUse {
-    uint64_t bytes = 0, tokens = 0;
+    uint64_t bytes = 0, tokens = 0;  // payload, for quotas
+    uint64_t slot_bytes = 0;         // slots as the tier spends them (header included), for fair shares
   };
   std::vector<NvmeUse> nvme_use_ ABSL_GUARDED_BY(nvme_mu_);  // by tenant
+  // Each tenant's fair share of the NVMe tier: its capacity divided equally
+  // among the configured tenants (set by AttachNvme, after every AddTenant).
+  uint64_t nvme_fair_share_bytes_ = 0;
   std::unique_ptr<NvmeTier> nvme_;
 
   // Background reclaim.

@@ -182,14 +182,37 @@ void BlockCache::FinishDemotion(TenantState& t, const PendingDemotion& d) {
 void BlockCache::ChargeNvmeLocked(const BlockRecord* r, int sign) {
   const BlockMeta meta = MetaOf(r);
   NvmeUse& u = nvme_use_[r->tenant];
+  const uint64_t slot_bytes = SlotBytesFor(meta.payload_bytes);
   if (sign > 0) {
     u.bytes += meta.payload_bytes;
     u.tokens += meta.block_tokens;
+    u.slot_bytes += slot_bytes;
   } else {
     u.bytes -= std::min(u.bytes, meta.payload_bytes);
     u.tokens -= std::min<uint64_t>(u.tokens, meta.block_tokens);
+    u.slot_bytes -= std::min(u.slot_bytes, slot_bytes);
   }
 }
+
+// Fair shares of the shared NVMe tier. Without them, one tenant that keeps
+// demoting (and pins what it wants kept) pushes every other tenant's blocks
+// out of the tier, which is LRU across tenants. The rule:
+//  - A tenant's fair share is the tier's capacity divided equally among the
+//    configured tenants, counted in slot bytes (header and rounding included,
+//    as the tier spends them). Quotas (nvme_bytes / nvme_tokens) stay hard
+//    limits on top of it.
+//  - A tenant's demotion may evict another tenant's block only if that tenant
+//    still holds at least its fair share without it: a tenant within its
+//    share is protected. Nothing is reserved: a tenant alone may fill the
+//    tier, and gives back what is over its share when others need room.
+//  - Room for a block comes from: over its quota, the tenant's own blocks
+//    only (as before); over its fair share once the block is in, its own
+//    blocks first, then those of tenants over their share; else the policy's
+//    coldest among its own blocks and those of tenants over their share.
+//  - Pinned and busy blocks never go. A demotion that finds no block it may
+//    evict is refused (the block is dropped) and counted:
+//    demotions_refused_quota over the quota, demotions_refused_fair_share
+//    when an evictable block was passed over to keep its tenant's share.
 
 absl::StatusOr<SlotHandle> BlockCache::AllocateNvmeSlotLocked(const BlockRecord* owner, uint64_t bytes) {
   const uint16_t tenant = owner->tenant;
@@ -200,6 +223,7 @@ absl::StatusOr<SlotHandle> BlockCache::AllocateNvmeSlotLocked(const BlockRecord*
     return absl::ResourceExhaustedError(absl::StrCat("a block is larger than tenant \"", tenants_[tenant]->name,
                                                      "\"'s NVMe quota ([[tenants]] nvme_bytes / nvme_tokens)"));
   }
+  const uint64_t slot_bytes = SlotBytesFor(bytes);
   for (;;) {
     const NvmeUse& u = nvme_use_[tenant];
     const bool over_quota = (q.nvme_bytes != 0 && u.bytes + bytes > q.nvme_bytes) ||
@@ -209,20 +233,46 @@ absl::StatusOr<SlotHandle> BlockCache::AllocateNvmeSlotLocked(const BlockRecord*
       if (slot.ok()) ChargeNvmeLocked(owner, +1);
       if (slot.ok() || !absl::IsResourceExhausted(slot.status())) return slot;
     }
-    // Over the quota, the tenant's own coldest block goes; else the tier's.
-    std::optional<SlotHandle> victim = nvme_policy_->PickVictim([&](SlotHandle h) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-      BlockRecord* v = nvme_owner_.at(h);
-      if (over_quota && v->tenant != tenant) return false;
-      BlockIndex::Shard& sh = index_.ShardFor(v);
-      MutexLock sl(&sh.mu);
-      return !v->removed && v->pins == 0 && v->io_refs == 0 && v->nvme_state == NvmeState::kReady;
-    });
+    // Over the quota, the tenant's own coldest block goes; over its fair
+    // share, its own first; else the tier's coldest that the fair shares
+    // allow (see above).
+    const bool over_share = u.slot_bytes + slot_bytes > nvme_fair_share_bytes_;
+    bool held_back = false;  // an evictable block was passed over for its tenant's fair share
+    auto pick = [&](bool own_only) {
+      return nvme_policy_->PickVictim([&](SlotHandle h) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        BlockRecord* v = nvme_owner_.at(h);
+        auto evictable = [&] {
+          BlockIndex::Shard& sh = index_.ShardFor(v);
+          MutexLock sl(&sh.mu);
+          return !v->removed && v->pins == 0 && v->io_refs == 0 && v->nvme_state == NvmeState::kReady;
+        };
+        if (v->tenant == tenant) return evictable();
+        if (own_only) return false;
+        const uint64_t use = nvme_use_[v->tenant].slot_bytes;
+        if (use < nvme_fair_share_bytes_ || use - nvme_fair_share_bytes_ < nvme_->SlotBytes(h)) {
+          if (!held_back && evictable()) held_back = true;
+          return false;  // within its fair share: protected
+        }
+        return evictable();
+      });
+    };
+    std::optional<SlotHandle> victim = pick(/*own_only=*/over_quota || over_share);
+    if (!victim && over_share && !over_quota) victim = pick(/*own_only=*/false);
     if (!victim) {
-      if (!over_quota) return absl::ResourceExhaustedError("the NVMe tier is full and every block on it is pinned or busy");
-      stats_->demotions_refused_quota.Add();
-      return absl::ResourceExhaustedError(absl::StrCat("tenant \"", tenants_[tenant]->name,
-                                                       "\" is at its NVMe quota and every block of it there is "
-                                                       "pinned or busy"));
+      if (over_quota) {
+        stats_->demotions_refused_quota.Add();
+        return absl::ResourceExhaustedError(absl::StrCat("tenant \"", tenants_[tenant]->name,
+                                                         "\" is at its NVMe quota and every block of it there is "
+                                                         "pinned or busy"));
+      }
+      if (held_back) {
+        stats_->demotions_refused_fair_share.Add();
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "the NVMe tier is full and tenant \"", tenants_[tenant]->name,
+            "\" may evict nothing there: its own blocks are pinned or busy, the other tenants' are within their "
+            "fair shares"));
+      }
+      return absl::ResourceExhaustedError("the NVMe tier is full and every block on it is pinned or busy");
     }
     if (over_quota) stats_->nvme_evictions_for_quota.Add();
     BlockRecord* r = nvme_owner_.at(*victim);
@@ -552,6 +602,7 @@ absl::StatusOr<uint64_t> BlockCache::AttachNvme(std::unique_ptr<NvmeTier> nvme,
                                                 const std::vector<RecoveredBlock>& recovered,
                                                 NamespaceRegistry* namespaces) {
   nvme_ = std::move(nvme);
+  nvme_fair_share_bytes_ = nvme_->Usage().capacity_bytes / std::max<size_t>(1, tenants_.size());
   MutexLock nl(&nvme_mu_);
   // The name was checked by Create.
   nvme_policy_ = opts_.nvme_policy == "lru" ? MakeSparseLruPolicy()

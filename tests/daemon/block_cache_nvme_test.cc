@@ -104,6 +104,36 @@ class BlockCacheNvmeTest : public ::testing::Test {
     return o.loaded;
   }
   void SyncNvme() { ASSERT_TRUE(cache_->nvme_tier()->Sync().ok()); }
+  // How many of keys [from, from+n) have an NVMe copy (probes: change nothing).
+  uint32_t OnNvme(SessionHoldings& s, uint64_t from, uint64_t n) {
+    uint32_t count = 0;
+    for (uint64_t k = from; k < from + n; ++k) {
+      std::vector<BlockKey> key{KeyOf(k)};
+      std::vector<BlockLocation> out(1);
+      uint64_t lease;
+      auto hit = cache_->Lookup(s, key, false, &lease, std::span(out));
+      count += hit.ok() && *hit == 1 && out[0].tier == TierKind::kNvme;
+    }
+    return count;
+  }
+  // Pins keys [from, from+n) (all present) with leased lookups of 4 keys each;
+  // returns the leases.
+  std::vector<uint64_t> Pin(SessionHoldings& s, uint64_t from, uint64_t n) {
+    std::vector<uint64_t> leases;
+    for (uint64_t k = from; k < from + n; k += 4) {
+      std::vector<BlockKey> keys;
+      for (uint64_t i = k; i < std::min(k + 4, from + n); ++i) keys.push_back(KeyOf(i));
+      std::vector<BlockLocation> out(keys.size());
+      uint64_t lease = 0;
+      auto hit = cache_->Lookup(s, keys, true, &lease, std::span(out));
+      EXPECT_TRUE(hit.ok() && *hit == keys.size()) << k;
+      if (lease != 0) leases.push_back(lease);
+    }
+    return leases;
+  }
+  void Unpin(SessionHoldings& s, const std::vector<uint64_t>& leases) {
+    for (uint64_t l : leases) EXPECT_TRUE(cache_->Release(s, l).ok());
+  }
 
   testing::TempDir dir_;
   DaemonStats stats_;
@@ -138,23 +168,124 @@ TEST_F(BlockCacheNvmeTest, NvmeQuotasBoundEachTenantsShare) {
   EXPECT_EQ(stats_.demotions_refused_quota.Get(), 4u);
   EXPECT_EQ(stats_.evictions_dropped.Get(), 4u);
   // b lost nothing to a's pressure; a keeps its 8 most recent demotions.
-  auto on_nvme = [&](SessionHoldings& s, uint64_t from, uint64_t n) {
-    uint32_t count = 0;
-    for (uint64_t k = from; k < from + n; ++k) {
-      std::vector<BlockKey> key{KeyOf(k)};
-      std::vector<BlockLocation> out(1);
-      uint64_t lease;
-      auto hit = cache_->Lookup(s, key, false, &lease, std::span(out));  // a probe: changes nothing
-      count += hit.ok() && *hit == 1 && out[0].tier == TierKind::kNvme;
-    }
-    return count;
-  };
-  EXPECT_EQ(on_nvme(*a, 100, 8), 0u) << "a's coldest went to keep it within its quota";
-  EXPECT_EQ(on_nvme(*a, 108, 8), 8u);
-  EXPECT_EQ(on_nvme(*c, 2000, 4), 0u);
+  EXPECT_EQ(OnNvme(*a, 100, 8), 0u) << "a's coldest went to keep it within its quota";
+  EXPECT_EQ(OnNvme(*a, 108, 8), 8u);
+  EXPECT_EQ(OnNvme(*c, 2000, 4), 0u);
   // (Loads promote into 4 host slots: 4 at a time.) b's bytes are intact.
   EXPECT_EQ(LoadVerified(*b, 1000, 4), 4u);
   EXPECT_EQ(LoadVerified(*b, 1004, 4), 4u);
+}
+
+// Without NVMe quotas, each tenant's fair share of the shared tier (its
+// capacity divided equally among the configured tenants: here 2 MiB, 102.4
+// slots of 16 KiB + header) is protected: another tenant may not evict its
+// blocks below it. Tenant a floods the tier several times over, with some of
+// its blocks pinned; b, well under its share, keeps every block, and a's own
+// older blocks are what goes.
+TEST_F(BlockCacheNvmeTest, AFloodingTenantCannotEvictAnotherBelowItsFairShare) {
+  Open(4, {"a", "b"});
+  auto a = Session(0), b = Session(1);
+  // b: 40 blocks on NVMe (36 demoted by its own stores, the last 4 written by
+  // a durable commit, so reloading them later demotes nothing).
+  for (uint64_t i = 0; i < 10; ++i) {
+    Store(*b, 1000 + 4 * i, 4, /*durable=*/i == 9);
+    SyncNvme();
+  }
+  ASSERT_EQ(cache_->Usage()[1].nvme_bytes, 40 * kBlock);
+  // a: 600 blocks through a 4-block host tier (the 204-slot tier three times
+  // over), 100..107 pinned on NVMe all along.
+  std::vector<uint64_t> pins;
+  for (uint64_t i = 0; i < 150; ++i) {
+    Store(*a, 100 + 4 * i, 4);
+    SyncNvme();  // (a block still being written may not be evicted)
+    if (i == 2) pins = Pin(*a, 100, 8);
+  }
+  EXPECT_GT(stats_.nvme_evictions.Get(), 300u);
+  EXPECT_EQ(stats_.evictions_dropped.Get(), 0u);
+  EXPECT_EQ(stats_.demotions_refused_fair_share.Get(), 0u);
+  EXPECT_EQ(OnNvme(*b, 1000, 36), 36u) << "b is under its fair share: a may not evict it";
+  EXPECT_EQ(cache_->Usage()[1].nvme_bytes, 40 * kBlock);
+  EXPECT_EQ(cache_->Usage()[0].nvme_bytes, 164 * kBlock) << "a has the rest of the tier";
+  EXPECT_EQ(OnNvme(*a, 100, 8), 8u) << "pinned";
+  EXPECT_EQ(OnNvme(*a, 108, 400), 0u) << "a's own older blocks made room";
+  EXPECT_EQ(OnNvme(*a, 540, 156), 156u) << "a's newest demotions";
+  Unpin(*a, pins);
+  // b's blocks come back with their own bytes (4 at a time: b's host tier).
+  for (uint64_t i = 0; i < 10; ++i) EXPECT_EQ(LoadVerified(*b, 1000 + 4 * i, 4), 4u) << i;
+  EXPECT_EQ(LoadVerified(*a, 100, 4), 4u);
+}
+
+// A tenant over its fair share is not protected beyond it: b filled most of
+// the tier while a was idle; a's demotions then take b's coldest blocks, but
+// only down to b's share (2 MiB of slots: 103 blocks of 20 KiB), then a's own.
+TEST_F(BlockCacheNvmeTest, ATenantOverItsFairShareIsEvictedDownToIt) {
+  Open(4, {"a", "b"});
+  auto a = Session(0), b = Session(1);
+  for (uint64_t i = 0; i < 45; ++i) {
+    Store(*b, 1000 + 4 * i, 4, /*durable=*/i == 44);
+    SyncNvme();
+  }
+  ASSERT_EQ(cache_->Usage()[1].nvme_bytes, 180 * kBlock);
+  for (uint64_t i = 0; i < 100; ++i) {
+    Store(*a, 100 + 4 * i, 4);
+    SyncNvme();
+  }
+  EXPECT_EQ(stats_.evictions_dropped.Get(), 0u);
+  EXPECT_EQ(cache_->Usage()[1].nvme_bytes, 103 * kBlock) << "b's fair share, and not a block less";
+  // b's 77 coldest went (the four of one store land in any order).
+  EXPECT_EQ(OnNvme(*b, 1000, 76), 0u);
+  EXPECT_EQ(OnNvme(*b, 1076, 4), 3u);
+  EXPECT_EQ(OnNvme(*b, 1080, 96), 96u);  // (1176..1179 are in host memory too)
+  EXPECT_EQ(cache_->Usage()[0].nvme_bytes, 101 * kBlock);
+  for (uint64_t i = 0; i < 25; ++i) EXPECT_EQ(LoadVerified(*b, 1080 + 4 * i, 4), 4u) << i;
+}
+
+// Fair shares protect; they reserve nothing: a tenant alone on the tier (b
+// stores nothing) may fill all of it.
+TEST_F(BlockCacheNvmeTest, ATenantAloneMayUseTheWholeNvmeTier) {
+  Open(4, {"a", "b"});
+  auto a = Session(0);
+  for (uint64_t i = 0; i < 75; ++i) {
+    Store(*a, 4 * i, 4);
+    SyncNvme();
+  }
+  EXPECT_EQ(cache_->nvme_tier()->Usage().used_slots, 204u);
+  EXPECT_EQ(cache_->Usage()[0].nvme_bytes, 204 * kBlock);
+  EXPECT_GT(stats_.nvme_evictions.Get(), 0u);
+  EXPECT_EQ(stats_.evictions_dropped.Get(), 0u);
+  EXPECT_EQ(stats_.demotions_refused_fair_share.Get(), 0u);
+  EXPECT_EQ(OnNvme(*a, 92, 204), 204u) << "a's 204 newest demotions";
+  EXPECT_EQ(LoadVerified(*a, 92, 4), 4u);
+}
+
+// When a tenant over its share could make room only by evicting another
+// tenant's protected blocks (its own are all pinned), its demotion is refused,
+// counted apart from quota refusals, and the block dropped.
+TEST_F(BlockCacheNvmeTest, ADemotionThatWouldBreakAFairShareIsRefused) {
+  Open(4, {"a", "b"});
+  auto a = Session(0), b = Session(1);
+  for (uint64_t i = 0; i < 10; ++i) {
+    Store(*b, 1000 + 4 * i, 4, /*durable=*/i == 9);
+    SyncNvme();
+  }
+  for (uint64_t i = 0; i < 42; ++i) {  // 164 demoted: the tier is full
+    Store(*a, 100 + 4 * i, 4);
+    SyncNvme();
+  }
+  ASSERT_EQ(cache_->nvme_tier()->Usage().used_slots, 204u);
+  ASSERT_EQ(stats_.nvme_evictions.Get(), 0u);
+  const std::vector<uint64_t> pins = Pin(*a, 100, 164);
+  Store(*a, 300, 4);  // evicts a's 4 host blocks: no room a may take
+  SyncNvme();
+  EXPECT_EQ(stats_.demotions_refused_fair_share.Get(), 4u);
+  EXPECT_EQ(stats_.demotions_refused_quota.Get(), 0u);
+  EXPECT_EQ(stats_.evictions_dropped.Get(), 4u);
+  EXPECT_EQ(stats_.nvme_evictions.Get(), 0u);
+  EXPECT_EQ(OnNvme(*b, 1000, 36), 36u);
+  EXPECT_EQ(cache_->Usage()[1].nvme_bytes, 40 * kBlock);
+  EXPECT_EQ(OnNvme(*a, 264, 4), 0u) << "dropped";
+  Unpin(*a, pins);
+  for (uint64_t i = 0; i < 10; ++i) EXPECT_EQ(LoadVerified(*b, 1000 + 4 * i, 4), 4u) << i;
 }
 
 // The background reclaimer demotes (its copies run outside the tier lock);
