@@ -109,6 +109,12 @@ Result<uint32_t> Client::Prefetch(std::span<const BlockKey> keys) {
 Result<OpId> Client::ReleaseAsync(uint64_t lease) { return impl_->Submit(Opcode::kRelease, 0, lease, {}, {}); }
 
 std::optional<Status> Client::Poll(OpId op) {
+  if (auto done = impl_->finished_loads.find(op); done != impl_->finished_loads.end()) {
+    // A device load whose completion a layer wait collected.
+    const Status s = done->second.status;
+    impl_->finished_loads.erase(done);
+    return s;
+  }
   if (!impl_->ops.contains(op)) return Status(ErrorCode::kNotFound, absl::StrCat("operation ", op, " is not outstanding"));
   std::optional<ipc::CompletionRecord> c = impl_->ring->TryTake(op);
   if (!c) {
@@ -118,7 +124,14 @@ std::optional<Status> Client::Poll(OpId op) {
   return impl_->Finish(op, *c);
 }
 
-Status Client::Wait(OpId op, std::chrono::nanoseconds timeout) { return impl_->WaitOp(op, timeout); }
+Status Client::Wait(OpId op, std::chrono::nanoseconds timeout) {
+  if (auto done = impl_->finished_loads.find(op); done != impl_->finished_loads.end()) {
+    const Status s = done->second.status;
+    impl_->finished_loads.erase(done);
+    return s;
+  }
+  return impl_->WaitOp(op, timeout);
+}
 
 Result<LookupResult> Client::Lookup(std::span<const BlockKey> keys, LookupOptions options) {
   LookupResult out;

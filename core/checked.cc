@@ -64,6 +64,16 @@ std::string_view Utf8Prefix(std::string_view s, size_t max_bytes) {
   return s.substr(0, n);
 }
 
+std::string LogQuoted(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out;
+}
+
 std::string PrintableOrReplaced(std::string_view s) {
   std::string out;
   uint32_t cp;

@@ -69,6 +69,10 @@ bool IsPrintableUtf8(std::string_view s);
 // sequence in two.
 std::string_view Utf8Prefix(std::string_view s, size_t max_bytes);
 
+// `s` for a quoted logfmt value: backslash and double quote escaped (peer
+// strings are already printable, so nothing else needs escaping).
+std::string LogQuoted(std::string_view s);
+
 // `s` with every byte that is not part of printable UTF-8 replaced by '?':
 // for names this process makes up itself (its own /proc comm).
 std::string PrintableOrReplaced(std::string_view s);

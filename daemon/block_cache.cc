@@ -2,6 +2,8 @@
 // (demotion, promotion, NVMe eviction, recovery) is in block_movement.cc.
 #include "daemon/block_cache.h"
 
+#include "core/checked.h"
+
 #include <algorithm>
 #include <array>
 
@@ -70,7 +72,7 @@ void BlockCache::RegisterNamespace(const NamespaceInfo& info) {
         "event=cost_model_unpriced namespace={} model_id=\"{}\" bytes_per_token={} profile=\"{}\" "
         "profile_kv_bytes_per_token={} detail=\"blocks of this namespace are always loaded and demoted; set "
         "cost_model.model_config to this model's config.json to price them\"",
-        info.handle, info.model_id, info.block_tokens ? info.block_bytes / info.block_tokens : 0,
+        info.handle, LogQuoted(info.model_id), info.block_tokens ? info.block_bytes / info.block_tokens : 0,
         cost_.model().name, cost_.model().KvBytesPerToken());
   }
 }

@@ -1,6 +1,7 @@
 #include "daemon/daemon.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -45,6 +46,12 @@ absl::Status MakeDirs(const std::string& dir, mode_t mode) {
   struct stat st;
   if (stat(dir.c_str(), &st) == 0 && st.st_uid == geteuid()) chmod(dir.c_str(), mode);
   return absl::OkStatus();
+}
+
+// True when a read on fd would not block (a message, EOF or an error).
+bool ReadyToRead(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  return poll(&p, 1, 0) > 0;
 }
 
 // The metrics bearer token: the file's first line, which must not be
@@ -378,7 +385,8 @@ absl::Status Daemon::Run() {
 void Daemon::OnDataListen() {
   // One connection per wake-up: the listening socket is blocking, and epoll
   // reports it again while more are queued.
-  const int fd = accept4(data_listen_.get(), nullptr, nullptr, SOCK_CLOEXEC);
+  // Non-blocking: the loop never waits on a peer's socket.
+  const int fd = accept4(data_listen_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
   if (fd < 0) return;
   UniqueFd conn(fd);
   // Anyone on the machine may connect, and says who they are only by their
@@ -390,7 +398,13 @@ void Daemon::OnDataListen() {
       pending_per_uid_[peer->uid] >= config_.limit_pending_connections_per_uid) {
     stats_.Refused(Refusal::kPendingConnections);
     if (pending_per_uid_[peer->uid] == 0) pending_per_uid_.erase(peer->uid);
-    return;  // closed unanswered: answering would be work done for a flood
+    // One non-blocking answer, so an engine that starts many ranks at once
+    // learns why; nothing is logged for a flood.
+    ipc::AttachReply reply;
+    reply.status = KVTIER_EBUSY;
+    reply.message = "too many connections waiting to attach (limits.pending_connections[_per_uid]); retry";
+    (void)ipc::SendMessage(fd, ipc::EncodeAttachReply(reply), {}, /*nonblocking=*/true);
+    return;
   }
   ++pending_per_uid_[peer->uid];
   pending_[fd] = PendingAttach{std::move(conn), MonotonicNanos() + kAttachTimeoutNs, peer->uid};
@@ -425,6 +439,9 @@ void Daemon::ExpirePendingAttaches() {
 void Daemon::OnPendingAttach(int fd) {
   auto it = pending_.find(fd);
   if (it == pending_.end()) return;
+  // An event may be stale (reported for a closed fd whose number a new
+  // connection took in the same batch): nothing to read yet is no hello.
+  if (!ReadyToRead(fd)) return;
   UniqueFd conn = std::move(it->second.fd);
   DropPending(it);
   absl::StatusOr<ipc::ReceivedMessage> msg = ipc::ReceiveMessage(conn.get(), ipc::kMaxAttachMessage, 0);
@@ -539,7 +556,7 @@ void Daemon::Attach(UniqueFd fd, std::span<const std::byte> request) {
   const int fds[2] = {seg->fd(), host->arena_fd()};
   if (absl::Status s = ipc::SendMessage(fd.get(), ipc::EncodeAttachReply(reply), fds, /*nonblocking=*/true);
       !s.ok()) {
-    spdlog::warn("event=attach_failed pid={} reason=\"{}\"", peer->pid, s.message());
+    if (log_limiter_->Allow(tenant->name)) spdlog::warn("event=attach_failed pid={} reason=\"{}\"", peer->pid, s.message());
     return;
   }
   UniqueFd pidfd(peer->pid > 0 ? PidfdOpen(peer->pid) : -1);
@@ -557,10 +574,14 @@ void Daemon::Attach(UniqueFd fd, std::span<const std::byte> request) {
   if (pidfd.valid()) Watch(pidfd.get(), FdKind::kSessionPid, id, EPOLLIN);
   session->Start();
   stats_.sessions_attached.Add();
-  if (log_limiter_->Allow(tenant->name)) spdlog::info("event=attach session={} pid={} uid={} tenant={} namespace={} model={} block_bytes={} "
-               "client=\"{}\"",
-               id, peer->pid, peer->uid, tenant->name, ShortId(ns_id), ns->model_id, ns->block_bytes,
-               req->client_name);
+  if (log_limiter_->Allow(tenant->name)) {
+    // Peers' strings are quoted and escaped: a value cannot end early and
+    // add keys of its own.
+    spdlog::info("event=attach session={} pid={} uid={} tenant={} namespace={} model=\"{}\" block_bytes={} "
+                 "client=\"{}\"",
+                 id, peer->pid, peer->uid, tenant->name, ShortId(ns_id), LogQuoted(ns->model_id), ns->block_bytes,
+                 LogQuoted(req->client_name));
+  }
   sessions_.emplace(id, LiveSession{std::move(session), std::move(pidfd)});
 }
 
@@ -574,6 +595,7 @@ void Daemon::OnSessionSocket(int fd, uint64_t session_id, uint32_t events) {
   // After attach a client sends only KV-cache registrations (with their
   // memfds); EOF or an error is a hang-up.
   if (events & EPOLLIN) {
+    if (!ReadyToRead(fd)) return;  // a stale event: see OnPendingAttach
     absl::StatusOr<ipc::ReceivedMessage> m = ipc::ReceiveMessage(fd, ipc::kMaxKvMessage, ipc::kMaxKvRegions);
     if (!m.ok() || m->eof) {
       OnSessionGone(session_id, "socket hang-up");
@@ -731,6 +753,16 @@ void Daemon::Reload() {
                                          n.cost_nvme_read_gbps != config_.cost_nvme_read_gbps ||
                                          n.cost_nvme_read_latency_us != config_.cost_nvme_read_latency_us},
       {"sim.bandwidth", n.sim_bandwidth != config_.sim_bandwidth},
+      {"limits", n.limit_sessions_per_tenant != config_.limit_sessions_per_tenant ||
+                     n.limit_kv_caches_per_tenant != config_.limit_kv_caches_per_tenant ||
+                     n.limit_kv_cache_bytes_per_tenant != config_.limit_kv_cache_bytes_per_tenant ||
+                     n.limit_leased_blocks_per_session != config_.limit_leased_blocks_per_session ||
+                     n.limit_pending_connections != config_.limit_pending_connections ||
+                     n.limit_pending_connections_per_uid != config_.limit_pending_connections_per_uid ||
+                     n.limit_namespaces_per_tenant != config_.limit_namespaces_per_tenant ||
+                     n.limit_log_lines_per_s != config_.limit_log_lines_per_s},
+      {"metrics", n.metrics_enabled != config_.metrics_enabled || n.metrics_address != config_.metrics_address ||
+                      n.metrics_port != config_.metrics_port || n.metrics_token_file != config_.metrics_token_file},
   };
   for (const auto& [key, changed] : fixed) {
     if (changed) restart.push_back(key);

@@ -34,7 +34,8 @@ NamespaceInfo NamespaceRegistry::RegisterRecovered(const NamespaceId& id, uint16
                                                   uint32_t block_tokens) {
   MutexLock l(&mu_);
   if (auto it = by_id_.find(id); it != by_id_.end()) return infos_[it->second];
-  ++per_tenant_[tenant];
+  // Not counted against limits.namespaces_per_tenant: what is on NVMe from
+  // before must never keep a tenant from attaching.
   NamespaceInfo info{static_cast<uint32_t>(infos_.size()), id, tenant, block_tokens, block_bytes, ""};
   by_id_.emplace(id, info.handle);
   infos_.push_back(info);

@@ -26,7 +26,8 @@ struct NamespaceInfo {
 class NamespaceRegistry {
  public:
   // Thread-safe. Returns the existing entry for an id, or registers it.
-  // A new namespace beyond `max_per_tenant` of its tenant's is refused
+  // A new namespace beyond `max_per_tenant` of its tenant's (recovered ones
+  // not counted) is refused
   // (KVTIER_EBUSY, limits.namespaces_per_tenant): namespaces are never
   // freed while the daemon runs, so fresh ones per attach must not grow
   // it without bound.

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "core/namespace.h"
 #include "core/status.h"
@@ -183,7 +184,7 @@ Session::Outcome Session::StoreDevice(const RequestRecord& req, const std::vecto
   if (!g.ok()) {
     (void)cache_->StoreAbort(holdings_, ticket);
     stats_->device_errors.Add();
-    spdlog::warn("event=device_store_failed session={} reason=\"{}\"", identity_.id, g.message());
+    if (LogOk()) spdlog::warn("event=device_store_failed session={} reason=\"{}\"", identity_.id, g.message());
     return FromStatus(g);
   }
   stats_->device_blocks_stored.Add(*needed);
@@ -210,7 +211,7 @@ void Session::PromoteToGpu(const std::vector<BlockKey>& keys, const LoadOutcome&
   const absl::Status st = copies.empty() ? absl::OkStatus() : engines_->Copy(copies, ns_.block_bytes);
   if (!st.ok()) {
     stats_->device_errors.Add();
-    spdlog::warn("event=gpu_promotion_failed session={} reason=\"{}\"", identity_.id, st.message());
+    if (LogOk()) spdlog::warn("event=gpu_promotion_failed session={} reason=\"{}\"", identity_.id, st.message());
   }
   for (const BlockKey* k : reserved) {
     if (st.ok()) {
@@ -278,7 +279,7 @@ Session::Outcome Session::LoadDevice(const RequestRecord& req, const std::vector
     if (st.ok() && gpu_ != nullptr) PromoteToGpu(keys, lo, from_gpu);
     if (!st.ok()) {
       stats_->device_errors.Add();
-      spdlog::warn("event=device_load_failed session={} reason=\"{}\"", identity_.id, st.message());
+      if (LogOk()) spdlog::warn("event=device_load_failed session={} reason=\"{}\"", identity_.id, st.message());
       d.outcome = FromStatus(st);
       return d;
     }
@@ -445,7 +446,7 @@ void Session::Run() {
   if (!fatal_reason.empty()) {
     reason = CloseReason::kProtocolError;
     stats_->protocol_errors.Add();
-    spdlog::warn("event=session_closed session={} pid={} reason=protocol_error detail=\"{}\" "
+    if (LogOk()) spdlog::warn("event=session_closed session={} pid={} reason=protocol_error detail=\"{}\" "
                  "hint=\"the client broke the ring protocol; other sessions are unaffected\"",
                  identity_.id, identity_.peer.pid, fatal_reason);
   }
@@ -557,9 +558,15 @@ Session::Outcome Session::Process(const RequestRecord& req) {
                                 " bytes) is outside scratch or smaller than ", req.count, " results"));
     }
     if (keys.empty()) return fail(absl::InvalidArgumentError("request carries no keys"));
-    // A chain never repeats a key; a request that does is refused before it
-    // can multiply pins, I/O references or lease books by its length.
-    if (std::optional<std::pair<size_t, size_t>> dup = FirstDuplicate(keys)) {
+    // A chain never repeats a key. Where a repeat would multiply pins, I/O
+    // references or lease books by the request's length, the request is
+    // refused; invalidations and prefetches (idempotent, no results per
+    // key) fold repeats instead.
+    if ((op == Opcode::kInvalidate || op == Opcode::kPrefetch) && keys.size() > 1) {
+      absl::flat_hash_set<BlockKey> seen;
+      seen.reserve(keys.size());
+      std::erase_if(keys, [&](const BlockKey& k) { return !seen.insert(k).second; });
+    } else if (std::optional<std::pair<size_t, size_t>> dup = FirstDuplicate(keys)) {
       stats_->Refused(Refusal::kDuplicateKeys);
       return fail(absl::InvalidArgumentError(absl::StrCat("block key ", dup->second, " repeats key ", dup->first,
                                                           "; a request names each block once")));

@@ -55,7 +55,7 @@ class Histogram {
 // status JSON (stats.refused) and a kvtier_refused_total{reason} series.
 enum class Refusal : uint8_t {
   kDuplicateKeys,          // a request named one block twice
-  kTenantSessions,         // the tenant's sessions are at ipc.max_sessions_per_tenant
+  kTenantSessions,         // the tenant's sessions are at limits.sessions_per_tenant
   kTenantKvCaches,         // the tenant's registered KV caches at limits.kv_caches_per_tenant
   kTenantMappedBytes,      // ... or their bytes at limits.kv_cache_bytes_per_tenant
   kSessionLeasedBlocks,    // a session's leases at limits.leased_blocks_per_session

@@ -24,7 +24,9 @@
 namespace kvtier::ipc {
 
 inline constexpr uint64_t kSegmentMagic = 0x3130474553545654ull;  // "TVTSEG01" LE
-inline constexpr uint32_t kAbiVersion = 3;
+// 4: event pages and the simulated GPU arena are sealed against writable
+// mappings (clients map them read-only); client strings must be printable.
+inline constexpr uint32_t kAbiVersion = 4;
 
 enum class Opcode : uint16_t {
   kPing = 1,

@@ -41,11 +41,8 @@ absl::StatusOr<SharedEventPool::Slot> SharedEventPool::Allocate(uint64_t group) 
   uint32_t page_index = 0;
   // A page of this group with room, else a page nobody owns, else a new one.
   for (uint32_t i = 0; i < pages_.size() && page == nullptr; ++i) {
-    Page& p = *pages_[i];
-    if (p.owned && p.group == group && !p.free.empty()) page = &p, page_index = i;
-  }
-  for (uint32_t i = 0; i < pages_.size() && page == nullptr; ++i) {
-    if (!pages_[i]->owned) page = pages_[i].get(), page_index = i;
+    Page* p = pages_[i].get();
+    if (p != nullptr && p->group == group && !p->free.empty()) page = p, page_index = i;
   }
   if (page == nullptr) {
     auto p = std::make_unique<Page>();
@@ -53,12 +50,23 @@ absl::StatusOr<SharedEventPool::Slot> SharedEventPool::Allocate(uint64_t group) 
     ASSIGN_OR_RETURN(p->region, MappedRegion::Map(p->fd.get(), kPageBytes));
     RETURN_IF_ERROR(SealFutureWrites(p->fd.get()));  // ours stays writable; no one else's will be
     for (uint32_t i = kPerPage; i-- > 0;) p->free.push_back(i);
+    // A fresh page each time: a page a group gave back may still be mapped
+    // by the engine it was exported to, so it never serves another group.
     page_index = static_cast<uint32_t>(pages_.size());
+    for (uint32_t i = 0; i < pages_.size(); ++i) {
+      if (pages_[i] == nullptr) {
+        page_index = i;
+        break;
+      }
+    }
     page = p.get();
-    pages_.push_back(std::move(p));
+    p->group = group;
+    if (page_index == pages_.size()) {
+      pages_.push_back(std::move(p));
+    } else {
+      pages_[page_index] = std::move(p);
+    }
   }
-  page->owned = true;
-  page->group = group;
   const uint32_t index = page->free.back();
   page->free.pop_back();
   auto* states = reinterpret_cast<SharedEventState*>(page->region.data());
@@ -73,12 +81,12 @@ void SharedEventPool::Free(const Slot& slot) {
   MutexLock l(&mu_);
   Page& p = *pages_[slot.page];
   p.free.push_back(slot.index);
-  if (p.free.size() == kPerPage) p.owned = false;  // any group may take it now
+  if (p.free.size() == kPerPage) pages_[slot.page].reset();  // unmapped and closed: never handed to another group
 }
 
 int SharedEventPool::PageFd(uint32_t page) const {
   MutexLock l(&mu_);
-  return page < pages_.size() ? pages_[page]->fd.get() : -1;
+  return page < pages_.size() && pages_[page] != nullptr ? pages_[page]->fd.get() : -1;
 }
 
 absl::StatusOr<ImportedEvent> ImportedEvent::Open(int fd, uint64_t offset) {

@@ -54,8 +54,9 @@ class SharedEventPool {
     uint32_t page = 0;
     uint32_t index = 0;
   };
-  // A slot on a page that holds only `group`'s events (a page goes back
-  // to the pool, for any group, once all its slots are free). Pages are
+  // A slot on a page that holds only `group`'s events (a page is unmapped
+  // and closed once all its slots are free: never reused by another group,
+  // since whoever it was exported to may still map it). Pages are
   // sealed against new writable mappings: whoever the page is exported to
   // can only read it, and sees no other group's events.
   absl::StatusOr<Slot> Allocate(uint64_t group = 0);
@@ -69,7 +70,6 @@ class SharedEventPool {
     UniqueFd fd;
     MappedRegion region;
     uint64_t group = 0;
-    bool owned = false;            // some slot is in use (by `group`)
     std::vector<uint32_t> free;    // free slot indices
   };
   mutable Mutex mu_;

@@ -183,7 +183,10 @@ class Client {
   std::vector<BlockKey> ComputeKeys(std::span<const uint32_t> tokens, const BlockKey* parent = nullptr,
                                     std::span<const std::byte> extra = {}) const;
 
-  // Synchronous operations (each one round trip through the rings).
+  // Synchronous operations (each one round trip through the rings). A
+  // request names each block once: lookups, loads and stores with a key
+  // repeated fail with kInvalidArgument; Prefetch and Invalidate count a
+  // repeated key once.
   Result<LookupResult> Lookup(std::span<const BlockKey> keys, LookupOptions options = {});
   // Views of pinned blocks: keys must be in the lease. Blocks on NVMe are
   // brought into host memory first. The result is the prefix of keys that
