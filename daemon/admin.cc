@@ -116,24 +116,7 @@ void Daemon::OnAdminConn(int fd, uint32_t events) {
   while (!close_conn && c.out.size() <= kMaxAdminOutput && (nl = c.buffer.find('\n')) != std::string::npos) {
     const std::string line = c.buffer.substr(0, nl);
     c.buffer.erase(0, nl + 1);
-    nlohmann::json req = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    nlohmann::json resp;
-    if (req.is_discarded() || !req.is_object()) {
-      stats_.Refused(Refusal::kAdminBadRequest);
-      resp = Error("request is not a JSON object; send {\"cmd\": \"status\"}");
-    } else {
-      try {
-        resp = HandleAdmin(req);
-      } catch (const nlohmann::json::exception& e) {
-        // A field of the wrong type (e.g. "limit": "ten"): the request is
-        // refused, the daemon carries on.
-        stats_.Refused(Refusal::kAdminBadRequest);
-        resp = Error(absl::StrCat("bad request: ", e.what()));
-      }
-    }
-    // Strings in answers came from peers (client names, model ids): never
-    // let one make dump() throw.
-    c.out += resp.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    c.out += AnswerAdminLine(line);
     c.out += '\n';
   }
   if (!close_conn && !FlushAdmin(fd, c)) close_conn = true;
@@ -142,6 +125,27 @@ void Daemon::OnAdminConn(int fd, uint32_t events) {
     Unwatch(fd);
     admin_conns_.erase(it);
   }
+}
+
+std::string Daemon::AnswerAdminLine(std::string_view line) {
+  nlohmann::json req = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  nlohmann::json resp;
+  if (req.is_discarded() || !req.is_object()) {
+    stats_.Refused(Refusal::kAdminBadRequest);
+    resp = Error("request is not a JSON object; send {\"cmd\": \"status\"}");
+  } else {
+    try {
+      resp = HandleAdmin(req);
+    } catch (const nlohmann::json::exception& e) {
+      // A field of the wrong type (e.g. "limit": "ten"): the request is
+      // refused, the daemon carries on.
+      stats_.Refused(Refusal::kAdminBadRequest);
+      resp = Error(absl::StrCat("bad request: ", e.what()));
+    }
+  }
+  // Strings in answers came from peers (client names, model ids): never
+  // let one make dump() throw.
+  return resp.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 nlohmann::json Daemon::HandleAdmin(const nlohmann::json& request) {
