@@ -31,6 +31,25 @@ nlohmann::json Error(absl::string_view message) {
   return nlohmann::json{{"ok", false}, {"error", message}};
 }
 
+// An integer field clamped to [lo, hi]: `fallback` when absent, nullopt
+// when not a number. value<int64_t>() converted a float such as -9.2e20 to
+// int64_t, which is undefined behaviour (UBSan stopped kvtierd), and read
+// 2^64-1 as -1.
+std::optional<int64_t> ClampedInt(const nlohmann::json& request, const char* key, int64_t fallback, int64_t lo,
+                                  int64_t hi) {
+  const auto it = request.find(key);
+  if (it == request.end()) return fallback;
+  if (it->is_number_unsigned()) {
+    return it->get<uint64_t>() > static_cast<uint64_t>(hi) ? hi : std::max<int64_t>(lo, it->get<int64_t>());
+  }
+  if (it->is_number_integer()) return std::clamp<int64_t>(it->get<int64_t>(), lo, hi);
+  if (it->is_number_float()) {
+    const double d = it->get<double>();  // finite: JSON has no NaN or infinity
+    return d <= double(lo) ? lo : d >= double(hi) ? hi : static_cast<int64_t>(d);
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 void Daemon::OnAdminListen() {
@@ -117,24 +136,7 @@ void Daemon::OnAdminConn(int fd, uint32_t events) {
   while (!close_conn && c.out.size() <= kMaxAdminOutput && (nl = c.buffer.find('\n')) != std::string::npos) {
     const std::string line = c.buffer.substr(0, nl);
     c.buffer.erase(0, nl + 1);
-    nlohmann::json req = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    nlohmann::json resp;
-    if (req.is_discarded() || !req.is_object()) {
-      stats_.Refused(Refusal::kAdminBadRequest);
-      resp = Error("request is not a JSON object; send {\"cmd\": \"status\"}");
-    } else {
-      try {
-        resp = HandleAdmin(req);
-      } catch (const nlohmann::json::exception& e) {
-        // A field of the wrong type (e.g. "limit": "ten"): the request is
-        // refused, the daemon carries on.
-        stats_.Refused(Refusal::kAdminBadRequest);
-        resp = Error(absl::StrCat("bad request: ", e.what()));
-      }
-    }
-    // Strings in answers came from peers (client names, model ids): never
-    // let one make dump() throw.
-    c.out += resp.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    c.out += AnswerAdminLine(line);
     c.out += '\n';
   }
   if (!close_conn && !FlushAdmin(fd, c)) close_conn = true;
@@ -143,6 +145,27 @@ void Daemon::OnAdminConn(int fd, uint32_t events) {
     Unwatch(fd);
     admin_conns_.erase(it);
   }
+}
+
+std::string Daemon::AnswerAdminLine(std::string_view line) {
+  nlohmann::json req = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  nlohmann::json resp;
+  if (req.is_discarded() || !req.is_object()) {
+    stats_.Refused(Refusal::kAdminBadRequest);
+    resp = Error("request is not a JSON object; send {\"cmd\": \"status\"}");
+  } else {
+    try {
+      resp = HandleAdmin(req);
+    } catch (const nlohmann::json::exception& e) {
+      // A field of the wrong type (e.g. "limit": "ten"): the request is
+      // refused, the daemon carries on.
+      stats_.Refused(Refusal::kAdminBadRequest);
+      resp = Error(absl::StrCat("bad request: ", e.what()));
+    }
+  }
+  // Strings in answers came from peers (client names, model ids): never
+  // let one make dump() throw.
+  return resp.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 nlohmann::json Daemon::HandleAdmin(const nlohmann::json& request) {
@@ -160,8 +183,12 @@ nlohmann::json Daemon::HandleAdmin(const nlohmann::json& request) {
   if (cmd == "flush") {
     if (cache_->nvme_tier() == nullptr) return Error("kvtierd has no NVMe tier to flush to ([tiers.nvme] capacity = 0)");
     // Bounded: the loop (and the watchdog's pings) waits for it.
-    const int64_t ms = std::clamp<int64_t>(request.value("timeout_ms", int64_t{10000}), 1, 10000);
-    const BlockCache::FlushResult f = cache_->FlushToNvme(std::chrono::milliseconds(ms));
+    const std::optional<int64_t> ms = ClampedInt(request, "timeout_ms", 10000, 1, 10000);
+    if (!ms) {
+      stats_.Refused(Refusal::kAdminBadRequest);
+      return Error("bad request: timeout_ms must be a number of milliseconds");
+    }
+    const BlockCache::FlushResult f = cache_->FlushToNvme(std::chrono::milliseconds(*ms));
     spdlog::info("event=admin_flush written={} already_on_nvme={} failed={} timed_out={}", f.written,
                  f.already_on_nvme, f.failed, f.timed_out);
     return json{{"ok", true},          {"written", f.written}, {"already_on_nvme", f.already_on_nvme},
@@ -189,7 +216,12 @@ nlohmann::json Daemon::HandleAdmin(const nlohmann::json& request) {
       if (!k.ok()) return Error(absl::StrCat("key: ", k.status().message()));
       key = *k;
     }
-    const size_t limit = std::clamp<int64_t>(request.value("limit", int64_t{100}), 1, 100000);
+    const std::optional<int64_t> limit_field = ClampedInt(request, "limit", 100, 1, 100000);
+    if (!limit_field) {
+      stats_.Refused(Refusal::kAdminBadRequest);
+      return Error("bad request: limit must be a number from 1 to 100000");
+    }
+    const size_t limit = static_cast<size_t>(*limit_field);
     absl::flat_hash_map<uint32_t, NamespaceInfo> ns;
     for (const NamespaceInfo& n : namespaces_.List()) ns[n.handle] = n;
     json blocks = json::array();

@@ -60,6 +60,10 @@ class Daemon {
 
   // Builds the response to one admin request (exposed for tests).
   nlohmann::json HandleAdmin(const nlohmann::json& request);
+  // The answer line (without its newline) to one request line from the
+  // admin socket, whatever its bytes: what OnAdminConn sends (exposed for
+  // tests/fuzz/admin_request_fuzz.cc). Control-loop thread only.
+  std::string AnswerAdminLine(std::string_view line);
 
  private:
   explicit Daemon(const Config& config);

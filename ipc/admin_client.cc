@@ -59,6 +59,13 @@ absl::StatusOr<nlohmann::json> AdminCall(const std::string& socket_path,
     }
   }
   line.resize(newline);
+  return DecodeAdminResponse(line);
+}
+
+absl::StatusOr<nlohmann::json> DecodeAdminResponse(std::string_view line) {
+  if (line.size() > kMaxAdminLine) {
+    return absl::DataLossError(absl::StrCat("kvtierd's admin response is longer than ", kMaxAdminLine >> 20, " MiB"));
+  }
   absl::StatusOr<nlohmann::json> response = ParseBoundedJson(line);
   if (!response.ok()) {
     return absl::DataLossError(absl::StrCat("kvtierd sent an admin response that is ", response.status().message()));

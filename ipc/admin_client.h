@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <string>
+#include <string_view>
 
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
@@ -24,6 +25,11 @@ inline constexpr size_t kMaxAdminLine = 16u << 20;
 absl::StatusOr<nlohmann::json> AdminCall(const std::string& socket_path,
                                          const nlohmann::json& request,
                                          std::chrono::milliseconds timeout = std::chrono::seconds(10));
+
+// The part of AdminCall that reads the answer: one line (without its
+// newline) as the peer sent it, decoded and checked as described above.
+// Exposed for tests/fuzz/admin_response_fuzz.cc.
+absl::StatusOr<nlohmann::json> DecodeAdminResponse(std::string_view line);
 
 }  // namespace kvtier::ipc
 
