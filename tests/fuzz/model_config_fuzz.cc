@@ -113,4 +113,4 @@ std::vector<std::string> FuzzSeeds() {
   return seeds;
 }
 
-long FuzzDefaultIterations() { return 20000; }
+long FuzzDefaultIterations() { return 1000; }  // the deterministic driver is a smoke test; libFuzzer does the volume
