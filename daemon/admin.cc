@@ -479,6 +479,7 @@ nlohmann::json Daemon::Status() const {
              {"sessions_closed_dead", s.sessions_closed_dead.Get()},
              {"protocol_errors", s.protocol_errors.Get()}};
   stats["log_lines_suppressed"] = s.log_lines_suppressed.Get();
+  stats["namespaces_freed"] = s.namespaces_freed.Get();
   json refused = json::object();
   for (size_t i = 0; i < s.refused.size(); ++i) refused[kRefusalNames[i]] = s.refused[i].Get();
   stats["refused"] = refused;
@@ -494,7 +495,7 @@ nlohmann::json Daemon::Status() const {
               {"device", std::string(device_->name())},
               {"hash", std::string(HashAlgorithmName(config_.hash))},
               {"socket", config_.DataSocketPath()},
-              {"namespaces", namespaces_.List().size()},
+              {"namespaces", namespaces_.live()},
               {"indexed_blocks", cache_->indexed_blocks()},
               {"sessions", sessions},
               {"tenants", tenants},

@@ -60,12 +60,19 @@ void BlockCache::RegisterNamespace(const NamespaceInfo& info) {
   bool fresh;
   {
     MutexLock l(&ns_mu_);
-    if (ns_info_.size() <= info.handle) ns_info_.resize(info.handle + 1);
+    if (ns_info_.size() <= info.handle) {
+      ns_info_.resize(info.handle + 1);
+      ns_records_.resize(info.handle + 1, 0);
+    }
     fresh = ns_info_[info.handle].block_bytes == 0;
     ns_info_[info.handle] = info;
     // Said once per block shape, not once per namespace: fresh namespaces
-    // are a peer's to make.
-    if (fresh) fresh = unpriced_logged_.insert({info.block_bytes, info.block_tokens, info.tp_size}).second;
+    // are a peer's to make. The shapes remembered are bounded too.
+    constexpr size_t kMaxShapesLogged = 256;
+    if (fresh) {
+      fresh = unpriced_logged_.size() < kMaxShapesLogged &&
+              unpriced_logged_.insert({info.block_bytes, info.block_tokens, info.tp_size}).second;
+    }
   }
   if (fresh && cost_.decide() && !cost_.Prices(info.block_bytes, info.block_tokens, info.tp_size)) {
     spdlog::info(
@@ -75,6 +82,25 @@ void BlockCache::RegisterNamespace(const NamespaceInfo& info) {
         info.handle, LogQuoted(info.model_id), info.block_tokens ? info.block_bytes / info.block_tokens : 0,
         cost_.model().name, cost_.model().KvBytesPerToken());
   }
+}
+
+bool BlockCache::ForgetNamespace(uint32_t handle) {
+  MutexLock l(&ns_mu_);
+  if (handle < ns_records_.size() && ns_records_[handle] != 0) return false;
+  if (handle < ns_info_.size()) ns_info_[handle] = NamespaceInfo{};
+  return true;
+}
+
+uint64_t BlockCache::RecordsOf(uint32_t handle) const {
+  MutexLock l(&ns_mu_);
+  return handle < ns_records_.size() ? ns_records_[handle] : 0;
+}
+
+void BlockCache::CountRecords(uint32_t ns, int64_t delta) {
+  if (delta == 0) return;
+  MutexLock l(&ns_mu_);
+  if (ns >= ns_records_.size()) ns_records_.resize(ns + 1, 0);
+  ns_records_[ns] += static_cast<uint64_t>(delta);  // wraps back for negative deltas
 }
 
 ChainGuard* BlockCache::PolicyFor(TenantState& t, uint64_t slot_bytes) {
@@ -703,6 +729,7 @@ absl::StatusOr<uint32_t> BlockCache::StoreBegin(SessionHoldings& s, std::span<co
     created.push_back(r);
     created_at.push_back(i);
   }
+  CountRecords(s.ns.handle, static_cast<int64_t>(created.size()));
   stats_->stores.Add();
   stats_->blocks_already_present.Add(keys.size() - created.size());
   // A store that could never fit is refused before it evicts anything.
@@ -732,6 +759,7 @@ absl::StatusOr<uint32_t> BlockCache::StoreBegin(SessionHoldings& s, std::span<co
       if (c->host_slot != kNoSlot) FreeHostSlotLocked(t, c->host_slot);
       delete c;
     }
+    CountRecords(s.ns.handle, -static_cast<int64_t>(created.size()));
   };
   if (!too_big.empty()) {
     give_back();

@@ -188,6 +188,13 @@ class BlockCache {
   void StopBackgroundReclaim();
   // Thread-safe. Makes a namespace's id known for NVMe block headers.
   void RegisterNamespace(const NamespaceInfo& info);
+  // Thread-safe. When no block record of the namespace is left (indexed, or
+  // unindexed but still referenced by I/O), forgets it and returns true:
+  // its handle may then be given to another namespace. The caller ensures
+  // no session of it runs (none can create records meanwhile).
+  bool ForgetNamespace(uint32_t handle);
+  // Thread-safe. Block records of a namespace (for tests and status).
+  uint64_t RecordsOf(uint32_t handle) const;
 
   HostTier* host_tier(uint16_t tenant) const { return tenants_[tenant]->host.get(); }
   NvmeTier* nvme_tier() const { return nvme_.get(); }
@@ -387,6 +394,10 @@ class BlockCache {
 
   mutable Mutex ns_mu_;
   std::vector<NamespaceInfo> ns_info_ ABSL_GUARDED_BY(ns_mu_);  // by handle
+  // Live BlockRecords by namespace handle: from `new` to `delete`, so a
+  // namespace is freed only when nothing can still name its handle.
+  std::vector<uint64_t> ns_records_ ABSL_GUARDED_BY(ns_mu_);
+  void CountRecords(uint32_t ns, int64_t delta);
   absl::flat_hash_set<std::tuple<uint64_t, uint32_t, uint32_t>> unpriced_logged_ ABSL_GUARDED_BY(ns_mu_);
 };
 

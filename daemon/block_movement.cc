@@ -46,6 +46,7 @@ void BlockCache::DestroyDetached(BlockRecord* r) {
     ChargeNvmeLocked(r, -1);
     if (r->nvme_state == NvmeState::kReady) nvme_blocks_.fetch_sub(1, std::memory_order_relaxed);
   }
+  CountRecords(r->ns, -1);
   delete r;
 }
 
@@ -296,7 +297,10 @@ absl::StatusOr<SlotHandle> BlockCache::AllocateNvmeSlotLocked(const BlockRecord*
     ChargeNvmeLocked(r, -1);
     nvme_blocks_.fetch_sub(1, std::memory_order_relaxed);
     stats_->nvme_evictions.Add();
-    if (destroy) delete r;  // no host slot, no NVMe slot, unreferenced
+    if (destroy) {  // no host slot, no NVMe slot, unreferenced
+      CountRecords(r->ns, -1);
+      delete r;
+    }
   }
 }
 
@@ -635,6 +639,7 @@ absl::StatusOr<uint64_t> BlockCache::AttachNvme(std::unique_ptr<NvmeTier> nvme,
       }
       index_.Insert(sh, r);
     }
+    CountRecords(r->ns, +1);
     nvme_owner_[b.slot] = r;
     ChargeNvmeLocked(r, +1);
     nvme_policy_->InsertWithKey(b.slot, PolicyKeyOf(*r));  // depth is not kept across restarts

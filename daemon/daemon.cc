@@ -530,6 +530,11 @@ void Daemon::Attach(UniqueFd fd, std::span<const std::byte> request) {
   const NamespaceId ns_id = ComputeNamespaceId(req->ns, tenant->name, tenant->salt);
   absl::StatusOr<NamespaceInfo> ns =
       namespaces_.Register(ns_id, tenant_idx, req->ns, config_.limit_namespaces_per_tenant);
+  if (!ns.ok() && ToErrorCode(ns.status()) == KVTIER_EBUSY) {
+    // At the limit: give back the tenant's namespaces nothing uses, then try again.
+    FreeUnusedNamespaces(tenant_idx);
+    ns = namespaces_.Register(ns_id, tenant_idx, req->ns, config_.limit_namespaces_per_tenant);
+  }
   if (!ns.ok()) {
     if (ToErrorCode(ns.status()) == KVTIER_EBUSY) stats_.Refused(Refusal::kTenantNamespaces);
     RefuseAttach(fd.get(), ToErrorCode(ns.status()), std::string(ns.status().message()), *peer);
@@ -582,6 +587,7 @@ void Daemon::Attach(UniqueFd fd, std::span<const std::byte> request) {
                  id, peer->pid, peer->uid, tenant->name, ShortId(ns_id), LogQuoted(ns->model_id), ns->block_bytes,
                  LogQuoted(req->client_name));
   }
+  namespaces_.SessionStarted(ns->handle);
   sessions_.emplace(id, LiveSession{std::move(session), std::move(pidfd)});
 }
 
@@ -651,16 +657,38 @@ void Daemon::OnSessionGone(uint64_t session_id, absl::string_view why) {
 }
 
 void Daemon::ReapSessions() {
+  bool ended = false;
   for (auto it = sessions_.begin(); it != sessions_.end();) {
     if (it->second.session->finished()) {
       Unwatch(it->second.session->socket_fd());
       if (it->second.pidfd.valid()) Unwatch(it->second.pidfd.get());
       it->second.session->Join();
+      namespaces_.SessionEnded(it->second.session->ns_handle());
       it = sessions_.erase(it);
+      ended = true;
     } else {
       ++it;
     }
   }
+  // A namespace whose last session ended and whose blocks are gone goes
+  // now; one whose blocks are evicted later goes on the periodic sweep or
+  // when its tenant reaches limits.namespaces_per_tenant.
+  const uint64_t now = MonotonicNanos();
+  if (ended || now - last_namespace_sweep_ns_ > 10'000'000'000ull) {
+    last_namespace_sweep_ns_ = now;
+    FreeUnusedNamespaces();
+  }
+}
+
+void Daemon::FreeUnusedNamespaces(std::optional<uint16_t> tenant) {
+  const std::vector<NamespaceInfo> freed =
+      namespaces_.FreeUnused([&](const NamespaceInfo& n) { return cache_->ForgetNamespace(n.handle); }, tenant);
+  for (const NamespaceInfo& n : freed) {
+    // GPU copies are keyed by handle: the next namespace to get it must not see them.
+    auto g = gpu_.find(cache_->tenant_name(n.tenant));
+    if (g != gpu_.end()) g->second->DropNamespace(n.handle);
+  }
+  if (!freed.empty()) stats_.namespaces_freed.Add(freed.size());
 }
 
 void Daemon::Reload() {

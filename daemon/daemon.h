@@ -81,6 +81,9 @@ class Daemon {
   void OnSessionSocket(int fd, uint64_t session_id, uint32_t events);
   void OnSessionGone(uint64_t session_id, absl::string_view why);
   void ReapSessions();
+  // Frees the namespaces (of `tenant` only, when given) that no session
+  // uses and no block is left of; drops their GPU copies. Control loop.
+  void FreeUnusedNamespaces(std::optional<uint16_t> tenant = std::nullopt);
   void ExpirePendingAttaches();
   void Attach(UniqueFd fd, std::span<const std::byte> request);
   void RefuseAttach(int fd, int code, const std::string& message, const ipc::PeerCredentials& peer);
@@ -159,6 +162,7 @@ class Daemon {
   absl::flat_hash_map<int, std::pair<FdKind, uint64_t>> watched_;
   std::atomic<bool> stop_{false};
   uint64_t started_ns_ = 0;
+  uint64_t last_namespace_sweep_ns_ = 0;
 };
 
 }  // namespace kvtier

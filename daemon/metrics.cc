@@ -135,6 +135,9 @@ std::string PrometheusText(const json& s) {
   w.Family("kvtier_log_lines_suppressed_total", "counter",
            "Log lines peers would have caused beyond limits.log_lines_per_s (dropped).");
   w.Sample("kvtier_log_lines_suppressed_total", "", double(U(st, "log_lines_suppressed")));
+  w.Family("kvtier_namespaces_freed_total", "counter",
+           "Namespaces freed because no session used them and no block of theirs was left.");
+  w.Sample("kvtier_namespaces_freed_total", "", double(U(st, "namespaces_freed")));
 
   // Bytes moved, per direction.
   uint64_t nvme_read = 0, nvme_written = 0, checksum = 0, nvme_evictions = 0;

@@ -77,6 +77,7 @@ class Session {
   int socket_fd() const { return socket_.get(); }
   const SessionIdentity& identity() const { return identity_; }
   const std::string& tenant() const { return tenant_; }
+  uint32_t ns_handle() const { return ns_.handle; }
   // Thread-safe. True when the client said it detaches (versus crashing).
   bool client_detached() const {
     return segment_.header()->detached.load(std::memory_order_acquire) != 0;

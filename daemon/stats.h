@@ -76,6 +76,8 @@ struct DaemonStats {
   void Refused(Refusal r) { refused[static_cast<size_t>(r)].Add(); }
   // Lines a peer would have made kvtierd log beyond limits.log_lines_per_s.
   Counter log_lines_suppressed;
+  // Namespaces freed: no session and no block left (their handles are reused).
+  Counter namespaces_freed;
 
   // Lookups that take a lease are the engine's commitment to a request; they
   // feed hit statistics. Lookups without a lease (scheduler probes that may

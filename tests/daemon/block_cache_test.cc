@@ -125,6 +125,34 @@ TEST_F(BlockCacheTest, AbortGivesSlotsBack) {
   EXPECT_TRUE(Store(*s, Keys(10, 4)).ok());
 }
 
+// A namespace may be forgotten (its handle given to another) only when no
+// record of it is left: stores add them; aborts, evictions and
+// invalidations take them away; another namespace's blocks do not count.
+TEST_F(BlockCacheTest, ANamespaceIsForgottenOnlyWhenNoRecordOfItIsLeft) {
+  SetUpCache(4);
+  auto s = Session(/*ns_handle=*/1), other = Session(/*ns_handle=*/2);
+  EXPECT_EQ(cache_->RecordsOf(1), 0u);
+  std::vector<BlockLocation> out(3);
+  uint64_t ticket;
+  ASSERT_TRUE(cache_->StoreBegin(*s, Keys(0, 3), &ticket, std::span(out)).ok());
+  EXPECT_EQ(cache_->RecordsOf(1), 3u) << "blocks being written count";
+  EXPECT_FALSE(cache_->ForgetNamespace(1));
+  ASSERT_TRUE(cache_->StoreAbort(*s, ticket).ok());
+  EXPECT_EQ(cache_->RecordsOf(1), 0u);
+  ASSERT_TRUE(Store(*s, Keys(0, 4)).ok());
+  ASSERT_TRUE(Store(*other, Keys(0, 2)).ok());  // evicts two of ns 1's four (host only: dropped)
+  EXPECT_EQ(cache_->RecordsOf(1), 2u);
+  EXPECT_EQ(cache_->RecordsOf(2), 2u);
+  EXPECT_FALSE(cache_->ForgetNamespace(1));
+  auto n = cache_->Invalidate(*s, Keys(0, 4));
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(*n, 2u);
+  EXPECT_EQ(cache_->RecordsOf(1), 0u);
+  EXPECT_TRUE(cache_->ForgetNamespace(1));
+  EXPECT_FALSE(cache_->ForgetNamespace(2));
+  EXPECT_EQ(Hit(*other, Keys(0, 2)), 2u);
+}
+
 TEST_F(BlockCacheTest, FullTierEvictsLeastRecentlyUsedUnpinnedBlocks) {
   SetUpCache(4);
   auto s = Session();
