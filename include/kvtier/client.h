@@ -299,6 +299,7 @@ class Client {
 
 
  private:
+  friend class ClientTestPeer;  // kvtier's own tests: replay races step by step
   explicit Client(std::unique_ptr<client_internal::ClientImpl> impl);
   std::unique_ptr<client_internal::ClientImpl> impl_;
 };

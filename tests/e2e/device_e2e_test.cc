@@ -18,6 +18,7 @@
 #include <random>
 #include <thread>
 
+#include "client/internal/client_impl.h"
 #include "gtest/gtest.h"
 #include "kvtier/client.h"
 #include "tests/support/client_helpers.h"
@@ -248,6 +249,56 @@ TEST_F(DeviceE2eTest, EveryCompletedLoadIsReportedAsCompleted) {
     ASSERT_TRUE(c_->Release(hit->lease).ok());
   }
   EXPECT_EQ(failed, 0);
+}
+
+}  // namespace
+
+// Reaches a load's progress words in the session's scratch memory (the
+// client's own memory, which the daemon writes).
+class ClientTestPeer {
+ public:
+  static ipc::DeviceLoadProgress* Progress(Client& c, OpId op) {
+    auto it = c.impl_->ops.find(op);
+    return it == c.impl_->ops.end() ? nullptr : it->second.progress;
+  }
+};
+
+namespace {
+
+// The same race, replayed step by step so it happens every time: the layer
+// wait reads the progress word while the last layer is still missing, the
+// daemon then publishes that layer and posts the completion, and the wait
+// finds the completion. Before the fix the wait reported the load as
+// failed (kIo) and FinishLoad then said it was not outstanding.
+TEST_F(DeviceE2eTest, AWaitThatFindsTheCompletionAfterAStaleReadReportsSuccess) {
+  ASSERT_NO_FATAL_FAILURE(StartEngine());
+  const auto keys = testing::SeededKeys(*c_, 10, 2);
+  const auto src = PagesFrom(0, 2), dst = PagesFrom(20, 2);
+  FillPages(mem_, src, 31);
+  ASSERT_EQ(*c_->StoreFromCache(reg_, keys, src), 2u);
+  auto hit = c_->Lookup(keys, {.lease = true});
+  ASSERT_TRUE(hit.ok());
+  auto load = c_->LoadIntoCacheAsync(reg_, hit->lease, keys, dst);
+  ASSERT_TRUE(load.ok()) << load.status().ToString();
+  ipc::DeviceLoadProgress* p = ClientTestPeer::Progress(*c_, load->op);
+  ASSERT_NE(p, nullptr);
+  // The daemon publishes every layer, then posts the completion.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (p->layers_done.load(std::memory_order_acquire) < kLayers && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(p->layers_done.load(), kLayers);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the completion follows within microseconds
+  // What the waiter saw: the word before the last layer landed.
+  p->layers_done.store(kLayers - 1, std::memory_order_release);
+  auto blocks = c_->WaitLayers(*load, kLayers, std::chrono::seconds(5));
+  ASSERT_TRUE(blocks.ok()) << blocks.status().ToString();
+  EXPECT_EQ(*blocks, 2u);
+  auto loaded = c_->FinishLoad(*load);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_EQ(*loaded, 2u);
+  EXPECT_TRUE(SamePages(mem_, src, dst, kLayers)) << "the engine's pages hold the blocks";
+  EXPECT_TRUE(c_->Release(hit->lease).ok());
 }
 
 TEST_F(DeviceE2eTest, ClientCopiesOnTheEnginesStreamMatchTheDaemons) {
