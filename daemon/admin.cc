@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/block_key.h"
+#include "core/bounded_json.h"
 #include "core/namespace.h"
 #include "core/units.h"
 #include "daemon/daemon.h"
@@ -148,14 +149,17 @@ void Daemon::OnAdminConn(int fd, uint32_t events) {
 }
 
 std::string Daemon::AnswerAdminLine(std::string_view line) {
-  nlohmann::json req = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  // Requests are flat; the bound keeps a deeply nested line from being built
+  // (what touches a value recurses once per level).
+  absl::StatusOr<nlohmann::json> req = ParseBoundedJson(line, /*max_depth=*/16);
   nlohmann::json resp;
-  if (req.is_discarded() || !req.is_object()) {
+  if (!req.ok() || !req->is_object()) {
     stats_.Refused(Refusal::kAdminBadRequest);
-    resp = Error("request is not a JSON object; send {\"cmd\": \"status\"}");
+    resp = Error(absl::StrCat("request is not a JSON object", req.ok() ? "" : absl::StrCat(" (", req.status().message(), ")"),
+                              "; send {\"cmd\": \"status\"}"));
   } else {
     try {
-      resp = HandleAdmin(req);
+      resp = HandleAdmin(*req);
     } catch (const nlohmann::json::exception& e) {
       // A field of the wrong type (e.g. "limit": "ten"): the request is
       // refused, the daemon carries on.

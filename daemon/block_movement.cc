@@ -208,8 +208,8 @@ void BlockCache::ChargeNvmeLocked(const BlockRecord* r, int sign) {
 //    tier, and gives back what is over its share when others need room.
 //  - Room for a block comes from: over its quota, the tenant's own blocks
 //    only (as before); over its fair share once the block is in, its own
-//    blocks first, then those of tenants over their share; else the policy's
-//    coldest among its own blocks and those of tenants over their share.
+//    blocks first, then those of tenants over their share; within its
+//    share, the coldest of tenants over their share first, then its own.
 //  - Pinned and busy blocks never go. A demotion that finds no block it may
 //    evict is refused (the block is dropped) and counted:
 //    demotions_refused_quota over the quota, demotions_refused_fair_share
@@ -239,7 +239,8 @@ absl::StatusOr<SlotHandle> BlockCache::AllocateNvmeSlotLocked(const BlockRecord*
     // allow (see above).
     const bool over_share = u.slot_bytes + slot_bytes > nvme_fair_share_bytes_;
     bool held_back = false;  // an evictable block was passed over for its tenant's fair share
-    auto pick = [&](bool own_only) {
+    enum class From { kOwn, kOthersOverShare, kEither };
+    auto pick = [&](From from) {
       return nvme_policy_->PickVictim([&](SlotHandle h) ABSL_NO_THREAD_SAFETY_ANALYSIS {
         BlockRecord* v = nvme_owner_.at(h);
         auto evictable = [&] {
@@ -247,8 +248,8 @@ absl::StatusOr<SlotHandle> BlockCache::AllocateNvmeSlotLocked(const BlockRecord*
           MutexLock sl(&sh.mu);
           return !v->removed && v->pins == 0 && v->io_refs == 0 && v->nvme_state == NvmeState::kReady;
         };
-        if (v->tenant == tenant) return evictable();
-        if (own_only) return false;
+        if (v->tenant == tenant) return from != From::kOthersOverShare && evictable();
+        if (from == From::kOwn) return false;
         const uint64_t use = nvme_use_[v->tenant].slot_bytes;
         if (use < nvme_fair_share_bytes_ || use - nvme_fair_share_bytes_ < nvme_->SlotBytes(h)) {
           if (!held_back && evictable()) held_back = true;
@@ -257,8 +258,20 @@ absl::StatusOr<SlotHandle> BlockCache::AllocateNvmeSlotLocked(const BlockRecord*
         return evictable();
       });
     };
-    std::optional<SlotHandle> victim = pick(/*own_only=*/over_quota || over_share);
-    if (!victim && over_share && !over_quota) victim = pick(/*own_only=*/false);
+    // Over its quota or share, a tenant pays with its own blocks first;
+    // within its share, with those of tenants over theirs first, so a tenant
+    // that flooded the tier cannot push one within its share out of its own
+    // working set either.
+    std::optional<SlotHandle> victim;
+    if (over_quota) {
+      victim = pick(From::kOwn);
+    } else if (over_share) {
+      victim = pick(From::kOwn);
+      if (!victim) victim = pick(From::kOthersOverShare);
+    } else {
+      victim = pick(From::kOthersOverShare);
+      if (!victim) victim = pick(From::kOwn);
+    }
     if (!victim) {
       if (over_quota) {
         stats_->demotions_refused_quota.Add();

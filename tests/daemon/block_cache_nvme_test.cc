@@ -258,6 +258,34 @@ TEST_F(BlockCacheNvmeTest, ATenantAloneMayUseTheWholeNvmeTier) {
   EXPECT_EQ(LoadVerified(*a, 92, 4), 4u);
 }
 
+// A tenant within its share that needs room on a full tier takes it from a
+// tenant over its share before it gives up its own blocks: b flooded the
+// tier after a demoted 40 blocks; a's next 40 demotions cost b 40 blocks
+// and a none (before, the tier's coldest went: a's own first 40).
+TEST_F(BlockCacheNvmeTest, ATenantWithinItsShareTakesRoomFromOneOverItsShareFirst) {
+  Open(4, {"a", "b"});
+  auto a = Session(0), b = Session(1);
+  for (uint64_t i = 0; i < 11; ++i) {
+    Store(*a, 100 + 4 * i, 4);  // 40 demoted, 4 left in host memory
+    SyncNvme();
+  }
+  for (uint64_t i = 0; i < 75; ++i) {
+    Store(*b, 1000 + 4 * i, 4);
+    SyncNvme();
+  }
+  ASSERT_EQ(cache_->nvme_tier()->Usage().used_slots, 204u);
+  ASSERT_EQ(cache_->Usage()[0].nvme_bytes, 40 * kBlock);
+  for (uint64_t i = 0; i < 10; ++i) {
+    Store(*a, 500 + 4 * i, 4);  // 40 more demoted (the 4 kept in host memory first)
+    SyncNvme();
+  }
+  EXPECT_EQ(cache_->Usage()[0].nvme_bytes, 80 * kBlock);
+  EXPECT_EQ(OnNvme(*a, 100, 40), 40u) << "a kept its own older blocks";
+  EXPECT_EQ(cache_->Usage()[1].nvme_bytes, (204 - 80) * kBlock) << "b, over its share, made the room";
+  EXPECT_EQ(stats_.evictions_dropped.Get(), 0u);
+  for (uint64_t i = 0; i < 10; ++i) EXPECT_EQ(LoadVerified(*a, 100 + 4 * i, 4), 4u) << i;
+}
+
 // When a tenant over its share could make room only by evicting another
 // tenant's protected blocks (its own are all pinned), its demotion is refused,
 // counted apart from quota refusals, and the block dropped.
