@@ -160,6 +160,59 @@ int RawAttach(const std::string& socket, const NamespaceDescriptor& ns, const st
   return fd->Release();
 }
 
+// A KV-cache registration on the documented protocol, bypassing libkvtier's
+// checks: 2 layers of 16-token pages x 8 heads x 8 dims (f16: 8 KiB blocks)
+// over a 1 MiB memfd said to lie at 0x100000000, K of layer l at
+// base + l * layer_stride, V `v_offset` after it.
+struct RawRegistration {
+  int rc = 0;  // 0, or where it failed: 3 memfd, 4 send, 5 receive, 6 decode
+  ipc::KvRegisterReply reply;
+  std::vector<UniqueFd> fds;
+};
+RawRegistration RawRegister(int sock, uint64_t num_pages, uint64_t page_stride, uint64_t layer_stride,
+                            uint64_t v_offset) {
+  RawRegistration out;
+  const int memfd = memfd_create("kv", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (memfd < 0 || ftruncate(memfd, 1 << 20) != 0 || fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK) != 0) {
+    out.rc = 3;
+    return out;
+  }
+  ipc::KvRegisterRequest r;
+  r.layers = 2;
+  r.page_tokens = 16;
+  r.kv_heads = 8;
+  r.head_dim = 8;
+  r.dtype = 0;  // f16
+  r.num_pages = num_pages;
+  r.page_stride = page_stride;
+  ipc::KvRegion g;
+  g.base = 0x100000000;
+  g.bytes = 1 << 20;
+  r.regions.push_back(g);
+  r.k_layers = {g.base, g.base + layer_stride};
+  r.v_layers = {g.base + v_offset, g.base + layer_stride + v_offset};
+  const int fds[] = {memfd};
+  const bool sent = ipc::SendMessage(sock, ipc::EncodeKvRegister(r), fds).ok();
+  close(memfd);
+  if (!sent) {
+    out.rc = 4;
+    return out;
+  }
+  absl::StatusOr<ipc::ReceivedMessage> m = ipc::ReceiveMessage(sock, ipc::kMaxKvMessage, ipc::kMaxKvRegions);
+  if (!m.ok() || m->eof) {
+    out.rc = 5;
+    return out;
+  }
+  absl::StatusOr<ipc::KvRegisterReply> reply = ipc::DecodeKvReply(m->data, m->fds.size());
+  if (!reply.ok()) {
+    out.rc = 6;
+    return out;
+  }
+  out.reply = std::move(*reply);
+  out.fds = std::move(m->fds);
+  return out;
+}
+
 // Row 1: a KV registration whose geometry wraps 64 bits (2^32 - 1 pages of
 // stride 2^32 + 2: the page extent wraps to a few bytes) over a sparse memfd.
 TEST_F(AdversarialTest, Row01_RegistrationGeometryThatWrapsIsRefused) {
@@ -167,29 +220,9 @@ TEST_F(AdversarialTest, Row01_RegistrationGeometryThatWrapsIsRefused) {
   const int rc = AsAttacker([&] {
     const int sock = RawAttach(d_->socket_path(), testing::TestNamespace(kBlockBytes));
     if (sock < 0) return 2;
-    const int memfd = memfd_create("evil", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    if (memfd < 0 || ftruncate(memfd, 1 << 20) != 0 || fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK) != 0) return 3;
-    ipc::KvRegisterRequest r;
-    r.layers = 2;  // 2 layers x K,V x 16 tokens x 8 heads x 8 dims x f16 = 8 KiB blocks
-    r.page_tokens = 16;
-    r.kv_heads = 8;
-    r.head_dim = 8;
-    r.dtype = 0;  // f16
-    r.num_pages = (uint64_t{1} << 32) - 1;
-    r.page_stride = (uint64_t{1} << 32) + 2;
-    ipc::KvRegion g;
-    g.base = 0x100000000;
-    g.bytes = 1 << 20;
-    r.regions.push_back(g);
-    r.k_layers = {g.base, g.base + 8192};
-    r.v_layers = {g.base + 4096, g.base + 12288};
-    const int fds[] = {memfd};
-    if (!ipc::SendMessage(sock, ipc::EncodeKvRegister(r), fds).ok()) return 4;
-    absl::StatusOr<ipc::ReceivedMessage> m = ipc::ReceiveMessage(sock, ipc::kMaxKvMessage, ipc::kMaxKvRegions);
-    if (!m.ok() || m->eof) return 5;
-    absl::StatusOr<ipc::KvRegisterReply> reply = ipc::DecodeKvReply(m->data, m->fds.size());
-    if (!reply.ok()) return 6;
-    return reply->status != 0 && reply->message.find("2^64") != std::string::npos ? 0 : 7;
+    RawRegistration reg = RawRegister(sock, (uint64_t{1} << 32) - 1, (uint64_t{1} << 32) + 2, 8192, 4096);
+    if (reg.rc != 0) return reg.rc;
+    return reg.reply.status != 0 && reg.reply.message.find("2^64") != std::string::npos ? 0 : 7;
   });
   EXPECT_EQ(rc, 0) << "the registration was accepted; the attacker can address any page of the daemon";
   ExpectAlive();
@@ -208,33 +241,15 @@ TEST_F(AdversarialTest, Row02_EventPagesAreReadOnlyAndPerRegistration) {
   auto register_and_probe = [&](int out) {
     const int sock = RawAttach(d_->socket_path(), testing::TestNamespace(kBlockBytes));
     if (sock < 0) return 2;
-    const int memfd = memfd_create("kv", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    if (memfd < 0 || ftruncate(memfd, 1 << 20) != 0 || fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK) != 0) return 3;
-    ipc::KvRegisterRequest r;
-    r.layers = 2;
-    r.page_tokens = 16;
-    r.kv_heads = 8;
-    r.head_dim = 8;
-    r.num_pages = 8;
-    r.page_stride = 2048;
-    ipc::KvRegion g;
-    g.base = 0x100000000;
-    g.bytes = 1 << 20;
-    r.regions.push_back(g);
-    r.k_layers = {g.base, g.base + 65536};
-    r.v_layers = {g.base + 32768, g.base + 98304};
-    const int fds[] = {memfd};
-    if (!ipc::SendMessage(sock, ipc::EncodeKvRegister(r), fds).ok()) return 4;
-    absl::StatusOr<ipc::ReceivedMessage> m = ipc::ReceiveMessage(sock, ipc::kMaxKvMessage, ipc::kMaxKvRegions);
-    if (!m.ok() || m->eof) return 5;
-    absl::StatusOr<ipc::KvRegisterReply> reply = ipc::DecodeKvReply(m->data, m->fds.size());
-    if (!reply.ok() || reply->status != 0 || m->fds.empty()) return 6;
-    for (const UniqueFd& fd : m->fds) {
+    RawRegistration reg = RawRegister(sock, 8, 2048, 65536, 32768);
+    if (reg.rc != 0) return reg.rc;
+    if (reg.reply.status != 0 || reg.fds.empty()) return 6;
+    for (const UniqueFd& fd : reg.fds) {
       void* w = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
       if (w != MAP_FAILED) return 7;  // writable: the attack works
     }
     struct stat st;
-    if (fstat(m->fds[0].get(), &st) != 0) return 8;
+    if (fstat(reg.fds[0].get(), &st) != 0) return 8;
     const uint64_t ino = st.st_ino;
     (void)!write(out, &ino, sizeof(ino));
     char x;
