@@ -319,6 +319,7 @@ nlohmann::json Daemon::Status() const {
       for (const auto& [name, score] : p.scores) scores[name] = score;
       policies.push_back(json{{"slot_bytes", p.slot_bytes},
                               {"blocks", p.blocks},
+                              {"bookkeeping", p.bookkeeping},
                               {"leader", p.leader},
                               {"switches", p.switches},
                               {"scores", scores}});

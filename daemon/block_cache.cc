@@ -1009,6 +1009,7 @@ std::vector<TenantUsage> BlockCache::Usage() const {
       PolicyUsage& pu = tu.policies.emplace_back();
       pu.slot_bytes = slot_bytes;
       pu.blocks = policy->size();
+      pu.bookkeeping = policy->bookkeeping();
       pu.leader = std::string(policy->name());
       if (const auto* a = dynamic_cast<const AdaptivePolicy*>(policy->inner())) {
         pu.leader = std::string(a->leader());

@@ -74,6 +74,7 @@ struct SessionHoldings {
 struct PolicyUsage {
   uint64_t slot_bytes = 0;
   uint64_t blocks = 0;
+  uint64_t bookkeeping = 0;  // entries the policy keeps (EvictionPolicy::bookkeeping)
   std::string leader;  // the adaptive policy's current expert; else the policy's name
   uint64_t switches = 0;
   std::vector<std::pair<std::string, double>> scores;  // adaptive only

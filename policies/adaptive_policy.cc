@@ -49,6 +49,13 @@ void AdaptivePolicy::Remove(uint32_t h) {
 std::optional<uint32_t> AdaptivePolicy::PickVictim(absl::FunctionRef<bool(uint32_t)> evictable) {
   return experts_[leader_.load(std::memory_order_relaxed)].pol->PickVictim(evictable);
 }
+size_t AdaptivePolicy::bookkeeping() const {
+  size_t n = 0;
+  for (const Expert& e : experts_) n += e.pol->bookkeeping();
+  MutexLock l(&shadow_mu_);
+  for (const Expert& e : experts_) n += e.shadow.pol->bookkeeping() + e.shadow.handle_of.size() + e.shadow.free.size();
+  return n;
+}
 
 void AdaptivePolicy::SetCapacityBlocks(uint64_t blocks) {
   MutexLock l(&shadow_mu_);

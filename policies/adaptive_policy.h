@@ -109,6 +109,8 @@ class AdaptivePolicy final : public EvictionPolicy {
   }
   bool Contains(uint32_t handle) const override { return experts_[0].pol->Contains(handle); }
   size_t size() const override { return experts_[0].pol->size(); }
+  // Every expert's, plus the shadows' (bounded by the capacity they model).
+  size_t bookkeeping() const override;
   absl::string_view name() const override { return "adaptive"; }
 
  private:

@@ -54,6 +54,7 @@ class ChainGuard final : public EvictionPolicy {
   std::optional<uint32_t> PickVictim(absl::FunctionRef<bool(uint32_t)> evictable) override;
   bool Contains(uint32_t handle) const override { return inner_->Contains(handle); }
   size_t size() const override { return inner_->size(); }
+  size_t bookkeeping() const override { return inner_->bookkeeping() + kids_.size(); }
   absl::string_view name() const override { return inner_->name(); }
 
   EvictionPolicy* inner() const { return inner_.get(); }

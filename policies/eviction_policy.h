@@ -55,6 +55,11 @@ class EvictionPolicy {
   virtual bool WantsOnlyEvictableOffers() const { return false; }
   virtual bool Contains(uint32_t handle) const = 0;
   virtual size_t size() const = 0;
+  // Entries the policy keeps beyond its per-handle arrays (queue entries,
+  // ghosts, frequency counts, maps), for tests and kvtierctl: a small
+  // multiple of size() plus a constant, whatever the history of inserts and
+  // removes. Policies without such structures keep size() of them.
+  virtual size_t bookkeeping() const { return size(); }
   virtual absl::string_view name() const = 0;
 };
 

@@ -67,6 +67,8 @@ class S3FifoPolicy final : public EvictionPolicy {
       --main_size_;
     }
     s.queue = kNone;  // its queue entry goes stale (stamp no longer matches)
+    CompactIfStale();
+    TrimGhosts();
   }
 
   std::optional<uint32_t> PickVictim(absl::FunctionRef<bool(uint32_t)> evictable) override {
@@ -122,10 +124,12 @@ class S3FifoPolicy final : public EvictionPolicy {
 
   bool Contains(uint32_t h) const override { return h < state_.size() && state_[h].queue != kNone; }
   size_t size() const override { return small_size_ + main_size_; }
+  size_t bookkeeping() const override { return small_.size() + main_.size() + ghosts_.size() + ghost_fifo_.size(); }
   absl::string_view name() const override { return opts_.name; }
 
  private:
   static constexpr uint8_t kNone = 0, kSmall = 1, kMain = 2;
+  static constexpr size_t kStaleMargin = 64;
   const S3FifoOptions opts_;
   struct State {
     uint8_t queue = kNone;
@@ -137,6 +141,27 @@ class S3FifoPolicy final : public EvictionPolicy {
     uint32_t handle;
     uint64_t stamp;
   };
+
+  // Stale entries (removed or moved blocks) leave a queue only when they
+  // reach its front in PickVictim, and a policy that never picks (an
+  // adaptive policy's experts other than the leader) never drops them: they
+  // grew by ~33 bytes per stored block without bound. A queue holding more
+  // stale entries than live ones plus a margin is rebuilt without them, so
+  // each queue stays within twice its live entries plus the margin
+  // (amortized O(1) per operation).
+  void CompactIfStale() {
+    auto compact = [&](std::deque<Entry>& q, uint8_t which, size_t live) {
+      if (q.size() <= 2 * live + kStaleMargin) return;
+      std::deque<Entry> kept;
+      for (const Entry& e : q) {
+        const State& st = state_[e.handle];
+        if (st.queue == which && st.stamp == e.stamp) kept.push_back(e);
+      }
+      q.swap(kept);
+    };
+    compact(small_, kSmall, small_size_);
+    compact(main_, kMain, main_size_);
+  }
 
   void Grow(uint32_t h) {
     if (h >= state_.size()) state_.resize(std::max<size_t>(h + 1, state_.size() * 2));
@@ -154,6 +179,9 @@ class S3FifoPolicy final : public EvictionPolicy {
   void AddGhost(uint64_t key) {
     ghosts_[key] = ++ghost_stamp_;
     ghost_fifo_.push_back({key, ghost_stamp_});
+    TrimGhosts();
+  }
+  void TrimGhosts() {
     // As many ghosts as tracked blocks, at least a few.
     const size_t cap = std::max<size_t>(small_size_ + main_size_, 64);
     while (ghosts_.size() > cap && !ghost_fifo_.empty()) {

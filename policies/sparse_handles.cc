@@ -48,6 +48,7 @@ class SparseHandleAdapter final : public EvictionPolicy {
   bool WantsOnlyEvictableOffers() const override { return dense_->WantsOnlyEvictableOffers(); }
   bool Contains(uint32_t h) const override { return dense_of_.contains(h); }
   size_t size() const override { return dense_->size(); }
+  size_t bookkeeping() const override { return dense_->bookkeeping() + dense_of_.size() + free_.size(); }
   absl::string_view name() const override { return dense_->name(); }
 
  private:

@@ -86,6 +86,7 @@ class TinyLfuPolicy final : public EvictionPolicy {
   // The duel moves the window's candidate into main when it wins.
   bool WantsOnlyEvictableOffers() const override { return true; }
   bool Contains(uint32_t h) const override { return h < node_.size() && node_[h].list != kNone; }
+  size_t bookkeeping() const override { return size() + freq_.size(); }
   size_t size() const override { return size_[kWindow] + size_[kMain]; }
   absl::string_view name() const override { return "tinylfu"; }
 

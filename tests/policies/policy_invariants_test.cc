@@ -113,6 +113,62 @@ TEST_P(PolicyInvariantsTest, BehindAChainGuardLeavesGoBeforeTheirParents) {
   EXPECT_GT(evictions, 1000u);
 }
 
+// A tier's life: 48,000 blocks through 1,000 slots (chains of 8, a quarter
+// of the requests reusing an earlier chain), evictions through PickVictim
+// and invalidations through Remove. What the policy keeps stays a small
+// multiple of what it tracks. The adaptive policy's experts other than the
+// leader never pick a victim, so S3-FIFO's lazily dropped queue entries
+// piled up in them: ~1 entry per stored block, for good.
+TEST_P(PolicyInvariantsTest, BookkeepingStaysBoundedByWhatItTracks) {
+  constexpr size_t kCapacity = 1000;
+  ChainGuard g(std::move(MakeEvictionPolicy(GetParam())).value());
+  auto* adaptive = dynamic_cast<AdaptivePolicy*>(g.inner());
+  if (adaptive != nullptr) adaptive->SetCapacityBlocks(kCapacity);
+  std::mt19937 rng(17);
+  std::map<uint64_t, uint32_t> slot_of;  // key -> slot
+  std::vector<uint64_t> key_of(kCapacity + 64, 0);
+  std::vector<uint32_t> free_slots;
+  for (uint32_t h = kCapacity + 64; h-- > 0;) free_slots.push_back(h);
+  uint64_t next_chain = 1;
+  size_t most = 0;
+  for (int req = 0; req < 8000; ++req) {
+    const uint64_t chain = (rng() % 4 == 0 && next_chain > 1) ? 1 + rng() % next_chain : next_chain++;
+    std::vector<uint64_t> keys;
+    for (uint64_t j = 0; j < 8; ++j) keys.push_back(chain * 16 + j);
+    if (adaptive != nullptr) adaptive->Observe(keys, 16);
+    for (size_t j = 0; j < keys.size(); ++j) {
+      if (auto it = slot_of.find(keys[j]); it != slot_of.end()) {
+        g.Touch(it->second);
+        continue;
+      }
+      while (free_slots.empty() || slot_of.size() >= kCapacity) {
+        std::optional<uint32_t> v = g.PickVictim([](uint32_t) { return true; });
+        ASSERT_TRUE(v.has_value());
+        g.Remove(*v);
+        slot_of.erase(key_of[*v]);
+        free_slots.push_back(*v);
+      }
+      const uint32_t h = free_slots.back();
+      free_slots.pop_back();
+      slot_of[keys[j]] = h;
+      key_of[h] = keys[j];
+      g.InsertInChain(h, keys[j], j > 0 ? keys[j - 1] : 0, j * 16);
+    }
+    if (rng() % 10 == 0 && !slot_of.empty()) {  // an invalidation of one of this request's blocks
+      auto it = slot_of.find(keys[rng() % keys.size()]);
+      if (it == slot_of.end()) continue;
+      g.Remove(it->second);
+      free_slots.push_back(it->second);
+      slot_of.erase(it);
+    }
+    ASSERT_EQ(g.size(), slot_of.size());
+    most = std::max(most, g.bookkeeping());
+    ASSERT_LE(g.bookkeeping(), 32 * std::max<size_t>(g.size(), kCapacity) + 4096)
+        << "request " << req << ": " << g.bookkeeping() << " entries for " << g.size() << " blocks";
+  }
+  RecordProperty("most_bookkeeping", static_cast<int>(most));
+}
+
 // 100 slots. A hot set of 50 blocks used three times, then 1000 blocks used
 // once each. Returns how many hot blocks are left.
 size_t HotLeftAfterScan(const char* name) {
