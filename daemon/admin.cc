@@ -396,6 +396,8 @@ nlohmann::json Daemon::Status() const {
                          {"promotions", s.promotions.Get()},
                          {"promotions_failed", s.promotions_failed.Get()},
                          {"writes_through", s.writes_through.Get()},
+                         {"calibration_reads", n.calibration_reads},
+                         {"demotions_for_calibration", s.demotions_for_calibration.Get()},
                          {"journal", json{{"records", n.journal_records},
                                           {"commits", n.journal_commits},
                                           {"bytes", n.journal_bytes},

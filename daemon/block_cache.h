@@ -187,6 +187,11 @@ class BlockCache {
   // Stops it after its current batch (whose slots are then free); stores
   // evict on their own path from then on. Main thread.
   void StopBackgroundReclaim();
+  // Main thread, now and then. When the cost model has been deciding
+  // against the NVMe tier without any read to learn from, reads a few of its
+  // blocks only to time the device (so a tier judged slow once is used again
+  // when it is fast). Returns the reads submitted.
+  uint32_t CalibrateNvme(uint64_t now_ns);
   // Thread-safe. Makes a namespace's id known for NVMe block headers.
   void RegisterNamespace(const NamespaceInfo& info);
   // Thread-safe. When no block record of the namespace is left (indexed, or
@@ -384,6 +389,10 @@ class BlockCache {
   // Each tenant's fair share of the NVMe tier: its capacity divided equally
   // among the configured tenants (set by AttachNvme, after every AddTenant).
   uint64_t nvme_fair_share_bytes_ = 0;
+  // Evictions the cost model would drop; every kCalibrationDemotionEvery-th
+  // is demoted anyway (3%: the tier keeps blocks to measure it on).
+  static constexpr uint64_t kCalibrationDemotionEvery = 32;
+  std::atomic<uint64_t> cost_demotions_{0};
   std::unique_ptr<NvmeTier> nvme_;
 
   // Background reclaim.

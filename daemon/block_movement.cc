@@ -105,9 +105,16 @@ BlockCache::EvictResult BlockCache::EvictHostCopyLocked(TenantState& t, BlockRec
     if (r->ns < ns_info_.size()) tp_size = ns_info_[r->ns].tp_size;
   }
   // Unknown depth (stored without a lookup of its chain): demote.
-  const bool by_cost = nvme_ && r->depth != kUnknownDepth &&
-                       cost_.RecomputeBeatsNvme(uint64_t{r->depth} * meta.block_tokens, meta.block_tokens,
-                                                meta.payload_bytes, tp_size);
+  bool by_cost = nvme_ && r->depth != kUnknownDepth &&
+                 cost_.RecomputeBeatsNvme(uint64_t{r->depth} * meta.block_tokens, meta.block_tokens,
+                                          meta.payload_bytes, tp_size);
+  // One in kCalibrationDemotionEvery of those is demoted anyway, so the tier
+  // keeps blocks the cost model can measure it on (CalibrateNvme): a tier
+  // judged slow once must be able to prove it is fast again.
+  if (by_cost && cost_demotions_.fetch_add(1, std::memory_order_relaxed) % kCalibrationDemotionEvery == 0) {
+    by_cost = false;
+    stats_->demotions_for_calibration.Add();
+  }
   if (nvme_ && !by_cost && meta.payload_bytes <= nvme_->max_block_bytes()) {
     absl::StatusOr<SlotHandle> nslot;
     {
@@ -525,16 +532,12 @@ void BlockCache::Promote(TenantState& t, BlockRecord* r, IoPriority prio, absl::
   }
   const auto read_start = std::chrono::steady_clock::now();
   nvme_->Read(nslot, meta, {t.host->arena_base() + offset, meta.payload_bytes}, prio,
-              [this, &t, r, hslot, read_start, bytes = meta.payload_bytes, parent_key, block_tokens = meta.block_tokens,
+              [this, &t, r, hslot, read_start, parent_key, block_tokens = meta.block_tokens,
                done = std::move(done)](absl::Status s) mutable {
                 const bool ok = s.ok();
                 stats_->nvme_read_latency.Record(static_cast<uint64_t>(
                     std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - read_start)
                         .count()));
-                if (ok) {
-                  cost_.RecordNvmeRead(
-                      bytes, std::chrono::duration<double>(std::chrono::steady_clock::now() - read_start).count());
-                }
                 std::vector<absl::AnyInvocable<void(bool) &&>> waiters;
                 {
                   MutexLock l(&t.mu);
@@ -615,10 +618,22 @@ void BlockCache::Prefetch(SessionHoldings& s, std::span<const BlockKey> keys, Co
   }
 }
 
+uint32_t BlockCache::CalibrateNvme(uint64_t now_ns) {
+  if (!nvme_ || !cost_.WantsNvmeCalibration(now_ns)) return 0;
+  // CostTracker's estimate gives each read 1% of its weight: 32 reads every
+  // quiet 2 s replace 28% of it, so a device measured 40 times slower than
+  // recomputation allows that recovered is trusted again within about 20 s
+  // (cost_tracker_test). Each read is at most 1 MiB: 16 MB/s at most, and
+  // only while the model keeps deciding against NVMe without reads.
+  return nvme_->CalibrationRead(32);
+}
+
 absl::StatusOr<uint64_t> BlockCache::AttachNvme(std::unique_ptr<NvmeTier> nvme,
                                                 const std::vector<RecoveredBlock>& recovered,
                                                 NamespaceRegistry* namespaces) {
   nvme_ = std::move(nvme);
+  // The device's own time for each read, not the queue wait before it.
+  nvme_->SetReadObserver([this](uint64_t bytes, const IoTiming& t) { cost_.RecordNvmeRead(bytes, t.share_s()); });
   nvme_fair_share_bytes_ = nvme_->Usage().capacity_bytes / std::max<size_t>(1, tenants_.size());
   MutexLock nl(&nvme_mu_);
   // The name was checked by Create.

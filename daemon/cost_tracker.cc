@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "core/units.h"
 
 namespace kvtier {
 namespace {
@@ -38,6 +39,7 @@ void CostTracker::RecordNvmeRead(uint64_t bytes, double seconds) {
   const double x = double(bytes), y = seconds;
   MutexLock l(&mu_);
   ++reads_;
+  last_read_ns_ = MonotonicNanos();
   w_ = w_ * kReadDecay + 1;
   wx_ = wx_ * kReadDecay + x;
   wy_ = wy_ * kReadDecay + y;
@@ -84,7 +86,20 @@ bool CostTracker::Prices(uint64_t block_bytes, uint64_t block_tokens, uint32_t t
 bool CostTracker::RecomputeBeatsNvme(uint64_t position, uint64_t tokens, uint64_t bytes, uint32_t tp_size) const {
   if (!decide() || !Prices(bytes, tokens, tp_size)) return false;
   MutexLock l(&mu_);
-  return DecideHit(opts_.model, cal_, position, tokens, bytes, NvmeSpeedLocked()) == HitDecision::kRecompute;
+  const bool against = DecideHit(opts_.model, cal_, position, tokens, bytes, NvmeSpeedLocked()) == HitDecision::kRecompute;
+  if (against) against_nvme_.fetch_add(1, std::memory_order_relaxed);
+  return against;
+}
+
+bool CostTracker::WantsNvmeCalibration(uint64_t now_ns, uint64_t quiet_ns) {
+  const uint64_t against = against_nvme_.load(std::memory_order_relaxed);
+  if (!decide() || against == against_at_calibration_) return false;
+  {
+    MutexLock l(&mu_);
+    if (reads_ < kMinReads || now_ns - last_read_ns_ < quiet_ns) return false;
+  }
+  against_at_calibration_ = against;
+  return true;
 }
 
 nlohmann::json CostTracker::ToJson() const {

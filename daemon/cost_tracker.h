@@ -34,8 +34,16 @@ class CostTracker {
   // (nothing recorded) for 0 tokens, a duration that is not in (0, 1 h], or
   // more than 16M tokens.
   absl::Status ReportPrefill(uint64_t cached_tokens, uint64_t computed_tokens, double seconds);
-  // One NVMe read of `bytes` that took `seconds` from submission to completion.
+  // One NVMe read of `bytes` that took the device `seconds` (its share of
+  // the device's time, without the queue wait in front of it: IoTiming).
   void RecordNvmeRead(uint64_t bytes, double seconds);
+  // Main thread. True when the NVMe estimate needs fresh reads: decisions
+  // went against NVMe (blocks dropped or reported "recompute" by cost) since
+  // the last time this said so, and no read was measured in the last
+  // `quiet_ns`. Without real reads the estimate would never change again, and
+  // a tier measured slow once would stay off for good; the caller then makes
+  // calibration reads (NvmeTier::CalibrationRead).
+  bool WantsNvmeCalibration(uint64_t now_ns, uint64_t quiet_ns = 2'000'000'000);
 
   TierSpeed nvme_speed() const;
   double prefill_flops_per_s() const;
@@ -66,6 +74,11 @@ class CostTracker {
   uint64_t reports_ ABSL_GUARDED_BY(mu_) = 0;
   // Exponentially weighted sums over NVMe reads (x = bytes, y = seconds).
   uint64_t reads_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t last_read_ns_ ABSL_GUARDED_BY(mu_) = 0;
+  // Decisions against NVMe (RecomputeBeatsNvme said yes), and their count
+  // when calibration was last asked for.
+  mutable std::atomic<uint64_t> against_nvme_{0};
+  uint64_t against_at_calibration_ = 0;
   double w_ ABSL_GUARDED_BY(mu_) = 0, wx_ ABSL_GUARDED_BY(mu_) = 0, wy_ ABSL_GUARDED_BY(mu_) = 0;
   double wxx_ ABSL_GUARDED_BY(mu_) = 0, wxy_ ABSL_GUARDED_BY(mu_) = 0;
 };

@@ -372,6 +372,7 @@ absl::Status Daemon::Run() {
     }
     ExpirePendingAttaches();
     ReapSessions();
+    cache_->CalibrateNvme(MonotonicNanos());
     if (drain_requested_ && !stop_.load(std::memory_order_acquire)) {
       Drain();
       stop_.store(true, std::memory_order_release);

@@ -105,6 +105,9 @@ struct DaemonStats {
   // slower than recomputing the block (a subset of evictions_dropped); blocks
   // a leased lookup found but reported as "recompute" for the same reason.
   Counter evictions_dropped_by_cost, blocks_recompute;
+  // Evictions the cost model would have dropped, demoted anyway (one in 32)
+  // so the NVMe tier keeps blocks to measure it on.
+  Counter demotions_for_calibration;
   Counter prefill_reports, prefill_reports_refused;
   Counter nvme_evictions, writes_through, bytes_written_nvme;
   Counter promotions, promotions_failed, promotions_for_load, prefetches;

@@ -49,10 +49,15 @@ class FaultInjectingEngine final : public IoEngine {
     const int64_t head_len = op.len;
     const bool is_read = !op.write;
     const int64_t read_bit = f.flip_read_bit.load();
-    op.done = [this, done = std::move(done), full_len, buf, tail, head_len, is_read, flip_this_read,
-               read_bit](int32_t res) mutable {
+    IoTiming* timing = op.timing;
+    op.done = [this, done = std::move(done), full_len, buf, tail, head_len, is_read, flip_this_read, read_bit,
+               timing](int32_t res) mutable {
       IoFaults& f = *faults_;
-      if (const uint32_t d = f.delay_us.load(); d > 0) std::this_thread::sleep_for(std::chrono::microseconds(d));
+      if (const uint32_t d = f.delay_us.load(); d > 0) {
+        // A slow device: the delay is the device's time, not a queue's.
+        std::this_thread::sleep_for(std::chrono::microseconds(d));
+        if (timing != nullptr) timing->service_ns += uint64_t{d} * 1000;
+      }
       if (is_read && flip_this_read && res > 0) {
         // Bit offsets count from the op's first byte, across both buffers.
         const int64_t bit = read_bit;

@@ -21,6 +21,18 @@
 
 namespace kvtier {
 
+// How long the device took with an op, apart from the time it waited in the
+// engine's queue: from the op's hand-over to the device to its completion,
+// and how many ops the device held meanwhile (the mean of the counts at both
+// ends, itself included). service_ns / in_flight is the op's share of the
+// device's time; a cost model learns device speed from that, never from the
+// queue wait in front of it.
+struct IoTiming {
+  uint64_t service_ns = 0;
+  double in_flight = 1;
+  double share_s() const { return double(service_ns) / 1e9 / (in_flight < 1 ? 1 : in_flight); }
+};
+
 struct IoOp {
   bool write = false;
   uint32_t file = 0;    // index into IoEngineOptions::fds
@@ -35,6 +47,8 @@ struct IoOp {
   // or write of len + tail_len contiguous bytes on disk).
   std::byte* tail = nullptr;
   uint32_t tail_len = 0;
+  // Optional: filled before `done` runs (on success and on error).
+  IoTiming* timing = nullptr;
 };
 
 struct IoEngineStats {

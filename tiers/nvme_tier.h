@@ -83,6 +83,7 @@ struct NvmeStats {
   uint64_t checksum_failures = 0;   // reads whose header or payload did not match
   uint64_t io_errors = 0;
   uint64_t writes_refused = 0;      // device full or staging full
+  uint64_t calibration_reads = 0;   // reads made only to measure the device (CalibrationRead)
   bool device_full = false;
   uint64_t journal_records = 0, journal_commits = 0, journal_bytes = 0, journal_rewrites = 0;
   NvmeRecovery recovery;
@@ -121,6 +122,17 @@ class NvmeTier final : public Tier {
   NvmeStats Stats() const;
   // Largest payload one slot takes.
   uint64_t max_block_bytes() const { return opts_.segment_bytes - kSectorBytes; }
+
+  // Called on an engine thread after every read that succeeded (blocks and
+  // calibration reads): the bytes read and the device's time for them,
+  // without the queue wait in front of it. Set before the first read.
+  using ReadObserver = std::function<void(uint64_t bytes, const IoTiming& timing)>;
+  void SetReadObserver(ReadObserver observer) { read_observer_ = std::move(observer); }
+  // Thread-safe. Reads `count` durable blocks (the next ones in slot order
+  // after the last calibration read; at most their first MiB) into staging,
+  // only to time the device (the observer sees them); does not wait. Returns how many were
+  // submitted: 0 when the tier holds no durable block or staging is short.
+  uint32_t CalibrationRead(uint32_t count);
 
  private:
   struct SlotState {
@@ -190,7 +202,9 @@ class NvmeTier final : public Tier {
   uint64_t last_generation_ ABSL_GUARDED_BY(mu_) = 0;
   NvmeRecovery recovery_;
 
-  std::atomic<uint64_t> checksum_failures_{0}, io_errors_{0}, writes_refused_{0};
+  std::atomic<uint64_t> checksum_failures_{0}, io_errors_{0}, writes_refused_{0}, calibration_reads_{0};
+  ReadObserver read_observer_;
+  uint64_t calibration_cursor_ ABSL_GUARDED_BY(mu_) = 0;  // segment << 32 | slot of the next to try
   std::atomic<uint64_t> full_until_ns_{0};  // device reported ENOSPC: no writes until then
   std::atomic<bool> compacting_{false};
 };

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <thread>
 
+#include "core/units.h"
 #include "tiers/io_engine.h"
 #include "tiers/io_queue.h"
 
@@ -52,9 +53,14 @@ class ThreadEngine final : public IoEngine {
     IoOp op;
     while (queue_.TakeOneBlocking(&op)) {
       queued_.fetch_sub(1, std::memory_order_relaxed);
-      in_flight_.fetch_add(1, std::memory_order_relaxed);
+      const uint64_t at_start = in_flight_.fetch_add(1, std::memory_order_relaxed) + 1;
+      const uint64_t start_ns = MonotonicNanos();
       int32_t res = Execute(op);
-      in_flight_.fetch_sub(1, std::memory_order_relaxed);
+      const uint64_t at_end = in_flight_.fetch_sub(1, std::memory_order_relaxed);
+      if (op.timing != nullptr) {
+        op.timing->service_ns = MonotonicNanos() - start_ns;
+        op.timing->in_flight = std::max(1.0, (double(at_start) + double(at_end)) / 2);
+      }
       if (res < 0) {
         errors_.fetch_add(1, std::memory_order_relaxed);
       } else if (op.write) {

@@ -93,6 +93,8 @@ class UringWorker {
     IoOp op;
     uint32_t done = 0;  // bytes transferred so far
     iovec iov[2];       // vectored ops: must live until the completion
+    uint64_t start_ns = 0;      // handed to the ring (the first time)
+    uint32_t in_flight_at_start = 0;
   };
 
   absl::Status SetUpRing() {
@@ -136,6 +138,10 @@ class UringWorker {
   }
 
   void Prep(Pending* p) {
+    if (p->start_ns == 0) {
+      p->start_ns = MonotonicNanos();
+      p->in_flight_at_start = in_flight_;
+    }
     io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
     const IoOp& op = p->op;
     const int fd = fixed_files_ ? static_cast<int>(op.file) : opts_.fds[op.file];
@@ -168,8 +174,13 @@ class UringWorker {
     io_uring_sqe_set_data64(sqe, reinterpret_cast<uint64_t>(p));
   }
 
-  // Runs the op's callback. The caller has already taken it off in_flight_.
-  void Finish(Pending* p, int32_t res) {
+  // Runs the op's callback. The caller has already taken it off in_flight_
+  // (in_flight_at_end: the ring's count before that).
+  void Finish(Pending* p, int32_t res, uint32_t in_flight_at_end = 1) {
+    if (p->op.timing != nullptr) {
+      p->op.timing->service_ns = p->start_ns != 0 ? MonotonicNanos() - p->start_ns : 0;
+      p->op.timing->in_flight = std::max(1.0, (double(p->in_flight_at_start) + double(in_flight_at_end)) / 2);
+    }
     counters_->in_flight.fetch_sub(1, std::memory_order_relaxed);
     if (res < 0) {
       counters_->errors.fetch_add(1, std::memory_order_relaxed);
@@ -272,6 +283,7 @@ class UringWorker {
         }
       }
       io_uring_cq_advance(&ring_, seen);
+      const uint32_t in_flight_at_end = in_flight_;
       in_flight_ -= static_cast<uint32_t>(finished_.size());
       for (Pending* p : resubmit_) Prep(p);
       if (!finished_.empty()) {
@@ -290,7 +302,7 @@ class UringWorker {
           Prep(new Pending{std::move(op)});
         }
         if (!batch.empty() || !resubmit_.empty()) io_uring_submit(&ring_);
-        for (auto [p, res] : finished_) Finish(p, res);
+        for (auto [p, res] : finished_) Finish(p, res, in_flight_at_end);
       }
       if (rearm_wake_ && !stop_.load(std::memory_order_seq_cst)) {
         ArmWake();

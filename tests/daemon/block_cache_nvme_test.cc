@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "core/status.h"
+#include "core/units.h"
 #include "daemon/block_cache.h"
 #include "gtest/gtest.h"
 #include "tests/support/test_support.h"
@@ -27,6 +28,7 @@ class BlockCacheNvmeTest : public ::testing::Test {
     cache_.reset();
     cache_ = std::move(BlockCache::Create({.nvme_policy = nvme_policy,
                                            .write_through = write_through,
+                                           .cost = cost_,
                                            .high_watermark = high_watermark,
                                            .low_watermark = low_watermark},
                                           &stats_))
@@ -136,6 +138,7 @@ class BlockCacheNvmeTest : public ::testing::Test {
   }
 
   testing::TempDir dir_;
+  CostTracker::Options cost_;  // for the next Open
   DaemonStats stats_;
   NamespaceRegistry namespaces_;
   std::shared_ptr<IoFaults> faults_ = std::make_shared<IoFaults>();
@@ -284,6 +287,59 @@ TEST_F(BlockCacheNvmeTest, ATenantWithinItsShareTakesRoomFromOneOverItsShareFirs
   EXPECT_EQ(cache_->Usage()[1].nvme_bytes, (204 - 80) * kBlock) << "b, over its share, made the room";
   EXPECT_EQ(stats_.evictions_dropped.Get(), 0u);
   for (uint64_t i = 0; i < 10; ++i) EXPECT_EQ(LoadVerified(*a, 100 + 4 * i, 4), 4u) << i;
+}
+
+// The cost model's lock-out, end to end. A slow device (50 ms a read) makes
+// NVMe lose every decision: recomputing one of these blocks takes ~21 ms, so
+// lookups report NVMe blocks as cheaper to recompute and nothing is read from
+// the tier any more. Before, the estimate then never changed again. Now,
+// while decisions go against NVMe without reads, calibration reads keep
+// timing the device, and once it is fast again its blocks are loaded again.
+TEST_F(BlockCacheNvmeTest, ANvmeTierJudgedSlowIsUsedAgainOnceItRecovers) {
+  ModelProfile tiny;  // 1 KiB of KV a token: this test's 16-token blocks of 16 KiB
+  tiny.name = "tiny";
+  tiny.layers = 1;
+  tiny.hidden = 256;
+  tiny.heads = 2;
+  tiny.kv_heads = 2;
+  tiny.head_dim = 128;
+  tiny.intermediate = 512;
+  cost_ = CostTracker::Options{.model = tiny, .prior_flops_per_s = 1e9};  // 21 MFLOP a block: ~21 ms
+  Open(4);
+  auto s = Session();
+  for (uint64_t i = 0; i < 20; i += 4) Store(*s, i, 4);  // 0..15 on NVMe only, 16..19 in host memory
+  SyncNvme();
+  ASSERT_EQ(OnNvme(*s, 8, 8), 8u) << "the fast prior: NVMe blocks are worth loading";
+  faults_->delay_us = 50000;
+  for (uint64_t i = 0; i < 8; ++i) EXPECT_EQ(LoadVerified(*s, i, 1), 1u) << i;  // measured: 50 ms a read
+  EXPECT_EQ(OnNvme(*s, 8, 8), 0u) << "slow: every NVMe block is cheaper to recompute";
+  EXPECT_EQ(LoadVerified(*s, 8, 1), 0u);
+  EXPECT_GT(stats_.blocks_recompute.Get(), 0u) << "a leased lookup reports it as recompute";
+  // Evictions the model would drop: one in 32 is demoted anyway, so the tier
+  // keeps blocks to be measured on. (A store after a leased lookup of its
+  // chain knows each block's depth: only those are priced.)
+  for (uint64_t c = 0; c < 40; ++c) {
+    EXPECT_EQ(LoadVerified(*s, 1000 + 4 * c, 4), 0u);
+    Store(*s, 1000 + 4 * c, 4);
+  }
+  const uint64_t dropped = stats_.evictions_dropped_by_cost.Get(), kept = stats_.demotions_for_calibration.Get();
+  EXPECT_GT(dropped, 100u);
+  EXPECT_GE(kept, 1u);
+  EXPECT_LE(kept, (dropped + kept) / 32 + 1);
+  faults_->delay_us = 0;  // the device recovers; nothing reads from it by itself
+  int rounds = 0;
+  for (; rounds < 40 && OnNvme(*s, 8, 1) == 0; ++rounds) {
+    // The daemon's loop, a quiet 2 s later each time.
+    cache_->CalibrateNvme(MonotonicNanos() + 3'000'000'000ull);
+    const uint64_t want = cache_->nvme_tier()->Stats().calibration_reads;
+    for (int i = 0; i < 200 && cache_->nvme_tier()->Stats().reads < 8 + want; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // the observer runs after the engine counts the read
+  }
+  EXPECT_LT(rounds, 40) << "NVMe never trusted again";
+  EXPECT_GT(cache_->nvme_tier()->Stats().calibration_reads, 0u);
+  EXPECT_EQ(LoadVerified(*s, 8, 8), 4u) << "loaded from NVMe again (4 at a time: the host tier)";
 }
 
 // When a tenant over its share could make room only by evicting another

@@ -4,6 +4,7 @@
 
 #include <random>
 
+#include "core/units.h"
 #include "gtest/gtest.h"
 
 namespace kvtier {
@@ -106,6 +107,37 @@ TEST(CostTrackerTest, MeasuredReadsReplaceTheOptimisticPrior) {
   EXPECT_FALSE(c.RecomputeBeatsNvme(0, 512, block, 1));
   for (int i = 0; i < 50; ++i) c.RecordNvmeRead(block, 0.2);  // the device is far slower than believed
   EXPECT_TRUE(c.RecomputeBeatsNvme(0, 512, block, 1));
+}
+
+// The lock-out: measured slow once, the tier loses every decision, nothing
+// is read from it any more, and with only reads to learn from the estimate
+// would never change. The tracker asks for calibration reads when decisions
+// went against NVMe and no read came for a while; a device that recovered is
+// trusted again after ~10 rounds of 32 reads (one round per quiet 2 s in the
+// daemon: about 20 s).
+TEST(CostTrackerTest, ATierJudgedSlowAsksForCalibrationAndIsTrustedAgainWhenItRecovers) {
+  const uint64_t block = 512 * kKvPerToken;  // 64 MiB: ~24 ms to recompute at position 0
+  CostTracker c({.nvme_prior = TierSpeed{10e9, 100e-6}});
+  for (int i = 0; i < 50; ++i) c.RecordNvmeRead(block, 1.0);  // 0.067 GB/s
+  const uint64_t now = MonotonicNanos();
+  const uint64_t later = now + 3'000'000'000ull;
+  EXPECT_FALSE(c.WantsNvmeCalibration(later)) << "no decision went against NVMe yet";
+  ASSERT_TRUE(c.RecomputeBeatsNvme(0, 512, block, 1));
+  EXPECT_FALSE(c.WantsNvmeCalibration(now)) << "a read was measured just now";
+  EXPECT_TRUE(c.WantsNvmeCalibration(later));
+  EXPECT_FALSE(c.WantsNvmeCalibration(later)) << "once per spell of decisions against it";
+  CostTracker off({.nvme_prior = TierSpeed{10e9, 100e-6}, .decide = false});
+  for (int i = 0; i < 50; ++i) off.RecordNvmeRead(block, 1.0);
+  (void)off.RecomputeBeatsNvme(0, 512, block, 1);
+  EXPECT_FALSE(off.WantsNvmeCalibration(later)) << "decisions off: nothing to calibrate";
+  // The device recovered (10 GB/s): calibration rounds of 32 reads.
+  int rounds = 0;
+  while (c.RecomputeBeatsNvme(0, 512, block, 1) && rounds < 100) {
+    for (int i = 0; i < 32; ++i) c.RecordNvmeRead(block, 0.0067);
+    ++rounds;
+  }
+  EXPECT_LE(rounds, 12) << "rounds until NVMe is trusted again";
+  EXPECT_GE(rounds, 2) << "one fast read does not undo fifty slow ones";
 }
 
 }  // namespace

@@ -133,12 +133,16 @@ TEST(CostE2eTest, EvictionDropsWhatWouldNeverBeWorthReadingBack) {
       EXPECT_EQ(host["evictions_dropped_by_cost"], 0);
       EXPECT_EQ(c->Lookup(chain)->hit_blocks, 8u) << "demoted, then found on NVMe";
     } else {
-      EXPECT_EQ(host["demotions"], 0);
-      EXPECT_EQ(host["evictions_dropped_by_cost"], host["evictions"]);
-      EXPECT_EQ(Tier(*st, "nvme")["bytes_written"], 0) << "nothing written that would never be read";
+      // All dropped but one in 32, demoted only so the cost model keeps
+      // something to measure the tier on (the first such eviction is one).
+      const int calibration = Tier(*st, "nvme")["demotions_for_calibration"].get<int>();
+      EXPECT_GE(calibration, 1);
+      EXPECT_LE(calibration, host["evictions"].get<int>() / 32 + 1);
+      EXPECT_EQ(host["demotions"].get<int>(), calibration);
+      EXPECT_EQ(host["evictions_dropped_by_cost"].get<int>() + calibration, host["evictions"].get<int>());
+      EXPECT_LE(Tier(*st, "nvme")["writes"].get<int>(), calibration) << "nothing else written that would never be read";
       auto r = c->Lookup(chain);
-      EXPECT_EQ(r->hit_blocks, 0u);
-      EXPECT_EQ(r->recompute_blocks, 0u) << "dropped blocks are gone";
+      EXPECT_LE(r->hit_blocks + r->recompute_blocks, 1u) << "dropped blocks are gone";
       // Blocks stored without a lookup of their chain have no known depth:
       // they are demoted, never dropped on a guess.
       for (uint32_t s2 = 0; s2 < 40; ++s2) StoreAll(*c, Keys(*c, 5000 + s2, 8));

@@ -11,8 +11,10 @@
 #include <future>
 #include <filesystem>
 #include <map>
+#include <mutex>
 #include <random>
 #include <set>
+#include <thread>
 
 #include "gtest/gtest.h"
 #include "tests/support/test_support.h"
@@ -84,6 +86,53 @@ class NvmeTierTest : public ::testing::Test {
   testing::TempDir dir_;
   std::shared_ptr<IoFaults> faults_ = std::make_shared<IoFaults>();
 };
+
+// Every read that succeeds is reported with the device's time for it; a
+// calibration read times durable blocks only (none: nothing to read), walks
+// on from where the last one stopped, and never disturbs what it reads.
+TEST_F(NvmeTierTest, ReadsAndCalibrationReadsReportTheDevicesTime) {
+  auto t = Open();
+  ASSERT_NE(t, nullptr);
+  std::mutex mu;
+  std::vector<std::pair<uint64_t, IoTiming>> seen;
+  t->SetReadObserver([&](uint64_t bytes, const IoTiming& timing) {
+    std::lock_guard<std::mutex> l(mu);
+    seen.emplace_back(bytes, timing);
+  });
+  EXPECT_EQ(t->CalibrationRead(4), 0u) << "an empty tier has nothing to time";
+  std::vector<SlotHandle> slots;
+  for (uint64_t i = 0; i < 6; ++i) slots.push_back(*Put(*t, i, 64 << 10));
+  ASSERT_TRUE(t->Sync().ok());
+  ASSERT_TRUE(Get(*t, slots[0], 0, 64 << 10).ok());
+  {
+    std::lock_guard<std::mutex> l(mu);
+    ASSERT_EQ(seen.size(), 1u);
+    EXPECT_EQ(seen[0].first, kSectorBytes + (64 << 10)) << "header sector and payload";
+    EXPECT_GT(seen[0].second.service_ns, 0u);
+    seen.clear();
+  }
+  faults_->delay_us = 2000;
+  EXPECT_EQ(t->CalibrationRead(4), 4u);
+  EXPECT_EQ(t->CalibrationRead(4), 4u) << "walks on, and round again";
+  for (int i = 0; i < 400; ++i) {
+    {
+      std::lock_guard<std::mutex> l(mu);
+      if (seen.size() == 8) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  {
+    std::lock_guard<std::mutex> l(mu);
+    ASSERT_EQ(seen.size(), 8u);
+    for (const auto& [bytes, timing] : seen) {
+      EXPECT_EQ(bytes, kSectorBytes + (64 << 10));
+      EXPECT_GE(timing.service_ns, 2'000'000u) << "the slow device's time is measured";
+    }
+  }
+  faults_->delay_us = 0;
+  EXPECT_EQ(t->Stats().calibration_reads, 8u);
+  for (uint64_t i = 0; i < 6; ++i) EXPECT_TRUE(Get(*t, slots[i], i, 64 << 10).ok()) << i;
+}
 
 TEST_F(NvmeTierTest, ManyBlocksRoundTripWithEveryByteVerified) {
   auto t = Open();
