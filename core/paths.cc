@@ -1,5 +1,6 @@
 #include "core/paths.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -32,14 +33,23 @@ std::string DefaultDataDir() {
   return absl::StrCat("/tmp/kvtier-", geteuid(), "-data");
 }
 
+std::string FindSocket(const std::string& name, const std::vector<std::string>& dirs) {
+  for (const std::string& d : dirs) {
+    const std::string path = absl::StrCat(d, "/", name);
+    struct stat st;
+    if (stat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) return path;
+  }
+  return dirs.empty() ? name : absl::StrCat(dirs.front(), "/", name);
+}
+
 std::string DefaultDataSocketPath() {
   if (auto v = Env("KVTIER_SOCKET"); !v.empty()) return v;
-  return absl::StrCat(DefaultRunDir(), "/", kDataSocketName);
+  return FindSocket(kDataSocketName, {DefaultRunDir(), kServiceRunDir});
 }
 
 std::string DefaultAdminSocketPath() {
   if (auto v = Env("KVTIER_ADMIN_SOCKET"); !v.empty()) return v;
-  return absl::StrCat(DefaultRunDir(), "/", kAdminSocketName);
+  return FindSocket(kAdminSocketName, {DefaultRunDir(), kServiceRunDir});
 }
 
 }  // namespace kvtier

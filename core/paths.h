@@ -9,6 +9,7 @@
 #define KVTIER_CORE_PATHS_H_
 
 #include <string>
+#include <vector>
 
 namespace kvtier {
 
@@ -18,10 +19,17 @@ std::string DefaultDataDir();
 inline constexpr const char* kDataSocketName = "kvtierd.sock";
 inline constexpr const char* kAdminSocketName = "kvtierd-admin.sock";
 
-// $KVTIER_SOCKET, else DefaultRunDir()/kvtierd.sock.
+// Where clients look for the daemon's sockets: $KVTIER_SOCKET /
+// $KVTIER_ADMIN_SOCKET; else DefaultRunDir()'s socket when it exists; else
+// the systemd service's (kServiceRunDir) when that exists, so engines and
+// operators of another uid (members of the service's group) find a daemon
+// run by the shipped unit; else DefaultRunDir()'s path (for the error).
+inline constexpr const char* kServiceRunDir = "/run/kvtier";
 std::string DefaultDataSocketPath();
-// $KVTIER_ADMIN_SOCKET, else DefaultRunDir()/kvtierd-admin.sock.
 std::string DefaultAdminSocketPath();
+// The same search over given directories (tests): the first directory whose
+// `name` exists, else the first directory's.
+std::string FindSocket(const std::string& name, const std::vector<std::string>& dirs);
 
 }  // namespace kvtier
 
