@@ -706,6 +706,46 @@ TEST(ToolsTest, ReplayRefusesHostileTracesWithExit4) {
   EXPECT_NE(o.out.find("4 the trace"), std::string::npos) << o.out;
 }
 
+// A session that fails part-way (here: the daemon drains and stops while
+// the replay runs) ends the replay with its error; before, the failed
+// session's remaining requests were never counted and kvtier-replay waited
+// for them for ever.
+TEST(ToolsTest, ReplayEndsWithTheErrorWhenASessionFailsPartWay) {
+  testing::DaemonProcess d;
+  ASSERT_TRUE(d.Start().ok());
+  std::thread stopper([&] {
+    // Once both sessions are at work.
+    for (int i = 0; i < 3000; ++i) {
+      auto st = d.Status();
+      if (st.ok() && (*st)["sessions"].size() == 2 && (*st)["stats"]["stores"].get<int>() > 20) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    RunCommand(Tool("kvtierctl") + " --socket " + d.admin_socket_path() + " drain >/dev/null 2>&1");
+  });
+  // `timeout` turns a hang into exit 124.
+  Output o = RunCommand("timeout 60 " + Tool("kvtier-replay") + " --socket " + d.socket_path() +
+                        " --conversations 2000 --turns 8 --sessions 2 --block-bytes 16KiB --json -q");
+  stopper.join();
+  EXPECT_EQ(o.exit_code, 1) << "124: kvtier-replay hung; output: " << o.out;
+  nlohmann::json j = nlohmann::json::parse(o.out, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << o.out;
+  EXPECT_NE(j["error"].get<std::string>(), "");
+  EXPECT_LT(j["requests"].get<int>(), 16000) << "it stopped early";
+}
+
+// A store refused because the prompt is larger than the arena says so (it
+// was labelled "tier full of pinned blocks").
+TEST(ToolsTest, ReplayGivesTheDaemonsReasonForARefusedStore) {
+  testing::DaemonProcess d("[tiers.host]\ncapacity = \"1MiB\"\n");
+  ASSERT_TRUE(d.Start().ok());
+  Output o = RunCommand(Tool("kvtier-replay") + " --socket " + d.socket_path() +
+                        " --conversations 4 --turns 4 --block-bytes 256KiB --json -q");
+  ASSERT_EQ(o.exit_code, 0) << o.out;
+  nlohmann::json j = nlohmann::json::parse(o.out);
+  ASSERT_GT(j["store_refused"].get<int>(), 0) << o.out;
+  EXPECT_NE(j["store_refused_reason"].get<std::string>().find("do not fit"), std::string::npos) << o.out;
+}
+
 TEST(ToolsTest, ReplayOfTheSyntheticChatReusesEarlierTurnsAndVerifiesEveryByte) {
   testing::DaemonProcess d;
   ASSERT_TRUE(d.Start().ok());

@@ -276,7 +276,8 @@ int main(int argc, char** argv) {
     t.AddRow({"stored", kvtier::FormatBytes(r.bytes_stored), std::to_string(r.blocks_stored) + " blocks"});
     t.AddRow({"loaded", kvtier::FormatBytes(r.bytes_loaded), std::to_string(r.blocks_loaded) + " blocks, every byte checked"});
     t.AddRow({"verification failures", std::to_string(r.verify_failures), "loaded bytes that were not the block's own"});
-    t.AddRow({"stores refused", std::to_string(r.store_refused), "tier full of pinned blocks"});
+    t.AddRow({"stores refused", std::to_string(r.store_refused),
+              r.store_refused == 0 ? "no room (none)" : "no room; the first: " + kvtier::tools::Printable(r.store_refused_reason)});
     t.AddRow({"lookup p50 / p99", Fixed(r.lookup.PercentileUs(50), 1) + " / " + Fixed(r.lookup.PercentileUs(99), 1) + " us", "leased lookup round trip"});
     t.AddRow({"load p50 / p99", Fixed(r.load.PercentileUs(50), 1) + " / " + Fixed(r.load.PercentileUs(99), 1) + " us", "load + reading every byte"});
     t.AddRow({"store p50 / p99", Fixed(r.store.PercentileUs(50), 1) + " / " + Fixed(r.store.PercentileUs(99), 1) + " us", "reserve + fill + commit"});

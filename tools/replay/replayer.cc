@@ -37,7 +37,8 @@ class SessionWorker {
       return;
     }
     client_ = std::move(*client);
-    for (Request* r : requests_) {
+    for (size_t i = 0; i < requests_.size(); ++i) {
+      Request* r = requests_[i];
       if (opts_.speed > 0) {
         const uint64_t due = start_ns_ + static_cast<uint64_t>(static_cast<double>(r->arrival_ms) * 1e6 / opts_.speed);
         const uint64_t now = MonotonicNanos();
@@ -45,8 +46,10 @@ class SessionWorker {
       }
       if (r->keys.empty() && !r->tokens.empty()) r->keys = client_->ComputeKeys(r->tokens);
       if (!One(*r)) {
-        progress_->done += 1;
-        break;
+        // This session ends here: its requests left count as done, or the
+        // replay would wait for them for ever.
+        progress_->done += requests_.size() - i;
+        return;
       }
       progress_->done += 1;
     }
@@ -111,6 +114,7 @@ class SessionWorker {
       if (!ticket.ok()) {
         if (ticket.status().code() != ErrorCode::kNoSpace) return Fail(ticket.status());
         ++result_.store_refused;
+        if (result_.store_refused_reason.empty()) result_.store_refused_reason = ticket.status().message();
       } else {
         for (size_t i = 0; i < ticket->slots.size(); ++i) {
           const StoreSlot& s = ticket->slots[i];
@@ -179,6 +183,7 @@ nlohmann::json ReplayResult::ToJson() {
                         {"bytes_loaded", bytes_loaded},
                         {"verify_failures", verify_failures},
                         {"store_refused", store_refused},
+                        {"store_refused_reason", store_refused_reason},
                         {"elapsed_s", elapsed_s},
                         {"lookup_p50_us", lookup.PercentileUs(50)},
                         {"lookup_p99_us", lookup.PercentileUs(99)},
@@ -238,6 +243,7 @@ ReplayResult Replay(Workload& workload, const ReplayOptions& opts) {
     out.bytes_loaded += r.bytes_loaded;
     out.verify_failures += r.verify_failures;
     out.store_refused += r.store_refused;
+    if (out.store_refused_reason.empty()) out.store_refused_reason = r.store_refused_reason;
     out.lookup.Merge(r.lookup);
     out.load.Merge(r.load);
     out.store.Merge(r.store);

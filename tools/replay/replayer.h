@@ -36,7 +36,8 @@ struct ReplayResult {
   uint64_t blocks_loaded = 0;
   uint64_t bytes_loaded = 0;
   uint64_t verify_failures = 0;
-  uint64_t store_refused = 0;  // the tier was full of pinned blocks
+  uint64_t store_refused = 0;  // refused for room (KVTIER_ENOSPC): see store_refused_reason
+  std::string store_refused_reason;  // the daemon's words for the first one
   uint64_t block_tokens = 0;
   double elapsed_s = 0;
   std::string error;  // the first failure that stopped a session
