@@ -406,6 +406,8 @@ nlohmann::json Daemon::Status() const {
                                            {"dropped", n.recovery.dropped + s.recovered_dropped.Get()},
                                            {"journal_bytes_cut", n.recovery.journal_bytes_cut},
                                            {"journal_records_cut", n.recovery.journal_records_cut},
+                                           {"resized_from_segments", n.recovery.resized_from_segments},
+                                           {"dropped_by_resize", n.recovery.dropped_by_resize},
                                            {"seconds", n.recovery.seconds}}},
                          {"health", std::string(TierHealthName(nvme->Health()))}});
   }

@@ -272,6 +272,12 @@ absl::Status Daemon::OpenNvme() {
     spdlog::warn("event=nvme_buffered detail=\"O_DIRECT refused; buffered I/O as tiers.nvme.allow_buffered permits\"");
   }
   ASSIGN_OR_RETURN(uint64_t indexed, cache_->AttachNvme(std::move(*nvme), recovered, &namespaces_));
+  if (st.recovery.resized_from_segments != 0) {
+    spdlog::warn("event=nvme_resized segments_before={} blocks_dropped={} detail=\"tiers.nvme.capacity changed: "
+                 "blocks in the segments both sizes have were kept, the slab files were resized to the new "
+                 "capacity\"",
+                 st.recovery.resized_from_segments, st.recovery.dropped_by_resize);
+  }
   if (st.recovery.journal_records_cut > 0 || st.recovery.journal_records_damaged > 0) {
     // Blocks may have been lost: say what was cut and what the slab proved.
     spdlog::warn("event=nvme_journal_damaged records_cut={} bytes_cut={} records_damaged={} format_damaged={} "

@@ -8,6 +8,7 @@
 #include "daemon/config.h"
 #include "daemon/daemon.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
+#include "tiers/nvme_tier.h"
 #include "core/fmt_absl.h"
 #include "spdlog/spdlog.h"
 
@@ -63,6 +64,16 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (check_only) {
+    // The NVMe tier's space too: a capacity the disk cannot hold fails the
+    // start, so it fails the check. (A default capacity shrinks to fit.)
+    if (config->nvme_capacity != 0 && config->nvme_capacity_explicit) {
+      if (absl::Status s = kvtier::CheckNvmeSpace(config->NvmeDirs(), config->nvme_capacity,
+                                                  config->nvme_segment_bytes);
+          !s.ok()) {
+        spdlog::critical("event=config_error detail=\"{}\"", s.message());
+        return 2;
+      }
+    }
     std::cout << "config OK\n";
     return 0;
   }

@@ -75,7 +75,14 @@ absl::StatusOr<std::unique_ptr<Journal>> Journal::Open(const JournalOptions& opt
     }
     const bool format_ok = first.magic == kJournalMagic && Intact(first) &&
                            first.type == static_cast<uint8_t>(JournalType::kFormat);
-    if (format_ok && !SameLayout(first, format)) {
+    // Only the segment count differs (tiers.nvme.capacity changed, same
+    // directories and segment size): segment s stays where it was, so the
+    // owner keeps what lies in the segments both layouts have.
+    const bool resized = format_ok && !SameLayout(first, format) && opts.allow_resize &&
+                         first.slot_bytes == format.slot_bytes && first.tenant_hash == format.tenant_hash &&
+                         first.version == format.version;
+    if (resized) replay->resized_from_segments = first.slot;
+    if (format_ok && !resized && !SameLayout(first, format)) {
       return absl::FailedPreconditionError(absl::StrCat(
           "the NVMe journal ", opts.path, " was written for another layout (format v", first.version,
           ", segments of ", first.slot_bytes, " bytes x ", first.slot,

@@ -50,6 +50,10 @@ struct JournalOptions {
   // true: group commit. false: one write and one fdatasync per record (the
   // baseline kvtier-bench measures group commit against).
   bool group_commit = true;
+  // Accept a journal whose format record differs from `format` only in the
+  // segment count (JournalReplay::resized_from_segments); the owner then
+  // rewrites it with the new format.
+  bool allow_resize = false;
 };
 
 struct JournalReplay {
@@ -64,6 +68,7 @@ struct JournalReplay {
   // the layout could not be checked.
   bool format_damaged = false;
   bool created = false;                // no journal existed
+  uint32_t resized_from_segments = 0;  // allow_resize: the file's segment count, when it differs
 };
 
 struct JournalStats {

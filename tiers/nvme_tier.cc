@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -67,6 +68,47 @@ absl::StatusOr<std::unique_ptr<NvmeTier>> NvmeTier::Open(const NvmeTierOptions& 
   return t;
 }
 
+absl::Status CheckNvmeSpace(const std::vector<std::string>& dirs, uint64_t capacity_bytes, uint64_t segment_bytes) {
+  if (dirs.empty() || segment_bytes == 0) return absl::OkStatus();
+  const uint64_t file_bytes = capacity_bytes / dirs.size() / segment_bytes * segment_bytes;
+  // What each file system must still give: the slabs' growth, plus room for
+  // the journal (a record per block at most, and a rewrite beside it).
+  struct Need {
+    std::string dirs;
+    uint64_t need = 0, free = 0;
+  };
+  absl::flat_hash_map<uint64_t, Need> by_fs;
+  for (const std::string& dir : dirs) {
+    // The nearest existing ancestor tells the file system the folder will be on.
+    std::filesystem::path probe = std::filesystem::absolute(dir);
+    struct stat st;
+    while (stat(probe.c_str(), &st) != 0 && probe.has_parent_path() && probe != probe.parent_path()) {
+      probe = probe.parent_path();
+    }
+    struct statvfs vfs;
+    if (statvfs(probe.c_str(), &vfs) != 0) continue;  // the open will say what is wrong
+    Need& n = by_fs[st.st_dev];
+    n.free = uint64_t{vfs.f_bavail} * vfs.f_frsize;
+    absl::StrAppend(&n.dirs, n.dirs.empty() ? "" : ", ", dir);
+    struct stat slab;
+    const uint64_t have = stat(SlabPath(dir).c_str(), &slab) == 0 ? static_cast<uint64_t>(slab.st_size) : 0;
+    if (file_bytes > have) n.need += file_bytes - have;
+    if (&dir == &dirs.front()) n.need += 2 * (file_bytes * dirs.size() / (64 << 10) + 1) * sizeof(JournalRecord);
+  }
+  for (const auto& [dev, n] : by_fs) {
+    if (n.need > n.free) {
+      const uint64_t fits = (capacity_bytes > n.need - n.free ? capacity_bytes - (n.need - n.free) : 0);
+      return CodedStatus(KVTIER_ENOSPC,
+                         absl::StrCat("tiers.nvme.capacity = ", FormatBytes(capacity_bytes), " needs ",
+                                      FormatBytes(n.need), " more on the file system of ", n.dirs, ", which has ",
+                                      FormatBytes(n.free), " free; lower tiers.nvme.capacity (at most about ",
+                                      FormatBytes(fits / segment_bytes * segment_bytes),
+                                      " fits) or free space there. Nothing was allocated"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status NvmeTier::OpenFiles() {
   const uint64_t file_bytes = opts_.capacity_bytes / opts_.dirs.size() / opts_.segment_bytes * opts_.segment_bytes;
   dirty_ = std::vector<std::atomic<bool>>(opts_.dirs.size());
@@ -78,7 +120,15 @@ absl::Status NvmeTier::OpenFiles() {
                                                         ec ? ": " + ec.message() : std::string(),
                                                         "; fix tiers.nvme.dirs or its permissions"));
     }
+  }
+  // Checked before anything is taken: a start that cannot have its space
+  // leaves the disk as it found it.
+  RETURN_IF_ERROR(CheckNvmeSpace(opts_.dirs, opts_.capacity_bytes, opts_.segment_bytes));
+  for (const std::string& dir : opts_.dirs) {
     const std::string path = SlabPath(dir);
+    struct stat before;
+    const bool existed = stat(path.c_str(), &before) == 0;
+    const off_t size_before = existed ? before.st_size : 0;
     int flags = O_RDWR | O_CREAT | O_CLOEXEC;
     UniqueFd fd(open(path.c_str(), flags | O_DIRECT, 0600));
     bool direct_ok = fd.valid();
@@ -109,11 +159,19 @@ absl::Status NvmeTier::OpenFiles() {
     if (static_cast<uint64_t>(st.st_size) < file_bytes) {
       if (fallocate(fd.get(), 0, 0, static_cast<off_t>(file_bytes)) != 0) {
         const int err = errno;
-        if (err == ENOSPC) {
-          return absl::ResourceExhaustedError(absl::StrCat("not enough free space in ", dir, " for ",
-                                                           FormatBytes(file_bytes), "; lower tiers.nvme.capacity"));
-        }
         if (err != EOPNOTSUPP || ftruncate(fd.get(), static_cast<off_t>(file_bytes)) != 0) {
+          // Give back what this start took: a slab it created goes, one it
+          // grew returns to its size.
+          if (!existed) {
+            unlink(path.c_str());
+          } else {
+            (void)!ftruncate(fd.get(), size_before);
+          }
+          if (err == ENOSPC) {
+            return CodedStatus(KVTIER_ENOSPC,
+                               absl::StrCat("not enough free space in ", dir, " for ", FormatBytes(file_bytes),
+                                            "; lower tiers.nvme.capacity. Nothing was allocated"));
+          }
           return ErrnoStatus(err, absl::StrCat("preallocating ", FormatBytes(file_bytes), " in ", path));
         }
       }
@@ -216,8 +274,25 @@ absl::Status NvmeTier::Recover(std::vector<RecoveredBlock>* recovered) {
   format.slot = static_cast<uint32_t>(segments_.size());
   format.tenant_hash = opts_.dirs.size();
   JournalReplay replay;
-  ASSIGN_OR_RETURN(journal_, Journal::Open(JournalOptions{opts_.dirs[0] + "/kvtier.journal", format, opts_.group_commit},
-                                           &replay));
+  JournalOptions jo{opts_.dirs[0] + "/kvtier.journal", format, opts_.group_commit};
+  jo.allow_resize = true;
+  ASSIGN_OR_RETURN(journal_, Journal::Open(jo, &replay));
+  recovery_.resized_from_segments = replay.resized_from_segments;
+  if (replay.resized_from_segments != 0) {
+    // Blocks in segments the new layout does not have: their newest record
+    // assigns them.
+    size_t nseg;
+    {
+      MutexLock l(&mu_);
+      nseg = segments_.size();
+    }
+    absl::flat_hash_map<uint64_t, bool> assigned;
+    for (const JournalRecord& r : replay.records) {
+      if (r.segment < nseg || r.type == static_cast<uint8_t>(JournalType::kSegment)) continue;
+      assigned[uint64_t{r.segment} << 32 | r.slot] = r.type == static_cast<uint8_t>(JournalType::kAssign);
+    }
+    for (const auto& [where, live] : assigned) recovery_.dropped_by_resize += live;
+  }
   recovery_.journal_bytes_cut = replay.bytes_cut;
   recovery_.journal_records_cut = replay.records_cut;
   recovery_.journal_records_damaged = replay.records_damaged;
@@ -239,7 +314,7 @@ absl::Status NvmeTier::Recover(std::vector<RecoveredBlock>* recovered) {
       used_slots_ += seg.used;
       used_bytes_ += uint64_t{seg.used} * seg.slot_bytes;
     }
-    if (recovery_.scanned) {
+    if (recovery_.scanned || recovery_.resized_from_segments != 0) {
       snapshot = SnapshotLocked();
       generation = last_generation_;
     }
@@ -248,6 +323,18 @@ absl::Status NvmeTier::Recover(std::vector<RecoveredBlock>* recovered) {
     // The journal now says what the slab proved, and nothing damaged. On
     // failure the damaged journal stays and the next start checks again.
     (void)journal_->Rewrite(std::move(snapshot), generation);
+  } else if (recovery_.resized_from_segments != 0) {
+    // The new layout's format record, and only what it still holds; then
+    // the slab files shrink to it (they grew already, when they had to).
+    RETURN_IF_ERROR(journal_->Rewrite(std::move(snapshot), generation));
+    const uint64_t file_bytes = opts_.capacity_bytes / opts_.dirs.size() / opts_.segment_bytes * opts_.segment_bytes;
+    for (size_t i = 0; i < files_.size(); ++i) {
+      struct stat st;
+      if (fstat(files_[i].get(), &st) == 0 && static_cast<uint64_t>(st.st_size) > file_bytes &&
+          ftruncate(files_[i].get(), static_cast<off_t>(file_bytes)) != 0) {
+        return ErrnoStatus(errno, absl::StrCat("shrinking ", SlabPath(opts_.dirs[i]), " to the new tiers.nvme.capacity"));
+      }
+    }
   }
   recovery_.blocks = recovered->size();
   recovery_.seconds = static_cast<double>(MonotonicNanos() - t0) / 1e9;

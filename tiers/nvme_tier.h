@@ -69,6 +69,11 @@ struct NvmeRecovery {
   bool scanned = false;             // recovered by checking the slab
   uint64_t scan_checked = 0;        // slots read (header and payload)
   uint64_t scan_recovered = 0;      // blocks that passed (also in `blocks`)
+  // tiers.nvme.capacity changed since the journal was written (same
+  // directories and segment size): the segment count before, and the blocks
+  // that lay in segments the new capacity no longer has (gone). 0: unchanged.
+  uint32_t resized_from_segments = 0;
+  uint64_t dropped_by_resize = 0;
   double seconds = 0;
 };
 
@@ -208,6 +213,12 @@ class NvmeTier final : public Tier {
   std::atomic<uint64_t> full_until_ns_{0};  // device reported ENOSPC: no writes until then
   std::atomic<bool> compacting_{false};
 };
+
+// Whether the file systems of `dirs` have room for an NVMe tier of
+// `capacity_bytes` in segments of `segment_bytes` (slabs already there count
+// as taken): KVTIER_ENOSPC saying how much is missing and what would fit.
+// NvmeTier::Open checks it before it allocates; kvtierd --check-config too.
+absl::Status CheckNvmeSpace(const std::vector<std::string>& dirs, uint64_t capacity_bytes, uint64_t segment_bytes);
 
 // A stable 64-bit hash of a tenant's name, kept with NVMe blocks.
 uint64_t TenantHash(absl::string_view tenant);

@@ -87,6 +87,83 @@ class NvmeTierTest : public ::testing::Test {
   std::shared_ptr<IoFaults> faults_ = std::make_shared<IoFaults>();
 };
 
+// A capacity the file system cannot hold is refused before anything is
+// taken: no slab is left behind to fill the disk (before, the partly
+// allocated slab stayed, and a lowered capacity then failed on the journal
+// with ENOSPC). The message says how much is missing and what fits.
+TEST_F(NvmeTierTest, ACapacityTheDiskCannotHoldIsRefusedAndNothingIsAllocated) {
+  NvmeTierOptions o = Options();
+  o.capacity_bytes = uint64_t{64} << 40;  // 64 TiB
+  o.segment_bytes = uint64_t{4} << 30;
+  std::vector<RecoveredBlock> rec;
+  auto t = NvmeTier::Open(o, &rec);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(ToErrorCode(t.status()), KVTIER_ENOSPC) << t.status();
+  EXPECT_NE(t.status().message().find("Nothing was allocated"), std::string::npos) << t.status();
+  EXPECT_NE(t.status().message().find("free"), std::string::npos) << t.status();
+  for (const std::string& d : o.dirs) {
+    EXPECT_FALSE(std::filesystem::exists(d + "/kvtier-slab.kvt")) << d;
+  }
+  EXPECT_FALSE(CheckNvmeSpace(o.dirs, o.capacity_bytes, o.segment_bytes).ok());
+  EXPECT_TRUE(CheckNvmeSpace(o.dirs, 32 << 20, 4 << 20).ok());
+}
+
+// tiers.nvme.capacity lowered, then raised (same directories, same segment
+// size): blocks in the segments both layouts have stay, byte for byte; those
+// beyond are counted as gone; the slabs shrink and grow with it. Before, any
+// change of capacity was refused until the tier's files were removed.
+TEST_F(NvmeTierTest, AChangedCapacityKeepsTheBlocksInTheSegmentsThatRemain) {
+  std::map<uint64_t, std::pair<SlotHandle, uint64_t>> blocks;  // i -> slot, bytes
+  {
+    auto t = Open();  // 2 dirs x 4 segments of 4 MiB
+    ASSERT_NE(t, nullptr);
+    // One block size per segment: segment k holds blocks of (k + 1) x 64 KiB.
+    for (uint64_t k = 0; k < 8; ++k) {
+      for (uint64_t j = 0; j < 2; ++j) {
+        const uint64_t i = k * 10 + j, bytes = (k + 1) * (64 << 10);
+        auto slot = Put(*t, i, bytes);
+        ASSERT_TRUE(slot.ok()) << slot.status();
+        blocks[i] = {*slot, bytes};
+      }
+    }
+    ASSERT_TRUE(t->Sync().ok());
+  }
+  NvmeTierOptions small = Options();
+  small.capacity_bytes = 16 << 20;  // 2 dirs x 2 segments: segments 0..3 remain
+  std::vector<RecoveredBlock> rec;
+  {
+    auto t = Open(&rec, small);
+    ASSERT_NE(t, nullptr);
+    EXPECT_EQ(rec.size(), 8u);
+    EXPECT_EQ(t->Stats().recovery.resized_from_segments, 8u);
+    EXPECT_EQ(t->Stats().recovery.dropped_by_resize, 8u);
+    for (const RecoveredBlock& b : rec) {
+      const uint64_t i = b.meta.key.bytes[0];  // KeyOf(i) holds i in its first bytes
+      EXPECT_TRUE(Get(*t, b.slot, i, b.meta.payload_bytes).ok()) << i;
+      EXPECT_LT(i, 40u) << "a block of the segments that remain";
+    }
+    for (const std::string& d : small.dirs) {
+      EXPECT_EQ(std::filesystem::file_size(d + "/kvtier-slab.kvt"), uint64_t{8} << 20) << "shrunk: " << d;
+    }
+  }
+  rec.clear();
+  {
+    auto t = Open(&rec, small);  // the journal now is the small layout's
+    ASSERT_NE(t, nullptr);
+    EXPECT_EQ(rec.size(), 8u);
+    EXPECT_EQ(t->Stats().recovery.resized_from_segments, 0u);
+  }
+  rec.clear();
+  {
+    auto t = Open(&rec);  // raised again
+    ASSERT_NE(t, nullptr);
+    EXPECT_EQ(rec.size(), 8u);
+    EXPECT_EQ(t->Stats().recovery.resized_from_segments, 4u);
+    for (const RecoveredBlock& b : rec) EXPECT_TRUE(Get(*t, b.slot, b.meta.key.bytes[0], b.meta.payload_bytes).ok());
+    EXPECT_TRUE(Put(*t, 500, 64 << 10).ok()) << "and takes new blocks";
+  }
+}
+
 // Every read that succeeds is reported with the device's time for it; a
 // calibration read times durable blocks only (none: nothing to read), walks
 // on from where the last one stopped, and never disturbs what it reads.

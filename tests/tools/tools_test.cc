@@ -733,6 +733,28 @@ TEST(ToolsTest, ReplayEndsWithTheErrorWhenASessionFailsPartWay) {
   EXPECT_LT(j["requests"].get<int>(), 16000) << "it stopped early";
 }
 
+// --check-config checks that the disk can hold the NVMe tier (it said
+// "config OK" to a capacity the start then failed on).
+TEST(ToolsTest, CheckConfigRefusesAnNvmeCapacityTheDiskCannotHold) {
+  testing::TempDir dir;
+  const char* build = std::getenv("KVTIER_BUILD_DIR");
+  const std::string kvtierd = std::string(build ? build : ".") + "/daemon/kvtierd";
+  auto write = [&](const std::string& capacity) {
+    std::ofstream(dir.File("k.toml")) << "[daemon]\nrun_dir = \"" << dir.path() << "\"\n[tiers.nvme]\ndirs = [\""
+                                      << dir.File("nvme") << "\"]\ncapacity = \"" << capacity
+                                      << "\"\nsegment_bytes = \"4GiB\"\n";
+  };
+  write("64TiB");
+  Output o = RunCommand(kvtierd + " --config " + dir.File("k.toml") + " --check-config 2>&1");
+  EXPECT_EQ(o.exit_code, 2) << o.out;
+  EXPECT_NE(o.out.find("free"), std::string::npos) << o.out;
+  EXPECT_FALSE(std::filesystem::exists(dir.File("nvme") + "/kvtier-slab.kvt")) << "a check allocates nothing";
+  write("4GiB");
+  o = RunCommand(kvtierd + " --config " + dir.File("k.toml") + " --check-config 2>&1");
+  EXPECT_EQ(o.exit_code, 0) << o.out;
+  EXPECT_NE(o.out.find("config OK"), std::string::npos) << o.out;
+}
+
 // A store refused because the prompt is larger than the arena says so (it
 // was labelled "tier full of pinned blocks").
 TEST(ToolsTest, ReplayGivesTheDaemonsReasonForARefusedStore) {
