@@ -452,7 +452,13 @@ TEST(E2eTest, RepeatingTheSameWorkloadStopsGrowingTheDaemon) {
     EXPECT_LE(books[round], books[1] + books[1] / 10 + 256)
         << "round " << round << " of " << ::testing::PrintToString(books);
   }
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  // ASan's quarantine (256 MiB) and TSan's shadow keep freed memory: RSS
+  // grows under them by design. The bookkeeping above is the sharp check.
+  (void)anon;
+#else
   EXPECT_LT(anon[5], anon[1] + 4096) << "KiB, rounds: " << ::testing::PrintToString(anon);
+#endif
 }
 
 TEST(E2eTest, SigtermStopsCleanlyWithClientsAttached) {
