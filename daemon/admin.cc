@@ -311,7 +311,7 @@ nlohmann::json Daemon::Status() const {
                             {"attached_unix_s", info.identity.attached_unix_s}});
   }
   json tenants = json::array();
-  uint64_t cap = 0, used = 0, blocks = 0, pinned = 0, evictions = 0;
+  uint64_t cap = 0, used = 0, blocks = 0, pinned = 0, evictions = 0, stranded = 0;
   for (const TenantUsage& u : cache_->Usage()) {
     json policies = json::array();
     for (const PolicyUsage& p : u.policies) {
@@ -324,8 +324,20 @@ nlohmann::json Daemon::Status() const {
                               {"switches", p.switches},
                               {"scores", scores}});
     }
+    json classes = json::array();
+    for (const SlotAllocator::ClassUsage& c : u.classes) {
+      classes.push_back(json{{"slot_bytes", c.slot_bytes},
+                             {"segments", c.segments},
+                             {"carved_bytes", c.carved_bytes},
+                             {"used_bytes", c.used_bytes},
+                             {"free_bytes", c.free_bytes()},
+                             {"stranded_bytes", c.stranded_bytes}});
+    }
+    stranded += u.stranded_bytes;
     tenants.push_back(json{{"name", u.name},
                            {"policies", policies},
+                           {"host_by_block_size", classes},
+                           {"host_stranded_bytes", u.stranded_bytes},
                            {"sessions", sessions_per_tenant[u.name]},
                            {"host_capacity_bytes", u.capacity_bytes},
                            {"host_used_bytes", u.used_bytes},
@@ -362,6 +374,9 @@ nlohmann::json Daemon::Status() const {
                        {"evictions_dropped_by_cost", s.evictions_dropped_by_cost.Get()},
                        {"evictions_background", s.evictions_background.Get()},
                        {"evictions_for_quota", s.evictions_for_quota.Get()},
+                       {"stranded_bytes", stranded},
+                       {"segments_reclaimed", s.host_segments_reclaimed.Get()},
+                       {"evictions_for_other_size", s.evictions_for_other_size.Get()},
                        {"high_watermark", config_.host_high_watermark},
                        {"low_watermark", config_.host_low_watermark},
                        {"health", "healthy"}});

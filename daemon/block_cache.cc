@@ -151,6 +151,54 @@ bool BlockCache::EvictColdestLocked(TenantState& t, std::vector<PendingDemotion>
   return false;
 }
 
+bool BlockCache::ReclaimSegmentLocked(TenantState& t, uint64_t slot_bytes, uint64_t colder_than) {
+  std::vector<std::pair<uint32_t, uint32_t>> live = t.host->LiveSlotsOutsideClass(slot_bytes);
+  if (live.empty()) return false;
+  std::sort(live.begin(), live.end());
+  struct Candidate {
+    uint64_t newest;
+    size_t begin, end;  // in live
+  };
+  std::vector<Candidate> candidates;
+  for (size_t i = 0; i < live.size();) {
+    size_t j = i;
+    uint64_t newest = 0;
+    for (; j < live.size() && live[j].first == live[i].first; ++j) newest = std::max(newest, t.slot_tick[live[j].second]);
+    if (newest < colder_than) candidates.push_back({newest, i, j});
+    i = j;
+  }
+  std::sort(candidates.begin(), candidates.end(),
+            [](const Candidate& a, const Candidate& b) { return a.newest < b.newest; });
+  // A segment with a pinned or busy block would lose its other blocks and
+  // still not come back: a few of the coldest are tried, whole or not at all.
+  constexpr size_t kTries = 8;
+  for (size_t k = 0; k < candidates.size() && k < kTries; ++k) {
+    const Candidate& c = candidates[k];
+    bool all_may_go = true;
+    for (size_t i = c.begin; i < c.end && all_may_go; ++i) {
+      BlockRecord* v = t.slot_owner[live[i].second];
+      if (v == nullptr) {
+        all_may_go = false;
+        break;
+      }
+      BlockIndex::Shard& sh = index_.ShardFor(v);
+      MutexLock sl(&sh.mu);
+      all_may_go = !v->removed && v->pins == 0 && v->io_refs == 0 && v->state == BlockState::kReady;
+    }
+    if (!all_may_go) continue;
+    uint64_t evicted = 0;
+    for (size_t i = c.begin; i < c.end; ++i) {
+      if (EvictHostCopyLocked(t, t.slot_owner[live[i].second]) == EvictResult::kEvicted) ++evicted;
+    }
+    t.evictions.fetch_add(evicted, std::memory_order_relaxed);
+    stats_->evictions.Add(evicted);
+    stats_->evictions_for_other_size.Add(evicted);
+    stats_->host_segments_reclaimed.Add();
+    return evicted > 0;
+  }
+  return false;
+}
+
 bool BlockCache::FullerThanLocked(const TenantState& t, double share, uint64_t freeing_bytes,
                                   uint64_t freeing_tokens) const {
   const TierUsage u = t.host->Usage();
@@ -384,9 +432,11 @@ absl::StatusOr<SlotHandle> BlockCache::AllocateSlotLocked(TenantState& t, uint64
       if (t.slot_owner.size() <= *slot) {
         t.slot_owner.resize(std::max<size_t>(*slot + 1, t.slot_owner.size() * 2));
         t.slot_tokens.resize(t.slot_owner.size(), 0);
+        t.slot_tick.resize(t.slot_owner.size(), 0);
       }
       t.slot_owner[*slot] = owner;
       t.slot_tokens[*slot] = tokens;
+      t.slot_tick[*slot] = ++t.clock;
       t.host_tokens += tokens;
       if (reclaim_running_.load(std::memory_order_relaxed) &&
           FullerThanLocked(t, high_watermark_.load(std::memory_order_relaxed))) {
@@ -426,6 +476,16 @@ absl::StatusOr<SlotHandle> BlockCache::AllocateSlotLocked(TenantState& t, uint64
                                       "busy with I/O; release leases or raise [[tenants]] host_tokens"));
     }
     std::optional<SlotHandle> victim = PickHostVictimLocked(t, policy);
+    // Now and then (once per segment's worth of evictions; at once when
+    // this size has nothing to evict), a whole segment of another size whose
+    // blocks are all colder than this size's coldest goes instead, and comes
+    // back to this size. Without it, an arena once filled with one block size
+    // serves another only from what the first happens to give back.
+    const uint64_t slot_bytes = t.host->SlotSizeFor(bytes);
+    if (!victim || ++t.room_evictions >= t.host->SlotsPerSegment(slot_bytes)) {
+      t.room_evictions = 0;
+      if (ReclaimSegmentLocked(t, slot_bytes, victim ? t.slot_tick[*victim] : UINT64_MAX)) continue;
+    }
     if (!victim) {
       stats_->store_refused_no_space.Add();
       const TierUsage u = t.host->Usage();
@@ -572,7 +632,10 @@ absl::StatusOr<uint32_t> BlockCache::Lookup(SessionHoldings& s, std::span<const 
     // Leaves first, the root last: a parent is then always more recent than
     // its children, and recency-ordered policies evict leaves first (a block
     // whose parent is gone can never be hit).
-    for (auto h = host_touch.rbegin(); h != host_touch.rend(); ++h) PolicyFor(t, t.host->SlotBytes(*h))->Touch(*h);
+    for (auto h = host_touch.rbegin(); h != host_touch.rend(); ++h) {
+      PolicyFor(t, t.host->SlotBytes(*h))->Touch(*h);
+      t.slot_tick[*h] = ++t.clock;
+    }
   }
   if (!nvme_touch.empty()) {
     MutexLock l(&nvme_mu_);
@@ -995,6 +1058,8 @@ std::vector<TenantUsage> BlockCache::Usage() const {
     tu.pinned_blocks = t->pinned.load(std::memory_order_relaxed);
     tu.evictions = t->evictions.load(std::memory_order_relaxed);
     tu.quota = t->Quota();
+    tu.classes = t->host->Classes();
+    for (const SlotAllocator::ClassUsage& c : tu.classes) tu.stranded_bytes += c.stranded_bytes;
     {
       MutexLock nl(&nvme_mu_);
       if (tenant < nvme_use_.size()) {

@@ -100,6 +100,10 @@ struct TenantUsage {
   uint64_t nvme_bytes = 0, nvme_tokens = 0;
   TenantQuota quota;
   std::vector<PolicyUsage> policies;
+  // The arena per block size (slot size), and free space that only one
+  // size can use (SlotAllocator::ClassUsage::stranded_bytes).
+  std::vector<SlotAllocator::ClassUsage> classes;
+  uint64_t stranded_bytes = 0;
 };
 
 // The result of a load: locations of the blocks that made it into host
@@ -267,6 +271,12 @@ class BlockCache {
     std::vector<BlockRecord*> slot_owner ABSL_GUARDED_BY(mu);
     std::vector<uint32_t> slot_tokens ABSL_GUARDED_BY(mu);  // tokens of each slot's block
     uint64_t host_tokens ABSL_GUARDED_BY(mu) = 0;           // their sum
+    // When each slot's block was last stored or hit, on a per-tenant clock:
+    // compares blocks of different sizes (each size has its own policy).
+    std::vector<uint64_t> slot_tick ABSL_GUARDED_BY(mu);
+    uint64_t clock ABSL_GUARDED_BY(mu) = 0;
+    // Evictions for room since the last look at other sizes' segments.
+    uint64_t room_evictions ABSL_GUARDED_BY(mu) = 0;
     // Quotas: SetQuota (a config reload) may change them while sessions run.
     std::atomic<uint64_t> quota_host_tokens{0}, quota_nvme_bytes{0}, quota_nvme_tokens{0};
     uint64_t QuotaHostTokens() const { return quota_host_tokens.load(std::memory_order_relaxed); }
@@ -304,6 +314,11 @@ class BlockCache {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
   // The policy's coldest block that may go now (not pinned, not moving).
   std::optional<SlotHandle> PickHostVictimLocked(TenantState& t, ChainGuard* policy)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
+  // Empties the coldest segment of another block size than `slot_bytes`
+  // whose blocks were all last used before `colder_than` and may all go
+  // now; false when there is none.
+  bool ReclaimSegmentLocked(TenantState& t, uint64_t slot_bytes, uint64_t colder_than)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
   // Evicts one block, from the block size that holds the most bytes; false
   // when nothing can go.

@@ -164,6 +164,31 @@ std::string PrometheusText(const json& s) {
            double(U(host, "evictions_dropped") - std::min(U(host, "evictions_dropped"), U(host, "evictions_dropped_by_cost"))));
   w.Sample("kvtier_evictions_total", "tier=\"host\",reason=\"dropped_by_cost\"", double(U(host, "evictions_dropped_by_cost")));
   w.Sample("kvtier_evictions_total", "tier=\"nvme\",reason=\"dropped\"", double(nvme_evictions));
+  // Host memory per block size: one size cannot use another's segments
+  // until they are empty, so a shifting mix of sizes shows here first.
+  w.Family("kvtier_host_block_size_bytes", "gauge",
+           "Host arena bytes per tenant and slot size: in live blocks (used), in free slots only that size can use "
+           "(stranded), in free slots of empty segments any size may take back (idle).");
+  w.Family("kvtier_host_stranded_bytes", "gauge",
+           "Free host arena bytes per tenant that only one block size can use (summed over sizes).");
+  for (const json& t : s["tenants"]) {
+    const std::string tenant = "tenant=\"" + Esc(t["name"].get<std::string>()) + "\"";
+    w.Sample("kvtier_host_stranded_bytes", tenant, double(U(t, "host_stranded_bytes")));
+    for (const json& c : t["host_by_block_size"]) {
+      const std::string labels = tenant + ",slot_bytes=\"" + std::to_string(U(c, "slot_bytes")) + "\"";
+      const uint64_t free_bytes = U(c, "free_bytes"), stranded = U(c, "stranded_bytes");
+      w.Sample("kvtier_host_block_size_bytes", labels + ",state=\"used\"", double(U(c, "used_bytes")));
+      w.Sample("kvtier_host_block_size_bytes", labels + ",state=\"stranded\"", double(stranded));
+      w.Sample("kvtier_host_block_size_bytes", labels + ",state=\"idle\"",
+               double(free_bytes - std::min(free_bytes, stranded)));
+    }
+  }
+  w.Family("kvtier_host_segments_reclaimed_total", "counter",
+           "Host segments of one block size emptied for another under pressure, and the evictions that took.");
+  w.Sample("kvtier_host_segments_reclaimed_total", "", double(U(host, "segments_reclaimed")));
+  w.Family("kvtier_evictions_for_other_size_total", "counter",
+           "Host evictions that emptied a segment of one block size for another (part of kvtier_evictions_total).");
+  w.Sample("kvtier_evictions_for_other_size_total", "", double(U(host, "evictions_for_other_size")));
   w.Family("kvtier_checksum_failures_total", "counter", "NVMe blocks whose checksum failed on read (served as misses).");
   w.Sample("kvtier_checksum_failures_total", "", double(checksum));
   w.Family("kvtier_stores_refused_total", "counter", "Stores refused, by reason.");

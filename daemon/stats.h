@@ -93,6 +93,10 @@ struct DaemonStats {
   // Why host evictions happened, besides a full arena: the background
   // reclaimer (above the high watermark), a tenant's host_tokens quota.
   Counter evictions_background, evictions_for_quota;
+  // Whole segments of one block size emptied for another (their blocks
+  // were all colder than the other size's coldest), and the evictions that
+  // took.
+  Counter host_segments_reclaimed, evictions_for_other_size;
   // NVMe evictions of a tenant's own blocks to stay within its NVMe quota
   // (a subset of nvme_evictions); demotions refused because its quota holds
   // only pinned or busy blocks.

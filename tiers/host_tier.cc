@@ -81,6 +81,21 @@ void HostTier::Read(SlotHandle slot, const BlockMeta&, std::span<std::byte> dst,
   std::move(done)(absl::OkStatus());
 }
 
+std::vector<SlotAllocator::ClassUsage> HostTier::Classes() const {
+  MutexLock l(&mu_);
+  return slots_.Classes();
+}
+
+std::vector<std::pair<uint32_t, uint32_t>> HostTier::LiveSlotsOutsideClass(uint64_t bytes) const {
+  MutexLock l(&mu_);
+  return slots_.LiveSlotsOutsideClass(bytes);
+}
+
+uint64_t HostTier::SlotsPerSegment(uint64_t bytes) const {
+  MutexLock l(&mu_);
+  return slots_.SlotsPerSegment(bytes);
+}
+
 TierUsage HostTier::Usage() const {
   MutexLock l(&mu_);
   return TierUsage{slots_.capacity_bytes(), slots_.used_bytes(), slots_.used_slots(),

@@ -42,6 +42,10 @@ class HostTier final : public Tier {
   uint64_t SlotSizeFor(uint64_t bytes) const { return (bytes + 4095) / 4096 * 4096; }
   // Thread-safe. Offset of the slot's bytes in the arena (what engines use).
   uint64_t ArenaOffset(SlotHandle slot) const;
+  // Thread-safe. See SlotAllocator.
+  std::vector<SlotAllocator::ClassUsage> Classes() const;
+  std::vector<std::pair<uint32_t, uint32_t>> LiveSlotsOutsideClass(uint64_t bytes) const;
+  uint64_t SlotsPerSegment(uint64_t bytes) const;
   // The memfd engines of this tenant map; owned by the tier.
   int arena_fd() const { return fd_.get(); }
   uint64_t arena_bytes() const { return region_.size(); }

@@ -263,6 +263,39 @@ uint64_t SlotAllocator::FreeBytesInClass(uint64_t bytes) const {
   return c.free_slots * c.bytes;
 }
 
+std::vector<SlotAllocator::ClassUsage> SlotAllocator::Classes() const {
+  std::vector<ClassUsage> by_class(classes_.size());
+  for (const Segment& s : segments_) {
+    if (s.slots == 0) continue;  // not a segment now
+    const uint64_t slot_bytes = classes_[s.cls].bytes;
+    ClassUsage& u = by_class[s.cls];
+    ++u.segments;
+    u.carved_bytes += uint64_t{s.slots} * slot_bytes;
+    u.used_bytes += uint64_t{s.live} * slot_bytes;
+    if (s.live != 0) u.stranded_bytes += uint64_t{s.slots - s.live} * slot_bytes;
+  }
+  std::vector<ClassUsage> out;
+  for (size_t c = 0; c < classes_.size(); ++c) {
+    if (by_class[c].segments == 0) continue;
+    by_class[c].slot_bytes = classes_[c].bytes;
+    out.push_back(by_class[c]);
+  }
+  std::sort(out.begin(), out.end(), [](const ClassUsage& a, const ClassUsage& b) { return a.slot_bytes < b.slot_bytes; });
+  return out;
+}
+
+std::vector<std::pair<uint32_t, uint32_t>> SlotAllocator::LiveSlotsOutsideClass(uint64_t bytes) const {
+  auto it = class_of_bytes_.find(RoundUp(bytes));
+  const int keep = it == class_of_bytes_.end() ? -1 : it->second;
+  std::vector<std::pair<uint32_t, uint32_t>> out;
+  for (uint32_t h = 0; h < slots_.size(); ++h) {
+    if (!slots_[h].used) continue;
+    const uint32_t sg = slots_[h].segment;
+    if (segments_[sg].cls != keep) out.emplace_back(sg, h);
+  }
+  return out;
+}
+
 uint64_t SlotAllocator::largest_uncarved_bytes() const {
   return runs_by_length_.empty() ? 0 : runs_by_length_.rbegin()->first * alignment_;
 }

@@ -23,6 +23,7 @@
 #ifndef KVTIER_TIERS_SLOT_ALLOCATOR_H_
 #define KVTIER_TIERS_SLOT_ALLOCATOR_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <set>
@@ -36,6 +37,20 @@ namespace kvtier {
 
 class SlotAllocator {
  public:
+  static constexpr uint32_t kNoSegment = 0x7fffffff;
+  // One size class: what its segments hold.
+  struct ClassUsage {
+    uint64_t slot_bytes = 0;
+    uint64_t segments = 0;
+    uint64_t carved_bytes = 0;  // in its segments
+    uint64_t used_bytes = 0;    // in its live slots
+    // Free slots in segments that also hold live ones: room no other block
+    // size can use until every block there is gone (empty segments go back
+    // to any size when one needs room).
+    uint64_t stranded_bytes = 0;
+    uint64_t free_bytes() const { return carved_bytes - used_bytes; }
+  };
+
   // Thread contract: not thread-safe; the owner serializes calls.
   // A capacity over 2^32 - 1 pages is cut to that (offsets are kept in pages).
   SlotAllocator(uint64_t capacity_bytes, uint64_t alignment = 4096);
@@ -75,9 +90,16 @@ class SlotAllocator {
   // A segment's size for classes up to it: 2 MiB, or 1/64 of a smaller range
   // (at least one page), so a small arena still has room for several classes.
   uint64_t SegmentTarget() const { return segment_target_; }
+  // Slots of `bytes` in one segment of its class (at least 1).
+  uint64_t SlotsPerSegment(uint64_t bytes) const { return std::max<uint64_t>(1, segment_target_ / RoundUp(bytes)); }
+
+  // Classes that hold at least one segment, smallest slots first.
+  std::vector<ClassUsage> Classes() const;
+  // Live slots of every class but that of `bytes`, as (segment, slot), for
+  // emptying whole segments of one size to give them to another.
+  std::vector<std::pair<uint32_t, uint32_t>> LiveSlotsOutsideClass(uint64_t bytes) const;
 
  private:
-  static constexpr uint32_t kNoSegment = 0x7fffffff;
   struct Slot {
     uint32_t page;          // offset / alignment
     uint32_t segment : 31;  // kNoSegment: the handle is not in use

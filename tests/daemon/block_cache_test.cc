@@ -169,6 +169,52 @@ TEST_F(BlockCacheTest, FullTierEvictsLeastRecentlyUsedUnpinnedBlocks) {
   EXPECT_EQ(stats_.evictions.Get(), 1u);
 }
 
+// Block sizes share a tenant's arena by segments. A size that needs room
+// takes whole segments from a size whose blocks are all colder than its own
+// coldest: an arena filled with one size serves another in full, not from
+// what the first gives back by chance (before: the second size was refused
+// outright, "carved for other block sizes").
+TEST_F(BlockCacheTest, ASizeThatNeedsRoomTakesWholeSegmentsFromAColdSize) {
+  SetUpCache(512);  // 2 MiB
+  auto big = Session(1);
+  big->ns.block_bytes = 8192;
+  auto small = Session(2);
+  for (uint64_t i = 0; i < 256; ++i) ASSERT_TRUE(Store(*big, {KeyOf(i)}).ok()) << i;
+  const uint64_t capacity = cache_->Usage()[0].capacity_bytes;
+  ASSERT_EQ(cache_->Usage()[0].used_bytes, capacity) << "the 8 KiB blocks fill the arena";
+  for (uint64_t i = 0; i < 2000; ++i) ASSERT_TRUE(Store(*small, {KeyOf(10000 + i)}).ok()) << i;
+  const TenantUsage u = cache_->Usage()[0];
+  EXPECT_GE(u.used_bytes, capacity * 95 / 100);
+  uint64_t small_bytes = 0;
+  for (const SlotAllocator::ClassUsage& c : u.classes) {
+    if (c.slot_bytes == 4096) small_bytes = c.used_bytes;
+  }
+  EXPECT_GE(small_bytes, capacity * 9 / 10) << "the cold 8 KiB blocks gave their segments to the 4 KiB ones";
+  EXPECT_EQ(Hit(*small, Keys(10000 + 2000 - 400, 400)), 400u);
+  EXPECT_GT(stats_.host_segments_reclaimed.Get(), 0u);
+  EXPECT_GE(stats_.evictions_for_other_size.Get(), 240u);
+  EXPECT_EQ(stats_.store_refused_no_space.Get(), 0u);
+}
+
+// ... but a size in use keeps its segments: its blocks are hotter than the
+// other size's coldest, so the other size evicts its own.
+TEST_F(BlockCacheTest, ASizeInUseKeepsItsSegments) {
+  SetUpCache(512);
+  auto big = Session(1);
+  big->ns.block_bytes = 8192;
+  auto small = Session(2);
+  const std::vector<BlockKey> hot = Keys(0, 128);  // half the arena
+  for (const BlockKey& k : hot) ASSERT_TRUE(Store(*big, {k}).ok());
+  for (uint64_t round = 0; round < 100; ++round) {
+    for (uint64_t i = 0; i < 16; ++i) ASSERT_TRUE(Store(*small, {KeyOf(10000 + round * 16 + i)}).ok());
+    uint64_t lease;
+    ASSERT_EQ(Hit(*big, hot, true, &lease), 128u) << "round " << round;
+    ASSERT_TRUE(cache_->Release(*big, lease).ok());
+  }
+  EXPECT_EQ(stats_.evictions_for_other_size.Get(), 0u);
+  EXPECT_GT(stats_.evictions.Get(), 1000u) << "the 4 KiB blocks churned within their own segments";
+}
+
 // A block whose parent is gone can never be hit: whatever the policy, what
 // is left of a chain after evictions is a prefix of it. (The cache touches
 // and inserts a chain's blocks leaves first.)

@@ -123,6 +123,46 @@ TEST(SlotAllocatorTest, EmptySegmentsGoToAnotherSize) {
   EXPECT_TRUE(a.Allocate(4096).ok());
 }
 
+// What each size holds is reported, and free slots in segments that still
+// hold live ones are stranded (no other size can use them); an empty segment
+// is not, and the live slots of other sizes are listed by segment.
+TEST(SlotAllocatorTest, ClassesReportUsedFreeAndStrandedBytes) {
+  constexpr uint64_t kCapacity = 8ull << 20;
+  SlotAllocator a(kCapacity);
+  const uint64_t per_segment = a.SlotsPerSegment(8192);
+  ASSERT_GE(per_segment, 4u);
+  std::vector<uint32_t> big;
+  for (uint64_t i = 0; i < 3 * per_segment; ++i) big.push_back(*a.Allocate(8192));  // three full segments
+  std::vector<uint32_t> small;
+  for (int i = 0; i < 3; ++i) small.push_back(*a.Allocate(4096));
+  // Segment 1: one live slot left; segment 2: none.
+  for (uint64_t i = 0; i + 1 < per_segment; ++i) ASSERT_TRUE(a.Free(big[i]).ok());
+  for (uint64_t i = per_segment; i < 2 * per_segment; ++i) ASSERT_TRUE(a.Free(big[i]).ok());
+  const std::vector<SlotAllocator::ClassUsage> classes = a.Classes();
+  ASSERT_EQ(classes.size(), 2u);
+  EXPECT_EQ(classes[0].slot_bytes, 4096u);
+  EXPECT_EQ(classes[0].segments, 1u);
+  EXPECT_EQ(classes[0].used_bytes, 3u * 4096);
+  EXPECT_EQ(classes[0].stranded_bytes, classes[0].carved_bytes - 3 * 4096);
+  EXPECT_EQ(classes[1].slot_bytes, 8192u);
+  EXPECT_EQ(classes[1].segments, 3u);
+  EXPECT_EQ(classes[1].used_bytes, (per_segment + 1) * 8192);
+  EXPECT_EQ(classes[1].free_bytes(), (2 * per_segment - 1) * 8192);
+  EXPECT_EQ(classes[1].stranded_bytes, (per_segment - 1) * 8192) << "the empty segment is not stranded";
+  EXPECT_EQ(classes[0].used_bytes + classes[1].used_bytes, a.used_bytes());
+  EXPECT_EQ(classes[0].carved_bytes + classes[1].carved_bytes, a.carved_bytes());
+
+  const auto outside = a.LiveSlotsOutsideClass(4096);
+  ASSERT_EQ(outside.size(), per_segment + 1);
+  std::set<uint32_t> segments;
+  for (const auto& [segment, slot] : outside) {
+    EXPECT_EQ(a.Bytes(slot), 8192u);
+    segments.insert(segment);
+  }
+  EXPECT_EQ(segments.size(), 2u) << "the live 8 KiB slots lie in two segments";
+  EXPECT_EQ(a.LiveSlotsOutsideClass(8192).size(), 3u);
+}
+
 // Random allocations and frees of mixed sizes against a model of the live
 // slots: no two live slots overlap, every slot lies inside the capacity and
 // keeps its offset while live, a refusal means there really is no room, and

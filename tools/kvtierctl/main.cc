@@ -61,8 +61,11 @@ std::string Str(const json& j, std::string_view key) { return Str(At(j, key)); }
 std::string Bytes(const json& j, std::string_view key) { return Bytes(At(j, key)); }
 
 void PrintTenants(const json& s) {
-  Table tenants({"TENANT", "SESSIONS", "BLOCKS", "PINNED", "HOST USED", "HOST CAPACITY", "HOST TOKENS", "NVME USED",
-                 "EVICTING BY"});
+  Table tenants({"TENANT", "SESSIONS", "BLOCKS", "PINNED", "HOST USED", "HOST CAPACITY", "STRANDED", "HOST TOKENS",
+                 "NVME USED", "EVICTING BY"});
+  // Host memory per block size, shown once a tenant holds more than one.
+  Table sizes({"TENANT", "SLOT SIZE", "SEGMENTS", "USED", "FREE", "STRANDED"});
+  bool mixed = false;
   // "used / quota" where a quota is set.
   auto of = [](const json& used, const json& quota, bool bytes) {
     std::string s = bytes ? Bytes(used) : Num(used);
@@ -82,10 +85,21 @@ void PrintTenants(const json& s) {
       nvme += ", " + of(At(t, "nvme_tokens"), At(q, "nvme_tokens"), false) + " tokens";
     }
     tenants.AddRow({Str(t, "name"), Num(t, "sessions"), Num(t, "blocks"), Num(t, "pinned_blocks"),
-                    Bytes(t, "host_used_bytes"), Bytes(t, "host_capacity_bytes"),
+                    Bytes(t, "host_used_bytes"), Bytes(t, "host_capacity_bytes"), Bytes(t, "host_stranded_bytes"),
                     of(At(t, "host_tokens"), At(q, "host_tokens"), false), nvme, by.empty() ? "-" : by});
+    const json& classes = List(At(t, "host_by_block_size"));
+    if (classes.size() > 1) mixed = true;
+    for (const json& c : classes) {
+      sizes.AddRow({Str(t, "name"), Bytes(c, "slot_bytes"), Num(c, "segments"), Bytes(c, "used_bytes"),
+                    Bytes(c, "free_bytes"), Bytes(c, "stranded_bytes")});
+    }
   }
   tenants.Print(std::cout);
+  if (mixed) {
+    std::cout << "\nhost memory by block size (stranded: free slots only that size can use; whole segments of a "
+                 "cold size go to a size that needs room)\n";
+    sizes.Print(std::cout);
+  }
 }
 
 void PrintSessions(const json& s) {
@@ -152,7 +166,8 @@ void PrintStatus(const json& s) {
             << Fixed(Dbl(At(t0, "low_watermark")), 2) << "), for token quotas "
             << Num(t0, "evictions_for_quota") << "\n"
             << "sessions attached " << n("sessions_attached") << "  detached " << n("sessions_detached")
-            << "  died " << n("sessions_closed_dead") << "  refused " << n("attach_refused") << "  protocol errors " << n("protocol_errors") << "\n";
+            << "  died " << n("sessions_closed_dead") << "  refused " << n("attach_refused") << "  protocol errors " << n("protocol_errors") << "\n"
+            << "config reloads " << n("reloads") << "  failed " << n("reloads_failed") << "\n";
   if (st.is_object() && st.contains("kv_registrations")) {
     std::cout << "engine KV caches registered " << n("kv_registrations") << " (refused "
               << n("kv_registrations_refused") << ")  device stores " << n("device_stores") << " ("
