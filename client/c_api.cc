@@ -1,5 +1,8 @@
 // The C ABI (include/kvtier/kvtier.h) over the C++ client.
+#include <algorithm>
+#include <climits>
 #include <cstring>
+#include <string>
 #include <new>
 
 #include "absl/container/flat_hash_map.h"
@@ -25,9 +28,40 @@ namespace {
 
 using kvtier::BlockKey;
 
+// The message of the last failed call made on this thread without a client
+// (kvtier_attach, or a call given a NULL client): kvtier_last_error(NULL).
+thread_local std::string tls_last_error;
+
+std::string& ErrorOf(kvtier_client* c) { return c != nullptr ? c->last_error : tls_last_error; }
+
+// Every call starts with this: the last error belongs to the last call.
+void Begin(kvtier_client* c) { ErrorOf(c).clear(); }
+
 int Fail(kvtier_client* c, const kvtier::Status& s) {
-  if (c != nullptr) c->last_error = s.message();
+  ErrorOf(c) = s.message();
   return s.raw_code();
+}
+
+int Fail(kvtier_client* c, int code, std::string message) {
+  ErrorOf(c) = std::move(message);
+  return code;
+}
+
+int NullArg(kvtier_client* c, const char* what) {
+  return Fail(c, KVTIER_EINVAL, std::string(what) + " is NULL");
+}
+
+// The checks every call that takes keys makes.
+int CheckKeys(kvtier_client* c, const kvtier_key* keys, size_t n) {
+  if (c == nullptr) return NullArg(nullptr, "the client");
+  if (keys == nullptr && n > 0) return Fail(c, KVTIER_EINVAL, "keys is NULL but n is " + std::to_string(n));
+  return KVTIER_OK;
+}
+
+// A count, as the C++ API returns it, or the failure's code.
+int Count(kvtier_client* c, const kvtier::Result<uint32_t>& r) {
+  if (!r.ok()) return Fail(c, r.status());
+  return static_cast<int>(std::min<uint32_t>(*r, INT32_MAX));
 }
 
 std::string Str(const char* s) { return s ? std::string(s) : std::string(); }
@@ -69,7 +103,9 @@ int Finish(kvtier_client* c, kvtier_op op, const kvtier::Status& s) {
 extern "C" {
 
 int kvtier_attach(const char* socket_path, const kvtier_namespace_desc* ns, kvtier_client** out) {
-  if (ns == nullptr || out == nullptr) return KVTIER_EINVAL;
+  Begin(nullptr);
+  if (ns == nullptr) return NullArg(nullptr, "the namespace descriptor");
+  if (out == nullptr) return NullArg(nullptr, "out");
   kvtier::AttachOptions opts;
   opts.socket_path = Str(socket_path);
   opts.ns = kvtier::NamespaceDescriptor{Str(ns->model_id),  Str(ns->model_revision), Str(ns->tokenizer_revision),
@@ -77,9 +113,9 @@ int kvtier_attach(const char* socket_path, const kvtier_namespace_desc* ns, kvti
                                         Str(ns->kv_layout), Str(ns->cache_salt), ns->block_tokens,
                                         ns->block_bytes,    ns->tp_rank,           ns->tp_size};
   auto client = kvtier::Client::Attach(opts);
-  if (!client.ok()) return client.status().raw_code();
+  if (!client.ok()) return Fail(nullptr, client.status());
   auto* c = new (std::nothrow) kvtier_client;
-  if (c == nullptr) return KVTIER_ENOMEM;
+  if (c == nullptr) return Fail(nullptr, KVTIER_ENOMEM, "out of memory for the client");
   c->client = std::move(*client);
   *out = c;
   return KVTIER_OK;
@@ -89,7 +125,10 @@ void kvtier_detach(kvtier_client* c) { delete c; }
 
 int kvtier_compute_keys(kvtier_client* c, const uint32_t* tokens, size_t n_tokens, const kvtier_key* parent,
                         const void* extra, size_t extra_len, kvtier_key* out, size_t max_keys, size_t* n_out) {
-  if (c == nullptr || (tokens == nullptr && n_tokens > 0) || n_out == nullptr) return KVTIER_EINVAL;
+  if (c == nullptr) return NullArg(nullptr, "the client");
+  Begin(c);
+  if (tokens == nullptr && n_tokens > 0) return NullArg(c, "tokens");
+  if (n_out == nullptr) return NullArg(c, "n_out");
   std::vector<BlockKey> keys = c->client->ComputeKeys(
       {tokens, n_tokens}, parent ? reinterpret_cast<const BlockKey*>(parent) : nullptr,
       {static_cast<const std::byte*>(extra), extra ? extra_len : 0});
@@ -103,7 +142,10 @@ int kvtier_compute_keys(kvtier_client* c, const uint32_t* tokens, size_t n_token
 
 int kvtier_lookup_async(kvtier_client* c, const kvtier_key* keys, size_t n, uint32_t flags,
                         kvtier_lookup_result* result, uint8_t* tiers, kvtier_op* op) {
-  if (c == nullptr || result == nullptr || op == nullptr || (keys == nullptr && n > 0)) return KVTIER_EINVAL;
+  if (int rc = CheckKeys(c, keys, n); rc != 0) return rc;
+  Begin(c);
+  if (result == nullptr) return NullArg(c, "result");
+  if (op == nullptr) return NullArg(c, "op");
   auto p = std::make_unique<kvtier_client::Pending>();
   p->lookup_out = result;
   p->tiers_out = tiers;
@@ -116,7 +158,10 @@ int kvtier_lookup_async(kvtier_client* c, const kvtier_key* keys, size_t n, uint
 
 int kvtier_load_async(kvtier_client* c, uint64_t lease, const kvtier_key* keys, size_t n, kvtier_block* blocks,
                       kvtier_op* op) {
-  if (c == nullptr || blocks == nullptr || op == nullptr || (keys == nullptr && n > 0)) return KVTIER_EINVAL;
+  if (int rc = CheckKeys(c, keys, n); rc != 0) return rc;
+  Begin(c);
+  if (blocks == nullptr) return NullArg(c, "blocks");
+  if (op == nullptr) return NullArg(c, "op");
   auto p = std::make_unique<kvtier_client::Pending>();
   p->blocks_out = blocks;
   p->requested = n;
@@ -127,8 +172,18 @@ int kvtier_load_async(kvtier_client* c, uint64_t lease, const kvtier_key* keys, 
   return KVTIER_OK;
 }
 
+// An operation this client started and whose result was not yet taken;
+// else KVTIER_ENOENT (the C++ Poll reports such an id as done with kNotFound).
+int CheckOutstanding(kvtier_client* c, kvtier_op op) {
+  if (c->pending.contains(op)) return KVTIER_OK;
+  return Fail(c, KVTIER_ENOENT, "operation " + std::to_string(op) +
+                                    " is not outstanding: unknown, or its result was already taken");
+}
+
 int kvtier_poll(kvtier_client* c, kvtier_op op, int* status) {
-  if (c == nullptr) return KVTIER_EINVAL;
+  if (c == nullptr) return NullArg(nullptr, "the client");
+  Begin(c);
+  if (int rc = CheckOutstanding(c, op); rc != 0) return rc;
   std::optional<kvtier::Status> s = c->client->Poll(op);
   if (!s) return 0;
   const int code = Finish(c, op, *s);
@@ -137,7 +192,9 @@ int kvtier_poll(kvtier_client* c, kvtier_op op, int* status) {
 }
 
 int kvtier_wait(kvtier_client* c, kvtier_op op, int timeout_ms) {
-  if (c == nullptr) return KVTIER_EINVAL;
+  if (c == nullptr) return NullArg(nullptr, "the client");
+  Begin(c);
+  if (int rc = CheckOutstanding(c, op); rc != 0) return rc;
   const auto timeout = timeout_ms < 0 ? std::chrono::nanoseconds::max()
                                       : std::chrono::nanoseconds(std::chrono::milliseconds(timeout_ms));
   return Finish(c, op, c->client->Wait(op, timeout));
@@ -153,11 +210,18 @@ int kvtier_lookup(kvtier_client* c, const kvtier_key* keys, size_t n, uint32_t f
 int kvtier_load(kvtier_client* c, uint64_t lease, const kvtier_key* keys, size_t n, kvtier_block* blocks) {
   kvtier_op op;
   if (int rc = kvtier_load_async(c, lease, keys, n, blocks, &op); rc != 0) return rc;
-  return kvtier_wait(c, op, -1);
+  if (int rc = kvtier_wait(c, op, -1); rc != 0) return rc;
+  // The loaded prefix, as the C++ Load returns it.
+  int loaded = 0;
+  while (static_cast<size_t>(loaded) < n && loaded < INT32_MAX && blocks[loaded].data != nullptr) ++loaded;
+  return loaded;
 }
 
 int kvtier_store_begin(kvtier_client* c, const kvtier_key* keys, size_t n, uint64_t* ticket, kvtier_block* blocks) {
-  if (c == nullptr || ticket == nullptr || blocks == nullptr || (keys == nullptr && n > 0)) return KVTIER_EINVAL;
+  if (int rc = CheckKeys(c, keys, n); rc != 0) return rc;
+  Begin(c);
+  if (ticket == nullptr) return NullArg(c, "ticket");
+  if (blocks == nullptr) return NullArg(c, "blocks");
   auto t = c->client->StoreBegin(Keys(keys, n));
   if (!t.ok()) return Fail(c, t.status());
   *ticket = t->id;
@@ -169,7 +233,8 @@ int kvtier_store_begin(kvtier_client* c, const kvtier_key* keys, size_t n, uint6
 }
 
 int kvtier_store_commit(kvtier_client* c, uint64_t ticket) {
-  if (c == nullptr) return KVTIER_EINVAL;
+  if (c == nullptr) return NullArg(nullptr, "the client");
+  Begin(c);
   kvtier::StoreTicket t;
   t.id = ticket;
   kvtier::Status s = c->client->StoreCommit(t);
@@ -177,7 +242,8 @@ int kvtier_store_commit(kvtier_client* c, uint64_t ticket) {
 }
 
 int kvtier_store_commit_durable(kvtier_client* c, uint64_t ticket) {
-  if (c == nullptr) return KVTIER_EINVAL;
+  if (c == nullptr) return NullArg(nullptr, "the client");
+  Begin(c);
   kvtier::StoreTicket t;
   t.id = ticket;
   kvtier::Status s = c->client->StoreCommit(t, {.durable = true});
@@ -185,7 +251,8 @@ int kvtier_store_commit_durable(kvtier_client* c, uint64_t ticket) {
 }
 
 int kvtier_prefetch(kvtier_client* c, const kvtier_key* keys, size_t n, uint32_t* promoted) {
-  if (c == nullptr || (keys == nullptr && n > 0)) return KVTIER_EINVAL;
+  if (int rc = CheckKeys(c, keys, n); rc != 0) return rc;
+  Begin(c);
   auto r = c->client->Prefetch(Keys(keys, n));
   if (!r.ok()) return Fail(c, r.status());
   if (promoted != nullptr) *promoted = *r;
@@ -193,7 +260,8 @@ int kvtier_prefetch(kvtier_client* c, const kvtier_key* keys, size_t n, uint32_t
 }
 
 int kvtier_store_abort(kvtier_client* c, uint64_t ticket) {
-  if (c == nullptr) return KVTIER_EINVAL;
+  if (c == nullptr) return NullArg(nullptr, "the client");
+  Begin(c);
   kvtier::StoreTicket t;
   t.id = ticket;
   kvtier::Status s = c->client->StoreAbort(t);
@@ -201,36 +269,42 @@ int kvtier_store_abort(kvtier_client* c, uint64_t ticket) {
 }
 
 int kvtier_store(kvtier_client* c, const kvtier_key* keys, size_t n, const void* const* src) {
-  if (c == nullptr || (n > 0 && (keys == nullptr || src == nullptr))) return KVTIER_EINVAL;
+  if (int rc = CheckKeys(c, keys, n); rc != 0) return rc;
+  Begin(c);
+  if (n > 0 && src == nullptr) return NullArg(c, "src");
   std::vector<std::span<const std::byte>> spans(n);
   for (size_t i = 0; i < n; ++i) {
-    if (src[i] == nullptr) return KVTIER_EINVAL;
+    if (src[i] == nullptr) return Fail(c, KVTIER_EINVAL, "src[" + std::to_string(i) + "] is NULL");
     spans[i] = {static_cast<const std::byte*>(src[i]), c->client->block_bytes()};
   }
-  auto r = c->client->Store(Keys(keys, n), spans);
-  return r.ok() ? KVTIER_OK : Fail(c, r.status());
+  return Count(c, c->client->Store(Keys(keys, n), spans));
 }
 
 int kvtier_release(kvtier_client* c, uint64_t lease) {
-  if (c == nullptr) return KVTIER_EINVAL;
+  if (c == nullptr) return NullArg(nullptr, "the client");
+  Begin(c);
   kvtier::Status s = c->client->Release(lease);
   return s.ok() ? KVTIER_OK : Fail(c, s);
 }
 
 int kvtier_invalidate(kvtier_client* c, const kvtier_key* keys, size_t n) {
-  if (c == nullptr || (keys == nullptr && n > 0)) return KVTIER_EINVAL;
-  auto r = c->client->Invalidate(Keys(keys, n));
-  return r.ok() ? KVTIER_OK : Fail(c, r.status());
+  if (int rc = CheckKeys(c, keys, n); rc != 0) return rc;
+  Begin(c);
+  return Count(c, c->client->Invalidate(Keys(keys, n)));
 }
 
 int kvtier_invalidate_namespace(kvtier_client* c) {
-  if (c == nullptr) return KVTIER_EINVAL;
-  auto r = c->client->InvalidateNamespace();
-  return r.ok() ? KVTIER_OK : Fail(c, r.status());
+  if (c == nullptr) return NullArg(nullptr, "the client");
+  Begin(c);
+  return Count(c, c->client->InvalidateNamespace());
 }
 
 int kvtier_report_prefill(kvtier_client* c, uint64_t cached_tokens, uint64_t computed_tokens, uint64_t elapsed_ns) {
-  if (c == nullptr || elapsed_ns == 0 || elapsed_ns > INT64_MAX) return KVTIER_EINVAL;
+  if (c == nullptr) return NullArg(nullptr, "the client");
+  Begin(c);
+  if (elapsed_ns == 0 || elapsed_ns > INT64_MAX) {
+    return Fail(c, KVTIER_EINVAL, "elapsed_ns must be in 1..INT64_MAX, got " + std::to_string(elapsed_ns));
+  }
   kvtier::Status s = c->client->ReportPrefill(cached_tokens, computed_tokens,
                                               std::chrono::nanoseconds(static_cast<int64_t>(elapsed_ns)));
   return s.ok() ? KVTIER_OK : Fail(c, s);
@@ -242,6 +316,6 @@ void kvtier_namespace_id(const kvtier_client* c, uint8_t out[32]) {
   if (c != nullptr && out != nullptr) std::memcpy(out, c->client->namespace_id().bytes.data(), 32);
 }
 
-const char* kvtier_last_error(const kvtier_client* c) { return c ? c->last_error.c_str() : ""; }
+const char* kvtier_last_error(const kvtier_client* c) { return c ? c->last_error.c_str() : tls_last_error.c_str(); }
 
 }  // extern "C"

@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <unordered_set>
 #include <vector>
 
 #include "kvtier/client.h"
@@ -61,13 +62,22 @@ py::bytes KeyBytes(const BlockKey& k) { return py::bytes(reinterpret_cast<const 
 
 std::string TierString(TierKind t) { return std::string(TierName(t)); }
 
-// A read-only uint8 array over a block in the arena; keeps the client alive.
-py::array View(const BlockView& v, const py::object& owner) {
-  py::array a(py::dtype::of<uint8_t>(), {static_cast<py::ssize_t>(v.size)}, {1},
-              reinterpret_cast<const void*>(v.data), owner);
-  a.attr("flags").attr("writeable") = false;
+// What keeps the arena mapped under views: the C++ client itself, not the
+// Python Client (which close() empties).
+py::object KeepAlive(std::shared_ptr<Client> c) {
+  auto* p = new std::shared_ptr<Client>(std::move(c));
+  return py::capsule(p, [](void* v) { delete static_cast<std::shared_ptr<Client>*>(v); });
+}
+
+// A uint8 array over a block in the arena (read-only unless `writable`);
+// `owner` keeps the arena mapped.
+py::array View(const std::byte* data, size_t size, const py::object& owner, bool writable = false) {
+  py::array a(py::dtype::of<uint8_t>(), {static_cast<py::ssize_t>(size)}, {1}, reinterpret_cast<const void*>(data),
+              owner);
+  if (!writable) a.attr("flags").attr("writeable") = false;
   return a;
 }
+py::array View(const BlockView& v, const py::object& owner) { return View(v.data, v.size, owner); }
 
 struct PyLookup {
   uint32_t hit_blocks = 0, recompute_blocks = 0;
@@ -77,13 +87,16 @@ struct PyLookup {
 
 class PyClient;
 
+// Leases a Client took and did not release: close() releases them.
+using LeaseBook = std::shared_ptr<std::unordered_set<uint64_t>>;
+
 // An asynchronous operation: wait() returns its result, poll() says whether
 // it completed. Results of a load are views valid until the lease is released.
 class PyOp {
  public:
   enum class Kind { kLoad, kPrefetch, kLookup };
-  PyOp(std::shared_ptr<Client> client, py::object owner, Kind kind, OpId id)
-      : client_(std::move(client)), owner_(std::move(owner)), kind_(kind), id_(id) {}
+  PyOp(std::shared_ptr<Client> client, py::object owner, Kind kind, OpId id, LeaseBook leases = nullptr)
+      : client_(std::move(client)), owner_(std::move(owner)), kind_(kind), id_(id), leases_(std::move(leases)) {}
 
   std::vector<BlockView> views;
   uint32_t count = 0;
@@ -126,6 +139,7 @@ class PyOp {
       case Kind::kPrefetch:
         return py::int_(count);
       case Kind::kLookup: {
+        if (lookup.lease != 0 && leases_) leases_->insert(lookup.lease);
         PyLookup r{lookup.hit_blocks, lookup.recompute_blocks, lookup.lease, {}};
         for (TierKind t : lookup.tiers) r.tiers.push_back(TierString(t));
         return py::cast(r);
@@ -138,6 +152,7 @@ class PyOp {
   py::object owner_;
   Kind kind_;
   OpId id_;
+  LeaseBook leases_;
   bool done_ = false;
   Status status_;
 };
@@ -198,16 +213,102 @@ KvCacheLayout LayoutFrom(uint32_t layers, uint32_t page_tokens, uint32_t kv_head
   return l;
 }
 
+struct ClosedError {};
+
 class PyClient {
  public:
   explicit PyClient(std::unique_ptr<Client> c) : c_(std::move(c)) {}
-  Client& c() { return *c_; }
-  std::shared_ptr<Client> shared() { return c_; }
+  // The session; raises KvtierError (KVTIER_ENOTCONN) once closed. Called
+  // with or without the GIL: a plain C++ exception, translated at the
+  // boundary (where the GIL is held again).
+  Client& c() {
+    if (!c_) throw ClosedError{};
+    return *c_;
+  }
+  std::shared_ptr<Client> shared() {
+    c();
+    return c_;
+  }
+  // Releases the leases this Client still holds and drops the session; it
+  // ends (the daemon aborts its open stores) once no view, ticket or
+  // operation of it is left: they keep its shared memory mapped.
+  void Close() {
+    std::shared_ptr<Client> c = std::move(c_);
+    if (!c) return;
+    std::vector<uint64_t> held(leases_->begin(), leases_->end());
+    leases_->clear();
+    py::gil_scoped_release nogil;
+    for (uint64_t l : held) (void)c->Release(l);  // a lease the daemon already dropped is no matter
+    c.reset();
+  }
+  bool closed() const { return !c_; }
+  const LeaseBook& leases() const { return leases_; }
 
-  uint64_t block_bytes() const { return c_->block_bytes(); }
+  uint64_t block_bytes() { return c().block_bytes(); }
 
  private:
   std::shared_ptr<Client> c_;
+  LeaseBook leases_ = std::make_shared<std::unordered_set<uint64_t>>();
+};
+
+// A two-step store: writable views of the reserved slots, filled in place,
+// then commit() (or abort()). As a context manager it commits on a normal
+// exit and aborts when an exception leaves the block.
+class PyStoreTicket {
+ public:
+  PyStoreTicket(std::shared_ptr<Client> client, StoreTicket t)
+      : client_(std::move(client)), ticket_(std::move(t)), owner_(KeepAlive(client_)) {}
+  uint64_t id() const { return ticket_.id; }
+  uint32_t needed() const { return ticket_.needed; }
+  py::list Needed() const {
+    py::list out;
+    for (const StoreSlot& s : ticket_.slots) out.append(s.needed);
+    return out;
+  }
+  // One writable uint8 array per key whose block must be written; None for
+  // keys already cached.
+  py::list Blocks() {
+    CheckOpen();
+    py::list out;
+    for (const StoreSlot& s : ticket_.slots) {
+      if (s.needed) {
+        out.append(View(s.data, s.size, owner_, /*writable=*/true));
+      } else {
+        out.append(py::none());
+      }
+    }
+    return out;
+  }
+  void Commit(bool durable) {
+    CheckOpen();
+    done_ = true;
+    Status s;
+    {
+      py::gil_scoped_release nogil;
+      s = client_->StoreCommit(ticket_, {.durable = durable});
+    }
+    Check(s);
+  }
+  void Abort() {
+    if (done_) return;
+    done_ = true;
+    Status s;
+    {
+      py::gil_scoped_release nogil;
+      s = client_->StoreAbort(ticket_);
+    }
+    Check(s);
+  }
+  bool done() const { return done_; }
+
+ private:
+  void CheckOpen() const {
+    if (done_) Raise(Status(ErrorCode::kInvalidArgument, "this store was already committed or aborted"));
+  }
+  std::shared_ptr<Client> client_;
+  StoreTicket ticket_;
+  py::object owner_;
+  bool done_ = false;
 };
 
 std::vector<std::span<const std::byte>> BlocksFrom(const py::object& blocks, size_t n, uint64_t block_bytes,
@@ -249,6 +350,15 @@ PYBIND11_MODULE(_kvtier, m) {
   static py::exception<std::runtime_error> error(m, "KvtierError");
   g_error = error.ptr();
   error.doc() = "An error from kvtier: .code is the negative errno value (kvtier.h), str() says what to do.";
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const ClosedError&) {
+      py::object err = py::reinterpret_borrow<py::object>(g_error)("this kvtier Client is closed; attach a new one");
+      err.attr("code") = static_cast<int>(KVTIER_ENOTCONN);
+      PyErr_SetObject(g_error, err.ptr());
+    }
+  });
 
   py::class_<PyLookup>(m, "LookupResult", "What a lookup found.")
       .def_readonly("hit_blocks", &PyLookup::hit_blocks, "Longest present prefix worth loading, in blocks.")
@@ -258,6 +368,28 @@ PYBIND11_MODULE(_kvtier, m) {
       .def_readonly("tiers", &PyLookup::tiers, "Per key: 'gpu', 'host', 'nvme' or 'none'.")
       .def("__repr__", [](const PyLookup& r) {
         return "LookupResult(hit_blocks=" + std::to_string(r.hit_blocks) + ", lease=" + std::to_string(r.lease) + ")";
+      });
+
+  py::class_<PyStoreTicket, std::shared_ptr<PyStoreTicket>>(
+      m, "StoreTicket", "Reserved slots of a two-step store (Client.store_begin).")
+      .def_property_readonly("id", &PyStoreTicket::id)
+      .def_property_readonly("needed", &PyStoreTicket::needed, "How many blocks must be written.")
+      .def_property_readonly("needed_mask", &PyStoreTicket::Needed, "Per key: True when its block must be written.")
+      .def_property_readonly("blocks", &PyStoreTicket::Blocks,
+                             "Per key: a writable uint8 view of its slot (block_bytes), or None when cached already.")
+      .def_property_readonly("done", &PyStoreTicket::done, "True once committed or aborted.")
+      .def("commit", &PyStoreTicket::Commit, py::arg("durable") = false,
+           "Makes the blocks visible; durable=True returns once they are on NVMe. The views must not be written "
+           "afterwards.")
+      .def("abort", &PyStoreTicket::Abort, "Gives the slots back without storing (a no-op once done).")
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](PyStoreTicket& t, const py::object& type, const py::object&, const py::object&) {
+        if (t.done()) return;
+        if (type.is_none()) {
+          t.Commit(false);
+        } else {
+          t.Abort();
+        }
       });
 
   py::class_<PyOp, std::shared_ptr<PyOp>>(m, "Operation", "An asynchronous operation in flight.")
@@ -331,7 +463,7 @@ PYBIND11_MODULE(_kvtier, m) {
       .def_property_readonly("tenant", [](PyClient& c) { return c.c().tenant(); })
       .def_property_readonly("hash", [](PyClient& c) { return std::string(HashAlgorithmName(c.c().hash())); })
       .def_property_readonly("namespace_id", [](PyClient& c) { return KeyBytes(c.c().namespace_id()); })
-      .def_property_readonly("connected", [](PyClient& c) { return c.c().connected(); })
+      .def_property_readonly("connected", [](PyClient& c) { return !c.closed() && c.c().connected(); })
       .def(
           "compute_keys",
           [](PyClient& c, py::array_t<uint32_t, py::array::c_style | py::array::forcecast> tokens,
@@ -357,6 +489,7 @@ PYBIND11_MODULE(_kvtier, m) {
               return c.c().Lookup(k, {.lease = lease});
             }();
             const LookupResult v = Check(std::move(r));
+            if (v.lease != 0) c.leases()->insert(v.lease);
             PyLookup out{v.hit_blocks, v.recompute_blocks, v.lease, {}};
             for (TierKind t : v.tiers) out.tiers.push_back(TierString(t));
             return out;
@@ -372,13 +505,18 @@ PYBIND11_MODULE(_kvtier, m) {
               py::gil_scoped_release nogil;
               return c.c().Load(lease, k);
             }();
+            const std::vector<BlockView> views = Check(std::move(r));
+            const py::object owner = KeepAlive(c.shared());
             py::list out;
-            for (const BlockView& v : Check(std::move(r))) out.append(View(v, self));
+            for (const BlockView& v : views) out.append(View(v, owner));
             return out;
           },
           py::arg("lease"), py::arg("keys"),
-          "Read-only uint8 views of leased blocks, valid until the lease is released. The list is the prefix that "
-          "loaded: shorter than keys when a block failed to come back (recompute the rest).")
+          "Read-only uint8 views of leased blocks, in place in the shared host arena (no copy). They are the "
+          "blocks' bytes only while the lease holds: after release(lease), or once the client is closed, the "
+          "daemon may give the slots to other blocks and a view then shows whatever lies there. Copy what you "
+          "keep (numpy.array(view)) or use load_into. The list is the prefix that loaded: shorter than keys when "
+          "a block failed to come back (recompute the rest).")
       .def(
           "load_into",
           [](PyClient& c, uint64_t lease, const py::sequence& keys, py::array_t<uint8_t, py::array::c_style> out) {
@@ -456,7 +594,7 @@ PYBIND11_MODULE(_kvtier, m) {
           [](py::object self, const py::sequence& keys, bool lease) {
             PyClient& c = py::cast<PyClient&>(self);
             const std::vector<BlockKey> k = KeysFrom(keys);
-            auto op = std::make_shared<PyOp>(c.shared(), self, PyOp::Kind::kLookup, 0);
+            auto op = std::make_shared<PyOp>(c.shared(), KeepAlive(c.shared()), PyOp::Kind::kLookup, 0, c.leases());
             // The results land in op's members when the completion is taken.
             op->set_id(Check(c.c().LookupAsync(k, {.lease = lease}, &op->lookup)));
             return op;
@@ -467,7 +605,7 @@ PYBIND11_MODULE(_kvtier, m) {
           [](py::object self, uint64_t lease, const py::sequence& keys) {
             PyClient& c = py::cast<PyClient&>(self);
             const std::vector<BlockKey> k = KeysFrom(keys);
-            auto op = std::make_shared<PyOp>(c.shared(), self, PyOp::Kind::kLoad, 0);
+            auto op = std::make_shared<PyOp>(c.shared(), KeepAlive(c.shared()), PyOp::Kind::kLoad, 0);
             // The results land in op's members when the completion is taken.
             op->set_id(Check(c.c().LoadAsync(lease, k, &op->views)));
             return op;
@@ -478,7 +616,7 @@ PYBIND11_MODULE(_kvtier, m) {
           [](py::object self, const py::sequence& keys) {
             PyClient& c = py::cast<PyClient&>(self);
             const std::vector<BlockKey> k = KeysFrom(keys);
-            auto op = std::make_shared<PyOp>(c.shared(), self, PyOp::Kind::kPrefetch, 0);
+            auto op = std::make_shared<PyOp>(c.shared(), KeepAlive(c.shared()), PyOp::Kind::kPrefetch, 0);
             // The results land in op's members when the completion is taken.
             op->set_id(Check(c.c().PrefetchAsync(k, &op->count)));
             return op;
@@ -492,9 +630,12 @@ PYBIND11_MODULE(_kvtier, m) {
               py::gil_scoped_release nogil;
               s = c.c().Release(lease);
             }
+            c.leases()->erase(lease);
             Check(s);
           },
-          py::arg("lease"), "Unpins a lease's blocks; views of them must not be used afterwards.")
+          py::arg("lease"),
+          "Unpins a lease's blocks. Views load() gave of them stay mapped but no longer show those blocks: the "
+          "slots may be reused at once.")
       .def(
           "invalidate",
           [](PyClient& c, const py::sequence& keys) {
@@ -506,6 +647,37 @@ PYBIND11_MODULE(_kvtier, m) {
             return Check(std::move(r));
           },
           py::arg("keys"), "Removes these blocks of this namespace; returns how many.")
+      .def(
+          "invalidate_namespace",
+          [](PyClient& c) {
+            Result<uint32_t> r = [&] {
+              py::gil_scoped_release nogil;
+              return c.c().InvalidateNamespace();
+            }();
+            return Check(std::move(r));
+          },
+          "Removes every block of this client's namespace (all tiers); returns how many.")
+      .def(
+          "store_begin",
+          [](PyClient& c, const py::sequence& keys) {
+            const std::vector<BlockKey> k = KeysFrom(keys);
+            Result<StoreTicket> t = [&] {
+              py::gil_scoped_release nogil;
+              return c.c().StoreBegin(k);
+            }();
+            return std::make_shared<PyStoreTicket>(c.shared(), Check(std::move(t)));
+          },
+          py::arg("keys"),
+          "Reserves host slots for keys (all or nothing) and returns a StoreTicket whose blocks are writable "
+          "views of them: fill the needed ones in place (no staging copy), then commit(). Blocks are invisible "
+          "to lookups until then.")
+      .def("close", &PyClient::Close,
+           "Closes the client (also on leaving a `with` block): releases the leases it still holds, and ends the "
+           "session once no view, StoreTicket or Operation of it is left (they keep its shared memory mapped; "
+           "the daemon then aborts its open stores). Later calls raise KvtierError (code -107).")
+      .def_property_readonly("closed", &PyClient::closed)
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](PyClient& c, const py::object&, const py::object&, const py::object&) { c.Close(); })
       .def(
           "report_prefill",
           [](PyClient& c, uint64_t cached_tokens, uint64_t computed_tokens, double seconds) {

@@ -1,9 +1,12 @@
 /* kvtier C ABI: the engine-side client library (libkvtier).
  *
- * Every function returns 0 on success or a negative errno-style code
- * (KVTIER_E*), as liburing does; kvtier_strerror() turns a code into text and
- * kvtier_last_error() gives the detailed message of the last failure on this
- * client. One client serves one issuing thread.
+ * Every function returns a negative errno-style code (KVTIER_E*) on failure,
+ * as liburing does, and on success 0, or a count where it says so (the
+ * counts the C++ API returns). kvtier_strerror() turns a code into text;
+ * kvtier_last_error(c) gives the message of the last call on c: "" when it
+ * succeeded. A failure without a client (kvtier_attach, or a NULL client)
+ * leaves its message in kvtier_last_error(NULL), kept per thread. One client
+ * serves one issuing thread.
  *
  * Example (error handling elided):
  *
@@ -13,7 +16,8 @@
  *   ns.block_tokens = 16; ns.block_bytes = 2 * 32 * 16 * 8 * 128 * 2;
  *   ns.tp_size = 1;
  *   kvtier_client* c;
- *   kvtier_attach(NULL, &ns, &c);
+ *   if (kvtier_attach(NULL, &ns, &c) < 0)
+ *     fprintf(stderr, "kvtier: %s\n", kvtier_last_error(NULL));
  *   kvtier_key keys[4]; size_t n;
  *   kvtier_compute_keys(c, tokens, 64, NULL, NULL, 0, keys, 4, &n);
  *   kvtier_lookup_result r;
@@ -63,9 +67,12 @@ typedef struct {
   uint8_t bytes[32];
 } kvtier_key;
 
-/* Everything outside the tokens that changes K/V. Strings are NUL-terminated;
- * NULL means empty. Two engines with equal descriptors (and the same tenant)
- * share blocks. cache_salt is never logged. */
+/* Everything outside the tokens that changes K/V. Strings are NUL-terminated
+ * printable UTF-8. model_id, kv_dtype and kv_layout are required (NULL or ""
+ * fails the attach with KVTIER_EINVAL); for the others NULL means empty.
+ * block_tokens, block_bytes and tp_size must be at least 1, tp_rank below
+ * tp_size. Two engines with equal descriptors (and the same tenant) share
+ * blocks. cache_salt is never logged. */
 typedef struct {
   const char* model_id;
   const char* model_revision;
@@ -102,8 +109,11 @@ typedef struct {
 
 typedef uint64_t kvtier_op; /* asynchronous operation id, never 0 */
 
-/* Attach to the daemon. socket_path NULL: $KVTIER_SOCKET, else the default
- * run directory's kvtierd.sock. */
+/* Attach to the daemon. socket_path NULL: $KVTIER_SOCKET, else kvtierd.sock
+ * in the default run directory, or in /run/kvtier (the systemd service's)
+ * when that exists. On failure *out is untouched and kvtier_last_error(NULL)
+ * says why (e.g. "namespace field kv_dtype is required", or where no daemon
+ * answered and what to do). */
 int kvtier_attach(const char* socket_path, const kvtier_namespace_desc* ns, kvtier_client** out);
 void kvtier_detach(kvtier_client* c);
 
@@ -115,8 +125,10 @@ int kvtier_compute_keys(kvtier_client* c, const uint32_t* tokens, size_t n_token
 
 /* Synchronous forms. tiers (may be NULL) receives n entries; entries past the
  * hit prefix are KVTIER_TIER_NONE. kvtier_load fills the loaded prefix of
- * blocks; entries after it have data == NULL (a block that failed to come
- * back from NVMe): recompute those. */
+ * blocks and returns its length; entries after it have data == NULL (a block
+ * that failed to come back from NVMe): recompute those. kvtier_store returns
+ * how many blocks it wrote (the rest were already cached), kvtier_invalidate
+ * and kvtier_invalidate_namespace how many blocks they removed. */
 int kvtier_lookup(kvtier_client* c, const kvtier_key* keys, size_t n, uint32_t flags,
                   kvtier_lookup_result* result, uint8_t* tiers);
 int kvtier_load(kvtier_client* c, uint64_t lease, const kvtier_key* keys, size_t n,
@@ -144,9 +156,12 @@ int kvtier_lookup_async(kvtier_client* c, const kvtier_key* keys, size_t n, uint
                         kvtier_lookup_result* result, uint8_t* tiers, kvtier_op* op);
 int kvtier_load_async(kvtier_client* c, uint64_t lease, const kvtier_key* keys, size_t n,
                       kvtier_block* blocks, kvtier_op* op);
-/* 1 when done (its status in *status), 0 while in flight, <0 on error. */
+/* 1 when done (its status in *status), 0 while in flight, <0 on error:
+ * KVTIER_ENOENT for an operation that is not outstanding (unknown, or its
+ * result already taken by a poll or wait that returned it). */
 int kvtier_poll(kvtier_client* c, kvtier_op op, int* status);
-/* Waits up to timeout_ms (<0: no limit); returns the operation's status. */
+/* Waits up to timeout_ms (<0: no limit); returns the operation's status
+ * (KVTIER_ETIMEDOUT: still in flight, wait again; KVTIER_ENOENT as for poll). */
 int kvtier_wait(kvtier_client* c, kvtier_op op, int timeout_ms);
 
 /* Block size of the attached namespace, and its namespace id (32 bytes). */
@@ -154,7 +169,8 @@ uint64_t kvtier_block_bytes(const kvtier_client* c);
 void kvtier_namespace_id(const kvtier_client* c, uint8_t out[32]);
 
 const char* kvtier_strerror(int code);
-/* Detailed message of the last failure on c (valid until the next call). */
+/* Message of the last call on c, "" when it succeeded (valid until the next
+ * call on c); with c NULL, of the last call on this thread that had no client. */
 const char* kvtier_last_error(const kvtier_client* c);
 
 #ifdef __cplusplus

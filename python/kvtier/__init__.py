@@ -2,13 +2,16 @@
 NVMe, shared between engine processes through the kvtierd daemon.
 
     import kvtier, numpy as np
-    c = kvtier.Client.attach("my-model", block_tokens=16, block_bytes=c_bytes)
-    keys = c.compute_keys(prompt_tokens)
-    hit = c.lookup(keys, lease=True)
-    blocks = c.load(hit.lease, keys[:hit.hit_blocks])   # read-only uint8 views
-    ...                                                 # copy them into the engine's KV cache
-    c.release(hit.lease)
-    c.store(keys[hit.hit_blocks:], new_blocks)          # (n, block_bytes) uint8
+    with kvtier.Client.attach("my-model", block_tokens=16, block_bytes=c_bytes) as c:
+        keys = c.compute_keys(prompt_tokens)
+        hit = c.lookup(keys, lease=True)
+        blocks = c.load(hit.lease, keys[:hit.hit_blocks])   # read-only views, in place
+        ...                                                 # copy them into the engine's KV cache
+        c.release(hit.lease)                                # the views stop being those blocks here
+        c.store(keys[hit.hit_blocks:], new_blocks)          # (n, block_bytes) uint8
+        with c.store_begin(more_keys) as t:                 # or fill the slots in place:
+            for view, block in zip(t.blocks, more_blocks):  # None where already cached
+                if view is not None: view[:] = block        # commits on leaving the block
 
 An engine can instead register its paged KV cache (register_kv_cache, with
 block_bytes from kvtier.kv_block_bytes) and let the daemon move blocks in and
@@ -20,6 +23,6 @@ Errors raise kvtier.KvtierError (.code: the negative errno of kvtier.h).
 See examples/python/connector_example.py for where a vLLM or SGLang KV
 connector calls each function.
 """
-from ._kvtier import Client, DeviceLoad, KvtierError, LookupResult, Operation, kv_block_bytes
+from ._kvtier import Client, DeviceLoad, KvtierError, LookupResult, Operation, StoreTicket, kv_block_bytes
 
-__all__ = ["Client", "DeviceLoad", "KvtierError", "LookupResult", "Operation", "kv_block_bytes"]
+__all__ = ["Client", "DeviceLoad", "KvtierError", "LookupResult", "Operation", "StoreTicket", "kv_block_bytes"]

@@ -1,7 +1,9 @@
 // The C++ API and the C ABI against a real kvtierd.
 #include "kvtier/client.h"
 
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "gtest/gtest.h"
 #include "kvtier/kvtier.h"
@@ -293,7 +295,7 @@ TEST_F(ClientTest, CAbiRoundTrip) {
   EXPECT_EQ(kvtier_compute_keys(c, tokens, 10, nullptr, nullptr, 0, keys, 1, &n), KVTIER_EINVAL);
   std::vector<uint8_t> a(4096, 0xaa), b(4096, 0xbb);
   const void* src[2] = {a.data(), b.data()};
-  ASSERT_EQ(kvtier_store(c, keys, 2, src), KVTIER_OK);
+  ASSERT_EQ(kvtier_store(c, keys, 2, src), 2) << "a store returns how many blocks it wrote";
   kvtier_lookup_result r{};
   uint8_t tiers[2];
   ASSERT_EQ(kvtier_lookup(c, keys, 2, KVTIER_LOOKUP_LEASE, &r, tiers), KVTIER_OK);
@@ -301,7 +303,7 @@ TEST_F(ClientTest, CAbiRoundTrip) {
   EXPECT_EQ(r.recompute_blocks, 0u) << "host hits are always loaded";
   EXPECT_EQ(tiers[1], KVTIER_TIER_HOST);
   kvtier_block blocks[2];
-  ASSERT_EQ(kvtier_load(c, r.lease, keys, 2, blocks), KVTIER_OK);
+  ASSERT_EQ(kvtier_load(c, r.lease, keys, 2, blocks), 2) << "a load returns the loaded prefix's length";
   EXPECT_EQ(static_cast<uint8_t*>(blocks[1].data)[4095], 0xbb);
   kvtier_op op;
   kvtier_lookup_result r2{};
@@ -324,6 +326,93 @@ TEST_F(ClientTest, CAbiRoundTrip) {
   EXPECT_EQ((*st)["cost_model"]["prefill_reports"], 1);
   kvtier_detach(c);
   EXPECT_EQ(kvtier_attach(nullptr, nullptr, &c), KVTIER_EINVAL);
+}
+
+// The C ABI says why and counts as the C++ API does: a refused attach
+// leaves its message in kvtier_last_error(NULL) (per thread), the last error
+// is that of the last call (a success clears it, a later failure replaces
+// it), poll and wait refuse an operation that is not outstanding, and store,
+// load and invalidate return their counts.
+TEST_F(ClientTest, CAbiSaysWhyAndCounts) {
+  StartDaemon();
+  kvtier_namespace_desc ns{};
+  ns.model_id = "c-model";
+  ns.kv_layout = "layer_major";
+  ns.block_tokens = 4;
+  ns.block_bytes = 4096;
+  ns.tp_size = 1;
+  kvtier_client* c = nullptr;
+  EXPECT_EQ(kvtier_attach(daemon_->socket_path().c_str(), &ns, &c), KVTIER_EINVAL);
+  EXPECT_EQ(c, nullptr);
+  EXPECT_NE(std::string(kvtier_last_error(nullptr)).find("kv_dtype is required"), std::string::npos)
+      << kvtier_last_error(nullptr);
+  ns.kv_dtype = "bf16";
+  const std::string nowhere = ::testing::TempDir() + "/no-such-kvtierd.sock";
+  EXPECT_EQ(kvtier_attach(nowhere.c_str(), &ns, &c), KVTIER_ENOTCONN);
+  EXPECT_NE(std::string(kvtier_last_error(nullptr)).find("not running"), std::string::npos)
+      << kvtier_last_error(nullptr);
+  // Per thread: another thread's failure leaves this thread's message alone.
+  std::string other;
+  std::thread([&] {
+    kvtier_client* unused = nullptr;
+    EXPECT_EQ(kvtier_attach(nowhere.c_str(), nullptr, &unused), KVTIER_EINVAL);
+    other = kvtier_last_error(nullptr);
+  }).join();
+  EXPECT_NE(other.find("namespace descriptor is NULL"), std::string::npos) << other;
+  EXPECT_NE(std::string(kvtier_last_error(nullptr)).find("not running"), std::string::npos);
+  ASSERT_EQ(kvtier_attach(daemon_->socket_path().c_str(), &ns, &c), KVTIER_OK);
+  EXPECT_STREQ(kvtier_last_error(nullptr), "") << "a successful attach clears it";
+
+  uint32_t tokens[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+  kvtier_key keys[3];
+  size_t n = 0;
+  ASSERT_EQ(kvtier_compute_keys(c, tokens, 12, nullptr, nullptr, 0, keys, 3, &n), KVTIER_OK);
+  ASSERT_EQ(n, 3u);
+  std::vector<uint8_t> a(4096, 1), b(4096, 2), d(4096, 3);
+  const void* src[3] = {a.data(), b.data(), d.data()};
+  EXPECT_EQ(kvtier_store(c, keys, 2, src), 2);
+  EXPECT_EQ(kvtier_store(c, keys, 3, src), 1) << "two of the three were cached already";
+
+  // The last error is the last call's.
+  EXPECT_EQ(kvtier_release(c, 987654), KVTIER_ENOENT);
+  EXPECT_NE(std::string(kvtier_last_error(c)).find("unknown lease"), std::string::npos);
+  EXPECT_EQ(kvtier_store(c, keys, 1, nullptr), KVTIER_EINVAL);
+  EXPECT_NE(std::string(kvtier_last_error(c)).find("src is NULL"), std::string::npos) << kvtier_last_error(c);
+  kvtier_lookup_result r{};
+  ASSERT_EQ(kvtier_lookup(c, keys, 3, KVTIER_LOOKUP_LEASE, &r, nullptr), KVTIER_OK);
+  EXPECT_STREQ(kvtier_last_error(c), "") << "a successful call clears it";
+  EXPECT_EQ(r.hit_blocks, 3u);
+  kvtier_block blocks[3];
+  EXPECT_EQ(kvtier_load(c, r.lease, keys, 3, blocks), 3);
+  EXPECT_EQ(static_cast<uint8_t*>(blocks[2].data)[0], 3);
+  ASSERT_EQ(kvtier_release(c, r.lease), KVTIER_OK);
+
+  // Operations that are not outstanding.
+  int status = 12345;
+  EXPECT_EQ(kvtier_poll(c, 777777, &status), KVTIER_ENOENT);
+  EXPECT_EQ(status, 12345) << "no status for an unknown operation";
+  EXPECT_NE(std::string(kvtier_last_error(c)).find("not outstanding"), std::string::npos);
+  EXPECT_EQ(kvtier_wait(c, 777777, 100), KVTIER_ENOENT);
+  kvtier_op op = 0;
+  kvtier_lookup_result r2{};
+  ASSERT_EQ(kvtier_lookup_async(c, keys, 3, 0, &r2, nullptr, &op), KVTIER_OK);
+  int done = 0;
+  for (int i = 0; i < 5000 && done == 0; ++i) {
+    done = kvtier_poll(c, op, &status);
+    if (done == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(done, 1);
+  EXPECT_EQ(status, KVTIER_OK);
+  EXPECT_EQ(r2.hit_blocks, 3u);
+  EXPECT_EQ(kvtier_poll(c, op, &status), KVTIER_ENOENT) << "a consumed operation is not done twice";
+  EXPECT_EQ(kvtier_wait(c, op, 100), KVTIER_ENOENT);
+
+  EXPECT_EQ(kvtier_invalidate(c, keys + 2, 1), 1);
+  EXPECT_EQ(kvtier_invalidate(c, keys + 2, 1), 0);
+  EXPECT_EQ(kvtier_invalidate_namespace(c), 2);
+  EXPECT_EQ(kvtier_release(nullptr, 1), KVTIER_EINVAL);
+  EXPECT_NE(std::string(kvtier_last_error(nullptr)).find("client is NULL"), std::string::npos);
+  kvtier_detach(c);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 """Fixtures: a kvtierd child process with its config in a temp folder (as
 tools/common/daemon_process.cc runs one for the C++ tests)."""
+import json
 import os
 import signal
 import socket
@@ -40,6 +41,19 @@ class Daemon:
                 return b'"ok":true' in s.recv(4096)
         except OSError:
             return False
+
+    def status(self):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.connect(self.admin)
+            s.sendall(b'{"cmd": "status"}\n')
+            data = b""
+            while not data.endswith(b"\n"):
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+        answer = json.loads(data)
+        return answer.get("status", answer)
 
     def stop(self):
         if self.proc.poll() is None:

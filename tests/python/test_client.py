@@ -2,7 +2,9 @@
 into NumPy, stores from NumPy and raw pointers, async operations, errors,
 and namespace isolation."""
 import ctypes
+import gc
 import os
+import time
 
 import numpy as np
 import pytest
@@ -130,6 +132,82 @@ def test_invalidate_and_report_prefill(daemon):
     assert c.invalidate(keys[1:]) == 2
     assert c.lookup(keys).hit_blocks == 1
     c.report_prefill(cached_tokens=16, computed_tokens=32, seconds=0.002)
+
+
+def test_invalidate_namespace_removes_every_block_of_it_only(daemon):
+    c = attach(daemon)
+    other = attach(daemon, model_id="py/other")
+    keys = c.compute_keys(np.arange(600, 664, dtype=np.uint32))  # 4 blocks
+    c.store(keys, blocks_for(4, seed=6))
+    other_keys = other.compute_keys(np.arange(600, 632, dtype=np.uint32))
+    other.store(other_keys, blocks_for(2, seed=7))
+    assert c.invalidate_namespace() == 4
+    assert c.lookup(keys).hit_blocks == 0
+    assert other.lookup(other_keys).hit_blocks == 2, "another namespace keeps its blocks"
+    assert c.invalidate_namespace() == 0
+
+
+def test_two_step_store_fills_slots_in_place(daemon):
+    c = attach(daemon)
+    keys = c.compute_keys(np.arange(700, 764, dtype=np.uint32))  # 4 blocks
+    data = blocks_for(4, seed=8)
+    c.store(keys[:1], data[:1])
+    with c.store_begin(keys) as t:
+        assert t.needed == 3 and t.needed_mask == [False, True, True, True]
+        assert t.blocks[0] is None, "a cached block needs no writing"
+        for i, view in enumerate(t.blocks):
+            if view is not None:
+                assert view.flags.writeable and view.shape == (BLOCK_BYTES,)
+                view[:] = data[i]
+        assert c.lookup(keys).hit_blocks == 1, "invisible until committed"
+    assert t.done
+    hit = c.lookup(keys, lease=True)
+    assert hit.hit_blocks == 4
+    assert all(np.array_equal(v, data[i]) for i, v in enumerate(c.load(hit.lease, keys)))
+    c.release(hit.lease)
+    with pytest.raises(kvtier.KvtierError):
+        t.commit()  # once only
+
+    # An exception inside the block aborts: nothing becomes visible.
+    more = c.compute_keys(np.arange(800, 832, dtype=np.uint32))
+    with pytest.raises(RuntimeError, match="engine failed"):
+        with c.store_begin(more) as t2:
+            t2.blocks[0][:] = 1
+            raise RuntimeError("engine failed")
+    assert t2.done and c.lookup(more).hit_blocks == 0
+    t3 = c.store_begin(more)
+    t3.abort()
+    assert c.lookup(more).hit_blocks == 0
+
+
+def test_close_ends_the_session_and_views_say_what_they_are(daemon):
+    with attach(daemon) as c:
+        keys = c.compute_keys(np.arange(900, 932, dtype=np.uint32))
+        c.store(keys, blocks_for(2, seed=9))
+        hit = c.lookup(keys, lease=True)
+        views = c.load(hit.lease, keys)
+        assert not c.closed and c.connected
+    assert c.closed and not c.connected
+    with pytest.raises(kvtier.KvtierError) as e:
+        c.lookup(keys)
+    assert e.value.code == -107 and "closed" in str(e.value)
+    # The views keep the arena mapped after close (no crash reading them);
+    # the docstring says they no longer are the blocks once the lease goes.
+    assert views[0].shape == (BLOCK_BYTES,) and int(views[0].sum()) >= 0
+    assert "after release" in kvtier.Client.load.__doc__
+    c.close()  # twice is harmless
+    # close() released the lease the client still held: the blocks are
+    # evictable again, though a view keeps the session's memory mapped.
+    d = attach(daemon)
+    assert d.lookup(keys).hit_blocks == 2
+    assert daemon.status()["tiers"][0]["pinned_blocks"] == 0
+    assert len(daemon.status()["sessions"]) == 2
+    del views
+    gc.collect()
+    deadline = time.time() + 5
+    while len(daemon.status()["sessions"]) != 1 and time.time() < deadline:
+        time.sleep(0.01)
+    assert len(daemon.status()["sessions"]) == 1, "the session ends with its last view"
 
 
 def test_docstrings_and_type_hints_ship_with_the_package():
