@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 namespace kvtier {
 
@@ -72,6 +73,15 @@ std::string_view Utf8Prefix(std::string_view s, size_t max_bytes);
 // `s` for a quoted logfmt value: backslash and double quote escaped (peer
 // strings are already printable, so nothing else needs escaping).
 std::string LogQuoted(std::string_view s);
+// Other string views (absl::string_view is its own type in Debian's Abseil).
+template <typename S>
+  requires(!std::is_convertible_v<const S&, std::string_view> && requires(const S& v) {
+    v.data();
+    v.size();
+  })
+std::string LogQuoted(const S& s) {
+  return LogQuoted(std::string_view(s.data(), s.size()));
+}
 
 // `s` with every byte that is not part of printable UTF-8 replaced by '?':
 // for names this process makes up itself (its own /proc comm).

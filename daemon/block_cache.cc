@@ -80,7 +80,7 @@ void BlockCache::RegisterNamespace(const NamespaceInfo& info) {
         "profile_kv_bytes_per_token={} detail=\"blocks of this namespace are always loaded and demoted; set "
         "cost_model.model_config to this model's config.json to price them\"",
         info.handle, LogQuoted(info.model_id), info.block_tokens ? info.block_bytes / info.block_tokens : 0,
-        cost_.model().name, cost_.model().KvBytesPerToken());
+        LogQuoted(cost_.model().name), cost_.model().KvBytesPerToken());
   }
 }
 

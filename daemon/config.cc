@@ -39,8 +39,9 @@ std::string Where(std::string_view origin, const toml::source_region& src) {
 // Reads one table, refusing keys it does not know.
 class TableReader {
  public:
-  TableReader(const toml::table& t, std::string prefix, std::string_view origin)
-      : t_(t), prefix_(std::move(prefix)), origin_(origin) {}
+  TableReader(const toml::table& t, std::string prefix, std::string_view origin,
+              std::map<std::string, std::string>* sources = nullptr)
+      : t_(t), prefix_(std::move(prefix)), origin_(origin), sources_(sources) {}
 
   absl::Status String(std::string_view key, std::string* out) {
     return Get(key, [&](const toml::node& n) -> absl::Status {
@@ -142,16 +143,17 @@ class TableReader {
     const toml::node* n = t_.get(key);
     return n ? n->as_array() : nullptr;
   }
-  // Fails on any key that no getter asked about.
+  // Fails on every key that no getter asked about.
   absl::Status RejectUnknown() {
+    std::vector<std::string> unknown;
     for (const auto& [k, v] : t_) {
       if (!seen_.contains(std::string(k.str()))) {
-        return absl::InvalidArgumentError(Cat(
-            Where(origin_, v.source()), ": unknown key ", Full(k.str()),
-            "; see docs/configuration.md or `kvtierd --print-default-config` for the keys"));
+        unknown.push_back(Cat(Where(origin_, v.source()), ": unknown key ", Full(k.str()),
+                              " (see docs/configuration.md or `kvtierd --print-default-config` for the keys)"));
       }
     }
-    return absl::OkStatus();
+    if (unknown.empty()) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrJoin(unknown, "; "));
   }
   std::string Full(std::string_view key) const {
     return prefix_.empty() ? std::string(key) : Cat(prefix_, ".", key);
@@ -163,6 +165,7 @@ class TableReader {
     seen_.insert(std::string(key));
     const toml::node* n = t_.get(key);
     if (n == nullptr) return absl::OkStatus();
+    if (sources_ != nullptr) (*sources_)[Full(key)] = Where(origin_, n->source());
     return f(*n);
   }
   absl::Status TypeError(std::string_view key, const toml::node& n, std::string_view want) {
@@ -173,8 +176,17 @@ class TableReader {
   const toml::table& t_;
   std::string prefix_;
   std::string_view origin_;
+  std::map<std::string, std::string>* sources_;
   absl::flat_hash_set<std::string> seen_;
 };
+
+// Collects errors instead of returning at the first.
+#define KVTIER_KEEP_ERROR(errors, expr)                                            \
+  do {                                                                             \
+    if (absl::Status kvtier_keep_s = (expr); !kvtier_keep_s.ok()) {                \
+      (errors).push_back(std::string(kvtier_keep_s.message()));                    \
+    }                                                                              \
+  } while (0)
 
 absl::Status CheckTableType(const toml::table& root, std::string_view key, std::string_view origin) {
   const toml::node* n = root.get(key);
@@ -185,28 +197,29 @@ absl::Status CheckTableType(const toml::table& root, std::string_view key, std::
   return absl::OkStatus();
 }
 
-absl::Status ReadTenants(const toml::array& arr, std::string_view origin, Config* c) {
+void ReadTenants(const toml::array& arr, std::string_view origin, Config* c, std::vector<std::string>* errors) {
   c->tenants.clear();
   for (const toml::node& n : arr) {
     const toml::table* t = n.as_table();
     if (t == nullptr) {
-      return absl::InvalidArgumentError(
-          Cat(Where(origin, n.source()), ": [[tenants]] entries must be tables"));
+      errors->push_back(Cat(Where(origin, n.source()), ": [[tenants]] entries must be tables"));
+      continue;
     }
     TenantConfig tc;
-    TableReader r(*t, Cat("tenants[", c->tenants.size(), "]"), origin);
-    RETURN_IF_ERROR(r.String("name", &tc.name));
-    RETURN_IF_ERROR(r.IntList("uids", &tc.uids));
-    RETURN_IF_ERROR(r.IntList("gids", &tc.gids));
-    RETURN_IF_ERROR(r.String("salt", &tc.salt));
-    RETURN_IF_ERROR(r.Bytes("host_bytes", &tc.host_bytes));
-    RETURN_IF_ERROR(r.Int("host_tokens", &tc.host_tokens, 0, int64_t{1} << 50));
-    RETURN_IF_ERROR(r.Bytes("nvme_bytes", &tc.nvme_bytes));
-    RETURN_IF_ERROR(r.Int("nvme_tokens", &tc.nvme_tokens, 0, int64_t{1} << 50));
-    RETURN_IF_ERROR(r.RejectUnknown());
+    const std::string prefix = Cat("tenants[", c->tenants.size(), "]");
+    c->key_source[prefix] = Where(origin, n.source());
+    TableReader r(*t, prefix, origin, &c->key_source);
+    KVTIER_KEEP_ERROR(*errors, r.String("name", &tc.name));
+    KVTIER_KEEP_ERROR(*errors, r.IntList("uids", &tc.uids));
+    KVTIER_KEEP_ERROR(*errors, r.IntList("gids", &tc.gids));
+    KVTIER_KEEP_ERROR(*errors, r.String("salt", &tc.salt));
+    KVTIER_KEEP_ERROR(*errors, r.Bytes("host_bytes", &tc.host_bytes));
+    KVTIER_KEEP_ERROR(*errors, r.Int("host_tokens", &tc.host_tokens, 0, int64_t{1} << 50));
+    KVTIER_KEEP_ERROR(*errors, r.Bytes("nvme_bytes", &tc.nvme_bytes));
+    KVTIER_KEEP_ERROR(*errors, r.Int("nvme_tokens", &tc.nvme_tokens, 0, int64_t{1} << 50));
+    KVTIER_KEEP_ERROR(*errors, r.RejectUnknown());
     c->tenants.push_back(std::move(tc));
   }
-  return absl::OkStatus();
 }
 
 // toml++ recurses once per level of a dotted key ("a.a.a...": 100000
@@ -345,111 +358,117 @@ absl::StatusOr<Config> ParseConfig(std::string_view toml_text, std::string_view 
         Cat(Where(origin, e.source()), ": not valid TOML: ", e.description()));
   }
   Config c = DefaultConfig();
-  TableReader top(root, "", origin);
+  std::vector<std::string> errors;
+  TableReader top(root, "", origin, &c.key_source);
   for (std::string_view t : {"daemon", "ipc", "tiers", "sim", "metrics", "limits"}) {
-    RETURN_IF_ERROR(CheckTableType(root, t, origin));
+    KVTIER_KEEP_ERROR(errors, CheckTableType(root, t, origin));
   }
   if (const toml::table* t = top.SubTable("daemon")) {
-    TableReader r(*t, "daemon", origin);
-    RETURN_IF_ERROR(r.String("run_dir", &c.run_dir));
-    RETURN_IF_ERROR(r.String("data_dir", &c.data_dir));
-    RETURN_IF_ERROR(r.String("log_level", &c.log_level));
-    RETURN_IF_ERROR(r.String("device", &c.device));
-    RETURN_IF_ERROR(r.Int("drain_timeout_ms", &c.drain_timeout_ms, 0, 600000));
+    TableReader r(*t, "daemon", origin, &c.key_source);
+    KVTIER_KEEP_ERROR(errors, r.String("run_dir", &c.run_dir));
+    KVTIER_KEEP_ERROR(errors, r.String("data_dir", &c.data_dir));
+    KVTIER_KEEP_ERROR(errors, r.String("log_level", &c.log_level));
+    KVTIER_KEEP_ERROR(errors, r.String("device", &c.device));
+    KVTIER_KEEP_ERROR(errors, r.Int("drain_timeout_ms", &c.drain_timeout_ms, 0, 600000));
     std::string hash(HashAlgorithmName(c.hash));
-    RETURN_IF_ERROR(r.String("hash", &hash));
+    KVTIER_KEEP_ERROR(errors, r.String("hash", &hash));
     auto algo = ParseHashAlgorithm(hash);
-    if (!algo.ok()) return absl::InvalidArgumentError(Cat(origin, ": daemon.hash: ", algo.status().message()));
-    c.hash = *algo;
-    RETURN_IF_ERROR(r.RejectUnknown());
+    if (algo.ok()) {
+      c.hash = *algo;
+    } else {
+      errors.push_back(Cat(c.key_source.contains("daemon.hash") ? c.key_source["daemon.hash"] : std::string(origin),
+                           ": daemon.hash: ", algo.status().message()));
+    }
+    KVTIER_KEEP_ERROR(errors, r.RejectUnknown());
   }
   if (const toml::table* t = top.SubTable("metrics")) {
-    TableReader r(*t, "metrics", origin);
-    RETURN_IF_ERROR(r.Bool("enabled", &c.metrics_enabled));
-    RETURN_IF_ERROR(r.String("address", &c.metrics_address));
-    RETURN_IF_ERROR(r.Int("port", &c.metrics_port, 0, 65535));
-    RETURN_IF_ERROR(r.String("token_file", &c.metrics_token_file));
-    RETURN_IF_ERROR(r.RejectUnknown());
+    TableReader r(*t, "metrics", origin, &c.key_source);
+    KVTIER_KEEP_ERROR(errors, r.Bool("enabled", &c.metrics_enabled));
+    KVTIER_KEEP_ERROR(errors, r.String("address", &c.metrics_address));
+    KVTIER_KEEP_ERROR(errors, r.Int("port", &c.metrics_port, 0, 65535));
+    KVTIER_KEEP_ERROR(errors, r.String("token_file", &c.metrics_token_file));
+    KVTIER_KEEP_ERROR(errors, r.RejectUnknown());
   }
   if (const toml::table* t = top.SubTable("ipc")) {
-    TableReader r(*t, "ipc", origin);
-    RETURN_IF_ERROR(r.Int("ring_entries", &c.ring_entries, 2, 65536));
-    RETURN_IF_ERROR(r.Bytes("scratch_bytes", &c.scratch_bytes));
-    RETURN_IF_ERROR(r.Int("max_keys_per_op", &c.max_keys_per_op, 1, 1 << 24));
-    RETURN_IF_ERROR(r.Int("spin_us", &c.spin_us, 0, 1000000));
-    RETURN_IF_ERROR(r.Int("max_sessions", &c.max_sessions, 1, 65536));
-    RETURN_IF_ERROR(r.Int("max_leases_per_session", &c.max_leases_per_session, 1, 1 << 24));
-    RETURN_IF_ERROR(r.RejectUnknown());
+    TableReader r(*t, "ipc", origin, &c.key_source);
+    KVTIER_KEEP_ERROR(errors, r.Int("ring_entries", &c.ring_entries, 2, 65536));
+    KVTIER_KEEP_ERROR(errors, r.Bytes("scratch_bytes", &c.scratch_bytes));
+    KVTIER_KEEP_ERROR(errors, r.Int("max_keys_per_op", &c.max_keys_per_op, 1, 1 << 24));
+    KVTIER_KEEP_ERROR(errors, r.Int("spin_us", &c.spin_us, 0, 1000000));
+    KVTIER_KEEP_ERROR(errors, r.Int("max_sessions", &c.max_sessions, 1, 65536));
+    KVTIER_KEEP_ERROR(errors, r.Int("max_leases_per_session", &c.max_leases_per_session, 1, 1 << 24));
+    KVTIER_KEEP_ERROR(errors, r.RejectUnknown());
   }
   if (const toml::table* t = top.SubTable("limits")) {
-    TableReader r(*t, "limits", origin);
-    RETURN_IF_ERROR(r.Int("sessions_per_tenant", &c.limit_sessions_per_tenant, 0, 65536));
-    RETURN_IF_ERROR(r.Int("kv_caches_per_tenant", &c.limit_kv_caches_per_tenant, 1, 65536));
-    RETURN_IF_ERROR(r.Bytes("kv_cache_bytes_per_tenant", &c.limit_kv_cache_bytes_per_tenant));
-    RETURN_IF_ERROR(r.Int("leased_blocks_per_session", &c.limit_leased_blocks_per_session, 1, 1 << 26));
-    RETURN_IF_ERROR(r.Int("pending_connections", &c.limit_pending_connections, 1, 65536));
-    RETURN_IF_ERROR(r.Int("pending_connections_per_uid", &c.limit_pending_connections_per_uid, 1, 65536));
-    RETURN_IF_ERROR(r.Int("namespaces_per_tenant", &c.limit_namespaces_per_tenant, 1, 1 << 24));
-    RETURN_IF_ERROR(r.Int("log_lines_per_s", &c.limit_log_lines_per_s, 0, 1000000));
-    RETURN_IF_ERROR(r.RejectUnknown());
+    TableReader r(*t, "limits", origin, &c.key_source);
+    KVTIER_KEEP_ERROR(errors, r.Int("sessions_per_tenant", &c.limit_sessions_per_tenant, 0, 65536));
+    KVTIER_KEEP_ERROR(errors, r.Int("kv_caches_per_tenant", &c.limit_kv_caches_per_tenant, 1, 65536));
+    KVTIER_KEEP_ERROR(errors, r.Bytes("kv_cache_bytes_per_tenant", &c.limit_kv_cache_bytes_per_tenant));
+    KVTIER_KEEP_ERROR(errors, r.Int("leased_blocks_per_session", &c.limit_leased_blocks_per_session, 1, 1 << 26));
+    KVTIER_KEEP_ERROR(errors, r.Int("pending_connections", &c.limit_pending_connections, 1, 65536));
+    KVTIER_KEEP_ERROR(errors, r.Int("pending_connections_per_uid", &c.limit_pending_connections_per_uid, 1, 65536));
+    KVTIER_KEEP_ERROR(errors, r.Int("namespaces_per_tenant", &c.limit_namespaces_per_tenant, 1, 1 << 24));
+    KVTIER_KEEP_ERROR(errors, r.Int("log_lines_per_s", &c.limit_log_lines_per_s, 0, 1000000));
+    KVTIER_KEEP_ERROR(errors, r.RejectUnknown());
   }
   if (const toml::table* t = top.SubTable("tiers")) {
-    TableReader tiers(*t, "tiers", origin);
+    TableReader tiers(*t, "tiers", origin, &c.key_source);
     if (const toml::table* h = tiers.SubTable("host")) {
-      TableReader r(*h, "tiers.host", origin);
-      RETURN_IF_ERROR(r.Bytes("capacity", &c.host_capacity));
-      RETURN_IF_ERROR(r.Bool("prefault", &c.host_prefault));
-      RETURN_IF_ERROR(r.String("policy", &c.host_policy));
-      RETURN_IF_ERROR(r.Double("high_watermark", &c.host_high_watermark, 0.05, 1));
-      RETURN_IF_ERROR(r.Double("low_watermark", &c.host_low_watermark, 0.05, 1));
-      RETURN_IF_ERROR(r.RejectUnknown());
+      TableReader r(*h, "tiers.host", origin, &c.key_source);
+      KVTIER_KEEP_ERROR(errors, r.Bytes("capacity", &c.host_capacity));
+      KVTIER_KEEP_ERROR(errors, r.Bool("prefault", &c.host_prefault));
+      KVTIER_KEEP_ERROR(errors, r.String("policy", &c.host_policy));
+      KVTIER_KEEP_ERROR(errors, r.Double("high_watermark", &c.host_high_watermark, 0.05, 1));
+      KVTIER_KEEP_ERROR(errors, r.Double("low_watermark", &c.host_low_watermark, 0.05, 1));
+      KVTIER_KEEP_ERROR(errors, r.RejectUnknown());
     }
     if (const toml::table* n = tiers.SubTable("nvme")) {
-      TableReader r(*n, "tiers.nvme", origin);
-      RETURN_IF_ERROR(r.StringList("dirs", &c.nvme_dirs));
+      TableReader r(*n, "tiers.nvme", origin, &c.key_source);
+      KVTIER_KEEP_ERROR(errors, r.StringList("dirs", &c.nvme_dirs));
       const uint64_t before = c.nvme_capacity;
       c.nvme_capacity = UINT64_MAX;
-      RETURN_IF_ERROR(r.Bytes("capacity", &c.nvme_capacity));
+      KVTIER_KEEP_ERROR(errors, r.Bytes("capacity", &c.nvme_capacity));
       c.nvme_capacity_explicit = c.nvme_capacity != UINT64_MAX;
       if (!c.nvme_capacity_explicit) c.nvme_capacity = before;
-      RETURN_IF_ERROR(r.Bytes("segment_bytes", &c.nvme_segment_bytes));
-      RETURN_IF_ERROR(r.Int("queue_depth", &c.nvme_queue_depth, 1, 4096));
-      RETURN_IF_ERROR(r.Int("io_workers", &c.nvme_io_workers, 1, 64));
-      RETURN_IF_ERROR(r.String("io_engine", &c.nvme_io_engine));
-      RETURN_IF_ERROR(r.Bool("allow_buffered", &c.nvme_allow_buffered));
-      RETURN_IF_ERROR(r.Bytes("staging_bytes", &c.nvme_staging_bytes));
-      RETURN_IF_ERROR(r.Bool("write_through", &c.nvme_write_through));
-      RETURN_IF_ERROR(r.String("policy", &c.nvme_policy));
-      RETURN_IF_ERROR(r.RejectUnknown());
+      KVTIER_KEEP_ERROR(errors, r.Bytes("segment_bytes", &c.nvme_segment_bytes));
+      KVTIER_KEEP_ERROR(errors, r.Int("queue_depth", &c.nvme_queue_depth, 1, 4096));
+      KVTIER_KEEP_ERROR(errors, r.Int("io_workers", &c.nvme_io_workers, 1, 64));
+      KVTIER_KEEP_ERROR(errors, r.String("io_engine", &c.nvme_io_engine));
+      KVTIER_KEEP_ERROR(errors, r.Bool("allow_buffered", &c.nvme_allow_buffered));
+      KVTIER_KEEP_ERROR(errors, r.Bytes("staging_bytes", &c.nvme_staging_bytes));
+      KVTIER_KEEP_ERROR(errors, r.Bool("write_through", &c.nvme_write_through));
+      KVTIER_KEEP_ERROR(errors, r.String("policy", &c.nvme_policy));
+      KVTIER_KEEP_ERROR(errors, r.RejectUnknown());
     }
     if (const toml::table* g = tiers.SubTable("gpu")) {
-      TableReader r(*g, "tiers.gpu", origin);
-      RETURN_IF_ERROR(r.Bytes("capacity", &c.gpu_capacity));
-      RETURN_IF_ERROR(r.RejectUnknown());
+      TableReader r(*g, "tiers.gpu", origin, &c.key_source);
+      KVTIER_KEEP_ERROR(errors, r.Bytes("capacity", &c.gpu_capacity));
+      KVTIER_KEEP_ERROR(errors, r.RejectUnknown());
     }
-    RETURN_IF_ERROR(tiers.RejectUnknown());
+    KVTIER_KEEP_ERROR(errors, tiers.RejectUnknown());
   }
   if (const toml::table* t = top.SubTable("cost_model")) {
-    TableReader r(*t, "cost_model", origin);
-    RETURN_IF_ERROR(r.String("model_config", &c.cost_model_config));
-    RETURN_IF_ERROR(r.Double("prefill_tflops", &c.cost_prefill_tflops, 0.001, 1e6));
-    RETURN_IF_ERROR(r.Double("nvme_read_gbps", &c.cost_nvme_read_gbps, 0.001, 1e4));
-    RETURN_IF_ERROR(r.Double("nvme_read_latency_us", &c.cost_nvme_read_latency_us, 0, 1e7));
-    RETURN_IF_ERROR(r.Bool("decide", &c.cost_decide));
-    RETURN_IF_ERROR(r.RejectUnknown());
+    TableReader r(*t, "cost_model", origin, &c.key_source);
+    KVTIER_KEEP_ERROR(errors, r.String("model_config", &c.cost_model_config));
+    KVTIER_KEEP_ERROR(errors, r.Double("prefill_tflops", &c.cost_prefill_tflops, 0.001, 1e6));
+    KVTIER_KEEP_ERROR(errors, r.Double("nvme_read_gbps", &c.cost_nvme_read_gbps, 0.001, 1e4));
+    KVTIER_KEEP_ERROR(errors, r.Double("nvme_read_latency_us", &c.cost_nvme_read_latency_us, 0, 1e7));
+    KVTIER_KEEP_ERROR(errors, r.Bool("decide", &c.cost_decide));
+    KVTIER_KEEP_ERROR(errors, r.RejectUnknown());
   }
   if (const toml::table* t = top.SubTable("sim")) {
-    TableReader r(*t, "sim", origin);
-    RETURN_IF_ERROR(r.Bytes("bandwidth", &c.sim_bandwidth));
-    RETURN_IF_ERROR(r.RejectUnknown());
+    TableReader r(*t, "sim", origin, &c.key_source);
+    KVTIER_KEEP_ERROR(errors, r.Bytes("bandwidth", &c.sim_bandwidth));
+    KVTIER_KEEP_ERROR(errors, r.RejectUnknown());
   }
   if (const toml::array* a = top.Array("tenants")) {
-    RETURN_IF_ERROR(ReadTenants(*a, origin, &c));
+    ReadTenants(*a, origin, &c, &errors);
   } else if (root.get("tenants") != nullptr) {
-    return absl::InvalidArgumentError(Cat(origin, ": tenants must be written as [[tenants]] tables"));
+    errors.push_back(Cat(origin, ": tenants must be written as [[tenants]] tables"));
   }
-  RETURN_IF_ERROR(top.RejectUnknown());
-  RETURN_IF_ERROR(ValidateConfig(c));
+  KVTIER_KEEP_ERROR(errors, top.RejectUnknown());
+  KVTIER_KEEP_ERROR(errors, ValidateConfig(c));
+  if (!errors.empty()) return absl::InvalidArgumentError(absl::StrJoin(errors, "; "));
   return c;
 }
 
@@ -470,91 +489,89 @@ absl::StatusOr<Config> LoadConfigFile(const std::string& path) {
 }
 
 absl::Status ValidateConfig(const Config& c) {
-  if (c.run_dir.empty()) return absl::InvalidArgumentError("daemon.run_dir must not be empty");
-  if (c.data_dir.empty()) return absl::InvalidArgumentError("daemon.data_dir must not be empty");
+  std::vector<std::string> errors;
+  // A message about `key`, led by the file and line it was read from.
+  auto fail = [&](std::string_view key, std::string message) {
+    auto it = c.key_source.find(std::string(key));
+    errors.push_back(it == c.key_source.end() ? std::move(message) : Cat(it->second, ": ", message));
+  };
+  if (c.run_dir.empty()) fail("daemon.run_dir", "daemon.run_dir must not be empty");
+  if (c.data_dir.empty()) fail("daemon.data_dir", "daemon.data_dir must not be empty");
   static const absl::flat_hash_set<std::string> kLevels = {"trace", "debug", "info", "warn",
                                                            "error", "critical", "off"};
   if (!kLevels.contains(c.log_level)) {
-    return absl::InvalidArgumentError(Cat("daemon.log_level = \"", c.log_level,
-                                                   "\"; use one of trace, debug, info, warn, error, critical, off"));
+    fail("daemon.log_level", Cat("daemon.log_level = \"", c.log_level,
+                                 "\"; use one of trace, debug, info, warn, error, critical, off"));
   }
   if (c.device != "auto" && c.device != "cuda" && c.device != "sim") {
-    return absl::InvalidArgumentError(
-        Cat("daemon.device = \"", c.device, "\"; use \"auto\", \"cuda\" or \"sim\""));
+    fail("daemon.device", Cat("daemon.device = \"", c.device, "\"; use \"auto\", \"cuda\" or \"sim\""));
   }
-  if (c.tenants.empty()) return absl::InvalidArgumentError("no tenants configured");
+  if (c.tenants.empty()) fail("", "no tenants configured");
   if (c.hash == HashAlgorithm::kXxh3_128 && c.tenants.size() > 1) {
-    return absl::InvalidArgumentError(Cat(
-        "daemon.hash = \"xxh3-128\" is only for a single trusted tenant, and this config has ",
-        c.tenants.size(), " tenants: keys that collide would hand one tenant's K/V to another; "
-        "use hash = \"sha256\""));
+    fail("daemon.hash", Cat("daemon.hash = \"xxh3-128\" is only for a single trusted tenant, and this config has ",
+                            c.tenants.size(), " tenants: keys that collide would hand one tenant's K/V to another; "
+                            "use hash = \"sha256\""));
   }
   absl::flat_hash_set<std::string> names;
   absl::flat_hash_set<uid_t> uids;
   absl::flat_hash_set<gid_t> gids;
-  for (const TenantConfig& t : c.tenants) {
+  for (size_t i = 0; i < c.tenants.size(); ++i) {
+    const TenantConfig& t = c.tenants[i];
+    const std::string at = Cat("tenants[", i, "]");
     if (t.name.empty() || t.name.size() > 64) {
-      return absl::InvalidArgumentError("every [[tenants]] entry needs a name of 1..64 characters");
+      fail(at, "every [[tenants]] entry needs a name of 1..64 characters");
+    } else if (!names.insert(t.name).second) {
+      fail(at + ".name", Cat("tenant \"", t.name, "\" is defined twice"));
     }
-    if (!names.insert(t.name).second) {
-      return absl::InvalidArgumentError(Cat("tenant \"", t.name, "\" is defined twice"));
-    }
-    if (t.uids.empty() && t.gids.empty()) {
-      return absl::InvalidArgumentError(
-          Cat("tenant \"", t.name, "\" admits nobody: give it uids or gids"));
-    }
+    if (t.uids.empty() && t.gids.empty()) fail(at, Cat("tenant \"", t.name, "\" admits nobody: give it uids or gids"));
     for (uid_t u : t.uids) {
-      if (!uids.insert(u).second) {
-        return absl::InvalidArgumentError(Cat("uid ", u, " belongs to two tenants"));
-      }
+      if (!uids.insert(u).second) fail(at + ".uids", Cat("uid ", u, " belongs to two tenants"));
     }
     for (gid_t g : t.gids) {
-      if (!gids.insert(g).second) {
-        return absl::InvalidArgumentError(Cat("gid ", g, " belongs to two tenants"));
-      }
+      if (!gids.insert(g).second) fail(at + ".gids", Cat("gid ", g, " belongs to two tenants"));
     }
-    const uint64_t host = t.host_bytes ? t.host_bytes : c.host_capacity;
-    if (host < (1u << 20)) {
-      return absl::InvalidArgumentError(Cat(
-          "tenant \"", t.name, "\" host arena of ", FormatBytes(host), " is below the 1 MiB minimum"));
+    // (A tenant without host_bytes takes tiers.host.capacity, checked below.)
+    if (t.host_bytes != 0 && t.host_bytes < (1u << 20)) {
+      fail(at + ".host_bytes", Cat("tenant \"", t.name, "\" host arena of ", FormatBytes(t.host_bytes),
+                                   " is below the 1 MiB minimum"));
     }
   }
   if (c.host_capacity < (1u << 20)) {
-    return absl::InvalidArgumentError(Cat("tiers.host.capacity = ", FormatBytes(c.host_capacity),
-                                                   " is below the 1 MiB minimum"));
+    fail("tiers.host.capacity",
+         Cat("tiers.host.capacity = ", FormatBytes(c.host_capacity), " is below the 1 MiB minimum"));
   }
   if (auto p = MakeEvictionPolicy(c.nvme_policy); !p.ok()) {
-    return absl::InvalidArgumentError(Cat("tiers.nvme.policy: ", p.status().message()));
-  }
-  if (c.nvme_policy == "adaptive") {
-    return absl::InvalidArgumentError(
-        "tiers.nvme.policy = \"adaptive\" is host-only (its shadows learn from host lookups); use lru, s3fifo, "
-        "s3fifo-deep or tinylfu");
+    fail("tiers.nvme.policy", Cat("tiers.nvme.policy: ", p.status().message()));
+  } else if (c.nvme_policy == "adaptive") {
+    fail("tiers.nvme.policy",
+         "tiers.nvme.policy = \"adaptive\" is host-only (its shadows learn from host lookups); use lru, s3fifo, "
+         "s3fifo-deep or tinylfu");
   }
   if (c.host_low_watermark > c.host_high_watermark) {
-    return absl::InvalidArgumentError(Cat("tiers.host.low_watermark = ", c.host_low_watermark,
-                                          " is above tiers.host.high_watermark = ", c.host_high_watermark,
-                                          "; background reclaim frees down to the low mark"));
+    fail("tiers.host.low_watermark", Cat("tiers.host.low_watermark = ", c.host_low_watermark,
+                                         " is above tiers.host.high_watermark = ", c.host_high_watermark,
+                                         "; background reclaim frees down to the low mark"));
   }
   if (auto p = MakeEvictionPolicy(c.host_policy); !p.ok()) {
-    return absl::InvalidArgumentError(Cat("tiers.host.policy: ", p.status().message()));
+    fail("tiers.host.policy", Cat("tiers.host.policy: ", p.status().message()));
   }
   if (c.scratch_bytes < (64u << 10) || c.scratch_bytes > (1ull << 30)) {
-    return absl::InvalidArgumentError("ipc.scratch_bytes must be 64KiB..1GiB");
+    fail("ipc.scratch_bytes", "ipc.scratch_bytes must be 64KiB..1GiB");
   }
   if (c.nvme_capacity > 0) {
     if (c.nvme_segment_bytes < (1u << 20) || c.nvme_segment_bytes % 4096 != 0 || c.nvme_segment_bytes > (4ull << 30)) {
-      return absl::InvalidArgumentError("tiers.nvme.segment_bytes must be a multiple of 4 KiB in 1MiB..4GiB");
+      fail("tiers.nvme.segment_bytes", "tiers.nvme.segment_bytes must be a multiple of 4 KiB in 1MiB..4GiB");
     }
     if (c.nvme_io_engine != "auto" && c.nvme_io_engine != "io_uring" && c.nvme_io_engine != "threads") {
-      return absl::InvalidArgumentError(Cat("tiers.nvme.io_engine = \"", c.nvme_io_engine,
-                                            "\"; use \"auto\", \"io_uring\" or \"threads\""));
+      fail("tiers.nvme.io_engine", Cat("tiers.nvme.io_engine = \"", c.nvme_io_engine,
+                                       "\"; use \"auto\", \"io_uring\" or \"threads\""));
     }
     if (c.nvme_staging_bytes < (4u << 20)) {
-      return absl::InvalidArgumentError("tiers.nvme.staging_bytes must be at least 4MiB");
+      fail("tiers.nvme.staging_bytes", "tiers.nvme.staging_bytes must be at least 4MiB");
     }
   }
-  return absl::OkStatus();
+  if (errors.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrJoin(errors, "; "));
 }
 
 std::string DefaultConfigToml() {

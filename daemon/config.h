@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -103,6 +104,10 @@ struct Config {
   // [[tenants]]; empty in a file means the default tenant.
   std::vector<TenantConfig> tenants;
 
+  // Where each key was read, "file:line" by its full name
+  // ("tiers.host.capacity", "tenants[0].name"), for messages.
+  std::map<std::string, std::string> key_source;
+
   // The NVMe directories in effect.
   std::vector<std::string> NvmeDirs() const;
   // Where the data and admin sockets live.
@@ -114,13 +119,15 @@ struct Config {
 Config DefaultConfig();
 
 // Parses TOML text over the defaults and validates. `origin` names the source
-// in messages.
+// in messages. A file that parses as TOML gets every error it holds in one
+// message ("; " between them), each as origin:line.
 absl::StatusOr<Config> ParseConfig(std::string_view toml_text, std::string_view origin);
 
 // Reads and parses a file; NotFound when it does not exist.
 absl::StatusOr<Config> LoadConfigFile(const std::string& path);
 
-// Cross-field checks (tenants, hash choice, sizes).
+// Cross-field checks (tenants, hash choice, sizes). Reports every problem,
+// each with the file and line of its key where key_source knows them.
 absl::Status ValidateConfig(const Config& c);
 
 // A commented TOML file with every key at its default.

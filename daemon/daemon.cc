@@ -107,7 +107,7 @@ absl::Status Daemon::Open() {
                    OpenDeviceBackend(config_.device, SimDeviceOptions{config_.sim_bandwidth}));
   device_ = std::move(choice.backend);
   device_reason_ = choice.reason;
-  spdlog::info("event=device backend={} detail=\"{}\"", device_->name(), device_reason_);
+  spdlog::info("event=device backend={} detail=\"{}\"", device_->name(), LogQuoted(device_reason_));
 
   CostTracker::Options cost;
   if (!config_.cost_model_config.empty()) {
@@ -121,7 +121,7 @@ absl::Status Daemon::Open() {
   cost.nvme_prior = TierSpeed{config_.cost_nvme_read_gbps * 1e9, config_.cost_nvme_read_latency_us * 1e-6};
   cost.decide = config_.cost_decide;
   spdlog::info("event=cost_model model=\"{}\" kv_bytes_per_token={} prefill_tflops_prior={} decide={}",
-               cost.model.name, cost.model.KvBytesPerToken(), config_.cost_prefill_tflops, cost.decide);
+               LogQuoted(cost.model.name), cost.model.KvBytesPerToken(), config_.cost_prefill_tflops, cost.decide);
   ASSIGN_OR_RETURN(cache_, BlockCache::Create({config_.max_leases_per_session, config_.host_policy,
                                                config_.nvme_policy, config_.nvme_write_through, std::move(cost),
                                                config_.host_high_watermark, config_.host_low_watermark,
@@ -141,7 +141,7 @@ absl::Status Daemon::Open() {
     } else {
       spdlog::warn("event=host_register_failed tenant={} reason=\"{}\" hint=\"engines of this tenant cannot "
                    "register KV caches; raise LimitMEMLOCK (ulimit -l)\"",
-                   t.name, r.message());
+                   t.name, LogQuoted(r.message()));
     }
     if (config_.gpu_capacity > 0) {
       if (!arena_registered_.contains(t.name)) {
@@ -209,7 +209,7 @@ absl::Status Daemon::Open() {
       spdlog::info("event=metrics url=http://{}:{}/metrics", config_.metrics_address, metrics_->port());
     } else {
       // Serving engines matters more than being scraped.
-      spdlog::error("event=metrics_unavailable detail=\"{}\"", m.status().message());
+      spdlog::error("event=metrics_unavailable detail=\"{}\"", LogQuoted(m.status().message()));
     }
   }
   return absl::OkStatus();
@@ -266,7 +266,7 @@ absl::Status Daemon::OpenNvme() {
   }
   const NvmeStats st = (*nvme)->Stats();
   if (!st.io_engine_reason.empty()) {
-    spdlog::warn("event=nvme_io_engine engine={} detail=\"{}\"", st.io_engine, st.io_engine_reason);
+    spdlog::warn("event=nvme_io_engine engine={} detail=\"{}\"", st.io_engine, LogQuoted(st.io_engine_reason));
   }
   if (st.buffered) {
     spdlog::warn("event=nvme_buffered detail=\"O_DIRECT refused; buffered I/O as tiers.nvme.allow_buffered permits\"");
@@ -285,13 +285,13 @@ absl::Status Daemon::OpenNvme() {
                  st.recovery.journal_records_cut, st.recovery.journal_bytes_cut,
                  st.recovery.journal_records_damaged, st.recovery.journal_format_damaged, st.recovery.scanned,
                  st.recovery.scan_checked, st.recovery.scan_recovered, st.recovery.dropped,
-                 st.recovery.scanned ? "damaged records inside the journal: kept the blocks whose slab header and "
+                 LogQuoted(st.recovery.scanned ? "damaged records inside the journal: kept the blocks whose slab header and "
                                        "payload checksums prove them, and rewrote the journal"
-                                     : "the journal's torn tail (a crash mid-commit) was cut");
+                                     : "the journal's torn tail (a crash mid-commit) was cut"));
   }
   spdlog::info("event=nvme_tier state=on dirs={} capacity=\"{}\" engine=\"{}\" recovered={} dropped={} "
                "journal_bytes_cut={} seconds={:.3f}",
-               dirs.size(), FormatBytes(capacity), st.io_engine, indexed,
+               dirs.size(), FormatBytes(capacity), LogQuoted(st.io_engine), indexed,
                st.recovery.dropped + (recovered.size() - indexed), st.recovery.journal_bytes_cut,
                st.recovery.seconds);
   return absl::OkStatus();
@@ -466,7 +466,7 @@ void Daemon::RefuseAttach(int fd, int code, const std::string& message, const ip
   stats_.attach_refused.Add();
   if (log_limiter_->Allow(absl::StrCat("uid:", peer.uid))) {
     spdlog::warn("event=attach_refused pid={} uid={} gid={} code={} reason=\"{}\"", peer.pid, peer.uid,
-                 peer.gid, kvtier_strerror(code), message);
+                 peer.gid, kvtier_strerror(code), LogQuoted(message));
   }
   ipc::AttachReply reply;
   reply.status = code;
@@ -568,7 +568,7 @@ void Daemon::Attach(UniqueFd fd, std::span<const std::byte> request) {
   const int fds[2] = {seg->fd(), host->arena_fd()};
   if (absl::Status s = ipc::SendMessage(fd.get(), ipc::EncodeAttachReply(reply), fds, /*nonblocking=*/true);
       !s.ok()) {
-    if (log_limiter_->Allow(tenant->name)) spdlog::warn("event=attach_failed pid={} reason=\"{}\"", peer->pid, s.message());
+    if (log_limiter_->Allow(tenant->name)) spdlog::warn("event=attach_failed pid={} reason=\"{}\"", peer->pid, LogQuoted(s.message()));
     return;
   }
   UniqueFd pidfd(peer->pid > 0 ? PidfdOpen(peer->pid) : -1);
@@ -633,7 +633,7 @@ void Daemon::OnSessionSocket(int fd, uint64_t session_id, uint32_t events) {
       if (absl::Status s = ipc::SendMessage(fd, ipc::EncodeKvReply(reply), raw, /*nonblocking=*/true); !s.ok()) {
         if (absl::IsResourceExhausted(s)) stats_.Refused(Refusal::kSlowPeer);
         spdlog::warn("event=kv_reply_failed session={} reason=\"{}\" action=close_session", session_id,
-                     s.message());
+                     LogQuoted(s.message()));
         OnSessionGone(session_id, "does not read its replies");
       }
     }
@@ -657,7 +657,7 @@ void Daemon::OnSessionGone(uint64_t session_id, absl::string_view why) {
     } else {
       stats_.sessions_closed_dead.Add();
       if (log_limiter_->Allow(ls.session->tenant())) spdlog::info("event=client_gone session={} pid={} detail=\"{}\" action=release_pins", session_id,
-                   ls.session->identity().peer.pid, why);
+                   ls.session->identity().peer.pid, LogQuoted(why));
     }
   }
   ls.session->Stop(ipc::CloseReason::kShutdown);
@@ -713,7 +713,7 @@ void Daemon::Reload() {
     stats_.reloads_failed.Add();
     spdlog::error("event=reload_failed detail=\"{}\" hint=\"the running config is unchanged; fix the file and "
                   "send SIGHUP again\"",
-                  next.status().message());
+                  LogQuoted(next.status().message()));
     notifier_.Ready(StatusLine());
     return;
   }
@@ -804,11 +804,11 @@ void Daemon::Reload() {
   }
   stats_.reloads.Add();
   if (restart.empty()) {
-    spdlog::info("event=reload applied=\"{}\"", applied.empty() ? "nothing changed" : absl::StrJoin(applied, ", "));
+    spdlog::info("event=reload applied=\"{}\"", LogQuoted(applied.empty() ? "nothing changed" : absl::StrJoin(applied, ", ")));
   } else {
     spdlog::warn("event=reload applied=\"{}\" needs_restart=\"{}\" hint=\"restart kvtierd to apply these; they "
                  "keep their running values until then\"",
-                 applied.empty() ? "nothing" : absl::StrJoin(applied, ", "), absl::StrJoin(restart, "; "));
+                 LogQuoted(applied.empty() ? "nothing" : absl::StrJoin(applied, ", ")), LogQuoted(absl::StrJoin(restart, "; ")));
   }
   notifier_.Ready(StatusLine());
 }
@@ -884,7 +884,7 @@ void Daemon::Drain() {
     spdlog::warn("event=drained written={} already_on_nvme={} failed={} timed_out={} journal=\"{}\" seconds={:.3f} "
                  "hint=\"blocks not written are lost with this process; raise daemon.drain_timeout_ms or "
                  "tiers.nvme.capacity\"",
-                 f.written, f.already_on_nvme, f.failed, f.timed_out, f.sync.ok() ? "durable" : f.sync.message(),
+                 f.written, f.already_on_nvme, f.failed, f.timed_out, LogQuoted(f.sync.ok() ? "durable" : f.sync.message()),
                  seconds);
   } else {
     spdlog::info("event=drained written={} already_on_nvme={} failed=0 journal=durable seconds={:.3f}", f.written,

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <iostream>
 
+#include "core/checked.h"
 #include "core/cli_parse.h"
 #include "daemon/config.h"
 #include "daemon/daemon.h"
@@ -53,14 +54,14 @@ int main(int argc, char** argv) {
     config = kvtier::DefaultConfig();
   }
   if (!config.ok()) {
-    spdlog::critical("event=config_error detail=\"{}\"", config.status().message());
+    spdlog::critical("event=config_error detail=\"{}\"", kvtier::LogQuoted(config.status().message()));
     return 2;
   }
   if (!run_dir.empty()) config->run_dir = run_dir;
   if (!data_dir.empty()) config->data_dir = data_dir;
   if (!log_level.empty()) config->log_level = log_level;
   if (absl::Status s = kvtier::ValidateConfig(*config); !s.ok()) {
-    spdlog::critical("event=config_error detail=\"{}\"", s.message());
+    spdlog::critical("event=config_error detail=\"{}\"", kvtier::LogQuoted(s.message()));
     return 2;
   }
   if (check_only) {
@@ -70,7 +71,7 @@ int main(int argc, char** argv) {
       if (absl::Status s = kvtier::CheckNvmeSpace(config->NvmeDirs(), config->nvme_capacity,
                                                   config->nvme_segment_bytes);
           !s.ok()) {
-        spdlog::critical("event=config_error detail=\"{}\"", s.message());
+        spdlog::critical("event=config_error detail=\"{}\"", kvtier::LogQuoted(s.message()));
         return 2;
       }
     }
@@ -79,11 +80,11 @@ int main(int argc, char** argv) {
   }
   spdlog::set_level(spdlog::level::from_str(config->log_level));
   spdlog::info("event=start version={} pid={} config=\"{}\"", KVTIER_VERSION, getpid(),
-               from_file ? config_path : "embedded defaults");
+               kvtier::LogQuoted(from_file ? config_path : "embedded defaults"));
 
   absl::StatusOr<std::unique_ptr<kvtier::Daemon>> daemon = kvtier::Daemon::Create(*config);
   if (!daemon.ok()) {
-    spdlog::critical("event=start_failed detail=\"{}\"", daemon.status().message());
+    spdlog::critical("event=start_failed detail=\"{}\"", kvtier::LogQuoted(daemon.status().message()));
     return 1;
   }
   if (from_file) {
@@ -98,7 +99,7 @@ int main(int argc, char** argv) {
     });
   }
   if (absl::Status s = (*daemon)->Run(); !s.ok()) {
-    spdlog::critical("event=loop_failed detail=\"{}\"", s.message());
+    spdlog::critical("event=loop_failed detail=\"{}\"", kvtier::LogQuoted(s.message()));
     return 1;
   }
   return 0;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "core/checked.h"
 #include "spdlog/spdlog.h"
 
 namespace kvtier {
@@ -25,7 +26,7 @@ int ServiceNotifier::loop_timeout_ms(int wanted) const {
 void ServiceNotifier::Send(const std::string& text) {
   if (!enabled_) return;
   const int r = sd_notify(/*unset_environment=*/0, text.c_str());
-  if (r < 0) spdlog::warn("event=sd_notify_failed errno={} detail=\"{}\"", -r, text.substr(0, text.find('\n')));
+  if (r < 0) spdlog::warn("event=sd_notify_failed errno={} detail=\"{}\"", -r, LogQuoted(text.substr(0, text.find('\n'))));
 }
 
 void ServiceNotifier::Ready(const std::string& status) {

@@ -12,6 +12,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "core/checked.h"
 #include "core/namespace.h"
 #include "core/status.h"
 #include "core/units.h"
@@ -89,13 +90,13 @@ ipc::KvRegisterReply Session::OnKvMessage(std::span<const std::byte> data, std::
   if (!st.ok() && m.ok() && m->gpu_arena) {
     reply.status = ToErrorCode(st);
     reply.message = std::string(st.message());
-    if (LogOk()) spdlog::info("event=gpu_arena_refused session={} reason=\"{}\"", identity_.id, reply.message);
+    if (LogOk()) spdlog::info("event=gpu_arena_refused session={} reason=\"{}\"", identity_.id, LogQuoted(reply.message));
   } else if (!st.ok()) {
     stats_->kv_registrations_refused.Add();
     reply.status = ToErrorCode(st);
     reply.message = std::string(st.message());
     if (LogOk()) spdlog::warn("event=kv_cache_refused session={} pid={} reason=\"{}\"", identity_.id, identity_.peer.pid,
-                 reply.message);
+                 LogQuoted(reply.message));
   }
   return reply;
 }
@@ -184,7 +185,7 @@ Session::Outcome Session::StoreDevice(const RequestRecord& req, const std::vecto
   if (!g.ok()) {
     (void)cache_->StoreAbort(holdings_, ticket);
     stats_->device_errors.Add();
-    if (LogOk()) spdlog::warn("event=device_store_failed session={} reason=\"{}\"", identity_.id, g.message());
+    if (LogOk()) spdlog::warn("event=device_store_failed session={} reason=\"{}\"", identity_.id, LogQuoted(g.message()));
     return FromStatus(g);
   }
   stats_->device_blocks_stored.Add(*needed);
@@ -211,7 +212,7 @@ void Session::PromoteToGpu(const std::vector<BlockKey>& keys, const LoadOutcome&
   const absl::Status st = copies.empty() ? absl::OkStatus() : engines_->Copy(copies, ns_.block_bytes);
   if (!st.ok()) {
     stats_->device_errors.Add();
-    if (LogOk()) spdlog::warn("event=gpu_promotion_failed session={} reason=\"{}\"", identity_.id, st.message());
+    if (LogOk()) spdlog::warn("event=gpu_promotion_failed session={} reason=\"{}\"", identity_.id, LogQuoted(st.message()));
   }
   for (const BlockKey* k : reserved) {
     if (st.ok()) {
@@ -279,7 +280,7 @@ Session::Outcome Session::LoadDevice(const RequestRecord& req, const std::vector
     if (st.ok() && gpu_ != nullptr) PromoteToGpu(keys, lo, from_gpu);
     if (!st.ok()) {
       stats_->device_errors.Add();
-      if (LogOk()) spdlog::warn("event=device_load_failed session={} reason=\"{}\"", identity_.id, st.message());
+      if (LogOk()) spdlog::warn("event=device_load_failed session={} reason=\"{}\"", identity_.id, LogQuoted(st.message()));
       d.outcome = FromStatus(st);
       return d;
     }
@@ -448,7 +449,7 @@ void Session::Run() {
     stats_->protocol_errors.Add();
     if (LogOk()) spdlog::warn("event=session_closed session={} pid={} reason=protocol_error detail=\"{}\" "
                  "hint=\"the client broke the ring protocol; other sessions are unaffected\"",
-                 identity_.id, identity_.peer.pid, fatal_reason);
+                 identity_.id, identity_.peer.pid, LogQuoted(fatal_reason));
   }
   const uint64_t leases = holdings_.leases.size();
   const uint64_t tickets = holdings_.tickets.size();

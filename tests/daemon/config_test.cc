@@ -224,5 +224,39 @@ TEST(ConfigTest, DeepNestingAndHugeFilesAreRefusedBeforeToml) {
   EXPECT_TRUE(ParseConfig(DefaultConfigToml(), "default.toml").ok());
 }
 
+// Every error in a file is reported at once, each with its file and line:
+// value errors found by the cross-field checks too (before: only the first,
+// and those without a line).
+TEST(ConfigTest, EveryErrorIsReportedWithItsFileAndLine) {
+  const char* text =
+      "[daemon]\n"                               // 1
+      "log_level = \"loud\"\n"                 // 2
+      "device = \"tpu\"\n"                     // 3
+      "[tiers.host]\n"                           // 4
+      "capacity = \"512KiB\"\n"                // 5
+      "low_watermark = 0.9\n"                    // 6
+      "high_watermark = 0.5\n"                   // 7
+      "colour = \"blue\"\n"                    // 8
+      "[tiers.nvme]\n"                           // 9
+      "io_engine = \"magic\"\n"                // 10
+      "queue_depth = 0\n"                        // 11
+      "[[tenants]]\n"                            // 12
+      "name = \"a\"\n"                         // 13
+      "uids = [1]\n"                             // 14
+      "[[tenants]]\n"                            // 15
+      "name = \"a\"\n"                         // 16
+      "uids = [1]\n";                            // 17
+  auto c = ParseConfig(text, "k.toml");
+  ASSERT_FALSE(c.ok());
+  const std::string m(c.status().message());
+  for (const char* want : {"k.toml:2: daemon.log_level = \"loud\"", "k.toml:3: daemon.device = \"tpu\"",
+                           "k.toml:5: tiers.host.capacity = 512.00 KiB is below", "k.toml:6: tiers.host.low_watermark",
+                           "k.toml:8: unknown key tiers.host.colour", "k.toml:10: tiers.nvme.io_engine = \"magic\"",
+                           "k.toml:11: tiers.nvme.queue_depth", "k.toml:16: tenant \"a\" is defined twice",
+                           "k.toml:17: uid 1 belongs to two tenants"}) {
+    EXPECT_NE(m.find(want), std::string::npos) << "missing \"" << want << "\" in: " << m;
+  }
+}
+
 }  // namespace
 }  // namespace kvtier

@@ -121,10 +121,15 @@ TEST(ServiceE2eTest, SighupReloadsWhatCanChangeAndKeepsTheConfigWhenTheFileIsBad
   std::string bad = next;
   Replace(bad, "low_watermark = 0.70", "low_watermark = 0.90");
   Replace(bad, "host_tokens = 2000", "host_tokens = 5");
+  Replace(bad, "log_level = \"info\"", "log_level = \"loud\"");
   std::ofstream(path) << bad;
   d.Kill(SIGHUP);
   ASSERT_TRUE(LogHas(d, "event=reload_failed")) << d.Log();
   EXPECT_NE(d.Log().find("low_watermark"), std::string::npos);
+  // Both errors, each with its line, and the quotes inside detail="..."
+  // escaped so the line stays one logfmt record.
+  EXPECT_NE(d.Log().find(": daemon.log_level = \\\"loud\\\"; use one of"), std::string::npos) << d.Log();
+  EXPECT_NE(d.Log().find(path + ":"), std::string::npos) << d.Log();
   std::ofstream(path) << "[[[ not toml\n";
   d.Kill(SIGHUP);
   ASSERT_TRUE(LogHas(d, "event=reload_failed", 2)) << d.Log();
