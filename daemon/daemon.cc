@@ -9,6 +9,8 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <linux/magic.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -242,6 +244,17 @@ absl::Status Daemon::OpenNvme() {
       if (capacity == 0) return absl::OkStatus();
     }
   }
+  // A RAM-backed file system accepts O_DIRECT on recent kernels, so the tier
+  // opens there: say what it costs.
+  for (const std::string& d : dirs) {
+    struct statfs fs {};
+    if (statfs(d.c_str(), &fs) == 0 && (fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC)) {
+      spdlog::warn("event=nvme_on_tmpfs dir=\"{}\" detail=\"this NVMe directory is in RAM ({}): the tier takes "
+                   "memory, not disk, and its blocks do not survive a reboot\" hint=\"point tiers.nvme.dirs at a "
+                   "directory on the NVMe device\"",
+                   LogQuoted(d), fs.f_type == TMPFS_MAGIC ? "tmpfs" : "ramfs");
+    }
+  }
   NvmeTierOptions o;
   o.dirs = dirs;
   o.capacity_bytes = capacity;
@@ -289,9 +302,18 @@ absl::Status Daemon::OpenNvme() {
                                        "payload checksums prove them, and rewrote the journal"
                                      : "the journal's torn tail (a crash mid-commit) was cut"));
   }
+  if (st.capacity_bytes < capacity) {
+    // The tier is whole segments per directory: say so, instead of logging
+    // the configured figure as the tier's size.
+    spdlog::warn("event=nvme_capacity_rounded configured=\"{}\" capacity=\"{}\" segment_bytes=\"{}\" dirs={} "
+                 "detail=\"the NVMe tier holds whole segments in each directory\" hint=\"set tiers.nvme.capacity to "
+                 "a multiple of {} to use all of it\"",
+                 FormatBytes(capacity), FormatBytes(st.capacity_bytes), FormatBytes(config_.nvme_segment_bytes),
+                 dirs.size(), FormatBytes(config_.nvme_segment_bytes * dirs.size()));
+  }
   spdlog::info("event=nvme_tier state=on dirs={} capacity=\"{}\" engine=\"{}\" recovered={} dropped={} "
                "journal_bytes_cut={} seconds={:.3f}",
-               dirs.size(), FormatBytes(capacity), LogQuoted(st.io_engine), indexed,
+               dirs.size(), FormatBytes(st.capacity_bytes), LogQuoted(st.io_engine), indexed,
                st.recovery.dropped + (recovered.size() - indexed), st.recovery.journal_bytes_cut,
                st.recovery.seconds);
   return absl::OkStatus();

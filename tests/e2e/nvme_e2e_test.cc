@@ -2,10 +2,13 @@
 // back from NVMe with their bytes, durable blocks survive kill -9 of the
 // daemon, a corrupted block on disk is a miss, and the fallbacks show.
 #include <fcntl.h>
+#include <linux/magic.h>
+#include <sys/vfs.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -229,6 +232,38 @@ TEST(NvmeE2eTest, AnUnusableNvmeDirectoryStopsTheStartWithAReason) {
   ASSERT_FALSE(s.ok());
   EXPECT_NE(d.Log().find("not writable"), std::string::npos) << d.Log();
   EXPECT_NE(d.Log().find("tiers.nvme.dirs"), std::string::npos) << "the message says what to change";
+}
+
+// The tier is whole segments per directory: a capacity between two is
+// rounded down, and the log says so and gives the real size (before: it
+// logged the configured figure). A directory in RAM gets a warning.
+TEST(NvmeE2eTest, RoundedCapacityAndARamDirectoryAreSaid) {
+  testing::TempDir data;
+  DaemonProcess d("[tiers.host]\ncapacity = \"1MiB\"\n[tiers.nvme]\ndirs = [\"" + data.path() +
+                  "\"]\ncapacity = \"40MiB\"\nsegment_bytes = \"16MiB\"\nstaging_bytes = \"8MiB\"\n");
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  EXPECT_NE(d.Log().find("event=nvme_capacity_rounded configured=\"40.00 MiB\" capacity=\"32.00 MiB\""),
+            std::string::npos)
+      << d.Log();
+  EXPECT_NE(d.Log().find("event=nvme_tier state=on dirs=1 capacity=\"32.00 MiB\""), std::string::npos) << d.Log();
+  EXPECT_EQ(StatusInt(d, "nvme", "capacity_bytes"), 32 << 20);
+  EXPECT_EQ(d.Log().find("event=nvme_on_tmpfs"), std::string::npos) << "the test folder is not in RAM";
+  d.Stop();
+
+  struct statfs fs {};
+  if (statfs("/dev/shm", &fs) != 0 || fs.f_type != TMPFS_MAGIC) GTEST_SKIP() << "no tmpfs at /dev/shm";
+  char tmpl[] = "/dev/shm/kvtier-nvme-e2e-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string shm = tmpl;
+  DaemonProcess r("[tiers.host]\ncapacity = \"1MiB\"\n[tiers.nvme]\ndirs = [\"" + shm +
+                  "\"]\ncapacity = \"16MiB\"\nsegment_bytes = \"16MiB\"\nstaging_bytes = \"8MiB\"\n");
+  const absl::Status started = r.Start();
+  const std::string log = r.Log();
+  r.Stop();
+  std::filesystem::remove_all(shm);
+  if (!started.ok()) GTEST_SKIP() << "this kernel's tmpfs refuses the NVMe tier: " << log;
+  EXPECT_NE(log.find("event=nvme_on_tmpfs"), std::string::npos) << log;
+  EXPECT_EQ(log.find("event=nvme_capacity_rounded"), std::string::npos);
 }
 
 }  // namespace
