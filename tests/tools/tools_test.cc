@@ -308,7 +308,7 @@ TEST(ToolsTest, KvtierctlSurvivesAHostileDaemon) {
   FakeAdmin fake(dir.File("admin.sock"));
   const std::string ctl = Tool("kvtierctl") + " --socket " + fake.path();
   const std::vector<std::string> commands = {"status", "tiers", "sessions", "tenants", "top -n 1 -i 0.05",
-                                             "blocks ls", "blocks inspect 00", "evict --tenant a", "flush",
+                                             "blocks ls", "blocks inspect " + std::string(64, 'a'), "evict --tenant a", "flush",
                                              "drain", "config show"};
   // Answers that are not an admin response at all: exit 3, with why.
   const std::vector<std::pair<std::string, std::string>> unreadable = {
@@ -424,11 +424,15 @@ TEST(ToolsTest, KvtierctlCommandsInBothForms) {
   EXPECT_EQ(ls["blocks"][0]["tenant"], "team");
   EXPECT_EQ(ls["blocks"][0]["tiers"][0], "host");
   EXPECT_EQ(ls["blocks"][0]["bytes"], 16384);
-  EXPECT_NE(human("blocks ls --tenant team").find(key.substr(0, 16)), std::string::npos);
+  EXPECT_NE(human("blocks ls --tenant team").find(key), std::string::npos) << "the whole key, as inspect takes it";
   EXPECT_EQ(json_of("blocks inspect " + key)["key"], key);
   EXPECT_NE(human("blocks inspect " + key).find(key), std::string::npos);
   EXPECT_EQ(RunCommand(ctl + " blocks inspect " + std::string(64, '0') + " 2>/dev/null").exit_code, 3) << "no such block";
-  EXPECT_EQ(RunCommand(ctl + " blocks inspect nothex 2>/dev/null").exit_code, 3);
+  // A key that is not one is a usage error, said before kvtierd is asked.
+  Output short_key = RunCommand(ctl + " blocks inspect " + key.substr(0, 16) + " 2>&1");
+  EXPECT_EQ(short_key.exit_code, 2) << short_key.out;
+  EXPECT_NE(short_key.out.find("64 hex digits"), std::string::npos) << short_key.out;
+  EXPECT_EQ(RunCommand(ctl + " blocks inspect " + std::string(63, '0') + "x 2>/dev/null").exit_code, 2);
   EXPECT_EQ(RunCommand(ctl + " blocks ls --tenant nobody 2>/dev/null").exit_code, 3);
 
   nlohmann::json config = json_of("config show");
@@ -438,11 +442,16 @@ TEST(ToolsTest, KvtierctlCommandsInBothForms) {
   EXPECT_NE(shown.find("tiers.nvme.capacity = 67108864"), std::string::npos) << shown;
   EXPECT_EQ(shown.find("do-not-show-me"), std::string::npos) << "salts are never shown";
 
-  // top: frames refresh in place; --json prints one object per frame.
+  // top: on a terminal, frames refresh in place; into a pipe they follow
+  // one another without screen escapes; --json prints one object per frame.
   const std::string frames = human("top -n 2 -i 0.1");
-  EXPECT_NE(frames.find("\033[H\033[2J"), std::string::npos);
+  EXPECT_EQ(frames.find("\033"), std::string::npos) << "no screen escapes without a terminal";
   EXPECT_NE(frames.find("hit rate ["), std::string::npos);
   EXPECT_NE(frames.find("%"), std::string::npos);
+  Output on_tty = RunCommand("script -qec '" + ctl + " top -n 2 -i 0.1' /dev/null");
+  if (on_tty.exit_code == 0) {
+    EXPECT_NE(on_tty.out.find("\033[H\033[2J"), std::string::npos) << "a terminal refreshes in place";
+  }
   Output top_json = RunCommand(ctl + " --json top -n 2 -i 0.1");
   ASSERT_EQ(top_json.exit_code, 0);
   EXPECT_EQ(std::count(top_json.out.begin(), top_json.out.end(), '\n'), 2);

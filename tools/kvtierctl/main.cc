@@ -4,7 +4,10 @@
 // Exit codes: 0 ok, 1 kvtierd unreachable, 2 usage error, 3 kvtierd answered
 // with an error or with an answer kvtierctl cannot read, 4 an input file
 // (model config, trace, kvtierd config) is missing or wrong.
+#include <unistd.h>
+
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <iostream>
 #include <thread>
@@ -239,7 +242,7 @@ void PrintBlocks(const json& r) {
     std::string tiers;
     for (const json& x : List(At(b, "tiers"))) tiers += (tiers.empty() ? "" : ",") + Str(x);
     if (Bool(At(b, "moving"))) tiers += tiers.empty() ? "moving" : " (moving)";
-    t.AddRow({Str(b, "key").substr(0, 16) + "...", Str(b, "tenant"), Str(b, "model"), tiers, Num(b, "pins"),
+    t.AddRow({Str(b, "key"), Str(b, "tenant"), Str(b, "model"), tiers, Num(b, "pins"),
               Num(b, "tokens"), Num(b, "depth"), Bytes(b, "bytes")});
   }
   if (t.empty()) {
@@ -329,7 +332,17 @@ static int Main(int argc, char** argv) {
   blocks_ls->add_option("--limit", blocks_limit, "at most this many")->capture_default_str()->check(CLI::Range(1, 100000));
   CLI::App* blocks_inspect = blocks->add_subcommand("inspect", "one block by its key (64 hex digits)");
   std::string inspect_key;
-  blocks_inspect->add_option("key", inspect_key, "the block key")->required();
+  blocks_inspect->add_option("key", inspect_key, "the block key, as blocks ls prints it (64 hex digits)")
+      ->required()
+      ->check(CLI::Validator(
+          [](std::string& k) -> std::string {
+            if (k.size() == 64 && std::all_of(k.begin(), k.end(), [](char ch) { return std::isxdigit(uint8_t(ch)); })) {
+              return "";
+            }
+            return "a block key is 64 hex digits (blocks ls prints them), got " + std::to_string(k.size()) +
+                   " characters";
+          },
+          "KEY"));
   CLI::App* evict = app.add_subcommand("evict", "evict every unpinned host block of a tenant (demoting to NVMe)");
   std::string evict_tenant;
   evict->add_option("--tenant", evict_tenant, "the tenant")->required();
@@ -418,6 +431,7 @@ static int Main(int argc, char** argv) {
     return emit(At(*r, "config"), [](const json& j) { PrintConfig(j); });
   }
   if (top->parsed()) {
+    const bool to_terminal = isatty(STDOUT_FILENO) == 1;
     json prev;
     for (int i = 0; top_iterations == 0 || i < top_iterations; ++i) {
       if (i > 0) std::this_thread::sleep_for(std::chrono::duration<double>(top_interval));
@@ -426,7 +440,11 @@ static int Main(int argc, char** argv) {
       if (as_json) {
         std::cout << r->dump() << "\n" << std::flush;  // one object per refresh
       } else {
-        std::cout << "\033[H\033[2J";  // refresh in place
+        if (to_terminal) {
+          std::cout << "\033[H\033[2J";  // refresh in place
+        } else if (i > 0) {
+          std::cout << "\n";  // a pipe or file gets plain frames, one after the other
+        }
         PrintTop(*r, i > 0 ? &prev : nullptr, top_interval);
         std::cout << std::flush;
       }
