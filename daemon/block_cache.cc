@@ -64,10 +64,12 @@ void BlockCache::RegisterNamespace(const NamespaceInfo& info) {
       ns_info_.resize(info.handle + 1);
       ns_records_.resize(info.handle + 1, 0);
     }
-    fresh = ns_info_[info.handle].block_bytes == 0;
+    // Said when an engine first describes the namespace (a namespace
+    // recovered from NVMe has no model id until one attaches with it), and
+    // once per block shape, not once per namespace: fresh namespaces are a
+    // peer's to make. The shapes remembered are bounded too.
+    fresh = !info.model_id.empty() && ns_info_[info.handle].model_id.empty();
     ns_info_[info.handle] = info;
-    // Said once per block shape, not once per namespace: fresh namespaces
-    // are a peer's to make. The shapes remembered are bounded too.
     constexpr size_t kMaxShapesLogged = 256;
     if (fresh) {
       fresh = unpriced_logged_.size() < kMaxShapesLogged &&
@@ -79,7 +81,7 @@ void BlockCache::RegisterNamespace(const NamespaceInfo& info) {
         "event=cost_model_unpriced namespace={} model_id=\"{}\" bytes_per_token={} profile=\"{}\" "
         "profile_kv_bytes_per_token={} detail=\"blocks of this namespace are always loaded and demoted; set "
         "cost_model.model_config to this model's config.json to price them\"",
-        info.handle, LogQuoted(info.model_id), info.block_tokens ? info.block_bytes / info.block_tokens : 0,
+        info.id.Hex().substr(0, 16), LogQuoted(info.model_id), info.block_tokens ? info.block_bytes / info.block_tokens : 0,
         LogQuoted(cost_.model().name), cost_.model().KvBytesPerToken());
   }
 }

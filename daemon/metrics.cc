@@ -120,7 +120,9 @@ std::string PrometheusText(const json& s) {
   w.Sample("kvtier_tokens_reused_total", "", double(U(st, "tokens_hit")));
   w.Family("kvtier_hit_rate", "gauge", "Share of leased lookups that hit (per request).");
   w.Sample("kvtier_hit_rate", "", st["hit_rate"].get<double>());
-  w.Family("kvtier_reused_token_ratio", "gauge", "Share of queried tokens that were found (per token).");
+  w.Family("kvtier_reused_token_ratio", "gauge",
+           "Share of queried tokens that were found (per token). Tokens count in full blocks only: a prompt's "
+           "partial last block is never cached, so it is neither queried nor found.");
   w.Sample("kvtier_reused_token_ratio", "", st["reused_token_ratio"].get<double>());
 
   // The trust boundary: requests and connections refused by a limit.

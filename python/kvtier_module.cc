@@ -560,7 +560,10 @@ PYBIND11_MODULE(_kvtier, m) {
           },
           py::arg("keys"), py::arg("blocks"), py::arg("durable") = false,
           "Stores one block per key: a (len(keys), block_bytes) uint8 array or a sequence of buffers. Returns how "
-          "many were written (the rest were cached already). durable=True returns once they are on NVMe.")
+          "many were written (the rest were cached already). durable=True returns once they are on NVMe. Store "
+          "after a lookup of the same chain (as an engine does: lookup, compute the rest, store it), so the "
+          "daemon learns each block's depth in its chain and can price its recomputation; a store without one "
+          "leaves the depth unknown (kvtierctl blocks ls: '-').")
       .def(
           "store_from_pointers",
           [](PyClient& c, const py::sequence& keys, const std::vector<uintptr_t>& ptrs) {

@@ -157,6 +157,13 @@ TEST(NvmeE2eTest, DurableBlocksSurviveKillNineOfTheDaemon) {
   EXPECT_GE(StatusInt(d2, "nvme", "blocks"), 24);
   EXPECT_EQ(StatusInt(d2, "nvme", "checksum_failures"), 0);
   EXPECT_NE(d2.Log().find("event=nvme_tier state=on"), std::string::npos);
+  // A namespace known only from its recovered blocks is not logged as
+  // namespace=0 model_id="" (the model id arrives with the engine).
+  EXPECT_EQ(d2.Log().find("model_id=\"\""), std::string::npos) << d2.Log();
+  EXPECT_NE(d2.Log().find("event=cost_model_unpriced namespace=" + c->namespace_id().Hex().substr(0, 16) +
+                          " model_id=\"nvme/e2e\""),
+            std::string::npos)
+      << d2.Log();
   close(ready[0]);
   close(ready[1]);
 }

@@ -279,6 +279,14 @@ TEST(ServiceE2eTest, MetricsAreScrapedAndPassPromtool) {
   // Both hit figures, and the ones they come from.
   EXPECT_EQ(Sample(text, "kvtier_hit_rate"), 1.0);
   EXPECT_NEAR(Sample(text, "kvtier_reused_token_ratio"), 4.0 / 6.0, 1e-6);
+  EXPECT_NE(text.find("# HELP kvtier_reused_token_ratio Share of queried tokens that were found (per token). Tokens "
+                      "count in full blocks only"),
+            std::string::npos)
+      << "the ratio says it leaves out the partial last block";
+  // Host memory per block size, per tenant.
+  EXPECT_EQ(Sample(text, "kvtier_host_block_size_bytes{tenant=\"team\",slot_bytes=\"4096\",state=\"used\"}"),
+            4 * 4096);
+  EXPECT_EQ(Sample(text, "kvtier_host_segments_reclaimed_total"), 0);
   EXPECT_EQ(Sample(text, "kvtier_lookups_total"), 1);
   EXPECT_EQ(Sample(text, "kvtier_blocks_hit_total{tier=\"host\"}"), 4);
   EXPECT_EQ(Sample(text, "kvtier_blocks_missed_total"), 2);

@@ -153,7 +153,8 @@ void PrintStatus(const json& s) {
   const json& t0 = At(At(s, "tiers"), 0);
   auto n = [&](std::string_view key) { return Num(st, key); };
   std::cout << "\nlookups " << n("lookups") << " (hit rate " << Fixed(Dbl(At(st, "hit_rate")), 3)
-            << ", reused-token ratio " << Fixed(Dbl(At(st, "reused_token_ratio")), 3) << ", block hit rate "
+            << ", reused-token ratio " << Fixed(Dbl(At(st, "reused_token_ratio")), 3)
+            << " of the tokens in full blocks, block hit rate "
             << Fixed(Dbl(At(st, "block_hit_rate")), 3) << ")  probes " << n("probes") << "\n"
             << "blocks hit " << n("blocks_hit") << " (host " << n("blocks_hit_host") << ", nvme "
             << n("blocks_hit_nvme") << ")  missed " << n("blocks_missed") << "  tokens reused "
