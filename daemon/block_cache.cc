@@ -230,13 +230,23 @@ void BlockCache::StopBackgroundReclaim() {
   reclaim_thread_.join();
 }
 
+namespace {
+std::chrono::nanoseconds Left(std::chrono::steady_clock::time_point deadline) {
+  return std::max(std::chrono::nanoseconds(0), std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                   deadline - std::chrono::steady_clock::now()));
+}
+}  // namespace
+
 BlockCache::FlushResult BlockCache::FlushToNvme(std::chrono::nanoseconds timeout) {
   FlushResult out;
   if (!nvme_) return out;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
   struct Job {
     Mutex mu;
     std::condition_variable_any cv;
     uint64_t remaining ABSL_GUARDED_BY(mu) = 0;
+    uint64_t in_flight ABSL_GUARDED_BY(mu) = 0;
+    uint64_t finished ABSL_GUARDED_BY(mu) = 0;  // writes that completed, either way
     uint64_t written ABSL_GUARDED_BY(mu) = 0, failed ABSL_GUARDED_BY(mu) = 0;
   };
   auto job = std::make_shared<Job>();
@@ -262,21 +272,50 @@ BlockCache::FlushResult BlockCache::FlushToNvme(std::chrono::nanoseconds timeout
       MutexLock l(&job->mu);
       job->remaining += todo.size();
     }
+    // Flow control: a write the staging memory cannot take now (KVTIER_EBUSY)
+    // waits for one in flight to finish and goes again, so every block that
+    // fits is written; it fails only when nothing is in flight to free
+    // staging, or at the deadline.
     for (BlockRecord* r : todo) {
-      WriteToNvme(t, r, IoPriority::kDemote, [job](absl::Status s) {
+      for (;;) {
+        auto busy = std::make_shared<bool>(false);
         {
           MutexLock l(&job->mu);
-          (s.ok() ? job->written : job->failed) += 1;
-          --job->remaining;
+          ++job->in_flight;
         }
-        job->cv.notify_all();
-      });
+        WriteToNvme(t, r, IoPriority::kDemote, [job, busy](absl::Status s) {
+          {
+            MutexLock l(&job->mu);
+            --job->in_flight;
+            if (ToErrorCode(s) == KVTIER_EBUSY) {
+              *busy = true;  // refused before it started: the submitter retries
+            } else {
+              ++job->finished;
+              (s.ok() ? job->written : job->failed) += 1;
+              --job->remaining;
+            }
+          }
+          job->cv.notify_all();
+        });
+        MutexLock l(&job->mu);
+        if (!*busy) break;
+        const uint64_t seen = job->finished;
+        const bool progress = job->in_flight > 0 &&
+                              job->mu.AwaitFor(job->cv, Left(deadline), [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                                return job->finished != seen || job->in_flight == 0;
+                              });
+        if (!progress) {
+          ++job->failed;
+          --job->remaining;
+          break;
+        }
+      }
       ReleaseIoRef(t, r);
     }
   }
   {
     MutexLock l(&job->mu);
-    out.timed_out = !job->mu.AwaitFor(job->cv, timeout, [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    out.timed_out = !job->mu.AwaitFor(job->cv, Left(deadline), [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
       return job->remaining == 0;
     });
     out.written = job->written;

@@ -675,7 +675,8 @@ void NvmeTier::Write(SlotHandle slot, const BlockMeta& meta, std::span<const std
   }
   if (buf == nullptr) {
     writes_refused_.fetch_add(1, std::memory_order_relaxed);
-    std::move(done)(absl::ResourceExhaustedError("NVMe staging memory is busy; block not demoted"));
+    // KVTIER_EBUSY: a transient refusal (a flush waits and tries again).
+    std::move(done)(CodedStatus(KVTIER_EBUSY, "NVMe staging memory is busy; block not demoted"));
     return;
   }
   SlotHeader h{};
