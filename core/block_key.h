@@ -1,4 +1,4 @@
-// Block identity: chained block keys (DESIGN.md, "Block identity").
+// Block identity: chained block keys.
 //
 //   key_i = H(key_{i-1} || u32le(n_tokens) || tokens_i as u32le ||
 //             u32le(extra_len) || extra)

@@ -1,5 +1,5 @@
 // Namespaces: the hash of everything outside the tokens that changes K/V, plus
-// the tenant's trust scope and salt (DESIGN.md, "Block identity").
+// the tenant's trust scope and salt.
 #ifndef KVTIER_CORE_NAMESPACE_H_
 #define KVTIER_CORE_NAMESPACE_H_
 

@@ -1,5 +1,5 @@
-// The admin endpoint: JSON lines on the admin socket (DESIGN.md, "Admin
-// protocol"). Runs on the control-loop thread, so it reads the session table
+// The admin endpoint: JSON lines on the admin socket (see ipc/admin_client.h
+// for the protocol). Runs on the control-loop thread, so it reads the session table
 // without locks.
 #include <sys/epoll.h>
 #include <sys/socket.h>

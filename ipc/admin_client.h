@@ -1,4 +1,4 @@
-// The admin protocol (DESIGN.md, "Admin protocol"): one JSON request and one
+// The admin protocol: one JSON request and one
 // JSON response per line on the daemon's admin socket (SOCK_STREAM, owner and
 // group only). Requests are {"cmd": "status", ...}; responses are
 // {"ok": true, ...} or {"ok": false, "error": "..."}.

@@ -1,4 +1,4 @@
-// The KV kernels (DESIGN.md, "Kernels"): gather engine pages into layer-major
+// The KV kernels: gather engine pages into layer-major
 // blocks (quantizing on the way when a codec asks), scatter blocks back into
 // pages, and checksum blocks the way the NVMe tier does. Two implementations
 // share this interface and its exact results: the CPU reference (used by the

@@ -1,4 +1,4 @@
-// Shapes and byte layouts shared by the KV kernels (DESIGN.md, "Kernels").
+// Shapes and byte layouts shared by the KV kernels.
 //
 // An engine keeps its KV cache paged, per layer: K and V each
 // [num_pages, page_tokens, kv_heads, head_dim] (vLLM / SGLang), apart or fused

@@ -1,4 +1,4 @@
-// The CUDA device backend (DESIGN.md, "Devices"): cudaMalloc'd memory,
+// The CUDA device backend: cudaMalloc'd memory,
 // non-blocking streams, events that can cross processes, cudaHostRegister,
 // CUDA IPC memory handles, and the CUDA KV kernels. Every call first makes
 // the backend's device current on the calling thread.

@@ -1,4 +1,4 @@
-// The device backend (DESIGN.md, "Devices"): what tiers/ needs from a GPU —
+// The device backend: what tiers/ needs from a GPU —
 // memory, ordered asynchronous copies on streams, events, host-memory
 // registration and IPC handles. Two implementations: CUDA (the real one) and
 // the host-simulated one every test runs on.
@@ -110,7 +110,7 @@ struct DeviceChoice {
   std::unique_ptr<DeviceBackend> backend;
   std::string reason;  // one line for the log: what was chosen and why
 };
-// device = "auto" | "cuda" | "sim" (DESIGN.md, "Devices").
+// device = "auto" | "cuda" | "sim".
 absl::StatusOr<DeviceChoice> OpenDeviceBackend(absl::string_view device, const SimDeviceOptions& sim);
 
 }  // namespace kvtier

@@ -14,7 +14,7 @@ int ProbeCudaDevices(std::string* why) {
   cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
     // Without a driver this is "CUDA driver version is insufficient"; any
-    // error here means "no device" (DESIGN.md, "Devices").
+    // error here means "no device".
     *why = absl::StrCat("cudaGetDeviceCount: ", cudaGetErrorString(err));
     return 0;
   }

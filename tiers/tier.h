@@ -1,4 +1,4 @@
-// The interface every tier implements (DESIGN.md, "Tiers"): fixed-size
+// The interface every tier implements: fixed-size
 // slots, asynchronous block reads and writes through a staging buffer,
 // capacity and usage, and a health state. Decorate with TierWrapper for
 // tests (fault injection, slow devices).

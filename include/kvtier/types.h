@@ -100,7 +100,7 @@ struct BlockKey {
 };
 static_assert(sizeof(BlockKey) == 32);
 
-// Everything outside the tokens that changes K/V (DESIGN.md, Block identity).
+// Everything outside the tokens that changes K/V.
 // The daemon adds the tenant's trust scope and salt, so equal descriptors of
 // different tenants never share blocks.
 struct NamespaceDescriptor {
