@@ -409,6 +409,7 @@ nlohmann::json Daemon::Status() const {
                          {"demotions_refused_quota", s.demotions_refused_quota.Get()},
                          {"demotions_refused_fair_share", s.demotions_refused_fair_share.Get()},
                          {"promotions", s.promotions.Get()},
+                         {"promotions_for_load", s.promotions_for_load.Get()},
                          {"promotions_failed", s.promotions_failed.Get()},
                          {"writes_through", s.writes_through.Get()},
                          {"calibration_reads", n.calibration_reads},

@@ -153,24 +153,26 @@ bool BlockCache::EvictColdestLocked(TenantState& t, std::vector<PendingDemotion>
   return false;
 }
 
-bool BlockCache::ReclaimSegmentLocked(TenantState& t, uint64_t slot_bytes, uint64_t colder_than) {
+bool BlockCache::ReclaimSegmentLocked(TenantState& t, uint64_t slot_bytes, std::optional<uint32_t> min_age) {
   std::vector<std::pair<uint32_t, uint32_t>> live = t.host->LiveSlotsOutsideClass(slot_bytes);
   if (live.empty()) return false;
   std::sort(live.begin(), live.end());
   struct Candidate {
-    uint64_t newest;
+    uint32_t youngest;  // age of its most recently used block
     size_t begin, end;  // in live
   };
   std::vector<Candidate> candidates;
   for (size_t i = 0; i < live.size();) {
     size_t j = i;
-    uint64_t newest = 0;
-    for (; j < live.size() && live[j].first == live[i].first; ++j) newest = std::max(newest, t.slot_tick[live[j].second]);
-    if (newest < colder_than) candidates.push_back({newest, i, j});
+    uint32_t youngest = UINT32_MAX;
+    for (; j < live.size() && live[j].first == live[i].first; ++j) {
+      youngest = std::min(youngest, t.clock - t.slot_tick[live[j].second]);
+    }
+    if (!min_age || youngest > *min_age) candidates.push_back({youngest, i, j});
     i = j;
   }
   std::sort(candidates.begin(), candidates.end(),
-            [](const Candidate& a, const Candidate& b) { return a.newest < b.newest; });
+            [](const Candidate& a, const Candidate& b) { return a.youngest > b.youngest; });
   // A segment with a pinned or busy block would lose its other blocks and
   // still not come back: a few of the coldest are tried, whole or not at all.
   constexpr size_t kTries = 8;
@@ -525,7 +527,10 @@ absl::StatusOr<SlotHandle> BlockCache::AllocateSlotLocked(TenantState& t, uint64
     const uint64_t slot_bytes = t.host->SlotSizeFor(bytes);
     if (!victim || ++t.room_evictions >= t.host->SlotsPerSegment(slot_bytes)) {
       t.room_evictions = 0;
-      if (ReclaimSegmentLocked(t, slot_bytes, victim ? t.slot_tick[*victim] : UINT64_MAX)) continue;
+      if (ReclaimSegmentLocked(t, slot_bytes,
+                               victim ? std::optional<uint32_t>(t.clock - t.slot_tick[*victim]) : std::nullopt)) {
+        continue;
+      }
     }
     if (!victim) {
       stats_->store_refused_no_space.Add();

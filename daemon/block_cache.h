@@ -9,8 +9,8 @@
 // there is no NVMe tier or no room. Loads of NVMe-only blocks promote them
 // into host slots first.
 //
-// Lock order: a tenant's tier lock, then the NVMe lock, then block-index shard
-// locks; the tiers' own locks are leaves.
+// Lock order: docs/architecture.md, "Lock order" (tenant tier lock, then the
+// NVMe lock, then block-index shard locks; the rest are leaves).
 #ifndef KVTIER_DAEMON_BLOCK_CACHE_H_
 #define KVTIER_DAEMON_BLOCK_CACHE_H_
 
@@ -273,8 +273,10 @@ class BlockCache {
     uint64_t host_tokens ABSL_GUARDED_BY(mu) = 0;           // their sum
     // When each slot's block was last stored or hit, on a per-tenant clock:
     // compares blocks of different sizes (each size has its own policy).
-    std::vector<uint64_t> slot_tick ABSL_GUARDED_BY(mu);
-    uint64_t clock ABSL_GUARDED_BY(mu) = 0;
+    // 32 bits (4 B per slot): ages are clock - tick, modulo 2^32, so they
+    // are right while under 4 billion stores and hits old.
+    std::vector<uint32_t> slot_tick ABSL_GUARDED_BY(mu);
+    uint32_t clock ABSL_GUARDED_BY(mu) = 0;
     // Evictions for room since the last look at other sizes' segments.
     uint64_t room_evictions ABSL_GUARDED_BY(mu) = 0;
     // Quotas: SetQuota (a config reload) may change them while sessions run.
@@ -316,9 +318,9 @@ class BlockCache {
   std::optional<SlotHandle> PickHostVictimLocked(TenantState& t, ChainGuard* policy)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
   // Empties the coldest segment of another block size than `slot_bytes`
-  // whose blocks were all last used before `colder_than` and may all go
-  // now; false when there is none.
-  bool ReclaimSegmentLocked(TenantState& t, uint64_t slot_bytes, uint64_t colder_than)
+  // whose blocks are all older than `min_age` ticks (any age without one)
+  // and may all go now; false when there is none.
+  bool ReclaimSegmentLocked(TenantState& t, uint64_t slot_bytes, std::optional<uint32_t> min_age)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
   // Evicts one block, from the block size that holds the most bytes; false
   // when nothing can go.

@@ -1,8 +1,8 @@
 // The block index: every block the daemon knows, sharded by key so sessions
 // rarely contend. A record's mutable fields are guarded by its shard's mutex.
 //
-// Lock order: TenantState::mu (a tenant's tier/policy lock) before any shard
-// mutex; HostTier's internal mutex is a leaf.
+// Lock order: docs/architecture.md, "Lock order" (a shard mutex comes after a
+// tenant's tier lock and the NVMe lock).
 #ifndef KVTIER_DAEMON_BLOCK_INDEX_H_
 #define KVTIER_DAEMON_BLOCK_INDEX_H_
 

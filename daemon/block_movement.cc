@@ -358,7 +358,6 @@ void BlockCache::RecordNvmeWriteLocked(BlockRecord* r, const absl::Status& s) {
   if (s.ok()) {
     nvme_policy_->InsertAt(slot, PolicyKeyOf(*r), PositionOf(*r, MetaOf(r).block_tokens));
     nvme_blocks_.fetch_add(1, std::memory_order_relaxed);
-    stats_->bytes_written_nvme.Add(nvme_owner_.contains(slot) ? MetaOf(r).payload_bytes : 0);
   } else {
     nvme_owner_.erase(slot);
     (void)nvme_->Free(slot);

@@ -113,7 +113,7 @@ struct DaemonStats {
   // so the NVMe tier keeps blocks to measure it on.
   Counter demotions_for_calibration;
   Counter prefill_reports, prefill_reports_refused;
-  Counter nvme_evictions, writes_through, bytes_written_nvme;
+  Counter nvme_evictions, writes_through;
   Counter promotions, promotions_failed, promotions_for_load, prefetches;
   Counter recovered_dropped;
   // Engine KV caches: registrations (and refusals), daemon-driven gathers

@@ -80,7 +80,7 @@ struct CompletionRecord {
 static_assert(sizeof(CompletionRecord) == 32);
 static_assert(std::is_trivially_copyable_v<CompletionRecord>);
 
-// Per-key result of kLookup, kLoad and kStoreBegin (16 bytes).
+// Per-key result of kLookup, kLoad and kStoreBegin (24 bytes).
 inline constexpr uint8_t kBlockNeeded = 1;     // kStoreBegin: the client must fill this slot
 inline constexpr uint8_t kBlockRecompute = 2;  // kLookup: present, but slower to load than to recompute
 struct BlockResult {

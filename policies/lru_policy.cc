@@ -4,9 +4,6 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/strings/str_cat.h"
-#include "core/status.h"
-#include "policies/adaptive_policy.h"
 #include "policies/eviction_policy.h"
 
 namespace kvtier {
@@ -123,18 +120,5 @@ class SparseLruPolicy final : public EvictionPolicy {
 
 std::unique_ptr<EvictionPolicy> MakeLruPolicy() { return std::make_unique<LruPolicy>(); }
 std::unique_ptr<EvictionPolicy> MakeSparseLruPolicy() { return std::make_unique<SparseLruPolicy>(); }
-
-absl::StatusOr<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(absl::string_view name) {
-  if (name == "lru") return MakeLruPolicy();
-  if (name == "s3fifo") return MakeS3FifoPolicy();
-  if (name == "s3fifo-deep") return MakeS3FifoPolicy(kDeepS3FifoOptions);
-  if (name == "tinylfu") return MakeTinyLfuPolicy();
-  if (name == "adaptive") {
-    ASSIGN_OR_RETURN(std::unique_ptr<AdaptivePolicy> p, AdaptivePolicy::Create({}));
-    return std::unique_ptr<EvictionPolicy>(std::move(p));
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown eviction policy \"", name, "\"; available: adaptive, lru, s3fifo, s3fifo-deep, tinylfu"));
-}
 
 }  // namespace kvtier

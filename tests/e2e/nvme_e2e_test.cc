@@ -83,6 +83,7 @@ TEST(NvmeE2eTest, BlocksEvictedFromHostComeBackFromNvmeWithTheirBytes) {
   EXPECT_EQ(t.nvme, 16) << "the first blocks were demoted";
   EXPECT_EQ(t.correct, 16);
   EXPECT_GE(StatusInt(d, "nvme", "promotions"), 16);
+  EXPECT_GE(StatusInt(d, "nvme", "promotions_for_load"), 16) << "the loads brought them up, not a prefetch";
   EXPECT_EQ(StatusInt(d, "host", "evictions_dropped"), 0);
   EXPECT_EQ(StatusInt(d, "nvme", "checksum_failures"), 0);
   auto s = d.Status();
@@ -102,6 +103,7 @@ TEST(NvmeE2eTest, PrefetchPromotesBeforeTheLookup) {
   auto n = c->Prefetch(std::span(keys).first(4));
   ASSERT_TRUE(n.ok()) << n.status().ToString();
   EXPECT_EQ(*n, 4u);
+  EXPECT_EQ(StatusInt(d, "nvme", "promotions_for_load"), 0) << "a prefetch is not a load";
   auto r = c->Lookup(std::span(keys).first(4));
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->hit_blocks, 4u);
