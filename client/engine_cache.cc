@@ -6,7 +6,7 @@
 
 #include "client/internal/client_impl.h"
 #include "core/status.h"
-#include "ipc/doorbell.h"
+#include "os/futex.h"
 #include "ipc/kv_registration.h"
 #include "kernels/cuda_host.h"
 #include "kernels/cuda_kernels.h"
@@ -38,7 +38,7 @@ absl::Status OpenLayerEvents(const ipc::KvRegisterReply& reply, const std::vecto
       kc->cuda_events.ids.push_back(e);
     } else {
       // DecodeKvReply checked fd_index against the descriptors that came.
-      ASSIGN_OR_RETURN(ipc::ImportedEvent e, ipc::ImportedEvent::Open(fds[ref.fd_index].get(), ref.offset));
+      ASSIGN_OR_RETURN(os::ImportedEvent e, os::ImportedEvent::Open(fds[ref.fd_index].get(), ref.offset));
       kc->shared_events.push_back(std::move(e));
     }
   }
@@ -162,12 +162,12 @@ Result<uint64_t> Client::MapGpuArena() {
     c.gpu_arena.base = static_cast<const std::byte*>(*p);
   } else if (reply->arena_kind == ipc::KvArenaKind::kMemfd) {
     const int fd = answer->fds[0].get();
-    absl::StatusOr<uint64_t> size = ipc::FdSize(fd);
+    absl::StatusOr<uint64_t> size = os::FdSize(fd);
     if (!size.ok()) return ToPublic(size.status());
-    if (!ipc::IsSealedAgainstShrink(fd) || *size < reply->arena_bytes) {
+    if (!os::IsSealedAgainstShrink(fd) || *size < reply->arena_bytes) {
       return Status(ErrorCode::kProtocol, "kvtierd's GPU-tier arena memfd is unsealed or smaller than it claims");
     }
-    absl::StatusOr<ipc::MappedRegion> region = ipc::MappedRegion::MapReadOnly(fd, reply->arena_bytes);
+    absl::StatusOr<os::MappedRegion> region = os::MappedRegion::MapReadOnly(fd, reply->arena_bytes);
     if (!region.ok()) return ToPublic(region.status());
     c.gpu_arena.region = std::move(*region);
     c.gpu_arena.base = c.gpu_arena.region.data();
@@ -284,10 +284,10 @@ Result<uint32_t> WaitProgress(ClientImpl& c, const DeviceLoad& load, std::atomic
     const auto now = std::chrono::steady_clock::now();
     if (now >= deadline) return Status(ErrorCode::kTimedOut, "the load's layers did not arrive in time");
     if (waited_ns < 50'000) {
-      ipc::PollPause(waited_ns);
+      os::PollPause(waited_ns);
       waited_ns += 1000;
     } else {
-      ipc::FutexWait(w, now_at, std::min<std::chrono::nanoseconds>(deadline - now, std::chrono::milliseconds(100)));
+      os::FutexWait(w, now_at, std::min<std::chrono::nanoseconds>(deadline - now, std::chrono::milliseconds(100)));
     }
   }
 }
@@ -318,9 +318,9 @@ Result<uint32_t> Client::StreamWaitLayers(const DeviceLoad& load, uint32_t layer
       }
       continue;
     }
-    ipc::SharedEventState& e = kc->second.shared_events[l].state();
+    os::SharedEventState& e = kc->second.shared_events[l].state();
     const auto left = deadline - std::chrono::steady_clock::now();
-    if (!ipc::EventWait(e, ipc::EventTarget(e), std::max<std::chrono::nanoseconds>(left, std::chrono::nanoseconds(0)))) {
+    if (!os::EventWait(e, os::EventTarget(e), std::max<std::chrono::nanoseconds>(left, std::chrono::nanoseconds(0)))) {
       return Status(ErrorCode::kTimedOut, absl::StrCat("layer ", l, "'s event did not complete in time"));
     }
   }

@@ -10,8 +10,8 @@
 #include "core/checked.h"
 #include "core/status.h"
 #include "core/units.h"
-#include "ipc/doorbell.h"
-#include "ipc/shm.h"
+#include "os/futex.h"
+#include "os/shm.h"
 
 namespace kvtier {
 namespace {
@@ -144,7 +144,7 @@ absl::StatusOr<Registered> EngineCaches::Register(const ipc::KvRegisterRequest& 
             "memory region ", i, "'s memfd is not sealed against shrinking; create it with MFD_ALLOW_SEALING "
             "and fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) before registering"));
       }
-      ASSIGN_OR_RETURN(uint64_t size, ipc::FdSize(h.fd.get()));
+      ASSIGN_OR_RETURN(uint64_t size, os::FdSize(h.fd.get()));
       if (size < r.bytes) {
         return absl::InvalidArgumentError(absl::StrCat("memory region ", i, " claims ", r.bytes,
                                                        " bytes but its memfd holds ", size));
@@ -285,8 +285,8 @@ absl::Status EngineCaches::ScatterByLayer(const EngineCache& c, std::span<const 
   MutexLock work(&work_mu_);
   auto fail = [&](absl::Status st) {
     progress->failed.store(1, std::memory_order_release);
-    ipc::FutexWakeAll(&progress->layers_done);
-    ipc::FutexWakeAll(&progress->armed);
+    os::FutexWakeAll(&progress->layers_done);
+    os::FutexWakeAll(&progress->armed);
     return st;
   };
   absl::StatusOr<DeviceStream> s = Stream();
@@ -302,14 +302,14 @@ absl::Status EngineCaches::ScatterByLayer(const EngineCache& c, std::span<const 
     }
   }
   progress->armed.store(1, std::memory_order_release);
-  ipc::FutexWakeAll(&progress->armed);
+  os::FutexWakeAll(&progress->armed);
   for (uint32_t l = 0; l < c.shape.layers; ++l) {
     if (absl::Status st = device_->WaitEvent(c.layer_events[l], kDeviceTimeout); !st.ok()) {
       (void)device_->SynchronizeStream(*s);
       return fail(st);
     }
     progress->layers_done.store(l + 1, std::memory_order_release);
-    ipc::FutexWakeAll(&progress->layers_done);
+    os::FutexWakeAll(&progress->layers_done);
   }
   return absl::OkStatus();
 }

@@ -16,7 +16,7 @@
 #include "core/namespace.h"
 #include "core/status.h"
 #include "core/units.h"
-#include "ipc/doorbell.h"
+#include "os/futex.h"
 #include "ipc/session_segment.h"
 #include "core/fmt_absl.h"
 #include "spdlog/spdlog.h"
@@ -245,8 +245,8 @@ Session::Outcome Session::LoadDevice(const RequestRecord& req, const std::vector
     Deferred d{req, {}, {}};
     if (lo.locations.empty() && !lo.status.ok()) {
       progress->failed.store(1, std::memory_order_release);
-      ipc::FutexWakeAll(&progress->layers_done);
-      ipc::FutexWakeAll(&progress->armed);
+      os::FutexWakeAll(&progress->layers_done);
+      os::FutexWakeAll(&progress->armed);
       d.outcome = FromStatus(lo.status);
       return d;
     }
@@ -269,8 +269,8 @@ Session::Outcome Session::LoadDevice(const RequestRecord& req, const std::vector
       // Nothing to wait for, on the host or on a stream.
       progress->armed.store(1, std::memory_order_release);
       progress->layers_done.store(reg->shape.layers, std::memory_order_release);
-      ipc::FutexWakeAll(&progress->armed);
-      ipc::FutexWakeAll(&progress->layers_done);
+      os::FutexWakeAll(&progress->armed);
+      os::FutexWakeAll(&progress->layers_done);
     }
     for (uint32_t i = 0; i < lo.loaded; ++i) {
       if (from_gpu[i]) gpu_->Release(ns_.handle, keys[i]);
@@ -312,7 +312,7 @@ void Session::Stop(CloseReason reason) {
   stop_.store(true, std::memory_order_seq_cst);
   // Whatever the client left in the doorbell word, the thread must wake.
   segment_.header()->daemon_sleeping.store(0, std::memory_order_seq_cst);
-  ipc::FutexWakeAll(&segment_.header()->daemon_sleeping);
+  os::FutexWakeAll(&segment_.header()->daemon_sleeping);
 }
 
 void Session::Defer(Deferred d) {
@@ -377,7 +377,7 @@ bool Session::Post(ipc::RingProducer<CompletionRecord>& cq, const CompletionReco
     if (stop_.load(std::memory_order_acquire)) return false;
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
-  if (h->client_sleeping.load(std::memory_order_seq_cst) != 0) ipc::FutexWakeAll(&h->cq_tail);
+  if (h->client_sleeping.load(std::memory_order_seq_cst) != 0) os::FutexWakeAll(&h->cq_tail);
   return true;
 }
 
@@ -418,7 +418,7 @@ void Session::Run() {
       continue;
     }
     if (const uint64_t idle = MonotonicNanos() - idle_since; idle < spin_ns) {
-      ipc::PollPause(idle);
+      os::PollPause(idle);
       continue;
     }
     // Sleep on the doorbell: announce, re-check, then wait while the word
@@ -426,7 +426,7 @@ void Session::Run() {
     h->daemon_sleeping.store(1, std::memory_order_seq_cst);
     if (!sq.HasPending() && deferred_count_.load(std::memory_order_seq_cst) == 0 &&
         !stop_.load(std::memory_order_seq_cst)) {
-      ipc::FutexWait(&h->daemon_sleeping, 1, std::chrono::milliseconds(500));
+      os::FutexWait(&h->daemon_sleeping, 1, std::chrono::milliseconds(500));
     }
     h->daemon_sleeping.store(0, std::memory_order_relaxed);
     idle_since = MonotonicNanos();
@@ -460,7 +460,7 @@ void Session::Run() {
   if (engines_) engines_->Clear();
   h->closed.store(static_cast<uint32_t>(reason == CloseReason::kOpen ? CloseReason::kShutdown : reason),
                   std::memory_order_release);
-  ipc::FutexWakeAll(&h->cq_tail);
+  os::FutexWakeAll(&h->cq_tail);
   // Tell the client through the socket too (it may be polling it).
   shutdown(socket_.get(), SHUT_RDWR);
   if (LogOk()) spdlog::info("event=session_end session={} pid={} ops={} leases_released={} stores_aborted={}",

@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
-#include "ipc/doorbell.h"
+#include "os/futex.h"
 
 namespace kvtier::ipc {
 namespace {
@@ -39,7 +39,7 @@ SegmentOptions Normalize(SegmentOptions o) {
 void RingDaemonDoorbell(SegmentHeader* h) {
   if (h->daemon_sleeping.load(std::memory_order_seq_cst) != 0 &&
       h->daemon_sleeping.exchange(0, std::memory_order_seq_cst) != 0) {
-    FutexWakeAll(&h->daemon_sleeping);
+    os::FutexWakeAll(&h->daemon_sleeping);
   }
 }
 
@@ -53,8 +53,8 @@ absl::StatusOr<SessionSegment> SessionSegment::Create(uint64_t session_id,
   const SegmentOptions o = Normalize(opts);
   const RegionLayout l = ComputeLayout(o.sq_entries, o.cq_entries, o.scratch_bytes);
   SessionSegment seg;
-  ASSIGN_OR_RETURN(seg.fd_, CreateSealedMemfd(absl::StrCat("kvtier-session-", session_id), l.total));
-  ASSIGN_OR_RETURN(seg.region_, MappedRegion::Map(seg.fd_.get(), l.total));
+  ASSIGN_OR_RETURN(seg.fd_, os::CreateSealedMemfd(absl::StrCat("kvtier-session-", session_id), l.total));
+  ASSIGN_OR_RETURN(seg.region_, os::MappedRegion::Map(seg.fd_.get(), l.total));
   auto* h = new (seg.region_.data()) SegmentHeader{};
   h->abi_version = kAbiVersion;
   h->header_bytes = kSegmentHeaderBytes;
@@ -77,13 +77,13 @@ absl::StatusOr<SessionSegment> SessionSegment::Create(uint64_t session_id,
 }
 
 absl::StatusOr<SessionSegment> SessionSegment::Open(UniqueFd fd) {
-  ASSIGN_OR_RETURN(uint64_t size, FdSize(fd.get()));
+  ASSIGN_OR_RETURN(uint64_t size, os::FdSize(fd.get()));
   if (size < kSegmentHeaderBytes) {
     return CodedStatus(KVTIER_EPROTO, absl::StrCat("session segment is ", size,
                                                    " bytes, smaller than its header"));
   }
   SessionSegment seg;
-  ASSIGN_OR_RETURN(seg.region_, MappedRegion::Map(fd.get(), size));
+  ASSIGN_OR_RETURN(seg.region_, os::MappedRegion::Map(fd.get(), size));
   seg.fd_ = std::move(fd);
   const SegmentHeader* h = seg.header();
   if (h->magic != kSegmentMagic) {

@@ -11,7 +11,7 @@
 #include "core/unique_fd.h"
 #include "ipc/abi.h"
 #include "ipc/ring.h"
-#include "ipc/shm.h"
+#include "os/shm.h"
 
 namespace kvtier::ipc {
 
@@ -58,7 +58,7 @@ class SessionSegment {
   void TakeLayout();
 
   UniqueFd fd_;
-  MappedRegion region_;
+  os::MappedRegion region_;
   Layout layout_;
 };
 

@@ -24,12 +24,12 @@ absl::StatusOr<std::unique_ptr<HostTier>> HostTier::Create(const HostTierOptions
                                                    FormatBytes(opts.capacity_bytes)));
   }
   const uint64_t bytes = opts.capacity_bytes / 4096 * 4096;
-  ASSIGN_OR_RETURN(UniqueFd fd, ipc::CreateSealedMemfd(opts.name, bytes));
-  ASSIGN_OR_RETURN(ipc::MappedRegion region, ipc::MappedRegion::Map(fd.get(), bytes, opts.prefault));
+  ASSIGN_OR_RETURN(UniqueFd fd, os::CreateSealedMemfd(opts.name, bytes));
+  ASSIGN_OR_RETURN(os::MappedRegion region, os::MappedRegion::Map(fd.get(), bytes, opts.prefault));
   return std::unique_ptr<HostTier>(new HostTier(std::move(fd), std::move(region), bytes));
 }
 
-HostTier::HostTier(UniqueFd fd, ipc::MappedRegion region, uint64_t capacity)
+HostTier::HostTier(UniqueFd fd, os::MappedRegion region, uint64_t capacity)
     : fd_(std::move(fd)), region_(std::move(region)), slots_(capacity) {}
 
 absl::StatusOr<SlotHandle> HostTier::Allocate(uint64_t bytes) {

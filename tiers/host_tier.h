@@ -10,7 +10,7 @@
 
 #include "core/mutex.h"
 #include "core/unique_fd.h"
-#include "ipc/shm.h"
+#include "os/shm.h"
 #include "tiers/slot_allocator.h"
 #include "tiers/tier.h"
 
@@ -52,12 +52,12 @@ class HostTier final : public Tier {
   std::byte* arena_base() const { return region_.data(); }
 
  private:
-  HostTier(UniqueFd fd, ipc::MappedRegion region, uint64_t capacity);
+  HostTier(UniqueFd fd, os::MappedRegion region, uint64_t capacity);
   // (offset, bytes) of an allocated slot; (0, 0) otherwise.
   std::pair<uint64_t, uint64_t> SlotRange(SlotHandle slot) const;
 
   UniqueFd fd_;
-  ipc::MappedRegion region_;
+  os::MappedRegion region_;
   mutable Mutex mu_;
   SlotAllocator slots_ ABSL_GUARDED_BY(mu_);
 };

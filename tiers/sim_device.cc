@@ -20,8 +20,8 @@
 #include "absl/strings/str_cat.h"
 #include "core/mutex.h"
 #include "core/status.h"
-#include "ipc/shared_event.h"
-#include "ipc/shm.h"
+#include "os/shared_event.h"
+#include "os/shm.h"
 #include "kernels/kv_kernels.h"
 #include "tiers/device_backend.h"
 
@@ -90,19 +90,19 @@ class SimStream {
 // goes: queued work may still complete it after DestroyEvent), or one
 // imported from another process (its page mapped here).
 struct SimEvent {
-  SimEvent(ipc::SharedEventPool* pool, ipc::SharedEventPool::Slot slot)
+  SimEvent(os::SharedEventPool* pool, os::SharedEventPool::Slot slot)
       : state(slot.state), pool(pool), slot(slot) {}
-  explicit SimEvent(ipc::ImportedEvent imp) : state(&imp.state()), imported(std::move(imp)) {}
+  explicit SimEvent(os::ImportedEvent imp) : state(&imp.state()), imported(std::move(imp)) {}
   ~SimEvent() {
     if (pool != nullptr) pool->Free(slot);
   }
   SimEvent(const SimEvent&) = delete;
   SimEvent& operator=(const SimEvent&) = delete;
 
-  ipc::SharedEventState* const state;
-  ipc::SharedEventPool* const pool = nullptr;
-  const ipc::SharedEventPool::Slot slot{};
-  const std::optional<ipc::ImportedEvent> imported;
+  os::SharedEventState* const state;
+  os::SharedEventPool* const pool = nullptr;
+  const os::SharedEventPool::Slot slot{};
+  const std::optional<os::ImportedEvent> imported;
 };
 
 // The CPU reference kernels, run on a simulated stream in order with its
@@ -165,7 +165,7 @@ class SimKernels final : public kernels::KvKernels {
 
 struct SimAllocation {
   UniqueFd fd;
-  ipc::MappedRegion region;
+  os::MappedRegion region;
 };
 
 class SimDevice final : public DeviceBackend {
@@ -178,8 +178,8 @@ class SimDevice final : public DeviceBackend {
   absl::StatusOr<void*> Allocate(uint64_t bytes) override {
     if (bytes == 0) return absl::InvalidArgumentError("device allocation of 0 bytes");
     auto a = std::make_unique<SimAllocation>();
-    ASSIGN_OR_RETURN(a->fd, ipc::CreateSealedMemfd("kvtier-sim-device", bytes));
-    ASSIGN_OR_RETURN(a->region, ipc::MappedRegion::Map(a->fd.get(), bytes));
+    ASSIGN_OR_RETURN(a->fd, os::CreateSealedMemfd("kvtier-sim-device", bytes));
+    ASSIGN_OR_RETURN(a->region, os::MappedRegion::Map(a->fd.get(), bytes));
     void* p = a->region.data();
     MutexLock l(&mu_);
     allocations_.emplace(p, std::move(a));
@@ -240,7 +240,7 @@ class SimDevice final : public DeviceBackend {
   }
 
   absl::StatusOr<DeviceEvent> CreateEvent(uint64_t group) override {
-    ASSIGN_OR_RETURN(ipc::SharedEventPool::Slot slot, event_pool_.Allocate(group));
+    ASSIGN_OR_RETURN(os::SharedEventPool::Slot slot, event_pool_.Allocate(group));
     auto e = std::make_shared<SimEvent>(&event_pool_, slot);
     MutexLock l(&mu_);
     const DeviceEvent id = ++next_id_;
@@ -261,21 +261,21 @@ class SimDevice final : public DeviceBackend {
     if (!s) return UnknownStream(stream);
     // An imported event's page is mapped read-only: its exporter records it.
     if (e->pool == nullptr) return absl::InvalidArgumentError("an imported event can be waited for, not recorded");
-    const uint32_t gen = ipc::EventRecord(*e->state);
-    s->Enqueue([e, gen] { ipc::EventComplete(*e->state, gen); });
+    const uint32_t gen = os::EventRecord(*e->state);
+    s->Enqueue([e, gen] { os::EventComplete(*e->state, gen); });
     return absl::OkStatus();
   }
 
   absl::StatusOr<bool> QueryEvent(DeviceEvent event) override {
     std::shared_ptr<SimEvent> e = FindEvent(event);
     if (!e) return UnknownEvent(event);
-    return ipc::EventReached(*e->state, ipc::EventTarget(*e->state));
+    return os::EventReached(*e->state, os::EventTarget(*e->state));
   }
 
   absl::Status WaitEvent(DeviceEvent event, std::chrono::nanoseconds timeout) override {
     std::shared_ptr<SimEvent> e = FindEvent(event);
     if (!e) return UnknownEvent(event);
-    if (!ipc::EventWait(*e->state, ipc::EventTarget(*e->state), timeout)) {
+    if (!os::EventWait(*e->state, os::EventTarget(*e->state), timeout)) {
       return absl::DeadlineExceededError("simulated device event did not complete in time");
     }
     return absl::OkStatus();
@@ -286,10 +286,10 @@ class SimDevice final : public DeviceBackend {
     if (!e) return UnknownEvent(event);
     std::shared_ptr<SimStream> s = FindStream(stream);
     if (!s) return UnknownStream(stream);
-    const uint32_t gen = ipc::EventTarget(*e->state);
+    const uint32_t gen = os::EventTarget(*e->state);
     // The stream owns this work: the raw pointer lives as long as it runs.
     s->Enqueue([e, gen, self = s.get()] {
-      while (!ipc::EventWait(*e->state, gen, std::chrono::milliseconds(50)) && !self->stopping()) {
+      while (!os::EventWait(*e->state, gen, std::chrono::milliseconds(50)) && !self->stopping()) {
       }
     });
     return absl::OkStatus();
@@ -302,12 +302,12 @@ class SimDevice final : public DeviceBackend {
     IpcEventHandle h;
     h.fd = UniqueFd(fcntl(event_pool_.PageFd(e->slot.page), F_DUPFD_CLOEXEC, 0));
     if (!h.fd.valid()) return ErrnoStatus(errno, "dup of a simulated event page");
-    h.offset = ipc::SharedEventPool::OffsetOf(e->slot);
+    h.offset = os::SharedEventPool::OffsetOf(e->slot);
     return h;
   }
 
   absl::StatusOr<DeviceEvent> ImportEvent(const IpcEventHandle& handle) override {
-    ASSIGN_OR_RETURN(ipc::ImportedEvent imported, ipc::ImportedEvent::Open(handle.fd.get(), handle.offset));
+    ASSIGN_OR_RETURN(os::ImportedEvent imported, os::ImportedEvent::Open(handle.fd.get(), handle.offset));
     auto e = std::make_shared<SimEvent>(std::move(imported));
     MutexLock l(&mu_);
     const DeviceEvent id = ++next_id_;
@@ -349,9 +349,9 @@ class SimDevice final : public DeviceBackend {
     if (!handle.fd.valid() || handle.bytes == 0) {
       return absl::InvalidArgumentError("simulated IPC handle without a memory descriptor");
     }
-    ASSIGN_OR_RETURN(uint64_t size, ipc::FdSize(handle.fd.get()));
+    ASSIGN_OR_RETURN(uint64_t size, os::FdSize(handle.fd.get()));
     if (size < handle.bytes) return absl::InvalidArgumentError("IPC handle larger than its memory");
-    ASSIGN_OR_RETURN(ipc::MappedRegion region, ipc::MappedRegion::Map(handle.fd.get(), handle.bytes));
+    ASSIGN_OR_RETURN(os::MappedRegion region, os::MappedRegion::Map(handle.fd.get(), handle.bytes));
     void* p = region.data();
     MutexLock l(&mu_);
     imported_.emplace(p, std::move(region));
@@ -386,7 +386,7 @@ class SimDevice final : public DeviceBackend {
 
   const SimDeviceOptions opts_;
   // Before streams_ and events_: queued work returns event slots here.
-  ipc::SharedEventPool event_pool_;
+  os::SharedEventPool event_pool_;
   // Before streams_, so it outlives the stream threads that run its work.
   SimKernels kernels_;
   Mutex mu_;
@@ -395,7 +395,7 @@ class SimDevice final : public DeviceBackend {
   absl::flat_hash_map<DeviceStream, std::shared_ptr<SimStream>> streams_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<DeviceEvent, std::shared_ptr<SimEvent>> events_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<void*, uint64_t> registered_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<void*, ipc::MappedRegion> imported_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<void*, os::MappedRegion> imported_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace

@@ -22,7 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "core/units.h"
-#include "ipc/doorbell.h"
+#include "os/futex.h"
 #include "tiers/io_engine.h"
 #include "tiers/io_queue.h"
 
@@ -222,7 +222,7 @@ class UringWorker {
         const uint64_t spin_start = MonotonicNanos();
         while (queue_.LooksEmpty() && MonotonicNanos() - spin_start < kIdleSpinNs &&
                !stop_.load(std::memory_order_relaxed)) {
-          ipc::PollPause(MonotonicNanos() - spin_start);
+          os::PollPause(MonotonicNanos() - spin_start);
         }
         if (!queue_.LooksEmpty()) continue;
       }
@@ -238,7 +238,7 @@ class UringWorker {
           if (defer_taskrun_) {
             io_uring_get_events(&ring_);
           } else {
-            ipc::CpuRelax();
+            os::CpuRelax();
           }
           if (!queue_.LooksEmpty()) break;
         }

@@ -14,7 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/internal/ring_session.h"
 #include "core/status.h"
-#include "ipc/shared_event.h"
+#include "os/shared_event.h"
 #include "kernels/cuda_host.h"
 #include "kernels/kv_kernels.h"
 #include "kvtier/client.h"
@@ -77,7 +77,7 @@ class ClientImpl {
     // The daemon's per-layer events: opened CUDA events (a CUDA cache), or
     // the simulated device's shared states (a host-memory cache).
     CudaEvents cuda_events;
-    std::vector<ipc::ImportedEvent> shared_events;
+    std::vector<os::ImportedEvent> shared_events;
   };
   std::map<uint64_t, KvCache> kv_caches;
   // The tenant's GPU-tier arena, once MapGpuArena mapped it: a CUDA IPC
@@ -86,7 +86,7 @@ class ClientImpl {
     const std::byte* base = nullptr;
     uint64_t bytes = 0;
     bool cuda = false;
-    ipc::MappedRegion region;
+    os::MappedRegion region;
     ~GpuArena() {
       if (cuda && base != nullptr) kernels::CudaCloseMemory(base);
     }

@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "core/units.h"
-#include "ipc/doorbell.h"
+#include "os/futex.h"
 #include "ipc/kv_registration.h"
 #include "ipc/unix_socket.h"
 
@@ -71,11 +71,11 @@ absl::StatusOr<std::unique_ptr<RingSession>> RingSession::Open(const std::string
     return CodedStatus(KVTIER_EPROTO, "kvtierd's attach reply did not carry the segment and arena");
   }
   ASSIGN_OR_RETURN(s->segment_, ipc::SessionSegment::Open(std::move(msg->fds[0])));
-  ASSIGN_OR_RETURN(uint64_t arena_size, ipc::FdSize(msg->fds[1].get()));
+  ASSIGN_OR_RETURN(uint64_t arena_size, os::FdSize(msg->fds[1].get()));
   if (arena_size < s->reply_.arena_bytes || s->reply_.arena_bytes == 0) {
     return CodedStatus(KVTIER_EPROTO, "host arena is smaller than kvtierd announced");
   }
-  ASSIGN_OR_RETURN(s->arena_, ipc::MappedRegion::Map(msg->fds[1].get(), s->reply_.arena_bytes));
+  ASSIGN_OR_RETURN(s->arena_, os::MappedRegion::Map(msg->fds[1].get(), s->reply_.arena_bytes));
   RETURN_IF_ERROR(ipc::SetSocketTimeouts(s->socket_.get(), std::chrono::milliseconds(0)));
 
   s->sq_ = s->segment_.ClientSq();
@@ -203,14 +203,14 @@ absl::StatusOr<ipc::CompletionRecord> RingSession::WaitTake(uint64_t op, std::ch
                                                         waited / 1000000, " ms"));
     }
     if (waited < spin_ns) {
-      ipc::PollPause(waited);
+      os::PollPause(waited);
       continue;
     }
     // Sleep in slices of at most 50 ms, so a dead daemon is noticed fast.
     const uint64_t slice = std::min<uint64_t>(limit - waited, 50'000'000);
     const uint32_t seen = h->cq_tail.load(std::memory_order_acquire);
     h->client_sleeping.store(1, std::memory_order_seq_cst);
-    if (!cq_.HasPending()) ipc::FutexWait(&h->cq_tail, seen, std::chrono::nanoseconds(slice));
+    if (!cq_.HasPending()) os::FutexWait(&h->cq_tail, seen, std::chrono::nanoseconds(slice));
     h->client_sleeping.store(0, std::memory_order_relaxed);
     if (!cq_.HasPending() && !CheckAlive()) return broken_;
   }

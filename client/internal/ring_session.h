@@ -18,7 +18,7 @@
 #include "ipc/attach.h"
 #include "ipc/ring.h"
 #include "ipc/session_segment.h"
-#include "ipc/shm.h"
+#include "os/shm.h"
 #include "ipc/unix_socket.h"
 
 namespace kvtier::client_internal {
@@ -83,7 +83,7 @@ class RingSession {
 
   UniqueFd socket_;
   ipc::SessionSegment segment_;
-  ipc::MappedRegion arena_;
+  os::MappedRegion arena_;
   ipc::AttachReply reply_;
   ipc::RingProducer<ipc::RequestRecord> sq_;
   ipc::RingConsumer<ipc::CompletionRecord> cq_;

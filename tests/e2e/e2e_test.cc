@@ -15,7 +15,7 @@
 #include "core/status.h"
 #include "ipc/abi.h"
 #include "ipc/attach.h"
-#include "ipc/doorbell.h"
+#include "os/futex.h"
 #include "ipc/session_segment.h"
 #include "ipc/unix_socket.h"
 #include "kvtier/client.h"

@@ -10,7 +10,7 @@
 
 #include "daemon/block_cache.h"
 #include "daemon/session.h"
-#include "ipc/doorbell.h"
+#include "os/futex.h"
 #include "tests/fuzz/fuzz_target.h"
 #include "tests/support/test_support.h"
 

@@ -12,7 +12,7 @@
 
 #include "absl/strings/escaping.h"
 #include "gtest/gtest.h"
-#include "ipc/shm.h"
+#include "os/shm.h"
 #include "tiers/device_backend.h"
 #include "tiers/gpu_tier.h"
 
@@ -84,9 +84,9 @@ TEST(CudaDeviceTest, StreamWaitEventOrdersTwoStreams) {
 TEST(CudaDeviceTest, RegistersASharedMemoryMapping) {
   auto dev = Cuda();
   ASSERT_NE(dev, nullptr);
-  auto fd = ipc::CreateSealedMemfd("kvtier-gpu-test", 8 << 20);
+  auto fd = os::CreateSealedMemfd("kvtier-gpu-test", 8 << 20);
   ASSERT_TRUE(fd.ok());
-  auto region = ipc::MappedRegion::Map(fd->get(), 8 << 20);
+  auto region = os::MappedRegion::Map(fd->get(), 8 << 20);
   ASSERT_TRUE(region.ok());
   ASSERT_TRUE(dev->RegisterHost(region->data(), region->size()).ok());
   EXPECT_TRUE(absl::IsAlreadyExists(dev->RegisterHost(region->data(), region->size())));

@@ -5,7 +5,7 @@
 
 #include "gtest/gtest.h"
 #include "ipc/abi.h"
-#include "ipc/doorbell.h"
+#include "os/futex.h"
 #include "ipc/ring.h"
 
 namespace kvtier::ipc {
@@ -30,7 +30,7 @@ TEST(RingStressTest, TwoThreadsInOrderNoLoss) {
       if (p.TryPush(r)) {
         ++i;
       } else {
-        CpuRelax();
+        os::CpuRelax();
       }
     }
   });
@@ -40,7 +40,7 @@ TEST(RingStressTest, TwoThreadsInOrderNoLoss) {
     PopResult res = c.TryPop(&r);
     ASSERT_NE(res, PopResult::kCorrupt);
     if (res == PopResult::kEmpty) {
-      CpuRelax();
+      os::CpuRelax();
       continue;
     }
     if (r.op_id != expected || r.keys_offset != expected * 7 || r.out_offset != ~expected) ++bad;

@@ -39,7 +39,7 @@ TEST(SessionSegmentTest, TheSegmentCannotBeShrunkByThePeer) {
   ASSERT_TRUE(seg.ok());
   EXPECT_NE(ftruncate(seg->fd(), 4096), 0) << "sealed memfd must refuse to shrink";
   EXPECT_EQ(errno, EPERM);
-  EXPECT_TRUE(IsSealedAgainstShrink(seg->fd()));
+  EXPECT_TRUE(os::IsSealedAgainstShrink(seg->fd()));
 }
 
 TEST(SessionSegmentTest, WrongMagicOrVersionIsRefused) {

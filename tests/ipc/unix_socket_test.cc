@@ -9,7 +9,7 @@
 
 #include "core/status.h"
 #include "gtest/gtest.h"
-#include "ipc/shm.h"
+#include "os/shm.h"
 #include "tests/support/test_support.h"
 
 namespace kvtier::ipc {
@@ -19,9 +19,9 @@ TEST(UnixSocketTest, PassesDescriptorsAndData) {
   int sv[2];
   ASSERT_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
   UniqueFd a(sv[0]), b(sv[1]);
-  auto mem = CreateSealedMemfd("t", 8192);
+  auto mem = os::CreateSealedMemfd("t", 8192);
   ASSERT_TRUE(mem.ok());
-  auto map = MappedRegion::Map(mem->get(), 8192);
+  auto map = os::MappedRegion::Map(mem->get(), 8192);
   ASSERT_TRUE(map.ok());
   std::memcpy(map->data(), "hello", 5);
   const std::string text = "payload";
@@ -32,7 +32,7 @@ TEST(UnixSocketTest, PassesDescriptorsAndData) {
   ASSERT_EQ(got->fds.size(), 1u);
   EXPECT_FALSE(got->truncated);
   EXPECT_EQ(std::string(reinterpret_cast<const char*>(got->data.data()), got->data.size()), "payload");
-  auto other = MappedRegion::Map(got->fds[0].get(), 8192);
+  auto other = os::MappedRegion::Map(got->fds[0].get(), 8192);
   ASSERT_TRUE(other.ok());
   EXPECT_EQ(std::memcmp(other->data(), "hello", 5), 0) << "the received fd maps the same memory";
 }

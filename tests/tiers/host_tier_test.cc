@@ -3,7 +3,7 @@
 #include <sys/mman.h>
 
 #include "gtest/gtest.h"
-#include "ipc/shm.h"
+#include "os/shm.h"
 
 namespace kvtier {
 namespace {
@@ -26,7 +26,7 @@ TEST(HostTierTest, WriteReadRoundTripThroughTheArena) {
   ASSERT_TRUE(ws.ok() && rs.ok());
   EXPECT_EQ(src, dst);
   // Another mapping of the arena fd sees the same bytes at the slot's offset.
-  auto other = ipc::MappedRegion::Map(tier->arena_fd(), tier->arena_bytes());
+  auto other = os::MappedRegion::Map(tier->arena_fd(), tier->arena_bytes());
   ASSERT_TRUE(other.ok());
   EXPECT_EQ(std::memcmp(other->data() + tier->ArenaOffset(*slot), src.data(), src.size()), 0);
 }
@@ -54,7 +54,7 @@ TEST(HostTierTest, UsageAndCapacity) {
   ASSERT_TRUE(tier->Free(slots[0]).ok());
   EXPECT_EQ(tier->Usage().free_slots, 1u);
   EXPECT_FALSE(HostTier::Create({"x", 100, false}).ok()) << "below one page";
-  EXPECT_TRUE(ipc::IsSealedAgainstShrink(tier->arena_fd()));
+  EXPECT_TRUE(os::IsSealedAgainstShrink(tier->arena_fd()));
 }
 
 }  // namespace

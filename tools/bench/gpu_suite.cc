@@ -21,7 +21,7 @@
 #endif
 
 #include "absl/strings/str_cat.h"
-#include "ipc/shm.h"
+#include "os/shm.h"
 #include "kernels/kv_kernels.h"
 #include "tiers/device_backend.h"
 #include "tools/bench/bench.h"
@@ -101,9 +101,9 @@ std::vector<Metric> RunGpuSuite(const Context& ctx) {
   {
     const uint64_t blocks = ctx.quick ? 8 : 64;
     const uint64_t bytes = blocks * kBlock;
-    auto fd = ipc::CreateSealedMemfd("kvtier-bench-host", bytes);
+    auto fd = os::CreateSealedMemfd("kvtier-bench-host", bytes);
     BENCH_CHECK(fd.ok());
-    auto host = ipc::MappedRegion::Map(fd->get(), bytes, /*populate=*/true);
+    auto host = os::MappedRegion::Map(fd->get(), bytes, /*populate=*/true);
     BENCH_CHECK(host.ok());
     std::memset(host->data(), 0x5a, bytes);
     BENCH_CHECK(dev.RegisterHost(host->data(), bytes).ok());
@@ -217,9 +217,9 @@ std::vector<Metric> RunGpuSuite(const Context& ctx) {
   // ---- layer-wise load ------------------------------------------------------
   {
     const uint64_t bytes = geo.block_bytes;
-    auto fd = ipc::CreateSealedMemfd("kvtier-bench-layer", bytes);
+    auto fd = os::CreateSealedMemfd("kvtier-bench-layer", bytes);
     BENCH_CHECK(fd.ok());
-    auto host = ipc::MappedRegion::Map(fd->get(), bytes, /*populate=*/true);
+    auto host = os::MappedRegion::Map(fd->get(), bytes, /*populate=*/true);
     BENCH_CHECK(host.ok());
     BENCH_CHECK(dev.RegisterHost(host->data(), bytes).ok());
     std::vector<DeviceEvent> layer_done;

@@ -1,4 +1,4 @@
-#include "ipc/shm.h"
+#include "os/shm.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 
-namespace kvtier::ipc {
+namespace kvtier::os {
 
 absl::StatusOr<UniqueFd> CreateSealedMemfd(const std::string& name, uint64_t bytes) {
   UniqueFd fd(memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
@@ -95,4 +95,4 @@ absl::StatusOr<MappedRegion> MappedRegion::MapReadOnly(int fd, uint64_t bytes) {
   return MappedRegion(static_cast<std::byte*>(p), bytes);
 }
 
-}  // namespace kvtier::ipc
+}  // namespace kvtier::os

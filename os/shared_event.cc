@@ -1,12 +1,12 @@
-#include "ipc/shared_event.h"
+#include "os/shared_event.h"
 
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
-#include "ipc/doorbell.h"
+#include "os/futex.h"
 
-namespace kvtier::ipc {
+namespace kvtier::os {
 
 uint32_t EventRecord(SharedEventState& e) { return e.recorded.fetch_add(1, std::memory_order_acq_rel) + 1; }
 
@@ -105,4 +105,4 @@ absl::StatusOr<ImportedEvent> ImportedEvent::Open(int fd, uint64_t offset) {
   return e;
 }
 
-}  // namespace kvtier::ipc
+}  // namespace kvtier::os

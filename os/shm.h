@@ -1,6 +1,6 @@
 // Anonymous shared memory: memfds (never names in /dev/shm) and mappings.
-#ifndef KVTIER_IPC_SHM_H_
-#define KVTIER_IPC_SHM_H_
+#ifndef KVTIER_OS_SHM_H_
+#define KVTIER_OS_SHM_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -9,7 +9,7 @@
 #include "absl/status/statusor.h"
 #include "core/unique_fd.h"
 
-namespace kvtier::ipc {
+namespace kvtier::os {
 
 // A memfd of `bytes`, sealed against shrinking and growing, so a peer that
 // holds it cannot truncate the memory under the other side's feet.
@@ -55,6 +55,6 @@ class MappedRegion {
   uint64_t size_ = 0;
 };
 
-}  // namespace kvtier::ipc
+}  // namespace kvtier::os
 
-#endif  // KVTIER_IPC_SHM_H_
+#endif  // KVTIER_OS_SHM_H_

@@ -1,4 +1,4 @@
-#include "ipc/doorbell.h"
+#include "os/futex.h"
 
 #include <linux/futex.h>
 #include <sched.h>
@@ -8,7 +8,7 @@
 
 #include <climits>
 
-namespace kvtier::ipc {
+namespace kvtier::os {
 
 static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t));
 
@@ -31,4 +31,4 @@ void FutexWakeAll(std::atomic<uint32_t>* word) {
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
 
-}  // namespace kvtier::ipc
+}  // namespace kvtier::os

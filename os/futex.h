@@ -1,13 +1,13 @@
 // Futex doorbells on 32-bit words in shared memory (process-shared futexes:
 // no FUTEX_PRIVATE_FLAG).
-#ifndef KVTIER_IPC_DOORBELL_H_
-#define KVTIER_IPC_DOORBELL_H_
+#ifndef KVTIER_OS_FUTEX_H_
+#define KVTIER_OS_FUTEX_H_
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 
-namespace kvtier::ipc {
+namespace kvtier::os {
 
 // Sleeps while *word == expected, at most `timeout`. Returns on a wake-up, a
 // changed value, a signal or the timeout; callers re-check their condition.
@@ -31,6 +31,6 @@ inline void CpuRelax() {
 #endif
 }
 
-}  // namespace kvtier::ipc
+}  // namespace kvtier::os
 
-#endif  // KVTIER_IPC_DOORBELL_H_
+#endif  // KVTIER_OS_FUTEX_H_

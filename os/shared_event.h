@@ -7,8 +7,8 @@
 // The semantics follow CUDA's: a wait (or a stream wait) captures the
 // generation recorded when it is issued and is satisfied once that one
 // completes; an event never recorded is complete.
-#ifndef KVTIER_IPC_SHARED_EVENT_H_
-#define KVTIER_IPC_SHARED_EVENT_H_
+#ifndef KVTIER_OS_SHARED_EVENT_H_
+#define KVTIER_OS_SHARED_EVENT_H_
 
 #include <atomic>
 #include <chrono>
@@ -20,9 +20,9 @@
 #include "absl/status/statusor.h"
 #include "core/mutex.h"
 #include "core/unique_fd.h"
-#include "ipc/shm.h"
+#include "os/shm.h"
 
-namespace kvtier::ipc {
+namespace kvtier::os {
 
 struct SharedEventState {
   std::atomic<uint32_t> recorded;
@@ -90,6 +90,6 @@ class ImportedEvent {
   SharedEventState* state_ = nullptr;
 };
 
-}  // namespace kvtier::ipc
+}  // namespace kvtier::os
 
-#endif  // KVTIER_IPC_SHARED_EVENT_H_
+#endif  // KVTIER_OS_SHARED_EVENT_H_
