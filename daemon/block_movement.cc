@@ -411,9 +411,11 @@ void BlockCache::WriteToNvme(TenantState& t, BlockRecord* r, IoPriority prio, St
     r->nvme_slot = nslot;
     r->nvme_state = NvmeState::kWriting;
   }
-  stats_->writes_through.Add();
   nvme_->Write(nslot, meta, {t.host->arena_base() + offset, meta.payload_bytes}, prio,
                [this, &t, r, start = MonotonicNanos(), done = std::move(done)](absl::Status s) mutable {
+                 // A write the staging memory refused never started (a flush
+                 // tries it again): not a write.
+                 if (ToErrorCode(s) != KVTIER_EBUSY) stats_->writes_through.Add();
                  stats_->nvme_write_latency.Record(MonotonicNanos() - start);
                  OnNvmeWritten(r, s);
                  ReleaseIoRef(t, r);

@@ -661,6 +661,7 @@ TEST_F(BlockCacheNvmeTest, AFlushWaitsForStagingInsteadOfFailingBlocks) {
   EXPECT_TRUE(f.sync.ok()) << f.sync;
   EXPECT_EQ(OnNvme(*s, 0, 200), 0u) << "host copies stay: probes see host";
   EXPECT_EQ(cache_->nvme_blocks(), 200u);
+  EXPECT_EQ(stats_.writes_through.Get(), 200u) << "a write staging refused, tried again, counts once";
 }
 
 }  // namespace
