@@ -473,7 +473,7 @@ absl::StatusOr<SlotHandle> BlockCache::AllocateSlotLocked(TenantState& t, uint64
         over_quota ? absl::ResourceExhaustedError("token quota") : t.host->Allocate(bytes);
     if (slot.ok()) {
       if (t.slot_owner.size() <= *slot) {
-        t.slot_owner.resize(std::max<size_t>(*slot + 1, t.slot_owner.size() * 2));
+        t.slot_owner.resize(*slot + 1);
         t.slot_tokens.resize(t.slot_owner.size(), 0);
         t.slot_tick.resize(t.slot_owner.size(), 0);
       }

@@ -9,13 +9,15 @@ void ChainGuard::InsertInChain(uint32_t h, uint64_t key, uint64_t parent, uint64
     inner_->Touch(h);
     return;
   }
-  if (h >= links_.size()) links_.resize(std::max<size_t>(h + 1, links_.size() * 2));
+  if (h >= links_.size()) links_.resize(h + 1);
   Links& l = links_[h];
-  l = Links{key, key != 0 ? parent : 0, 0};
+  l = Links{key, key != 0 ? parent : 0};
   if (l.parent != 0) {
-    std::vector<uint32_t>& kids = kids_[l.parent];
-    l.index = static_cast<uint32_t>(kids.size());
-    kids.push_back(h);
+    Kids& kids = kids_[l.parent];
+    l.prev = kids.last;
+    if (kids.last != kNil) links_[kids.last].next = h;
+    else kids.first = h;
+    kids.last = h;
   }
   inner_->InsertAt(h, key, position);
 }
@@ -27,18 +29,30 @@ void ChainGuard::Remove(uint32_t h) {
   if (l.parent != 0) {
     auto it = kids_.find(l.parent);
     if (it != kids_.end()) {
-      std::vector<uint32_t>& kids = it->second;
-      const uint32_t moved = kids.back();
-      kids[l.index] = moved;
-      links_[moved].index = l.index;
-      kids.pop_back();
-      if (kids.empty()) kids_.erase(it);
+      Kids& kids = it->second;
+      // Unlink the last child; unless it is h, it takes h's place.
+      const uint32_t moved = kids.last;
+      kids.last = links_[moved].prev;
+      if (kids.last != kNil) links_[kids.last].next = kNil;
+      else kids.first = kNil;
+      if (moved != h) {
+        // h's links as they are now: if h was just before the last, it is the last now.
+        const Links& at = links_[h];
+        Links& m = links_[moved];
+        m.prev = at.prev;
+        m.next = at.next;
+        if (m.prev != kNil) links_[m.prev].next = moved;
+        else kids.first = moved;
+        if (m.next != kNil) links_[m.next].prev = moved;
+        else kids.last = moved;
+      }
+      if (kids.first == kNil) kids_.erase(it);
     }
   }
   links_[h] = Links{};
 }
 
-const std::vector<uint32_t>* ChainGuard::Kids(uint32_t h) const {
+const ChainGuard::Kids* ChainGuard::KidsOf(uint32_t h) const {
   const uint64_t key = links_[h].key;
   if (key == 0) return nullptr;
   auto it = kids_.find(key);
@@ -46,7 +60,7 @@ const std::vector<uint32_t>* ChainGuard::Kids(uint32_t h) const {
 }
 
 std::optional<uint32_t> ChainGuard::PickVictim(absl::FunctionRef<bool(uint32_t)> evictable) {
-  auto childless = [&](uint32_t h) { return Kids(h) == nullptr && evictable(h); };
+  auto childless = [&](uint32_t h) { return KidsOf(h) == nullptr && evictable(h); };
   if (inner_->WantsOnlyEvictableOffers()) return inner_->PickVictim(childless);
   std::optional<uint32_t> v = inner_->PickVictim(evictable);
   if (!v) return v;
@@ -55,12 +69,12 @@ std::optional<uint32_t> ChainGuard::PickVictim(absl::FunctionRef<bool(uint32_t)>
   // from its end (the policy will choose the same block again next time).
   uint32_t at = *v;
   for (int depth = 0; depth < 1 << 16; ++depth) {
-    const std::vector<uint32_t>* kids = Kids(at);
+    const Kids* kids = KidsOf(at);
     if (kids == nullptr) return at;
     std::optional<uint32_t> next;
-    for (auto it = kids->rbegin(); it != kids->rend(); ++it) {
-      if (evictable(*it)) {
-        next = *it;
+    for (uint32_t k = kids->last; k != kNil; k = links_[k].prev) {
+      if (evictable(k)) {
+        next = k;
         break;
       }
     }
@@ -74,7 +88,10 @@ std::optional<uint32_t> ChainGuard::PickVictim(absl::FunctionRef<bool(uint32_t)>
 
 uint32_t ChainGuard::children(uint64_t key) const {
   auto it = kids_.find(key);
-  return it == kids_.end() ? 0 : static_cast<uint32_t>(it->second.size());
+  if (it == kids_.end()) return 0;
+  uint32_t n = 0;
+  for (uint32_t k = it->second.first; k != kNil; k = links_[k].next) ++n;
+  return n;
 }
 
 }  // namespace kvtier

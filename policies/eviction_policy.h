@@ -1,6 +1,9 @@
 // Eviction policies order a tier's resident blocks by who goes first. Blocks
 // are named by the tier's dense slot handles (uint32), so a policy's memory is
-// a few words per slot and no pointers.
+// a few words per slot and no pointers. Per-handle tables grow with
+// resize(handle + 1): the vector's own growth keeps that amortized, and only
+// the handles in use are written, so only they cost resident memory (growing
+// the size itself by doubling wrote, and kept resident, up to twice as much).
 #ifndef KVTIER_POLICIES_EVICTION_POLICY_H_
 #define KVTIER_POLICIES_EVICTION_POLICY_H_
 

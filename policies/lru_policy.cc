@@ -40,7 +40,7 @@ class LruPolicy final : public EvictionPolicy {
 
   void Grow(uint32_t h) {
     if (h >= in_.size()) {
-      const size_t n = std::max<size_t>(h + 1, in_.size() * 2);
+      const size_t n = h + 1;
       prev_.resize(n, kNil);
       next_.resize(n, kNil);
       in_.resize(n, 0);

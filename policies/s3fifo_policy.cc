@@ -14,7 +14,12 @@
 // and go round again. Blocks the caller cannot evict (pinned) go round too,
 // without losing frequency.
 //
-// Handles are dense (0..n): per-handle state lives in arrays.
+// Handles are dense (0..n): per-handle state lives in arrays, 17 bytes per
+// handle (its key for the ghost list, its links in its queue, its queue and
+// frequency). The queues are intrusive lists: a block leaves its queue when
+// it is removed. (Queues of (handle, stamp) entries dropped lazily took 24
+// bytes of state and 16 or more of queue per block, and a policy that never
+// picked a victim never dropped them.)
 #include <algorithm>
 #include <deque>
 #include <vector>
@@ -34,7 +39,7 @@ class S3FifoPolicy final : public EvictionPolicy {
 
   void InsertAt(uint32_t h, uint64_t key_hash, uint64_t position) override {
     Grow(h);
-    if (state_[h].queue != kNone) {
+    if (Queue(h) != kNone) {
       Touch(h);
       return;
     }
@@ -47,27 +52,27 @@ class S3FifoPolicy final : public EvictionPolicy {
     }
     const bool deep = opts_.main_from_position != 0 && position >= opts_.main_from_position;
     const bool to_main = ghost || deep;
-    state_[h] = State{to_main ? kMain : kSmall, 0, ++stamp_, key_hash};
-    (to_main ? main_ : small_).push_back(Entry{h, state_[h].stamp});
+    key_[h] = key_hash;
+    PushBack(to_main ? main_ : small_, h, to_main ? kMain : kSmall);
     ++(to_main ? main_size_ : small_size_);
   }
 
   void Touch(uint32_t h) override {
-    if (h < state_.size() && state_[h].queue != kNone && state_[h].freq < 3) ++state_[h].freq;
+    if (h < bits_.size() && Queue(h) != kNone && Freq(h) < 3) SetFreq(h, Freq(h) + 1);
   }
 
   void Remove(uint32_t h) override {
-    if (h >= state_.size() || state_[h].queue == kNone) return;
-    State& s = state_[h];
-    if (s.queue == kSmall) {
+    if (h >= bits_.size() || Queue(h) == kNone) return;
+    if (Queue(h) == kSmall) {
       --small_size_;
       // Evicted young and never used again: remember the key.
-      if (s.freq == 0 && s.key != 0) AddGhost(s.key);
+      if (Freq(h) == 0 && key_[h] != 0) AddGhost(key_[h]);
+      Unlink(small_, h);
     } else {
       --main_size_;
+      Unlink(main_, h);
     }
-    s.queue = kNone;  // its queue entry goes stale (stamp no longer matches)
-    CompactIfStale();
+    bits_[h] = 0;
     TrimGhosts();
   }
 
@@ -81,100 +86,85 @@ class S3FifoPolicy final : public EvictionPolicy {
     while (budget-- > 0) {
       const bool from_small =
           small_size_ > 0 && (double(small_size_) >= opts_.small_share * double(total) || main_size_ == 0);
-      std::deque<Entry>& q = from_small ? small_ : main_;
-      if (!DropStale(q)) {
-        if (from_small) continue;  // cannot happen: small_size_ > 0 means a live entry
-        return std::nullopt;
-      }
-      const Entry e = q.front();
-      State& s = state_[e.handle];
+      List& q = from_small ? small_ : main_;
+      if (q.head == kNil) return std::nullopt;  // cannot happen: the size said a block is there
+      const uint32_t h = q.head;
       if (from_small) {
-        q.pop_front();
-        if (s.freq > 0 || !evictable(e.handle)) {
+        if (Freq(h) > 0 || !evictable(h)) {
           // Used while young (or pinned): it moves to main.
+          Unlink(small_, h);
           --small_size_;
           ++main_size_;
-          s.queue = kMain;
-          s.freq = 0;
-          s.stamp = ++stamp_;
-          main_.push_back(Entry{e.handle, s.stamp});
+          PushBack(main_, h, kMain);
           continue;
         }
-        // Keep it at the front of small: Remove() will follow.
-        q.push_front(e);
-        return e.handle;
+        // It stays at the front of small: Remove() will follow.
+        return h;
       }
-      if (!evictable(e.handle)) {
-        q.pop_front();
-        s.stamp = ++stamp_;
-        q.push_back(Entry{e.handle, s.stamp});
+      if (!evictable(h)) {
+        MoveToBack(main_, h);
         continue;
       }
-      if (s.freq > 0) {
-        q.pop_front();
-        --s.freq;
-        s.stamp = ++stamp_;
-        q.push_back(Entry{e.handle, s.stamp});
+      if (Freq(h) > 0) {
+        SetFreq(h, Freq(h) - 1);
+        MoveToBack(main_, h);
         continue;
       }
-      return e.handle;
+      return h;
     }
     return std::nullopt;
   }
 
-  bool Contains(uint32_t h) const override { return h < state_.size() && state_[h].queue != kNone; }
+  bool Contains(uint32_t h) const override { return h < bits_.size() && Queue(h) != kNone; }
   size_t size() const override { return small_size_ + main_size_; }
-  size_t bookkeeping() const override { return small_.size() + main_.size() + ghosts_.size() + ghost_fifo_.size(); }
+  size_t bookkeeping() const override { return small_size_ + main_size_ + ghosts_.size() + ghost_fifo_.size(); }
   absl::string_view name() const override { return opts_.name; }
 
  private:
   static constexpr uint8_t kNone = 0, kSmall = 1, kMain = 2;
-  static constexpr size_t kStaleMargin = 64;
+  static constexpr uint32_t kNil = UINT32_MAX;
   const S3FifoOptions opts_;
-  struct State {
-    uint8_t queue = kNone;
-    uint8_t freq = 0;
-    uint64_t stamp = 0;  // matches the live queue entry
-    uint64_t key = 0;
+  struct Links {
+    uint32_t prev = kNil, next = kNil;
   };
-  struct Entry {
-    uint32_t handle;
-    uint64_t stamp;
+  struct List {
+    uint32_t head = kNil, tail = kNil;  // oldest, newest
   };
 
-  // Stale entries (removed or moved blocks) leave a queue only when they
-  // reach its front in PickVictim, and a policy that never picks (an
-  // adaptive policy's experts other than the leader) never drops them: they
-  // grew by ~33 bytes per stored block without bound. A queue holding more
-  // stale entries than live ones plus a margin is rebuilt without them, so
-  // each queue stays within twice its live entries plus the margin
-  // (amortized O(1) per operation).
-  void CompactIfStale() {
-    auto compact = [&](std::deque<Entry>& q, uint8_t which, size_t live) {
-      if (q.size() <= 2 * live + kStaleMargin) return;
-      std::deque<Entry> kept;
-      for (const Entry& e : q) {
-        const State& st = state_[e.handle];
-        if (st.queue == which && st.stamp == e.stamp) kept.push_back(e);
-      }
-      q.swap(kept);
-    };
-    compact(small_, kSmall, small_size_);
-    compact(main_, kMain, main_size_);
-  }
+  // bits_[h]: the queue in bits 0-1, the frequency (0..3) in bits 2-3.
+  uint8_t Queue(uint32_t h) const { return bits_[h] & 3; }
+  uint8_t Freq(uint32_t h) const { return bits_[h] >> 2; }
+  void SetFreq(uint32_t h, uint8_t f) { bits_[h] = static_cast<uint8_t>((bits_[h] & 3) | (f << 2)); }
 
   void Grow(uint32_t h) {
-    if (h >= state_.size()) state_.resize(std::max<size_t>(h + 1, state_.size() * 2));
-  }
-  // Pops entries whose block was removed or moved; false if q is empty.
-  bool DropStale(std::deque<Entry>& q) {
-    while (!q.empty()) {
-      const Entry& e = q.front();
-      const State& s = state_[e.handle];
-      if (s.queue != kNone && s.stamp == e.stamp) return true;
-      q.pop_front();
+    if (h >= bits_.size()) {
+      key_.resize(h + 1, 0);
+      links_.resize(h + 1);
+      bits_.resize(h + 1, 0);
     }
-    return false;
+  }
+  // Appends h (in no queue) as the newest of q, frequency 0.
+  void PushBack(List& q, uint32_t h, uint8_t which) {
+    bits_[h] = which;
+    links_[h] = Links{q.tail, kNil};
+    if (q.tail != kNil) links_[q.tail].next = h;
+    else q.head = h;
+    q.tail = h;
+  }
+  void Unlink(List& q, uint32_t h) {
+    const Links l = links_[h];
+    if (l.prev != kNil) links_[l.prev].next = l.next;
+    else q.head = l.next;
+    if (l.next != kNil) links_[l.next].prev = l.prev;
+    else q.tail = l.prev;
+    links_[h] = Links{};
+  }
+  // Goes round again: to the back of q, keeping its frequency.
+  void MoveToBack(List& q, uint32_t h) {
+    const uint8_t bits = bits_[h];
+    Unlink(q, h);
+    PushBack(q, h, bits & 3);
+    bits_[h] = bits;
   }
   void AddGhost(uint64_t key) {
     ghosts_[key] = ++ghost_stamp_;
@@ -197,10 +187,11 @@ class S3FifoPolicy final : public EvictionPolicy {
     }
   }
 
-  std::vector<State> state_;
-  std::deque<Entry> small_, main_;
+  std::vector<uint64_t> key_;
+  std::vector<Links> links_;
+  std::vector<uint8_t> bits_;
+  List small_, main_;
   size_t small_size_ = 0, main_size_ = 0;
-  uint64_t stamp_ = 0;
   absl::flat_hash_map<uint64_t, uint64_t> ghosts_;  // key -> its stamp in ghost_fifo_
   std::deque<std::pair<uint64_t, uint64_t>> ghost_fifo_;
   uint64_t ghost_stamp_ = 0;

@@ -100,7 +100,7 @@ class TinyLfuPolicy final : public EvictionPolicy {
   };
 
   void Grow(uint32_t h) {
-    if (h >= node_.size()) node_.resize(std::max<size_t>(h + 1, node_.size() * 2));
+    if (h >= node_.size()) node_.resize(h + 1);
   }
   void PushFront(uint8_t l, uint32_t h) {
     Node& n = node_[h];

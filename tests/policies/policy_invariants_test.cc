@@ -109,6 +109,12 @@ TEST_P(PolicyInvariantsTest, BehindAChainGuardLeavesGoBeforeTheirParents) {
       ++evictions;
     }
     ASSERT_EQ(g.size(), resident.size());
+    // The guard's lists of resident children match the forest.
+    for (uint32_t b : {chain.front(), chain.back(), parent_of[chain.back()]}) {
+      uint32_t kids = 0;
+      for (uint32_t c : resident) kids += parent_of[c] == b && b != 0 ? 1 : 0;
+      ASSERT_EQ(g.children(uint64_t{b} + 1), kids) << "block " << b << ", request " << req;
+    }
   }
   EXPECT_GT(evictions, 1000u);
 }
