@@ -827,7 +827,7 @@ absl::StatusOr<uint32_t> BlockCache::StoreBegin(SessionHoldings& s, std::span<co
     BlockIndex::Shard& sh = index_.ShardFor(s.ns.handle, keys[i]);
     MutexLock l(&sh.mu);
     if (BlockIndex::Find(sh, s.ns.handle, keys[i]) != nullptr) continue;  // cached, moving, or being written
-    auto* r = new BlockRecord{};
+    BlockRecord* r = index_.NewRecord(s.ns.handle, keys[i]);
     r->key = keys[i];
     r->ns = s.ns.handle;
     r->tenant = s.ns.tenant;
@@ -866,7 +866,7 @@ absl::StatusOr<uint32_t> BlockCache::StoreBegin(SessionHoldings& s, std::span<co
         c->removed = true;
       }
       if (c->host_slot != kNoSlot) FreeHostSlotLocked(t, c->host_slot);
-      delete c;
+      index_.FreeRecord(c);
     }
     CountRecords(s.ns.handle, -static_cast<int64_t>(created.size()));
   };

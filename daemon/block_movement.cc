@@ -47,7 +47,7 @@ void BlockCache::DestroyDetached(BlockRecord* r) {
     if (r->nvme_state == NvmeState::kReady) nvme_blocks_.fetch_sub(1, std::memory_order_relaxed);
   }
   CountRecords(r->ns, -1);
-  delete r;
+  index_.FreeRecord(r);
 }
 
 void BlockCache::ReleaseIoRef(TenantState& t, BlockRecord* r) {
@@ -319,7 +319,7 @@ absl::StatusOr<SlotHandle> BlockCache::AllocateNvmeSlotLocked(const BlockRecord*
     stats_->nvme_evictions.Add();
     if (destroy) {  // no host slot, no NVMe slot, unreferenced
       CountRecords(r->ns, -1);
-      delete r;
+      index_.FreeRecord(r);
     }
   }
 }
@@ -651,7 +651,7 @@ absl::StatusOr<uint64_t> BlockCache::AttachNvme(std::unique_ptr<NvmeTier> nvme,
     const NamespaceInfo ns =
         namespaces->RegisterRecovered(b.meta.ns, tenant->second, b.meta.payload_bytes, b.meta.block_tokens);
     RegisterNamespace(ns);
-    auto* r = new BlockRecord{};
+    BlockRecord* r = index_.NewRecord(ns.handle, b.meta.key);
     r->key = b.meta.key;
     r->ns = ns.handle;
     r->tenant = tenant->second;
@@ -662,7 +662,7 @@ absl::StatusOr<uint64_t> BlockCache::AttachNvme(std::unique_ptr<NvmeTier> nvme,
     {
       MutexLock sl(&sh.mu);
       if (BlockIndex::Find(sh, r->ns, r->key) != nullptr) {
-        delete r;  // the same block twice (written again before a restart)
+        index_.FreeRecord(r);  // the same block twice (written again before a restart)
         (void)nvme_->Free(b.slot);
         continue;
       }

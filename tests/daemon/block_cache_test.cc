@@ -1,6 +1,8 @@
 #include "daemon/block_cache.h"
 
 #include <chrono>
+#include <set>
+#include <vector>
 #include <thread>
 
 #include "core/namespace.h"
@@ -80,6 +82,51 @@ class BlockCacheTest : public ::testing::Test {
   DaemonStats stats_;
   std::unique_ptr<BlockCache> cache_;
 };
+
+// Records come from per-shard pools: 64 bytes each, reused after a free,
+// and (under AddressSanitizer) unreadable between the free and the reuse.
+TEST(RecordPoolTest, RecordsAreDistinctDefaultAndReused) {
+  RecordPool pool;
+  std::set<BlockRecord*> seen;
+  std::vector<BlockRecord*> recs;
+  for (int i = 0; i < 2500; ++i) {  // more than two chunks
+    BlockRecord* r = pool.New();
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(r) % alignof(BlockRecord), 0u);
+    EXPECT_EQ(r->host_slot, kNoSlot);
+    EXPECT_EQ(r->pins, 0u);
+    EXPECT_EQ(r->depth, kUnknownDepth);
+    r->pins = 7;
+    r->key.bytes[0] = static_cast<uint8_t>(i);
+    EXPECT_TRUE(seen.insert(r).second) << "record " << i << " handed out twice";
+    recs.push_back(r);
+  }
+  EXPECT_EQ(pool.live(), 2500u);
+  BlockRecord* freed = recs[1234];
+  pool.Delete(freed);
+  EXPECT_EQ(pool.live(), 2499u);
+  BlockRecord* again = pool.New();
+  EXPECT_EQ(again, freed) << "a freed record is reused first";
+  EXPECT_EQ(again->pins, 0u) << "a reused record starts as a default one";
+  EXPECT_EQ(recs[1233]->pins, 7u);
+  EXPECT_EQ(recs[1235]->key.bytes[0], static_cast<uint8_t>(1235));
+  for (BlockRecord* r : recs) pool.Delete(r);
+  EXPECT_EQ(pool.live(), 0u);
+}
+
+#if defined(__SANITIZE_ADDRESS__)
+TEST(RecordPoolTest, AFreedRecordIsPoisonedUnderAddressSanitizer) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        RecordPool pool;
+        BlockRecord* r = pool.New();
+        pool.Delete(r);
+        volatile uint32_t pins = r->pins;
+        (void)pins;
+      },
+      "use-after-poison");
+}
+#endif
 
 TEST_F(BlockCacheTest, LookupFindsTheLongestPresentPrefix) {
   SetUpCache(64);
