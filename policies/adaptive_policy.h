@@ -112,6 +112,10 @@ class AdaptivePolicy final : public EvictionPolicy {
   // Every expert's, plus the shadows' (bounded by the capacity they model).
   size_t bookkeeping() const override;
   absl::string_view name() const override { return "adaptive"; }
+  // To every expert over the tier's handles (each shadow has its own guard).
+  void ShareKeys(const HandleKeys* keys) override {
+    for (Expert& e : experts_) e.pol->ShareKeys(keys);
+  }
 
  private:
   // A cache of block identities run by one expert's policy over dense

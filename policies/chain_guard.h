@@ -36,9 +36,10 @@
 
 namespace kvtier {
 
-class ChainGuard final : public EvictionPolicy {
+class ChainGuard final : public EvictionPolicy, private HandleKeys {
  public:
-  explicit ChainGuard(std::unique_ptr<EvictionPolicy> inner) : inner_(std::move(inner)) {}
+  // Shares its keys with the inner policy (EvictionPolicy::ShareKeys).
+  explicit ChainGuard(std::unique_ptr<EvictionPolicy> inner) : inner_(std::move(inner)) { inner_->ShareKeys(this); }
 
   // As InsertWithKey, naming the parent's identity (0: a root, or not known;
   // such a block constrains nothing).
@@ -76,6 +77,7 @@ class ChainGuard final : public EvictionPolicy {
     uint32_t first = kNil, last = kNil;
   };
   const Kids* KidsOf(uint32_t h) const;
+  uint64_t KeyOf(uint32_t h) const override { return h < links_.size() ? links_[h].key : 0; }
 
   std::unique_ptr<EvictionPolicy> inner_;
   std::vector<Links> links_;                       // by handle

@@ -17,6 +17,17 @@
 
 namespace kvtier {
 
+// Each tracked handle's identity (the key_hash it was inserted with; 0 when
+// none was given), kept by whoever wraps a policy, for as long as the handle
+// is tracked, including during the policy's Remove of it.
+class HandleKeys {
+ public:
+  virtual uint64_t KeyOf(uint32_t handle) const = 0;
+
+ protected:
+  ~HandleKeys() = default;
+};
+
 class EvictionPolicy {
  public:
   EvictionPolicy() = default;
@@ -64,6 +75,12 @@ class EvictionPolicy {
   // removes. Policies without such structures keep size() of them.
   virtual size_t bookkeeping() const { return size(); }
   virtual absl::string_view name() const = 0;
+  // A wrapper that keeps every handle's key (ChainGuard) offers it here,
+  // before the first insert and for the policy's lifetime, over the same
+  // handles: a policy that needs keys later (S3-FIFO's ghosts) then keeps no
+  // copy of its own. Policies that keep no keys, or name handles differently
+  // (the sparse-handle adapter), ignore it.
+  virtual void ShareKeys(const HandleKeys* keys) { (void)keys; }
 };
 
 // Least recently used first. Handles should be dense (0..n): the links live

@@ -16,7 +16,7 @@
 //
 // Handles are dense (0..n): per-handle state lives in arrays, 17 bytes per
 // handle (its key for the ghost list, its links in its queue, its queue and
-// frequency). The queues are intrusive lists: a block leaves its queue when
+// frequency), 9 when a ChainGuard around it shares the keys it keeps. The queues are intrusive lists: a block leaves its queue when
 // it is removed. (Queues of (handle, stamp) entries dropped lazily took 24
 // bytes of state and 16 or more of queue per block, and a policy that never
 // picked a victim never dropped them.)
@@ -52,7 +52,7 @@ class S3FifoPolicy final : public EvictionPolicy {
     }
     const bool deep = opts_.main_from_position != 0 && position >= opts_.main_from_position;
     const bool to_main = ghost || deep;
-    key_[h] = key_hash;
+    if (shared_keys_ == nullptr) key_[h] = key_hash;
     PushBack(to_main ? main_ : small_, h, to_main ? kMain : kSmall);
     ++(to_main ? main_size_ : small_size_);
   }
@@ -66,7 +66,9 @@ class S3FifoPolicy final : public EvictionPolicy {
     if (Queue(h) == kSmall) {
       --small_size_;
       // Evicted young and never used again: remember the key.
-      if (Freq(h) == 0 && key_[h] != 0) AddGhost(key_[h]);
+      if (Freq(h) == 0) {
+        if (const uint64_t key = shared_keys_ != nullptr ? shared_keys_->KeyOf(h) : key_[h]; key != 0) AddGhost(key);
+      }
       Unlink(small_, h);
     } else {
       --main_size_;
@@ -119,6 +121,10 @@ class S3FifoPolicy final : public EvictionPolicy {
   size_t size() const override { return small_size_ + main_size_; }
   size_t bookkeeping() const override { return small_size_ + main_size_ + ghosts_.size() + ghost_fifo_.size(); }
   absl::string_view name() const override { return opts_.name; }
+  void ShareKeys(const HandleKeys* keys) override {
+    shared_keys_ = keys;
+    std::vector<uint64_t>().swap(key_);
+  }
 
  private:
   static constexpr uint8_t kNone = 0, kSmall = 1, kMain = 2;
@@ -138,7 +144,7 @@ class S3FifoPolicy final : public EvictionPolicy {
 
   void Grow(uint32_t h) {
     if (h >= bits_.size()) {
-      key_.resize(h + 1, 0);
+      if (shared_keys_ == nullptr) key_.resize(h + 1, 0);
       links_.resize(h + 1);
       bits_.resize(h + 1, 0);
     }
@@ -187,6 +193,7 @@ class S3FifoPolicy final : public EvictionPolicy {
     }
   }
 
+  const HandleKeys* shared_keys_ = nullptr;  // when set, key_ stays empty
   std::vector<uint64_t> key_;
   std::vector<Links> links_;
   std::vector<uint8_t> bits_;

@@ -1,7 +1,9 @@
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "policies/chain_guard.h"
 #include "policies/eviction_policy.h"
 
 namespace kvtier {
@@ -20,8 +22,13 @@ TEST(S3FifoPolicyTest, ANewBlockUnusedSinceInsertionGoesFirst) {
   EXPECT_EQ(p->name(), "s3fifo");
 }
 
-TEST(S3FifoPolicyTest, ABlockEvictedYoungThatComesBackGoesStraightToMain) {
-  auto p = MakeS3FifoPolicy();
+// Bare, and behind a ChainGuard that shares its keys (the policy then keeps
+// none of its own and must ask the guard for the key of a block it removes).
+class S3FifoGhostTest : public testing::TestWithParam<bool> {};
+
+TEST_P(S3FifoGhostTest, ABlockEvictedYoungThatComesBackGoesStraightToMain) {
+  std::unique_ptr<EvictionPolicy> p = MakeS3FifoPolicy();
+  if (GetParam()) p = std::make_unique<ChainGuard>(std::move(p));
   for (uint32_t h = 0; h < 20; ++h) p->InsertWithKey(h, 1000 + h);
   const uint32_t v = *p->PickVictim(Any());
   EXPECT_EQ(v, 0u);
@@ -39,6 +46,8 @@ TEST(S3FifoPolicyTest, ABlockEvictedYoungThatComesBackGoesStraightToMain) {
   EXPECT_EQ(p->size(), 1u);
   EXPECT_TRUE(p->Contains(50));
 }
+INSTANTIATE_TEST_SUITE_P(BareAndGuarded, S3FifoGhostTest, testing::Bool(),
+                         [](const testing::TestParamInfo<bool>& i) { return i.param ? "Guarded" : "Bare"; });
 
 TEST(S3FifoPolicyTest, TheDeepVariantSendsDeepBlocksStraightToMain) {
   for (const char* name : {"s3fifo", "s3fifo-deep"}) {
