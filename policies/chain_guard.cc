@@ -13,11 +13,10 @@ void ChainGuard::InsertInChain(uint32_t h, uint64_t key, uint64_t parent, uint64
   Links& l = links_[h];
   l = Links{key, key != 0 ? parent : 0};
   if (l.parent != 0) {
-    Kids& kids = kids_[l.parent];
-    l.prev = kids.last;
-    if (kids.last != kNil) links_[kids.last].next = h;
-    else kids.first = h;
-    kids.last = h;
+    auto [it, added] = kids_.try_emplace(Bucket(l.parent), kNil);
+    l.prev = it->second;
+    if (l.prev != kNil) links_[l.prev].next = h;
+    it->second = h;
   }
   inner_->InsertAt(h, key, position);
 }
@@ -25,16 +24,15 @@ void ChainGuard::InsertInChain(uint32_t h, uint64_t key, uint64_t parent, uint64
 void ChainGuard::Remove(uint32_t h) {
   if (!inner_->Contains(h)) return;
   inner_->Remove(h);
-  const Links l = links_[h];
-  if (l.parent != 0) {
-    auto it = kids_.find(l.parent);
+  const uint64_t parent = links_[h].parent;
+  if (parent != 0) {
+    auto it = kids_.find(Bucket(parent));
     if (it != kids_.end()) {
-      Kids& kids = it->second;
+      uint32_t& last = it->second;
       // Unlink the last child; unless it is h, it takes h's place.
-      const uint32_t moved = kids.last;
-      kids.last = links_[moved].prev;
-      if (kids.last != kNil) links_[kids.last].next = kNil;
-      else kids.first = kNil;
+      const uint32_t moved = last;
+      last = links_[moved].prev;
+      if (last != kNil) links_[last].next = kNil;
       if (moved != h) {
         // h's links as they are now: if h was just before the last, it is the last now.
         const Links& at = links_[h];
@@ -42,25 +40,28 @@ void ChainGuard::Remove(uint32_t h) {
         m.prev = at.prev;
         m.next = at.next;
         if (m.prev != kNil) links_[m.prev].next = moved;
-        else kids.first = moved;
         if (m.next != kNil) links_[m.next].prev = moved;
-        else kids.last = moved;
+        else last = moved;
       }
-      if (kids.first == kNil) kids_.erase(it);
+      if (last == kNil) kids_.erase(it);
     }
   }
   links_[h] = Links{};
 }
 
-const ChainGuard::Kids* ChainGuard::KidsOf(uint32_t h) const {
+bool ChainGuard::HasKids(uint32_t h) const {
   const uint64_t key = links_[h].key;
-  if (key == 0) return nullptr;
-  auto it = kids_.find(key);
-  return it == kids_.end() ? nullptr : &it->second;
+  if (key == 0) return false;
+  auto it = kids_.find(Bucket(key));
+  if (it == kids_.end()) return false;
+  for (uint32_t k = it->second; k != kNil; k = links_[k].prev) {
+    if (links_[k].parent == key) return true;
+  }
+  return false;
 }
 
 std::optional<uint32_t> ChainGuard::PickVictim(absl::FunctionRef<bool(uint32_t)> evictable) {
-  auto childless = [&](uint32_t h) { return KidsOf(h) == nullptr && evictable(h); };
+  auto childless = [&](uint32_t h) { return !HasKids(h) && evictable(h); };
   if (inner_->WantsOnlyEvictableOffers()) return inner_->PickVictim(childless);
   std::optional<uint32_t> v = inner_->PickVictim(evictable);
   if (!v) return v;
@@ -69,15 +70,19 @@ std::optional<uint32_t> ChainGuard::PickVictim(absl::FunctionRef<bool(uint32_t)>
   // from its end (the policy will choose the same block again next time).
   uint32_t at = *v;
   for (int depth = 0; depth < 1 << 16; ++depth) {
-    const Kids* kids = KidsOf(at);
-    if (kids == nullptr) return at;
+    const uint64_t key = links_[at].key;
+    auto list = key != 0 ? kids_.find(Bucket(key)) : kids_.end();
+    bool has_kids = false;
     std::optional<uint32_t> next;
-    for (uint32_t k = kids->last; k != kNil; k = links_[k].prev) {
+    for (uint32_t k = list != kids_.end() ? list->second : kNil; k != kNil; k = links_[k].prev) {
+      if (links_[k].parent != key) continue;  // another parent's child in the same bucket
+      has_kids = true;
       if (evictable(k)) {
         next = k;
         break;
       }
     }
+    if (!has_kids) return at;
     if (!next) break;  // every child is pinned
     at = *next;
   }
@@ -87,10 +92,11 @@ std::optional<uint32_t> ChainGuard::PickVictim(absl::FunctionRef<bool(uint32_t)>
 }
 
 uint32_t ChainGuard::children(uint64_t key) const {
-  auto it = kids_.find(key);
+  if (key == 0) return 0;
+  auto it = kids_.find(Bucket(key));
   if (it == kids_.end()) return 0;
   uint32_t n = 0;
-  for (uint32_t k = it->second.first; k != kNil; k = links_[k].next) ++n;
+  for (uint32_t k = it->second; k != kNil; k = links_[k].prev) n += links_[k].parent == key ? 1 : 0;
   return n;
 }
 

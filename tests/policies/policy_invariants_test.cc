@@ -4,6 +4,7 @@
 #include <map>
 #include <random>
 #include <set>
+#include <string>
 
 #include "gtest/gtest.h"
 #include "policies/adaptive_policy.h"
@@ -117,6 +118,38 @@ TEST_P(PolicyInvariantsTest, BehindAChainGuardLeavesGoBeforeTheirParents) {
     }
   }
   EXPECT_GT(evictions, 1000u);
+}
+
+// The guard lists children by a 32-bit bucket of their parent's key; two
+// parents in one bucket still have only their own children.
+TEST(ChainGuardTest, ParentsWhoseKeysShareABucketKeepTheirOwnChildren) {
+  ChainGuard g(MakeLruPolicy());
+  const uint64_t p1 = 0x0000000100000002ull, p2 = 0x3ull;  // 1 ^ 2 == 3 ^ 0
+  g.InsertInChain(0, p1, 0);
+  g.InsertInChain(1, p2, 0);
+  g.InsertInChain(2, 100, p1);
+  g.InsertInChain(3, 101, p2);
+  g.InsertInChain(4, 102, p2);
+  EXPECT_EQ(g.children(p1), 1u);
+  EXPECT_EQ(g.children(p2), 2u);
+  g.Remove(2);
+  EXPECT_EQ(g.children(p1), 0u);
+  EXPECT_EQ(g.children(p2), 2u);
+  // LRU picks handle 0 (p1, now childless): it goes, not a child of p2.
+  EXPECT_EQ(g.PickVictim([](uint32_t) { return true; }), 0u);
+  g.Remove(0);
+  // Then handle 1 (p2): the guard takes its children first (in a shared
+  // bucket, in the order swap-and-pop left them).
+  std::set<uint32_t> kids;
+  for (int i = 0; i < 2; ++i) {
+    const std::optional<uint32_t> v = g.PickVictim([](uint32_t) { return true; });
+    ASSERT_TRUE(v == 3u || v == 4u) << (v ? std::to_string(*v) : "none");
+    kids.insert(*v);
+    g.Remove(*v);
+  }
+  EXPECT_EQ(kids.size(), 2u);
+  EXPECT_EQ(g.children(p2), 0u);
+  EXPECT_EQ(g.PickVictim([](uint32_t) { return true; }), 1u);
 }
 
 // A tier's life: 48,000 blocks through 1,000 slots (chains of 8, a quarter
