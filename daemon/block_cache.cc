@@ -8,6 +8,7 @@
 #include <array>
 
 #include "absl/strings/str_cat.h"
+#include "core/fan_in.h"
 #include "core/status.h"
 #include "core/units.h"
 #include "policies/adaptive_policy.h"
@@ -759,47 +760,35 @@ std::optional<LoadOutcome> BlockCache::Load(SessionHoldings& s, uint64_t lease_i
     return outcome;
   }
   // Slow path: promote the NVMe-only blocks; the last one to land finishes.
-  struct Job {
-    Mutex mu;
+  struct Promoted {
     LoadOutcome outcome;
     std::vector<uint8_t> ok;
-    std::atomic<size_t> remaining{0};
-    LoadCallback done;
   };
-  auto job = std::make_shared<Job>();
-  job->outcome = std::move(outcome);
-  job->ok.assign(keys.size(), 1);
-  job->done = std::move(done);
-  job->remaining = to_promote.size() + 1;  // +1 until every promotion is started
-  auto complete_one = [job, finish]() mutable {
-    if (job->remaining.fetch_sub(1) != 1) return;
-    LoadOutcome o;
-    {
-      MutexLock l(&job->mu);
-      finish(job->outcome, job->ok);
-      o = std::move(job->outcome);
-    }
-    std::move(job->done)(std::move(o));
-  };
+  auto fan = FanIn<Promoted>::Make(
+      to_promote.size() + 1,  // +1 until every promotion is started
+      Promoted{std::move(outcome), std::vector<uint8_t>(keys.size(), 1)},
+      [finish, done = std::move(done)](Promoted p) mutable {
+        finish(p.outcome, p.ok);
+        std::move(done)(std::move(p.outcome));
+      });
   TenantState& t = *tenants_[s.ns.tenant];
   for (size_t i : to_promote) {
     BlockRecord* r = recs[i];
     const uint64_t parent = i > 0 ? PolicyKeyOf(s.ns.handle, keys[i - 1]) : 0;
-    Promote(t, r, IoPriority::kLoad, [this, job, i, r, complete_one](bool ok) mutable {
-      {
-        MutexLock l(&job->mu);
-        job->ok[i] = ok;
+    Promote(t, r, IoPriority::kLoad, [this, fan, i, r](bool ok) {
+      fan->With([&](Promoted& p) {
+        p.ok[i] = ok;
         if (ok) {
           BlockIndex::Shard& sh = index_.ShardFor(r);
           MutexLock sl(&sh.mu);
-          job->outcome.locations[i] = BlockLocation{TierKind::kHost, r->arena_offset, false};
+          p.outcome.locations[i] = BlockLocation{TierKind::kHost, r->arena_offset, false};
         }
-      }
-      complete_one();
+      });
+      fan->Arrive();
     }, parent);
   }
   stats_->promotions_for_load.Add(to_promote.size());
-  complete_one();  // the +1
+  fan->Arrive();  // the +1
   return std::nullopt;
 }
 
@@ -952,31 +941,19 @@ void BlockCache::StoreCommit(SessionHoldings& s, uint64_t ticket, bool durable, 
     return;
   }
   // Complete once every block's NVMe write is journaled (or one failed).
-  struct Job {
-    Mutex mu;
-    absl::Status first_error ABSL_GUARDED_BY(mu);
-    std::atomic<size_t> remaining;
-    StatusCallback done;
-  };
-  auto job = std::make_shared<Job>();
-  job->remaining = blocks.size();
-  job->done = std::move(done);
+  auto fan = FanIn<absl::Status>::Make(blocks.size(), absl::OkStatus(), [done = std::move(done)](absl::Status first_error) mutable {
+    std::move(done)(first_error.ok() ? first_error
+                                     : absl::Status(first_error.code(), absl::StrCat("committed to host memory but not "
+                                                                                     "durable: ", first_error.message())));
+  });
   for (BlockRecord* r : blocks) {
-    WriteToNvme(t, r, IoPriority::kPrefetch, [job](absl::Status st) {
+    WriteToNvme(t, r, IoPriority::kPrefetch, [fan](absl::Status st) {
       if (!st.ok()) {
-        MutexLock l(&job->mu);
-        if (job->first_error.ok()) job->first_error = st;
+        fan->With([&](absl::Status& first_error) {
+          if (first_error.ok()) first_error = st;
+        });
       }
-      if (job->remaining.fetch_sub(1) == 1) {
-        absl::Status result;
-        {
-          MutexLock l(&job->mu);
-          result = job->first_error;
-        }
-        std::move(job->done)(result.ok() ? result
-                                         : absl::Status(result.code(), absl::StrCat("committed to host memory but not "
-                                                                                    "durable: ", result.message())));
-      }
+      fan->Arrive();
     });
   }
 }

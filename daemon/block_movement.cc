@@ -9,6 +9,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "core/fan_in.h"
 #include "core/units.h"
 #include "core/status.h"
 #include "daemon/block_cache.h"
@@ -598,22 +599,15 @@ void BlockCache::Prefetch(SessionHoldings& s, std::span<const BlockKey> keys, Co
     std::move(done)(0u);
     return;
   }
-  struct Job {
-    std::atomic<size_t> remaining;
-    std::atomic<uint32_t> promoted{0};
-    CountCallback done;
-  };
-  auto job = std::make_shared<Job>();
-  job->remaining = todo.size();
-  job->done = std::move(done);
+  auto fan = FanIn<uint32_t>::Make(todo.size(), 0, std::move(done));
   for (size_t j = 0; j < todo.size(); ++j) {
     BlockRecord* r = todo[j];
     Promote(
         t, r, IoPriority::kPrefetch,
-        [this, &t, r, job](bool ok) {
+        [this, &t, r, fan](bool ok) {
           ReleaseIoRef(t, r);
-          if (ok) job->promoted.fetch_add(1);
-          if (job->remaining.fetch_sub(1) == 1) std::move(job->done)(job->promoted.load());
+          if (ok) fan->With([](uint32_t& promoted) { ++promoted; });
+          fan->Arrive();
         },
         parents[j]);
   }
