@@ -276,8 +276,8 @@ TEST_F(ClientTest, AttachErrorsSayWhatToDo) {
   EXPECT_NE(bad.status().message().find("block_bytes"), std::string::npos);
 }
 
-TEST_F(ClientTest, CAbiRoundTrip) {
-  StartDaemon();
+// The namespace the C ABI tests attach with: every required field set.
+kvtier_namespace_desc CNamespace() {
   kvtier_namespace_desc ns{};
   ns.model_id = "c-model";
   ns.kv_dtype = "bf16";
@@ -285,6 +285,12 @@ TEST_F(ClientTest, CAbiRoundTrip) {
   ns.block_tokens = 4;
   ns.block_bytes = 4096;
   ns.tp_size = 1;
+  return ns;
+}
+
+TEST_F(ClientTest, CAbiRoundTrip) {
+  StartDaemon();
+  kvtier_namespace_desc ns = CNamespace();
   kvtier_client* c = nullptr;
   ASSERT_EQ(kvtier_attach(daemon_->socket_path().c_str(), &ns, &c), KVTIER_OK);
   uint32_t tokens[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
@@ -335,12 +341,8 @@ TEST_F(ClientTest, CAbiRoundTrip) {
 // load and invalidate return their counts.
 TEST_F(ClientTest, CAbiSaysWhyAndCounts) {
   StartDaemon();
-  kvtier_namespace_desc ns{};
-  ns.model_id = "c-model";
-  ns.kv_layout = "layer_major";
-  ns.block_tokens = 4;
-  ns.block_bytes = 4096;
-  ns.tp_size = 1;
+  kvtier_namespace_desc ns = CNamespace();
+  ns.kv_dtype = nullptr;  // required
   kvtier_client* c = nullptr;
   EXPECT_EQ(kvtier_attach(daemon_->socket_path().c_str(), &ns, &c), KVTIER_EINVAL);
   EXPECT_EQ(c, nullptr);
