@@ -509,7 +509,7 @@ nlohmann::json Daemon::Status() const {
   for (size_t i = 0; i < s.refused.size(); ++i) refused[kRefusalNames[i]] = s.refused[i].Get();
   stats["refused"] = refused;
   json ops = json::object();
-  for (size_t op = 1; op < stats_.op_latency.size(); ++op) ops[kOpNames[op]] = HistogramJson(stats_.op_latency[op].Get());
+  for (size_t op = 1; op < stats_.op_latency.size(); ++op) ops[ipc::kOpcodes[op].name] = HistogramJson(stats_.op_latency[op].Get());
   const json latency = {{"ops", ops},
                         {"nvme_read", HistogramJson(stats_.nvme_read_latency.Get())},
                         {"nvme_write", HistogramJson(stats_.nvme_write_latency.Get())}};

@@ -12,10 +12,6 @@
 
 namespace kvtier {
 
-const char* const kOpNames[14] = {"none",         "ping",          "lookup",     "load",         "store_begin",
-                                  "store_commit", "store_abort",   "release",    "invalidate",   "invalidate_namespace",
-                                  "prefetch",     "report_prefill", "store_device", "load_device"};
-
 nlohmann::json HistogramJson(const Histogram::Snapshot& h) {
   return {{"bounds_s", Histogram::kBounds}, {"counts", h.counts}, {"count", h.count}, {"sum_s", h.sum_s}};
 }

@@ -21,9 +21,6 @@ class Server;
 
 namespace kvtier {
 
-// Names of the request opcodes (index = ipc::Opcode), as the "op" label.
-extern const char* const kOpNames[14];
-
 // A histogram as the status JSON carries it: bounds, per-bucket counts,
 // count, sum.
 nlohmann::json HistogramJson(const Histogram::Snapshot& h);

@@ -545,13 +545,10 @@ Session::Outcome Session::Process(const RequestRecord& req) {
     return fatal(absl::StrCat("unknown opcode ", req.opcode));
   }
   const Opcode op = static_cast<Opcode>(req.opcode);
-  const bool takes_keys = op == Opcode::kLookup || op == Opcode::kLoad || op == Opcode::kStoreBegin ||
-                          op == Opcode::kInvalidate || op == Opcode::kPrefetch || op == Opcode::kStoreDevice ||
-                          op == Opcode::kLoadDevice;
-  const bool returns_blocks = op == Opcode::kLookup || op == Opcode::kLoad || op == Opcode::kStoreBegin ||
-                              op == Opcode::kStoreDevice || op == Opcode::kLoadDevice;
+  const ipc::OpcodeInfo& info = ipc::InfoOf(op);
+  const bool returns_blocks = info.returns_blocks;
   std::vector<BlockKey> keys;
-  if (takes_keys) {
+  if (info.takes_keys) {
     std::string why;
     if (!ReadKeys(req, &keys, &why)) return fatal(why);
     if (returns_blocks && !OutRangeOk(req, uint64_t{req.count} * sizeof(ipc::BlockResult))) {
@@ -563,7 +560,7 @@ Session::Outcome Session::Process(const RequestRecord& req) {
     // references or lease books by the request's length, the request is
     // refused; invalidations and prefetches (idempotent, no results per
     // key) fold repeats instead.
-    if ((op == Opcode::kInvalidate || op == Opcode::kPrefetch) && keys.size() > 1) {
+    if (info.folds_repeated_keys && keys.size() > 1) {
       absl::flat_hash_set<BlockKey> seen;
       seen.reserve(keys.size());
       std::erase_if(keys, [&](const BlockKey& k) { return !seen.insert(k).second; });
@@ -573,8 +570,7 @@ Session::Outcome Session::Process(const RequestRecord& req) {
                                                           "; a request names each block once")));
     }
   }
-  const uint16_t allowed = op == Opcode::kLookup ? ipc::kFlagLease : op == Opcode::kStoreCommit ? ipc::kFlagDurable : 0;
-  if ((req.flags & ~allowed) != 0) {
+  if ((req.flags & ~info.allowed_flags) != 0) {
     return fail(absl::InvalidArgumentError(absl::StrCat("unknown flags 0x", absl::Hex(req.flags))));
   }
 

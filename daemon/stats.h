@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <iterator>
 
+#include "ipc/abi.h"
+
 namespace kvtier {
 
 struct Counter {
@@ -128,7 +130,7 @@ struct DaemonStats {
   // Latency: each request from the session thread taking it to its
   // completion, by opcode (index = ipc::Opcode, 0 unused); NVMe transfers
   // from submission to callback.
-  std::array<Histogram, 14> op_latency;
+  std::array<Histogram, ipc::kMaxOpcode + 1> op_latency;
   Histogram nvme_read_latency, nvme_write_latency;
 };
 

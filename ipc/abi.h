@@ -52,6 +52,35 @@ inline constexpr uint16_t kMaxOpcode = 13;
 inline constexpr uint16_t kFlagLease = 1;    // kLookup: pin the hit prefix
 inline constexpr uint16_t kFlagDurable = 2;  // kStoreCommit: complete once the blocks are on NVMe
 
+// What each opcode carries, one row per opcode, indexed by its number: the
+// daemon checks requests against it, and names its per-opcode metrics and
+// latency histograms from it.
+struct OpcodeInfo {
+  const char* name;           // in status and metric labels; "none" for 0
+  bool takes_keys;            // keys in scratch at keys_offset, count of them
+  bool returns_blocks;        // one BlockResult per key at out_offset
+  bool folds_repeated_keys;   // idempotent: a repeated key counts once (else a repeat is refused)
+  uint16_t allowed_flags;
+};
+inline constexpr OpcodeInfo kOpcodes[kMaxOpcode + 1] = {
+    {"none", false, false, false, 0},
+    {"ping", false, false, false, 0},
+    {"lookup", true, true, false, kFlagLease},
+    {"load", true, true, false, 0},
+    {"store_begin", true, true, false, 0},
+    {"store_commit", false, false, false, kFlagDurable},
+    {"store_abort", false, false, false, 0},
+    {"release", false, false, false, 0},
+    {"invalidate", true, false, true, 0},
+    {"invalidate_namespace", false, false, false, 0},
+    {"prefetch", true, false, true, 0},
+    {"report_prefill", false, false, false, 0},
+    {"store_device", true, true, false, 0},
+    {"load_device", true, true, false, 0},
+};
+static_assert(sizeof(kOpcodes) / sizeof(kOpcodes[0]) == kMaxOpcode + 1, "a row for every opcode");
+inline constexpr const OpcodeInfo& InfoOf(Opcode op) { return kOpcodes[static_cast<uint16_t>(op)]; }
+
 // One request (64 bytes). Keys live in scratch at keys_offset (count * 32
 // bytes); results go to scratch at out_offset (out_bytes). On failure the
 // daemon writes a NUL-terminated message at out_offset instead.
