@@ -112,6 +112,8 @@ struct BlockEq {
 // bytes (from malloc it cost 80 with the allocator's header, the largest
 // share of the daemon's memory per block). Freed records are reused, last
 // freed first; under AddressSanitizer a freed record is poisoned until then.
+// Chunks stay until the index goes: memory freed by a mass invalidation is
+// reused by later records of the shard, not given back to the system.
 // Not thread-safe: BlockIndex guards each pool with a leaf mutex.
 class RecordPool {
  public:

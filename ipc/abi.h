@@ -62,7 +62,7 @@ struct OpcodeInfo {
   bool folds_repeated_keys;   // idempotent: a repeated key counts once (else a repeat is refused)
   uint16_t allowed_flags;
 };
-inline constexpr OpcodeInfo kOpcodes[kMaxOpcode + 1] = {
+inline constexpr OpcodeInfo kOpcodes[] = {
     {"none", false, false, false, 0},
     {"ping", false, false, false, 0},
     {"lookup", true, true, false, kFlagLease},

@@ -74,8 +74,13 @@ class ChainGuard final : public EvictionPolicy, private HandleKeys {
   // Children are listed by a 32-bit bucket of their parent's key (parents
   // whose keys share one are listed together; each child's own parent key
   // tells them apart), so the map costs 8 bytes per parent, not 16. A list
-  // keeps the order a vector with swap-and-pop removal would have.
-  static uint32_t Bucket(uint64_t parent) { return static_cast<uint32_t>(parent ^ (parent >> 32)); }
+  // keeps the order a vector with swap-and-pop removal would have, except
+  // that in a shared bucket a child of one parent may take the place of a
+  // removed child of the other (which leaf of a subtree goes first may then
+  // differ; a parent still never goes before its children). The bucket is
+  // the high half of a multiplicative hash, so keys alike in a simple way
+  // (equal halves, zeros) do not share one.
+  static uint32_t Bucket(uint64_t parent) { return static_cast<uint32_t>((parent * 0x9e3779b97f4a7c15ull) >> 32); }
   bool HasKids(uint32_t h) const;
   uint64_t KeyOf(uint32_t h) const override { return h < links_.size() ? links_[h].key : 0; }
 
