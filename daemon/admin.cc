@@ -16,6 +16,7 @@
 #include "daemon/daemon.h"
 #include "ipc/admin_client.h"
 #include "ipc/unix_socket.h"
+#include "tiers/nvme_tier.h"
 #include "core/fmt_absl.h"
 #include "spdlog/spdlog.h"
 
@@ -185,7 +186,7 @@ nlohmann::json Daemon::HandleAdmin(const nlohmann::json& request) {
     return json{{"ok", true}, {"draining", true}, {"timeout_ms", config_.drain_timeout_ms}};
   }
   if (cmd == "flush") {
-    if (cache_->nvme_tier() == nullptr) return Error("kvtierd has no NVMe tier to flush to ([tiers.nvme] capacity = 0)");
+    if (cache_->lower_tier() == nullptr) return Error("kvtierd has no NVMe tier to flush to ([tiers.nvme] capacity = 0)");
     // Bounded: the loop (and the watchdog's pings) waits for it.
     const std::optional<int64_t> ms = ClampedInt(request, "timeout_ms", 10000, 1, 10000);
     if (!ms) {
@@ -380,52 +381,59 @@ nlohmann::json Daemon::Status() const {
                        {"high_watermark", config_.host_high_watermark},
                        {"low_watermark", config_.host_low_watermark},
                        {"health", "healthy"}});
-  if (NvmeTier* nvme = cache_->nvme_tier()) {
-    const NvmeStats n = nvme->Stats();
-    tiers.push_back(json{{"tier", "nvme"},
-                         {"policy", config_.nvme_policy},
-                         {"hits_loaded", s.blocks_hit_nvme.Get()},
-                         {"hits_reported_recompute", s.blocks_recompute.Get()},
-                         {"capacity_bytes", n.capacity_bytes},
-                         {"used_bytes", n.used_bytes},
-                         {"blocks", cache_->nvme_blocks()},
-                         {"slots_used", n.used_slots},
-                         {"io_engine", n.io_engine},
-                         {"io_engine_reason", n.io_engine_reason},
-                         {"buffered_io", n.buffered},
-                         {"queue_depth", n.queue_depth},
-                         {"in_flight", n.in_flight},
-                         {"queued", n.queued},
-                         {"reads", n.reads},
-                         {"writes", n.writes},
-                         {"bytes_read", n.bytes_read},
-                         {"bytes_written", n.bytes_written},
-                         {"checksum_failures", n.checksum_failures},
-                         {"io_errors", n.io_errors},
-                         {"writes_refused", n.writes_refused},
-                         {"device_full", n.device_full},
-                         {"evictions", s.nvme_evictions.Get()},
-                         {"evictions_for_quota", s.nvme_evictions_for_quota.Get()},
-                         {"demotions_refused_quota", s.demotions_refused_quota.Get()},
-                         {"demotions_refused_fair_share", s.demotions_refused_fair_share.Get()},
-                         {"promotions", s.promotions.Get()},
-                         {"promotions_for_load", s.promotions_for_load.Get()},
-                         {"promotions_failed", s.promotions_failed.Get()},
-                         {"writes_through", s.writes_through.Get()},
-                         {"calibration_reads", n.calibration_reads},
-                         {"demotions_for_calibration", s.demotions_for_calibration.Get()},
-                         {"journal", json{{"records", n.journal_records},
-                                          {"commits", n.journal_commits},
-                                          {"bytes", n.journal_bytes},
-                                          {"rewrites", n.journal_rewrites}}},
-                         {"recovery", json{{"blocks", n.recovery.blocks},
-                                           {"dropped", n.recovery.dropped + s.recovered_dropped.Get()},
-                                           {"journal_bytes_cut", n.recovery.journal_bytes_cut},
-                                           {"journal_records_cut", n.recovery.journal_records_cut},
-                                           {"resized_from_segments", n.recovery.resized_from_segments},
-                                           {"dropped_by_resize", n.recovery.dropped_by_resize},
-                                           {"seconds", n.recovery.seconds}}},
-                         {"health", std::string(TierHealthName(nvme->Health()))}});
+  if (BlockTier* lower = cache_->lower_tier()) {
+    const BlockTierStats b = lower->BlockStats();
+    json tier{{"tier", std::string(lower->name())},
+              {"policy", config_.nvme_policy},
+              {"durable", lower->durable()},
+              {"hits_loaded", s.blocks_hit_nvme.Get()},
+              {"hits_reported_recompute", s.blocks_recompute.Get()},
+              {"capacity_bytes", b.capacity_bytes},
+              {"used_bytes", b.used_bytes},
+              {"blocks", cache_->nvme_blocks()},
+              {"slots_used", b.used_slots},
+              {"in_flight", b.in_flight},
+              {"queued", b.queued},
+              {"reads", b.reads},
+              {"writes", b.writes},
+              {"bytes_read", b.bytes_read},
+              {"bytes_written", b.bytes_written},
+              {"checksum_failures", b.checksum_failures},
+              {"io_errors", b.io_errors},
+              {"abandoned", b.abandoned},
+              {"writes_refused", b.writes_refused},
+              {"evictions", s.nvme_evictions.Get()},
+              {"evictions_for_quota", s.nvme_evictions_for_quota.Get()},
+              {"demotions_refused_quota", s.demotions_refused_quota.Get()},
+              {"demotions_refused_fair_share", s.demotions_refused_fair_share.Get()},
+              {"promotions", s.promotions.Get()},
+              {"promotions_for_load", s.promotions_for_load.Get()},
+              {"promotions_failed", s.promotions_failed.Get()},
+              {"writes_through", s.writes_through.Get()},
+              {"demotions_for_calibration", s.demotions_for_calibration.Get()},
+              {"health", std::string(TierHealthName(lower->Health()))}};
+    // What only the NVMe tier has: its engine, journal and recovery.
+    if (const auto* nvme = dynamic_cast<const NvmeTier*>(lower)) {
+      const NvmeStats n = nvme->Stats();
+      tier.update(json{{"io_engine", n.io_engine},
+                       {"io_engine_reason", n.io_engine_reason},
+                       {"buffered_io", n.buffered},
+                       {"queue_depth", n.queue_depth},
+                       {"device_full", n.device_full},
+                       {"calibration_reads", n.calibration_reads},
+                       {"journal", json{{"records", n.journal_records},
+                                        {"commits", n.journal_commits},
+                                        {"bytes", n.journal_bytes},
+                                        {"rewrites", n.journal_rewrites}}},
+                       {"recovery", json{{"blocks", n.recovery.blocks},
+                                         {"dropped", n.recovery.dropped + s.recovered_dropped.Get()},
+                                         {"journal_bytes_cut", n.recovery.journal_bytes_cut},
+                                         {"journal_records_cut", n.recovery.journal_records_cut},
+                                         {"resized_from_segments", n.recovery.resized_from_segments},
+                                         {"dropped_by_resize", n.recovery.dropped_by_resize},
+                                         {"seconds", n.recovery.seconds}}}});
+    }
+    tiers.push_back(std::move(tier));
   }
   if (!gpu_.empty()) {
     // One GPU arena per tenant; summed here, per tenant under "tenants".

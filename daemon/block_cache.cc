@@ -36,7 +36,7 @@ absl::StatusOr<std::unique_ptr<BlockCache>> BlockCache::Create(const Options& op
 BlockCache::~BlockCache() {
   StopBackgroundReclaim();
   // Drain NVMe I/O and journal callbacks while everything they touch lives.
-  nvme_.reset();
+  lower_.reset();
 }
 
 absl::StatusOr<uint16_t> BlockCache::AddTenant(std::string name, std::unique_ptr<HostTier> host, TenantQuota quota) {
@@ -242,7 +242,7 @@ std::chrono::nanoseconds Left(std::chrono::steady_clock::time_point deadline) {
 
 BlockCache::FlushResult BlockCache::FlushToNvme(std::chrono::nanoseconds timeout) {
   FlushResult out;
-  if (!nvme_) return out;
+  if (!lower_) return out;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   struct Job {
     Mutex mu;
@@ -324,7 +324,7 @@ BlockCache::FlushResult BlockCache::FlushToNvme(std::chrono::nanoseconds timeout
     out.written = job->written;
     out.failed = job->failed;
   }
-  out.sync = nvme_->Sync();
+  out.sync = lower_->Sync();
   return out;
 }
 
@@ -631,7 +631,7 @@ absl::StatusOr<uint32_t> BlockCache::Lookup(SessionHoldings& s, std::span<const 
         break;
       }
       out[i] = in_host ? BlockLocation{TierKind::kHost, r->arena_offset, false}
-                       : BlockLocation{TierKind::kNvme, 0, false};
+                       : BlockLocation{lower_->kind(), 0, false};
       if (!in_host) ++hit_nvme;
       if (lease) {
         if (r->pins++ == 0) t.pinned.fetch_add(1, std::memory_order_relaxed);
@@ -653,7 +653,7 @@ absl::StatusOr<uint32_t> BlockCache::Lookup(SessionHoldings& s, std::span<const 
       MutexLock l(&sh.mu);
       BlockRecord* r = BlockIndex::Find(sh, s.ns.handle, keys[i]);
       if (r == nullptr || !r->visible()) break;
-      out[i] = BlockLocation{r->state == BlockState::kReady ? TierKind::kHost : TierKind::kNvme, 0, false, true};
+      out[i] = BlockLocation{r->state == BlockState::kReady ? TierKind::kHost : lower_->kind(), 0, false, true};
       ++n;
     }
     if (lease) stats_->blocks_recompute.Add(n);
@@ -817,8 +817,6 @@ absl::StatusOr<uint32_t> BlockCache::StoreBegin(SessionHoldings& s, std::span<co
     MutexLock l(&sh.mu);
     if (BlockIndex::Find(sh, s.ns.handle, keys[i]) != nullptr) continue;  // cached, moving, or being written
     BlockRecord* r = index_.NewRecord(s.ns.handle, keys[i]);
-    r->key = keys[i];
-    r->ns = s.ns.handle;
     r->tenant = s.ns.tenant;
     r->state = BlockState::kWriting;
     r->depth = base_depth ? static_cast<uint16_t>(std::min<size_t>(*base_depth + i, kUnknownDepth - 1))
@@ -928,13 +926,13 @@ void BlockCache::StoreCommit(SessionHoldings& s, uint64_t ticket, bool durable, 
   stats_->blocks_stored.Add(blocks.size());
   stats_->bytes_stored.Add(blocks.size() * s.ns.block_bytes);
   if (!durable) {
-    if (opts_.write_through && nvme_) {
+    if (opts_.write_through && lower_) {
       for (BlockRecord* r : blocks) WriteToNvme(t, r, IoPriority::kDemote, [](absl::Status) {});
     }
     std::move(done)(absl::OkStatus());
     return;
   }
-  if (!nvme_) {
+  if (!lower_) {
     std::move(done)(CodedStatus(KVTIER_EINVAL,
                                 "the blocks are committed to host memory, but kvtierd has no NVMe tier to make them "
                                 "durable; configure [tiers.nvme] or commit without durability"));

@@ -37,7 +37,7 @@
 #include "policies/chain_guard.h"
 #include "policies/eviction_policy.h"
 #include "tiers/host_tier.h"
-#include "tiers/nvme_tier.h"
+#include "tiers/block_tier.h"
 
 namespace kvtier {
 
@@ -145,11 +145,13 @@ class BlockCache {
 
   // Setup, before sessions start (not thread-safe).
   absl::StatusOr<uint16_t> AddTenant(std::string name, std::unique_ptr<HostTier> host, TenantQuota quota = {});
-  // The NVMe tier, and the blocks it recovered: each lands in its tenant's
-  // namespace (registered through `namespaces`); blocks of tenants no longer
+  // The block tier below host memory (NVMe in the daemon; any BlockTier),
+  // and the blocks it recovered: each lands in its tenant's namespace
+  // (registered through `namespaces`); blocks of tenants no longer
   // configured are freed. Returns how many were indexed.
-  absl::StatusOr<uint64_t> AttachNvme(std::unique_ptr<NvmeTier> nvme, const std::vector<RecoveredBlock>& recovered,
-                                      NamespaceRegistry* namespaces);
+  absl::StatusOr<uint64_t> AttachLowerTier(std::unique_ptr<BlockTier> lower,
+                                           const std::vector<RecoveredBlock>& recovered,
+                                           NamespaceRegistry* namespaces);
   // Starts the background reclaim thread when the watermarks are below 1;
   // after every AddTenant (the thread walks the tenants). Main thread.
   void StartBackgroundReclaim();
@@ -207,7 +209,7 @@ class BlockCache {
   uint64_t RecordsOf(uint32_t handle) const;
 
   HostTier* host_tier(uint16_t tenant) const { return tenants_[tenant]->host.get(); }
-  NvmeTier* nvme_tier() const { return nvme_.get(); }
+  BlockTier* lower_tier() const { return lower_.get(); }
   const std::string& tenant_name(uint16_t tenant) const { return tenants_[tenant]->name; }
   size_t tenant_count() const { return tenants_.size(); }
 
@@ -404,13 +406,13 @@ class BlockCache {
   };
   std::vector<NvmeUse> nvme_use_ ABSL_GUARDED_BY(nvme_mu_);  // by tenant
   // Each tenant's fair share of the NVMe tier: its capacity divided equally
-  // among the configured tenants (set by AttachNvme, after every AddTenant).
+  // among the configured tenants (set by AttachLowerTier, after every AddTenant).
   uint64_t nvme_fair_share_bytes_ = 0;
   // Evictions the cost model would drop; every kCalibrationDemotionEvery-th
   // is demoted anyway (3%: the tier keeps blocks to measure it on).
   static constexpr uint64_t kCalibrationDemotionEvery = 32;
   std::atomic<uint64_t> cost_demotions_{0};
-  std::unique_ptr<NvmeTier> nvme_;
+  std::unique_ptr<BlockTier> lower_;
 
   // Background reclaim.
   Mutex reclaim_mu_;

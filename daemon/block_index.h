@@ -154,12 +154,18 @@ class BlockIndex {
   BlockIndex(const BlockIndex&) = delete;
   BlockIndex& operator=(const BlockIndex&) = delete;
 
-  // A default record, from the pool of the shard that (ns, key) maps to; the
-  // caller sets its ns and key to those.
+  // A default record holding `ns` and `key`, from the pool of the shard they
+  // map to (so FreeRecord finds that pool again).
   BlockRecord* NewRecord(uint32_t ns, const BlockKey& key) {
     Shard& s = ShardFor(ns, key);
-    MutexLock l(&s.pool_mu);
-    return s.pool.New();
+    BlockRecord* r;
+    {
+      MutexLock l(&s.pool_mu);
+      r = s.pool.New();
+    }
+    r->ns = ns;
+    r->key = key;
+    return r;
   }
   // Frees a record made by NewRecord (its ns and key unchanged).
   void FreeRecord(BlockRecord* r) {

@@ -43,7 +43,7 @@ void BlockCache::DestroyDetached(BlockRecord* r) {
     MutexLock l(&nvme_mu_);
     nvme_policy_->Remove(r->nvme_slot);
     nvme_owner_.erase(r->nvme_slot);
-    (void)nvme_->Free(r->nvme_slot);
+    (void)lower_->Free(r->nvme_slot);
     ChargeNvmeLocked(r, -1);
     if (r->nvme_state == NvmeState::kReady) nvme_blocks_.fetch_sub(1, std::memory_order_relaxed);
   }
@@ -106,7 +106,7 @@ BlockCache::EvictResult BlockCache::EvictHostCopyLocked(TenantState& t, BlockRec
     if (r->ns < ns_info_.size()) tp_size = ns_info_[r->ns].tp_size;
   }
   // Unknown depth (stored without a lookup of its chain): demote.
-  bool by_cost = nvme_ && r->depth != kUnknownDepth &&
+  bool by_cost = lower_ && r->depth != kUnknownDepth &&
                  cost_.RecomputeBeatsNvme(uint64_t{r->depth} * meta.block_tokens, meta.block_tokens,
                                           meta.payload_bytes, tp_size);
   // One in kCalibrationDemotionEvery of those is demoted anyway, so the tier
@@ -116,7 +116,7 @@ BlockCache::EvictResult BlockCache::EvictHostCopyLocked(TenantState& t, BlockRec
     by_cost = false;
     stats_->demotions_for_calibration.Add();
   }
-  if (nvme_ && !by_cost && meta.payload_bytes <= nvme_->max_block_bytes()) {
+  if (lower_ && !by_cost && meta.payload_bytes <= lower_->max_block_bytes()) {
     absl::StatusOr<SlotHandle> nslot;
     {
       MutexLock nl(&nvme_mu_);
@@ -141,7 +141,7 @@ BlockCache::EvictResult BlockCache::EvictHostCopyLocked(TenantState& t, BlockRec
       // Write copies the bytes before it returns: the host slot is freed
       // right after. Its callback takes no tenant lock (r has no host slot),
       // so it may run inline here.
-      nvme_->Write(*nslot, meta, {t.host->arena_base() + offset, meta.payload_bytes}, IoPriority::kDemote,
+      lower_->Write(*nslot, meta, {t.host->arena_base() + offset, meta.payload_bytes}, IoPriority::kDemote,
                    [this, &t, r, start = MonotonicNanos()](absl::Status s) {
                      stats_->nvme_write_latency.Record(MonotonicNanos() - start);
                      if (!s.ok()) stats_->demotions_failed.Add();
@@ -176,7 +176,7 @@ BlockCache::EvictResult BlockCache::EvictHostCopyLocked(TenantState& t, BlockRec
 void BlockCache::FinishDemotion(TenantState& t, const PendingDemotion& d) {
   BlockRecord* r = d.r;
   // The slot is still allocated to r: nobody else writes these bytes.
-  nvme_->Write(d.nvme_slot, d.meta, {t.host->arena_base() + d.offset, d.meta.payload_bytes}, IoPriority::kDemote,
+  lower_->Write(d.nvme_slot, d.meta, {t.host->arena_base() + d.offset, d.meta.payload_bytes}, IoPriority::kDemote,
                [this, &t, r, start = MonotonicNanos()](absl::Status s) {
                  stats_->nvme_write_latency.Record(MonotonicNanos() - start);
                  if (!s.ok()) stats_->demotions_failed.Add();
@@ -238,7 +238,7 @@ absl::StatusOr<SlotHandle> BlockCache::AllocateNvmeSlotLocked(const BlockRecord*
     const bool over_quota = (q.nvme_bytes != 0 && u.bytes + bytes > q.nvme_bytes) ||
                             (q.nvme_tokens != 0 && u.tokens + tokens > q.nvme_tokens);
     if (!over_quota) {
-      absl::StatusOr<SlotHandle> slot = nvme_->Allocate(bytes);
+      absl::StatusOr<SlotHandle> slot = lower_->Allocate(bytes);
       if (slot.ok()) ChargeNvmeLocked(owner, +1);
       if (slot.ok() || !absl::IsResourceExhausted(slot.status())) return slot;
     }
@@ -259,7 +259,7 @@ absl::StatusOr<SlotHandle> BlockCache::AllocateNvmeSlotLocked(const BlockRecord*
         if (v->tenant == tenant) return from != From::kOthersOverShare && evictable();
         if (from == From::kOwn) return false;
         const uint64_t use = nvme_use_[v->tenant].slot_bytes;
-        if (use < nvme_fair_share_bytes_ || use - nvme_fair_share_bytes_ < nvme_->SlotBytes(h)) {
+        if (use < nvme_fair_share_bytes_ || use - nvme_fair_share_bytes_ < lower_->SlotBytes(h)) {
           if (!held_back && evictable()) held_back = true;
           return false;  // within its fair share: protected
         }
@@ -314,7 +314,7 @@ absl::StatusOr<SlotHandle> BlockCache::AllocateNvmeSlotLocked(const BlockRecord*
     }
     nvme_policy_->Remove(*victim);
     nvme_owner_.erase(*victim);
-    (void)nvme_->Free(*victim);
+    (void)lower_->Free(*victim);
     ChargeNvmeLocked(r, -1);
     nvme_blocks_.fetch_sub(1, std::memory_order_relaxed);
     stats_->nvme_evictions.Add();
@@ -361,14 +361,14 @@ void BlockCache::RecordNvmeWriteLocked(BlockRecord* r, const absl::Status& s) {
     nvme_blocks_.fetch_add(1, std::memory_order_relaxed);
   } else {
     nvme_owner_.erase(slot);
-    (void)nvme_->Free(slot);
+    (void)lower_->Free(slot);
     ChargeNvmeLocked(r, -1);
   }
 }
 
 void BlockCache::WriteToNvme(TenantState& t, BlockRecord* r, IoPriority prio, StatusCallback done) {
   const BlockMeta meta = MetaOf(r);
-  if (meta.payload_bytes > nvme_->max_block_bytes()) {
+  if (meta.payload_bytes > lower_->max_block_bytes()) {
     std::move(done)(absl::InvalidArgumentError(absl::StrCat(
         "blocks of ", meta.payload_bytes, " bytes do not fit an NVMe segment (tiers.nvme.segment_bytes)")));
     return;
@@ -412,7 +412,7 @@ void BlockCache::WriteToNvme(TenantState& t, BlockRecord* r, IoPriority prio, St
     r->nvme_slot = nslot;
     r->nvme_state = NvmeState::kWriting;
   }
-  nvme_->Write(nslot, meta, {t.host->arena_base() + offset, meta.payload_bytes}, prio,
+  lower_->Write(nslot, meta, {t.host->arena_base() + offset, meta.payload_bytes}, prio,
                [this, &t, r, start = MonotonicNanos(), done = std::move(done)](absl::Status s) mutable {
                  // A write the staging memory refused never started (a flush
                  // tries it again): not a write.
@@ -441,7 +441,7 @@ void BlockCache::DropNvmeCopy(BlockRecord* r) {
   }
   nvme_policy_->Remove(slot);
   nvme_owner_.erase(slot);
-  (void)nvme_->Free(slot);
+  (void)lower_->Free(slot);
   ChargeNvmeLocked(r, -1);
   nvme_blocks_.fetch_sub(1, std::memory_order_relaxed);
 }
@@ -490,7 +490,7 @@ void BlockCache::Promote(TenantState& t, BlockRecord* r, IoPriority prio, absl::
         still_writing = r->nvme_state == NvmeState::kWriting;
       }
       if (still_writing) {
-        nvme_->CommitSoon();  // a demotion's record waits for the next batch otherwise
+        lower_->CommitSoon();  // a demotion's record waits for the next batch otherwise
         write_waiters_[r].push_back(
             [this, &t, r, prio, parent_key, done = std::move(done)](bool written) mutable {
               if (!written) {
@@ -533,7 +533,7 @@ void BlockCache::Promote(TenantState& t, BlockRecord* r, IoPriority prio, absl::
     return;
   }
   const auto read_start = std::chrono::steady_clock::now();
-  nvme_->Read(nslot, meta, {t.host->arena_base() + offset, meta.payload_bytes}, prio,
+  lower_->Read(nslot, meta, {t.host->arena_base() + offset, meta.payload_bytes}, prio,
               [this, &t, r, hslot, read_start, parent_key, block_tokens = meta.block_tokens,
                done = std::move(done)](absl::Status s) mutable {
                 const bool ok = s.ok();
@@ -575,7 +575,7 @@ void BlockCache::Promote(TenantState& t, BlockRecord* r, IoPriority prio, absl::
 }
 
 void BlockCache::Prefetch(SessionHoldings& s, std::span<const BlockKey> keys, CountCallback done) {
-  if (!nvme_) {
+  if (!lower_) {
     std::move(done)(0u);
     return;
   }
@@ -614,22 +614,22 @@ void BlockCache::Prefetch(SessionHoldings& s, std::span<const BlockKey> keys, Co
 }
 
 uint32_t BlockCache::CalibrateNvme(uint64_t now_ns) {
-  if (!nvme_ || !cost_.WantsNvmeCalibration(now_ns)) return 0;
+  if (!lower_ || !cost_.WantsNvmeCalibration(now_ns)) return 0;
   // CostTracker's estimate gives each read 1% of its weight: 32 reads every
   // quiet 2 s replace 28% of it, so a device measured 40 times slower than
   // recomputation allows that recovered is trusted again within about 20 s
   // (cost_tracker_test). Each read is at most 1 MiB: 16 MB/s at most, and
   // only while the model keeps deciding against NVMe without reads.
-  return nvme_->CalibrationRead(32);
+  return lower_->CalibrationRead(32);
 }
 
-absl::StatusOr<uint64_t> BlockCache::AttachNvme(std::unique_ptr<NvmeTier> nvme,
+absl::StatusOr<uint64_t> BlockCache::AttachLowerTier(std::unique_ptr<BlockTier> lower,
                                                 const std::vector<RecoveredBlock>& recovered,
                                                 NamespaceRegistry* namespaces) {
-  nvme_ = std::move(nvme);
+  lower_ = std::move(lower);
   // The device's own time for each read, not the queue wait before it.
-  nvme_->SetReadObserver([this](uint64_t bytes, const IoTiming& t) { cost_.RecordNvmeRead(bytes, t.share_s()); });
-  nvme_fair_share_bytes_ = nvme_->Usage().capacity_bytes / std::max<size_t>(1, tenants_.size());
+  lower_->SetReadObserver([this](uint64_t bytes, const IoTiming& t) { cost_.RecordNvmeRead(bytes, t.share_s()); });
+  nvme_fair_share_bytes_ = lower_->Usage().capacity_bytes / std::max<size_t>(1, tenants_.size());
   MutexLock nl(&nvme_mu_);
   // The name was checked by Create.
   nvme_policy_ = opts_.nvme_policy == "lru" ? MakeSparseLruPolicy()
@@ -638,7 +638,7 @@ absl::StatusOr<uint64_t> BlockCache::AttachNvme(std::unique_ptr<NvmeTier> nvme,
   for (const RecoveredBlock& b : recovered) {
     auto tenant = tenant_by_hash_.find(b.meta.tenant_hash);
     if (tenant == tenant_by_hash_.end()) {
-      (void)nvme_->Free(b.slot);  // its tenant is no longer configured
+      (void)lower_->Free(b.slot);  // its tenant is no longer configured
       stats_->recovered_dropped.Add();
       continue;
     }
@@ -646,8 +646,6 @@ absl::StatusOr<uint64_t> BlockCache::AttachNvme(std::unique_ptr<NvmeTier> nvme,
         namespaces->RegisterRecovered(b.meta.ns, tenant->second, b.meta.payload_bytes, b.meta.block_tokens);
     RegisterNamespace(ns);
     BlockRecord* r = index_.NewRecord(ns.handle, b.meta.key);
-    r->key = b.meta.key;
-    r->ns = ns.handle;
     r->tenant = tenant->second;
     r->state = BlockState::kNone;
     r->nvme_slot = b.slot;
@@ -657,7 +655,7 @@ absl::StatusOr<uint64_t> BlockCache::AttachNvme(std::unique_ptr<NvmeTier> nvme,
       MutexLock sl(&sh.mu);
       if (BlockIndex::Find(sh, r->ns, r->key) != nullptr) {
         index_.FreeRecord(r);  // the same block twice (written again before a restart)
-        (void)nvme_->Free(b.slot);
+        (void)lower_->Free(b.slot);
         continue;
       }
       index_.Insert(sh, r);

@@ -27,6 +27,7 @@
 #include "ipc/attach.h"
 #include "ipc/kv_registration.h"
 #include "ipc/unix_socket.h"
+#include "tiers/nvme_tier.h"
 #include "core/fmt_absl.h"
 #include "spdlog/spdlog.h"
 
@@ -284,7 +285,7 @@ absl::Status Daemon::OpenNvme() {
   if (st.buffered) {
     spdlog::warn("event=nvme_buffered detail=\"O_DIRECT refused; buffered I/O as tiers.nvme.allow_buffered permits\"");
   }
-  ASSIGN_OR_RETURN(uint64_t indexed, cache_->AttachNvme(std::move(*nvme), recovered, &namespaces_));
+  ASSIGN_OR_RETURN(uint64_t indexed, cache_->AttachLowerTier(std::move(*nvme), recovered, &namespaces_));
   if (st.recovery.resized_from_segments != 0) {
     spdlog::warn("event=nvme_resized segments_before={} blocks_dropped={} detail=\"tiers.nvme.capacity changed: "
                  "blocks in the segments both sizes have were kept, the slab files were resized to the new "
@@ -892,7 +893,7 @@ void Daemon::Drain() {
   for (auto& [id, ls] : sessions_) ls.session->Stop(ipc::CloseReason::kShutdown);
   for (auto& [id, ls] : sessions_) ls.session->Join();
   cache_->StopBackgroundReclaim();
-  if (cache_->nvme_tier() == nullptr) {
+  if (cache_->lower_tier() == nullptr) {
     spdlog::info("event=drained seconds={:.3f} detail=\"no NVMe tier: host blocks do not outlive the process\"",
                  double(MonotonicNanos() - start) / 1e9);
     return;

@@ -8,6 +8,7 @@
 #ifndef KVTIER_TIERS_IO_ENGINE_H_
 #define KVTIER_TIERS_IO_ENGINE_H_
 
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -17,6 +18,8 @@
 
 #include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
+#include "core/cancel.h"
+#include "core/units.h"
 #include "tiers/tier.h"
 
 namespace kvtier {
@@ -49,12 +52,27 @@ struct IoOp {
   uint32_t tail_len = 0;
   // Optional: filled before `done` runs (on success and on error).
   IoTiming* timing = nullptr;
+  // Optional: an op still queued when its deadline passes (MonotonicNanos;
+  // 0: none) or its token is cancelled is not started: `done` gets -ETIME or
+  // -ECANCELED, and the engine counts it as abandoned, not as an error.
+  uint64_t deadline_ns = 0;
+  CancelToken cancel;
 };
+
+// Whether a queued op must be given up instead of started: 0 if not, else
+// -ECANCELED or -ETIME. Engines ask when they take an op off their queue.
+inline int32_t AbandonReason(uint64_t deadline_ns, const CancelToken& cancel) {
+  if (cancel.cancelled()) return -ECANCELED;
+  if (deadline_ns != 0 && MonotonicNanos() >= deadline_ns) return -ETIME;
+  return 0;
+}
+inline int32_t AbandonReason(const IoOp& op) { return AbandonReason(op.deadline_ns, op.cancel); }
 
 struct IoEngineStats {
   uint64_t reads = 0, writes = 0;
   uint64_t bytes_read = 0, bytes_written = 0;
   uint64_t errors = 0;
+  uint64_t abandoned = 0;  // given up before they started (AbandonReason)
   uint64_t in_flight = 0;  // submitted to the device, not yet completed
   uint64_t queued = 0;     // waiting for a free queue slot
 };

@@ -26,8 +26,6 @@ std::string SlabPath(const std::string& dir) { return dir + "/kvtier-slab.kvt"; 
 
 }  // namespace
 
-uint64_t TenantHash(absl::string_view tenant) { return XXH3_64bits(tenant.data(), tenant.size()); }
-
 NvmeTier::NvmeTier(const NvmeTierOptions& opts) : opts_(opts) {}
 
 NvmeTier::~NvmeTier() {
@@ -645,8 +643,9 @@ std::optional<NvmeTier::SlotPlace> NvmeTier::Locate(SlotHandle slot) const {
   return SlotPlace{seg.slots[idx].generation, seg.file_offset + idx * seg.slot_bytes, seg.slot_bytes, seg.file};
 }
 
-void NvmeTier::Write(SlotHandle slot, const BlockMeta& meta, std::span<const std::byte> src, IoPriority prio,
+void NvmeTier::Write(SlotHandle slot, const BlockMeta& meta, std::span<const std::byte> src, const IoOptions& io,
                      IoCallback done) {
+  const IoPriority prio = io.prio;
   const uint32_t sg = SegmentOf(slot), idx = IndexOf(slot);
   const std::optional<SlotPlace> place = Locate(slot);
   if (!place) {
@@ -664,6 +663,11 @@ void NvmeTier::Write(SlotHandle slot, const BlockMeta& meta, std::span<const std
   if (DeviceFull()) {
     writes_refused_.fetch_add(1, std::memory_order_relaxed);
     std::move(done)(CodedStatus(KVTIER_ENOSPC, "the NVMe device is full (ENOSPC); demotion is paused"));
+    return;
+  }
+  if (const int32_t abandon = AbandonReason(io.deadline_ns, io.cancel); abandon != 0) {
+    abandoned_.fetch_add(1, std::memory_order_relaxed);
+    std::move(done)(AbandonedStatus(abandon, "NVMe write"));
     return;
   }
   // Demotions take staging only while a quarter stays free for loads.
@@ -704,10 +708,14 @@ void NvmeTier::Write(SlotHandle slot, const BlockMeta& meta, std::span<const std
   std::memcpy(rec.key, meta.key.bytes.data(), 32);
   rec.tenant_hash = meta.tenant_hash;
   rec.block_tokens = meta.block_tokens;
-  engine_->Submit(IoOp{
+  IoOp op{
       true, file, off, buf, static_cast<uint32_t>(total), prio,
       [this, buf, file, slot, sg, idx, gen, meta, rec, prio, done = std::move(done)](int32_t res) mutable {
         staging_->Release(buf);
+        if (res == -ECANCELED || res == -ETIME) {
+          std::move(done)(AbandonedStatus(res, "NVMe write"));
+          return;
+        }
         if (res < 0) {
           io_errors_.fetch_add(1, std::memory_order_relaxed);
           if (res == -ENOSPC) full_until_ns_.store(MonotonicNanos() + kFullBackoffNs, std::memory_order_relaxed);
@@ -741,11 +749,15 @@ void NvmeTier::Write(SlotHandle slot, const BlockMeta& meta, std::span<const std
           std::move(done)(s);
           if (s.ok()) MaybeCompact();
         }, urgent);
-      }});
+      }};
+  op.deadline_ns = io.deadline_ns;
+  op.cancel = io.cancel;
+  engine_->Submit(std::move(op));
 }
 
-void NvmeTier::Read(SlotHandle slot, const BlockMeta& meta, std::span<std::byte> dst, IoPriority prio,
+void NvmeTier::Read(SlotHandle slot, const BlockMeta& meta, std::span<std::byte> dst, const IoOptions& io,
                     IoCallback done) {
+  const IoPriority prio = io.prio;
   const uint32_t sg = SegmentOf(slot), idx = IndexOf(slot);
   const std::optional<SlotPlace> place = Locate(slot);
   if (!place) {
@@ -759,6 +771,11 @@ void NvmeTier::Read(SlotHandle slot, const BlockMeta& meta, std::span<std::byte>
     std::move(done)(absl::InvalidArgumentError("read larger than the NVMe slot"));
     return;
   }
+  if (const int32_t abandon = AbandonReason(io.deadline_ns, io.cancel); abandon != 0) {
+    abandoned_.fetch_add(1, std::memory_order_relaxed);
+    std::move(done)(AbandonedStatus(abandon, "NVMe read"));
+    return;
+  }
   // Straight into dst when it can take direct I/O (page-aligned, whole
   // sectors: the host arena's slots): only the header goes through staging.
   const bool direct = reinterpret_cast<uintptr_t>(dst.data()) % kSectorBytes == 0 && dst.size() % kSectorBytes == 0;
@@ -770,8 +787,15 @@ void NvmeTier::Read(SlotHandle slot, const BlockMeta& meta, std::span<std::byte>
   }
   auto timing = std::make_unique<IoTiming>();
   op.timing = timing.get();
+  op.deadline_ns = io.deadline_ns;
+  op.cancel = io.cancel;
   op.done = [this, buf, dst, direct, sg, idx, gen, meta, slot, total, timing = std::move(timing),
              done = std::move(done)](int32_t res) mutable {
+        if (res == -ECANCELED || res == -ETIME) {
+          staging_->Release(buf);
+          std::move(done)(AbandonedStatus(res, "NVMe read"));
+          return;
+        }
         if (res < 0) {
           staging_->Release(buf);
           io_errors_.fetch_add(1, std::memory_order_relaxed);
@@ -925,6 +949,23 @@ TierHealth NvmeTier::Health() const {
   return TierHealth::kHealthy;
 }
 
+BlockTierStats NvmeTier::BlockStats() const {
+  const NvmeStats n = Stats();
+  return BlockTierStats{.capacity_bytes = n.capacity_bytes,
+                        .used_bytes = n.used_bytes,
+                        .used_slots = n.used_slots,
+                        .reads = n.reads,
+                        .writes = n.writes,
+                        .bytes_read = n.bytes_read,
+                        .bytes_written = n.bytes_written,
+                        .in_flight = n.in_flight,
+                        .queued = n.queued,
+                        .checksum_failures = n.checksum_failures,
+                        .io_errors = n.io_errors,
+                        .writes_refused = n.writes_refused,
+                        .abandoned = n.abandoned};
+}
+
 NvmeStats NvmeTier::Stats() const {
   NvmeStats s;
   s.io_engine = engine_->name();
@@ -945,6 +986,7 @@ NvmeStats NvmeTier::Stats() const {
   s.checksum_failures = checksum_failures_.load(std::memory_order_relaxed);
   s.io_errors = io_errors_.load(std::memory_order_relaxed);
   s.writes_refused = writes_refused_.load(std::memory_order_relaxed);
+  s.abandoned = abandoned_.load(std::memory_order_relaxed) + e.abandoned;
   s.calibration_reads = calibration_reads_.load(std::memory_order_relaxed);
   s.device_full = DeviceFull();
   const JournalStats j = journal_->Stats();

@@ -27,8 +27,8 @@
 #include "core/unique_fd.h"
 #include "tiers/io_engine.h"
 #include "tiers/journal.h"
+#include "tiers/block_tier.h"
 #include "tiers/staging_pool.h"
-#include "tiers/tier.h"
 
 namespace kvtier {
 
@@ -48,11 +48,6 @@ struct NvmeTierOptions {
   std::function<std::unique_ptr<IoEngine>(std::unique_ptr<IoEngine>)> wrap_engine;
   // Called during recovery with (slots checked, slots to check).
   std::function<void(uint64_t, uint64_t)> progress;
-};
-
-struct RecoveredBlock {
-  SlotHandle slot;
-  BlockMeta meta;
 };
 
 struct NvmeRecovery {
@@ -87,6 +82,7 @@ struct NvmeStats {
   uint64_t queue_depth = 0;
   uint64_t checksum_failures = 0;   // reads whose header or payload did not match
   uint64_t io_errors = 0;
+  uint64_t abandoned = 0;           // ops past their deadline or cancelled before they started
   uint64_t writes_refused = 0;      // device full or staging full
   uint64_t calibration_reads = 0;   // reads made only to measure the device (CalibrationRead)
   bool device_full = false;
@@ -94,7 +90,7 @@ struct NvmeStats {
   NvmeRecovery recovery;
 };
 
-class NvmeTier final : public Tier {
+class NvmeTier final : public BlockTier {
  public:
   // Opens or creates the slab files and the journal, replays the journal and
   // verifies the headers of live slots; `recovered` gets every block that
@@ -112,32 +108,34 @@ class NvmeTier final : public Tier {
   // Writes header + payload through a staging run; done after the journal
   // record is durable. Demotions never wait for staging: they fail with
   // ResourceExhausted when it is short (or the device is full).
-  void Write(SlotHandle slot, const BlockMeta& meta, std::span<const std::byte> src, IoPriority prio,
+  // An op's deadline and token are checked when it is called and again when
+  // the I/O engine takes it off its queue.
+  using BlockTier::Read;
+  using BlockTier::Write;
+  void Write(SlotHandle slot, const BlockMeta& meta, std::span<const std::byte> src, const IoOptions& io,
              IoCallback done) override;
-  void Read(SlotHandle slot, const BlockMeta& meta, std::span<std::byte> dst, IoPriority prio,
+  void Read(SlotHandle slot, const BlockMeta& meta, std::span<std::byte> dst, const IoOptions& io,
             IoCallback done) override;
   TierUsage Usage() const override;
   TierHealth Health() const override;
 
-  // Thread-safe. Waits until every write so far is durable.
-  absl::Status Sync();
-  // Thread-safe. Makes pending demotions durable without the batching delay
-  // (someone now waits for one); does not wait.
-  void CommitSoon();
+  std::string_view name() const override { return "nvme"; }
+  bool durable() const override { return true; }
+  // Waits until every write so far is durable (journal and slab files).
+  absl::Status Sync() override;
+  // Makes pending demotions durable without the group-commit delay.
+  void CommitSoon() override;
+  BlockTierStats BlockStats() const override;
+  // Everything BlockStats says, and the engine, journal and recovery.
   NvmeStats Stats() const;
-  // Largest payload one slot takes.
-  uint64_t max_block_bytes() const { return opts_.segment_bytes - kSectorBytes; }
+  uint64_t max_block_bytes() const override { return opts_.segment_bytes - kSectorBytes; }
 
-  // Called on an engine thread after every read that succeeded (blocks and
-  // calibration reads): the bytes read and the device's time for them,
-  // without the queue wait in front of it. Set before the first read.
-  using ReadObserver = std::function<void(uint64_t bytes, const IoTiming& timing)>;
-  void SetReadObserver(ReadObserver observer) { read_observer_ = std::move(observer); }
-  // Thread-safe. Reads `count` durable blocks (the next ones in slot order
-  // after the last calibration read; at most their first MiB) into staging,
-  // only to time the device (the observer sees them); does not wait. Returns how many were
-  // submitted: 0 when the tier holds no durable block or staging is short.
-  uint32_t CalibrationRead(uint32_t count);
+  // The observer sees block reads and calibration reads.
+  void SetReadObserver(ReadObserver observer) override { read_observer_ = std::move(observer); }
+  // Reads `count` durable blocks (the next ones in slot order after the last
+  // calibration read; at most their first MiB) into staging. 0 when the tier
+  // holds no durable block or staging is short.
+  uint32_t CalibrationRead(uint32_t count) override;
 
  private:
   struct SlotState {
@@ -207,7 +205,7 @@ class NvmeTier final : public Tier {
   uint64_t last_generation_ ABSL_GUARDED_BY(mu_) = 0;
   NvmeRecovery recovery_;
 
-  std::atomic<uint64_t> checksum_failures_{0}, io_errors_{0}, writes_refused_{0}, calibration_reads_{0};
+  std::atomic<uint64_t> checksum_failures_{0}, io_errors_{0}, writes_refused_{0}, calibration_reads_{0}, abandoned_{0};
   ReadObserver read_observer_;
   uint64_t calibration_cursor_ ABSL_GUARDED_BY(mu_) = 0;  // segment << 32 | slot of the next to try
   std::atomic<uint64_t> full_until_ns_{0};  // device reported ENOSPC: no writes until then
@@ -219,9 +217,6 @@ class NvmeTier final : public Tier {
 // as taken): KVTIER_ENOSPC saying how much is missing and what would fit.
 // NvmeTier::Open checks it before it allocates; kvtierd --check-config too.
 absl::Status CheckNvmeSpace(const std::vector<std::string>& dirs, uint64_t capacity_bytes, uint64_t segment_bytes);
-
-// A stable 64-bit hash of a tenant's name, kept with NVMe blocks.
-uint64_t TenantHash(absl::string_view tenant);
 
 }  // namespace kvtier
 

@@ -43,6 +43,7 @@ class ThreadEngine final : public IoEngine {
     s.bytes_read = bytes_read_.load(std::memory_order_relaxed);
     s.bytes_written = bytes_written_.load(std::memory_order_relaxed);
     s.errors = errors_.load(std::memory_order_relaxed);
+    s.abandoned = abandoned_.load(std::memory_order_relaxed);
     s.in_flight = in_flight_.load(std::memory_order_relaxed);
     s.queued = queued_.load(std::memory_order_relaxed);
     return s;
@@ -55,13 +56,16 @@ class ThreadEngine final : public IoEngine {
       queued_.fetch_sub(1, std::memory_order_relaxed);
       const uint64_t at_start = in_flight_.fetch_add(1, std::memory_order_relaxed) + 1;
       const uint64_t start_ns = MonotonicNanos();
-      int32_t res = Execute(op);
+      const int32_t abandon = AbandonReason(op);
+      const int32_t res = abandon != 0 ? abandon : Execute(op);
       const uint64_t at_end = in_flight_.fetch_sub(1, std::memory_order_relaxed);
       if (op.timing != nullptr) {
         op.timing->service_ns = MonotonicNanos() - start_ns;
         op.timing->in_flight = std::max(1.0, (double(at_start) + double(at_end)) / 2);
       }
-      if (res < 0) {
+      if (abandon != 0) {
+        abandoned_.fetch_add(1, std::memory_order_relaxed);
+      } else if (res < 0) {
         errors_.fetch_add(1, std::memory_order_relaxed);
       } else if (op.write) {
         writes_.fetch_add(1, std::memory_order_relaxed);
@@ -98,8 +102,8 @@ class ThreadEngine final : public IoEngine {
   IoQueue queue_;
   Outstanding outstanding_;
   std::vector<std::thread> threads_;
-  std::atomic<uint64_t> reads_{0}, writes_{0}, bytes_read_{0}, bytes_written_{0}, errors_{0}, in_flight_{0},
-      queued_{0};
+  std::atomic<uint64_t> reads_{0}, writes_{0}, bytes_read_{0}, bytes_written_{0}, errors_{0}, abandoned_{0},
+      in_flight_{0}, queued_{0};
 };
 
 }  // namespace

@@ -39,7 +39,8 @@ constexpr uint64_t kCompletionSpinNs = 200'000;
 constexpr uint32_t kSpinMaxInFlight = 2;
 
 struct Counters {
-  std::atomic<uint64_t> reads{0}, writes{0}, bytes_read{0}, bytes_written{0}, errors{0}, in_flight{0}, queued{0};
+  std::atomic<uint64_t> reads{0}, writes{0}, bytes_read{0}, bytes_written{0}, errors{0}, abandoned{0}, in_flight{0},
+      queued{0};
 };
 
 class UringWorker {
@@ -95,7 +96,13 @@ class UringWorker {
     iovec iov[2];       // vectored ops: must live until the completion
     uint64_t start_ns = 0;      // handed to the ring (the first time)
     uint32_t in_flight_at_start = 0;
+    bool abandoned = false;     // given up before it started (AbandonReason)
   };
+  static Pending* Abandoned(IoOp op) {
+    auto* p = new Pending{std::move(op)};
+    p->abandoned = true;
+    return p;
+  }
 
   absl::Status SetUpRing() {
     const unsigned entries = std::max<uint32_t>(opts_.queue_depth, 1) * 2 + 2;
@@ -182,7 +189,9 @@ class UringWorker {
       p->op.timing->in_flight = std::max(1.0, (double(p->in_flight_at_start) + double(in_flight_at_end)) / 2);
     }
     counters_->in_flight.fetch_sub(1, std::memory_order_relaxed);
-    if (res < 0) {
+    if (p->abandoned) {
+      counters_->abandoned.fetch_add(1, std::memory_order_relaxed);
+    } else if (res < 0) {
       counters_->errors.fetch_add(1, std::memory_order_relaxed);
     } else if (p->op.write) {
       counters_->writes.fetch_add(1, std::memory_order_relaxed);
@@ -210,6 +219,10 @@ class UringWorker {
         counters_->in_flight.fetch_add(1, std::memory_order_relaxed);
         if (op.file >= opts_.fds.size()) {
           Finish(new Pending{std::move(op)}, -EBADF);
+          continue;
+        }
+        if (const int32_t abandon = AbandonReason(op); abandon != 0) {
+          Finish(Abandoned(std::move(op)), abandon);
           continue;
         }
         ++in_flight_;
@@ -298,6 +311,10 @@ class UringWorker {
             finished_.emplace_back(new Pending{std::move(op)}, -EBADF);
             continue;
           }
+          if (const int32_t abandon = AbandonReason(op); abandon != 0) {
+            finished_.emplace_back(Abandoned(std::move(op)), abandon);
+            continue;
+          }
           ++in_flight_;
           Prep(new Pending{std::move(op)});
         }
@@ -382,6 +399,7 @@ class UringEngine final : public IoEngine {
     s.bytes_read = counters_.bytes_read.load(std::memory_order_relaxed);
     s.bytes_written = counters_.bytes_written.load(std::memory_order_relaxed);
     s.errors = counters_.errors.load(std::memory_order_relaxed);
+    s.abandoned = counters_.abandoned.load(std::memory_order_relaxed);
     s.in_flight = counters_.in_flight.load(std::memory_order_relaxed);
     s.queued = counters_.queued.load(std::memory_order_relaxed);
     return s;

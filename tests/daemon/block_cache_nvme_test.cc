@@ -11,6 +11,8 @@
 #include "gtest/gtest.h"
 #include "tests/support/test_support.h"
 #include "tiers/fault_injection.h"
+#include "tiers/memory_block_tier.h"
+#include "tiers/nvme_tier.h"
 
 namespace kvtier {
 namespace {
@@ -39,6 +41,16 @@ class BlockCacheNvmeTest : public ::testing::Test {
                                   i < quotas.size() ? quotas[i] : TenantQuota{})
                       .ok());
     }
+    if (lower_ == "memory") {
+      // The same place in the store, taken by another kind of block tier.
+      auto mem = MemoryBlockTier::Create({.capacity_bytes = 4 << 20, .max_block_bytes = 1 << 20});
+      ASSERT_TRUE(mem.ok()) << mem.status();
+      memory_ = mem->get();
+      auto n = cache_->AttachLowerTier(std::move(*mem), {}, &namespaces_);
+      ASSERT_TRUE(n.ok());
+      cache_->StartBackgroundReclaim();
+      return;
+    }
     NvmeTierOptions o;
     o.dirs = {dir_.File("nvme")};
     o.capacity_bytes = 4 << 20;
@@ -49,7 +61,7 @@ class BlockCacheNvmeTest : public ::testing::Test {
     auto nvme = NvmeTier::Open(o, &rec);
     ASSERT_TRUE(nvme.ok()) << nvme.status();
     recovered_ = rec.size();
-    auto n = cache_->AttachNvme(std::move(*nvme), rec, &namespaces_);
+    auto n = cache_->AttachLowerTier(std::move(*nvme), rec, &namespaces_);
     ASSERT_TRUE(n.ok());
     indexed_ = *n;
     cache_->StartBackgroundReclaim();
@@ -105,7 +117,8 @@ class BlockCacheNvmeTest : public ::testing::Test {
     EXPECT_TRUE(cache_->Release(s, lease).ok());
     return o.loaded;
   }
-  void SyncNvme() { ASSERT_TRUE(cache_->nvme_tier()->Sync().ok()); }
+  NvmeTier* Nvme() const { return static_cast<NvmeTier*>(cache_->lower_tier()); }
+  void SyncNvme() { ASSERT_TRUE(cache_->lower_tier()->Sync().ok()); }
   // How many of keys [from, from+n) have an NVMe copy (probes: change nothing).
   uint32_t OnNvme(SessionHoldings& s, uint64_t from, uint64_t n) {
     uint32_t count = 0;
@@ -144,6 +157,8 @@ class BlockCacheNvmeTest : public ::testing::Test {
   std::shared_ptr<IoFaults> faults_ = std::make_shared<IoFaults>();
   std::unique_ptr<BlockCache> cache_;
   uint64_t recovered_ = 0, indexed_ = 0;
+  std::string lower_ = "nvme";            // the block tier the next Open attaches: "nvme" or "memory"
+  MemoryBlockTier* memory_ = nullptr;     // when lower_ is "memory"
 };
 
 // The NVMe tier is shared; a tenant's nvme_bytes quota bounds its share.
@@ -252,7 +267,7 @@ TEST_F(BlockCacheNvmeTest, ATenantAloneMayUseTheWholeNvmeTier) {
     Store(*a, 4 * i, 4);
     SyncNvme();
   }
-  EXPECT_EQ(cache_->nvme_tier()->Usage().used_slots, 204u);
+  EXPECT_EQ(cache_->lower_tier()->Usage().used_slots, 204u);
   EXPECT_EQ(cache_->Usage()[0].nvme_bytes, 204 * kBlock);
   EXPECT_GT(stats_.nvme_evictions.Get(), 0u);
   EXPECT_EQ(stats_.evictions_dropped.Get(), 0u);
@@ -276,7 +291,7 @@ TEST_F(BlockCacheNvmeTest, ATenantWithinItsShareTakesRoomFromOneOverItsShareFirs
     Store(*b, 1000 + 4 * i, 4);
     SyncNvme();
   }
-  ASSERT_EQ(cache_->nvme_tier()->Usage().used_slots, 204u);
+  ASSERT_EQ(cache_->lower_tier()->Usage().used_slots, 204u);
   ASSERT_EQ(cache_->Usage()[0].nvme_bytes, 40 * kBlock);
   for (uint64_t i = 0; i < 10; ++i) {
     Store(*a, 500 + 4 * i, 4);  // 40 more demoted (the 4 kept in host memory first)
@@ -331,14 +346,14 @@ TEST_F(BlockCacheNvmeTest, ANvmeTierJudgedSlowIsUsedAgainOnceItRecovers) {
   for (; rounds < 40 && OnNvme(*s, 8, 1) == 0; ++rounds) {
     // The daemon's loop, a quiet 2 s later each time.
     cache_->CalibrateNvme(MonotonicNanos() + 3'000'000'000ull);
-    const uint64_t want = cache_->nvme_tier()->Stats().calibration_reads;
-    for (int i = 0; i < 200 && cache_->nvme_tier()->Stats().reads < 8 + want; ++i) {
+    const uint64_t want = Nvme()->Stats().calibration_reads;
+    for (int i = 0; i < 200 && Nvme()->Stats().reads < 8 + want; ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));  // the observer runs after the engine counts the read
   }
   EXPECT_LT(rounds, 40) << "NVMe never trusted again";
-  EXPECT_GT(cache_->nvme_tier()->Stats().calibration_reads, 0u);
+  EXPECT_GT(Nvme()->Stats().calibration_reads, 0u);
   EXPECT_EQ(LoadVerified(*s, 8, 8), 4u) << "loaded from NVMe again (4 at a time: the host tier)";
 }
 
@@ -356,7 +371,7 @@ TEST_F(BlockCacheNvmeTest, ADemotionThatWouldBreakAFairShareIsRefused) {
     Store(*a, 100 + 4 * i, 4);
     SyncNvme();
   }
-  ASSERT_EQ(cache_->nvme_tier()->Usage().used_slots, 204u);
+  ASSERT_EQ(cache_->lower_tier()->Usage().used_slots, 204u);
   ASSERT_EQ(stats_.nvme_evictions.Get(), 0u);
   const std::vector<uint64_t> pins = Pin(*a, 100, 164);
   Store(*a, 300, 4);  // evicts a's 4 host blocks: no room a may take
@@ -427,6 +442,50 @@ TEST_F(BlockCacheNvmeTest, HostEvictionDemotesAndLoadsPromoteBack) {
   EXPECT_EQ(stats_.blocks_hit_nvme.Get(), 4u);
 }
 
+// The store reaches its lower tier only through BlockTier: an in-memory tier
+// in NVMe's place takes demotions and serves promotions, loads and
+// prefetches byte-exact, and a damaged copy there is a miss.
+TEST_F(BlockCacheNvmeTest, AnotherKindOfBlockTierTakesTheNvmeTiersPlace) {
+  lower_ = "memory";
+  Open(4);
+  auto s = Session();
+  Store(*s, 0, 4);
+  Store(*s, 4, 4);  // evicts 0..3 from host into the memory tier
+  ASSERT_TRUE(memory_->Sync().ok());
+  EXPECT_EQ(stats_.demotions.Get(), 4u);
+  EXPECT_EQ(stats_.evictions_dropped.Get(), 0u);
+  EXPECT_EQ(memory_->BlockStats().writes, 4u);
+  std::vector<TierKind> tiers;
+  uint32_t hit = 0;
+  EXPECT_EQ(LoadVerified(*s, 0, 4, &tiers, &hit), 4u);
+  EXPECT_EQ(hit, 4u);
+  EXPECT_EQ(tiers, std::vector<TierKind>(4, memory_->kind()));
+  EXPECT_EQ(stats_.promotions.Get(), 4u);
+  EXPECT_EQ(memory_->BlockStats().reads, 4u);
+  EXPECT_EQ(LoadVerified(*s, 0, 4, &tiers), 4u);
+  EXPECT_EQ(tiers, std::vector<TierKind>(4, TierKind::kHost));
+
+  // Blocks 4..7 were evicted by the loads above; prefetch brings them back.
+  ASSERT_TRUE(memory_->Sync().ok());
+  std::vector<BlockKey> keys;
+  for (uint64_t i = 4; i < 8; ++i) keys.push_back(KeyOf(i));
+  std::promise<absl::StatusOr<uint32_t>> p;
+  cache_->Prefetch(*s, keys, [&](absl::StatusOr<uint32_t> n) { p.set_value(n); });
+  auto n = p.get_future().get();
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(*n, 4u);
+  EXPECT_EQ(LoadVerified(*s, 4, 4, &tiers), 4u);
+  EXPECT_EQ(tiers, std::vector<TierKind>(4, TierKind::kHost));
+
+  // Every copy in the memory tier damaged: blocks only there are misses.
+  Store(*s, 20, 4);  // evicts 4..7 again (their copies below are kept)
+  ASSERT_TRUE(memory_->Sync().ok());
+  for (SlotHandle slot = 0; slot < 64; ++slot) (void)memory_->CorruptPayload(slot, 100);
+  EXPECT_EQ(LoadVerified(*s, 4, 4, nullptr, &hit), 0u);
+  EXPECT_GE(memory_->BlockStats().checksum_failures, 1u);
+  EXPECT_GE(stats_.load_failures.Get(), 1u);
+}
+
 TEST_F(BlockCacheNvmeTest, ABlockWithADurableCopyKeepsItWhenEvictedFromHost) {
   Open(2);
   auto s = Session();
@@ -459,7 +518,7 @@ TEST_F(BlockCacheNvmeTest, ABadNvmeCopyIsAMissNeverWrongBytes) {
   // Block 0 fails its checksum: the loaded prefix is empty.
   EXPECT_EQ(LoadVerified(*s, 0, 2, nullptr, &hit), 0u);
   EXPECT_EQ(hit, 2u);
-  EXPECT_EQ(cache_->nvme_tier()->Stats().checksum_failures, 1u);
+  EXPECT_EQ(Nvme()->Stats().checksum_failures, 1u);
   EXPECT_GE(stats_.load_failures.Get(), 2u);
   // Block 0 is gone for good; block 1 still loads.
   EXPECT_EQ(LoadVerified(*s, 0, 2, nullptr, &hit), 0u);
@@ -500,7 +559,7 @@ TEST_F(BlockCacheNvmeTest, AFullNvmeTierEvictsItsLeastRecentlyUsedBlocks) {
   EXPECT_GT(stats_.nvme_evictions.Get(), 0u);
   EXPECT_EQ(stats_.evictions_dropped.Get(), 0u);
   EXPECT_LE(cache_->nvme_blocks(), 204u);
-  EXPECT_EQ(cache_->nvme_tier()->Usage().used_slots, cache_->nvme_blocks());
+  EXPECT_EQ(cache_->lower_tier()->Usage().used_slots, cache_->nvme_blocks());
   // The oldest are gone, the newer are there with the right bytes (two at a
   // time: a load must fit the 2-block host tier).
   uint32_t hit = 0;
@@ -542,7 +601,7 @@ TEST_F(BlockCacheNvmeTest, TheNvmeTierEvictsByItsConfiguredPolicy) {
       SyncNvme();
     }
     EXPECT_GT(stats_.nvme_evictions.Get(), evictions_before);
-    EXPECT_EQ(cache_->nvme_tier()->Usage().used_slots, cache_->nvme_blocks());
+    EXPECT_EQ(cache_->lower_tier()->Usage().used_slots, cache_->nvme_blocks());
     const uint32_t kept = probe(false);
     if (std::string(policy) == "lru") {
       EXPECT_EQ(kept, 0u) << "LRU: 300 newer demotions pushed it out";
@@ -562,12 +621,12 @@ TEST_F(BlockCacheNvmeTest, InvalidatingANvmeOnlyBlockFreesItsSlot) {
   Store(*s, 0, 2);
   Store(*s, 2, 2);
   SyncNvme();
-  const uint64_t used = cache_->nvme_tier()->Usage().used_slots;
+  const uint64_t used = cache_->lower_tier()->Usage().used_slots;
   const std::vector<BlockKey> gone = {KeyOf(0), KeyOf(1)};
   auto n = cache_->Invalidate(*s, gone);
   ASSERT_TRUE(n.ok());
   EXPECT_EQ(*n, 2u);
-  EXPECT_EQ(cache_->nvme_tier()->Usage().used_slots, used - 2);
+  EXPECT_EQ(cache_->lower_tier()->Usage().used_slots, used - 2);
   EXPECT_EQ(cache_->nvme_blocks(), 0u);
 }
 
@@ -596,7 +655,7 @@ TEST_F(BlockCacheNvmeTest, RecoveredBlocksOfAnUnknownTenantAreDropped) {
   EXPECT_EQ(recovered_, 3u);
   EXPECT_EQ(indexed_, 0u);
   EXPECT_EQ(stats_.recovered_dropped.Get(), 3u);
-  EXPECT_EQ(cache_->nvme_tier()->Usage().used_slots, 0u);
+  EXPECT_EQ(cache_->lower_tier()->Usage().used_slots, 0u);
 }
 
 TEST_F(BlockCacheNvmeTest, ConcurrentSessionsOverTwoTiersNeverSeeWrongBytes) {

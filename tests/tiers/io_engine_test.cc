@@ -91,6 +91,39 @@ TEST_P(IoEngineTest, ErrorsComeBackAsNegativeErrno) {
   EXPECT_EQ(engine_->Stats().errors, 2u);
 }
 
+TEST_P(IoEngineTest, OpsCancelledOrPastTheirDeadlineAreNotStarted) {
+  std::byte* w = pool_->Acquire(8192);
+  std::memset(w, 0x11, 8192);
+  ASSERT_EQ(Do(true, 0, 0, w, 8192), 8192);
+  std::memset(w, 0x22, 8192);
+  CancelSource cancel;
+  cancel.Cancel();
+  std::atomic<int32_t> cancelled{INT32_MIN}, late{INT32_MIN}, fine{INT32_MIN};
+  IoOp a{true, 0, 0, w, 8192, IoPriority::kLoad, [&](int32_t r) { cancelled = r; }};
+  a.cancel = cancel.token();
+  engine_->Submit(std::move(a));
+  IoOp b{true, 0, 0, w, 8192, IoPriority::kLoad, [&](int32_t r) { late = r; }};
+  b.deadline_ns = MonotonicNanos() - 1;
+  engine_->Submit(std::move(b));
+  IoOp c{false, 0, 4096, w + 4096, 4096, IoPriority::kLoad, [&](int32_t r) { fine = r; }};
+  c.deadline_ns = MonotonicNanos() + 60'000'000'000ull;
+  c.cancel = CancelSource().token();  // never cancelled
+  engine_->Submit(std::move(c));
+  engine_->Drain();
+  EXPECT_EQ(cancelled.load(), -ECANCELED);
+  EXPECT_EQ(late.load(), -ETIME);
+  EXPECT_EQ(fine.load(), 4096) << "a deadline ahead and a live token do not stop an op";
+  // Neither abandoned write reached the file: its first half still holds 0x11.
+  std::byte* r = pool_->Acquire(4096);
+  ASSERT_EQ(Do(false, 0, 0, r, 4096), 4096);
+  EXPECT_EQ(r[0], std::byte{0x11});
+  EXPECT_EQ(r[4095], std::byte{0x11});
+  const IoEngineStats st = engine_->Stats();
+  EXPECT_EQ(st.abandoned, 2u);
+  EXPECT_EQ(st.errors, 0u) << "abandoned ops are not errors";
+  EXPECT_EQ(st.writes, 1u);
+}
+
 TEST_P(IoEngineTest, ManyConcurrentSubmittersAllComplete) {
   constexpr int kThreads = 4, kOps = 200;
   std::atomic<int> ok{0}, bad{0};

@@ -1,0 +1,244 @@
+#include "tiers/memory_block_tier.h"
+
+#include <xxhash.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "core/units.h"
+
+namespace kvtier {
+
+absl::StatusOr<std::unique_ptr<MemoryBlockTier>> MemoryBlockTier::Create(const MemoryBlockTierOptions& opts) {
+  if (opts.capacity_bytes == 0) return absl::InvalidArgumentError("a memory block tier needs a capacity above 0");
+  if (opts.max_block_bytes == 0) return absl::InvalidArgumentError("a memory block tier needs max_block_bytes above 0");
+  return std::unique_ptr<MemoryBlockTier>(new MemoryBlockTier(opts));
+}
+
+MemoryBlockTier::MemoryBlockTier(const MemoryBlockTierOptions& opts) : opts_(opts), worker_([this] { Run(); }) {}
+
+MemoryBlockTier::~MemoryBlockTier() {
+  {
+    MutexLock l(&mu_);
+    stop_ = true;
+    paused_ = false;
+  }
+  cv_.notify_all();
+  worker_.join();
+}
+
+absl::StatusOr<SlotHandle> MemoryBlockTier::Allocate(uint64_t bytes) {
+  if (bytes == 0 || bytes > opts_.max_block_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("a block of ", bytes, " bytes does not fit the ", opts_.name,
+                                                   " tier (1 to ", opts_.max_block_bytes, " bytes)"));
+  }
+  MutexLock l(&mu_);
+  if (used_bytes_ + bytes > opts_.capacity_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("the ", opts_.name, " tier is full"));
+  }
+  SlotHandle h;
+  if (!free_.empty()) {
+    h = free_.back();
+    free_.pop_back();
+  } else {
+    h = static_cast<SlotHandle>(slots_.size());
+    slots_.emplace_back();
+  }
+  Slot& s = slots_[h];
+  s.bytes = bytes;
+  s.generation = ++last_generation_;
+  s.allocated = true;
+  s.written = false;
+  used_bytes_ += bytes;
+  ++used_slots_;
+  return h;
+}
+
+absl::Status MemoryBlockTier::Free(SlotHandle slot) {
+  MutexLock l(&mu_);
+  if (!LiveLocked(slot)) return absl::InvalidArgumentError(absl::StrCat(opts_.name, " slot ", slot, " is not allocated"));
+  Slot& s = slots_[slot];
+  used_bytes_ -= s.bytes;
+  --used_slots_;
+  s = Slot{};
+  free_.push_back(slot);
+  return absl::OkStatus();
+}
+
+uint64_t MemoryBlockTier::SlotBytes(SlotHandle slot) const {
+  MutexLock l(&mu_);
+  return LiveLocked(slot) ? slots_[slot].bytes : 0;
+}
+
+bool MemoryBlockTier::LiveLocked(SlotHandle slot) const { return slot < slots_.size() && slots_[slot].allocated; }
+
+void MemoryBlockTier::Write(SlotHandle slot, const BlockMeta& meta, std::span<const std::byte> src,
+                            const IoOptions& io, IoCallback done) {
+  Op op{.write = true, .slot = slot, .meta = meta, .io = io, .done = std::move(done)};
+  {
+    MutexLock l(&mu_);
+    if (!LiveLocked(slot)) {
+      std::move(op.done)(absl::InvalidArgumentError(absl::StrCat("write to ", opts_.name, " slot ", slot,
+                                                                 ", which is not allocated")));
+      return;
+    }
+    if (src.empty() || src.size() > slots_[slot].bytes || meta.payload_bytes != src.size()) {
+      writes_refused_.fetch_add(1, std::memory_order_relaxed);
+      std::move(op.done)(absl::InvalidArgumentError(absl::StrCat("a block of ", src.size(), " bytes does not fit ",
+                                                                 opts_.name, " slot ", slot, " of ",
+                                                                 slots_[slot].bytes, " bytes")));
+      return;
+    }
+    op.generation = slots_[slot].generation;
+  }
+  op.src.assign(src.begin(), src.end());
+  Enqueue(std::move(op));
+}
+
+void MemoryBlockTier::Read(SlotHandle slot, const BlockMeta& meta, std::span<std::byte> dst, const IoOptions& io,
+                           IoCallback done) {
+  Op op{.write = false, .slot = slot, .meta = meta, .dst = dst, .io = io, .done = std::move(done)};
+  {
+    MutexLock l(&mu_);
+    if (!LiveLocked(slot)) {
+      std::move(op.done)(absl::NotFoundError(absl::StrCat(opts_.name, " slot ", slot, " holds no block")));
+      return;
+    }
+    op.generation = slots_[slot].generation;
+  }
+  Enqueue(std::move(op));
+}
+
+void MemoryBlockTier::Enqueue(Op op) {
+  {
+    MutexLock l(&mu_);
+    queue_[static_cast<int>(op.io.prio)].push_back(std::move(op));
+    ++queued_;
+    ++unfinished_;
+  }
+  cv_.notify_all();
+}
+
+void MemoryBlockTier::Run() {
+  for (;;) {
+    Op op;
+    {
+      MutexLock l(&mu_);
+      mu_.Await(cv_, [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stop_ || (!paused_ && queued_ > 0); });
+      if (queued_ == 0) return;  // stopping, and everything ran
+      for (auto& q : queue_) {
+        if (!q.empty()) {
+          op = std::move(q.front());
+          q.pop_front();
+          break;
+        }
+      }
+      --queued_;
+    }
+    absl::Status st;
+    if (const int32_t abandon = AbandonReason(op.io.deadline_ns, op.io.cancel); abandon != 0) {
+      abandoned_.fetch_add(1, std::memory_order_relaxed);
+      st = AbandonedStatus(abandon, absl::StrCat(opts_.name, op.write ? " write" : " read"));
+    } else {
+      in_flight_.fetch_add(1, std::memory_order_relaxed);
+      const uint64_t start = MonotonicNanos();
+      if (opts_.op_latency_ns > 0) std::this_thread::sleep_for(std::chrono::nanoseconds(opts_.op_latency_ns));
+      st = Execute(op);
+      in_flight_.fetch_sub(1, std::memory_order_relaxed);
+      if (st.ok() && !op.write && read_observer_) read_observer_(op.dst.size(), IoTiming{MonotonicNanos() - start, 1});
+    }
+    std::move(op.done)(st);
+    {
+      MutexLock l(&mu_);
+      --unfinished_;
+    }
+    cv_.notify_all();
+  }
+}
+
+absl::Status MemoryBlockTier::Execute(Op& op) {
+  MutexLock l(&mu_);
+  const bool same = LiveLocked(op.slot) && slots_[op.slot].generation == op.generation;
+  if (op.write) {
+    if (!same) return absl::CancelledError(absl::StrCat(opts_.name, " slot was freed during the write"));
+    Slot& s = slots_[op.slot];
+    s.data = std::move(op.src);
+    s.meta = op.meta;
+    s.xxh3 = XXH3_64bits(s.data.data(), s.data.size());
+    s.written = true;
+    writes_.fetch_add(1, std::memory_order_relaxed);
+    bytes_written_.fetch_add(s.data.size(), std::memory_order_relaxed);
+    return absl::OkStatus();
+  }
+  if (!same) return absl::NotFoundError(absl::StrCat(opts_.name, " slot ", op.slot, " was freed before the read"));
+  const Slot& s = slots_[op.slot];
+  const bool ok = s.written && s.meta.ns == op.meta.ns && s.meta.key == op.meta.key &&
+                  s.data.size() == op.dst.size() && op.meta.payload_bytes == op.dst.size() &&
+                  XXH3_64bits(s.data.data(), s.data.size()) == s.xxh3;
+  if (!ok) {
+    checksum_failures_.fetch_add(1, std::memory_order_relaxed);
+    return absl::DataLossError(absl::StrCat(opts_.name, " slot ", op.slot,
+                                            " does not hold that block intact; the block is not served"));
+  }
+  std::memcpy(op.dst.data(), s.data.data(), s.data.size());
+  reads_.fetch_add(1, std::memory_order_relaxed);
+  bytes_read_.fetch_add(s.data.size(), std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+absl::Status MemoryBlockTier::Sync() {
+  MutexLock l(&mu_);
+  mu_.Await(cv_, [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return unfinished_ == 0; });
+  return absl::OkStatus();
+}
+
+TierUsage MemoryBlockTier::Usage() const {
+  MutexLock l(&mu_);
+  return TierUsage{opts_.capacity_bytes, used_bytes_, used_slots_, free_.size()};
+}
+
+BlockTierStats MemoryBlockTier::BlockStats() const {
+  const TierUsage u = Usage();
+  uint64_t queued;
+  {
+    MutexLock l(&mu_);
+    queued = queued_;
+  }
+  return BlockTierStats{.capacity_bytes = u.capacity_bytes,
+                        .used_bytes = u.used_bytes,
+                        .used_slots = u.used_slots,
+                        .reads = reads_.load(std::memory_order_relaxed),
+                        .writes = writes_.load(std::memory_order_relaxed),
+                        .bytes_read = bytes_read_.load(std::memory_order_relaxed),
+                        .bytes_written = bytes_written_.load(std::memory_order_relaxed),
+                        .in_flight = in_flight_.load(std::memory_order_relaxed),
+                        .queued = queued,
+                        .checksum_failures = checksum_failures_.load(std::memory_order_relaxed),
+                        .writes_refused = writes_refused_.load(std::memory_order_relaxed),
+                        .abandoned = abandoned_.load(std::memory_order_relaxed)};
+}
+
+absl::Status MemoryBlockTier::CorruptPayload(SlotHandle slot, uint64_t offset) {
+  MutexLock l(&mu_);
+  if (!LiveLocked(slot) || !slots_[slot].written || offset >= slots_[slot].data.size()) {
+    return absl::InvalidArgumentError("no written payload byte there");
+  }
+  slots_[slot].data[offset] ^= std::byte{0x5a};
+  return absl::OkStatus();
+}
+
+void MemoryBlockTier::Pause() {
+  MutexLock l(&mu_);
+  paused_ = true;
+}
+
+void MemoryBlockTier::Resume() {
+  {
+    MutexLock l(&mu_);
+    paused_ = false;
+  }
+  cv_.notify_all();
+}
+
+}  // namespace kvtier

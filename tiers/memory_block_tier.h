@@ -1,0 +1,122 @@
+// A block tier in process memory: what the store's chain of lower tiers is
+// tested with (a tier below NVMe, a stand-in for a remote store), and a model
+// of what a block tier must do. Blocks are copied in and out whole on one
+// tier thread, in priority order, each op taking at least `op_latency_ns`;
+// every read checks the namespace, key, length and an XXH3 checksum of the
+// payload, so a damaged or stale copy is DataLoss, never served. Not durable:
+// its blocks are gone when it is.
+#ifndef KVTIER_TIERS_MEMORY_BLOCK_TIER_H_
+#define KVTIER_TIERS_MEMORY_BLOCK_TIER_H_
+
+#include <array>
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/mutex.h"
+#include "tiers/block_tier.h"
+
+namespace kvtier {
+
+struct MemoryBlockTierOptions {
+  uint64_t capacity_bytes = 0;  // payload bytes of allocated slots, at most
+  uint64_t max_block_bytes = 64ull << 20;
+  // What lookups report a block here as. The client ABI names no lower tier
+  // but NVMe yet, and to an engine both mean the same: Load brings it back.
+  TierKind kind = TierKind::kNvme;
+  std::string name = "memory";
+  uint64_t op_latency_ns = 0;   // each op takes at least this long
+};
+
+class MemoryBlockTier final : public BlockTier {
+ public:
+  static absl::StatusOr<std::unique_ptr<MemoryBlockTier>> Create(const MemoryBlockTierOptions& opts);
+  ~MemoryBlockTier() override;  // runs what is queued first
+
+  TierKind kind() const override { return opts_.kind; }
+  // ResourceExhausted when `bytes` more would pass the capacity.
+  absl::StatusOr<SlotHandle> Allocate(uint64_t bytes) override;
+  absl::Status Free(SlotHandle slot) override;
+  uint64_t SlotBytes(SlotHandle slot) const override;
+  using BlockTier::Read;
+  using BlockTier::Write;
+  void Write(SlotHandle slot, const BlockMeta& meta, std::span<const std::byte> src, const IoOptions& io,
+             IoCallback done) override;
+  void Read(SlotHandle slot, const BlockMeta& meta, std::span<std::byte> dst, const IoOptions& io,
+            IoCallback done) override;
+  TierUsage Usage() const override;
+  TierHealth Health() const override { return TierHealth::kHealthy; }
+
+  std::string_view name() const override { return opts_.name; }
+  bool durable() const override { return false; }
+  uint64_t max_block_bytes() const override { return opts_.max_block_bytes; }
+  // Waits until every op queued so far has run (never returns while paused).
+  absl::Status Sync() override;
+  void CommitSoon() override {}
+  BlockTierStats BlockStats() const override;
+  void SetReadObserver(ReadObserver observer) override { read_observer_ = std::move(observer); }
+  // Nothing to calibrate: every read is timed, and reads cost what memcpy does.
+  uint32_t CalibrationRead(uint32_t) override { return 0; }
+
+  // For tests. Flips one byte of the payload in `slot` (a damaged copy).
+  absl::Status CorruptPayload(SlotHandle slot, uint64_t offset);
+  // For tests. While paused, ops queue and do not run (deadlines pass).
+  void Pause();
+  void Resume();
+
+ private:
+  struct Slot {
+    uint64_t bytes = 0;
+    uint64_t generation = 0;
+    bool allocated = false;
+    bool written = false;
+    BlockMeta meta;
+    uint64_t xxh3 = 0;
+    std::vector<std::byte> data;
+  };
+  struct Op {
+    bool write = false;
+    SlotHandle slot = 0;
+    uint64_t generation = 0;
+    BlockMeta meta;
+    std::vector<std::byte> src;  // a write's copy of the caller's bytes
+    std::span<std::byte> dst;
+    IoOptions io;
+    IoCallback done;
+  };
+
+  explicit MemoryBlockTier(const MemoryBlockTierOptions& opts);
+  void Enqueue(Op op);
+  void Run();
+  absl::Status Execute(Op& op);
+  bool LiveLocked(SlotHandle slot) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const MemoryBlockTierOptions opts_;
+  ReadObserver read_observer_;
+
+  mutable Mutex mu_;
+  std::condition_variable_any cv_;
+  std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);
+  std::vector<SlotHandle> free_ ABSL_GUARDED_BY(mu_);
+  uint64_t used_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t used_slots_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t last_generation_ ABSL_GUARDED_BY(mu_) = 0;
+  std::array<std::deque<Op>, kIoPriorities> queue_ ABSL_GUARDED_BY(mu_);
+  uint64_t queued_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t unfinished_ ABSL_GUARDED_BY(mu_) = 0;  // queued or running
+  bool paused_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+
+  // Counted on the tier thread, read by BlockStats without the lock.
+  std::atomic<uint64_t> reads_{0}, writes_{0}, bytes_read_{0}, bytes_written_{0}, checksum_failures_{0},
+      writes_refused_{0}, abandoned_{0}, in_flight_{0};
+  std::thread worker_;  // last: started once everything above is built
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_TIERS_MEMORY_BLOCK_TIER_H_
