@@ -9,10 +9,12 @@
 #include <cerrno>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "core/block_key.h"
 #include "core/bounded_json.h"
 #include "core/namespace.h"
 #include "core/units.h"
+#include "daemon/config_schema.h"
 #include "daemon/daemon.h"
 #include "ipc/admin_client.h"
 #include "ipc/unix_socket.h"
@@ -265,28 +267,24 @@ nlohmann::json Daemon::ConfigJson() const {
                        {"nvme_bytes", t.nvme_bytes},
                        {"nvme_tokens", t.nvme_tokens}});
   }
-  return json{{"daemon", {{"run_dir", c.run_dir}, {"data_dir", c.data_dir}, {"log_level", c.log_level},
-                          {"device", c.device}, {"hash", std::string(HashAlgorithmName(c.hash))},
-                          {"drain_timeout_ms", c.drain_timeout_ms}}},
-              {"ipc", {{"ring_entries", c.ring_entries}, {"scratch_bytes", c.scratch_bytes},
-                       {"max_keys_per_op", c.max_keys_per_op}, {"spin_us", c.spin_us},
-                       {"max_sessions", c.max_sessions}, {"max_leases_per_session", c.max_leases_per_session}}},
-              {"metrics", {{"enabled", c.metrics_enabled}, {"address", c.metrics_address}, {"port", c.metrics_port},
-                           {"token_file", c.metrics_token_file}}},
-              {"tiers", {{"host", {{"capacity", c.host_capacity}, {"prefault", c.host_prefault}, {"policy", c.host_policy},
-                                   {"high_watermark", c.host_high_watermark},
-                                   {"low_watermark", c.host_low_watermark}}},
-                         {"nvme", {{"dirs", c.NvmeDirs()}, {"capacity", c.nvme_capacity},
-                                   {"segment_bytes", c.nvme_segment_bytes}, {"queue_depth", c.nvme_queue_depth},
-                                   {"io_workers", c.nvme_io_workers}, {"io_engine", c.nvme_io_engine},
-                                   {"allow_buffered", c.nvme_allow_buffered}, {"staging_bytes", c.nvme_staging_bytes},
-                                   {"write_through", c.nvme_write_through}, {"policy", c.nvme_policy}}},
-                         {"gpu", {{"capacity", c.gpu_capacity}}}}},
-              {"cost_model", {{"model_config", c.cost_model_config}, {"prefill_tflops", c.cost_prefill_tflops},
-                              {"nvme_read_gbps", c.cost_nvme_read_gbps},
-                              {"nvme_read_latency_us", c.cost_nvme_read_latency_us}, {"decide", c.cost_decide}}},
-              {"sim", {{"bandwidth", c.sim_bandwidth}}},
-              {"tenants", tenants}};
+  json out = json::object();
+  for (const ConfigKey& k : ConfigSchema()) {
+    json value = VisitConfigValue(k, c, [](const auto& v) -> json {
+      if constexpr (std::is_same_v<std::decay_t<decltype(v)>, HashAlgorithm>) {
+        return std::string(HashAlgorithmName(v));
+      } else {
+        return v;
+      }
+    });
+    json* at = &out;
+    for (absl::string_view part : absl::StrSplit(absl::string_view(k.section.data(), k.section.size()), '.')) {
+      at = &(*at)[std::string(part)];
+    }
+    (*at)[std::string(k.name)] = std::move(value);
+  }
+  out["tiers"]["nvme"]["dirs"] = c.NvmeDirs();  // the directories in effect
+  out["tenants"] = std::move(tenants);
+  return out;
 }
 
 nlohmann::json Daemon::Status() const {

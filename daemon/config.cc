@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <fstream>
+#include <map>
+#include <memory>
 #include <sstream>
 
 #include "absl/container/flat_hash_set.h"
@@ -15,6 +17,7 @@
 #include "core/fmt_absl.h"
 #include "core/status.h"
 #include "core/units.h"
+#include "daemon/config_schema.h"
 #include "fmt/format.h"
 
 #include <toml++/toml.h>
@@ -197,6 +200,44 @@ absl::Status CheckTableType(const toml::table& root, std::string_view key, std::
   return absl::OkStatus();
 }
 
+// One key of the schema, read from its section's table into c.
+absl::Status ReadKey(TableReader& r, const ConfigKey& k, std::string_view origin, Config* c) {
+  switch (k.type) {
+    case ConfigType::kString:
+      return r.String(k.name, &(c->*std::get<std::string Config::*>(k.field)));
+    case ConfigType::kBool:
+      return r.Bool(k.name, &(c->*std::get<bool Config::*>(k.field)));
+    case ConfigType::kInt:
+      if (auto* m = std::get_if<uint32_t Config::*>(&k.field)) {
+        return r.Int(k.name, &(c->**m), static_cast<int64_t>(k.lo), static_cast<int64_t>(k.hi));
+      }
+      return r.Int(k.name, &(c->*std::get<uint64_t Config::*>(k.field)), static_cast<int64_t>(k.lo),
+                   static_cast<int64_t>(k.hi));
+    case ConfigType::kDouble:
+      return r.Double(k.name, &(c->*std::get<double Config::*>(k.field)), k.lo, k.hi);
+    case ConfigType::kBytes:
+      return r.Bytes(k.name, &(c->*std::get<uint64_t Config::*>(k.field)));
+    case ConfigType::kStringList:
+      return r.StringList(k.name, &(c->*std::get<std::vector<std::string> Config::*>(k.field)));
+    case ConfigType::kIntList:
+      return absl::InternalError(Cat(k.full_name(), ": no list of integers outside [[tenants]]"));
+    case ConfigType::kHash: {
+      HashAlgorithm& out = c->*std::get<HashAlgorithm Config::*>(k.field);
+      std::string name(HashAlgorithmName(out));
+      RETURN_IF_ERROR(r.String(k.name, &name));
+      absl::StatusOr<HashAlgorithm> algo = ParseHashAlgorithm(name);
+      if (!algo.ok()) {
+        const std::string full = k.full_name();
+        return absl::InvalidArgumentError(Cat(c->key_source.contains(full) ? c->key_source[full] : std::string(origin),
+                                              ": ", full, ": ", algo.status().message()));
+      }
+      out = *algo;
+      return absl::OkStatus();
+    }
+  }
+  return absl::InternalError("unknown config key type");
+}
+
 void ReadTenants(const toml::array& arr, std::string_view origin, Config* c, std::vector<std::string>* errors) {
   c->tenants.clear();
   for (const toml::node& n : arr) {
@@ -209,14 +250,23 @@ void ReadTenants(const toml::array& arr, std::string_view origin, Config* c, std
     const std::string prefix = Cat("tenants[", c->tenants.size(), "]");
     c->key_source[prefix] = Where(origin, n.source());
     TableReader r(*t, prefix, origin, &c->key_source);
-    KVTIER_KEEP_ERROR(*errors, r.String("name", &tc.name));
-    KVTIER_KEEP_ERROR(*errors, r.IntList("uids", &tc.uids));
-    KVTIER_KEEP_ERROR(*errors, r.IntList("gids", &tc.gids));
-    KVTIER_KEEP_ERROR(*errors, r.String("salt", &tc.salt));
-    KVTIER_KEEP_ERROR(*errors, r.Bytes("host_bytes", &tc.host_bytes));
-    KVTIER_KEEP_ERROR(*errors, r.Int("host_tokens", &tc.host_tokens, 0, int64_t{1} << 50));
-    KVTIER_KEEP_ERROR(*errors, r.Bytes("nvme_bytes", &tc.nvme_bytes));
-    KVTIER_KEEP_ERROR(*errors, r.Int("nvme_tokens", &tc.nvme_tokens, 0, int64_t{1} << 50));
+    for (const TenantKey& k : TenantSchema()) {
+      switch (k.type) {
+        case ConfigType::kString:
+          KVTIER_KEEP_ERROR(*errors, r.String(k.name, &(tc.*std::get<std::string TenantConfig::*>(k.field))));
+          break;
+        case ConfigType::kIntList:
+          KVTIER_KEEP_ERROR(*errors, r.IntList(k.name, &(tc.*std::get<std::vector<uint32_t> TenantConfig::*>(k.field))));
+          break;
+        case ConfigType::kBytes:
+          KVTIER_KEEP_ERROR(*errors, r.Bytes(k.name, &(tc.*std::get<uint64_t TenantConfig::*>(k.field))));
+          break;
+        default:  // kInt: token counts
+          KVTIER_KEEP_ERROR(*errors, r.Int(k.name, &(tc.*std::get<uint64_t TenantConfig::*>(k.field)), 0,
+                                           int64_t{1} << 50));
+          break;
+      }
+    }
     KVTIER_KEEP_ERROR(*errors, r.RejectUnknown());
     c->tenants.push_back(std::move(tc));
   }
@@ -360,107 +410,40 @@ absl::StatusOr<Config> ParseConfig(std::string_view toml_text, std::string_view 
   Config c = DefaultConfig();
   std::vector<std::string> errors;
   TableReader top(root, "", origin, &c.key_source);
-  for (std::string_view t : {"daemon", "ipc", "tiers", "sim", "metrics", "limits"}) {
-    KVTIER_KEEP_ERROR(errors, CheckTableType(root, t, origin));
-  }
-  if (const toml::table* t = top.SubTable("daemon")) {
-    TableReader r(*t, "daemon", origin, &c.key_source);
-    KVTIER_KEEP_ERROR(errors, r.String("run_dir", &c.run_dir));
-    KVTIER_KEEP_ERROR(errors, r.String("data_dir", &c.data_dir));
-    KVTIER_KEEP_ERROR(errors, r.String("log_level", &c.log_level));
-    KVTIER_KEEP_ERROR(errors, r.String("device", &c.device));
-    KVTIER_KEEP_ERROR(errors, r.Int("drain_timeout_ms", &c.drain_timeout_ms, 0, 600000));
-    std::string hash(HashAlgorithmName(c.hash));
-    KVTIER_KEEP_ERROR(errors, r.String("hash", &hash));
-    auto algo = ParseHashAlgorithm(hash);
-    if (algo.ok()) {
-      c.hash = *algo;
+  // Sections are [name] or [parent.name]; a parent table holds only sections.
+  std::map<std::string, std::unique_ptr<TableReader>, std::less<>> parents;
+  for (const ConfigSection& sec : ConfigSections()) {
+    const size_t dot = sec.name.find('.');
+    const std::string_view outer = sec.name.substr(0, dot);
+    if (dot == std::string_view::npos || !parents.contains(outer)) {
+      KVTIER_KEEP_ERROR(errors, CheckTableType(root, outer, origin));
+    }
+    const toml::table* t = nullptr;
+    if (dot == std::string_view::npos) {
+      t = top.SubTable(sec.name);
     } else {
-      errors.push_back(Cat(c.key_source.contains("daemon.hash") ? c.key_source["daemon.hash"] : std::string(origin),
-                           ": daemon.hash: ", algo.status().message()));
+      auto p = parents.find(outer);
+      if (p == parents.end()) {
+        const toml::table* pt = top.SubTable(outer);
+        p = parents.emplace(std::string(outer), pt ? std::make_unique<TableReader>(*pt, std::string(outer), origin,
+                                                                                   &c.key_source)
+                                                   : nullptr)
+                .first;
+      }
+      if (p->second) t = p->second->SubTable(sec.name.substr(dot + 1));
+    }
+    if (t == nullptr) continue;
+    TableReader r(*t, std::string(sec.name), origin, &c.key_source);
+    for (const ConfigKey& k : ConfigSchema()) {
+      if (k.section == sec.name) KVTIER_KEEP_ERROR(errors, ReadKey(r, k, origin, &c));
     }
     KVTIER_KEEP_ERROR(errors, r.RejectUnknown());
   }
-  if (const toml::table* t = top.SubTable("metrics")) {
-    TableReader r(*t, "metrics", origin, &c.key_source);
-    KVTIER_KEEP_ERROR(errors, r.Bool("enabled", &c.metrics_enabled));
-    KVTIER_KEEP_ERROR(errors, r.String("address", &c.metrics_address));
-    KVTIER_KEEP_ERROR(errors, r.Int("port", &c.metrics_port, 0, 65535));
-    KVTIER_KEEP_ERROR(errors, r.String("token_file", &c.metrics_token_file));
-    KVTIER_KEEP_ERROR(errors, r.RejectUnknown());
+  for (auto& [name, reader] : parents) {
+    if (reader) KVTIER_KEEP_ERROR(errors, reader->RejectUnknown());
   }
-  if (const toml::table* t = top.SubTable("ipc")) {
-    TableReader r(*t, "ipc", origin, &c.key_source);
-    KVTIER_KEEP_ERROR(errors, r.Int("ring_entries", &c.ring_entries, 2, 65536));
-    KVTIER_KEEP_ERROR(errors, r.Bytes("scratch_bytes", &c.scratch_bytes));
-    KVTIER_KEEP_ERROR(errors, r.Int("max_keys_per_op", &c.max_keys_per_op, 1, 1 << 24));
-    KVTIER_KEEP_ERROR(errors, r.Int("spin_us", &c.spin_us, 0, 1000000));
-    KVTIER_KEEP_ERROR(errors, r.Int("max_sessions", &c.max_sessions, 1, 65536));
-    KVTIER_KEEP_ERROR(errors, r.Int("max_leases_per_session", &c.max_leases_per_session, 1, 1 << 24));
-    KVTIER_KEEP_ERROR(errors, r.RejectUnknown());
-  }
-  if (const toml::table* t = top.SubTable("limits")) {
-    TableReader r(*t, "limits", origin, &c.key_source);
-    KVTIER_KEEP_ERROR(errors, r.Int("sessions_per_tenant", &c.limit_sessions_per_tenant, 0, 65536));
-    KVTIER_KEEP_ERROR(errors, r.Int("kv_caches_per_tenant", &c.limit_kv_caches_per_tenant, 1, 65536));
-    KVTIER_KEEP_ERROR(errors, r.Bytes("kv_cache_bytes_per_tenant", &c.limit_kv_cache_bytes_per_tenant));
-    KVTIER_KEEP_ERROR(errors, r.Int("leased_blocks_per_session", &c.limit_leased_blocks_per_session, 1, 1 << 26));
-    KVTIER_KEEP_ERROR(errors, r.Int("pending_connections", &c.limit_pending_connections, 1, 65536));
-    KVTIER_KEEP_ERROR(errors, r.Int("pending_connections_per_uid", &c.limit_pending_connections_per_uid, 1, 65536));
-    KVTIER_KEEP_ERROR(errors, r.Int("namespaces_per_tenant", &c.limit_namespaces_per_tenant, 1, 1 << 24));
-    KVTIER_KEEP_ERROR(errors, r.Int("log_lines_per_s", &c.limit_log_lines_per_s, 0, 1000000));
-    KVTIER_KEEP_ERROR(errors, r.RejectUnknown());
-  }
-  if (const toml::table* t = top.SubTable("tiers")) {
-    TableReader tiers(*t, "tiers", origin, &c.key_source);
-    if (const toml::table* h = tiers.SubTable("host")) {
-      TableReader r(*h, "tiers.host", origin, &c.key_source);
-      KVTIER_KEEP_ERROR(errors, r.Bytes("capacity", &c.host_capacity));
-      KVTIER_KEEP_ERROR(errors, r.Bool("prefault", &c.host_prefault));
-      KVTIER_KEEP_ERROR(errors, r.String("policy", &c.host_policy));
-      KVTIER_KEEP_ERROR(errors, r.Double("high_watermark", &c.host_high_watermark, 0.05, 1));
-      KVTIER_KEEP_ERROR(errors, r.Double("low_watermark", &c.host_low_watermark, 0.05, 1));
-      KVTIER_KEEP_ERROR(errors, r.RejectUnknown());
-    }
-    if (const toml::table* n = tiers.SubTable("nvme")) {
-      TableReader r(*n, "tiers.nvme", origin, &c.key_source);
-      KVTIER_KEEP_ERROR(errors, r.StringList("dirs", &c.nvme_dirs));
-      const uint64_t before = c.nvme_capacity;
-      c.nvme_capacity = UINT64_MAX;
-      KVTIER_KEEP_ERROR(errors, r.Bytes("capacity", &c.nvme_capacity));
-      c.nvme_capacity_explicit = c.nvme_capacity != UINT64_MAX;
-      if (!c.nvme_capacity_explicit) c.nvme_capacity = before;
-      KVTIER_KEEP_ERROR(errors, r.Bytes("segment_bytes", &c.nvme_segment_bytes));
-      KVTIER_KEEP_ERROR(errors, r.Int("queue_depth", &c.nvme_queue_depth, 1, 4096));
-      KVTIER_KEEP_ERROR(errors, r.Int("io_workers", &c.nvme_io_workers, 1, 64));
-      KVTIER_KEEP_ERROR(errors, r.String("io_engine", &c.nvme_io_engine));
-      KVTIER_KEEP_ERROR(errors, r.Bool("allow_buffered", &c.nvme_allow_buffered));
-      KVTIER_KEEP_ERROR(errors, r.Bytes("staging_bytes", &c.nvme_staging_bytes));
-      KVTIER_KEEP_ERROR(errors, r.Bool("write_through", &c.nvme_write_through));
-      KVTIER_KEEP_ERROR(errors, r.String("policy", &c.nvme_policy));
-      KVTIER_KEEP_ERROR(errors, r.RejectUnknown());
-    }
-    if (const toml::table* g = tiers.SubTable("gpu")) {
-      TableReader r(*g, "tiers.gpu", origin, &c.key_source);
-      KVTIER_KEEP_ERROR(errors, r.Bytes("capacity", &c.gpu_capacity));
-      KVTIER_KEEP_ERROR(errors, r.RejectUnknown());
-    }
-    KVTIER_KEEP_ERROR(errors, tiers.RejectUnknown());
-  }
-  if (const toml::table* t = top.SubTable("cost_model")) {
-    TableReader r(*t, "cost_model", origin, &c.key_source);
-    KVTIER_KEEP_ERROR(errors, r.String("model_config", &c.cost_model_config));
-    KVTIER_KEEP_ERROR(errors, r.Double("prefill_tflops", &c.cost_prefill_tflops, 0.001, 1e6));
-    KVTIER_KEEP_ERROR(errors, r.Double("nvme_read_gbps", &c.cost_nvme_read_gbps, 0.001, 1e4));
-    KVTIER_KEEP_ERROR(errors, r.Double("nvme_read_latency_us", &c.cost_nvme_read_latency_us, 0, 1e7));
-    KVTIER_KEEP_ERROR(errors, r.Bool("decide", &c.cost_decide));
-    KVTIER_KEEP_ERROR(errors, r.RejectUnknown());
-  }
-  if (const toml::table* t = top.SubTable("sim")) {
-    TableReader r(*t, "sim", origin, &c.key_source);
-    KVTIER_KEEP_ERROR(errors, r.Bytes("bandwidth", &c.sim_bandwidth));
-    KVTIER_KEEP_ERROR(errors, r.RejectUnknown());
-  }
+  // A default capacity may shrink to the free space; one set in a file may not.
+  c.nvme_capacity_explicit = c.key_source.contains("tiers.nvme.capacity");
   if (const toml::array* a = top.Array("tenants")) {
     ReadTenants(*a, origin, &c, &errors);
   } else if (root.get("tenants") != nullptr) {
@@ -576,89 +559,35 @@ absl::Status ValidateConfig(const Config& c) {
 
 std::string DefaultConfigToml() {
   const Config d = DefaultConfig();
-  return Cat(
-      "# kvtierd configuration. Every key is optional; these are the defaults.\n"
-      "[daemon]\n"
-      "# Sockets (kvtierd.sock, kvtierd-admin.sock). Default: $RUNTIME_DIRECTORY,\n"
-      "# /run/kvtier for root, else $XDG_RUNTIME_DIR/kvtier or /tmp/kvtier-$UID.\n"
-      "run_dir = \"", d.run_dir, "\"\n"
-      "# Persistent data. Default: $STATE_DIRECTORY, /var/lib/kvtier for root, else\n"
-      "# $XDG_STATE_HOME/kvtier or ~/.local/state/kvtier.\n"
-      "data_dir = \"", d.data_dir, "\"\n"
-      "log_level = \"info\"        # trace, debug, info, warn, error, critical, off\n"
-      "device = \"auto\"           # auto (CUDA when a device answers), cuda, sim\n"
-      "hash = \"sha256\"           # block-key hash; xxh3-128 only with a single tenant\n"
-      "drain_timeout_ms = 8000     # SIGTERM: finish open stores, write host blocks to NVMe, within this\n"
-      "\n[metrics]\n"
-      "enabled = true             # Prometheus text at http://address:port/metrics\n"
-      "address = \"127.0.0.1\"\n"
-      "port = 9464                 # 0: any free port (kvtierctl status shows it)\n"
-      "token_file = \"\"             # a file with a bearer token scrapes must send (mode 0600/0640);\n"
-      "                            # empty: any local user may scrape (docs/security.md)\n"
-      "\n[ipc]\n"
-      "ring_entries = 256          # request/completion ring records per session\n"
-      "scratch_bytes = \"4MiB\"     # per-session shared space for keys and results\n"
-      "max_keys_per_op = 65536     # larger batches are refused\n"
-      "spin_us = 200               # busy-poll this long after a request before sleeping\n"
-      "max_sessions = 256\n"
-      "max_leases_per_session = 65536\n"
-      "\n[limits]\n"
-      "# Per-tenant and per-peer bounds (docs/security.md); refusals count in\n"
-      "# stats.refused and kvtier_refused_total.\n"
-      "sessions_per_tenant = 0             # 0: an equal share, ipc.max_sessions / tenants\n"
-      "kv_caches_per_tenant = 64           # registered engine KV caches, all sessions together\n"
-      "kv_cache_bytes_per_tenant = \"4TiB\" # their memory mapped into kvtierd\n"
-      "leased_blocks_per_session = 262144  # blocks held by a session's leases at once\n"
-      "pending_connections = 256           # connections that have not attached yet, in all\n"
-      "pending_connections_per_uid = 16    # ... from one local user\n"
-      "namespaces_per_tenant = 1024        # distinct namespaces (model revisions, adapters) per tenant\n"
-      "log_lines_per_s = 20                # attach/detach/refusal log lines per tenant or uid (bursts of\n"
-      "                                    # 10 s worth); dropped lines are counted; 0: no limit\n"
-      "\n[tiers.host]\n"
-      "capacity = \"1GiB\"          # per-tenant shared host arena\n"
-      "prefault = false            # fault the arena in at start\n"
-      "policy = \"adaptive\"        # eviction policy: adaptive (follows the best of the\n"
-      "                            # others on recent traffic), lru, s3fifo, s3fifo-deep, tinylfu\n"
-      "high_watermark = 0.95       # above this share of the arena, evict in the background\n"
-      "low_watermark = 0.90        # ... down to this share (1 and 1: only when full)\n"
-      "\n[tiers.gpu]\n"
-      "capacity = 0                # per-tenant device memory holding copies of its blocks\n"
-      "                            # (daemon-driven stores and loads with engine KV caches); 0: off\n"
-      "\n[tiers.nvme]\n"
-      "# NVMe directories, one slab file each (one per device). Default: <data_dir>/nvme\n"
-      "dirs = []\n"
-      "capacity = \"2GiB\"          # across all dirs; 0 turns the tier off. The default\n"
-      "                            # shrinks to the free space (with a warning); a set value is required\n"
-      "segment_bytes = \"256MiB\"   # slabs are cut into segments of one block size each\n"
-      "queue_depth = 32            # I/Os in flight per worker\n"
-      "io_workers = 1              # one io_uring each\n"
-      "io_engine = \"auto\"         # auto (io_uring, else pread/pwrite threads), io_uring, threads\n"
-      "allow_buffered = false      # accept file systems without O_DIRECT (page-cache I/O)\n"
-      "staging_bytes = \"64MiB\"    # aligned bounce memory for direct I/O\n"
-      "write_through = false       # write committed blocks to NVMe at once, not only on eviction\n"
-      "policy = \"lru\"              # eviction policy of the NVMe tier: lru, s3fifo, s3fifo-deep, tinylfu\n"
-      "\n[cost_model]\n"
-      "# What a block is worth: prefill time of its tokens at its position, for this\n"
-      "# model shape, at a throughput fitted to the engines' report_prefill calls.\n"
-      "model_config = \"\"           # a Hugging Face config.json; empty: the Llama-3.1-8B shape\n"
-      "prefill_tflops = 300        # prefill throughput until engines report their own\n"
-      "nvme_read_gbps = 3.0        # NVMe read speed until the daemon has measured its own\n"
-      "nvme_read_latency_us = 100\n"
-      "decide = true               # lookups report NVMe hits slower than recompute as\n"
-      "                            # \"recompute\"; evictions drop such blocks instead of demoting\n"
-      "\n[sim]\n"
-      "bandwidth = 0               # simulated device copy bandwidth, bytes/s (0: unlimited)\n"
+  std::string out = "# kvtierd configuration. Every key is optional; these are the defaults.\n";
+  auto line = [&out](std::string_view key, std::string_view value, std::string_view doc) {
+    std::string l = Cat(key, " = ", value);
+    if (!doc.empty()) {
+      l.resize(std::max<size_t>(l.size() + 1, 28), ' ');
+      l += Cat("# ", doc);
+    }
+    out += l + "\n";
+  };
+  for (const ConfigSection& sec : ConfigSections()) {
+    out += Cat("\n[", sec.name, "]\n", sec.preamble);
+    for (const ConfigKey& k : ConfigSchema()) {
+      if (k.section == sec.name) line(k.name, ConfigValueToml(k, d), k.doc);
+    }
+  }
+  out +=
       "\n# Tenants: peers are matched by uid, then by primary gid. Without any\n"
       "# [[tenants]] the daemon admits its own user as tenant \"default\".\n"
-      "[[tenants]]\n"
-      "name = \"default\"\n"
-      "uids = [", absl::StrJoin(d.tenants[0].uids, ", "), "]\n"
-      "gids = []\n"
-      "salt = \"\"                   # secret mixed into namespace ids; never logged\n"
-      "host_bytes = 0               # 0: tiers.host.capacity\n"
-      "host_tokens = 0              # quota: tokens resident in its arena (0: none)\n"
-      "nvme_bytes = 0               # quota: bytes on the shared NVMe tier (0: none)\n"
-      "nvme_tokens = 0              # quota: tokens on the shared NVMe tier (0: none)\n");
+      "[[tenants]]\n";
+  for (const TenantKey& k : TenantSchema()) {
+    if (k.name == "name") {
+      line(k.name, Cat("\"", d.tenants[0].name, "\""), k.doc);
+    } else if (k.name == "uids") {
+      line(k.name, Cat("[", absl::StrJoin(d.tenants[0].uids, ", "), "]"), k.doc);
+    } else {
+      line(k.name, k.default_toml, k.doc);
+    }
+  }
+  return out;
 }
 
 }  // namespace kvtier

@@ -27,6 +27,7 @@
 #include "ipc/attach.h"
 #include "ipc/kv_registration.h"
 #include "ipc/unix_socket.h"
+#include "daemon/config_schema.h"
 #include "tiers/nvme_tier.h"
 #include "core/fmt_absl.h"
 #include "spdlog/spdlog.h"
@@ -787,43 +788,9 @@ void Daemon::Reload() {
       break;
     }
   }
-  // Everything else is fixed at start.
-  const std::pair<const char*, bool> fixed[] = {
-      {"daemon.run_dir", n.run_dir != config_.run_dir},
-      {"daemon.data_dir", n.data_dir != config_.data_dir},
-      {"daemon.device", n.device != config_.device},
-      {"daemon.hash", n.hash != config_.hash},
-      {"ipc", n.ring_entries != config_.ring_entries || n.scratch_bytes != config_.scratch_bytes ||
-                  n.max_keys_per_op != config_.max_keys_per_op || n.spin_us != config_.spin_us ||
-                  n.max_sessions != config_.max_sessions || n.max_leases_per_session != config_.max_leases_per_session},
-      {"tiers.host.capacity", n.host_capacity != config_.host_capacity},
-      {"tiers.host.prefault", n.host_prefault != config_.host_prefault},
-      {"tiers.host.policy", n.host_policy != config_.host_policy},
-      {"tiers.nvme", n.nvme_dirs != config_.nvme_dirs || n.nvme_capacity != config_.nvme_capacity ||
-                         n.nvme_segment_bytes != config_.nvme_segment_bytes ||
-                         n.nvme_queue_depth != config_.nvme_queue_depth || n.nvme_io_workers != config_.nvme_io_workers ||
-                         n.nvme_io_engine != config_.nvme_io_engine || n.nvme_allow_buffered != config_.nvme_allow_buffered ||
-                         n.nvme_staging_bytes != config_.nvme_staging_bytes ||
-                         n.nvme_write_through != config_.nvme_write_through || n.nvme_policy != config_.nvme_policy},
-      {"tiers.gpu.capacity", n.gpu_capacity != config_.gpu_capacity},
-      {"cost_model (model, priors)", n.cost_model_config != config_.cost_model_config ||
-                                         n.cost_prefill_tflops != config_.cost_prefill_tflops ||
-                                         n.cost_nvme_read_gbps != config_.cost_nvme_read_gbps ||
-                                         n.cost_nvme_read_latency_us != config_.cost_nvme_read_latency_us},
-      {"sim.bandwidth", n.sim_bandwidth != config_.sim_bandwidth},
-      {"limits", n.limit_sessions_per_tenant != config_.limit_sessions_per_tenant ||
-                     n.limit_kv_caches_per_tenant != config_.limit_kv_caches_per_tenant ||
-                     n.limit_kv_cache_bytes_per_tenant != config_.limit_kv_cache_bytes_per_tenant ||
-                     n.limit_leased_blocks_per_session != config_.limit_leased_blocks_per_session ||
-                     n.limit_pending_connections != config_.limit_pending_connections ||
-                     n.limit_pending_connections_per_uid != config_.limit_pending_connections_per_uid ||
-                     n.limit_namespaces_per_tenant != config_.limit_namespaces_per_tenant ||
-                     n.limit_log_lines_per_s != config_.limit_log_lines_per_s},
-      {"metrics", n.metrics_enabled != config_.metrics_enabled || n.metrics_address != config_.metrics_address ||
-                      n.metrics_port != config_.metrics_port || n.metrics_token_file != config_.metrics_token_file},
-  };
-  for (const auto& [key, changed] : fixed) {
-    if (changed) restart.push_back(key);
+  // Everything else is fixed at start: the schema says which keys those are.
+  for (const ConfigKey& k : ConfigSchema()) {
+    if (!k.reloadable && ConfigValuesDiffer(k, n, config_)) restart.push_back(k.full_name());
   }
   stats_.reloads.Add();
   if (restart.empty()) {

@@ -1,0 +1,196 @@
+#include "daemon/config_schema.h"
+
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/block_key.h"
+
+namespace kvtier {
+namespace {
+
+using T = ConfigType;
+constexpr double kU32 = 4294967295.0;
+
+// One row per key. Defaults live in Config's member initialisers.
+const ConfigKey kKeys[] = {
+    // [daemon]
+    {"daemon", "run_dir", T::kString, &Config::run_dir, 0, 0, false, "sockets: kvtierd.sock, kvtierd-admin.sock"},
+    {"daemon", "data_dir", T::kString, &Config::data_dir, 0, 0, false, "persistent data (the NVMe tier's default folder)"},
+    {"daemon", "log_level", T::kString, &Config::log_level, 0, 0, true,
+     "trace, debug, info, warn, error, critical, off"},
+    {"daemon", "device", T::kString, &Config::device, 0, 0, false, "auto (CUDA when a device answers), cuda, sim"},
+    {"daemon", "hash", T::kHash, &Config::hash, 0, 0, false, "block-key hash; xxh3-128 only with a single tenant"},
+    {"daemon", "drain_timeout_ms", T::kInt, &Config::drain_timeout_ms, 0, 600000, true,
+     "SIGTERM: finish open stores, write host blocks to NVMe, within this"},
+    // [metrics]
+    {"metrics", "enabled", T::kBool, &Config::metrics_enabled, 0, 0, false,
+     "Prometheus text at http://address:port/metrics"},
+    {"metrics", "address", T::kString, &Config::metrics_address, 0, 0, false, "where to listen; keep it local"},
+    {"metrics", "port", T::kInt, &Config::metrics_port, 0, 65535, false, "0: any free port (kvtierctl status shows it)"},
+    {"metrics", "token_file", T::kString, &Config::metrics_token_file, 0, 0, false,
+     "a file with a bearer token scrapes must send; empty: any local user may scrape"},
+    // [ipc]
+    {"ipc", "ring_entries", T::kInt, &Config::ring_entries, 2, 65536, false,
+     "request/completion ring records per session"},
+    {"ipc", "scratch_bytes", T::kBytes, &Config::scratch_bytes, 0, 0, false,
+     "per-session shared space for keys and results"},
+    {"ipc", "max_keys_per_op", T::kInt, &Config::max_keys_per_op, 1, 1 << 24, false, "larger batches are refused"},
+    {"ipc", "spin_us", T::kInt, &Config::spin_us, 0, 1000000, false,
+     "busy-poll this long after a request before sleeping"},
+    {"ipc", "max_sessions", T::kInt, &Config::max_sessions, 1, 65536, false, "attaches beyond this are refused"},
+    {"ipc", "max_leases_per_session", T::kInt, &Config::max_leases_per_session, 1, 1 << 24, false,
+     "leased lookups beyond this fail until some are released"},
+    // [limits]
+    {"limits", "sessions_per_tenant", T::kInt, &Config::limit_sessions_per_tenant, 0, 65536, false,
+     "0: an equal share, ipc.max_sessions / tenants"},
+    {"limits", "kv_caches_per_tenant", T::kInt, &Config::limit_kv_caches_per_tenant, 1, 65536, false,
+     "registered engine KV caches, all sessions together"},
+    {"limits", "kv_cache_bytes_per_tenant", T::kBytes, &Config::limit_kv_cache_bytes_per_tenant, 0, 0, false,
+     "their memory mapped into kvtierd"},
+    {"limits", "leased_blocks_per_session", T::kInt, &Config::limit_leased_blocks_per_session, 1, 1 << 26, false,
+     "blocks held by a session's leases at once"},
+    {"limits", "pending_connections", T::kInt, &Config::limit_pending_connections, 1, 65536, false,
+     "connections that have not attached yet, in all"},
+    {"limits", "pending_connections_per_uid", T::kInt, &Config::limit_pending_connections_per_uid, 1, 65536, false,
+     "... from one local user"},
+    {"limits", "namespaces_per_tenant", T::kInt, &Config::limit_namespaces_per_tenant, 1, 1 << 24, false,
+     "distinct namespaces (model revisions, adapters) per tenant"},
+    {"limits", "log_lines_per_s", T::kInt, &Config::limit_log_lines_per_s, 0, 1000000, false,
+     "attach/detach/refusal log lines per tenant or uid; 0: no limit"},
+    // [tiers.host]
+    {"tiers.host", "capacity", T::kBytes, &Config::host_capacity, 0, 0, false, "per-tenant shared host arena"},
+    {"tiers.host", "prefault", T::kBool, &Config::host_prefault, 0, 0, false, "fault the arena in at start"},
+    {"tiers.host", "policy", T::kString, &Config::host_policy, 0, 0, false,
+     "adaptive (follows the best of the others), lru, s3fifo, s3fifo-deep, tinylfu"},
+    {"tiers.host", "high_watermark", T::kDouble, &Config::host_high_watermark, 0.05, 1, true,
+     "above this share of the arena, evict in the background"},
+    {"tiers.host", "low_watermark", T::kDouble, &Config::host_low_watermark, 0.05, 1, true,
+     "... down to this share (1 and 1: only when full)"},
+    // [tiers.gpu]
+    {"tiers.gpu", "capacity", T::kBytes, &Config::gpu_capacity, 0, 0, false,
+     "per-tenant device memory holding copies of its blocks; 0: off"},
+    // [tiers.nvme]
+    {"tiers.nvme", "dirs", T::kStringList, &Config::nvme_dirs, 0, 0, false,
+     "one directory per device; default: <data_dir>/nvme"},
+    {"tiers.nvme", "capacity", T::kBytes, &Config::nvme_capacity, 0, 0, false,
+     "across all dirs; 0: no NVMe tier; the default shrinks to the free space"},
+    {"tiers.nvme", "segment_bytes", T::kBytes, &Config::nvme_segment_bytes, 0, 0, false,
+     "slabs are cut into segments of one block size each"},
+    {"tiers.nvme", "queue_depth", T::kInt, &Config::nvme_queue_depth, 1, 4096, false, "I/Os in flight per worker"},
+    {"tiers.nvme", "io_workers", T::kInt, &Config::nvme_io_workers, 1, 64, false, "one io_uring each"},
+    {"tiers.nvme", "io_engine", T::kString, &Config::nvme_io_engine, 0, 0, false,
+     "auto (io_uring, else pread/pwrite threads), io_uring, threads"},
+    {"tiers.nvme", "allow_buffered", T::kBool, &Config::nvme_allow_buffered, 0, 0, false,
+     "accept file systems without O_DIRECT (page-cache I/O)"},
+    {"tiers.nvme", "staging_bytes", T::kBytes, &Config::nvme_staging_bytes, 0, 0, false,
+     "aligned bounce memory for direct I/O"},
+    {"tiers.nvme", "write_through", T::kBool, &Config::nvme_write_through, 0, 0, false,
+     "write committed blocks to NVMe at once, not only on eviction"},
+    {"tiers.nvme", "policy", T::kString, &Config::nvme_policy, 0, 0, false,
+     "eviction policy of the NVMe tier: lru, s3fifo, s3fifo-deep, tinylfu"},
+    // [cost_model]
+    {"cost_model", "model_config", T::kString, &Config::cost_model_config, 0, 0, false,
+     "a Hugging Face config.json; empty: the Llama-3.1-8B shape"},
+    {"cost_model", "prefill_tflops", T::kDouble, &Config::cost_prefill_tflops, 0.001, 1e6, false,
+     "prefill throughput until engines report their own"},
+    {"cost_model", "nvme_read_gbps", T::kDouble, &Config::cost_nvme_read_gbps, 0.001, 1e4, false,
+     "NVMe read speed until the daemon has measured its own"},
+    {"cost_model", "nvme_read_latency_us", T::kDouble, &Config::cost_nvme_read_latency_us, 0, 1e7, false,
+     "NVMe read latency, likewise"},
+    {"cost_model", "decide", T::kBool, &Config::cost_decide, 0, 0, true,
+     "report NVMe hits slower than recompute as recompute; drop such evictions"},
+    // [sim]
+    {"sim", "bandwidth", T::kBytes, &Config::sim_bandwidth, 0, 0, false,
+     "simulated device copy bandwidth, bytes/s (0: unlimited)"},
+};
+
+const ConfigSection kSections[] = {
+    {"daemon",
+     "# run_dir default: $RUNTIME_DIRECTORY, /run/kvtier for root, else $XDG_RUNTIME_DIR/kvtier\n"
+     "# or /tmp/kvtier-$UID. data_dir default: $STATE_DIRECTORY, /var/lib/kvtier for root, else\n"
+     "# $XDG_STATE_HOME/kvtier or ~/.local/state/kvtier.\n"},
+    {"metrics", ""},
+    {"ipc", ""},
+    {"limits",
+     "# Per-tenant and per-peer bounds (docs/security.md); refusals count in\n"
+     "# stats.refused and kvtier_refused_total.\n"},
+    {"tiers.host", ""},
+    {"tiers.gpu", ""},
+    {"tiers.nvme", ""},
+    {"cost_model",
+     "# What a block is worth: prefill time of its tokens at its position, for this\n"
+     "# model shape, at a throughput fitted to the engines' report_prefill calls.\n"},
+    {"sim", ""},
+};
+
+const TenantKey kTenantKeys[] = {
+    {"name", T::kString, &TenantConfig::name, "", false, "1..64 characters, unique"},
+    {"uids", T::kIntList, &TenantConfig::uids, "[]", false, "peers with one of these uids belong here"},
+    {"gids", T::kIntList, &TenantConfig::gids, "[]", false, "or with one of these primary gids"},
+    {"salt", T::kString, &TenantConfig::salt, "\"\"", false, "secret mixed into namespace ids; never logged"},
+    {"host_bytes", T::kBytes, &TenantConfig::host_bytes, "0", false, "0: tiers.host.capacity"},
+    {"host_tokens", T::kInt, &TenantConfig::host_tokens, "0", true, "quota: tokens resident in its arena (0: none)"},
+    {"nvme_bytes", T::kBytes, &TenantConfig::nvme_bytes, "0", true, "quota: bytes on the shared NVMe tier (0: none)"},
+    {"nvme_tokens", T::kInt, &TenantConfig::nvme_tokens, "0", true, "quota: tokens on the shared NVMe tier (0: none)"},
+};
+
+std::string Quoted(std::string_view s) {
+  std::string out = "\"";
+  for (char ch : s) {
+    if (ch == '"' || ch == '\\') out += '\\';
+    out += ch;
+  }
+  return out + "\"";
+}
+
+std::string TomlBytes(uint64_t b) {
+  static constexpr std::pair<uint64_t, const char*> kUnits[] = {
+      {1ull << 40, "TiB"}, {1ull << 30, "GiB"}, {1ull << 20, "MiB"}, {1ull << 10, "KiB"}};
+  if (b == 0) return "0";
+  for (const auto& [unit, name] : kUnits) {
+    if (b % unit == 0) return absl::StrCat("\"", b / unit, name, "\"");
+  }
+  return absl::StrCat(b);
+}
+
+std::string TomlDouble(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.10g", v);
+  std::string s = buf;
+  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
+  return s;
+}
+
+}  // namespace
+
+std::span<const ConfigKey> ConfigSchema() { return kKeys; }
+std::span<const ConfigSection> ConfigSections() { return kSections; }
+std::span<const TenantKey> TenantSchema() { return kTenantKeys; }
+
+std::string ConfigValueToml(const ConfigKey& k, const Config& c) {
+  return VisitConfigValue(k, c, [&](const auto& v) -> std::string {
+    using V = std::decay_t<decltype(v)>;
+    if constexpr (std::is_same_v<V, std::string>) {
+      return Quoted(v);
+    } else if constexpr (std::is_same_v<V, bool>) {
+      return v ? "true" : "false";
+    } else if constexpr (std::is_same_v<V, double>) {
+      return TomlDouble(v);
+    } else if constexpr (std::is_same_v<V, std::vector<std::string>>) {
+      std::vector<std::string> q;
+      for (const std::string& s : v) q.push_back(Quoted(s));
+      return absl::StrCat("[", absl::StrJoin(q, ", "), "]");
+    } else if constexpr (std::is_same_v<V, HashAlgorithm>) {
+      return Quoted(HashAlgorithmName(v));
+    } else {
+      return k.type == ConfigType::kBytes ? TomlBytes(v) : absl::StrCat(v);
+    }
+  });
+}
+
+bool ConfigValuesDiffer(const ConfigKey& k, const Config& a, const Config& b) {
+  return std::visit([&](auto member) { return !(a.*member == b.*member); }, k.field);
+}
+
+}  // namespace kvtier
