@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <sys/socket.h>
 
+#include <array>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -34,71 +35,16 @@ Session::Session(SessionIdentity identity, NamespaceInfo ns, std::string tenant,
                  DeviceBackend* device, std::byte* arena_base, GpuCache* gpu, KvCacheBudget* kv_budget)
     : identity_(std::move(identity)), ns_(ns), tenant_(std::move(tenant)),
       segment_(std::move(segment)), socket_(std::move(socket)), cache_(cache), stats_(stats),
-      opts_(opts), on_exit_(std::move(on_exit)), arena_base_(arena_base), gpu_(gpu),
-      engines_(device != nullptr && arena_base != nullptr ? std::make_unique<EngineCaches>(device, ns, kv_budget)
-                                                          : nullptr) {
+      opts_(opts), on_exit_(std::move(on_exit)),
+      device_(DeviceOps::Context{identity_.id, identity_.peer.pid, ns, arena_base, gpu, stats,
+                                 [this] { return LogOk(); }},
+              device, kv_budget) {
   holdings_.ns = ns_;
 }
 
 ipc::KvRegisterReply Session::OnKvMessage(std::span<const std::byte> data, std::vector<UniqueFd> fds,
                                           std::vector<UniqueFd>* reply_fds) {
-  ipc::KvRegisterReply reply;
-  absl::StatusOr<ipc::KvMessage> m = ipc::DecodeKvMessage(data);
-  absl::Status st = m.status();
-  if (st.ok() && engines_ == nullptr) st = absl::FailedPreconditionError("this kvtierd has no device backend");
-  if (st.ok() && m->gpu_arena) {
-    if (gpu_ == nullptr) {
-      st = absl::NotFoundError("this kvtierd has no GPU tier for this tenant (tiers.gpu.capacity = 0)");
-    } else if (absl::StatusOr<IpcMemHandle> h = gpu_->ExportArena(); !h.ok()) {
-      st = h.status();
-    } else {
-      reply.arena_bytes = gpu_->arena_bytes();
-      if (h->fd.valid()) {
-        // Engines read pinned copies in place and never write them: the
-        // simulated device's arena goes out as a read-only descriptor.
-        UniqueFd ro(open(absl::StrCat("/proc/self/fd/", h->fd.get()).c_str(), O_RDONLY | O_CLOEXEC));
-        if (ro.valid()) {
-          reply.arena_kind = ipc::KvArenaKind::kMemfd;
-          reply_fds->push_back(std::move(ro));
-        } else {
-          st = ErrnoStatus(errno, "reopening the GPU-tier arena read-only");
-        }
-      } else {
-        reply.arena_kind = ipc::KvArenaKind::kCudaIpc;
-        reply.arena_handle = h->opaque;
-      }
-      if (LogOk()) spdlog::info("event=gpu_arena_exported session={} bytes={}", identity_.id, reply.arena_bytes);
-    }
-  } else if (st.ok() && m->unregister) {
-    st = engines_->Unregister(m->registration);
-    reply.registration = m->registration;
-  } else if (st.ok()) {
-    absl::StatusOr<Registered> r = engines_->Register(m->request, std::move(fds));
-    st = r.status();
-    if (r.ok()) {
-      reply.registration = r->id;
-      reply.event_kind = r->event_kind;
-      reply.layer_events = std::move(r->layer_events);
-      *reply_fds = std::move(r->fds);
-      stats_->kv_registrations.Add();
-      if (LogOk()) spdlog::info("event=kv_cache_registered session={} registration={} layers={} page_tokens={} pages={} "
-                   "regions={}",
-                   identity_.id, r->id, m->request.layers, m->request.page_tokens, m->request.num_pages,
-                   m->request.regions.size());
-    }
-  }
-  if (!st.ok() && m.ok() && m->gpu_arena) {
-    reply.status = ToErrorCode(st);
-    reply.message = std::string(st.message());
-    if (LogOk()) spdlog::info("event=gpu_arena_refused session={} reason=\"{}\"", identity_.id, LogQuoted(reply.message));
-  } else if (!st.ok()) {
-    stats_->kv_registrations_refused.Add();
-    reply.status = ToErrorCode(st);
-    reply.message = std::string(st.message());
-    if (LogOk()) spdlog::warn("event=kv_cache_refused session={} pid={} reason=\"{}\"", identity_.id, identity_.peer.pid,
-                 LogQuoted(reply.message));
-  }
-  return reply;
+  return device_.OnKvMessage(data, std::move(fds), reply_fds);
 }
 
 bool Session::ReadPages(const RequestRecord& req, uint64_t n, std::vector<uint32_t>* pages, std::string* why) {
@@ -126,7 +72,7 @@ Session::Outcome Session::Malformed(absl::string_view why) {
 std::optional<Session::Outcome> Session::ReadDeviceArgs(const RequestRecord& req, size_t keys,
                                                         std::shared_ptr<const EngineCache>* reg,
                                                         std::vector<uint32_t>* pages) {
-  *reg = engines_ ? engines_->Find(req.args[1]) : nullptr;
+  *reg = device_.Find(req.args[1]);
   if (!*reg) {
     return FromStatus(absl::NotFoundError(absl::StrCat("no KV-cache registration ", req.args[1],
                                                        " in this session; register the engine's cache first")));
@@ -142,55 +88,24 @@ std::optional<Session::Outcome> Session::ReadDeviceArgs(const RequestRecord& req
   return std::nullopt;
 }
 
-Session::Outcome Session::StoreDevice(const RequestRecord& req, const std::vector<BlockKey>& keys,
-                                      std::vector<BlockLocation>& locs) {
+Session::Outcome Session::OnStoreDevice(Request& r) {
   std::shared_ptr<const EngineCache> reg;
   std::vector<uint32_t> pages;
-  if (std::optional<Outcome> bad = ReadDeviceArgs(req, keys.size(), &reg, &pages)) return *bad;
+  if (std::optional<Outcome> bad = ReadDeviceArgs(r.req, r.keys.size(), &reg, &pages)) return *bad;
   uint64_t ticket = 0;
-  absl::StatusOr<uint32_t> needed = cache_->StoreBegin(holdings_, keys, &ticket, std::span(locs));
+  absl::StatusOr<uint32_t> needed = cache_->StoreBegin(holdings_, r.keys, &ticket, std::span(r.locs));
   if (!needed.ok()) return FromStatus(needed.status());
-  WriteResults(req, locs);
+  WriteResults(r.req, r.locs);
   stats_->device_stores.Add();
   if (*needed == 0) return Outcome{};
-  // With a GPU tier the pages are gathered into GPU slots (device to
-  // device) and the blocks demoted from there to their host slots; blocks
-  // without room in the GPU tier go straight to the host.
-  std::vector<uint32_t> sel;
-  std::vector<uint64_t> dst;
-  std::vector<EngineCaches::CopyOp> demote;
-  std::vector<const BlockKey*> in_gpu;
-  for (size_t i = 0; i < keys.size(); ++i) {
-    if (!locs[i].needed) continue;
-    std::byte* host = arena_base_ + locs[i].arena_offset;
-    std::optional<GpuCache::Pin> pin = gpu_ ? gpu_->Reserve(ns_.handle, keys[i], ns_.block_bytes) : std::nullopt;
-    if (pin) {
-      dst.push_back(reinterpret_cast<uint64_t>(pin->data));
-      demote.push_back({host, pin->data});
-      in_gpu.push_back(&keys[i]);
-    } else {
-      dst.push_back(reinterpret_cast<uint64_t>(host));
-    }
-    sel.insert(sel.end(), pages.begin() + i * reg->pages_per_block, pages.begin() + (i + 1) * reg->pages_per_block);
-  }
-  absl::Status g = engines_->Gather(*reg, sel, dst);
-  if (g.ok() && !demote.empty()) g = engines_->Copy(demote, ns_.block_bytes);
-  for (const BlockKey* k : in_gpu) {
-    if (g.ok()) {
-      gpu_->Publish(ns_.handle, *k);
-      gpu_->CountDemotion();
-    }
-    gpu_->Release(ns_.handle, *k);  // frees it when unpublished
-  }
-  if (!g.ok()) {
+  // With a GPU tier the pages go to GPU slots first (DeviceOps::Gather).
+  if (absl::Status g = device_.Gather(*reg, pages, r.keys, r.locs); !g.ok()) {
     (void)cache_->StoreAbort(holdings_, ticket);
-    stats_->device_errors.Add();
-    if (LogOk()) spdlog::warn("event=device_store_failed session={} reason=\"{}\"", identity_.id, LogQuoted(g.message()));
     return FromStatus(g);
   }
   stats_->device_blocks_stored.Add(*needed);
   async_in_flight_.fetch_add(1, std::memory_order_acq_rel);
-  cache_->StoreCommit(holdings_, ticket, false, [this, req, n = *needed](absl::Status st) {
+  cache_->StoreCommit(holdings_, ticket, false, [this, req = r.req, n = *needed](absl::Status st) {
     Deferred d{req, FromStatus(st), {}};
     if (st.ok()) d.outcome.count = n;
     Defer(std::move(d));
@@ -198,32 +113,9 @@ Session::Outcome Session::StoreDevice(const RequestRecord& req, const std::vecto
   return Outcome{.deferred = true};
 }
 
-void Session::PromoteToGpu(const std::vector<BlockKey>& keys, const LoadOutcome& lo,
-                           const std::vector<bool>& from_gpu) {
-  std::vector<EngineCaches::CopyOp> copies;
-  std::vector<const BlockKey*> reserved;
-  for (uint32_t i = 0; i < lo.loaded; ++i) {
-    if (from_gpu[i]) continue;
-    std::optional<GpuCache::Pin> pin = gpu_->Reserve(ns_.handle, keys[i], ns_.block_bytes);
-    if (!pin) continue;  // no room: every copy is pinned
-    copies.push_back({pin->data, arena_base_ + lo.locations[i].arena_offset});
-    reserved.push_back(&keys[i]);
-  }
-  const absl::Status st = copies.empty() ? absl::OkStatus() : engines_->Copy(copies, ns_.block_bytes);
-  if (!st.ok()) {
-    stats_->device_errors.Add();
-    if (LogOk()) spdlog::warn("event=gpu_promotion_failed session={} reason=\"{}\"", identity_.id, LogQuoted(st.message()));
-  }
-  for (const BlockKey* k : reserved) {
-    if (st.ok()) {
-      gpu_->Publish(ns_.handle, *k);
-      gpu_->CountPromotion();
-    }
-    gpu_->Release(ns_.handle, *k);
-  }
-}
-
-Session::Outcome Session::LoadDevice(const RequestRecord& req, const std::vector<BlockKey>& keys) {
+Session::Outcome Session::OnLoadDevice(Request& r) {
+  const RequestRecord& req = r.req;
+  const std::vector<BlockKey>& keys = r.keys;
   const uint64_t progress_at = req.out_offset + uint64_t{keys.size()} * sizeof(ipc::BlockResult);
   if (!OutRangeOk(req, uint64_t{keys.size()} * sizeof(ipc::BlockResult) + sizeof(ipc::DeviceLoadProgress)) ||
       progress_at % alignof(ipc::DeviceLoadProgress) != 0) {
@@ -239,8 +131,8 @@ Session::Outcome Session::LoadDevice(const RequestRecord& req, const std::vector
   progress->armed.store(0, std::memory_order_relaxed);
   progress->blocks.store(ipc::kDeviceLoadUnknown, std::memory_order_release);
   stats_->device_loads.Add();
-  // Runs here or on an I/O thread (after NVMe reads): scatters the prefix that
-  // loaded, publishing layers as they land.
+  // Runs here or on an I/O thread (after tier reads): scatters the prefix
+  // that loaded, publishing layers as they land.
   auto finish = [this, req, reg, keys, pages = std::move(pages), progress](LoadOutcome lo) {
     Deferred d{req, {}, {}};
     if (lo.locations.empty() && !lo.status.ok()) {
@@ -250,37 +142,7 @@ Session::Outcome Session::LoadDevice(const RequestRecord& req, const std::vector
       d.outcome = FromStatus(lo.status);
       return d;
     }
-    // Each block comes from its GPU copy when it has one (pinned meanwhile),
-    // else from its host slot.
-    std::vector<uint64_t> src;
-    std::vector<bool> from_gpu(lo.loaded, false);
-    for (uint32_t i = 0; i < lo.loaded; ++i) {
-      std::optional<GpuCache::Pin> pin = gpu_ ? gpu_->Acquire(ns_.handle, keys[i]) : std::nullopt;
-      from_gpu[i] = pin.has_value();
-      src.push_back(pin ? reinterpret_cast<uint64_t>(pin->data)
-                        : reinterpret_cast<uint64_t>(arena_base_ + lo.locations[i].arena_offset));
-    }
-    progress->blocks.store(lo.loaded, std::memory_order_release);
-    absl::Status st = absl::OkStatus();
-    if (lo.loaded > 0) {
-      st = engines_->ScatterByLayer(
-          *reg, std::span(pages).first(uint64_t{lo.loaded} * reg->pages_per_block), src, progress);
-    } else {
-      // Nothing to wait for, on the host or on a stream.
-      progress->armed.store(1, std::memory_order_release);
-      progress->layers_done.store(reg->shape.layers, std::memory_order_release);
-      os::FutexWakeAll(&progress->armed);
-      os::FutexWakeAll(&progress->layers_done);
-    }
-    for (uint32_t i = 0; i < lo.loaded; ++i) {
-      if (from_gpu[i]) gpu_->Release(ns_.handle, keys[i]);
-    }
-    // The engine has its layers; now promote what came from host memory, so
-    // the next load of these blocks stays on the device.
-    if (st.ok() && gpu_ != nullptr) PromoteToGpu(keys, lo, from_gpu);
-    if (!st.ok()) {
-      stats_->device_errors.Add();
-      if (LogOk()) spdlog::warn("event=device_load_failed session={} reason=\"{}\"", identity_.id, LogQuoted(st.message()));
+    if (absl::Status st = device_.Scatter(*reg, pages, keys, lo, progress); !st.ok()) {
       d.outcome = FromStatus(st);
       return d;
     }
@@ -366,7 +228,7 @@ SessionInfo Session::Info() const {
   return SessionInfo{identity_, tenant_, ns_, ops_.load(std::memory_order_relaxed),
                      holdings_.lease_count.load(std::memory_order_relaxed),
                      holdings_.pinned_blocks.load(std::memory_order_relaxed),
-                     engines_ ? engines_->size() : 0};
+                     device_.kv_caches()};
 }
 
 bool Session::Post(ipc::RingProducer<CompletionRecord>& cq, const CompletionRecord& c) {
@@ -454,10 +316,9 @@ void Session::Run() {
   const uint64_t leases = holdings_.leases.size();
   const uint64_t tickets = holdings_.tickets.size();
   cache_->CloseSession(holdings_);
-  while (!gpu_pins_.empty()) ReleaseGpuPins(gpu_pins_.begin()->first);
   // The engine's memory goes now, not when the session object is reaped: a
   // dead engine's device memory must not be touched again.
-  if (engines_) engines_->Clear();
+  device_.DropEverything();
   h->closed.store(static_cast<uint32_t>(reason == CloseReason::kOpen ? CloseReason::kShutdown : reason),
                   std::memory_order_release);
   os::FutexWakeAll(&h->cq_tail);
@@ -491,13 +352,6 @@ bool Session::ReadKeys(const RequestRecord& req, std::vector<BlockKey>* keys, st
   // Copy out of shared memory before use: the client could change it under us.
   if (bytes > 0) std::memcpy(keys->data(), scratch.data() + req.keys_offset, bytes);
   return true;
-}
-
-void Session::ReleaseGpuPins(uint64_t lease) {
-  auto it = gpu_pins_.find(lease);
-  if (it == gpu_pins_.end()) return;
-  for (const BlockKey& k : it->second) gpu_->Release(ns_.handle, k);
-  gpu_pins_.erase(it);
 }
 
 void Session::WriteResults(const RequestRecord& req, const std::vector<BlockLocation>& locs,
@@ -575,123 +429,138 @@ Session::Outcome Session::Process(const RequestRecord& req) {
   }
 
   std::vector<BlockLocation> locs(returns_blocks ? keys.size() : 0);
-  switch (op) {
-    case Opcode::kPing:
-      return o;
-    case Opcode::kLookup: {
-      uint64_t lease = 0;
-      uint32_t recompute = 0;
-      absl::StatusOr<uint32_t> hit =
-          cache_->Lookup(holdings_, keys, (req.flags & ipc::kFlagLease) != 0, &lease, std::span(locs), &recompute);
-      if (!hit.ok()) return fail(hit.status());
-      std::vector<uint64_t> gpu_offsets(locs.size(), ipc::kNoGpuCopy);
-      if (gpu_ != nullptr) {
-        for (uint32_t i = 0; i < *hit && i < keys.size(); ++i) {
-          if (lease == 0) {
-            if (gpu_->Contains(ns_.handle, keys[i])) locs[i].tier = TierKind::kGpu;
-            continue;
-          }
-          // Leased: pin the copy, so the engine may read it in place until
-          // it releases the lease.
-          if (std::optional<GpuCache::Pin> pin = gpu_->Acquire(ns_.handle, keys[i], /*count_hit=*/false)) {
-            locs[i].tier = TierKind::kGpu;
-            gpu_offsets[i] = gpu_->OffsetOf(*pin);
-            gpu_pins_[lease].push_back(keys[i]);
-          }
-        }
-      }
-      WriteResults(req, locs, gpu_offsets);
-      o.count = *hit;
-      o.handle = lease;
-      o.value = recompute;
-      return o;
-    }
-    case Opcode::kLoad: {
-      // Blocks that failed to come back from NVMe are a shorter loaded
-      // prefix (count), not an error: the engine recomputes them.
-      auto finish = [](const RequestRecord& r, LoadOutcome lo) {
-        Deferred d{r, {}, {}};
-        if (lo.locations.empty() && !lo.status.ok()) {
-          d.outcome = FromStatus(lo.status);
-        } else {
-          d.outcome.count = lo.loaded;
-          d.locations = std::move(lo.locations);
-        }
-        return d;
-      };
-      async_in_flight_.fetch_add(1, std::memory_order_acq_rel);
-      std::optional<LoadOutcome> now =
-          cache_->Load(holdings_, req.handle, keys, [this, req, finish](LoadOutcome lo) { Defer(finish(req, std::move(lo))); });
-      if (!now) return Outcome{.deferred = true};
-      async_in_flight_.fetch_sub(1, std::memory_order_acq_rel);
-      Deferred d = finish(req, std::move(*now));
-      if (!d.locations.empty()) WriteResults(req, d.locations);
-      return d.outcome;
-    }
-    case Opcode::kPrefetch: {
-      async_in_flight_.fetch_add(1, std::memory_order_acq_rel);
-      cache_->Prefetch(holdings_, keys, [this, req](absl::StatusOr<uint32_t> n) {
-        Deferred d{req, FromStatus(n.status()), {}};
-        if (n.ok()) d.outcome.value = *n;
-        Defer(std::move(d));
-      });
-      return Outcome{.deferred = true};
-    }
-    case Opcode::kStoreBegin: {
-      uint64_t ticket = 0;
-      absl::StatusOr<uint32_t> needed = cache_->StoreBegin(holdings_, keys, &ticket, std::span(locs));
-      if (!needed.ok()) return fail(needed.status());
-      WriteResults(req, locs);
-      o.count = *needed;
-      o.handle = ticket;
-      return o;
-    }
-    case Opcode::kStoreCommit: {
-      async_in_flight_.fetch_add(1, std::memory_order_acq_rel);
-      cache_->StoreCommit(holdings_, req.handle, (req.flags & ipc::kFlagDurable) != 0,
-                          [this, req](absl::Status s) { Defer(Deferred{req, FromStatus(s), {}}); });
-      return Outcome{.deferred = true};
-    }
-    case Opcode::kStoreAbort: {
-      absl::Status s = cache_->StoreAbort(holdings_, req.handle);
-      return s.ok() ? o : fail(s);
-    }
-    case Opcode::kRelease: {
-      absl::Status s = cache_->Release(holdings_, req.handle);
-      if (s.ok()) ReleaseGpuPins(req.handle);
-      return s.ok() ? o : fail(s);
-    }
-    case Opcode::kInvalidate: {
-      absl::StatusOr<uint32_t> n = cache_->Invalidate(holdings_, keys);
-      if (!n.ok()) return fail(n.status());
-      if (gpu_ != nullptr) {
-        for (const BlockKey& k : keys) gpu_->Drop(ns_.handle, k);
-      }
-      o.value = *n;
-      return o;
-    }
-    case Opcode::kReportPrefill: {
-      absl::Status s = cache_->cost().ReportPrefill(req.args[0], req.args[1], double(req.handle) / 1e9);
-      if (!s.ok()) {
-        stats_->prefill_reports_refused.Add();
-        return fail(s);
-      }
-      stats_->prefill_reports.Add();
-      return o;
-    }
-    case Opcode::kStoreDevice:
-      return StoreDevice(req, keys, locs);
-    case Opcode::kLoadDevice:
-      return LoadDevice(req, keys);
-    case Opcode::kInvalidateNamespace: {
-      absl::StatusOr<uint32_t> n = cache_->InvalidateNamespace(holdings_);
-      if (!n.ok()) return fail(n.status());
-      if (gpu_ != nullptr) gpu_->DropNamespace(ns_.handle);
-      o.value = *n;
-      return o;
-    }
+  Request r{req, keys, locs};
+  const Handler h = HandlerFor(op);
+  return h != nullptr ? (this->*h)(r) : fatal("unhandled opcode");
+}
+
+// One row per opcode: what ipc::kOpcodes says about it is checked above.
+const std::pair<Opcode, Session::Handler> Session::kHandlers[] = {
+    {Opcode::kPing, &Session::OnPing},
+    {Opcode::kLookup, &Session::OnLookup},
+    {Opcode::kLoad, &Session::OnLoad},
+    {Opcode::kPrefetch, &Session::OnPrefetch},
+    {Opcode::kStoreBegin, &Session::OnStoreBegin},
+    {Opcode::kStoreCommit, &Session::OnStoreCommit},
+    {Opcode::kStoreAbort, &Session::OnStoreAbort},
+    {Opcode::kRelease, &Session::OnRelease},
+    {Opcode::kInvalidate, &Session::OnInvalidate},
+    {Opcode::kReportPrefill, &Session::OnReportPrefill},
+    {Opcode::kStoreDevice, &Session::OnStoreDevice},
+    {Opcode::kLoadDevice, &Session::OnLoadDevice},
+    {Opcode::kInvalidateNamespace, &Session::OnInvalidateNamespace},
+};
+
+Session::Handler Session::HandlerFor(Opcode op) {
+  static const std::array<Handler, ipc::kMaxOpcode + 1> table = [] {
+    std::array<Handler, ipc::kMaxOpcode + 1> t{};
+    for (const auto& [code, handler] : kHandlers) t[static_cast<size_t>(code)] = handler;
+    return t;
+  }();
+  const size_t i = static_cast<size_t>(op);
+  return i < table.size() ? table[i] : nullptr;
+}
+
+bool Session::HandlesEveryOpcode() {
+  for (uint32_t code = 1; code <= ipc::kMaxOpcode; ++code) {
+    if (HandlerFor(static_cast<Opcode>(code)) == nullptr) return false;
   }
-  return fatal("unhandled opcode");
+  return std::size(kHandlers) == ipc::kMaxOpcode;
+}
+
+Session::Outcome Session::OnPing(Request&) { return Outcome{}; }
+
+Session::Outcome Session::OnLookup(Request& r) {
+  uint64_t lease = 0;
+  uint32_t recompute = 0;
+  absl::StatusOr<uint32_t> hit = cache_->Lookup(holdings_, r.keys, (r.req.flags & ipc::kFlagLease) != 0, &lease,
+                                                std::span(r.locs), &recompute);
+  if (!hit.ok()) return FromStatus(hit.status());
+  std::vector<uint64_t> gpu_offsets(r.locs.size(), ipc::kNoGpuCopy);
+  device_.MarkGpuCopies(r.keys, *hit, lease, std::span(r.locs), std::span(gpu_offsets));
+  WriteResults(r.req, r.locs, gpu_offsets);
+  return Outcome{.count = *hit, .handle = lease, .value = recompute};
+}
+
+Session::Outcome Session::OnLoad(Request& r) {
+  // Blocks that failed to come back from a lower tier are a shorter loaded
+  // prefix (count), not an error: the engine recomputes them.
+  auto finish = [](const RequestRecord& req, LoadOutcome lo) {
+    Deferred d{req, {}, {}};
+    if (lo.locations.empty() && !lo.status.ok()) {
+      d.outcome = FromStatus(lo.status);
+    } else {
+      d.outcome.count = lo.loaded;
+      d.locations = std::move(lo.locations);
+    }
+    return d;
+  };
+  async_in_flight_.fetch_add(1, std::memory_order_acq_rel);
+  std::optional<LoadOutcome> now = cache_->Load(holdings_, r.req.handle, r.keys, [this, req = r.req, finish](LoadOutcome lo) {
+    Defer(finish(req, std::move(lo)));
+  });
+  if (!now) return Outcome{.deferred = true};
+  async_in_flight_.fetch_sub(1, std::memory_order_acq_rel);
+  Deferred d = finish(r.req, std::move(*now));
+  if (!d.locations.empty()) WriteResults(r.req, d.locations);
+  return d.outcome;
+}
+
+Session::Outcome Session::OnPrefetch(Request& r) {
+  async_in_flight_.fetch_add(1, std::memory_order_acq_rel);
+  cache_->Prefetch(holdings_, r.keys, [this, req = r.req](absl::StatusOr<uint32_t> n) {
+    Deferred d{req, FromStatus(n.status()), {}};
+    if (n.ok()) d.outcome.value = *n;
+    Defer(std::move(d));
+  });
+  return Outcome{.deferred = true};
+}
+
+Session::Outcome Session::OnStoreBegin(Request& r) {
+  uint64_t ticket = 0;
+  absl::StatusOr<uint32_t> needed = cache_->StoreBegin(holdings_, r.keys, &ticket, std::span(r.locs));
+  if (!needed.ok()) return FromStatus(needed.status());
+  WriteResults(r.req, r.locs);
+  return Outcome{.count = *needed, .handle = ticket};
+}
+
+Session::Outcome Session::OnStoreCommit(Request& r) {
+  async_in_flight_.fetch_add(1, std::memory_order_acq_rel);
+  cache_->StoreCommit(holdings_, r.req.handle, (r.req.flags & ipc::kFlagDurable) != 0,
+                      [this, req = r.req](absl::Status s) { Defer(Deferred{req, FromStatus(s), {}}); });
+  return Outcome{.deferred = true};
+}
+
+Session::Outcome Session::OnStoreAbort(Request& r) { return FromStatus(cache_->StoreAbort(holdings_, r.req.handle)); }
+
+Session::Outcome Session::OnRelease(Request& r) {
+  absl::Status s = cache_->Release(holdings_, r.req.handle);
+  if (s.ok()) device_.ReleaseLease(r.req.handle);
+  return FromStatus(s);
+}
+
+Session::Outcome Session::OnInvalidate(Request& r) {
+  absl::StatusOr<uint32_t> n = cache_->Invalidate(holdings_, r.keys);
+  if (!n.ok()) return FromStatus(n.status());
+  device_.Drop(r.keys);
+  return Outcome{.value = *n};
+}
+
+Session::Outcome Session::OnReportPrefill(Request& r) {
+  absl::Status s = cache_->cost().ReportPrefill(r.req.args[0], r.req.args[1], double(r.req.handle) / 1e9);
+  if (!s.ok()) {
+    stats_->prefill_reports_refused.Add();
+    return FromStatus(s);
+  }
+  stats_->prefill_reports.Add();
+  return Outcome{};
+}
+
+Session::Outcome Session::OnInvalidateNamespace(Request&) {
+  absl::StatusOr<uint32_t> n = cache_->InvalidateNamespace(holdings_);
+  if (!n.ok()) return FromStatus(n.status());
+  device_.DropNamespace();
+  return Outcome{.value = *n};
 }
 
 }  // namespace kvtier

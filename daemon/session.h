@@ -20,6 +20,7 @@
 #include "core/mutex.h"
 #include "core/unique_fd.h"
 #include "daemon/block_cache.h"
+#include "daemon/device_ops.h"
 #include "daemon/engine_caches.h"
 #include "daemon/gpu_cache.h"
 #include "daemon/stats.h"
@@ -84,6 +85,8 @@ class Session {
   }
   // Thread-safe.
   SessionInfo Info() const;
+  // Whether every opcode ipc::kOpcodes lists has exactly one handler (tests).
+  static bool HandlesEveryOpcode();
   // Thread-safe. No store open (begun, not committed or aborted) and no
   // operation waiting for its completion: nothing in flight to lose.
   bool Idle() const {
@@ -135,11 +138,30 @@ class Session {
                                         std::shared_ptr<const EngineCache>* reg, std::vector<uint32_t>* pages);
   // Copies `n` page ids from scratch at req.args[0]; false (with *why) if out of bounds.
   bool ReadPages(const ipc::RequestRecord& req, uint64_t n, std::vector<uint32_t>* pages, std::string* why);
-  Outcome StoreDevice(const ipc::RequestRecord& req, const std::vector<BlockKey>& keys,
-                      std::vector<BlockLocation>& locs);
-  Outcome LoadDevice(const ipc::RequestRecord& req, const std::vector<BlockKey>& keys);
-  // Copies the loaded blocks that did not come from the GPU tier into it.
-  void PromoteToGpu(const std::vector<BlockKey>& keys, const LoadOutcome& lo, const std::vector<bool>& from_gpu);
+
+  // A request that passed the checks Process makes for every opcode
+  // (ipc::kOpcodes): its keys copied out of scratch, room for its results.
+  struct Request {
+    const ipc::RequestRecord& req;
+    std::vector<BlockKey>& keys;
+    std::vector<BlockLocation>& locs;  // one per key when the opcode returns blocks
+  };
+  using Handler = Outcome (Session::*)(Request&);
+  static const std::pair<ipc::Opcode, Handler> kHandlers[];
+  static Handler HandlerFor(ipc::Opcode op);  // null for an opcode without one
+  Outcome OnPing(Request& r);
+  Outcome OnLookup(Request& r);
+  Outcome OnLoad(Request& r);
+  Outcome OnPrefetch(Request& r);
+  Outcome OnStoreBegin(Request& r);
+  Outcome OnStoreCommit(Request& r);
+  Outcome OnStoreAbort(Request& r);
+  Outcome OnRelease(Request& r);
+  Outcome OnInvalidate(Request& r);
+  Outcome OnReportPrefill(Request& r);
+  Outcome OnStoreDevice(Request& r);
+  Outcome OnLoadDevice(Request& r);
+  Outcome OnInvalidateNamespace(Request& r);
   // gpu_offsets: per block, its pinned GPU copy's arena offset (leased lookups).
   void WriteResults(const ipc::RequestRecord& req, const std::vector<BlockLocation>& locs,
                     std::span<const uint64_t> gpu_offsets = {});
@@ -157,15 +179,9 @@ class Session {
   const SessionOptions opts_;
   std::function<void()> on_exit_;
 
-  std::byte* const arena_base_;
-  GpuCache* const gpu_;  // the tenant's GPU tier, or null
-  // GPU copies a leased lookup pinned for the engine to read, by lease;
-  // unpinned when the lease is released or the session ends. Session thread.
-  absl::flat_hash_map<uint64_t, std::vector<BlockKey>> gpu_pins_;
+  DeviceOps device_;  // engine caches, device stores and loads, GPU-tier copies and pins
   // When each deferred operation was taken (for its latency). Session thread.
   absl::flat_hash_map<uint64_t, uint64_t> deferred_started_;
-  void ReleaseGpuPins(uint64_t lease);
-  std::unique_ptr<EngineCaches> engines_;  // null without a device backend
   SessionHoldings holdings_;  // session thread only (atomics inside are shared)
   Mutex deferred_mu_;
   std::vector<Deferred> deferred_ ABSL_GUARDED_BY(deferred_mu_);
