@@ -9,8 +9,6 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
-#include <linux/magic.h>
-#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -27,6 +25,7 @@
 #include "ipc/attach.h"
 #include "ipc/kv_registration.h"
 #include "ipc/unix_socket.h"
+#include "daemon/assembly.h"
 #include "daemon/config_schema.h"
 #include "tiers/nvme_tier.h"
 #include "core/fmt_absl.h"
@@ -113,17 +112,7 @@ absl::Status Daemon::Open() {
   device_reason_ = choice.reason;
   spdlog::info("event=device backend={} detail=\"{}\"", device_->name(), LogQuoted(device_reason_));
 
-  CostTracker::Options cost;
-  if (!config_.cost_model_config.empty()) {
-    absl::StatusOr<ModelProfile> m = ModelProfile::FromHfConfigFile(config_.cost_model_config);
-    if (!m.ok()) {
-      return absl::Status(m.status().code(), absl::StrCat("cost_model.model_config: ", m.status().message()));
-    }
-    cost.model = *std::move(m);
-  }
-  cost.prior_flops_per_s = config_.cost_prefill_tflops * 1e12;
-  cost.nvme_prior = TierSpeed{config_.cost_nvme_read_gbps * 1e9, config_.cost_nvme_read_latency_us * 1e-6};
-  cost.decide = config_.cost_decide;
+  ASSIGN_OR_RETURN(CostTracker::Options cost, CostOptionsFrom(config_));
   spdlog::info("event=cost_model model=\"{}\" kv_bytes_per_token={} prefill_tflops_prior={} decide={}",
                LogQuoted(cost.model.name), cost.model.KvBytesPerToken(), config_.cost_prefill_tflops, cost.decide);
   ASSIGN_OR_RETURN(cache_, BlockCache::Create({config_.max_leases_per_session, config_.host_policy,
@@ -220,104 +209,11 @@ absl::Status Daemon::Open() {
 }
 
 absl::Status Daemon::OpenNvme() {
-  if (config_.nvme_capacity == 0) {
-    spdlog::info("event=nvme_tier state=off detail=\"tiers.nvme.capacity = 0\"");
-    return absl::OkStatus();
-  }
-  const std::vector<std::string> dirs = config_.NvmeDirs();
-  uint64_t capacity = config_.nvme_capacity;
-  if (!config_.nvme_capacity_explicit) {
-    // The default must not fail a start on a small disk: take at most half of
-    // what is free (counting slab files already ours), or go without.
-    uint64_t available = UINT64_MAX;
-    for (const std::string& d : dirs) {
-      std::error_code ec;
-      std::filesystem::create_directories(d, ec);
-      const auto space = std::filesystem::space(d, ec);
-      if (ec) continue;
-      const uint64_t ours = std::filesystem::file_size(d + "/kvtier-slab.kvt", ec);
-      available = std::min<uint64_t>(available, (space.available + (ec ? 0 : ours)) / 2 * dirs.size());
-    }
-    if (available < capacity) {
-      capacity = available / (config_.nvme_segment_bytes * dirs.size()) * config_.nvme_segment_bytes * dirs.size();
-      spdlog::warn("event=nvme_tier detail=\"only {} free for the default NVMe tier; using {}\" hint=\"set "
-                   "tiers.nvme.capacity explicitly to choose\"",
-                   FormatBytes(available), FormatBytes(capacity));
-      if (capacity == 0) return absl::OkStatus();
-    }
-  }
-  // A RAM-backed file system accepts O_DIRECT on recent kernels, so the tier
-  // opens there: say what it costs.
-  for (const std::string& d : dirs) {
-    struct statfs fs {};
-    if (statfs(d.c_str(), &fs) == 0 && (fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC)) {
-      spdlog::warn("event=nvme_on_tmpfs dir=\"{}\" detail=\"this NVMe directory is in RAM ({}): the tier takes "
-                   "memory, not disk, and its blocks do not survive a reboot\" hint=\"point tiers.nvme.dirs at a "
-                   "directory on the NVMe device\"",
-                   LogQuoted(d), fs.f_type == TMPFS_MAGIC ? "tmpfs" : "ramfs");
-    }
-  }
-  NvmeTierOptions o;
-  o.dirs = dirs;
-  o.capacity_bytes = capacity;
-  o.segment_bytes = config_.nvme_segment_bytes;
-  o.queue_depth = config_.nvme_queue_depth;
-  o.io_workers = config_.nvme_io_workers;
-  o.io_engine = config_.nvme_io_engine;
-  o.allow_buffered = config_.nvme_allow_buffered;
-  o.staging_bytes = config_.nvme_staging_bytes;
-  uint64_t last_report = 0;
-  o.progress = [&last_report](uint64_t done, uint64_t total) {
-    const uint64_t now = MonotonicNanos();
-    if (done == total || now - last_report > 1'000'000'000) {
-      last_report = now;
-      spdlog::info("event=nvme_recovery checked={} of={}", done, total);
-    }
-  };
-  std::vector<RecoveredBlock> recovered;
-  absl::StatusOr<std::unique_ptr<NvmeTier>> nvme = NvmeTier::Open(o, &recovered);
-  if (!nvme.ok()) {
-    return absl::Status(nvme.status().code(), absl::StrCat("opening the NVMe tier: ", nvme.status().message()));
-  }
-  const NvmeStats st = (*nvme)->Stats();
-  if (!st.io_engine_reason.empty()) {
-    spdlog::warn("event=nvme_io_engine engine={} detail=\"{}\"", st.io_engine, LogQuoted(st.io_engine_reason));
-  }
-  if (st.buffered) {
-    spdlog::warn("event=nvme_buffered detail=\"O_DIRECT refused; buffered I/O as tiers.nvme.allow_buffered permits\"");
-  }
-  ASSIGN_OR_RETURN(uint64_t indexed, cache_->AttachLowerTier(std::move(*nvme), recovered, &namespaces_));
-  if (st.recovery.resized_from_segments != 0) {
-    spdlog::warn("event=nvme_resized segments_before={} blocks_dropped={} detail=\"tiers.nvme.capacity changed: "
-                 "blocks in the segments both sizes have were kept, the slab files were resized to the new "
-                 "capacity\"",
-                 st.recovery.resized_from_segments, st.recovery.dropped_by_resize);
-  }
-  if (st.recovery.journal_records_cut > 0 || st.recovery.journal_records_damaged > 0) {
-    // Blocks may have been lost: say what was cut and what the slab proved.
-    spdlog::warn("event=nvme_journal_damaged records_cut={} bytes_cut={} records_damaged={} format_damaged={} "
-                 "scanned={} slots_checked={} recovered_by_scan={} dropped={} detail=\"{}\"",
-                 st.recovery.journal_records_cut, st.recovery.journal_bytes_cut,
-                 st.recovery.journal_records_damaged, st.recovery.journal_format_damaged, st.recovery.scanned,
-                 st.recovery.scan_checked, st.recovery.scan_recovered, st.recovery.dropped,
-                 LogQuoted(st.recovery.scanned ? "damaged records inside the journal: kept the blocks whose slab header and "
-                                       "payload checksums prove them, and rewrote the journal"
-                                     : "the journal's torn tail (a crash mid-commit) was cut"));
-  }
-  if (st.capacity_bytes < capacity) {
-    // The tier is whole segments per directory: say so, instead of logging
-    // the configured figure as the tier's size.
-    spdlog::warn("event=nvme_capacity_rounded configured=\"{}\" capacity=\"{}\" segment_bytes=\"{}\" dirs={} "
-                 "detail=\"the NVMe tier holds whole segments in each directory\" hint=\"set tiers.nvme.capacity to "
-                 "a multiple of {} to use all of it\"",
-                 FormatBytes(capacity), FormatBytes(st.capacity_bytes), FormatBytes(config_.nvme_segment_bytes),
-                 dirs.size(), FormatBytes(config_.nvme_segment_bytes * dirs.size()));
-  }
-  spdlog::info("event=nvme_tier state=on dirs={} capacity=\"{}\" engine=\"{}\" recovered={} dropped={} "
-               "journal_bytes_cut={} seconds={:.3f}",
-               dirs.size(), FormatBytes(st.capacity_bytes), LogQuoted(st.io_engine), indexed,
-               st.recovery.dropped + (recovered.size() - indexed), st.recovery.journal_bytes_cut,
-               st.recovery.seconds);
+  ASSIGN_OR_RETURN(OpenedNvme opened, OpenNvmeFrom(config_));
+  if (opened.tier == nullptr) return absl::OkStatus();
+  const NvmeStats st = opened.tier->Stats();
+  ASSIGN_OR_RETURN(uint64_t indexed, cache_->AttachLowerTier(std::move(opened.tier), opened.recovered, &namespaces_));
+  LogNvmeOpened(config_, opened, st, indexed);
   return absl::OkStatus();
 }
 

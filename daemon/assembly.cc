@@ -1,0 +1,138 @@
+#include "daemon/assembly.h"
+
+#include <sys/vfs.h>
+#include <linux/magic.h>
+
+#include <algorithm>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "core/checked.h"
+#include "core/fmt_absl.h"
+#include "core/units.h"
+#include "spdlog/spdlog.h"
+
+namespace kvtier {
+
+absl::StatusOr<CostTracker::Options> CostOptionsFrom(const Config& c) {
+  CostTracker::Options cost;
+  if (!c.cost_model_config.empty()) {
+    absl::StatusOr<ModelProfile> m = ModelProfile::FromHfConfigFile(c.cost_model_config);
+    if (!m.ok()) {
+      return absl::Status(m.status().code(), absl::StrCat("cost_model.model_config: ", m.status().message()));
+    }
+    cost.model = *std::move(m);
+  }
+  cost.prior_flops_per_s = c.cost_prefill_tflops * 1e12;
+  cost.nvme_prior = TierSpeed{c.cost_nvme_read_gbps * 1e9, c.cost_nvme_read_latency_us * 1e-6};
+  cost.decide = c.cost_decide;
+  return cost;
+}
+
+absl::StatusOr<OpenedNvme> OpenNvmeFrom(const Config& c) {
+  if (c.nvme_capacity == 0) {
+    spdlog::info("event=nvme_tier state=off detail=\"tiers.nvme.capacity = 0\"");
+    return OpenedNvme{};
+  }
+  const std::vector<std::string> dirs = c.NvmeDirs();
+  uint64_t capacity = c.nvme_capacity;
+  if (!c.nvme_capacity_explicit) {
+    // The default must not fail a start on a small disk: take at most half of
+    // what is free (counting slab files already ours), or go without.
+    uint64_t available = UINT64_MAX;
+    for (const std::string& d : dirs) {
+      std::error_code ec;
+      std::filesystem::create_directories(d, ec);
+      const auto space = std::filesystem::space(d, ec);
+      if (ec) continue;
+      const uint64_t ours = std::filesystem::file_size(d + "/kvtier-slab.kvt", ec);
+      available = std::min<uint64_t>(available, (space.available + (ec ? 0 : ours)) / 2 * dirs.size());
+    }
+    if (available < capacity) {
+      capacity = available / (c.nvme_segment_bytes * dirs.size()) * c.nvme_segment_bytes * dirs.size();
+      spdlog::warn("event=nvme_tier detail=\"only {} free for the default NVMe tier; using {}\" hint=\"set "
+                   "tiers.nvme.capacity explicitly to choose\"",
+                   FormatBytes(available), FormatBytes(capacity));
+      if (capacity == 0) return OpenedNvme{};
+    }
+  }
+  // A RAM-backed file system accepts O_DIRECT on recent kernels, so the tier
+  // opens there: say what it costs.
+  for (const std::string& d : dirs) {
+    struct statfs fs {};
+    if (statfs(d.c_str(), &fs) == 0 && (fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC)) {
+      spdlog::warn("event=nvme_on_tmpfs dir=\"{}\" detail=\"this NVMe directory is in RAM ({}): the tier takes "
+                   "memory, not disk, and its blocks do not survive a reboot\" hint=\"point tiers.nvme.dirs at a "
+                   "directory on the NVMe device\"",
+                   LogQuoted(d), fs.f_type == TMPFS_MAGIC ? "tmpfs" : "ramfs");
+    }
+  }
+  NvmeTierOptions o;
+  o.dirs = dirs;
+  o.capacity_bytes = capacity;
+  o.segment_bytes = c.nvme_segment_bytes;
+  o.queue_depth = c.nvme_queue_depth;
+  o.io_workers = c.nvme_io_workers;
+  o.io_engine = c.nvme_io_engine;
+  o.allow_buffered = c.nvme_allow_buffered;
+  o.staging_bytes = c.nvme_staging_bytes;
+  uint64_t last_report = 0;
+  o.progress = [&last_report](uint64_t done, uint64_t total) {
+    const uint64_t now = MonotonicNanos();
+    if (done == total || now - last_report > 1'000'000'000) {
+      last_report = now;
+      spdlog::info("event=nvme_recovery checked={} of={}", done, total);
+    }
+  };
+  OpenedNvme opened;
+  opened.requested_bytes = capacity;
+  absl::StatusOr<std::unique_ptr<NvmeTier>> nvme = NvmeTier::Open(o, &opened.recovered);
+  if (!nvme.ok()) {
+    return absl::Status(nvme.status().code(), absl::StrCat("opening the NVMe tier: ", nvme.status().message()));
+  }
+  opened.tier = std::move(*nvme);
+  const NvmeStats st = opened.tier->Stats();
+  if (!st.io_engine_reason.empty()) {
+    spdlog::warn("event=nvme_io_engine engine={} detail=\"{}\"", st.io_engine, LogQuoted(st.io_engine_reason));
+  }
+  if (st.buffered) {
+    spdlog::warn("event=nvme_buffered detail=\"O_DIRECT refused; buffered I/O as tiers.nvme.allow_buffered permits\"");
+  }
+  return opened;
+}
+
+void LogNvmeOpened(const Config& c, const OpenedNvme& opened, const NvmeStats& st, uint64_t indexed) {
+  if (st.recovery.resized_from_segments != 0) {
+    spdlog::warn("event=nvme_resized segments_before={} blocks_dropped={} detail=\"tiers.nvme.capacity changed: "
+                 "blocks in the segments both sizes have were kept, the slab files were resized to the new "
+                 "capacity\"",
+                 st.recovery.resized_from_segments, st.recovery.dropped_by_resize);
+  }
+  if (st.recovery.journal_records_cut > 0 || st.recovery.journal_records_damaged > 0) {
+    // Blocks may have been lost: say what was cut and what the slab proved.
+    spdlog::warn("event=nvme_journal_damaged records_cut={} bytes_cut={} records_damaged={} format_damaged={} "
+                 "scanned={} slots_checked={} recovered_by_scan={} dropped={} detail=\"{}\"",
+                 st.recovery.journal_records_cut, st.recovery.journal_bytes_cut,
+                 st.recovery.journal_records_damaged, st.recovery.journal_format_damaged, st.recovery.scanned,
+                 st.recovery.scan_checked, st.recovery.scan_recovered, st.recovery.dropped,
+                 LogQuoted(st.recovery.scanned ? "damaged records inside the journal: kept the blocks whose slab header and "
+                                       "payload checksums prove them, and rewrote the journal"
+                                     : "the journal's torn tail (a crash mid-commit) was cut"));
+  }
+  if (st.capacity_bytes < opened.requested_bytes) {
+    // The tier is whole segments per directory: say so, instead of logging
+    // the configured figure as the tier's size.
+    spdlog::warn("event=nvme_capacity_rounded configured=\"{}\" capacity=\"{}\" segment_bytes=\"{}\" dirs={} "
+                 "detail=\"the NVMe tier holds whole segments in each directory\" hint=\"set tiers.nvme.capacity to "
+                 "a multiple of {} to use all of it\"",
+                 FormatBytes(opened.requested_bytes), FormatBytes(st.capacity_bytes), FormatBytes(c.nvme_segment_bytes),
+                 c.NvmeDirs().size(), FormatBytes(c.nvme_segment_bytes * c.NvmeDirs().size()));
+  }
+  spdlog::info("event=nvme_tier state=on dirs={} capacity=\"{}\" engine=\"{}\" recovered={} dropped={} "
+               "journal_bytes_cut={} seconds={:.3f}",
+               c.NvmeDirs().size(), FormatBytes(st.capacity_bytes), LogQuoted(st.io_engine), indexed,
+               st.recovery.dropped + (opened.recovered.size() - indexed), st.recovery.journal_bytes_cut,
+               st.recovery.seconds);
+}
+
+}  // namespace kvtier

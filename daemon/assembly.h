@@ -1,0 +1,38 @@
+// kvtierd's parts built from its config, apart from the control loop that
+// runs them: the cost model's options, and the tier below host memory (the
+// NVMe tier: sized, checked, opened and recovered). Daemon::Open calls these
+// and wires what they return into the store; a tier added below NVMe is
+// opened here and attached in one more line there.
+#ifndef KVTIER_DAEMON_ASSEMBLY_H_
+#define KVTIER_DAEMON_ASSEMBLY_H_
+
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "daemon/config.h"
+#include "daemon/cost_tracker.h"
+#include "tiers/nvme_tier.h"
+
+namespace kvtier {
+
+// [cost_model]: the model shape (a Hugging Face config.json, or the default
+// shape), the priors, and whether it decides.
+absl::StatusOr<CostTracker::Options> CostOptionsFrom(const Config& c);
+
+struct OpenedNvme {
+  std::unique_ptr<NvmeTier> tier;  // null: no NVMe tier (capacity 0, or no room for the default)
+  std::vector<RecoveredBlock> recovered;
+  uint64_t requested_bytes = 0;    // the capacity asked of the tier (the default may have shrunk)
+};
+// [tiers.nvme]: the default capacity shrinks to half the free space (with a
+// warning), a directory in RAM is warned about, the tier is opened and its
+// journal replayed (progress logged), and the engine it runs is logged.
+absl::StatusOr<OpenedNvme> OpenNvmeFrom(const Config& c);
+// The log lines of an opened NVMe tier once its recovered blocks are indexed:
+// a resize, a damaged journal, a capacity rounded down, then the summary.
+void LogNvmeOpened(const Config& c, const OpenedNvme& opened, const NvmeStats& stats, uint64_t indexed);
+
+}  // namespace kvtier
+
+#endif  // KVTIER_DAEMON_ASSEMBLY_H_
