@@ -191,11 +191,13 @@ class TableReader {
     }                                                                              \
   } while (0)
 
-absl::Status CheckTableType(const toml::table& root, std::string_view key, std::string_view origin) {
-  const toml::node* n = root.get(key);
+// `key` of `parent`, when present, must be a table ([full_name]).
+absl::Status CheckTableType(const toml::table& parent, std::string_view key, std::string_view origin,
+                            std::string_view full_name = {}) {
+  const toml::node* n = parent.get(key);
   if (n != nullptr && !n->is_table()) {
     return absl::InvalidArgumentError(
-        Cat(Where(origin, n->source()), ": [", key, "] must be a table"));
+        Cat(Where(origin, n->source()), ": [", full_name.empty() ? key : full_name, "] must be a table"));
   }
   return absl::OkStatus();
 }
@@ -430,7 +432,13 @@ absl::StatusOr<Config> ParseConfig(std::string_view toml_text, std::string_view 
                                                    : nullptr)
                 .first;
       }
-      if (p->second) t = p->second->SubTable(sec.name.substr(dot + 1));
+      if (p->second) {
+        const std::string_view inner = sec.name.substr(dot + 1);
+        if (const toml::table* pt = root.get(outer) ? root.get(outer)->as_table() : nullptr) {
+          KVTIER_KEEP_ERROR(errors, CheckTableType(*pt, inner, origin, sec.name));
+        }
+        t = p->second->SubTable(inner);
+      }
     }
     if (t == nullptr) continue;
     TableReader r(*t, std::string(sec.name), origin, &c.key_source);

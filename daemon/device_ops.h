@@ -6,10 +6,10 @@
 // store's operations); this class moves bytes between the engine's memory,
 // the GPU tier and the host arena.
 //
-// Thread contract: OnKvMessage, MarkGpuCopies, ReleaseLease, Drop*,
-// DropEverything: the session thread. Gather: the session thread. Scatter:
-// the session thread or an I/O thread (after tier reads). Find and
-// kv_caches: any thread.
+// Thread contract: OnKvMessage: the control loop (registration messages come
+// over the session's socket). MarkGpuCopies, ReleaseLease, Drop*, Gather,
+// DropEverything: the session thread. Scatter: the session thread or an I/O
+// thread (after tier reads). Find and kv_caches: any thread.
 #ifndef KVTIER_DAEMON_DEVICE_OPS_H_
 #define KVTIER_DAEMON_DEVICE_OPS_H_
 

@@ -12,9 +12,9 @@ absl::Status AbandonedStatus(int32_t reason, absl::string_view what) {
   switch (reason) {
     case 0:
       return absl::OkStatus();
-    case -ECANCELED:
+    case kIoCancelled:
       return absl::CancelledError(absl::StrCat(what, " cancelled before it started"));
-    case -ETIME:
+    case kIoDeadlinePassed:
       return absl::DeadlineExceededError(absl::StrCat(what, " not started by its deadline"));
     default:
       return absl::InternalError(absl::StrCat(what, ": unexpected abandon reason ", reason));

@@ -34,7 +34,7 @@ struct IoOptions {
 };
 
 // What an abandoned op reports: Cancelled or DeadlineExceeded for
-// AbandonReason's -ECANCELED and -ETIME, naming `what`; OK for 0.
+// AbandonReason's kIoCancelled and kIoDeadlinePassed, naming `what`; OK for 0.
 absl::Status AbandonedStatus(int32_t reason, absl::string_view what);
 
 // A stable 64-bit hash of a tenant's name, kept with a block in a durable

@@ -9,6 +9,7 @@
 #define KVTIER_TIERS_IO_ENGINE_H_
 
 #include <cerrno>
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -53,17 +54,25 @@ struct IoOp {
   // Optional: filled before `done` runs (on success and on error).
   IoTiming* timing = nullptr;
   // Optional: an op still queued when its deadline passes (MonotonicNanos;
-  // 0: none) or its token is cancelled is not started: `done` gets -ETIME or
-  // -ECANCELED, and the engine counts it as abandoned, not as an error.
+  // 0: none) or its token is cancelled is not started: `done` gets
+  // kIoDeadlinePassed or kIoCancelled, and the engine counts it as
+  // abandoned, not as an error.
   uint64_t deadline_ns = 0;
   CancelToken cancel;
 };
 
+// What `done` gets for an op given up before it started: values no system
+// call returns, so a device's own -ECANCELED or -ETIME stays an I/O error.
+inline constexpr int32_t kIoCancelled = INT32_MIN + 1;
+inline constexpr int32_t kIoDeadlinePassed = INT32_MIN + 2;
+inline bool IsAbandoned(int32_t res) { return res == kIoCancelled || res == kIoDeadlinePassed; }
+
 // Whether a queued op must be given up instead of started: 0 if not, else
-// -ECANCELED or -ETIME. Engines ask when they take an op off their queue.
+// kIoCancelled or kIoDeadlinePassed. Engines ask when they take an op off
+// their queue.
 inline int32_t AbandonReason(uint64_t deadline_ns, const CancelToken& cancel) {
-  if (cancel.cancelled()) return -ECANCELED;
-  if (deadline_ns != 0 && MonotonicNanos() >= deadline_ns) return -ETIME;
+  if (cancel.cancelled()) return kIoCancelled;
+  if (deadline_ns != 0 && MonotonicNanos() >= deadline_ns) return kIoDeadlinePassed;
   return 0;
 }
 inline int32_t AbandonReason(const IoOp& op) { return AbandonReason(op.deadline_ns, op.cancel); }

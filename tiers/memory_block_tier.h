@@ -13,6 +13,7 @@
 #include <condition_variable>
 #include <deque>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -54,7 +55,8 @@ class MemoryBlockTier final : public BlockTier {
   std::string_view name() const override { return opts_.name; }
   bool durable() const override { return false; }
   uint64_t max_block_bytes() const override { return opts_.max_block_bytes; }
-  // Waits until every op queued so far has run (never returns while paused).
+  // Waits until every write queued before the call has landed (never
+  // returns while paused with such a write queued).
   absl::Status Sync() override;
   void CommitSoon() override {}
   BlockTierStats BlockStats() const override;
@@ -87,6 +89,7 @@ class MemoryBlockTier final : public BlockTier {
     std::span<std::byte> dst;
     IoOptions io;
     IoCallback done;
+    uint64_t write_seq = 0;  // writes: order of Write calls, for Sync
   };
 
   explicit MemoryBlockTier(const MemoryBlockTierOptions& opts);
@@ -107,13 +110,14 @@ class MemoryBlockTier final : public BlockTier {
   uint64_t last_generation_ ABSL_GUARDED_BY(mu_) = 0;
   std::array<std::deque<Op>, kIoPriorities> queue_ ABSL_GUARDED_BY(mu_);
   uint64_t queued_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t unfinished_ ABSL_GUARDED_BY(mu_) = 0;  // queued or running
+  uint64_t last_write_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  std::set<uint64_t> unfinished_writes_ ABSL_GUARDED_BY(mu_);  // queued or running, by write_seq
   bool paused_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
 
   // Counted on the tier thread, read by BlockStats without the lock.
   std::atomic<uint64_t> reads_{0}, writes_{0}, bytes_read_{0}, bytes_written_{0}, checksum_failures_{0},
-      writes_refused_{0}, abandoned_{0}, in_flight_{0};
+      abandoned_{0}, in_flight_{0};
   std::thread worker_;  // last: started once everything above is built
 };
 

@@ -712,7 +712,7 @@ void NvmeTier::Write(SlotHandle slot, const BlockMeta& meta, std::span<const std
       true, file, off, buf, static_cast<uint32_t>(total), prio,
       [this, buf, file, slot, sg, idx, gen, meta, rec, prio, done = std::move(done)](int32_t res) mutable {
         staging_->Release(buf);
-        if (res == -ECANCELED || res == -ETIME) {
+        if (IsAbandoned(res)) {
           std::move(done)(AbandonedStatus(res, "NVMe write"));
           return;
         }
@@ -791,7 +791,7 @@ void NvmeTier::Read(SlotHandle slot, const BlockMeta& meta, std::span<std::byte>
   op.cancel = io.cancel;
   op.done = [this, buf, dst, direct, sg, idx, gen, meta, slot, total, timing = std::move(timing),
              done = std::move(done)](int32_t res) mutable {
-        if (res == -ECANCELED || res == -ETIME) {
+        if (IsAbandoned(res)) {
           staging_->Release(buf);
           std::move(done)(AbandonedStatus(res, "NVMe read"));
           return;

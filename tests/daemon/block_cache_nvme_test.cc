@@ -117,7 +117,11 @@ class BlockCacheNvmeTest : public ::testing::Test {
     EXPECT_TRUE(cache_->Release(s, lease).ok());
     return o.loaded;
   }
-  NvmeTier* Nvme() const { return static_cast<NvmeTier*>(cache_->lower_tier()); }
+  NvmeTier* Nvme() const {
+    auto* nvme = dynamic_cast<NvmeTier*>(cache_->lower_tier());
+    EXPECT_NE(nvme, nullptr) << "this test needs the NVMe tier below host memory";
+    return nvme;
+  }
   void SyncNvme() { ASSERT_TRUE(cache_->lower_tier()->Sync().ok()); }
   // How many of keys [from, from+n) have an NVMe copy (probes: change nothing).
   uint32_t OnNvme(SessionHoldings& s, uint64_t from, uint64_t n) {

@@ -139,6 +139,15 @@ TEST(ConfigSchemaTest, AChangedKeyIsSeenByTheDiffAndNamesItsKey) {
   EXPECT_EQ(ConfigValueToml(*spin, *b), "7");
 }
 
+TEST(ConfigSchemaTest, ASectionThatIsNotATableIsRefused) {
+  for (const char* text : {"tiers = 1\n", "cost_model = 5\n", "[tiers]\nhost = 1\n", "[tiers]\nnvme = \"x\"\n"}) {
+    absl::StatusOr<Config> c = ParseConfig(text, "t.toml");
+    EXPECT_FALSE(c.ok()) << text;
+    EXPECT_NE(c.status().message().find("must be a table"), absl::string_view::npos) << c.status();
+  }
+  EXPECT_TRUE(ParseConfig("[tiers.host]\ncapacity = \"2GiB\"\n", "t.toml").ok());
+}
+
 TEST(ConfigSchemaTest, SectionsAndKeysAreUnique) {
   std::set<std::string> seen;
   for (const ConfigKey& k : ConfigSchema()) EXPECT_TRUE(seen.insert(k.full_name()).second) << k.full_name();

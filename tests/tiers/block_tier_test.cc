@@ -211,6 +211,51 @@ TEST(MemoryBlockTierTest, AQueuedReadPastItsDeadlineIsAbandonedAndADamagedCopyIs
   EXPECT_EQ(tier->BlockStats().checksum_failures, 1u);
 }
 
+TEST(MemoryBlockTierTest, CallbacksMayCallBackIntoTheTier) {
+  auto tier = std::move(MemoryBlockTier::Create({.capacity_bytes = 1 << 20})).value();
+  const SlotHandle slot = *tier->Allocate(4096);
+  std::vector<std::byte> data(4096);
+  std::promise<absl::Status> w, r;
+  // Refused at once (a slot never allocated): the callback frees a slot.
+  tier->Write(999, BlockMeta{.payload_bytes = 4096}, data, IoOptions{}, [&](absl::Status s) {
+    EXPECT_TRUE(tier->Free(slot).ok());
+    w.set_value(s);
+  });
+  EXPECT_EQ(w.get_future().get().code(), absl::StatusCode::kInvalidArgument);
+  tier->Read(slot, BlockMeta{.payload_bytes = 4096}, data, IoOptions{}, [&](absl::Status s) {
+    EXPECT_TRUE(tier->Allocate(4096).ok());
+    r.set_value(s);
+  });
+  EXPECT_EQ(r.get_future().get().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(MemoryBlockTierTest, SyncWaitsForEarlierWritesOnly) {
+  auto tier = std::move(MemoryBlockTier::Create({.capacity_bytes = 1 << 20})).value();
+  const SlotHandle a = *tier->Allocate(4096), b = *tier->Allocate(4096);
+  std::vector<std::byte> data(4096, std::byte{1});
+  const BlockMeta meta{.payload_bytes = 4096};
+  std::atomic<bool> synced{false}, b_saw_sync{false};
+  tier->Pause();
+  tier->Write(a, meta, data, IoOptions{.prio = IoPriority::kLoad}, [](absl::Status) {});
+  std::thread syncer([&] {
+    EXPECT_TRUE(tier->Sync().ok());
+    synced = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  // Queued after Sync was called; its callback holds the tier's thread until
+  // Sync has returned (or 5 s): a Sync that waited for it would never return.
+  std::promise<void> b_done;
+  tier->Write(b, meta, data, IoOptions{.prio = IoPriority::kDemote}, [&](absl::Status) {
+    for (int i = 0; i < 5000 && !synced.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    b_saw_sync = synced.load();
+    b_done.set_value();
+  });
+  tier->Resume();
+  syncer.join();
+  b_done.get_future().get();
+  EXPECT_TRUE(b_saw_sync.load());
+}
+
 TEST(MemoryBlockTierTest, BadOptionsAreRefused) {
   EXPECT_EQ(MemoryBlockTier::Create({.capacity_bytes = 0}).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(MemoryBlockTier::Create({.capacity_bytes = 1, .max_block_bytes = 0}).status().code(),

@@ -110,8 +110,8 @@ TEST_P(IoEngineTest, OpsCancelledOrPastTheirDeadlineAreNotStarted) {
   c.cancel = CancelSource().token();  // never cancelled
   engine_->Submit(std::move(c));
   engine_->Drain();
-  EXPECT_EQ(cancelled.load(), -ECANCELED);
-  EXPECT_EQ(late.load(), -ETIME);
+  EXPECT_EQ(cancelled.load(), kIoCancelled);
+  EXPECT_EQ(late.load(), kIoDeadlinePassed);
   EXPECT_EQ(fine.load(), 4096) << "a deadline ahead and a live token do not stop an op";
   // Neither abandoned write reached the file: its first half still holds 0x11.
   std::byte* r = pool_->Acquire(4096);
