@@ -28,15 +28,20 @@ class LogLimiter {
   // were dropped before this one, says how many first.
   bool Allow(const std::string& key) {
     if (per_second_ == 0) return true;
-    const uint64_t now = MonotonicNanos();
     uint64_t dropped = 0;
     {
       MutexLock l(&mu_);
+      // Read under the lock: a time read before it could be older than the
+      // bucket's (another thread got the lock first), and the unsigned
+      // difference would refill the bucket at once.
+      const uint64_t now = MonotonicNanos();
       if (buckets_.size() > kMaxKeys && !buckets_.contains(key)) buckets_.clear();  // bounded too
       Bucket& b = buckets_[key];
       if (b.last_ns == 0) b = Bucket{double(burst_), now, 0};
-      b.tokens = std::min<double>(burst_, b.tokens + double(now - b.last_ns) * 1e-9 * per_second_);
-      b.last_ns = now;
+      if (now > b.last_ns) {
+        b.tokens = std::min<double>(burst_, b.tokens + double(now - b.last_ns) * 1e-9 * per_second_);
+        b.last_ns = now;
+      }
       if (b.tokens < 1) {
         ++b.dropped;
         if (stats_ != nullptr) stats_->log_lines_suppressed.Add();

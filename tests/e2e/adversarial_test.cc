@@ -586,6 +586,14 @@ TEST_F(AdversarialTest, Row09_AFloodingTenantCannotEvictAnotherBelowItsFairShare
   ASSERT_TRUE(testing::Eventually([&] { return TenantNvmeBytes(*d_, "victim") >= 80 * kBlockBytes; }))
       << d_->Status()->dump();
   const uint64_t victim_nvme = TenantNvmeBytes(*d_, "victim");
+  // Its demotions durable: a block still being written (its journal record
+  // waiting for a group commit, which batches up to a second when flushes
+  // are slow) is busy, not evictable, so it would not make the flood's
+  // refusals count against its fair share.
+  ASSERT_TRUE(testing::Eventually([&] {
+    const nlohmann::json nvme = TierStatus(*d_, "nvme");
+    return !nvme.is_null() && nvme["blocks"].get<uint64_t>() * kBlockBytes >= victim_nvme;
+  })) << d_->Status()->dump();
   const int rc = AsAttacker([&] {
     AttachOptions o;
     o.socket_path = d_->socket_path();
