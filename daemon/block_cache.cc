@@ -35,7 +35,10 @@ absl::StatusOr<std::unique_ptr<BlockCache>> BlockCache::Create(const Options& op
 
 BlockCache::~BlockCache() {
   StopBackgroundReclaim();
-  // Drain NVMe I/O and journal callbacks while everything they touch lives.
+  // Drain the lower tier's I/O and journal callbacks while everything they
+  // touch lives, lower_ included: reset() nulls it before it deletes the
+  // tier, and a failed write's callback frees its slot through it.
+  if (lower_) (void)lower_->Sync();
   lower_.reset();
 }
 
