@@ -236,7 +236,7 @@ nlohmann::json Daemon::HandleAdmin(const nlohmann::json& request) {
       const auto it = ns.find(b.ns);
       json tiers = json::array();
       if (b.on_host) tiers.push_back("host");
-      if (b.on_nvme) tiers.push_back("nvme");
+      if (b.on_lower) tiers.push_back(std::string(cache_->lower_tier(b.lower)->name()));
       blocks.push_back({{"key", b.key.Hex()},
                         {"namespace", it == ns.end() ? std::string("?") : it->second.id.Hex()},
                         {"model", it == ns.end() ? std::string() : it->second.model_id},

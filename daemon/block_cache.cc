@@ -35,11 +35,15 @@ absl::StatusOr<std::unique_ptr<BlockCache>> BlockCache::Create(const Options& op
 
 BlockCache::~BlockCache() {
   StopBackgroundReclaim();
-  // Drain the lower tier's I/O and journal callbacks while everything they
-  // touch lives, lower_ included: reset() nulls it before it deletes the
-  // tier, and a failed write's callback frees its slot through it.
-  if (lower_) (void)lower_->Sync();
-  lower_.reset();
+  StopCascade();
+  // Drain the lower tiers' I/O and journal callbacks while everything they
+  // touch lives, every lane included: a failed write's callback frees its
+  // slot through its lane. Then delete the tiers, the last first.
+  for (auto& lane : lanes_) (void)lane->tier->Sync();
+  while (!lanes_.empty()) {
+    lanes_.back()->tier.reset();
+    lanes_.pop_back();
+  }
 }
 
 absl::StatusOr<uint16_t> BlockCache::AddTenant(std::string name, std::unique_ptr<HostTier> host, TenantQuota quota) {
@@ -51,9 +55,9 @@ absl::StatusOr<uint16_t> BlockCache::AddTenant(std::string name, std::unique_ptr
   t->quota_host_tokens = quota.host_tokens;
   t->quota_nvme_bytes = quota.nvme_bytes;
   t->quota_nvme_tokens = quota.nvme_tokens;
-  {
-    MutexLock nl(&nvme_mu_);
-    nvme_use_.resize(tenants_.size() + 1);
+  for (auto& lane : lanes_) {
+    MutexLock nl(&lane->mu);
+    lane->use.resize(tenants_.size() + 1);
   }
   tenant_by_hash_[t->hash] = static_cast<uint16_t>(tenants_.size());
   tenants_.push_back(std::move(t));
@@ -245,7 +249,7 @@ std::chrono::nanoseconds Left(std::chrono::steady_clock::time_point deadline) {
 
 BlockCache::FlushResult BlockCache::FlushToNvme(std::chrono::nanoseconds timeout) {
   FlushResult out;
-  if (!lower_) return out;
+  if (lanes_.empty()) return out;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   struct Job {
     Mutex mu;
@@ -266,7 +270,7 @@ BlockCache::FlushResult BlockCache::FlushToNvme(std::chrono::nanoseconds timeout
         BlockIndex::Shard& sh = index_.ShardFor(r);
         MutexLock sl(&sh.mu);
         if (r->removed || r->state != BlockState::kReady) continue;
-        if (r->nvme_state == NvmeState::kNone) {
+        if (r->lower_state == LowerState::kNone) {
           ++r->io_refs;  // held until WriteToNvme took its own: r stays put meanwhile
           todo.push_back(r);
         } else {
@@ -327,7 +331,7 @@ BlockCache::FlushResult BlockCache::FlushToNvme(std::chrono::nanoseconds timeout
     out.written = job->written;
     out.failed = job->failed;
   }
-  out.sync = lower_->Sync();
+  out.sync = lanes_[0]->tier->Sync();
   return out;
 }
 
@@ -346,8 +350,9 @@ std::vector<BlockCache::BlockInfo> BlockCache::ListBlocks(std::optional<uint16_t
       b.ns = r->ns;
       b.tenant = r->tenant;
       b.on_host = r->state == BlockState::kReady;
-      b.on_nvme = r->nvme_state == NvmeState::kReady;
-      b.moving = r->nvme_state == NvmeState::kWriting || r->state != BlockState::kReady;
+      b.on_lower = r->lower_state == LowerState::kReady;
+      b.lower = r->lower;
+      b.moving = r->lower_state == LowerState::kWriting || r->state != BlockState::kReady;
       b.pins = r->pins;
       b.depth = r->depth;
       out.push_back(b);
@@ -607,7 +612,13 @@ absl::StatusOr<uint32_t> BlockCache::Lookup(SessionHoldings& s, std::span<const 
   }
   TenantState& t = *tenants_[s.ns.tenant];
   std::vector<BlockRecord*> pinned;
-  std::vector<SlotHandle> host_touch, nvme_touch;
+  std::vector<SlotHandle> host_touch;
+  struct LowerTouch {
+    uint8_t lane;
+    SlotHandle slot;
+    BlockRecord* r;  // pinned by this lookup: stays alive
+  };
+  std::vector<LowerTouch> lower_touch;
   uint32_t hit = 0, hit_nvme = 0;
   // Probes are memory-bound: prefetch a window of keys ahead so their cache
   // misses overlap instead of queueing behind one another.
@@ -634,13 +645,13 @@ absl::StatusOr<uint32_t> BlockCache::Lookup(SessionHoldings& s, std::span<const 
         break;
       }
       out[i] = in_host ? BlockLocation{TierKind::kHost, r->arena_offset, false}
-                       : BlockLocation{lower_->kind(), 0, false};
+                       : BlockLocation{LaneOf(r).tier->kind(), 0, false};
       if (!in_host) ++hit_nvme;
       if (lease) {
         if (r->pins++ == 0) t.pinned.fetch_add(1, std::memory_order_relaxed);
         pinned.push_back(r);
         if (in_host) host_touch.push_back(r->host_slot);
-        if (r->nvme_state == NvmeState::kReady) nvme_touch.push_back(r->nvme_slot);
+        if (r->lower_state == LowerState::kReady) lower_touch.push_back({r->lower, r->lower_slot, r});
       }
     }
     ++hit;
@@ -656,7 +667,8 @@ absl::StatusOr<uint32_t> BlockCache::Lookup(SessionHoldings& s, std::span<const 
       MutexLock l(&sh.mu);
       BlockRecord* r = BlockIndex::Find(sh, s.ns.handle, keys[i]);
       if (r == nullptr || !r->visible()) break;
-      out[i] = BlockLocation{r->state == BlockState::kReady ? TierKind::kHost : lower_->kind(), 0, false, true};
+      out[i] = BlockLocation{r->state == BlockState::kReady ? TierKind::kHost : LaneOf(r).tier->kind(), 0, false,
+                             true};
       ++n;
     }
     if (lease) stats_->blocks_recompute.Add(n);
@@ -687,9 +699,14 @@ absl::StatusOr<uint32_t> BlockCache::Lookup(SessionHoldings& s, std::span<const 
       t.slot_tick[*h] = ++t.clock;
     }
   }
-  if (!nvme_touch.empty()) {
-    MutexLock l(&nvme_mu_);
-    for (auto h = nvme_touch.rbegin(); h != nvme_touch.rend(); ++h) nvme_policy_->Touch(*h);
+  // Leaves first, as above; a copy that moved down a tier since (the
+  // cascade) is no longer that slot's owner and is left alone.
+  for (auto h = lower_touch.rbegin(); h != lower_touch.rend();) {
+    Lane& lane = *lanes_[h->lane];
+    MutexLock l(&lane.mu);
+    for (; h != lower_touch.rend() && h->lane == lane.index; ++h) {
+      if (auto o = lane.owner.find(h->slot); o != lane.owner.end() && o->second == h->r) lane.policy->Touch(h->slot);
+    }
   }
   *lease_id = s.next_id++;
   s.leases.emplace(*lease_id, std::move(pinned));
@@ -929,16 +946,25 @@ void BlockCache::StoreCommit(SessionHoldings& s, uint64_t ticket, bool durable, 
   stats_->blocks_stored.Add(blocks.size());
   stats_->bytes_stored.Add(blocks.size() * s.ns.block_bytes);
   if (!durable) {
-    if (opts_.write_through && lower_) {
+    if (opts_.write_through && !lanes_.empty()) {
       for (BlockRecord* r : blocks) WriteToNvme(t, r, IoPriority::kDemote, [](absl::Status) {});
     }
     std::move(done)(absl::OkStatus());
     return;
   }
-  if (!lower_) {
+  if (lanes_.empty()) {
     std::move(done)(CodedStatus(KVTIER_EINVAL,
                                 "the blocks are committed to host memory, but kvtierd has no NVMe tier to make them "
                                 "durable; configure [tiers.nvme] or commit without durability"));
+    return;
+  }
+  if (!lanes_[0]->tier->durable()) {
+    // Only the first lower tier takes commits; one that forgets at a restart
+    // must not acknowledge a durable one.
+    std::move(done)(CodedStatus(KVTIER_EINVAL, absl::StrCat("the blocks are committed to host memory, but the ",
+                                                            std::string(lanes_[0]->tier->name()),
+                                                            " tier below it is not durable; commit without "
+                                                            "durability")));
     return;
   }
   // Complete once every block's NVMe write is journaled (or one failed).
@@ -1085,10 +1111,13 @@ std::vector<TenantUsage> BlockCache::Usage() const {
     tu.classes = t->host->Classes();
     for (const SlotAllocator::ClassUsage& c : tu.classes) tu.stranded_bytes += c.stranded_bytes;
     {
-      MutexLock nl(&nvme_mu_);
-      if (tenant < nvme_use_.size()) {
-        tu.nvme_bytes = nvme_use_[tenant].bytes;
-        tu.nvme_tokens = nvme_use_[tenant].tokens;
+      if (!lanes_.empty()) {
+        Lane& first = *lanes_[0];
+        MutexLock nl(&first.mu);
+        if (tenant < first.use.size()) {
+          tu.nvme_bytes = first.use[tenant].bytes;
+          tu.nvme_tokens = first.use[tenant].tokens;
+        }
       }
     }
     ++tenant;

@@ -136,6 +136,11 @@ class BlockCache {
     // Blocks one session's leases may hold at once (limits.leased_blocks_per_session):
     // lease books cost memory per block, so they are bounded in blocks, not leases.
     uint32_t max_leased_blocks_per_session = 262144;
+    // The cascade between lower tiers (with two or more): above
+    // cascade_high of a tier's capacity, its coldest blocks are copied one
+    // tier down until it is at cascade_low. The last tier evicts (drops).
+    double cascade_high = 0.9;
+    double cascade_low = 0.8;
   };
   // InvalidArgument for an unknown policy name.
   static absl::StatusOr<std::unique_ptr<BlockCache>> Create(const Options& opts, DaemonStats* stats);
@@ -145,10 +150,12 @@ class BlockCache {
 
   // Setup, before sessions start (not thread-safe).
   absl::StatusOr<uint16_t> AddTenant(std::string name, std::unique_ptr<HostTier> host, TenantQuota quota = {});
-  // The block tier below host memory (NVMe in the daemon; any BlockTier),
-  // and the blocks it recovered: each lands in its tenant's namespace
-  // (registered through `namespaces`); blocks of tenants no longer
-  // configured are freed. Returns how many were indexed.
+  // Appends a block tier to the chain below host memory (the first takes
+  // demotions: NVMe in the daemon; each next one what the one above it
+  // cascades down), with the blocks it recovered: each lands in its
+  // tenant's namespace (registered through `namespaces`); blocks of tenants
+  // no longer configured, or already held by a tier above, are freed.
+  // Returns how many were indexed. At most kMaxLowerTiers.
   absl::StatusOr<uint64_t> AttachLowerTier(std::unique_ptr<BlockTier> lower,
                                            const std::vector<RecoveredBlock>& recovered,
                                            NamespaceRegistry* namespaces);
@@ -180,7 +187,9 @@ class BlockCache {
     BlockKey key;
     uint32_t ns = 0;
     uint16_t tenant = 0;
-    bool on_host = false, on_nvme = false, moving = false;
+    bool on_host = false, moving = false;
+    bool on_lower = false;  // a ready copy in lower tier `lower` (lower_tier(lower))
+    uint8_t lower = 0;
     uint32_t pins = 0;
     uint16_t depth = kUnknownDepth;
     uint32_t tokens = 0;
@@ -209,7 +218,12 @@ class BlockCache {
   uint64_t RecordsOf(uint32_t handle) const;
 
   HostTier* host_tier(uint16_t tenant) const { return tenants_[tenant]->host.get(); }
-  BlockTier* lower_tier() const { return lower_.get(); }
+  // The first lower tier (nullptr without one), and the chain.
+  BlockTier* lower_tier() const { return lanes_.empty() ? nullptr : lanes_[0]->tier.get(); }
+  size_t lower_tier_count() const { return lanes_.size(); }
+  BlockTier* lower_tier(size_t i) const { return lanes_[i]->tier.get(); }
+  // Blocks with a ready copy in lower tier i.
+  uint64_t lower_blocks(size_t i) const { return lanes_[i]->blocks.load(std::memory_order_relaxed); }
   const std::string& tenant_name(uint16_t tenant) const { return tenants_[tenant]->name; }
   size_t tenant_count() const { return tenants_.size(); }
 
@@ -258,8 +272,8 @@ class BlockCache {
   uint64_t indexed_blocks() const { return index_.size(); }
   CostTracker& cost() { return cost_; }
   const CostTracker& cost() const { return cost_; }
-  // Blocks with a ready NVMe copy.
-  uint64_t nvme_blocks() const { return nvme_blocks_.load(std::memory_order_relaxed); }
+  // Blocks with a ready copy in the first lower tier (NVMe in the daemon).
+  uint64_t nvme_blocks() const { return lanes_.empty() ? 0 : lower_blocks(0); }
 
  private:
   struct TenantState {
@@ -304,10 +318,38 @@ class BlockCache {
   // and its host slot stays allocated until FinishDemotion.
   struct PendingDemotion {
     BlockRecord* r = nullptr;
-    SlotHandle host_slot = 0, nvme_slot = 0;
+    SlotHandle host_slot = 0, lower_slot = 0;
     uint64_t offset = 0;
     BlockMeta meta;
   };
+
+  // One block tier below host memory and what the store keeps about it:
+  // its slots' owners, its policy, each tenant's use of it and the loads
+  // waiting for a write to it to land. Lane 0 takes demotions from host
+  // memory (NVMe in the daemon); lane i + 1 takes what lane i's cascade
+  // moves down (block_cascade.cc).
+  struct Lane {
+    uint8_t index = 0;
+    std::unique_ptr<BlockTier> tier;
+    // The lane lock (docs/architecture.md, "Lock order": lanes in index
+    // order, after the tenant tier lock, before block-index shard locks).
+    mutable Mutex mu;
+    std::unique_ptr<EvictionPolicy> policy ABSL_GUARDED_BY(mu);
+    absl::flat_hash_map<SlotHandle, BlockRecord*> owner ABSL_GUARDED_BY(mu);
+    // Loads waiting for a demotion to land before they read it back.
+    absl::flat_hash_map<BlockRecord*, std::vector<absl::AnyInvocable<void(bool) &&>>> write_waiters
+        ABSL_GUARDED_BY(mu);
+    std::atomic<uint64_t> blocks{0};  // ready copies
+    struct Use {
+      uint64_t bytes = 0, tokens = 0;  // payload, for quotas
+      uint64_t slot_bytes = 0;         // slots as the tier spends them (header included), for fair shares
+    };
+    std::vector<Use> use ABSL_GUARDED_BY(mu);  // by tenant
+    // Each tenant's fair share of the tier: its capacity divided equally
+    // among the configured tenants (set when the lane is attached).
+    uint64_t fair_share_bytes = 0;
+  };
+  Lane& LaneOf(const BlockRecord* r) { return *lanes_[r->lower]; }
 
   BlockCache(const Options& opts, DaemonStats* stats);
 
@@ -359,22 +401,26 @@ class BlockCache {
   // An NVMe slot for r's bytes, evicting while the tier is full or r's
   // tenant would go over its NVMe quota (then from its own blocks). Never
   // evicts another tenant's block if that would leave the other below its
-  // fair share (nvme_fair_share_bytes_; see the rule in block_movement.cc).
-  // Charges r's tenant.
-  absl::StatusOr<SlotHandle> AllocateNvmeSlotLocked(const BlockRecord* r, uint64_t bytes)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(nvme_mu_);
-  // Adds (sign +1) or removes (-1) r's bytes and tokens from its tenant's NVMe use.
-  void ChargeNvmeLocked(const BlockRecord* r, int sign) ABSL_EXCLUSIVE_LOCKS_REQUIRED(nvme_mu_);
+  // fair share (Lane::fair_share_bytes; see the rule in block_movement.cc).
+  // Charges r's tenant. Quotas apply to lane 0 only.
+  absl::StatusOr<SlotHandle> AllocateLowerSlotLocked(Lane& lane, const BlockRecord* r, uint64_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(lane.mu);
+  // Adds (sign +1) or removes (-1) r's bytes, tokens and slot (allocated)
+  // from its tenant's use of the lane.
+  void ChargeLocked(Lane& lane, const BlockRecord* r, SlotHandle slot, int sign) ABSL_EXCLUSIVE_LOCKS_REQUIRED(lane.mu);
+  // Frees lane slot `slot` (owned by r), uncharging r's tenant.
+  void FreeLowerSlotLocked(Lane& lane, const BlockRecord* r, SlotHandle slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(lane.mu);
   BlockMeta MetaOf(const BlockRecord* r) const;
   // Starts an NVMe write of r's host copy; r carries an I/O reference for it.
   void WriteToNvme(TenantState& t, BlockRecord* r, IoPriority prio, StatusCallback done);
   void OnNvmeWritten(BlockRecord* r, absl::Status s);
-  void RecordNvmeWriteLocked(BlockRecord* r, const absl::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(nvme_mu_);
+  void RecordNvmeWriteLocked(Lane& lane, BlockRecord* r, const absl::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(lane.mu);
   // Brings r's NVMe copy into a host slot; `done(ok)` when it is there or failed.
   // parent_key: PolicyKeyOf the block before r in its chain (0: none or unknown).
   void Promote(TenantState& t, BlockRecord* r, IoPriority prio, absl::AnyInvocable<void(bool) &&> done,
                uint64_t parent_key = 0);
-  void DropNvmeCopy(BlockRecord* r);
+  // Drops r's lower copy if it is still `slot` in lane `lane` (a copy that failed its check).
+  void DropLowerCopy(BlockRecord* r, uint8_t lane, SlotHandle slot);
   // Drops the I/O reference an operation held; destroys the record if it was
   // the last thing keeping a removed record alive.
   void ReleaseIoRef(TenantState& t, BlockRecord* r);
@@ -391,28 +437,30 @@ class BlockCache {
   std::vector<std::unique_ptr<TenantState>> tenants_;
   absl::flat_hash_map<uint64_t, uint16_t> tenant_by_hash_;
 
-  // The NVMe lock: the NVMe policy and slot owners. Declared before the tier,
-  // which the destructor drains first.
-  mutable Mutex nvme_mu_;
-  std::unique_ptr<EvictionPolicy> nvme_policy_ ABSL_GUARDED_BY(nvme_mu_);
-  absl::flat_hash_map<SlotHandle, BlockRecord*> nvme_owner_ ABSL_GUARDED_BY(nvme_mu_);
-  // Loads waiting for a demotion to land before they read it back.
-  absl::flat_hash_map<BlockRecord*, std::vector<absl::AnyInvocable<void(bool) &&>>> write_waiters_
-      ABSL_GUARDED_BY(nvme_mu_);
-  std::atomic<uint64_t> nvme_blocks_{0};
-  struct NvmeUse {
-    uint64_t bytes = 0, tokens = 0;  // payload, for quotas
-    uint64_t slot_bytes = 0;         // slots as the tier spends them (header included), for fair shares
-  };
-  std::vector<NvmeUse> nvme_use_ ABSL_GUARDED_BY(nvme_mu_);  // by tenant
-  // Each tenant's fair share of the NVMe tier: its capacity divided equally
-  // among the configured tenants (set by AttachLowerTier, after every AddTenant).
-  uint64_t nvme_fair_share_bytes_ = 0;
   // Evictions the cost model would drop; every kCalibrationDemotionEvery-th
   // is demoted anyway (3%: the tier keeps blocks to measure it on).
   static constexpr uint64_t kCalibrationDemotionEvery = 32;
   std::atomic<uint64_t> cost_demotions_{0};
-  std::unique_ptr<BlockTier> lower_;
+  // The chain, lane 0 first. Filled before sessions start; not resized after.
+  std::vector<std::unique_ptr<Lane>> lanes_;
+
+  // The cascade (block_cascade.cc): a thread that, while a lane is fuller
+  // than cascade_high of its capacity, copies its coldest blocks one lane
+  // down until it is at cascade_low.
+  void StartCascade();  // with two lanes or more; main thread
+  void StopCascade();
+  // Under the lane's lock, after a copy landed in it: wakes the cascade
+  // when the lane has one below it.
+  void MaybeWakeCascade(const Lane& lane);
+  void CascadeLoop();
+  // Moves up to `max` of lane i's coldest blocks into lane i + 1; returns how many moved.
+  uint32_t CascadeBatch(size_t i, uint32_t max);
+  Mutex cascade_mu_;
+  std::condition_variable_any cascade_cv_;
+  bool cascade_wanted_ ABSL_GUARDED_BY(cascade_mu_) = false;
+  bool cascade_stop_ ABSL_GUARDED_BY(cascade_mu_) = false;
+  std::thread cascade_thread_;
+  std::atomic<bool> cascade_running_{false};
 
   // Background reclaim.
   Mutex reclaim_mu_;

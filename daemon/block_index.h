@@ -33,12 +33,16 @@ enum class BlockState : uint8_t {
   kEvicting,  // being taken away (demotion or drop); invisible
 };
 
-// The NVMe copy of a block.
-enum class NvmeState : uint8_t {
+// The copy of a block in a block tier below host memory (the record's
+// `lower` names which one).
+enum class LowerState : uint8_t {
   kNone,
   kWriting,  // demotion or write-through in flight
-  kReady,    // written and journaled: durable
+  kReady,    // written (and journaled where the tier is durable)
 };
+
+// Block tiers below host memory, in a chain: 0 (NVMe in the daemon) first.
+inline constexpr size_t kMaxLowerTiers = 8;
 
 // The most I/O references client requests (prefetches) may hold on one
 // block at once; more prefetches of it while these are in flight skip it.
@@ -49,23 +53,28 @@ struct BlockRecord {
   uint32_t ns = 0;                 // namespace handle
   uint32_t pins = 0;               // leases holding it
   SlotHandle host_slot = kNoSlot;  // in the tenant's host tier
-  SlotHandle nvme_slot = kNoSlot;  // in the NVMe tier
+  SlotHandle lower_slot = kNoSlot;  // in lower tier `lower`
   uint64_t arena_offset = 0;       // of host_slot, kept here so lookups touch no tier state
   uint16_t tenant = 0;
   BlockState state = BlockState::kWriting;
-  NvmeState nvme_state = NvmeState::kNone;
+  LowerState lower_state = LowerState::kNone;
   // Tier I/O in flight on this block: not evictable, not freed. Eight bits
   // keep the record in one cache line, so the count is bounded where a
   // client can multiply it (kMaxClientIoRefs for prefetches); the daemon's
   // own paths (eviction, write-through, promotion, flush) take one each.
   uint8_t io_refs = 0;
-  bool removed = false;  // erased from the index; destroyed when unreferenced
+  // Erased from the index; destroyed when unreferenced.
+  bool removed : 1 = false;
+  // Which lower tier holds lower_slot (an index into the store's chain);
+  // meaningful while lower_state is not kNone. Shares a byte with `removed`
+  // to keep the record in one cache line.
+  uint8_t lower : 7 = 0;
   // Blocks before this one in its chain, when known (a store that follows a
   // lookup of the chain), saturating at kUnknownDepth - 1. Prices recomputation.
   uint16_t depth = kUnknownDepth;
 
   // A block being demoted stays visible: a load waits for its write to land.
-  bool visible() const { return state == BlockState::kReady || nvme_state != NvmeState::kNone; }
+  bool visible() const { return state == BlockState::kReady || lower_state != LowerState::kNone; }
 };
 
 // Tokens before the block in its chain, for the eviction policy
@@ -74,6 +83,7 @@ inline uint64_t PositionOf(const BlockRecord& r, uint32_t block_tokens) {
   return r.depth == kUnknownDepth ? 0 : uint64_t{r.depth} * block_tokens;
 }
 static_assert(sizeof(BlockRecord) <= 64);
+static_assert(kMaxLowerTiers <= 128, "BlockRecord::lower has 7 bits");
 
 // A block's identity for eviction policies that remember evicted blocks
 // (EvictionPolicy::InsertWithKey): never 0.

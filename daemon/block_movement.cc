@@ -39,13 +39,12 @@ void BlockCache::DestroyRecord(TenantState& t, BlockRecord* r) {
 }
 
 void BlockCache::DestroyDetached(BlockRecord* r) {
-  if (r->nvme_slot != kNoSlot) {
-    MutexLock l(&nvme_mu_);
-    nvme_policy_->Remove(r->nvme_slot);
-    nvme_owner_.erase(r->nvme_slot);
-    (void)lower_->Free(r->nvme_slot);
-    ChargeNvmeLocked(r, -1);
-    if (r->nvme_state == NvmeState::kReady) nvme_blocks_.fetch_sub(1, std::memory_order_relaxed);
+  if (r->lower_slot != kNoSlot) {
+    Lane& lane = LaneOf(r);
+    MutexLock l(&lane.mu);
+    lane.policy->Remove(r->lower_slot);
+    FreeLowerSlotLocked(lane, r, r->lower_slot);
+    if (r->lower_state == LowerState::kReady) lane.blocks.fetch_sub(1, std::memory_order_relaxed);
   }
   CountRecords(r->ns, -1);
   index_.FreeRecord(r);
@@ -83,7 +82,7 @@ BlockCache::EvictResult BlockCache::EvictHostCopyLocked(TenantState& t, BlockRec
     }
     host_slot = r->host_slot;
     offset = r->arena_offset;
-    keep_on_nvme = r->nvme_state == NvmeState::kReady;
+    keep_on_nvme = r->lower_state == LowerState::kReady;
     if (keep_on_nvme) {
       r->state = BlockState::kNone;
       r->host_slot = kNoSlot;
@@ -106,7 +105,8 @@ BlockCache::EvictResult BlockCache::EvictHostCopyLocked(TenantState& t, BlockRec
     if (r->ns < ns_info_.size()) tp_size = ns_info_[r->ns].tp_size;
   }
   // Unknown depth (stored without a lookup of its chain): demote.
-  bool by_cost = lower_ && r->depth != kUnknownDepth &&
+  Lane* const first = lanes_.empty() ? nullptr : lanes_[0].get();
+  bool by_cost = first != nullptr && r->depth != kUnknownDepth &&
                  cost_.RecomputeBeatsNvme(uint64_t{r->depth} * meta.block_tokens, meta.block_tokens,
                                           meta.payload_bytes, tp_size);
   // One in kCalibrationDemotionEvery of those is demoted anyway, so the tier
@@ -116,12 +116,12 @@ BlockCache::EvictResult BlockCache::EvictHostCopyLocked(TenantState& t, BlockRec
     by_cost = false;
     stats_->demotions_for_calibration.Add();
   }
-  if (lower_ && !by_cost && meta.payload_bytes <= lower_->max_block_bytes()) {
+  if (first != nullptr && !by_cost && meta.payload_bytes <= first->tier->max_block_bytes()) {
     absl::StatusOr<SlotHandle> nslot;
     {
-      MutexLock nl(&nvme_mu_);
-      nslot = AllocateNvmeSlotLocked(r, meta.payload_bytes);
-      if (nslot.ok()) nvme_owner_[*nslot] = r;
+      MutexLock nl(&first->mu);
+      nslot = AllocateLowerSlotLocked(*first, r, meta.payload_bytes);
+      if (nslot.ok()) first->owner[*nslot] = r;
     }
     if (nslot.ok()) {
       {
@@ -129,8 +129,9 @@ BlockCache::EvictResult BlockCache::EvictHostCopyLocked(TenantState& t, BlockRec
         MutexLock sl(&sh.mu);
         r->state = BlockState::kNone;
         r->host_slot = kNoSlot;
-        r->nvme_slot = *nslot;
-        r->nvme_state = NvmeState::kWriting;  // the io_ref now belongs to the write
+        r->lower_slot = *nslot;
+        r->lower = 0;
+        r->lower_state = LowerState::kWriting;  // the io_ref now belongs to the write
       }
       stats_->demotions.Add();
       if (deferred != nullptr) {
@@ -141,7 +142,7 @@ BlockCache::EvictResult BlockCache::EvictHostCopyLocked(TenantState& t, BlockRec
       // Write copies the bytes before it returns: the host slot is freed
       // right after. Its callback takes no tenant lock (r has no host slot),
       // so it may run inline here.
-      lower_->Write(*nslot, meta, {t.host->arena_base() + offset, meta.payload_bytes}, IoPriority::kDemote,
+      first->tier->Write(*nslot, meta, {t.host->arena_base() + offset, meta.payload_bytes}, IoPriority::kDemote,
                    [this, &t, r, start = MonotonicNanos()](absl::Status s) {
                      stats_->nvme_write_latency.Record(MonotonicNanos() - start);
                      if (!s.ok()) stats_->demotions_failed.Add();
@@ -176,7 +177,7 @@ BlockCache::EvictResult BlockCache::EvictHostCopyLocked(TenantState& t, BlockRec
 void BlockCache::FinishDemotion(TenantState& t, const PendingDemotion& d) {
   BlockRecord* r = d.r;
   // The slot is still allocated to r: nobody else writes these bytes.
-  lower_->Write(d.nvme_slot, d.meta, {t.host->arena_base() + d.offset, d.meta.payload_bytes}, IoPriority::kDemote,
+  lanes_[0]->tier->Write(d.lower_slot, d.meta, {t.host->arena_base() + d.offset, d.meta.payload_bytes}, IoPriority::kDemote,
                [this, &t, r, start = MonotonicNanos()](absl::Status s) {
                  stats_->nvme_write_latency.Record(MonotonicNanos() - start);
                  if (!s.ok()) stats_->demotions_failed.Add();
@@ -188,10 +189,10 @@ void BlockCache::FinishDemotion(TenantState& t, const PendingDemotion& d) {
   if (--t.deferred_in_flight == 0) t.deferred_done.notify_all();
 }
 
-void BlockCache::ChargeNvmeLocked(const BlockRecord* r, int sign) {
+void BlockCache::ChargeLocked(Lane& lane, const BlockRecord* r, SlotHandle slot, int sign) {
   const BlockMeta meta = MetaOf(r);
-  NvmeUse& u = nvme_use_[r->tenant];
-  const uint64_t slot_bytes = SlotBytesFor(meta.payload_bytes);
+  Lane::Use& u = lane.use[r->tenant];
+  const uint64_t slot_bytes = lane.tier->SlotBytes(slot);
   if (sign > 0) {
     u.bytes += meta.payload_bytes;
     u.tokens += meta.block_tokens;
@@ -201,6 +202,12 @@ void BlockCache::ChargeNvmeLocked(const BlockRecord* r, int sign) {
     u.tokens -= std::min<uint64_t>(u.tokens, meta.block_tokens);
     u.slot_bytes -= std::min(u.slot_bytes, slot_bytes);
   }
+}
+
+void BlockCache::FreeLowerSlotLocked(Lane& lane, const BlockRecord* r, SlotHandle slot) {
+  ChargeLocked(lane, r, slot, -1);
+  lane.owner.erase(slot);
+  (void)lane.tier->Free(slot);
 }
 
 // Fair shares of the shared NVMe tier. Without them, one tenant that keeps
@@ -223,43 +230,43 @@ void BlockCache::ChargeNvmeLocked(const BlockRecord* r, int sign) {
 //    demotions_refused_quota over the quota, demotions_refused_fair_share
 //    when an evictable block was passed over to keep its tenant's share.
 
-absl::StatusOr<SlotHandle> BlockCache::AllocateNvmeSlotLocked(const BlockRecord* owner, uint64_t bytes) {
+absl::StatusOr<SlotHandle> BlockCache::AllocateLowerSlotLocked(Lane& lane, const BlockRecord* owner, uint64_t bytes) {
   const uint16_t tenant = owner->tenant;
-  const TenantQuota q = tenants_[tenant]->Quota();
+  // The quotas ([[tenants]] nvme_bytes / nvme_tokens) are on the first tier.
+  const TenantQuota q = lane.index == 0 ? tenants_[tenant]->Quota() : TenantQuota{};
   const uint64_t tokens = MetaOf(owner).block_tokens;
   if ((q.nvme_bytes != 0 && bytes > q.nvme_bytes) || (q.nvme_tokens != 0 && tokens > q.nvme_tokens)) {
     stats_->demotions_refused_quota.Add();
     return absl::ResourceExhaustedError(absl::StrCat("a block is larger than tenant \"", tenants_[tenant]->name,
                                                      "\"'s NVMe quota ([[tenants]] nvme_bytes / nvme_tokens)"));
   }
-  const uint64_t slot_bytes = SlotBytesFor(bytes);
   for (;;) {
-    const NvmeUse& u = nvme_use_[tenant];
+    const Lane::Use& u = lane.use[tenant];
     const bool over_quota = (q.nvme_bytes != 0 && u.bytes + bytes > q.nvme_bytes) ||
                             (q.nvme_tokens != 0 && u.tokens + tokens > q.nvme_tokens);
     if (!over_quota) {
-      absl::StatusOr<SlotHandle> slot = lower_->Allocate(bytes);
-      if (slot.ok()) ChargeNvmeLocked(owner, +1);
+      absl::StatusOr<SlotHandle> slot = lane.tier->Allocate(bytes);
+      if (slot.ok()) ChargeLocked(lane, owner, *slot, +1);
       if (slot.ok() || !absl::IsResourceExhausted(slot.status())) return slot;
     }
     // Over the quota, the tenant's own coldest block goes; over its fair
     // share, its own first; else the tier's coldest that the fair shares
     // allow (see above).
-    const bool over_share = u.slot_bytes + slot_bytes > nvme_fair_share_bytes_;
+    const bool over_share = u.slot_bytes + lane.tier->SlotBytesFor(bytes) > lane.fair_share_bytes;
     bool held_back = false;  // an evictable block was passed over for its tenant's fair share
     enum class From { kOwn, kOthersOverShare, kEither };
     auto pick = [&](From from) {
-      return nvme_policy_->PickVictim([&](SlotHandle h) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        BlockRecord* v = nvme_owner_.at(h);
+      return lane.policy->PickVictim([&](SlotHandle h) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        BlockRecord* v = lane.owner.at(h);
         auto evictable = [&] {
           BlockIndex::Shard& sh = index_.ShardFor(v);
           MutexLock sl(&sh.mu);
-          return !v->removed && v->pins == 0 && v->io_refs == 0 && v->nvme_state == NvmeState::kReady;
+          return !v->removed && v->pins == 0 && v->io_refs == 0 && v->lower_state == LowerState::kReady;
         };
         if (v->tenant == tenant) return from != From::kOthersOverShare && evictable();
         if (from == From::kOwn) return false;
-        const uint64_t use = nvme_use_[v->tenant].slot_bytes;
-        if (use < nvme_fair_share_bytes_ || use - nvme_fair_share_bytes_ < lower_->SlotBytes(h)) {
+        const uint64_t use = lane.use[v->tenant].slot_bytes;
+        if (use < lane.fair_share_bytes || use - lane.fair_share_bytes < lane.tier->SlotBytes(h)) {
           if (!held_back && evictable()) held_back = true;
           return false;  // within its fair share: protected
         }
@@ -290,21 +297,22 @@ absl::StatusOr<SlotHandle> BlockCache::AllocateNvmeSlotLocked(const BlockRecord*
       if (held_back) {
         stats_->demotions_refused_fair_share.Add();
         return absl::ResourceExhaustedError(absl::StrCat(
-            "the NVMe tier is full and tenant \"", tenants_[tenant]->name,
+            "the ", std::string(lane.tier->name()), " tier is full and tenant \"", tenants_[tenant]->name,
             "\" may evict nothing there: its own blocks are pinned or busy, the other tenants' are within their "
             "fair shares"));
       }
-      return absl::ResourceExhaustedError("the NVMe tier is full and every block on it is pinned or busy");
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the ", std::string(lane.tier->name()), " tier is full and every block on it is pinned or busy"));
     }
     if (over_quota) stats_->nvme_evictions_for_quota.Add();
-    BlockRecord* r = nvme_owner_.at(*victim);
+    BlockRecord* r = lane.owner.at(*victim);
     bool destroy = false;
     {
       BlockIndex::Shard& sh = index_.ShardFor(r);
       MutexLock sl(&sh.mu);
-      if (r->removed || r->pins != 0 || r->io_refs != 0 || r->nvme_state != NvmeState::kReady) continue;
-      r->nvme_slot = kNoSlot;
-      r->nvme_state = NvmeState::kNone;
+      if (r->removed || r->pins != 0 || r->io_refs != 0 || r->lower_state != LowerState::kReady) continue;
+      r->lower_slot = kNoSlot;
+      r->lower_state = LowerState::kNone;
       if (r->state == BlockState::kNone) {
         // Its only copy: the block leaves the cache.
         if (!r->removed) index_.Erase(sh, r);
@@ -312,12 +320,10 @@ absl::StatusOr<SlotHandle> BlockCache::AllocateNvmeSlotLocked(const BlockRecord*
         destroy = true;
       }
     }
-    nvme_policy_->Remove(*victim);
-    nvme_owner_.erase(*victim);
-    (void)lower_->Free(*victim);
-    ChargeNvmeLocked(r, -1);
-    nvme_blocks_.fetch_sub(1, std::memory_order_relaxed);
-    stats_->nvme_evictions.Add();
+    lane.policy->Remove(*victim);
+    FreeLowerSlotLocked(lane, r, *victim);
+    lane.blocks.fetch_sub(1, std::memory_order_relaxed);
+    (lane.index == 0 ? stats_->nvme_evictions : stats_->lower_evictions).Add();
     if (destroy) {  // no host slot, no NVMe slot, unreferenced
       CountRecords(r->ns, -1);
       index_.FreeRecord(r);
@@ -326,29 +332,30 @@ absl::StatusOr<SlotHandle> BlockCache::AllocateNvmeSlotLocked(const BlockRecord*
 }
 
 void BlockCache::OnNvmeWritten(BlockRecord* r, absl::Status s) {
+  Lane& first = *lanes_[0];
   std::vector<absl::AnyInvocable<void(bool) &&>> waiters;
   {
-    MutexLock nl(&nvme_mu_);
-    if (auto w = write_waiters_.find(r); w != write_waiters_.end()) {
+    MutexLock nl(&first.mu);
+    if (auto w = first.write_waiters.find(r); w != first.write_waiters.end()) {
       waiters = std::move(w->second);
-      write_waiters_.erase(w);
+      first.write_waiters.erase(w);
     }
-    RecordNvmeWriteLocked(r, s);
+    RecordNvmeWriteLocked(first, r, s);
   }
   for (auto& cb : waiters) std::move(cb)(s.ok());
 }
 
-void BlockCache::RecordNvmeWriteLocked(BlockRecord* r, const absl::Status& s) {
+void BlockCache::RecordNvmeWriteLocked(Lane& lane, BlockRecord* r, const absl::Status& s) {
   SlotHandle slot;
   {
     BlockIndex::Shard& sh = index_.ShardFor(r);
     MutexLock sl(&sh.mu);
-    slot = r->nvme_slot;
+    slot = r->lower_slot;
     if (s.ok()) {
-      r->nvme_state = NvmeState::kReady;
+      r->lower_state = LowerState::kReady;
     } else {
-      r->nvme_state = NvmeState::kNone;
-      r->nvme_slot = kNoSlot;
+      r->lower_state = LowerState::kNone;
+      r->lower_slot = kNoSlot;
       if (r->state == BlockState::kNone && !r->removed) {
         // The demotion failed and the host copy is gone: the block is gone.
         index_.Erase(sh, r);
@@ -357,20 +364,21 @@ void BlockCache::RecordNvmeWriteLocked(BlockRecord* r, const absl::Status& s) {
     }
   }
   if (s.ok()) {
-    nvme_policy_->InsertAt(slot, PolicyKeyOf(*r), PositionOf(*r, MetaOf(r).block_tokens));
-    nvme_blocks_.fetch_add(1, std::memory_order_relaxed);
+    lane.policy->InsertAt(slot, PolicyKeyOf(*r), PositionOf(*r, MetaOf(r).block_tokens));
+    lane.blocks.fetch_add(1, std::memory_order_relaxed);
+    MaybeWakeCascade(lane);
   } else {
-    nvme_owner_.erase(slot);
-    (void)lower_->Free(slot);
-    ChargeNvmeLocked(r, -1);
+    FreeLowerSlotLocked(lane, r, slot);
   }
 }
 
 void BlockCache::WriteToNvme(TenantState& t, BlockRecord* r, IoPriority prio, StatusCallback done) {
+  Lane& first = *lanes_[0];
   const BlockMeta meta = MetaOf(r);
-  if (meta.payload_bytes > lower_->max_block_bytes()) {
-    std::move(done)(absl::InvalidArgumentError(absl::StrCat(
-        "blocks of ", meta.payload_bytes, " bytes do not fit an NVMe segment (tiers.nvme.segment_bytes)")));
+  if (meta.payload_bytes > first.tier->max_block_bytes()) {
+    std::move(done)(absl::InvalidArgumentError(absl::StrCat("blocks of ", meta.payload_bytes, " bytes do not fit the ",
+                                                            std::string(first.tier->name()), " tier (at most ",
+                                                            first.tier->max_block_bytes(), " bytes)")));
     return;
   }
   uint64_t offset;
@@ -380,11 +388,16 @@ void BlockCache::WriteToNvme(TenantState& t, BlockRecord* r, IoPriority prio, St
     {
       BlockIndex::Shard& sh = index_.ShardFor(r);
       MutexLock sl(&sh.mu);
-      if (r->nvme_state == NvmeState::kReady) {
-        std::move(done)(absl::OkStatus());  // already durable
+      if (r->lower_state == LowerState::kReady) {
+        const BlockTier& holder = *LaneOf(r).tier;
+        // Already below; a caller that needs durability learns where it is not.
+        std::move(done)(holder.durable() ? absl::OkStatus()
+                                         : absl::FailedPreconditionError(absl::StrCat(
+                                               "the block is kept on the ", std::string(holder.name()),
+                                               " tier, which is not durable")));
         return;
       }
-      if (r->nvme_state == NvmeState::kWriting || r->state != BlockState::kReady) {
+      if (r->lower_state == LowerState::kWriting || r->state != BlockState::kReady) {
         std::move(done)(absl::UnavailableError("the block is moving between tiers; not written through"));
         return;
       }
@@ -393,9 +406,9 @@ void BlockCache::WriteToNvme(TenantState& t, BlockRecord* r, IoPriority prio, St
     }
     absl::StatusOr<SlotHandle> slot;
     {
-      MutexLock nl(&nvme_mu_);
-      slot = AllocateNvmeSlotLocked(r, meta.payload_bytes);
-      if (slot.ok()) nvme_owner_[*slot] = r;
+      MutexLock nl(&first.mu);
+      slot = AllocateLowerSlotLocked(first, r, meta.payload_bytes);
+      if (slot.ok()) first.owner[*slot] = r;
     }
     if (!slot.ok()) {
       {
@@ -409,41 +422,40 @@ void BlockCache::WriteToNvme(TenantState& t, BlockRecord* r, IoPriority prio, St
     nslot = *slot;
     BlockIndex::Shard& sh = index_.ShardFor(r);
     MutexLock sl(&sh.mu);
-    r->nvme_slot = nslot;
-    r->nvme_state = NvmeState::kWriting;
+    r->lower_slot = nslot;
+    r->lower = 0;
+    r->lower_state = LowerState::kWriting;
   }
-  lower_->Write(nslot, meta, {t.host->arena_base() + offset, meta.payload_bytes}, prio,
-               [this, &t, r, start = MonotonicNanos(), done = std::move(done)](absl::Status s) mutable {
-                 // A write the staging memory refused never started (a flush
-                 // tries it again): not a write.
-                 if (ToErrorCode(s) != KVTIER_EBUSY) stats_->writes_through.Add();
-                 stats_->nvme_write_latency.Record(MonotonicNanos() - start);
-                 OnNvmeWritten(r, s);
-                 ReleaseIoRef(t, r);
-                 std::move(done)(s);
-               });
+  first.tier->Write(nslot, meta, {t.host->arena_base() + offset, meta.payload_bytes}, prio,
+                    [this, &t, r, start = MonotonicNanos(), done = std::move(done)](absl::Status s) mutable {
+                      // A write the staging memory refused never started (a flush
+                      // tries it again): not a write.
+                      if (ToErrorCode(s) != KVTIER_EBUSY) stats_->writes_through.Add();
+                      stats_->nvme_write_latency.Record(MonotonicNanos() - start);
+                      OnNvmeWritten(r, s);
+                      ReleaseIoRef(t, r);
+                      std::move(done)(s);
+                    });
 }
 
-void BlockCache::DropNvmeCopy(BlockRecord* r) {
-  MutexLock nl(&nvme_mu_);
-  SlotHandle slot;
+void BlockCache::DropLowerCopy(BlockRecord* r, uint8_t lane_index, SlotHandle slot) {
+  Lane& lane = *lanes_[lane_index];
+  MutexLock nl(&lane.mu);
   {
     BlockIndex::Shard& sh = index_.ShardFor(r);
     MutexLock sl(&sh.mu);
-    if (r->nvme_state != NvmeState::kReady) return;
-    slot = r->nvme_slot;
-    r->nvme_slot = kNoSlot;
-    r->nvme_state = NvmeState::kNone;
+    // Moved down (or dropped) since the read that failed: nothing to drop.
+    if (r->lower_state != LowerState::kReady || r->lower != lane_index || r->lower_slot != slot) return;
+    r->lower_slot = kNoSlot;
+    r->lower_state = LowerState::kNone;
     if (r->state != BlockState::kReady && !r->removed) {
       index_.Erase(sh, r);
       r->removed = true;
     }
   }
-  nvme_policy_->Remove(slot);
-  nvme_owner_.erase(slot);
-  (void)lower_->Free(slot);
-  ChargeNvmeLocked(r, -1);
-  nvme_blocks_.fetch_sub(1, std::memory_order_relaxed);
+  lane.policy->Remove(slot);
+  FreeLowerSlotLocked(lane, r, slot);
+  lane.blocks.fetch_sub(1, std::memory_order_relaxed);
 }
 
 void BlockCache::Promote(TenantState& t, BlockRecord* r, IoPriority prio, absl::AnyInvocable<void(bool) &&> done,
@@ -453,6 +465,7 @@ void BlockCache::Promote(TenantState& t, BlockRecord* r, IoPriority prio, absl::
   // under a tier lock.
   enum class Next { kAlreadyReady, kFail, kWaiting, kAfterWrite, kRetry, kRead } next;
   SlotHandle nslot = kNoSlot, hslot = kNoSlot;
+  uint8_t from = 0;  // the lane nslot is in
   uint64_t offset = 0;
   bool drop_ref = false;
   {
@@ -464,15 +477,16 @@ void BlockCache::Promote(TenantState& t, BlockRecord* r, IoPriority prio, absl::
         next = Next::kAlreadyReady;
       } else if (r->state == BlockState::kLoading) {
         next = Next::kWaiting;
-      } else if (r->nvme_state == NvmeState::kWriting && r->state == BlockState::kNone) {
+      } else if (r->lower_state == LowerState::kWriting && r->state == BlockState::kNone) {
         next = Next::kAfterWrite;
-      } else if (r->nvme_state != NvmeState::kReady || r->state != BlockState::kNone) {
+      } else if (r->lower_state != LowerState::kReady || r->state != BlockState::kNone) {
         next = Next::kFail;
       } else {
         next = Next::kRead;
         ++r->io_refs;  // from here on r is neither evicted nor destroyed
         r->state = BlockState::kLoading;
-        nslot = r->nvme_slot;
+        nslot = r->lower_slot;
+        from = r->lower;
       }
     }
     if (next == Next::kWaiting) {
@@ -480,18 +494,20 @@ void BlockCache::Promote(TenantState& t, BlockRecord* r, IoPriority prio, absl::
       return;
     }
     if (next == Next::kAfterWrite) {
-      // Being demoted: read it back once the write has landed. (Tenant lock,
-      // then the NVMe lock: the write's completion takes the NVMe lock only.)
-      MutexLock nl(&nvme_mu_);
+      // Being demoted (into lane 0: only demotions write): read it back
+      // once the write has landed. (Tenant lock, then the lane lock: the
+      // write's completion takes the lane lock only.)
+      Lane& first = *lanes_[0];
+      MutexLock nl(&first.mu);
       BlockIndex::Shard& sh = index_.ShardFor(r);
       bool still_writing;
       {
         MutexLock sl(&sh.mu);
-        still_writing = r->nvme_state == NvmeState::kWriting;
+        still_writing = r->lower_state == LowerState::kWriting;
       }
       if (still_writing) {
-        lower_->CommitSoon();  // a demotion's record waits for the next batch otherwise
-        write_waiters_[r].push_back(
+        first.tier->CommitSoon();  // a demotion's record waits for the next batch otherwise
+        first.write_waiters[r].push_back(
             [this, &t, r, prio, parent_key, done = std::move(done)](bool written) mutable {
               if (!written) {
                 std::move(done)(false);
@@ -533,11 +549,11 @@ void BlockCache::Promote(TenantState& t, BlockRecord* r, IoPriority prio, absl::
     return;
   }
   const auto read_start = std::chrono::steady_clock::now();
-  lower_->Read(nslot, meta, {t.host->arena_base() + offset, meta.payload_bytes}, prio,
-              [this, &t, r, hslot, read_start, parent_key, block_tokens = meta.block_tokens,
+  lanes_[from]->tier->Read(nslot, meta, {t.host->arena_base() + offset, meta.payload_bytes}, prio,
+              [this, &t, r, hslot, nslot, from, read_start, parent_key, block_tokens = meta.block_tokens,
                done = std::move(done)](absl::Status s) mutable {
                 const bool ok = s.ok();
-                stats_->nvme_read_latency.Record(static_cast<uint64_t>(
+                (from == 0 ? stats_->nvme_read_latency : stats_->lower_read_latency).Record(static_cast<uint64_t>(
                     std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - read_start)
                         .count()));
                 std::vector<absl::AnyInvocable<void(bool) &&>> waiters;
@@ -566,7 +582,7 @@ void BlockCache::Promote(TenantState& t, BlockRecord* r, IoPriority prio, absl::
                 } else {
                   stats_->promotions_failed.Add();
                   // A copy that fails its checksum is never served again.
-                  if (absl::IsDataLoss(s)) DropNvmeCopy(r);
+                  if (absl::IsDataLoss(s)) DropLowerCopy(r, from, nslot);
                 }
                 ReleaseIoRef(t, r);
                 std::move(done)(ok);
@@ -575,7 +591,7 @@ void BlockCache::Promote(TenantState& t, BlockRecord* r, IoPriority prio, absl::
 }
 
 void BlockCache::Prefetch(SessionHoldings& s, std::span<const BlockKey> keys, CountCallback done) {
-  if (!lower_) {
+  if (lanes_.empty()) {
     std::move(done)(0u);
     return;
   }
@@ -588,7 +604,7 @@ void BlockCache::Prefetch(SessionHoldings& s, std::span<const BlockKey> keys, Co
     MutexLock sl(&sh.mu);
     BlockRecord* r = BlockIndex::Find(sh, s.ns.handle, key);
     if (r == nullptr || !r->visible()) break;  // the present prefix only
-    if (r->state == BlockState::kNone && r->nvme_state == NvmeState::kReady && r->io_refs < kMaxClientIoRefs) {
+    if (r->state == BlockState::kNone && r->lower_state == LowerState::kReady && r->io_refs < kMaxClientIoRefs) {
       ++r->io_refs;  // holds the NVMe copy until the promotion has started
       todo.push_back(r);
       parents.push_back(i > 0 ? PolicyKeyOf(s.ns.handle, keys[i - 1]) : 0);
@@ -614,31 +630,47 @@ void BlockCache::Prefetch(SessionHoldings& s, std::span<const BlockKey> keys, Co
 }
 
 uint32_t BlockCache::CalibrateNvme(uint64_t now_ns) {
-  if (!lower_ || !cost_.WantsNvmeCalibration(now_ns)) return 0;
+  if (lanes_.empty() || !cost_.WantsNvmeCalibration(now_ns)) return 0;
   // CostTracker's estimate gives each read 1% of its weight: 32 reads every
   // quiet 2 s replace 28% of it, so a device measured 40 times slower than
   // recomputation allows that recovered is trusted again within about 20 s
   // (cost_tracker_test). Each read is at most 1 MiB: 16 MB/s at most, and
   // only while the model keeps deciding against NVMe without reads.
-  return lower_->CalibrationRead(32);
+  return lanes_[0]->tier->CalibrationRead(32);
 }
 
 absl::StatusOr<uint64_t> BlockCache::AttachLowerTier(std::unique_ptr<BlockTier> lower,
-                                                const std::vector<RecoveredBlock>& recovered,
-                                                NamespaceRegistry* namespaces) {
-  lower_ = std::move(lower);
-  // The device's own time for each read, not the queue wait before it.
-  lower_->SetReadObserver([this](uint64_t bytes, const IoTiming& t) { cost_.RecordNvmeRead(bytes, t.share_s()); });
-  nvme_fair_share_bytes_ = lower_->Usage().capacity_bytes / std::max<size_t>(1, tenants_.size());
-  MutexLock nl(&nvme_mu_);
-  // The name was checked by Create.
-  nvme_policy_ = opts_.nvme_policy == "lru" ? MakeSparseLruPolicy()
-                                            : MakeSparseHandlePolicy(*MakeEvictionPolicy(opts_.nvme_policy));
+                                                     const std::vector<RecoveredBlock>& recovered,
+                                                     NamespaceRegistry* namespaces) {
+  if (lanes_.size() >= kMaxLowerTiers) {
+    return absl::ResourceExhaustedError(absl::StrCat("at most ", kMaxLowerTiers, " tiers below host memory"));
+  }
+  auto lane_ptr = std::make_unique<Lane>();
+  Lane& lane = *lane_ptr;
+  lane.index = static_cast<uint8_t>(lanes_.size());
+  lane.tier = std::move(lower);
+  if (lane.index == 0) {
+    // The cost model prices loads from the first tier: the device's own
+    // time for each read, not the queue wait before it.
+    lane.tier->SetReadObserver(
+        [this](uint64_t bytes, const IoTiming& t) { cost_.RecordNvmeRead(bytes, t.share_s()); });
+  }
+  lane.fair_share_bytes = lane.tier->Usage().capacity_bytes / std::max<size_t>(1, tenants_.size());
+  {
+    MutexLock nl(&lane.mu);
+    lane.use.resize(tenants_.size() + 1);
+    // The name was checked by Create.
+    lane.policy = opts_.nvme_policy == "lru" ? MakeSparseLruPolicy()
+                                             : MakeSparseHandlePolicy(*MakeEvictionPolicy(opts_.nvme_policy));
+  }
+  lanes_.push_back(std::move(lane_ptr));
+  StartCascade();  // from the second lane on
+  MutexLock nl(&lane.mu);
   uint64_t indexed = 0;
   for (const RecoveredBlock& b : recovered) {
     auto tenant = tenant_by_hash_.find(b.meta.tenant_hash);
     if (tenant == tenant_by_hash_.end()) {
-      (void)lower_->Free(b.slot);  // its tenant is no longer configured
+      (void)lane.tier->Free(b.slot);  // its tenant is no longer configured
       stats_->recovered_dropped.Add();
       continue;
     }
@@ -648,23 +680,26 @@ absl::StatusOr<uint64_t> BlockCache::AttachLowerTier(std::unique_ptr<BlockTier> 
     BlockRecord* r = index_.NewRecord(ns.handle, b.meta.key);
     r->tenant = tenant->second;
     r->state = BlockState::kNone;
-    r->nvme_slot = b.slot;
-    r->nvme_state = NvmeState::kReady;
+    r->lower_slot = b.slot;
+    r->lower = lane.index;
+    r->lower_state = LowerState::kReady;
     BlockIndex::Shard& sh = index_.ShardFor(r);
     {
       MutexLock sl(&sh.mu);
+      // The same block twice (written again before a restart), or already
+      // held by a tier above: one copy is enough.
       if (BlockIndex::Find(sh, r->ns, r->key) != nullptr) {
-        index_.FreeRecord(r);  // the same block twice (written again before a restart)
-        (void)lower_->Free(b.slot);
+        index_.FreeRecord(r);
+        (void)lane.tier->Free(b.slot);
         continue;
       }
       index_.Insert(sh, r);
     }
     CountRecords(r->ns, +1);
-    nvme_owner_[b.slot] = r;
-    ChargeNvmeLocked(r, +1);
-    nvme_policy_->InsertWithKey(b.slot, PolicyKeyOf(*r));  // depth is not kept across restarts
-    nvme_blocks_.fetch_add(1, std::memory_order_relaxed);
+    lane.owner[b.slot] = r;
+    ChargeLocked(lane, r, b.slot, +1);
+    lane.policy->InsertWithKey(b.slot, PolicyKeyOf(*r));  // depth is not kept across restarts
+    lane.blocks.fetch_add(1, std::memory_order_relaxed);
     ++indexed;
   }
   return indexed;

@@ -115,10 +115,15 @@ absl::Status Daemon::Open() {
   ASSIGN_OR_RETURN(CostTracker::Options cost, CostOptionsFrom(config_));
   spdlog::info("event=cost_model model=\"{}\" kv_bytes_per_token={} prefill_tflops_prior={} decide={}",
                LogQuoted(cost.model.name), cost.model.KvBytesPerToken(), config_.cost_prefill_tflops, cost.decide);
-  ASSIGN_OR_RETURN(cache_, BlockCache::Create({config_.max_leases_per_session, config_.host_policy,
-                                               config_.nvme_policy, config_.nvme_write_through, std::move(cost),
-                                               config_.host_high_watermark, config_.host_low_watermark,
-                                               config_.limit_leased_blocks_per_session},
+  ASSIGN_OR_RETURN(cache_, BlockCache::Create({.max_leases_per_session = config_.max_leases_per_session,
+                                               .policy = config_.host_policy,
+                                               .nvme_policy = config_.nvme_policy,
+                                               .write_through = config_.nvme_write_through,
+                                               .cost = std::move(cost),
+                                               .high_watermark = config_.host_high_watermark,
+                                               .low_watermark = config_.host_low_watermark,
+                                               .max_leased_blocks_per_session =
+                                                   config_.limit_leased_blocks_per_session},
                                               &stats_));
   for (const TenantConfig& t : config_.tenants) {
     const uint64_t bytes = t.host_bytes ? t.host_bytes : config_.host_capacity;

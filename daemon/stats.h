@@ -116,6 +116,10 @@ struct DaemonStats {
   Counter demotions_for_calibration;
   Counter prefill_reports, prefill_reports_refused;
   Counter nvme_evictions, writes_through;
+  // The chain below NVMe: blocks the cascade copied one tier down; moves
+  // that did not happen (a read or write failed, no room below, or the block
+  // was used or removed meanwhile); evictions from tiers below the first.
+  Counter cascades, cascades_failed, lower_evictions;
   Counter promotions, promotions_failed, promotions_for_load, prefetches;
   Counter recovered_dropped;
   // Engine KV caches: registrations (and refusals), daemon-driven gathers
@@ -132,6 +136,7 @@ struct DaemonStats {
   // from submission to callback.
   std::array<Histogram, ipc::kMaxOpcode + 1> op_latency;
   Histogram nvme_read_latency, nvme_write_latency;
+  Histogram lower_read_latency;  // promotions' reads from tiers below the first
 };
 
 }  // namespace kvtier

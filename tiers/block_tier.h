@@ -66,6 +66,9 @@ class BlockTier : public Tier {
   virtual bool durable() const = 0;
   // Thread-safe. The largest payload one slot takes.
   virtual uint64_t max_block_bytes() const = 0;
+  // What a block of `payload_bytes` costs the tier's capacity (header and
+  // rounding included): SlotBytes of the slot Allocate would give it.
+  virtual uint64_t SlotBytesFor(uint64_t payload_bytes) const { return payload_bytes; }
   // Thread-safe. Tier::Write with a deadline and cancellation; `done` runs
   // exactly once. src may be reused once Write returns.
   virtual void Write(SlotHandle slot, const BlockMeta& meta, std::span<const std::byte> src, const IoOptions& io,

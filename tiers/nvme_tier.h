@@ -129,6 +129,7 @@ class NvmeTier final : public BlockTier {
   // Everything BlockStats says, and the engine, journal and recovery.
   NvmeStats Stats() const;
   uint64_t max_block_bytes() const override { return opts_.segment_bytes - kSectorBytes; }
+  uint64_t SlotBytesFor(uint64_t payload_bytes) const override { return kvtier::SlotBytesFor(payload_bytes); }
 
   // The observer sees block reads and calibration reads.
   void SetReadObserver(ReadObserver observer) override { read_observer_ = std::move(observer); }

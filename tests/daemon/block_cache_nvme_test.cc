@@ -64,6 +64,13 @@ class BlockCacheNvmeTest : public ::testing::Test {
     auto n = cache_->AttachLowerTier(std::move(*nvme), rec, &namespaces_);
     ASSERT_TRUE(n.ok());
     indexed_ = *n;
+    if (below_) {
+      // A tier below NVMe: one more link in the chain, and nothing else.
+      auto mem = MemoryBlockTier::Create({.capacity_bytes = 8 << 20, .max_block_bytes = 1 << 20});
+      ASSERT_TRUE(mem.ok()) << mem.status();
+      memory_ = mem->get();
+      ASSERT_TRUE(cache_->AttachLowerTier(std::move(*mem), {}, &namespaces_).ok());
+    }
     cache_->StartBackgroundReclaim();
   }
   std::unique_ptr<SessionHoldings> Session(uint16_t tenant = 0) {
@@ -162,7 +169,8 @@ class BlockCacheNvmeTest : public ::testing::Test {
   std::unique_ptr<BlockCache> cache_;
   uint64_t recovered_ = 0, indexed_ = 0;
   std::string lower_ = "nvme";            // the block tier the next Open attaches: "nvme" or "memory"
-  MemoryBlockTier* memory_ = nullptr;     // when lower_ is "memory"
+  MemoryBlockTier* memory_ = nullptr;     // when lower_ is "memory", or below_
+  bool below_ = false;                    // the next Open attaches a memory tier below NVMe
 };
 
 // The NVMe tier is shared; a tenant's nvme_bytes quota bounds its share.
@@ -488,6 +496,149 @@ TEST_F(BlockCacheNvmeTest, AnotherKindOfBlockTierTakesTheNvmeTiersPlace) {
   EXPECT_EQ(LoadVerified(*s, 4, 4, nullptr, &hit), 0u);
   EXPECT_GE(memory_->BlockStats().checksum_failures, 1u);
   EXPECT_GE(stats_.load_failures.Get(), 1u);
+}
+
+// Where each of keys [from, from+n) has its copy below host memory: the
+// lower tier's index, or -1 (none, or only in host memory).
+std::vector<int> LowerTiersOf(BlockCache& cache, uint64_t from, uint64_t n) {
+  std::vector<int> out;
+  for (uint64_t k = from; k < from + n; ++k) {
+    const BlockKey key = KeyOf(k);
+    auto info = cache.ListBlocks(std::nullopt, 1, &key);
+    out.push_back(info.size() == 1 && info[0].on_lower ? info[0].lower : -1);
+  }
+  return out;
+}
+
+// A chain: NVMe, then a memory tier below it. Once NVMe is fuller than
+// cascade_high (90%), its coldest blocks are copied one tier down until it is
+// at cascade_low (80%); nothing is dropped while the tier below has room, and
+// blocks come back from either tier byte-exact.
+TEST_F(BlockCacheNvmeTest, BlocksCascadeBelowNvmeAndComeBackByteExact) {
+  below_ = true;
+  Open(4);
+  ASSERT_EQ(cache_->lower_tier_count(), 2u);
+  auto s = Session();
+  BlockTier* nvme = cache_->lower_tier(0);
+  auto nvme_share = [&] {
+    const TierUsage u = nvme->Usage();
+    return double(u.used_bytes) / double(u.capacity_bytes);
+  };
+  // 300 blocks through 4 host slots: 296 demoted into an NVMe tier of 204 slots.
+  for (uint64_t k = 0; k < 300; k += 4) {
+    Store(*s, k, 4);
+    SyncNvme();
+    // Give the cascade its turn (stores do not wait for it; a tier that
+    // fills faster than it drains evicts, which this test would count).
+    ASSERT_TRUE(testing::Eventually([&] { return nvme_share() <= 0.9; })) << k;
+  }
+  ASSERT_TRUE(memory_->Sync().ok());
+  EXPECT_EQ(stats_.demotions.Get(), 296u);
+  EXPECT_EQ(stats_.nvme_evictions.Get(), 0u) << "the cascade kept room on NVMe";
+  EXPECT_EQ(stats_.evictions_dropped.Get(), 0u);
+  EXPECT_EQ(stats_.lower_evictions.Get(), 0u);
+  EXPECT_EQ(stats_.cascades_failed.Get(), 0u);
+  const uint64_t moved = stats_.cascades.Get();
+  EXPECT_GT(moved, 80u);
+  EXPECT_EQ(cache_->lower_blocks(1), moved);
+  EXPECT_EQ(memory_->BlockStats().writes, moved);
+  EXPECT_EQ(memory_->Usage().used_slots, moved);
+  EXPECT_EQ(cache_->lower_blocks(0) + cache_->lower_blocks(1), 296u);
+  EXPECT_EQ(nvme->Usage().used_slots, cache_->lower_blocks(0));
+  EXPECT_LE(nvme_share(), 0.9);
+
+  // The coldest went down: the first blocks stored are in the memory tier,
+  // the last demoted still on NVMe.
+  EXPECT_EQ(LowerTiersOf(*cache_, 0, 8), std::vector<int>(8, 1));
+  EXPECT_EQ(LowerTiersOf(*cache_, 288, 8), std::vector<int>(8, 0));
+
+  // Back from the memory tier, byte-exact, through a leased lookup and load.
+  const uint64_t reads_before = memory_->BlockStats().reads;
+  uint32_t hit = 0;
+  EXPECT_EQ(LoadVerified(*s, 0, 4, nullptr, &hit), 4u);
+  EXPECT_EQ(hit, 4u);
+  EXPECT_EQ(memory_->BlockStats().reads, reads_before + 4);
+  // And from NVMe (evicting 0..3 from host again: their copies below stay).
+  EXPECT_EQ(LoadVerified(*s, 288, 4), 4u);
+  EXPECT_EQ(LowerTiersOf(*cache_, 0, 4), std::vector<int>(4, 1));
+  // Prefetch promotes from the memory tier as well.
+  std::vector<BlockKey> keys;
+  for (uint64_t i = 8; i < 12; ++i) keys.push_back(KeyOf(i));
+  std::promise<absl::StatusOr<uint32_t>> p;
+  cache_->Prefetch(*s, keys, [&](absl::StatusOr<uint32_t> n) { p.set_value(n); });
+  auto n = p.get_future().get();
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(*n, 4u);
+  EXPECT_EQ(LoadVerified(*s, 8, 4), 4u);
+
+  // Invalidating a block frees its copy wherever it is.
+  const uint64_t mem_slots = memory_->Usage().used_slots;
+  std::vector<BlockKey> gone{KeyOf(20), KeyOf(21)};
+  ASSERT_EQ(LowerTiersOf(*cache_, 20, 2), std::vector<int>(2, 1));
+  auto removed = cache_->Invalidate(*s, gone);
+  ASSERT_TRUE(removed.ok());
+  EXPECT_EQ(*removed, 2u);
+  EXPECT_EQ(memory_->Usage().used_slots, mem_slots - 2);
+  EXPECT_EQ(cache_->lower_blocks(1), mem_slots - 2);
+
+  // A damaged copy in the memory tier is a miss, and dropped.
+  for (SlotHandle slot = 0; slot < 512; ++slot) (void)memory_->CorruptPayload(slot, 100);
+  EXPECT_EQ(LoadVerified(*s, 30, 2, nullptr, &hit), 0u);
+  EXPECT_GE(memory_->BlockStats().checksum_failures, 1u);
+  EXPECT_EQ(LowerTiersOf(*cache_, 30, 1), std::vector<int>{-1});
+}
+
+// The cascade moves blocks while sessions load them: every load is
+// byte-exact or a counted miss, and every copy ends up in exactly one tier.
+TEST_F(BlockCacheNvmeTest, CascadeUnderConcurrentLoadsServesNoWrongByte) {
+  below_ = true;
+  Open(16);
+  auto s = Session();
+  auto reader = Session();
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> loaded{0};
+  std::thread loads([&] {
+    std::mt19937_64 rng(7);
+    while (!stop.load()) {
+      const uint64_t k = rng() % 400;
+      loaded += LoadVerified(*reader, k, 2);  // checks every byte it loads
+    }
+  });
+  for (uint64_t k = 0; k < 400; k += 4) Store(*s, k, 4);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  stop = true;
+  loads.join();
+  SyncNvme();
+  ASSERT_TRUE(memory_->Sync().ok());
+  EXPECT_GT(stats_.cascades.Get(), 0u);
+  EXPECT_GT(loaded.load(), 0u);
+  // Every lower copy is counted once, in the tier that holds it.
+  uint64_t in_tier[2] = {0, 0};
+  for (int t : LowerTiersOf(*cache_, 0, 400)) {
+    if (t >= 0) ++in_tier[t];
+  }
+  EXPECT_EQ(in_tier[0], cache_->lower_blocks(0));
+  EXPECT_EQ(in_tier[1], cache_->lower_blocks(1));
+  EXPECT_EQ(cache_->lower_tier(0)->Usage().used_slots, cache_->lower_blocks(0));
+  EXPECT_EQ(memory_->Usage().used_slots, cache_->lower_blocks(1));
+}
+
+// A durable commit is acknowledged only by a durable tier: a memory tier
+// first in the chain refuses it (the blocks stay committed in host memory).
+TEST_F(BlockCacheNvmeTest, ADurableCommitIsRefusedWhenTheFirstLowerTierIsNotDurable) {
+  lower_ = "memory";
+  Open(4);
+  auto s = Session();
+  std::vector<BlockKey> keys{KeyOf(1)};
+  std::vector<BlockLocation> out(1);
+  uint64_t ticket;
+  ASSERT_TRUE(cache_->StoreBegin(*s, keys, &ticket, std::span(out)).ok());
+  std::promise<absl::Status> p;
+  cache_->StoreCommit(*s, ticket, /*durable=*/true, [&](absl::Status st) { p.set_value(st); });
+  const absl::Status st = p.get_future().get();
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("not durable"), std::string::npos) << st;
+  EXPECT_EQ(memory_->BlockStats().writes, 0u);
 }
 
 TEST_F(BlockCacheNvmeTest, ABlockWithADurableCopyKeepsItWhenEvictedFromHost) {

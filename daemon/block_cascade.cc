@@ -1,0 +1,234 @@
+// The cascade between lower tiers: while a tier of the chain is fuller than
+// cascade_high of its capacity, a background thread copies its coldest
+// blocks one tier down until it is at cascade_low, the way host reclaim
+// keeps room in host memory. Stores and demotions never wait for it: a tier
+// that fills faster than the cascade drains it evicts its coldest blocks on
+// the allocating path, as the last tier of the chain always does.
+//
+// One move, for a block of lane i:
+//   1. pick: the lane's policy gives its coldest ready, unpinned, idle copy;
+//      the move takes an io_ref on the record (nothing else evicts or
+//      frees the copy meanwhile);
+//   2. read the copy into staging memory (checked like any read: a damaged
+//      copy is dropped, not moved);
+//   3. allocate a slot in lane i + 1 (evicting there if it is full) and
+//      write the staging copy to it;
+//   4. swap, under both lane locks and the record's shard lock: if the
+//      record still names the same copy and nobody else holds an io_ref
+//      on it, it now names the new copy and the old slot is freed; else
+//      the new slot is freed and the block stays where it was.
+// Lookups see the block all along: in lane i until the swap, in lane i + 1
+// after it.
+#include <chrono>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/block_cache.h"
+#include "spdlog/spdlog.h"
+
+namespace kvtier {
+namespace {
+
+// Waits for a batch's callbacks; held by shared_ptr so a callback that
+// finishes after the waiter woke touches live memory.
+struct Countdown {
+  Mutex mu;
+  std::condition_variable_any cv;
+  size_t left ABSL_GUARDED_BY(mu) = 0;
+
+  explicit Countdown(size_t n) : left(n) {}
+  void Done() {
+    MutexLock l(&mu);
+    --left;
+    cv.notify_all();
+  }
+  void Wait() {
+    MutexLock l(&mu);
+    mu.Await(cv, [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return left == 0; });
+  }
+};
+
+bool FullerThan(const BlockTier& tier, double share) {
+  const TierUsage u = tier.Usage();
+  return u.capacity_bytes > 0 && static_cast<double>(u.used_bytes) > share * static_cast<double>(u.capacity_bytes);
+}
+
+}  // namespace
+
+void BlockCache::StartCascade() {
+  if (lanes_.size() < 2 || cascade_thread_.joinable()) return;
+  {
+    MutexLock l(&cascade_mu_);
+    cascade_stop_ = false;
+  }
+  cascade_thread_ = std::thread([this] { CascadeLoop(); });
+  cascade_running_.store(true, std::memory_order_release);
+}
+
+void BlockCache::StopCascade() {
+  if (!cascade_thread_.joinable()) return;
+  cascade_running_.store(false, std::memory_order_release);
+  {
+    MutexLock l(&cascade_mu_);
+    cascade_stop_ = true;
+  }
+  cascade_cv_.notify_all();
+  cascade_thread_.join();
+}
+
+void BlockCache::MaybeWakeCascade(const Lane& lane) {
+  if (!cascade_running_.load(std::memory_order_acquire) || lane.index + 1u >= lanes_.size()) return;
+  if (!FullerThan(*lane.tier, opts_.cascade_high)) return;
+  {
+    MutexLock l(&cascade_mu_);
+    cascade_wanted_ = true;
+  }
+  cascade_cv_.notify_one();
+}
+
+void BlockCache::CascadeLoop() {
+  constexpr uint32_t kBatch = 16;
+  std::vector<bool> draining(lanes_.size(), false);  // between the high and the low mark
+  for (;;) {
+    {
+      MutexLock l(&cascade_mu_);
+      cascade_mu_.AwaitFor(cascade_cv_, std::chrono::milliseconds(50),
+                           [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return cascade_wanted_ || cascade_stop_; });
+      if (cascade_stop_) return;
+      cascade_wanted_ = false;
+    }
+    for (size_t i = 0; i + 1 < lanes_.size(); ++i) {
+      const BlockTier& tier = *lanes_[i]->tier;
+      if (!draining[i]) draining[i] = FullerThan(tier, opts_.cascade_high);
+      while (draining[i] && cascade_running_.load(std::memory_order_acquire)) {
+        if (!FullerThan(tier, opts_.cascade_low)) {
+          draining[i] = false;
+          break;
+        }
+        // Nothing movable now (all pinned, busy, or no room below): look
+        // again on the next wake.
+        if (CascadeBatch(i, kBatch) == 0) break;
+      }
+    }
+  }
+}
+
+uint32_t BlockCache::CascadeBatch(size_t i, uint32_t max) {
+  Lane& from = *lanes_[i];
+  Lane& to = *lanes_[i + 1];
+  struct Move {
+    BlockRecord* r = nullptr;
+    SlotHandle slot = kNoSlot, to_slot = kNoSlot;
+    BlockMeta meta;
+    std::unique_ptr<std::byte[]> staging;
+    absl::Status read, wrote;
+  };
+  std::vector<Move> moves;
+  {
+    MutexLock l(&from.mu);
+    while (moves.size() < max) {
+      std::optional<SlotHandle> v = from.policy->PickVictim([&](SlotHandle h) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        BlockRecord* r = from.owner.at(h);
+        if (MetaOf(r).payload_bytes > to.tier->max_block_bytes()) return false;  // stays; evicted in time
+        BlockIndex::Shard& sh = index_.ShardFor(r);
+        MutexLock sl(&sh.mu);
+        return !r->removed && r->pins == 0 && r->io_refs == 0 && r->lower_state == LowerState::kReady &&
+               r->lower == from.index && r->lower_slot == h;
+      });
+      if (!v) break;
+      Move& m = moves.emplace_back();
+      m.r = from.owner.at(*v);
+      m.slot = *v;
+      m.meta = MetaOf(m.r);
+      BlockIndex::Shard& sh = index_.ShardFor(m.r);
+      MutexLock sl(&sh.mu);
+      ++m.r->io_refs;  // the move's, until it ends: the copy stays put
+    }
+  }
+  if (moves.empty()) return 0;
+
+  // Read every copy into staging.
+  auto reads = std::make_shared<Countdown>(moves.size());
+  for (Move& m : moves) {
+    m.staging = std::make_unique_for_overwrite<std::byte[]>(m.meta.payload_bytes);
+    from.tier->Read(m.slot, m.meta, {m.staging.get(), m.meta.payload_bytes}, IoOptions{IoPriority::kDemote},
+                    [&m, reads](absl::Status s) {
+                      m.read = std::move(s);
+                      reads->Done();
+                    });
+  }
+  reads->Wait();
+
+  // Write what was read one lane down.
+  size_t writing = 0;
+  for (Move& m : moves) {
+    if (!m.read.ok()) continue;
+    MutexLock l(&to.mu);
+    absl::StatusOr<SlotHandle> slot = AllocateLowerSlotLocked(to, m.r, m.meta.payload_bytes);
+    if (!slot.ok()) {
+      m.wrote = slot.status();
+      continue;
+    }
+    to.owner[*slot] = m.r;
+    m.to_slot = *slot;
+    ++writing;
+  }
+  auto writes = std::make_shared<Countdown>(writing);
+  for (Move& m : moves) {
+    if (m.to_slot == kNoSlot) continue;
+    to.tier->Write(m.to_slot, m.meta, {m.staging.get(), m.meta.payload_bytes}, IoOptions{IoPriority::kDemote},
+                   [&m, writes](absl::Status s) {
+                     m.wrote = std::move(s);
+                     writes->Done();
+                   });
+  }
+  writes->Wait();
+
+  // Swap each record to its new copy, or give the new slot back.
+  uint32_t moved = 0;
+  for (Move& m : moves) {
+    if (!m.read.ok()) {
+      stats_->cascades_failed.Add();
+      // A copy that fails its check is never served (nor moved).
+      if (absl::IsDataLoss(m.read)) DropLowerCopy(m.r, from.index, m.slot);
+    } else if (m.to_slot != kNoSlot) {
+      bool swapped = false;
+      {
+        MutexLock a(&from.mu);
+        MutexLock b(&to.mu);
+        if (m.wrote.ok()) {
+          BlockIndex::Shard& sh = index_.ShardFor(m.r);
+          MutexLock sl(&sh.mu);
+          // Only the move's io_ref: no promotion or prefetch is reading the old copy.
+          swapped = !m.r->removed && m.r->lower_state == LowerState::kReady && m.r->lower == from.index &&
+                    m.r->lower_slot == m.slot && m.r->io_refs == 1;
+          if (swapped) {
+            m.r->lower = to.index;
+            m.r->lower_slot = m.to_slot;
+          }
+        }
+        if (swapped) {
+          from.policy->Remove(m.slot);
+          FreeLowerSlotLocked(from, m.r, m.slot);
+          from.blocks.fetch_sub(1, std::memory_order_relaxed);
+          to.policy->InsertAt(m.to_slot, PolicyKeyOf(*m.r), PositionOf(*m.r, m.meta.block_tokens));
+          to.blocks.fetch_add(1, std::memory_order_relaxed);
+        } else {
+          FreeLowerSlotLocked(to, m.r, m.to_slot);
+        }
+      }
+      if (swapped) {
+        stats_->cascades.Add();
+        ++moved;
+      } else {
+        stats_->cascades_failed.Add();
+      }
+    } else {
+      stats_->cascades_failed.Add();  // no room below
+    }
+    ReleaseIoRef(*tenants_[m.r->tenant], m.r);
+  }
+  return moved;
+}
+
+}  // namespace kvtier
