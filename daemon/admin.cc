@@ -433,6 +433,27 @@ nlohmann::json Daemon::Status() const {
     }
     tiers.push_back(std::move(tier));
   }
+  // Tiers below the first: what the cascade moved into them.
+  for (size_t i = 1; i < cache_->lower_tier_count(); ++i) {
+    const BlockTier* lower = cache_->lower_tier(i);
+    const BlockTierStats b = lower->BlockStats();
+    tiers.push_back(json{{"tier", std::string(lower->name())},
+                         {"chain_position", i},
+                         {"policy", config_.nvme_policy},
+                         {"durable", lower->durable()},
+                         {"capacity_bytes", b.capacity_bytes},
+                         {"used_bytes", b.used_bytes},
+                         {"blocks", cache_->lower_blocks(i)},
+                         {"slots_used", b.used_slots},
+                         {"reads", b.reads},
+                         {"writes", b.writes},
+                         {"bytes_read", b.bytes_read},
+                         {"bytes_written", b.bytes_written},
+                         {"checksum_failures", b.checksum_failures},
+                         {"io_errors", b.io_errors},
+                         {"abandoned", b.abandoned},
+                         {"health", std::string(TierHealthName(lower->Health()))}});
+  }
   if (!gpu_.empty()) {
     // One GPU arena per tenant; summed here, per tenant under "tenants".
     GpuCache::Usage sum;
@@ -511,6 +532,9 @@ nlohmann::json Daemon::Status() const {
              {"protocol_errors", s.protocol_errors.Get()}};
   stats["log_lines_suppressed"] = s.log_lines_suppressed.Get();
   stats["namespaces_freed"] = s.namespaces_freed.Get();
+  stats["cascades"] = s.cascades.Get();
+  stats["cascades_failed"] = s.cascades_failed.Get();
+  stats["lower_evictions"] = s.lower_evictions.Get();  // from tiers below the first
   json refused = json::object();
   for (size_t i = 0; i < s.refused.size(); ++i) refused[kRefusalNames[i]] = s.refused[i].Get();
   stats["refused"] = refused;
@@ -518,7 +542,8 @@ nlohmann::json Daemon::Status() const {
   for (size_t op = 1; op < stats_.op_latency.size(); ++op) ops[ipc::kOpcodes[op].name] = HistogramJson(stats_.op_latency[op].Get());
   const json latency = {{"ops", ops},
                         {"nvme_read", HistogramJson(stats_.nvme_read_latency.Get())},
-                        {"nvme_write", HistogramJson(stats_.nvme_write_latency.Get())}};
+                        {"nvme_write", HistogramJson(stats_.nvme_write_latency.Get())},
+                        {"lower_read", HistogramJson(stats_.lower_read_latency.Get())}};
   return json{{"ok", true},
               {"version", KVTIER_VERSION},
               {"pid", getpid()},

@@ -41,7 +41,11 @@ BlockCache::~BlockCache() {
   // slot through its lane. Then delete the tiers, the last first.
   for (auto& lane : lanes_) (void)lane->tier->Sync();
   while (!lanes_.empty()) {
-    lanes_.back()->tier.reset();
+    // Delete the tier before clearing the pointer: ops it gives up in its
+    // destructor complete through lane->tier (a failed read drops its slot).
+    std::unique_ptr<BlockTier>& tier = lanes_.back()->tier;
+    tier.get_deleter()(tier.get());
+    (void)tier.release();
     lanes_.pop_back();
   }
 }
@@ -220,6 +224,7 @@ bool BlockCache::FullerThanLocked(const TenantState& t, double share, uint64_t f
 }
 
 void BlockCache::StartBackgroundReclaim() {
+  StartCascade();
   if (high_watermark_.load(std::memory_order_relaxed) >= 1.0 || reclaim_thread_.joinable()) return;
   {
     MutexLock l(&reclaim_mu_);
@@ -263,6 +268,9 @@ BlockCache::FlushResult BlockCache::FlushToNvme(std::chrono::nanoseconds timeout
   for (const auto& tp : tenants_) {
     TenantState& t = *tp;
     std::vector<BlockRecord*> todo;
+    // Blocks whose only lower copy is on a tier that forgets at a restart
+    // (the cascade moved it there): that copy goes, the first tier gets one.
+    std::vector<std::tuple<BlockRecord*, uint8_t, SlotHandle>> not_durable;
     {
       MutexLock l(&t.mu);
       for (BlockRecord* r : t.slot_owner) {
@@ -270,14 +278,17 @@ BlockCache::FlushResult BlockCache::FlushToNvme(std::chrono::nanoseconds timeout
         BlockIndex::Shard& sh = index_.ShardFor(r);
         MutexLock sl(&sh.mu);
         if (r->removed || r->state != BlockState::kReady) continue;
-        if (r->lower_state == LowerState::kNone) {
+        const bool durable_copy = r->lower_state == LowerState::kReady && LaneOf(r).tier->durable();
+        if (r->lower_state == LowerState::kNone || (r->lower_state == LowerState::kReady && !durable_copy)) {
           ++r->io_refs;  // held until WriteToNvme took its own: r stays put meanwhile
           todo.push_back(r);
+          if (r->lower_state == LowerState::kReady) not_durable.emplace_back(r, uint8_t{r->lower}, r->lower_slot);
         } else {
           ++out.already_on_nvme;
         }
       }
     }
+    for (const auto& [r, lane, slot] : not_durable) DropLowerCopy(r, lane, slot, /*sole_holder=*/true);
     {
       MutexLock l(&job->mu);
       job->remaining += todo.size();

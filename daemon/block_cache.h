@@ -1,16 +1,19 @@
 // The daemon's data plane without the IPC: lookups, leases (pins), stores,
 // loads, invalidation, eviction and movement between each tenant's host tier
-// and the shared NVMe tier. Sessions call it from their own threads; NVMe
-// completions call back from I/O and journal threads.
+// and a chain of shared block tiers below it (NVMe first in kvtierd).
+// Sessions call it from their own threads; tier completions call back from
+// I/O and journal threads.
 //
-// A block may have a host copy, an NVMe copy, or both. It is visible while
-// one of them is ready. Host eviction keeps a block that already has a
-// durable NVMe copy, demotes one that has none (write-back), or drops it when
-// there is no NVMe tier or no room. Loads of NVMe-only blocks promote them
-// into host slots first.
+// A block may have a host copy, a copy in one lower tier, or both. It is
+// visible while one of them is ready. Host eviction keeps a block that
+// already has a lower copy, demotes one that has none into the first lower
+// tier (write-back), or drops it when there is no lower tier or no room.
+// The cascade moves cold copies one tier down (block_cascade.cc). Loads of
+// blocks without a host copy promote them into host slots first, from
+// whichever tier holds them.
 //
 // Lock order: docs/architecture.md, "Lock order" (tenant tier lock, then the
-// NVMe lock, then block-index shard locks; the rest are leaves).
+// lane locks in chain order, then block-index shard locks; the rest are leaves).
 #ifndef KVTIER_DAEMON_BLOCK_CACHE_H_
 #define KVTIER_DAEMON_BLOCK_CACHE_H_
 
@@ -159,8 +162,9 @@ class BlockCache {
   absl::StatusOr<uint64_t> AttachLowerTier(std::unique_ptr<BlockTier> lower,
                                            const std::vector<RecoveredBlock>& recovered,
                                            NamespaceRegistry* namespaces);
-  // Starts the background reclaim thread when the watermarks are below 1;
-  // after every AddTenant (the thread walks the tenants). Main thread.
+  // Starts the background reclaim thread when the watermarks are below 1,
+  // and the cascade with two lower tiers or more; after every AddTenant and
+  // AttachLowerTier (the threads walk the tenants and the chain). Main thread.
   void StartBackgroundReclaim();
   // A config reload: a tenant's quotas (thread-safe) (NotFound for an unknown
   // tenant), and the background reclaim watermarks (starting the reclaimer
@@ -222,6 +226,9 @@ class BlockCache {
   BlockTier* lower_tier() const { return lanes_.empty() ? nullptr : lanes_[0]->tier.get(); }
   size_t lower_tier_count() const { return lanes_.size(); }
   BlockTier* lower_tier(size_t i) const { return lanes_[i]->tier.get(); }
+  // Whether the cascade has nothing left to do: no tier between its marks
+  // (for tests and drains that want a settled chain).
+  bool cascade_settled() const { return !cascade_busy_.load(); }
   // Blocks with a ready copy in lower tier i.
   uint64_t lower_blocks(size_t i) const { return lanes_[i]->blocks.load(std::memory_order_relaxed); }
   const std::string& tenant_name(uint16_t tenant) const { return tenants_[tenant]->name; }
@@ -252,7 +259,11 @@ class BlockCache {
   absl::StatusOr<uint32_t> StoreBegin(SessionHoldings& s, std::span<const BlockKey> keys, uint64_t* ticket,
                                       std::span<BlockLocation> out);
   // Makes the ticket's blocks visible. With `durable`, `done` runs once they
-  // are also on NVMe with their journal records synced.
+  // are also on the first lower tier (NVMe) with their journal records
+  // synced; refused when that tier is not durable. As a cache, the store
+  // may later let such a block go (NVMe evicts it, or the cascade moves it
+  // to a tier below that is not durable): durable means it survives a
+  // restart while it is on the durable tier.
   void StoreCommit(SessionHoldings& s, uint64_t ticket, bool durable, StatusCallback done);
   // Gives the ticket's slots back.
   absl::Status StoreAbort(SessionHoldings& s, uint64_t ticket);
@@ -419,8 +430,9 @@ class BlockCache {
   // parent_key: PolicyKeyOf the block before r in its chain (0: none or unknown).
   void Promote(TenantState& t, BlockRecord* r, IoPriority prio, absl::AnyInvocable<void(bool) &&> done,
                uint64_t parent_key = 0);
-  // Drops r's lower copy if it is still `slot` in lane `lane` (a copy that failed its check).
-  void DropLowerCopy(BlockRecord* r, uint8_t lane, SlotHandle slot);
+  // Drops r's lower copy if it is still `slot` in lane `lane` (a copy that
+  // failed its check); with sole_holder, only if the caller's io_ref is r's only one.
+  void DropLowerCopy(BlockRecord* r, uint8_t lane, SlotHandle slot, bool sole_holder = false);
   // Drops the I/O reference an operation held; destroys the record if it was
   // the last thing keeping a removed record alive.
   void ReleaseIoRef(TenantState& t, BlockRecord* r);
@@ -461,6 +473,7 @@ class BlockCache {
   bool cascade_stop_ ABSL_GUARDED_BY(cascade_mu_) = false;
   std::thread cascade_thread_;
   std::atomic<bool> cascade_running_{false};
+  std::atomic<bool> cascade_busy_{false};  // a lane between its marks, or a batch moving
 
   // Background reclaim.
   Mutex reclaim_mu_;

@@ -88,6 +88,7 @@ void BlockCache::MaybeWakeCascade(const Lane& lane) {
 
 void BlockCache::CascadeLoop() {
   constexpr uint32_t kBatch = 16;
+  // Lanes are attached before the thread starts and never after.
   std::vector<bool> draining(lanes_.size(), false);  // between the high and the low mark
   for (;;) {
     {
@@ -97,9 +98,11 @@ void BlockCache::CascadeLoop() {
       if (cascade_stop_) return;
       cascade_wanted_ = false;
     }
+    bool any_draining = false;
     for (size_t i = 0; i + 1 < lanes_.size(); ++i) {
       const BlockTier& tier = *lanes_[i]->tier;
       if (!draining[i]) draining[i] = FullerThan(tier, opts_.cascade_high);
+      if (draining[i]) cascade_busy_.store(true);
       while (draining[i] && cascade_running_.load(std::memory_order_acquire)) {
         if (!FullerThan(tier, opts_.cascade_low)) {
           draining[i] = false;
@@ -109,7 +112,9 @@ void BlockCache::CascadeLoop() {
         // again on the next wake.
         if (CascadeBatch(i, kBatch) == 0) break;
       }
+      any_draining = any_draining || draining[i];
     }
+    cascade_busy_.store(any_draining);
   }
 }
 
@@ -136,20 +141,44 @@ uint32_t BlockCache::CascadeBatch(size_t i, uint32_t max) {
                r->lower == from.index && r->lower_slot == h;
       });
       if (!v) break;
+      BlockRecord* r = from.owner.at(*v);
+      {
+        // Look again: the shard lock was let go after the policy's look,
+        // and an invalidation may have taken the record meanwhile.
+        BlockIndex::Shard& sh = index_.ShardFor(r);
+        MutexLock sl(&sh.mu);
+        if (r->removed || r->pins != 0 || r->io_refs != 0 || r->lower_state != LowerState::kReady ||
+            r->lower != from.index || r->lower_slot != *v) {
+          break;  // the next batch looks again
+        }
+        ++r->io_refs;  // the move's, until it ends: the copy stays put
+      }
       Move& m = moves.emplace_back();
-      m.r = from.owner.at(*v);
+      m.r = r;
       m.slot = *v;
-      m.meta = MetaOf(m.r);
-      BlockIndex::Shard& sh = index_.ShardFor(m.r);
-      MutexLock sl(&sh.mu);
-      ++m.r->io_refs;  // the move's, until it ends: the copy stays put
+      m.meta = MetaOf(r);
     }
   }
   if (moves.empty()) return 0;
 
-  // Read every copy into staging.
-  auto reads = std::make_shared<Countdown>(moves.size());
+  // Room below first: a tier that cannot take them costs no reads.
   for (Move& m : moves) {
+    MutexLock l(&to.mu);
+    absl::StatusOr<SlotHandle> slot = AllocateLowerSlotLocked(to, m.r, m.meta.payload_bytes);
+    if (!slot.ok()) {
+      m.wrote = slot.status();
+      continue;
+    }
+    to.owner[*slot] = m.r;
+    m.to_slot = *slot;
+  }
+
+  // Read every copy that has room below into staging.
+  size_t reading = 0;
+  for (const Move& m : moves) reading += m.to_slot != kNoSlot;
+  auto reads = std::make_shared<Countdown>(reading);
+  for (Move& m : moves) {
+    if (m.to_slot == kNoSlot) continue;
     m.staging = std::make_unique_for_overwrite<std::byte[]>(m.meta.payload_bytes);
     from.tier->Read(m.slot, m.meta, {m.staging.get(), m.meta.payload_bytes}, IoOptions{IoPriority::kDemote},
                     [&m, reads](absl::Status s) {
@@ -161,21 +190,10 @@ uint32_t BlockCache::CascadeBatch(size_t i, uint32_t max) {
 
   // Write what was read one lane down.
   size_t writing = 0;
-  for (Move& m : moves) {
-    if (!m.read.ok()) continue;
-    MutexLock l(&to.mu);
-    absl::StatusOr<SlotHandle> slot = AllocateLowerSlotLocked(to, m.r, m.meta.payload_bytes);
-    if (!slot.ok()) {
-      m.wrote = slot.status();
-      continue;
-    }
-    to.owner[*slot] = m.r;
-    m.to_slot = *slot;
-    ++writing;
-  }
+  for (const Move& m : moves) writing += m.to_slot != kNoSlot && m.read.ok();
   auto writes = std::make_shared<Countdown>(writing);
   for (Move& m : moves) {
-    if (m.to_slot == kNoSlot) continue;
+    if (m.to_slot == kNoSlot || !m.read.ok()) continue;
     to.tier->Write(m.to_slot, m.meta, {m.staging.get(), m.meta.payload_bytes}, IoOptions{IoPriority::kDemote},
                    [&m, writes](absl::Status s) {
                      m.wrote = std::move(s);
@@ -187,11 +205,18 @@ uint32_t BlockCache::CascadeBatch(size_t i, uint32_t max) {
   // Swap each record to its new copy, or give the new slot back.
   uint32_t moved = 0;
   for (Move& m : moves) {
-    if (!m.read.ok()) {
+    if (m.to_slot == kNoSlot) {
+      stats_->cascades_failed.Add();  // no room below
+    } else if (!m.read.ok()) {
       stats_->cascades_failed.Add();
-      // A copy that fails its check is never served (nor moved).
-      if (absl::IsDataLoss(m.read)) DropLowerCopy(m.r, from.index, m.slot);
-    } else if (m.to_slot != kNoSlot) {
+      {
+        MutexLock l(&to.mu);
+        FreeLowerSlotLocked(to, m.r, m.to_slot);
+      }
+      // A copy that fails its check is never served (nor moved); one that
+      // another reader holds is left to that reader.
+      if (absl::IsDataLoss(m.read)) DropLowerCopy(m.r, from.index, m.slot, /*sole_holder=*/true);
+    } else {
       bool swapped = false;
       {
         MutexLock a(&from.mu);
@@ -223,8 +248,6 @@ uint32_t BlockCache::CascadeBatch(size_t i, uint32_t max) {
       } else {
         stats_->cascades_failed.Add();
       }
-    } else {
-      stats_->cascades_failed.Add();  // no room below
     }
     ReleaseIoRef(*tenants_[m.r->tenant], m.r);
   }

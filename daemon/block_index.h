@@ -2,7 +2,7 @@
 // rarely contend. A record's mutable fields are guarded by its shard's mutex.
 //
 // Lock order: docs/architecture.md, "Lock order" (a shard mutex comes after a
-// tenant's tier lock and the NVMe lock).
+// tenant's tier lock and the lane locks).
 #ifndef KVTIER_DAEMON_BLOCK_INDEX_H_
 #define KVTIER_DAEMON_BLOCK_INDEX_H_
 

@@ -295,7 +295,7 @@ absl::StatusOr<SlotHandle> BlockCache::AllocateLowerSlotLocked(Lane& lane, const
                                                          "pinned or busy"));
       }
       if (held_back) {
-        stats_->demotions_refused_fair_share.Add();
+        if (lane.index == 0) stats_->demotions_refused_fair_share.Add();
         return absl::ResourceExhaustedError(absl::StrCat(
             "the ", std::string(lane.tier->name()), " tier is full and tenant \"", tenants_[tenant]->name,
             "\" may evict nothing there: its own blocks are pinned or busy, the other tenants' are within their "
@@ -438,7 +438,7 @@ void BlockCache::WriteToNvme(TenantState& t, BlockRecord* r, IoPriority prio, St
                     });
 }
 
-void BlockCache::DropLowerCopy(BlockRecord* r, uint8_t lane_index, SlotHandle slot) {
+void BlockCache::DropLowerCopy(BlockRecord* r, uint8_t lane_index, SlotHandle slot, bool sole_holder) {
   Lane& lane = *lanes_[lane_index];
   MutexLock nl(&lane.mu);
   {
@@ -446,6 +446,7 @@ void BlockCache::DropLowerCopy(BlockRecord* r, uint8_t lane_index, SlotHandle sl
     MutexLock sl(&sh.mu);
     // Moved down (or dropped) since the read that failed: nothing to drop.
     if (r->lower_state != LowerState::kReady || r->lower != lane_index || r->lower_slot != slot) return;
+    if (sole_holder && r->io_refs != 1) return;
     r->lower_slot = kNoSlot;
     r->lower_state = LowerState::kNone;
     if (r->state != BlockState::kReady && !r->removed) {
@@ -664,7 +665,6 @@ absl::StatusOr<uint64_t> BlockCache::AttachLowerTier(std::unique_ptr<BlockTier> 
                                              : MakeSparseHandlePolicy(*MakeEvictionPolicy(opts_.nvme_policy));
   }
   lanes_.push_back(std::move(lane_ptr));
-  StartCascade();  // from the second lane on
   MutexLock nl(&lane.mu);
   uint64_t indexed = 0;
   for (const RecoveredBlock& b : recovered) {

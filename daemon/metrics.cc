@@ -136,6 +136,11 @@ std::string PrometheusText(const json& s) {
   w.Family("kvtier_namespaces_freed_total", "counter",
            "Namespaces freed because no session used them and no block of theirs was left.");
   w.Sample("kvtier_namespaces_freed_total", "", double(U(st, "namespaces_freed")));
+  w.Family("kvtier_cascades_total", "counter",
+           "Blocks the cascade moved one lower tier down (moved), or tried to and left in place (failed: a read or "
+           "write failed, no room below, or the block was used meanwhile).");
+  w.Sample("kvtier_cascades_total", "result=\"moved\"", double(U(st, "cascades")));
+  w.Sample("kvtier_cascades_total", "result=\"failed\"", double(U(st, "cascades_failed")));
 
   // Bytes moved, per direction.
   uint64_t nvme_read = 0, nvme_written = 0, checksum = 0, nvme_evictions = 0;

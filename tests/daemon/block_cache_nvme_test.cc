@@ -161,6 +161,21 @@ class BlockCacheNvmeTest : public ::testing::Test {
     for (uint64_t l : leases) EXPECT_TRUE(cache_->Release(s, l).ok());
   }
 
+  // Stores keys [0, n) 4 at a time, letting the cascade keep NVMe at or
+  // under its high mark after each store (stores do not wait for it; a tier
+  // that fills faster than it drains evicts, which the tests count).
+  void FillChain(SessionHoldings& s, uint64_t n) {
+    BlockTier* nvme = cache_->lower_tier(0);
+    for (uint64_t k = 0; k < n; k += 4) {
+      Store(s, k, 4);
+      ASSERT_TRUE(nvme->Sync().ok());
+      ASSERT_TRUE(testing::Eventually([&] {
+        const TierUsage u = nvme->Usage();
+        return double(u.used_bytes) <= 0.9 * double(u.capacity_bytes) && cache_->cascade_settled();
+      })) << k;
+    }
+  }
+
   testing::TempDir dir_;
   CostTracker::Options cost_;  // for the next Open
   DaemonStats stats_;
@@ -525,13 +540,7 @@ TEST_F(BlockCacheNvmeTest, BlocksCascadeBelowNvmeAndComeBackByteExact) {
     return double(u.used_bytes) / double(u.capacity_bytes);
   };
   // 300 blocks through 4 host slots: 296 demoted into an NVMe tier of 204 slots.
-  for (uint64_t k = 0; k < 300; k += 4) {
-    Store(*s, k, 4);
-    SyncNvme();
-    // Give the cascade its turn (stores do not wait for it; a tier that
-    // fills faster than it drains evicts, which this test would count).
-    ASSERT_TRUE(testing::Eventually([&] { return nvme_share() <= 0.9; })) << k;
-  }
+  FillChain(*s, 300);
   ASSERT_TRUE(memory_->Sync().ok());
   EXPECT_EQ(stats_.demotions.Get(), 296u);
   EXPECT_EQ(stats_.nvme_evictions.Get(), 0u) << "the cascade kept room on NVMe";
@@ -612,14 +621,39 @@ TEST_F(BlockCacheNvmeTest, CascadeUnderConcurrentLoadsServesNoWrongByte) {
   ASSERT_TRUE(memory_->Sync().ok());
   EXPECT_GT(stats_.cascades.Get(), 0u);
   EXPECT_GT(loaded.load(), 0u);
-  // Every lower copy is counted once, in the tier that holds it.
-  uint64_t in_tier[2] = {0, 0};
-  for (int t : LowerTiersOf(*cache_, 0, 400)) {
-    if (t >= 0) ++in_tier[t];
-  }
-  EXPECT_EQ(in_tier[0], cache_->lower_blocks(0));
-  EXPECT_EQ(in_tier[1], cache_->lower_blocks(1));
-  EXPECT_EQ(cache_->lower_tier(0)->Usage().used_slots, cache_->lower_blocks(0));
+  // Every lower copy is counted once, in the tier that holds it, once the
+  // cascade has settled (a batch may still be moving when the loads stop).
+  uint64_t in_tier[2];
+  auto consistent = [&] {
+    in_tier[0] = in_tier[1] = 0;
+    for (int t : LowerTiersOf(*cache_, 0, 400)) {
+      if (t >= 0) ++in_tier[t];
+    }
+    return in_tier[0] == cache_->lower_blocks(0) && in_tier[1] == cache_->lower_blocks(1) &&
+           cache_->lower_tier(0)->Usage().used_slots == cache_->lower_blocks(0) &&
+           memory_->Usage().used_slots == cache_->lower_blocks(1);
+  };
+  EXPECT_TRUE(testing::Eventually(consistent))
+      << in_tier[0] << " " << cache_->lower_blocks(0) << " " << cache_->lower_tier(0)->Usage().used_slots << " / "
+      << in_tier[1] << " " << cache_->lower_blocks(1) << " " << memory_->Usage().used_slots;
+}
+
+// A drain (SIGTERM's flush) leaves no host block with only a copy that a
+// restart forgets: one whose lower copy the cascade moved into the memory
+// tier gets a copy on NVMe again.
+TEST_F(BlockCacheNvmeTest, AFlushRewritesBlocksWhoseCopyIsOnATierThatIsNotDurable) {
+  below_ = true;
+  Open(4);
+  auto s = Session();
+  FillChain(*s, 300);
+  ASSERT_EQ(LowerTiersOf(*cache_, 0, 4), std::vector<int>(4, 1));
+  ASSERT_EQ(LoadVerified(*s, 0, 4), 4u);  // in host memory again, their lower copies in the memory tier
+  const BlockCache::FlushResult f = cache_->FlushToNvme(std::chrono::seconds(10));
+  EXPECT_EQ(f.written, 4u);
+  EXPECT_EQ(f.failed, 0u);
+  EXPECT_EQ(f.already_on_nvme, 0u);
+  EXPECT_TRUE(f.sync.ok()) << f.sync;
+  EXPECT_EQ(LowerTiersOf(*cache_, 0, 4), std::vector<int>(4, 0));
   EXPECT_EQ(memory_->Usage().used_slots, cache_->lower_blocks(1));
 }
 
