@@ -379,37 +379,43 @@ nlohmann::json Daemon::Status() const {
                        {"high_watermark", config_.host_high_watermark},
                        {"low_watermark", config_.host_low_watermark},
                        {"health", "healthy"}});
-  if (BlockTier* lower = cache_->lower_tier()) {
+  // What every lower tier reports; the first adds what only it does.
+  auto lower_tier_json = [&](size_t i) {
+    const BlockTier* lower = cache_->lower_tier(i);
     const BlockTierStats b = lower->BlockStats();
-    json tier{{"tier", std::string(lower->name())},
-              {"policy", config_.nvme_policy},
-              {"durable", lower->durable()},
-              {"hits_loaded", s.blocks_hit_nvme.Get()},
-              {"hits_reported_recompute", s.blocks_recompute.Get()},
-              {"capacity_bytes", b.capacity_bytes},
-              {"used_bytes", b.used_bytes},
-              {"blocks", cache_->nvme_blocks()},
-              {"slots_used", b.used_slots},
-              {"in_flight", b.in_flight},
-              {"queued", b.queued},
-              {"reads", b.reads},
-              {"writes", b.writes},
-              {"bytes_read", b.bytes_read},
-              {"bytes_written", b.bytes_written},
-              {"checksum_failures", b.checksum_failures},
-              {"io_errors", b.io_errors},
-              {"abandoned", b.abandoned},
-              {"writes_refused", b.writes_refused},
-              {"evictions", s.nvme_evictions.Get()},
-              {"evictions_for_quota", s.nvme_evictions_for_quota.Get()},
-              {"demotions_refused_quota", s.demotions_refused_quota.Get()},
-              {"demotions_refused_fair_share", s.demotions_refused_fair_share.Get()},
-              {"promotions", s.promotions.Get()},
-              {"promotions_for_load", s.promotions_for_load.Get()},
-              {"promotions_failed", s.promotions_failed.Get()},
-              {"writes_through", s.writes_through.Get()},
-              {"demotions_for_calibration", s.demotions_for_calibration.Get()},
-              {"health", std::string(TierHealthName(lower->Health()))}};
+    return json{{"tier", std::string(lower->name())},
+                {"chain_position", i},
+                {"policy", config_.nvme_policy},
+                {"durable", lower->durable()},
+                {"capacity_bytes", b.capacity_bytes},
+                {"used_bytes", b.used_bytes},
+                {"blocks", cache_->lower_blocks(i)},
+                {"slots_used", b.used_slots},
+                {"in_flight", b.in_flight},
+                {"queued", b.queued},
+                {"reads", b.reads},
+                {"writes", b.writes},
+                {"bytes_read", b.bytes_read},
+                {"bytes_written", b.bytes_written},
+                {"checksum_failures", b.checksum_failures},
+                {"io_errors", b.io_errors},
+                {"abandoned", b.abandoned},
+                {"writes_refused", b.writes_refused},
+                {"health", std::string(TierHealthName(lower->Health()))}};
+  };
+  if (BlockTier* lower = cache_->lower_tier()) {
+    json tier = lower_tier_json(0);
+    tier.update(json{{"hits_loaded", s.blocks_hit_nvme.Get()},
+                     {"hits_reported_recompute", s.blocks_recompute.Get()},
+                     {"evictions", s.nvme_evictions.Get()},
+                     {"evictions_for_quota", s.nvme_evictions_for_quota.Get()},
+                     {"demotions_refused_quota", s.demotions_refused_quota.Get()},
+                     {"demotions_refused_fair_share", s.demotions_refused_fair_share.Get()},
+                     {"promotions", s.promotions.Get()},
+                     {"promotions_for_load", s.promotions_for_load.Get()},
+                     {"promotions_failed", s.promotions_failed.Get()},
+                     {"writes_through", s.writes_through.Get()},
+                     {"demotions_for_calibration", s.demotions_for_calibration.Get()}});
     // What only the NVMe tier has: its engine, journal and recovery.
     if (const auto* nvme = dynamic_cast<const NvmeTier*>(lower)) {
       const NvmeStats n = nvme->Stats();
@@ -434,26 +440,7 @@ nlohmann::json Daemon::Status() const {
     tiers.push_back(std::move(tier));
   }
   // Tiers below the first: what the cascade moved into them.
-  for (size_t i = 1; i < cache_->lower_tier_count(); ++i) {
-    const BlockTier* lower = cache_->lower_tier(i);
-    const BlockTierStats b = lower->BlockStats();
-    tiers.push_back(json{{"tier", std::string(lower->name())},
-                         {"chain_position", i},
-                         {"policy", config_.nvme_policy},
-                         {"durable", lower->durable()},
-                         {"capacity_bytes", b.capacity_bytes},
-                         {"used_bytes", b.used_bytes},
-                         {"blocks", cache_->lower_blocks(i)},
-                         {"slots_used", b.used_slots},
-                         {"reads", b.reads},
-                         {"writes", b.writes},
-                         {"bytes_read", b.bytes_read},
-                         {"bytes_written", b.bytes_written},
-                         {"checksum_failures", b.checksum_failures},
-                         {"io_errors", b.io_errors},
-                         {"abandoned", b.abandoned},
-                         {"health", std::string(TierHealthName(lower->Health()))}});
-  }
+  for (size_t i = 1; i < cache_->lower_tier_count(); ++i) tiers.push_back(lower_tier_json(i));
   if (!gpu_.empty()) {
     // One GPU arena per tenant; summed here, per tenant under "tenants".
     GpuCache::Usage sum;
