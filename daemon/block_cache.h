@@ -426,10 +426,26 @@ class BlockCache {
   void WriteToNvme(TenantState& t, BlockRecord* r, IoPriority prio, StatusCallback done);
   void OnNvmeWritten(BlockRecord* r, absl::Status s);
   void RecordNvmeWriteLocked(Lane& lane, BlockRecord* r, const absl::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(lane.mu);
-  // Brings r's NVMe copy into a host slot; `done(ok)` when it is there or failed.
+  // Brings r's lower copy into a host slot; `done(ok)` when it is there or failed.
   // parent_key: PolicyKeyOf the block before r in its chain (0: none or unknown).
+  // The states are in block_movement.cc, above PlanPromotionLocked.
   void Promote(TenantState& t, BlockRecord* r, IoPriority prio, absl::AnyInvocable<void(bool) &&> done,
                uint64_t parent_key = 0);
+  struct PromotionPlan {
+    enum Next { kAlreadyReady, kWaiting, kAfterWrite, kFail, kRead } next = kFail;
+    bool drop_ref = false;  // kFail after the io_ref was taken
+    uint8_t lane = 0;       // kRead: where the copy is
+    SlotHandle lower_slot = kNoSlot, host_slot = kNoSlot;
+    uint64_t offset = 0;    // of host_slot in the arena
+  };
+  PromotionPlan PlanPromotionLocked(TenantState& t, BlockRecord* r, const BlockMeta& meta)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
+  // Queues `done` (moved from) to decide again once r's demotion write
+  // lands; false (done untouched) when it already has.
+  bool AwaitDemotionLocked(TenantState& t, BlockRecord* r, IoPriority prio, absl::AnyInvocable<void(bool) &&>& done,
+                           uint64_t parent_key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
+  void FinishPromotion(TenantState& t, BlockRecord* r, const PromotionPlan& p, const absl::Status& s,
+                       uint64_t parent_key, uint32_t block_tokens, absl::AnyInvocable<void(bool) &&> done);
   // Drops r's lower copy if it is still `slot` in lane `lane` (a copy that
   // failed its check); with sole_holder, only if the caller's io_ref is r's only one.
   void DropLowerCopy(BlockRecord* r, uint8_t lane, SlotHandle slot, bool sole_holder = false);

@@ -459,136 +459,149 @@ void BlockCache::DropLowerCopy(BlockRecord* r, uint8_t lane_index, SlotHandle sl
   lane.blocks.fetch_sub(1, std::memory_order_relaxed);
 }
 
+// A promotion, as a state machine (docs/architecture.md, "As a state
+// machine"). Decided under the tenant lock, acted on after it: callbacks
+// never run under a tier lock.
+//   kAlreadyReady  the block has a host copy: done(true).
+//   kWaiting       another promotion of it is in flight: done joins its waiters.
+//   kAfterWrite    its demotion's write is in flight: decide again once it landed.
+//   kFail          no copy to read, or no host slot: done(false).
+//   kRead          host slot taken, block kLoading, io_ref held: read the lower
+//                  copy; FinishPromotion completes it.
+BlockCache::PromotionPlan BlockCache::PlanPromotionLocked(TenantState& t, BlockRecord* r, const BlockMeta& meta) {
+  PromotionPlan p;
+  {
+    BlockIndex::Shard& sh = index_.ShardFor(r);
+    MutexLock sl(&sh.mu);
+    if (r->state == BlockState::kReady) {
+      p.next = PromotionPlan::kAlreadyReady;
+    } else if (r->state == BlockState::kLoading) {
+      p.next = PromotionPlan::kWaiting;
+    } else if (r->lower_state == LowerState::kWriting && r->state == BlockState::kNone) {
+      p.next = PromotionPlan::kAfterWrite;
+    } else if (r->lower_state != LowerState::kReady || r->state != BlockState::kNone) {
+      p.next = PromotionPlan::kFail;
+    } else {
+      p.next = PromotionPlan::kRead;
+      ++r->io_refs;  // from here on r is neither evicted nor destroyed
+      r->state = BlockState::kLoading;
+      p.lower_slot = r->lower_slot;
+      p.lane = r->lower;
+    }
+  }
+  if (p.next != PromotionPlan::kRead) return p;
+  absl::StatusOr<SlotHandle> slot = AllocateSlotLocked(t, meta.payload_bytes, meta.block_tokens, r);
+  BlockIndex::Shard& sh = index_.ShardFor(r);
+  if (!slot.ok()) {
+    MutexLock sl(&sh.mu);
+    r->state = BlockState::kNone;
+    p.next = PromotionPlan::kFail;
+    p.drop_ref = true;
+    return p;
+  }
+  p.host_slot = *slot;
+  p.offset = t.host->ArenaOffset(p.host_slot);
+  t.loading.try_emplace(r);  // others wait here from now on
+  MutexLock sl(&sh.mu);
+  r->host_slot = p.host_slot;
+  r->arena_offset = p.offset;
+  return p;
+}
+
+bool BlockCache::AwaitDemotionLocked(TenantState& t, BlockRecord* r, IoPriority prio,
+                                     absl::AnyInvocable<void(bool) &&>& done, uint64_t parent_key) {
+  // Only demotions write, into lane 0. (Tenant lock, then the lane lock: the
+  // write's completion takes the lane lock only.)
+  Lane& first = *lanes_[0];
+  MutexLock nl(&first.mu);
+  {
+    BlockIndex::Shard& sh = index_.ShardFor(r);
+    MutexLock sl(&sh.mu);
+    if (r->lower_state != LowerState::kWriting) return false;  // landed (or failed) between the looks
+  }
+  first.tier->CommitSoon();  // a demotion's record waits for the next batch otherwise
+  first.write_waiters[r].push_back([this, &t, r, prio, parent_key, done = std::move(done)](bool written) mutable {
+    if (!written) {
+      std::move(done)(false);
+      return;
+    }
+    Promote(t, r, prio, std::move(done), parent_key);
+  });
+  return true;
+}
+
 void BlockCache::Promote(TenantState& t, BlockRecord* r, IoPriority prio, absl::AnyInvocable<void(bool) &&> done,
                          uint64_t parent_key) {
   const BlockMeta meta = MetaOf(r);
-  // Decided under the tenant lock, acted on after it: callbacks never run
-  // under a tier lock.
-  enum class Next { kAlreadyReady, kFail, kWaiting, kAfterWrite, kRetry, kRead } next;
-  SlotHandle nslot = kNoSlot, hslot = kNoSlot;
-  uint8_t from = 0;  // the lane nslot is in
-  uint64_t offset = 0;
-  bool drop_ref = false;
+  PromotionPlan p;
+  {
+    MutexLock l(&t.mu);
+    p = PlanPromotionLocked(t, r, meta);
+    if (p.next == PromotionPlan::kWaiting) {
+      t.loading[r].push_back(std::move(done));
+      return;
+    }
+    if (p.next == PromotionPlan::kAfterWrite && AwaitDemotionLocked(t, r, prio, done, parent_key)) return;
+  }
+  switch (p.next) {
+    case PromotionPlan::kAfterWrite:  // the write landed between the looks: decide again
+      Promote(t, r, prio, std::move(done), parent_key);
+      return;
+    case PromotionPlan::kAlreadyReady:
+      std::move(done)(true);
+      return;
+    case PromotionPlan::kFail:
+      stats_->promotions_failed.Add();
+      if (p.drop_ref) ReleaseIoRef(t, r);
+      std::move(done)(false);
+      return;
+    case PromotionPlan::kWaiting:
+    case PromotionPlan::kRead:
+      break;
+  }
+  const uint64_t start = MonotonicNanos();
+  lanes_[p.lane]->tier->Read(p.lower_slot, meta, {t.host->arena_base() + p.offset, meta.payload_bytes}, prio,
+                             [this, &t, r, p, start, parent_key, block_tokens = meta.block_tokens,
+                              done = std::move(done)](absl::Status s) mutable {
+                               (p.lane == 0 ? stats_->nvme_read_latency : stats_->lower_read_latency)
+                                   .Record(MonotonicNanos() - start);
+                               FinishPromotion(t, r, p, s, parent_key, block_tokens, std::move(done));
+                             });
+}
+
+void BlockCache::FinishPromotion(TenantState& t, BlockRecord* r, const PromotionPlan& p, const absl::Status& s,
+                                 uint64_t parent_key, uint32_t block_tokens, absl::AnyInvocable<void(bool) &&> done) {
+  const bool ok = s.ok();
+  std::vector<absl::AnyInvocable<void(bool) &&>> waiters;
   {
     MutexLock l(&t.mu);
     {
       BlockIndex::Shard& sh = index_.ShardFor(r);
       MutexLock sl(&sh.mu);
-      if (r->state == BlockState::kReady) {
-        next = Next::kAlreadyReady;
-      } else if (r->state == BlockState::kLoading) {
-        next = Next::kWaiting;
-      } else if (r->lower_state == LowerState::kWriting && r->state == BlockState::kNone) {
-        next = Next::kAfterWrite;
-      } else if (r->lower_state != LowerState::kReady || r->state != BlockState::kNone) {
-        next = Next::kFail;
-      } else {
-        next = Next::kRead;
-        ++r->io_refs;  // from here on r is neither evicted nor destroyed
-        r->state = BlockState::kLoading;
-        nslot = r->lower_slot;
-        from = r->lower;
-      }
+      r->state = ok ? BlockState::kReady : BlockState::kNone;
+      if (!ok) r->host_slot = kNoSlot;
     }
-    if (next == Next::kWaiting) {
-      t.loading[r].push_back(std::move(done));
-      return;
+    if (ok) {
+      PolicyFor(t, t.host->SlotBytes(p.host_slot))
+          ->InsertInChain(p.host_slot, PolicyKeyOf(*r), parent_key, PositionOf(*r, block_tokens));
+    } else {
+      FreeHostSlotLocked(t, p.host_slot);
     }
-    if (next == Next::kAfterWrite) {
-      // Being demoted (into lane 0: only demotions write): read it back
-      // once the write has landed. (Tenant lock, then the lane lock: the
-      // write's completion takes the lane lock only.)
-      Lane& first = *lanes_[0];
-      MutexLock nl(&first.mu);
-      BlockIndex::Shard& sh = index_.ShardFor(r);
-      bool still_writing;
-      {
-        MutexLock sl(&sh.mu);
-        still_writing = r->lower_state == LowerState::kWriting;
-      }
-      if (still_writing) {
-        first.tier->CommitSoon();  // a demotion's record waits for the next batch otherwise
-        first.write_waiters[r].push_back(
-            [this, &t, r, prio, parent_key, done = std::move(done)](bool written) mutable {
-              if (!written) {
-                std::move(done)(false);
-                return;
-              }
-              Promote(t, r, prio, std::move(done), parent_key);
-            });
-        return;
-      }
-      next = Next::kRetry;
-    }
-    if (next == Next::kRead) {
-      absl::StatusOr<SlotHandle> slot = AllocateSlotLocked(t, meta.payload_bytes, meta.block_tokens, r);
-      BlockIndex::Shard& sh = index_.ShardFor(r);
-      if (!slot.ok()) {
-        MutexLock sl(&sh.mu);
-        r->state = BlockState::kNone;
-        next = Next::kFail;
-        drop_ref = true;
-      } else {
-        hslot = *slot;
-        offset = t.host->ArenaOffset(hslot);
-        t.loading.try_emplace(r);  // others wait here from now on
-        MutexLock sl(&sh.mu);
-        r->host_slot = hslot;
-        r->arena_offset = offset;
-      }
+    if (auto w = t.loading.find(r); w != t.loading.end()) {
+      waiters = std::move(w->second);
+      t.loading.erase(w);
     }
   }
-  if (next == Next::kRetry) {
-    // The write landed (or failed) between the two looks: decide again.
-    Promote(t, r, prio, std::move(done), parent_key);
-    return;
+  if (ok) {
+    stats_->promotions.Add();
+  } else {
+    stats_->promotions_failed.Add();
+    // A copy that fails its checksum is never served again.
+    if (absl::IsDataLoss(s)) DropLowerCopy(r, p.lane, p.lower_slot);
   }
-  if (next != Next::kRead) {
-    if (next == Next::kFail) stats_->promotions_failed.Add();
-    if (drop_ref) ReleaseIoRef(t, r);
-    std::move(done)(next == Next::kAlreadyReady);
-    return;
-  }
-  const auto read_start = std::chrono::steady_clock::now();
-  lanes_[from]->tier->Read(nslot, meta, {t.host->arena_base() + offset, meta.payload_bytes}, prio,
-              [this, &t, r, hslot, nslot, from, read_start, parent_key, block_tokens = meta.block_tokens,
-               done = std::move(done)](absl::Status s) mutable {
-                const bool ok = s.ok();
-                (from == 0 ? stats_->nvme_read_latency : stats_->lower_read_latency).Record(static_cast<uint64_t>(
-                    std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - read_start)
-                        .count()));
-                std::vector<absl::AnyInvocable<void(bool) &&>> waiters;
-                {
-                  MutexLock l(&t.mu);
-                  {
-                    BlockIndex::Shard& sh = index_.ShardFor(r);
-                    MutexLock sl(&sh.mu);
-                    r->state = ok ? BlockState::kReady : BlockState::kNone;
-                    if (!ok) r->host_slot = kNoSlot;
-                  }
-                  if (ok) {
-                    PolicyFor(t, t.host->SlotBytes(hslot))
-                        ->InsertInChain(hslot, PolicyKeyOf(*r), parent_key, PositionOf(*r, block_tokens));
-                  } else {
-                    FreeHostSlotLocked(t, hslot);
-                  }
-                  auto w = t.loading.find(r);
-                  if (w != t.loading.end()) {
-                    waiters = std::move(w->second);
-                    t.loading.erase(w);
-                  }
-                }
-                if (ok) {
-                  stats_->promotions.Add();
-                } else {
-                  stats_->promotions_failed.Add();
-                  // A copy that fails its checksum is never served again.
-                  if (absl::IsDataLoss(s)) DropLowerCopy(r, from, nslot);
-                }
-                ReleaseIoRef(t, r);
-                std::move(done)(ok);
-                for (auto& cb : waiters) std::move(cb)(ok);
-              });
+  ReleaseIoRef(t, r);
+  std::move(done)(ok);
+  for (auto& cb : waiters) std::move(cb)(ok);
 }
 
 void BlockCache::Prefetch(SessionHoldings& s, std::span<const BlockKey> keys, CountCallback done) {
