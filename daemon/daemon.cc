@@ -25,6 +25,7 @@
 #include "ipc/attach.h"
 #include "ipc/kv_registration.h"
 #include "ipc/unix_socket.h"
+#include "daemon/admission.h"
 #include "daemon/assembly.h"
 #include "daemon/config_schema.h"
 #include "tiers/nvme_tier.h"
@@ -402,124 +403,98 @@ void Daemon::RefuseAttach(int fd, int code, const std::string& message, const ip
 void Daemon::Attach(UniqueFd fd, std::span<const std::byte> request) {
   absl::StatusOr<ipc::PeerCredentials> peer = ipc::GetPeerCredentials(fd.get());
   if (!peer.ok()) return;
-  absl::StatusOr<ipc::AttachRequest> req = ipc::DecodeAttachRequest(request);
-  if (!req.ok()) {
-    RefuseAttach(fd.get(), ToErrorCode(req.status()), std::string(req.status().message()), *peer);
+  absl::StatusOr<ipc::AttachRequest> req = CheckAttachRequest(request, stats_);
+  absl::StatusOr<Admitted> admitted = req.ok() ? Admit(*peer, *req) : req.status();
+  if (!admitted.ok()) {
+    RefuseAttach(fd.get(), ToErrorCode(admitted.status()), std::string(admitted.status().message()), *peer);
     return;
   }
-  if (absl::Status s = ValidateDescriptor(req->ns); !s.ok()) {
-    const NamespaceDescriptor& d = req->ns;
-    for (const std::string* f : {&d.model_id, &d.model_revision, &d.tokenizer_revision, &d.adapter_id,
-                                 &d.attention_config_hash, &d.kv_dtype, &d.kv_layout}) {
-      if (!IsPrintableUtf8(*f)) {
-        stats_.Refused(Refusal::kBadClientString);
-        break;
-      }
-    }
-    RefuseAttach(fd.get(), KVTIER_EINVAL, std::string(s.message()), *peer);
-    return;
-  }
-  // The name reaches logs, the status JSON and kvtierctl's tables.
-  if (!IsPrintableUtf8(req->client_name)) {
-    stats_.Refused(Refusal::kBadClientString);
-    RefuseAttach(fd.get(), KVTIER_EINVAL,
-                 "client name is not printable UTF-8 (control characters or invalid bytes)", *peer);
-    return;
-  }
-  // Tenants by uid first, then by primary gid.
-  const TenantConfig* tenant = nullptr;
-  for (const TenantConfig& t : config_.tenants) {
-    if (std::find(t.uids.begin(), t.uids.end(), peer->uid) != t.uids.end()) tenant = &t;
-  }
-  for (const TenantConfig& t : config_.tenants) {
-    if (tenant == nullptr && std::find(t.gids.begin(), t.gids.end(), peer->gid) != t.gids.end()) tenant = &t;
-  }
-  if (tenant == nullptr) {
-    RefuseAttach(fd.get(), KVTIER_EACCES,
-                 absl::StrCat("uid ", peer->uid, " (gid ", peer->gid,
-                              ") belongs to no tenant of kvtierd; an administrator can add it to a "
-                              "[[tenants]] entry's uids or gids"),
-                 *peer);
-    return;
-  }
+  OpenSession(std::move(fd), *peer, *req, *admitted);
+}
+
+absl::StatusOr<Daemon::Admitted> Daemon::Admit(const ipc::PeerCredentials& peer, const ipc::AttachRequest& req) {
+  ASSIGN_OR_RETURN(const TenantConfig* tenant, TenantOfPeer(config_, peer));
   if (sessions_.size() >= config_.max_sessions) {
-    RefuseAttach(fd.get(), KVTIER_EBUSY,
-                 absl::StrCat("kvtierd already serves ", sessions_.size(),
-                              " sessions (ipc.max_sessions); detach idle clients or raise the limit"),
-                 *peer);
-    return;
+    return CodedStatus(KVTIER_EBUSY, absl::StrCat("kvtierd already serves ", sessions_.size(),
+                                                  " sessions (ipc.max_sessions); detach idle clients or raise the "
+                                                  "limit"));
   }
   if (const uint32_t mine = SessionsOf(tenant->name); mine >= config_.SessionsPerTenant()) {
     stats_.Refused(Refusal::kTenantSessions);
-    RefuseAttach(fd.get(), KVTIER_EBUSY,
-                 absl::StrCat("tenant \"", tenant->name, "\" already holds ", mine,
-                              " sessions (limits.sessions_per_tenant); detach idle clients or ask the "
-                              "administrator to raise the limit"),
-                 *peer);
-    return;
+    return CodedStatus(KVTIER_EBUSY, absl::StrCat("tenant \"", tenant->name, "\" already holds ", mine,
+                                                  " sessions (limits.sessions_per_tenant); detach idle clients or "
+                                                  "ask the administrator to raise the limit"));
   }
   const uint16_t tenant_idx = tenant_index_.at(tenant->name);
-  const NamespaceId ns_id = ComputeNamespaceId(req->ns, tenant->name, tenant->salt);
+  const NamespaceId ns_id = ComputeNamespaceId(req.ns, tenant->name, tenant->salt);
   absl::StatusOr<NamespaceInfo> ns =
-      namespaces_.Register(ns_id, tenant_idx, req->ns, config_.limit_namespaces_per_tenant);
+      namespaces_.Register(ns_id, tenant_idx, req.ns, config_.limit_namespaces_per_tenant);
   if (!ns.ok() && ToErrorCode(ns.status()) == KVTIER_EBUSY) {
     // At the limit: give back the tenant's namespaces nothing uses, then try again.
     FreeUnusedNamespaces(tenant_idx);
-    ns = namespaces_.Register(ns_id, tenant_idx, req->ns, config_.limit_namespaces_per_tenant);
+    ns = namespaces_.Register(ns_id, tenant_idx, req.ns, config_.limit_namespaces_per_tenant);
   }
   if (!ns.ok()) {
     if (ToErrorCode(ns.status()) == KVTIER_EBUSY) stats_.Refused(Refusal::kTenantNamespaces);
-    RefuseAttach(fd.get(), ToErrorCode(ns.status()), std::string(ns.status().message()), *peer);
-    return;
+    return CodedStatus(ToErrorCode(ns.status()), ns.status().message());
   }
   cache_->RegisterNamespace(*ns);
+  return Admitted{tenant, tenant_idx, ns_id, *ns};
+}
+
+void Daemon::OpenSession(UniqueFd fd, const ipc::PeerCredentials& peer, const ipc::AttachRequest& req,
+                         const Admitted& admitted) {
+  const std::string& tenant = admitted.tenant->name;
+  const NamespaceInfo& ns = admitted.ns;
   const uint64_t id = next_session_id_++;
   absl::StatusOr<ipc::SessionSegment> seg = ipc::SessionSegment::Create(
       id, ipc::SegmentOptions{config_.ring_entries, config_.ring_entries, config_.scratch_bytes,
                               config_.max_keys_per_op});
   if (!seg.ok()) {
-    RefuseAttach(fd.get(), KVTIER_ENOMEM, std::string(seg.status().message()), *peer);
+    RefuseAttach(fd.get(), KVTIER_ENOMEM, std::string(seg.status().message()), peer);
     return;
   }
-  HostTier* host = cache_->host_tier(tenant_idx);
+  HostTier* host = cache_->host_tier(admitted.tenant_idx);
   ipc::AttachReply reply;
   reply.session_id = id;
-  reply.namespace_id = ns_id;
+  reply.namespace_id = admitted.ns_id;
   reply.hash = config_.hash;
-  reply.block_tokens = ns->block_tokens;
-  reply.block_bytes = ns->block_bytes;
+  reply.block_tokens = ns.block_tokens;
+  reply.block_bytes = ns.block_bytes;
   reply.arena_bytes = host->arena_bytes();
-  reply.tenant = tenant->name;
+  reply.tenant = tenant;
   const int fds[2] = {seg->fd(), host->arena_fd()};
   if (absl::Status s = ipc::SendMessage(fd.get(), ipc::EncodeAttachReply(reply), fds, /*nonblocking=*/true);
       !s.ok()) {
-    if (log_limiter_->Allow(tenant->name)) spdlog::warn("event=attach_failed pid={} reason=\"{}\"", peer->pid, LogQuoted(s.message()));
+    if (log_limiter_->Allow(tenant)) {
+      spdlog::warn("event=attach_failed pid={} reason=\"{}\"", peer.pid, LogQuoted(s.message()));
+    }
     return;
   }
-  UniqueFd pidfd(peer->pid > 0 ? PidfdOpen(peer->pid) : -1);
+  UniqueFd pidfd(peer.pid > 0 ? PidfdOpen(peer.pid) : -1);
   const int sock = fd.get();
-  SessionIdentity identity{id, *peer, req->client_name, static_cast<uint64_t>(time(nullptr))};
+  SessionIdentity identity{id, peer, req.client_name, static_cast<uint64_t>(time(nullptr))};
   auto session = std::make_unique<Session>(
-      identity, *ns, tenant->name, std::move(*seg), std::move(fd), cache_.get(), &stats_,
+      identity, ns, tenant, std::move(*seg), std::move(fd), cache_.get(), &stats_,
       SessionOptions{config_.spin_us, log_limiter_.get()}, [this] {
         const uint64_t one = 1;
         (void)!write(wake_fd_.get(), &one, sizeof(one));
       },
-      device_.get(), arena_registered_.contains(tenant->name) ? host->arena_base() : nullptr,
-      gpu_.contains(tenant->name) ? gpu_.at(tenant->name).get() : nullptr, kv_budgets_.at(tenant->name).get());
+      device_.get(), arena_registered_.contains(tenant) ? host->arena_base() : nullptr,
+      gpu_.contains(tenant) ? gpu_.at(tenant).get() : nullptr, kv_budgets_.at(tenant).get());
   Watch(sock, FdKind::kSessionSocket, id, EPOLLIN | EPOLLRDHUP);
   if (pidfd.valid()) Watch(pidfd.get(), FdKind::kSessionPid, id, EPOLLIN);
   session->Start();
   stats_.sessions_attached.Add();
-  if (log_limiter_->Allow(tenant->name)) {
+  if (log_limiter_->Allow(tenant)) {
     // Peers' strings are quoted and escaped: a value cannot end early and
     // add keys of its own.
     spdlog::info("event=attach session={} pid={} uid={} tenant={} namespace={} model=\"{}\" block_bytes={} "
                  "client=\"{}\"",
-                 id, peer->pid, peer->uid, tenant->name, ShortId(ns_id), LogQuoted(ns->model_id), ns->block_bytes,
-                 LogQuoted(req->client_name));
+                 id, peer.pid, peer.uid, tenant, ShortId(admitted.ns_id), LogQuoted(ns.model_id), ns.block_bytes,
+                 LogQuoted(req.client_name));
   }
-  namespaces_.SessionStarted(ns->handle);
+  namespaces_.SessionStarted(ns.handle);
   sessions_.emplace(id, LiveSession{std::move(session), std::move(pidfd)});
 }
 

@@ -28,6 +28,7 @@
 #include "daemon/namespace_registry.h"
 #include "daemon/service_notify.h"
 #include "daemon/session.h"
+#include "ipc/attach.h"
 #include "daemon/stats.h"
 #include "nlohmann/json.hpp"
 #include "tiers/device_backend.h"
@@ -86,6 +87,18 @@ class Daemon {
   void FreeUnusedNamespaces(std::optional<uint16_t> tenant = std::nullopt);
   void ExpirePendingAttaches();
   void Attach(UniqueFd fd, std::span<const std::byte> request);
+  // Admission (daemon/admission.h): the peer's tenant, the session limits,
+  // the namespace. A refusal carries the client's code (CodedStatus).
+  struct Admitted {
+    const TenantConfig* tenant;
+    uint16_t tenant_idx;
+    NamespaceId ns_id;
+    NamespaceInfo ns;
+  };
+  absl::StatusOr<Admitted> Admit(const ipc::PeerCredentials& peer, const ipc::AttachRequest& req);
+  // The session segment, the reply with its memfds, and the session thread.
+  void OpenSession(UniqueFd fd, const ipc::PeerCredentials& peer, const ipc::AttachRequest& req,
+                   const Admitted& admitted);
   void RefuseAttach(int fd, int code, const std::string& message, const ipc::PeerCredentials& peer);
   nlohmann::json Status() const;
   // One line for systemd's STATUS= (no block contents, keys or salts).
