@@ -38,8 +38,12 @@ BlockCache::~BlockCache() {
   StopCascade();
   // Drain the lower tiers' I/O and journal callbacks while everything they
   // touch lives, every lane included: a failed write's callback frees its
-  // slot through its lane. Then delete the tiers, the last first.
-  for (auto& lane : lanes_) (void)lane->tier->Sync();
+  // slot through its lane. A landed demotion may start a waiting
+  // promotion's read in lane 0 from lane 0's own drain: twice round.
+  // Then delete the tiers, the last first.
+  for (int round = 0; round < 2; ++round) {
+    for (auto& lane : lanes_) lane->tier->Drain();
+  }
   while (!lanes_.empty()) {
     // Delete the tier before clearing the pointer: ops it gives up in its
     // destructor complete through lane->tier (a failed read drops its slot).

@@ -80,6 +80,11 @@ class BlockTier : public Tier {
   // Thread-safe. Waits until every write so far is durable (at once for a
   // tier that is not durable, once its writes have landed).
   virtual absl::Status Sync() = 0;
+  // Thread-safe, but not from one of the tier's callbacks. Returns once every
+  // op submitted before the call, reads included, has completed and its
+  // callback has returned (Sync waits for writes only). Before the tier's
+  // owner tears down what those callbacks touch.
+  virtual void Drain() = 0;
   // Thread-safe. Someone now waits for a write: make pending writes durable
   // without a batching delay. Does not wait.
   virtual void CommitSoon() = 0;

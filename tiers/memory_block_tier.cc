@@ -142,6 +142,7 @@ void MemoryBlockTier::Run() {
         }
       }
       --queued_;
+      running_ = true;
     }
     absl::Status st;
     if (const int32_t abandon = AbandonReason(op.io.deadline_ns, op.io.cancel); abandon != 0) {
@@ -156,13 +157,12 @@ void MemoryBlockTier::Run() {
       if (st.ok() && !op.write && read_observer_) read_observer_(op.dst.size(), IoTiming{MonotonicNanos() - start, 1});
     }
     std::move(op.done)(st);
-    if (op.write) {
-      {
-        MutexLock l(&mu_);
-        unfinished_writes_.erase(op.write_seq);
-      }
-      cv_.notify_all();
+    {
+      MutexLock l(&mu_);
+      if (op.write) unfinished_writes_.erase(op.write_seq);
+      running_ = false;
     }
+    cv_.notify_all();
   }
 }
 
@@ -205,6 +205,11 @@ absl::Status MemoryBlockTier::Sync() {
     return unfinished_writes_.empty() || *unfinished_writes_.begin() > target;
   });
   return absl::OkStatus();
+}
+
+void MemoryBlockTier::Drain() {
+  MutexLock l(&mu_);
+  mu_.Await(cv_, [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return queued_ == 0 && !running_; });
 }
 
 TierUsage MemoryBlockTier::Usage() const {

@@ -58,6 +58,7 @@ class MemoryBlockTier final : public BlockTier {
   // Waits until every write queued before the call has landed (never
   // returns while paused with such a write queued).
   absl::Status Sync() override;
+  void Drain() override;  // waits forever while paused
   void CommitSoon() override {}
   BlockTierStats BlockStats() const override;
   void SetReadObserver(ReadObserver observer) override { read_observer_ = std::move(observer); }
@@ -114,6 +115,7 @@ class MemoryBlockTier final : public BlockTier {
   std::set<uint64_t> unfinished_writes_ ABSL_GUARDED_BY(mu_);  // queued or running, by write_seq
   bool paused_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool running_ ABSL_GUARDED_BY(mu_) = false;  // the worker holds an op (until its callback returned)
 
   // Counted on the tier thread, read by BlockStats without the lock.
   std::atomic<uint64_t> reads_{0}, writes_{0}, bytes_read_{0}, bytes_written_{0}, checksum_failures_{0},

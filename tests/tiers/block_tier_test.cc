@@ -4,6 +4,7 @@
 // cancelled and late ops fail cleanly without touching the block; a full tier
 // refuses; Sync waits for writes. Then what only the in-memory tier offers.
 #include <future>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -167,6 +168,27 @@ TEST_P(BlockTierTest, SyncReturnsOnceEveryWriteHasLanded) {
     ASSERT_TRUE(Read(slots[i], Meta(100 + i, 16384), back).ok());
     EXPECT_TRUE(testing::MatchesKey(KeyOf(100 + i), back));
   }
+}
+
+TEST_P(BlockTierTest, DrainReturnsOnceEveryOpReadsIncludedHasCompleted) {
+  constexpr int kBlocks = 24;
+  std::vector<SlotHandle> slots;
+  for (int i = 0; i < kBlocks; ++i) slots.push_back(Put(200 + i, 16384));
+  std::vector<std::vector<std::byte>> back(kBlocks, std::vector<std::byte>(16384));
+  std::atomic<int> done{0}, ok{0};
+  for (int i = 0; i < kBlocks; ++i) {
+    tier_->Read(slots[i], Meta(200 + i, 16384), back[i], IoOptions{.prio = IoPriority::kPrefetch},
+                [&](absl::Status s) {
+                  // Slow callbacks: Drain must wait for them to return.
+                  std::this_thread::sleep_for(std::chrono::milliseconds(1));
+                  ok += s.ok();
+                  ++done;
+                });
+  }
+  tier_->Drain();
+  EXPECT_EQ(done.load(), kBlocks);
+  EXPECT_EQ(ok.load(), kBlocks);
+  for (int i = 0; i < kBlocks; ++i) EXPECT_TRUE(testing::MatchesKey(KeyOf(200 + i), back[i])) << i;
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiers, BlockTierTest, ::testing::Values("nvme", "memory"),
