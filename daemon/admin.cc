@@ -16,6 +16,7 @@
 #include "core/units.h"
 #include "daemon/config_schema.h"
 #include "daemon/daemon.h"
+#include "ipc/admin_commands.h"
 #include "ipc/admin_client.h"
 #include "ipc/unix_socket.h"
 #include "tiers/nvme_tier.h"
@@ -175,82 +176,103 @@ std::string Daemon::AnswerAdminLine(std::string_view line) {
   return resp.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
+// One handler per row of ipc::kAdminCommands, in its order (to_array: a
+// row without a handler does not compile).
+const std::array<Daemon::AdminHandler, ipc::kAdminCommands.size()> Daemon::kAdminHandlers =
+    std::to_array<Daemon::AdminHandler>({&Daemon::AdminStatus, &Daemon::AdminPing, &Daemon::AdminConfig,
+                                          &Daemon::AdminBlocks, &Daemon::AdminEvict, &Daemon::AdminFlush,
+                                          &Daemon::AdminDrain});
+
 nlohmann::json Daemon::HandleAdmin(const nlohmann::json& request) {
   const std::string cmd = request.value("cmd", std::string());
+  for (size_t i = 0; i < ipc::kAdminCommands.size(); ++i) {
+    if (ipc::kAdminCommands[i].name == cmd) return (this->*kAdminHandlers[i])(request);
+  }
+  return Error(absl::StrCat("unknown command \"", cmd, "\"; known: ", ipc::AdminCommandNames()));
+}
+
+nlohmann::json Daemon::AdminStatus(const nlohmann::json&) { return Status(); }
+
+nlohmann::json Daemon::AdminPing(const nlohmann::json&) { return nlohmann::json{{"ok", true}}; }
+
+nlohmann::json Daemon::AdminConfig(const nlohmann::json&) {
+  return nlohmann::json{{"ok", true}, {"config", ConfigJson()}};
+}
+
+nlohmann::json Daemon::AdminDrain(const nlohmann::json&) {
+  // Answered first; the loop drains (as on SIGTERM) and exits after.
+  drain_requested_ = true;
+  spdlog::info("event=admin_drain");
+  return nlohmann::json{{"ok", true}, {"draining", true}, {"timeout_ms", config_.drain_timeout_ms}};
+}
+
+nlohmann::json Daemon::AdminFlush(const nlohmann::json& request) {
   using nlohmann::json;
-  if (cmd == "status") return Status();
-  if (cmd == "ping") return json{{"ok", true}};
-  if (cmd == "config") return json{{"ok", true}, {"config", ConfigJson()}};
-  if (cmd == "drain") {
-    // Answered first; the loop drains (as on SIGTERM) and exits after.
-    drain_requested_ = true;
-    spdlog::info("event=admin_drain");
-    return json{{"ok", true}, {"draining", true}, {"timeout_ms", config_.drain_timeout_ms}};
+  if (cache_->lower_tier() == nullptr) return Error("kvtierd has no NVMe tier to flush to ([tiers.nvme] capacity = 0)");
+  // Bounded: the loop (and the watchdog's pings) waits for it.
+  const std::optional<int64_t> ms = ClampedInt(request, "timeout_ms", 10000, 1, 10000);
+  if (!ms) {
+    stats_.Refused(Refusal::kAdminBadRequest);
+    return Error("bad request: timeout_ms must be a number of milliseconds");
   }
-  if (cmd == "flush") {
-    if (cache_->lower_tier() == nullptr) return Error("kvtierd has no NVMe tier to flush to ([tiers.nvme] capacity = 0)");
-    // Bounded: the loop (and the watchdog's pings) waits for it.
-    const std::optional<int64_t> ms = ClampedInt(request, "timeout_ms", 10000, 1, 10000);
-    if (!ms) {
-      stats_.Refused(Refusal::kAdminBadRequest);
-      return Error("bad request: timeout_ms must be a number of milliseconds");
-    }
-    const BlockCache::FlushResult f = cache_->FlushToNvme(std::chrono::milliseconds(*ms));
-    spdlog::info("event=admin_flush written={} already_on_nvme={} failed={} timed_out={}", f.written,
-                 f.already_on_nvme, f.failed, f.timed_out);
-    return json{{"ok", true},          {"written", f.written}, {"already_on_nvme", f.already_on_nvme},
-                {"failed", f.failed},  {"timed_out", f.timed_out},
-                {"journal", f.sync.ok() ? std::string("durable") : std::string(f.sync.message())}};
+  const BlockCache::FlushResult f = cache_->FlushToNvme(std::chrono::milliseconds(*ms));
+  spdlog::info("event=admin_flush written={} already_on_nvme={} failed={} timed_out={}", f.written,
+               f.already_on_nvme, f.failed, f.timed_out);
+  return json{{"ok", true},          {"written", f.written}, {"already_on_nvme", f.already_on_nvme},
+              {"failed", f.failed},  {"timed_out", f.timed_out},
+              {"journal", f.sync.ok() ? std::string("durable") : std::string(f.sync.message())}};
+}
+
+nlohmann::json Daemon::AdminEvict(const nlohmann::json& request) {
+  using nlohmann::json;
+  const std::string tenant = request.value("tenant", std::string());
+  if (tenant.empty()) return Error("evict needs a tenant (kvtierctl evict --tenant NAME)");
+  absl::StatusOr<uint64_t> n = cache_->EvictTenant(tenant);
+  if (!n.ok()) return Error(std::string(n.status().message()));
+  spdlog::info("event=admin_evict tenant={} evicted={}", tenant, *n);
+  return json{{"ok", true}, {"tenant", tenant}, {"evicted", *n}};
+}
+
+nlohmann::json Daemon::AdminBlocks(const nlohmann::json& request) {
+  using nlohmann::json;
+  std::optional<uint16_t> tenant;
+  if (request.contains("tenant")) {
+    auto it = tenant_index_.find(request.value("tenant", std::string()));
+    if (it == tenant_index_.end()) return Error(absl::StrCat("no tenant \"", request.value("tenant", std::string()), "\""));
+    tenant = it->second;
   }
-  if (cmd == "evict") {
-    const std::string tenant = request.value("tenant", std::string());
-    if (tenant.empty()) return Error("evict needs a tenant (kvtierctl evict --tenant NAME)");
-    absl::StatusOr<uint64_t> n = cache_->EvictTenant(tenant);
-    if (!n.ok()) return Error(std::string(n.status().message()));
-    spdlog::info("event=admin_evict tenant={} evicted={}", tenant, *n);
-    return json{{"ok", true}, {"tenant", tenant}, {"evicted", *n}};
+  std::optional<BlockKey> key;
+  if (request.contains("key")) {
+    absl::StatusOr<BlockKey> k = ParseBlockKeyHex(request.value("key", std::string()));
+    if (!k.ok()) return Error(absl::StrCat("key: ", k.status().message()));
+    key = *k;
   }
-  if (cmd == "blocks") {
-    std::optional<uint16_t> tenant;
-    if (request.contains("tenant")) {
-      auto it = tenant_index_.find(request.value("tenant", std::string()));
-      if (it == tenant_index_.end()) return Error(absl::StrCat("no tenant \"", request.value("tenant", std::string()), "\""));
-      tenant = it->second;
-    }
-    std::optional<BlockKey> key;
-    if (request.contains("key")) {
-      absl::StatusOr<BlockKey> k = ParseBlockKeyHex(request.value("key", std::string()));
-      if (!k.ok()) return Error(absl::StrCat("key: ", k.status().message()));
-      key = *k;
-    }
-    const std::optional<int64_t> limit_field = ClampedInt(request, "limit", 100, 1, 100000);
-    if (!limit_field) {
-      stats_.Refused(Refusal::kAdminBadRequest);
-      return Error("bad request: limit must be a number from 1 to 100000");
-    }
-    const size_t limit = static_cast<size_t>(*limit_field);
-    absl::flat_hash_map<uint32_t, NamespaceInfo> ns;
-    for (const NamespaceInfo& n : namespaces_.List()) ns[n.handle] = n;
-    json blocks = json::array();
-    for (const BlockCache::BlockInfo& b : cache_->ListBlocks(tenant, limit, key ? &*key : nullptr)) {
-      const auto it = ns.find(b.ns);
-      json tiers = json::array();
-      if (b.on_host) tiers.push_back("host");
-      if (b.on_lower) tiers.push_back(std::string(cache_->lower_tier(b.lower)->name()));
-      blocks.push_back({{"key", b.key.Hex()},
-                        {"namespace", it == ns.end() ? std::string("?") : it->second.id.Hex()},
-                        {"model", it == ns.end() ? std::string() : it->second.model_id},
-                        {"tenant", cache_->tenant_name(b.tenant)},
-                        {"tiers", tiers},
-                        {"moving", b.moving},
-                        {"pins", b.pins},
-                        {"depth", b.depth == kUnknownDepth ? json(nullptr) : json(b.depth)},
-                        {"tokens", b.tokens},
-                        {"bytes", b.bytes}});
-    }
-    return json{{"ok", true}, {"blocks", blocks}, {"limit", limit}, {"indexed_blocks", cache_->indexed_blocks()}};
+  const std::optional<int64_t> limit_field = ClampedInt(request, "limit", 100, 1, 100000);
+  if (!limit_field) {
+    stats_.Refused(Refusal::kAdminBadRequest);
+    return Error("bad request: limit must be a number from 1 to 100000");
   }
-  return Error(absl::StrCat("unknown command \"", cmd, "\"; known: status, ping, config, blocks, evict, flush, drain"));
+  const size_t limit = static_cast<size_t>(*limit_field);
+  absl::flat_hash_map<uint32_t, NamespaceInfo> ns;
+  for (const NamespaceInfo& n : namespaces_.List()) ns[n.handle] = n;
+  json blocks = json::array();
+  for (const BlockCache::BlockInfo& b : cache_->ListBlocks(tenant, limit, key ? &*key : nullptr)) {
+    const auto it = ns.find(b.ns);
+    json tiers = json::array();
+    if (b.on_host) tiers.push_back("host");
+    if (b.on_lower) tiers.push_back(std::string(cache_->lower_tier(b.lower)->name()));
+    blocks.push_back({{"key", b.key.Hex()},
+                      {"namespace", it == ns.end() ? std::string("?") : it->second.id.Hex()},
+                      {"model", it == ns.end() ? std::string() : it->second.model_id},
+                      {"tenant", cache_->tenant_name(b.tenant)},
+                      {"tiers", tiers},
+                      {"moving", b.moving},
+                      {"pins", b.pins},
+                      {"depth", b.depth == kUnknownDepth ? json(nullptr) : json(b.depth)},
+                      {"tokens", b.tokens},
+                      {"bytes", b.bytes}});
+  }
+  return json{{"ok", true}, {"blocks", blocks}, {"limit", limit}, {"indexed_blocks", cache_->indexed_blocks()}};
 }
 
 nlohmann::json Daemon::ConfigJson() const {

@@ -28,6 +28,7 @@
 #include "daemon/namespace_registry.h"
 #include "daemon/service_notify.h"
 #include "daemon/session.h"
+#include "ipc/admin_commands.h"
 #include "ipc/attach.h"
 #include "daemon/stats.h"
 #include "nlohmann/json.hpp"
@@ -61,6 +62,16 @@ class Daemon {
 
   // Builds the response to one admin request (exposed for tests).
   nlohmann::json HandleAdmin(const nlohmann::json& request);
+  // The admin commands (ipc::kAdminCommands), one handler each.
+  using AdminHandler = nlohmann::json (Daemon::*)(const nlohmann::json& request);
+  static const std::array<AdminHandler, ipc::kAdminCommands.size()> kAdminHandlers;
+  nlohmann::json AdminStatus(const nlohmann::json& request);
+  nlohmann::json AdminPing(const nlohmann::json& request);
+  nlohmann::json AdminConfig(const nlohmann::json& request);
+  nlohmann::json AdminBlocks(const nlohmann::json& request);
+  nlohmann::json AdminEvict(const nlohmann::json& request);
+  nlohmann::json AdminFlush(const nlohmann::json& request);
+  nlohmann::json AdminDrain(const nlohmann::json& request);
   // The answer line (without its newline) to one request line from the
   // admin socket, whatever its bytes: what OnAdminConn sends (exposed for
   // tests/fuzz/admin_request_fuzz.cc). Control-loop thread only.

@@ -16,6 +16,7 @@
 #include "core/fmt_absl.h"
 #include "core/paths.h"
 #include "core/units.h"
+#include "ipc/admin_commands.h"
 #include "ipc/admin_client.h"
 #include "tools/common/table.h"
 #include "tools/kvtierctl/capacity.h"
@@ -293,7 +294,7 @@ static int Main(int argc, char** argv) {
   app.add_option("-s,--socket", socket, "kvtierd's admin socket ($KVTIER_ADMIN_SOCKET)")->capture_default_str();
   app.add_flag("--json", as_json, "print the daemon's answer as one JSON object");
   app.require_subcommand(1);
-  CLI::App* status = app.add_subcommand("status", "sessions, tenants, tiers, hits and misses");
+  CLI::App* status = app.add_subcommand("status", std::string(kvtier::ipc::AdminHelp("status")));
   CLI::App* tiers = app.add_subcommand("tiers", "every tier in detail: capacity, I/O, checksums, journal, recovery");
   CLI::App* capacity = app.add_subcommand(
       "capacity", "plan capacity: a model's KV bytes per token, the cache some sequences need, what each tier holds");
@@ -324,7 +325,7 @@ static int Main(int argc, char** argv) {
              "kvtierctl cannot read), 4 an input file is missing or wrong");
   CLI::App* sessions = app.add_subcommand("sessions", "engine sessions: pid, uid, tenant, namespace, ops, leases");
   CLI::App* tenants = app.add_subcommand("tenants", "tenants: sessions, blocks, host and NVMe use against quotas");
-  CLI::App* blocks = app.add_subcommand("blocks", "blocks the daemon holds");
+  CLI::App* blocks = app.add_subcommand("blocks", std::string(kvtier::ipc::AdminHelp("blocks")));
   blocks->require_subcommand(1);
   CLI::App* blocks_ls = blocks->add_subcommand("ls", "list blocks: key, tenant, model, tiers, pins, tokens");
   std::string blocks_tenant;
@@ -344,12 +345,12 @@ static int Main(int argc, char** argv) {
                    " characters";
           },
           "KEY"));
-  CLI::App* evict = app.add_subcommand("evict", "evict every unpinned host block of a tenant (demoting to NVMe)");
+  CLI::App* evict = app.add_subcommand("evict", std::string(kvtier::ipc::AdminHelp("evict")));
   std::string evict_tenant;
   evict->add_option("--tenant", evict_tenant, "the tenant")->required();
-  CLI::App* flush = app.add_subcommand("flush", "write host blocks without an NVMe copy to NVMe, journal durable");
-  CLI::App* drain = app.add_subcommand("drain", "drain and stop kvtierd, as SIGTERM does");
-  CLI::App* config = app.add_subcommand("config", "the running configuration");
+  CLI::App* flush = app.add_subcommand("flush", std::string(kvtier::ipc::AdminHelp("flush")));
+  CLI::App* drain = app.add_subcommand("drain", std::string(kvtier::ipc::AdminHelp("drain")));
+  CLI::App* config = app.add_subcommand("config", std::string(kvtier::ipc::AdminHelp("config")));
   config->require_subcommand(1);
   CLI::App* config_show = config->add_subcommand("show", "print the running config (salts redacted)");
   CLI::App* top = app.add_subcommand("top", "a live view: tiers with usage bars, rates, hit figures, tenants");
