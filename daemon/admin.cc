@@ -30,8 +30,6 @@ constexpr size_t kMaxAdminConns = 64;
 constexpr size_t kMaxAdminRequest = 1u << 20;   // bytes of requests not yet answered
 constexpr size_t kMaxAdminOutput = 64u << 20;   // bytes of answers the peer has not read
 
-double Ratio(uint64_t a, uint64_t b) { return b == 0 ? 0.0 : static_cast<double>(a) / static_cast<double>(b); }
-
 nlohmann::json Error(absl::string_view message) {
   return nlohmann::json{{"ok", false}, {"error", message}};
 }
@@ -191,7 +189,7 @@ nlohmann::json Daemon::HandleAdmin(const nlohmann::json& request) {
   return Error(absl::StrCat("unknown command \"", cmd, "\"; known: ", ipc::AdminCommandNames()));
 }
 
-nlohmann::json Daemon::AdminStatus(const nlohmann::json&) { return Status(); }
+nlohmann::json Daemon::AdminStatus(const nlohmann::json&) { return StatusJson(Snapshot()); }
 
 nlohmann::json Daemon::AdminPing(const nlohmann::json&) { return nlohmann::json{{"ok", true}}; }
 
@@ -309,270 +307,76 @@ nlohmann::json Daemon::ConfigJson() const {
   return out;
 }
 
-nlohmann::json Daemon::Status() const {
-  using nlohmann::json;
-  json sessions = json::array();
+StatusSnapshot Daemon::Snapshot() const {
+  StatusSnapshot out;
+  out.version = KVTIER_VERSION;
+  out.pid = getpid();
+  out.uptime_s = static_cast<double>(MonotonicNanos() - started_ns_) / 1e9;
+  out.device = std::string(device_->name());
+  out.hash = std::string(HashAlgorithmName(config_.hash));
+  out.socket = config_.DataSocketPath();
+  out.namespaces = namespaces_.live();
+  out.indexed_blocks = cache_->indexed_blocks();
   absl::flat_hash_map<std::string, uint64_t> sessions_per_tenant;
   for (const auto& [id, ls] : sessions_) {
-    const SessionInfo info = ls.session->Info();
-    ++sessions_per_tenant[info.tenant];
-    sessions.push_back(json{{"id", id},
-                            {"pid", info.identity.peer.pid},
-                            {"uid", info.identity.peer.uid},
-                            {"tenant", info.tenant},
-                            {"client", info.identity.client_name},
-                            {"namespace", ShortId(info.ns.id)},
-                            {"model", info.ns.model_id},
-                            {"block_bytes", info.ns.block_bytes},
-                            {"block_tokens", info.ns.block_tokens},
-                            {"ops", info.ops},
-                            {"leases", info.leases},
-                            {"pinned_blocks", info.pinned_blocks},
-                            {"kv_caches", info.kv_caches},
-                            {"attached_unix_s", info.identity.attached_unix_s}});
+    out.sessions.push_back({id, ls.session->Info()});
+    ++sessions_per_tenant[out.sessions.back().info.tenant];
   }
-  json tenants = json::array();
-  uint64_t cap = 0, used = 0, blocks = 0, pinned = 0, evictions = 0, stranded = 0;
-  for (const TenantUsage& u : cache_->Usage()) {
-    json policies = json::array();
-    for (const PolicyUsage& p : u.policies) {
-      json scores = json::object();
-      for (const auto& [name, score] : p.scores) scores[name] = score;
-      policies.push_back(json{{"slot_bytes", p.slot_bytes},
-                              {"blocks", p.blocks},
-                              {"bookkeeping", p.bookkeeping},
-                              {"leader", p.leader},
-                              {"switches", p.switches},
-                              {"scores", scores}});
+  StatusSnapshot::Host& host = out.host;
+  host.policy = config_.host_policy;
+  host.high_watermark = config_.host_high_watermark;
+  host.low_watermark = config_.host_low_watermark;
+  for (TenantUsage& u : cache_->Usage()) {
+    host.capacity_bytes += u.capacity_bytes;
+    host.used_bytes += u.used_bytes;
+    host.blocks += u.blocks;
+    host.pinned_blocks += u.pinned_blocks;
+    host.evictions += u.evictions;
+    host.stranded_bytes += u.stranded_bytes;
+    StatusSnapshot::Tenant t{.sessions = sessions_per_tenant[u.name]};
+    if (auto kv = kv_budgets_.find(u.name); kv != kv_budgets_.end()) {
+      t.kv_caches = kv->second->caches();
+      t.kv_cache_bytes = kv->second->bytes();
     }
-    json classes = json::array();
-    for (const SlotAllocator::ClassUsage& c : u.classes) {
-      classes.push_back(json{{"slot_bytes", c.slot_bytes},
-                             {"segments", c.segments},
-                             {"carved_bytes", c.carved_bytes},
-                             {"used_bytes", c.used_bytes},
-                             {"free_bytes", c.free_bytes()},
-                             {"stranded_bytes", c.stranded_bytes}});
-    }
-    stranded += u.stranded_bytes;
-    tenants.push_back(json{{"name", u.name},
-                           {"policies", policies},
-                           {"host_by_block_size", classes},
-                           {"host_stranded_bytes", u.stranded_bytes},
-                           {"sessions", sessions_per_tenant[u.name]},
-                           {"host_capacity_bytes", u.capacity_bytes},
-                           {"host_used_bytes", u.used_bytes},
-                           {"blocks", u.blocks},
-                           {"pinned_blocks", u.pinned_blocks},
-                           {"evictions", u.evictions},
-                           {"host_tokens", u.host_tokens},
-                           {"kv_caches", kv_budgets_.contains(u.name) ? kv_budgets_.at(u.name)->caches() : 0},
-                           {"kv_cache_bytes", kv_budgets_.contains(u.name) ? kv_budgets_.at(u.name)->bytes() : 0},
-                           {"nvme_bytes", u.nvme_bytes},
-                           {"nvme_tokens", u.nvme_tokens},
-                           {"quota", json{{"host_tokens", u.quota.host_tokens},
-                                          {"nvme_bytes", u.quota.nvme_bytes},
-                                          {"nvme_tokens", u.quota.nvme_tokens}}}});
-    cap += u.capacity_bytes;
-    used += u.used_bytes;
-    blocks += u.blocks;
-    pinned += u.pinned_blocks;
-    evictions += u.evictions;
+    if (auto g = gpu_.find(u.name); g != gpu_.end()) t.gpu = g->second->usage();
+    t.usage = std::move(u);
+    out.tenants.push_back(std::move(t));
   }
-  const DaemonStats& s = stats_;
-  json tiers = json::array();
-  tiers.push_back(json{{"tier", "host"},
-                       {"policy", config_.host_policy},
-                       {"capacity_bytes", cap},
-                       {"used_bytes", used},
-                       {"blocks", blocks},
-                       {"pinned_blocks", pinned},
-                       {"evictions", evictions},
-                       {"evictions_kept_on_nvme", s.evictions_kept_on_nvme.Get()},
-                       {"demotions", s.demotions.Get()},
-                       {"demotions_failed", s.demotions_failed.Get()},
-                       {"evictions_dropped", s.evictions_dropped.Get()},
-                       {"evictions_dropped_by_cost", s.evictions_dropped_by_cost.Get()},
-                       {"evictions_background", s.evictions_background.Get()},
-                       {"evictions_for_quota", s.evictions_for_quota.Get()},
-                       {"stranded_bytes", stranded},
-                       {"segments_reclaimed", s.host_segments_reclaimed.Get()},
-                       {"evictions_for_other_size", s.evictions_for_other_size.Get()},
-                       {"high_watermark", config_.host_high_watermark},
-                       {"low_watermark", config_.host_low_watermark},
-                       {"health", "healthy"}});
-  // What every lower tier reports; the first adds what only it does.
-  auto lower_tier_json = [&](size_t i) {
-    const BlockTier* lower = cache_->lower_tier(i);
-    const BlockTierStats b = lower->BlockStats();
-    return json{{"tier", std::string(lower->name())},
-                {"chain_position", i},
-                {"policy", config_.nvme_policy},
-                {"durable", lower->durable()},
-                {"capacity_bytes", b.capacity_bytes},
-                {"used_bytes", b.used_bytes},
-                {"blocks", cache_->lower_blocks(i)},
-                {"slots_used", b.used_slots},
-                {"in_flight", b.in_flight},
-                {"queued", b.queued},
-                {"reads", b.reads},
-                {"writes", b.writes},
-                {"bytes_read", b.bytes_read},
-                {"bytes_written", b.bytes_written},
-                {"checksum_failures", b.checksum_failures},
-                {"io_errors", b.io_errors},
-                {"abandoned", b.abandoned},
-                {"writes_refused", b.writes_refused},
-                {"health", std::string(TierHealthName(lower->Health()))}};
-  };
-  if (BlockTier* lower = cache_->lower_tier()) {
-    json tier = lower_tier_json(0);
-    tier.update(json{{"hits_loaded", s.blocks_hit_nvme.Get()},
-                     {"hits_reported_recompute", s.blocks_recompute.Get()},
-                     {"evictions", s.nvme_evictions.Get()},
-                     {"evictions_for_quota", s.nvme_evictions_for_quota.Get()},
-                     {"demotions_refused_quota", s.demotions_refused_quota.Get()},
-                     {"demotions_refused_fair_share", s.demotions_refused_fair_share.Get()},
-                     {"promotions", s.promotions.Get()},
-                     {"promotions_for_load", s.promotions_for_load.Get()},
-                     {"promotions_failed", s.promotions_failed.Get()},
-                     {"writes_through", s.writes_through.Get()},
-                     {"demotions_for_calibration", s.demotions_for_calibration.Get()}});
-    // What only the NVMe tier has: its engine, journal and recovery.
-    if (const auto* nvme = dynamic_cast<const NvmeTier*>(lower)) {
-      const NvmeStats n = nvme->Stats();
-      tier.update(json{{"io_engine", n.io_engine},
-                       {"io_engine_reason", n.io_engine_reason},
-                       {"buffered_io", n.buffered},
-                       {"queue_depth", n.queue_depth},
-                       {"device_full", n.device_full},
-                       {"calibration_reads", n.calibration_reads},
-                       {"journal", json{{"records", n.journal_records},
-                                        {"commits", n.journal_commits},
-                                        {"bytes", n.journal_bytes},
-                                        {"rewrites", n.journal_rewrites}}},
-                       {"recovery", json{{"blocks", n.recovery.blocks},
-                                         {"dropped", n.recovery.dropped + s.recovered_dropped.Get()},
-                                         {"journal_bytes_cut", n.recovery.journal_bytes_cut},
-                                         {"journal_records_cut", n.recovery.journal_records_cut},
-                                         {"resized_from_segments", n.recovery.resized_from_segments},
-                                         {"dropped_by_resize", n.recovery.dropped_by_resize},
-                                         {"seconds", n.recovery.seconds}}}});
-    }
-    tiers.push_back(std::move(tier));
+  for (size_t i = 0; i < cache_->lower_tier_count(); ++i) {
+    const BlockTier* tier = cache_->lower_tier(i);
+    StatusSnapshot::Lower& l = out.lower.emplace_back();
+    l.name = std::string(tier->name());
+    l.chain_position = i;
+    l.policy = config_.nvme_policy;
+    l.durable = tier->durable();
+    l.io = tier->BlockStats();
+    l.blocks = cache_->lower_blocks(i);
+    l.health = tier->Health();
+    if (const auto* nvme = dynamic_cast<const NvmeTier*>(tier)) l.nvme = nvme->Stats();
   }
-  // Tiers below the first: what the cascade moved into them.
-  for (size_t i = 1; i < cache_->lower_tier_count(); ++i) tiers.push_back(lower_tier_json(i));
   if (!gpu_.empty()) {
-    // One GPU arena per tenant; summed here, per tenant under "tenants".
-    GpuCache::Usage sum;
-    TierHealth health = TierHealth::kHealthy;
-    for (const auto& [name, g] : gpu_) {
-      if (g->health() != TierHealth::kHealthy) health = g->health();
-      const GpuCache::Usage u = g->usage();
-      sum.capacity_bytes += u.capacity_bytes;
-      sum.used_bytes += u.used_bytes;
-      sum.blocks += u.blocks;
-      sum.pinned += u.pinned;
-      sum.hits += u.hits;
-      sum.promotions += u.promotions;
-      sum.demotions += u.demotions;
-      sum.evictions += u.evictions;
-      for (json& t : tenants) {
-        if (t["name"] == name) t["gpu"] = json{{"capacity_bytes", u.capacity_bytes}, {"used_bytes", u.used_bytes},
-                                               {"blocks", u.blocks}};
-      }
+    // One GPU arena per tenant; summed here, per tenant under `tenants`.
+    StatusSnapshot::Gpu& g = out.gpu.emplace(StatusSnapshot::Gpu{.device = std::string(device_->name())});
+    for (const auto& [name, cache] : gpu_) {
+      if (cache->health() != TierHealth::kHealthy) g.health = cache->health();
+      const GpuCache::Usage u = cache->usage();
+      g.usage.capacity_bytes += u.capacity_bytes;
+      g.usage.used_bytes += u.used_bytes;
+      g.usage.blocks += u.blocks;
+      g.usage.pinned += u.pinned;
+      g.usage.hits += u.hits;
+      g.usage.promotions += u.promotions;
+      g.usage.demotions += u.demotions;
+      g.usage.evictions += u.evictions;
     }
-    tiers.push_back(json{{"tier", "gpu"},
-                         {"device", std::string(device_->name())},
-                         {"capacity_bytes", sum.capacity_bytes},
-                         {"used_bytes", sum.used_bytes},
-                         {"blocks", sum.blocks},
-                         {"pinned_blocks", sum.pinned},
-                         {"hits", sum.hits},
-                         {"promotions", sum.promotions},
-                         {"demotions", sum.demotions},
-                         {"evictions", sum.evictions},
-                         {"health", std::string(TierHealthName(health))}});
   }
-  json stats{{"lookups", s.lookups.Get()},
-             {"lookup_hits", s.lookup_hits.Get()},
-             {"hit_rate", Ratio(s.lookup_hits.Get(), s.lookups.Get())},
-             {"probes", s.probes.Get()},
-             {"blocks_queried", s.blocks_queried.Get()},
-             {"blocks_hit", s.blocks_hit.Get()},
-             {"blocks_hit_host", s.blocks_hit.Get() - s.blocks_hit_nvme.Get()},
-             {"blocks_hit_nvme", s.blocks_hit_nvme.Get()},
-             {"blocks_missed", s.blocks_queried.Get() - s.blocks_hit.Get()},
-             {"block_hit_rate", Ratio(s.blocks_hit.Get(), s.blocks_queried.Get())},
-             {"tokens_queried", s.tokens_queried.Get()},
-             {"tokens_hit", s.tokens_hit.Get()},
-             {"reused_token_ratio", Ratio(s.tokens_hit.Get(), s.tokens_queried.Get())},
-             {"stores", s.stores.Get()},
-             {"blocks_stored", s.blocks_stored.Get()},
-             {"bytes_stored", s.bytes_stored.Get()},
-             {"blocks_already_present", s.blocks_already_present.Get()},
-             {"store_aborts", s.store_aborts.Get()},
-             {"store_refused_no_space", s.store_refused_no_space.Get()},
-             {"loads", s.loads.Get()},
-             {"blocks_loaded", s.blocks_loaded.Get()},
-             {"bytes_loaded", s.bytes_loaded.Get()},
-             {"load_failures", s.load_failures.Get()},
-             {"prefetches", s.prefetches.Get()},
-             {"blocks_recompute", s.blocks_recompute.Get()},
-             {"prefill_reports", s.prefill_reports.Get()},
-             {"prefill_reports_refused", s.prefill_reports_refused.Get()},
-             {"evictions", s.evictions.Get()},
-             {"invalidations", s.invalidations.Get()},
-             {"kv_registrations", s.kv_registrations.Get()},
-             {"kv_registrations_refused", s.kv_registrations_refused.Get()},
-             {"device_stores", s.device_stores.Get()},
-             {"device_blocks_stored", s.device_blocks_stored.Get()},
-             {"device_loads", s.device_loads.Get()},
-             {"device_blocks_loaded", s.device_blocks_loaded.Get()},
-             {"device_errors", s.device_errors.Get()},
-             {"reloads", s.reloads.Get()},
-             {"reloads_failed", s.reloads_failed.Get()},
-             {"store_refused_draining", s.store_refused_draining.Get()},
-             {"sessions_attached", s.sessions_attached.Get()},
-             {"sessions_detached", s.sessions_detached.Get()},
-             {"attach_refused", s.attach_refused.Get()},
-             {"sessions_closed_dead", s.sessions_closed_dead.Get()},
-             {"protocol_errors", s.protocol_errors.Get()}};
-  stats["log_lines_suppressed"] = s.log_lines_suppressed.Get();
-  stats["namespaces_freed"] = s.namespaces_freed.Get();
-  stats["cascades"] = s.cascades.Get();
-  stats["cascades_failed"] = s.cascades_failed.Get();
-  stats["lower_evictions"] = s.lower_evictions.Get();  // from tiers below the first
-  json refused = json::object();
-  for (size_t i = 0; i < s.refused.size(); ++i) refused[kRefusalNames[i]] = s.refused[i].Get();
-  stats["refused"] = refused;
-  json ops = json::object();
-  for (size_t op = 1; op < stats_.op_latency.size(); ++op) ops[ipc::kOpcodes[op].name] = HistogramJson(stats_.op_latency[op].Get());
-  const json latency = {{"ops", ops},
-                        {"nvme_read", HistogramJson(stats_.nvme_read_latency.Get())},
-                        {"nvme_write", HistogramJson(stats_.nvme_write_latency.Get())},
-                        {"lower_read", HistogramJson(stats_.lower_read_latency.Get())}};
-  return json{{"ok", true},
-              {"version", KVTIER_VERSION},
-              {"pid", getpid()},
-              {"uptime_s", static_cast<double>(MonotonicNanos() - started_ns_) / 1e9},
-              {"device", std::string(device_->name())},
-              {"hash", std::string(HashAlgorithmName(config_.hash))},
-              {"socket", config_.DataSocketPath()},
-              {"namespaces", namespaces_.live()},
-              {"indexed_blocks", cache_->indexed_blocks()},
-              {"sessions", sessions},
-              {"tenants", tenants},
-              {"tiers", tiers},
-              {"cost_model", cache_->cost().ToJson()},
-              {"metrics", metrics_ ? json{{"enabled", true},
-                                          {"url", absl::StrCat("http://", config_.metrics_address, ":",
-                                                               metrics_->port(), "/metrics")},
-                                          {"port", metrics_->port()}}
-                                   : json{{"enabled", false}}},
-              {"latency", latency},
-              {"stats", stats}};
+  out.cost_model = cache_->cost().report();
+  if (metrics_) {
+    out.metrics_url = absl::StrCat("http://", config_.metrics_address, ":", metrics_->port(), "/metrics");
+    out.metrics_port = metrics_->port();
+  }
+  out.stats = stats_;
+  return out;
 }
 
 }  // namespace kvtier

@@ -102,21 +102,36 @@ bool CostTracker::WantsNvmeCalibration(uint64_t now_ns, uint64_t quiet_ns) {
   return true;
 }
 
-nlohmann::json CostTracker::ToJson() const {
+CostTracker::Report CostTracker::report() const {
   MutexLock l(&mu_);
   const TierSpeed nvme = NvmeSpeedLocked();
-  return nlohmann::json{{"model", opts_.model.name},
-                        {"kv_bytes_per_token", opts_.model.KvBytesPerToken()},
-                        {"decide", decide()},
-                        {"prefill_reports", reports_},
-                        {"prefill_fitted", cal_.samples() >= 2 && cal_.r_squared() > 0},
-                        {"prefill_tflops", cal_.flops_per_second() / 1e12},
-                        {"prefill_overhead_s", cal_.overhead_s()},
-                        {"prefill_r_squared", cal_.r_squared()},
-                        {"nvme_reads_measured", reads_},
-                        {"nvme_measured", reads_ >= kMinReads},
-                        {"nvme_read_gbps", nvme.bytes_per_second / 1e9},
-                        {"nvme_read_latency_us", nvme.latency_s * 1e6}};
+  return Report{.model = opts_.model.name,
+                .kv_bytes_per_token = opts_.model.KvBytesPerToken(),
+                .decide = decide(),
+                .prefill_reports = reports_,
+                .prefill_fitted = cal_.samples() >= 2 && cal_.r_squared() > 0,
+                .prefill_tflops = cal_.flops_per_second() / 1e12,
+                .prefill_overhead_s = cal_.overhead_s(),
+                .prefill_r_squared = cal_.r_squared(),
+                .nvme_reads_measured = reads_,
+                .nvme_measured = reads_ >= kMinReads,
+                .nvme_read_gbps = nvme.bytes_per_second / 1e9,
+                .nvme_read_latency_us = nvme.latency_s * 1e6};
+}
+
+nlohmann::json CostTracker::ReportJson(const Report& r) {
+  return nlohmann::json{{"model", r.model},
+                        {"kv_bytes_per_token", r.kv_bytes_per_token},
+                        {"decide", r.decide},
+                        {"prefill_reports", r.prefill_reports},
+                        {"prefill_fitted", r.prefill_fitted},
+                        {"prefill_tflops", r.prefill_tflops},
+                        {"prefill_overhead_s", r.prefill_overhead_s},
+                        {"prefill_r_squared", r.prefill_r_squared},
+                        {"nvme_reads_measured", r.nvme_reads_measured},
+                        {"nvme_measured", r.nvme_measured},
+                        {"nvme_read_gbps", r.nvme_read_gbps},
+                        {"nvme_read_latency_us", r.nvme_read_latency_us}};
 }
 
 }  // namespace kvtier

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <string>
 
 #include "absl/status/status.h"
 #include "core/mutex.h"
@@ -61,8 +62,22 @@ class CostTracker {
   void set_decide(bool on) { decide_.store(on, std::memory_order_relaxed); }
   const ModelProfile& model() const { return opts_.model; }
 
-  // The fit and the measurements, for kvtierctl.
-  nlohmann::json ToJson() const;
+  // The fit and the measurements, as status and metrics report them.
+  struct Report {
+    std::string model;
+    uint64_t kv_bytes_per_token = 0;
+    bool decide = true;
+    uint64_t prefill_reports = 0;
+    bool prefill_fitted = false;
+    double prefill_tflops = 0, prefill_overhead_s = 0, prefill_r_squared = 0;
+    uint64_t nvme_reads_measured = 0;
+    bool nvme_measured = false;
+    double nvme_read_gbps = 0, nvme_read_latency_us = 0;
+  };
+  Report report() const;
+  // The report as kvtierctl shows it.
+  nlohmann::json ToJson() const { return ReportJson(report()); }
+  static nlohmann::json ReportJson(const Report& r);
 
  private:
   TierSpeed NvmeSpeedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -679,9 +679,9 @@ void Daemon::Reload() {
   notifier_.Ready(StatusLine());
 }
 
-std::optional<nlohmann::json> Daemon::StatusFromLoop() {
-  auto request = std::make_shared<std::promise<std::optional<nlohmann::json>>>();
-  std::future<std::optional<nlohmann::json>> answer = request->get_future();
+std::optional<StatusSnapshot> Daemon::StatusFromLoop() {
+  auto request = std::make_shared<std::promise<std::optional<StatusSnapshot>>>();
+  std::future<std::optional<StatusSnapshot>> answer = request->get_future();
   {
     MutexLock l(&status_mu_);
     if (status_closed_) return std::nullopt;
@@ -694,13 +694,13 @@ std::optional<nlohmann::json> Daemon::StatusFromLoop() {
 }
 
 void Daemon::AnswerStatusRequests() {
-  std::vector<std::shared_ptr<std::promise<std::optional<nlohmann::json>>>> requests;
+  std::vector<std::shared_ptr<std::promise<std::optional<StatusSnapshot>>>> requests;
   {
     MutexLock l(&status_mu_);
     requests.swap(status_requests_);
   }
   if (requests.empty()) return;
-  const nlohmann::json s = Status();
+  const StatusSnapshot s = Snapshot();
   for (auto& r : requests) r->set_value(s);
 }
 

@@ -31,6 +31,7 @@
 #include "ipc/admin_commands.h"
 #include "ipc/attach.h"
 #include "daemon/stats.h"
+#include "daemon/status_snapshot.h"
 #include "nlohmann/json.hpp"
 #include "tiers/device_backend.h"
 
@@ -111,7 +112,9 @@ class Daemon {
   void OpenSession(UniqueFd fd, const ipc::PeerCredentials& peer, const ipc::AttachRequest& req,
                    const Admitted& admitted);
   void RefuseAttach(int fd, int code, const std::string& message, const ipc::PeerCredentials& peer);
-  nlohmann::json Status() const;
+  // The status as one typed value (control loop); StatusJson and
+  // PrometheusText write it.
+  StatusSnapshot Snapshot() const;
   // One line for systemd's STATUS= (no block contents, keys or salts).
   std::string StatusLine() const;
   void CloseAll();
@@ -126,10 +129,10 @@ class Daemon {
   // committed host blocks that have no NVMe copy to the NVMe tier and make
   // its journal durable, all within drain_timeout_ms.
   void Drain();
-  // Any thread (the metrics server's): the status JSON, built on the main
-  // loop; nullopt when the loop does not answer within 2 s (draining) or is
-  // stopping.
-  std::optional<nlohmann::json> StatusFromLoop();
+  // Any thread (the metrics server's): the status snapshot, taken on the
+  // main loop; nullopt when the loop does not answer within 2 s (draining)
+  // or is stopping.
+  std::optional<StatusSnapshot> StatusFromLoop();
   void AnswerStatusRequests();
   // The running config for kvtierctl config show (salts redacted).
   nlohmann::json ConfigJson() const;
@@ -140,7 +143,7 @@ class Daemon {
   ConfigLoader loader_;
   std::unique_ptr<MetricsServer> metrics_;
   Mutex status_mu_;
-  std::vector<std::shared_ptr<std::promise<std::optional<nlohmann::json>>>> status_requests_
+  std::vector<std::shared_ptr<std::promise<std::optional<StatusSnapshot>>>> status_requests_
       ABSL_GUARDED_BY(status_mu_);
   bool status_closed_ ABSL_GUARDED_BY(status_mu_) = false;
   bool closed_ = false;  // CloseAll ran

@@ -6,19 +6,15 @@
 #include <algorithm>
 #include <sstream>
 #include <tuple>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "ipc/abi.h"
 
 namespace kvtier {
 
-nlohmann::json HistogramJson(const Histogram::Snapshot& h) {
-  return {{"bounds_s", Histogram::kBounds}, {"counts", h.counts}, {"count", h.count}, {"sum_s", h.sum_s}};
-}
-
 namespace {
-
-using nlohmann::json;
 
 std::string Num(double v) {
   if (v == static_cast<double>(static_cast<int64_t>(v)) && v < 9e15 && v > -9e15) {
@@ -52,18 +48,18 @@ class Writer {
     if (!labels.empty()) out_ << "{" << labels << "}";
     out_ << " " << Num(v) << "\n";
   }
-  void Histogram(const std::string& name, const std::string& labels, const json& h) {
+  void Histogram(const std::string& name, const std::string& labels, const kvtier::Histogram& histogram) {
+    const kvtier::Histogram::Snapshot h = histogram.Get();
+    const auto& bounds = kvtier::Histogram::kBounds;
     uint64_t cumulative = 0;
-    const json& bounds = h["bounds_s"];
-    const json& counts = h["counts"];
     const std::string sep = labels.empty() ? "" : labels + ",";
-    for (size_t i = 0; i < counts.size(); ++i) {
-      cumulative += counts[i].get<uint64_t>();
-      const std::string le = i < bounds.size() ? Num(bounds[i].get<double>()) : "+Inf";
+    for (size_t i = 0; i < h.counts.size(); ++i) {
+      cumulative += h.counts[i];
+      const std::string le = i < bounds.size() ? Num(bounds[i]) : "+Inf";
       Sample(name + "_bucket", sep + "le=\"" + le + "\"", double(cumulative));
     }
-    Sample(name + "_sum", labels, h["sum_s"].get<double>());
-    Sample(name + "_count", labels, double(h["count"].get<uint64_t>()));
+    Sample(name + "_sum", labels, h.sum_s);
+    Sample(name + "_count", labels, double(h.count));
   }
   std::string str() const { return out_.str(); }
 
@@ -71,102 +67,108 @@ class Writer {
   std::ostringstream out_;
 };
 
-uint64_t U(const json& j, const char* key) { return j.contains(key) ? j[key].get<uint64_t>() : 0; }
+// One tier's row of the tier gauges.
+struct TierRow {
+  std::string name;
+  uint64_t capacity_bytes, used_bytes, blocks;
+  bool healthy;
+};
+
+std::vector<TierRow> TierRows(const StatusSnapshot& s) {
+  std::vector<TierRow> rows;
+  rows.push_back({"host", s.host.capacity_bytes, s.host.used_bytes, s.host.blocks, true});
+  for (const StatusSnapshot::Lower& l : s.lower) {
+    rows.push_back({l.name, l.io.capacity_bytes, l.io.used_bytes, l.blocks, l.health == TierHealth::kHealthy});
+  }
+  if (s.gpu) {
+    const GpuCache::Usage& u = s.gpu->usage;
+    rows.push_back({"gpu", u.capacity_bytes, u.used_bytes, u.blocks, s.gpu->health == TierHealth::kHealthy});
+  }
+  return rows;
+}
+
+double Ratio(uint64_t a, uint64_t b) { return b == 0 ? 0.0 : static_cast<double>(a) / static_cast<double>(b); }
 
 }  // namespace
 
-std::string PrometheusText(const json& s) {
+std::string PrometheusText(const StatusSnapshot& s) {
   Writer w;
-  const json& st = s["stats"];
+  const DaemonStats& st = s.stats;
   w.Family("kvtier_build_info", "gauge", "kvtierd's version (always 1).");
-  w.Sample("kvtier_build_info", "version=\"" + Esc(s["version"].get<std::string>()) + "\",device=\"" +
-                                    Esc(s["device"].get<std::string>()) + "\"",
-           1);
+  w.Sample("kvtier_build_info", "version=\"" + Esc(s.version) + "\",device=\"" + Esc(s.device) + "\"", 1);
   w.Family("kvtier_uptime_seconds", "gauge", "Seconds since kvtierd started.");
-  w.Sample("kvtier_uptime_seconds", "", s["uptime_s"].get<double>());
+  w.Sample("kvtier_uptime_seconds", "", s.uptime_s);
 
   // Tiers.
-  const std::tuple<const char*, const char*, const char*> tier_gauges[] = {
-      {"kvtier_tier_capacity_bytes", "capacity_bytes", "Bytes each tier can hold."},
-      {"kvtier_tier_used_bytes", "used_bytes", "Bytes in use in each tier."},
-      {"kvtier_tier_blocks", "blocks", "Blocks held in each tier."}};
-  for (const auto& [family, key, help] : tier_gauges) {
+  const std::vector<TierRow> tiers = TierRows(s);
+  const std::tuple<const char*, uint64_t TierRow::*, const char*> tier_gauges[] = {
+      {"kvtier_tier_capacity_bytes", &TierRow::capacity_bytes, "Bytes each tier can hold."},
+      {"kvtier_tier_used_bytes", &TierRow::used_bytes, "Bytes in use in each tier."},
+      {"kvtier_tier_blocks", &TierRow::blocks, "Blocks held in each tier."}};
+  for (const auto& [family, field, help] : tier_gauges) {
     w.Family(family, "gauge", help);
-    for (const json& t : s["tiers"]) w.Sample(family, "tier=\"" + Esc(t["tier"]) + "\"", double(U(t, key)));
+    for (const TierRow& t : tiers) w.Sample(family, "tier=\"" + Esc(t.name) + "\"", double(t.*field));
   }
   w.Family("kvtier_tier_healthy", "gauge", "1 when the tier is healthy.");
-  for (const json& t : s["tiers"]) {
-    w.Sample("kvtier_tier_healthy", "tier=\"" + Esc(t["tier"]) + "\"", t["health"] == "healthy" ? 1 : 0);
-  }
+  for (const TierRow& t : tiers) w.Sample("kvtier_tier_healthy", "tier=\"" + Esc(t.name) + "\"", t.healthy ? 1 : 0);
 
   // Hits: per request and per reused token (a 16-token hit and a 16,000-token
   // hit count the same in the first, not in the second).
   w.Family("kvtier_lookups_total", "counter", "Leased lookups (an engine's commitment to a request).");
-  w.Sample("kvtier_lookups_total", "", double(U(st, "lookups")));
+  w.Sample("kvtier_lookups_total", "", double(st.lookups.Get()));
   w.Family("kvtier_lookup_hits_total", "counter", "Leased lookups that hit at least one block.");
-  w.Sample("kvtier_lookup_hits_total", "", double(U(st, "lookup_hits")));
+  w.Sample("kvtier_lookup_hits_total", "", double(st.lookup_hits.Get()));
   w.Family("kvtier_blocks_hit_total", "counter", "Blocks found by leased lookups, by the tier they were in.");
-  w.Sample("kvtier_blocks_hit_total", "tier=\"host\"", double(U(st, "blocks_hit_host")));
-  w.Sample("kvtier_blocks_hit_total", "tier=\"nvme\"", double(U(st, "blocks_hit_nvme")));
+  w.Sample("kvtier_blocks_hit_total", "tier=\"host\"", double(st.blocks_hit.Get() - st.blocks_hit_nvme.Get()));
+  w.Sample("kvtier_blocks_hit_total", "tier=\"nvme\"", double(st.blocks_hit_nvme.Get()));
   w.Family("kvtier_blocks_missed_total", "counter", "Blocks leased lookups asked for and did not find.");
-  w.Sample("kvtier_blocks_missed_total", "", double(U(st, "blocks_missed")));
+  w.Sample("kvtier_blocks_missed_total", "", double(st.blocks_queried.Get() - st.blocks_hit.Get()));
   w.Family("kvtier_tokens_queried_total", "counter", "Tokens covered by the blocks leased lookups asked for.");
-  w.Sample("kvtier_tokens_queried_total", "", double(U(st, "tokens_queried")));
+  w.Sample("kvtier_tokens_queried_total", "", double(st.tokens_queried.Get()));
   w.Family("kvtier_tokens_reused_total", "counter", "Tokens covered by the blocks leased lookups found.");
-  w.Sample("kvtier_tokens_reused_total", "", double(U(st, "tokens_hit")));
+  w.Sample("kvtier_tokens_reused_total", "", double(st.tokens_hit.Get()));
   w.Family("kvtier_hit_rate", "gauge", "Share of leased lookups that hit (per request).");
-  w.Sample("kvtier_hit_rate", "", st["hit_rate"].get<double>());
+  w.Sample("kvtier_hit_rate", "", Ratio(st.lookup_hits.Get(), st.lookups.Get()));
   w.Family("kvtier_reused_token_ratio", "gauge",
            "Share of queried tokens that were found (per token). Tokens count in full blocks only: a prompt's "
            "partial last block is never cached, so it is neither queried nor found.");
-  w.Sample("kvtier_reused_token_ratio", "", st["reused_token_ratio"].get<double>());
+  w.Sample("kvtier_reused_token_ratio", "", Ratio(st.tokens_hit.Get(), st.tokens_queried.Get()));
 
   // The trust boundary: requests and connections refused by a limit.
   w.Family("kvtier_refused_total", "counter",
            "Requests and connections refused by a per-tenant limit or a rule of the trust boundary, by reason.");
-  if (st.contains("refused")) {
-    for (const auto& [reason, n] : st["refused"].items()) {
-      w.Sample("kvtier_refused_total", "reason=\"" + Esc(reason) + "\"", double(n.get<uint64_t>()));
-    }
+  for (size_t i = 0; i < st.refused.size(); ++i) {
+    w.Sample("kvtier_refused_total", absl::StrCat("reason=\"", kRefusalNames[i], "\""), double(st.refused[i].Get()));
   }
 
   w.Family("kvtier_log_lines_suppressed_total", "counter",
            "Log lines peers would have caused beyond limits.log_lines_per_s (dropped).");
-  w.Sample("kvtier_log_lines_suppressed_total", "", double(U(st, "log_lines_suppressed")));
+  w.Sample("kvtier_log_lines_suppressed_total", "", double(st.log_lines_suppressed.Get()));
   w.Family("kvtier_namespaces_freed_total", "counter",
            "Namespaces freed because no session used them and no block of theirs was left.");
-  w.Sample("kvtier_namespaces_freed_total", "", double(U(st, "namespaces_freed")));
+  w.Sample("kvtier_namespaces_freed_total", "", double(st.namespaces_freed.Get()));
   w.Family("kvtier_cascades_total", "counter",
            "Blocks the cascade moved one lower tier down (moved), or tried to and left in place (failed: a read or "
            "write failed, no room below, or the block was used meanwhile).");
-  w.Sample("kvtier_cascades_total", "result=\"moved\"", double(U(st, "cascades")));
-  w.Sample("kvtier_cascades_total", "result=\"failed\"", double(U(st, "cascades_failed")));
+  w.Sample("kvtier_cascades_total", "result=\"moved\"", double(st.cascades.Get()));
+  w.Sample("kvtier_cascades_total", "result=\"failed\"", double(st.cascades_failed.Get()));
 
-  // Bytes moved, per direction.
-  uint64_t nvme_read = 0, nvme_written = 0, checksum = 0, nvme_evictions = 0;
-  for (const json& t : s["tiers"]) {
-    if (t["tier"] == "nvme") {
-      nvme_read = U(t, "bytes_read");
-      nvme_written = U(t, "bytes_written");
-      checksum = U(t, "checksum_failures");
-      nvme_evictions = U(t, "evictions");
-    }
-  }
+  // Bytes moved, per direction. The NVMe tier is the chain's first.
+  const BlockTierStats nvme = s.lower.empty() ? BlockTierStats{} : s.lower.front().io;
   w.Family("kvtier_bytes_moved_total", "counter", "Block bytes moved, by direction.");
-  w.Sample("kvtier_bytes_moved_total", "direction=\"engine_to_host\"", double(U(st, "bytes_stored")));
-  w.Sample("kvtier_bytes_moved_total", "direction=\"host_to_engine\"", double(U(st, "bytes_loaded")));
-  w.Sample("kvtier_bytes_moved_total", "direction=\"host_to_nvme\"", double(nvme_written));
-  w.Sample("kvtier_bytes_moved_total", "direction=\"nvme_to_host\"", double(nvme_read));
+  w.Sample("kvtier_bytes_moved_total", "direction=\"engine_to_host\"", double(st.bytes_stored.Get()));
+  w.Sample("kvtier_bytes_moved_total", "direction=\"host_to_engine\"", double(st.bytes_loaded.Get()));
+  w.Sample("kvtier_bytes_moved_total", "direction=\"host_to_nvme\"", double(nvme.bytes_written));
+  w.Sample("kvtier_bytes_moved_total", "direction=\"nvme_to_host\"", double(nvme.bytes_read));
 
   // Evictions by reason.
-  const json& host = s["tiers"][0];
+  const uint64_t dropped = st.evictions_dropped.Get(), by_cost = st.evictions_dropped_by_cost.Get();
   w.Family("kvtier_evictions_total", "counter", "Blocks evicted, by tier and what became of them.");
-  w.Sample("kvtier_evictions_total", "tier=\"host\",reason=\"demoted\"", double(U(host, "demotions")));
-  w.Sample("kvtier_evictions_total", "tier=\"host\",reason=\"kept_on_nvme\"", double(U(host, "evictions_kept_on_nvme")));
-  w.Sample("kvtier_evictions_total", "tier=\"host\",reason=\"dropped\"",
-           double(U(host, "evictions_dropped") - std::min(U(host, "evictions_dropped"), U(host, "evictions_dropped_by_cost"))));
-  w.Sample("kvtier_evictions_total", "tier=\"host\",reason=\"dropped_by_cost\"", double(U(host, "evictions_dropped_by_cost")));
-  w.Sample("kvtier_evictions_total", "tier=\"nvme\",reason=\"dropped\"", double(nvme_evictions));
+  w.Sample("kvtier_evictions_total", "tier=\"host\",reason=\"demoted\"", double(st.demotions.Get()));
+  w.Sample("kvtier_evictions_total", "tier=\"host\",reason=\"kept_on_nvme\"", double(st.evictions_kept_on_nvme.Get()));
+  w.Sample("kvtier_evictions_total", "tier=\"host\",reason=\"dropped\"", double(dropped - std::min(dropped, by_cost)));
+  w.Sample("kvtier_evictions_total", "tier=\"host\",reason=\"dropped_by_cost\"", double(by_cost));
+  w.Sample("kvtier_evictions_total", "tier=\"nvme\",reason=\"dropped\"", double(st.nvme_evictions.Get()));
   // Host memory per block size: one size cannot use another's segments
   // until they are empty, so a shifting mix of sizes shows here first.
   w.Family("kvtier_host_block_size_bytes", "gauge",
@@ -174,78 +176,77 @@ std::string PrometheusText(const json& s) {
            "(stranded), in free slots of empty segments any size may take back (idle).");
   w.Family("kvtier_host_stranded_bytes", "gauge",
            "Free host arena bytes per tenant that only one block size can use (summed over sizes).");
-  for (const json& t : s["tenants"]) {
-    const std::string tenant = "tenant=\"" + Esc(t["name"].get<std::string>()) + "\"";
-    w.Sample("kvtier_host_stranded_bytes", tenant, double(U(t, "host_stranded_bytes")));
-    for (const json& c : t["host_by_block_size"]) {
-      const std::string labels = tenant + ",slot_bytes=\"" + std::to_string(U(c, "slot_bytes")) + "\"";
-      const uint64_t free_bytes = U(c, "free_bytes"), stranded = U(c, "stranded_bytes");
-      w.Sample("kvtier_host_block_size_bytes", labels + ",state=\"used\"", double(U(c, "used_bytes")));
-      w.Sample("kvtier_host_block_size_bytes", labels + ",state=\"stranded\"", double(stranded));
+  for (const StatusSnapshot::Tenant& t : s.tenants) {
+    const std::string tenant = "tenant=\"" + Esc(t.usage.name) + "\"";
+    w.Sample("kvtier_host_stranded_bytes", tenant, double(t.usage.stranded_bytes));
+    for (const SlotAllocator::ClassUsage& c : t.usage.classes) {
+      const std::string labels = tenant + ",slot_bytes=\"" + std::to_string(c.slot_bytes) + "\"";
+      const uint64_t free_bytes = c.free_bytes();
+      w.Sample("kvtier_host_block_size_bytes", labels + ",state=\"used\"", double(c.used_bytes));
+      w.Sample("kvtier_host_block_size_bytes", labels + ",state=\"stranded\"", double(c.stranded_bytes));
       w.Sample("kvtier_host_block_size_bytes", labels + ",state=\"idle\"",
-               double(free_bytes - std::min(free_bytes, stranded)));
+               double(free_bytes - std::min(free_bytes, c.stranded_bytes)));
     }
   }
   w.Family("kvtier_host_segments_reclaimed_total", "counter",
            "Host segments of one block size emptied for another under pressure, and the evictions that took.");
-  w.Sample("kvtier_host_segments_reclaimed_total", "", double(U(host, "segments_reclaimed")));
+  w.Sample("kvtier_host_segments_reclaimed_total", "", double(st.host_segments_reclaimed.Get()));
   w.Family("kvtier_evictions_for_other_size_total", "counter",
            "Host evictions that emptied a segment of one block size for another (part of kvtier_evictions_total).");
-  w.Sample("kvtier_evictions_for_other_size_total", "", double(U(host, "evictions_for_other_size")));
+  w.Sample("kvtier_evictions_for_other_size_total", "", double(st.evictions_for_other_size.Get()));
   w.Family("kvtier_checksum_failures_total", "counter", "NVMe blocks whose checksum failed on read (served as misses).");
-  w.Sample("kvtier_checksum_failures_total", "", double(checksum));
+  w.Sample("kvtier_checksum_failures_total", "", double(nvme.checksum_failures));
   w.Family("kvtier_stores_refused_total", "counter", "Stores refused, by reason.");
-  w.Sample("kvtier_stores_refused_total", "reason=\"no_space\"", double(U(st, "store_refused_no_space")));
-  w.Sample("kvtier_stores_refused_total", "reason=\"draining\"", double(U(st, "store_refused_draining")));
+  w.Sample("kvtier_stores_refused_total", "reason=\"no_space\"", double(st.store_refused_no_space.Get()));
+  w.Sample("kvtier_stores_refused_total", "reason=\"draining\"", double(st.store_refused_draining.Get()));
 
   // Sessions and leases.
   uint64_t leases = 0, pinned = 0;
-  for (const json& x : s["sessions"]) {
-    leases += U(x, "leases");
-    pinned += U(x, "pinned_blocks");
+  for (const StatusSnapshot::Session& x : s.sessions) {
+    leases += x.info.leases;
+    pinned += x.info.pinned_blocks;
   }
   w.Family("kvtier_sessions", "gauge", "Engine sessions attached.");
-  w.Sample("kvtier_sessions", "", double(s["sessions"].size()));
+  w.Sample("kvtier_sessions", "", double(s.sessions.size()));
   w.Family("kvtier_leases", "gauge", "Leases held by engines.");
   w.Sample("kvtier_leases", "", double(leases));
   w.Family("kvtier_pinned_blocks", "gauge", "Blocks pinned by leases.");
   w.Sample("kvtier_pinned_blocks", "", double(pinned));
   w.Family("kvtier_sessions_total", "counter", "Session ends and refusals, by outcome.");
-  w.Sample("kvtier_sessions_total", "outcome=\"attached\"", double(U(st, "sessions_attached")));
-  w.Sample("kvtier_sessions_total", "outcome=\"detached\"", double(U(st, "sessions_detached")));
-  w.Sample("kvtier_sessions_total", "outcome=\"died\"", double(U(st, "sessions_closed_dead")));
-  w.Sample("kvtier_sessions_total", "outcome=\"refused\"", double(U(st, "attach_refused")));
+  w.Sample("kvtier_sessions_total", "outcome=\"attached\"", double(st.sessions_attached.Get()));
+  w.Sample("kvtier_sessions_total", "outcome=\"detached\"", double(st.sessions_detached.Get()));
+  w.Sample("kvtier_sessions_total", "outcome=\"died\"", double(st.sessions_closed_dead.Get()));
+  w.Sample("kvtier_sessions_total", "outcome=\"refused\"", double(st.attach_refused.Get()));
   w.Family("kvtier_protocol_errors_total", "counter", "Sessions closed for breaking the ring protocol.");
-  w.Sample("kvtier_protocol_errors_total", "", double(U(st, "protocol_errors")));
+  w.Sample("kvtier_protocol_errors_total", "", double(st.protocol_errors.Get()));
   w.Family("kvtier_reloads_total", "counter", "SIGHUP config reloads, by result.");
-  w.Sample("kvtier_reloads_total", "result=\"applied\"", double(U(st, "reloads")));
-  w.Sample("kvtier_reloads_total", "result=\"refused\"", double(U(st, "reloads_failed")));
+  w.Sample("kvtier_reloads_total", "result=\"applied\"", double(st.reloads.Get()));
+  w.Sample("kvtier_reloads_total", "result=\"refused\"", double(st.reloads_failed.Get()));
 
   // Cost model fit.
-  const json& cm = s["cost_model"];
+  const CostTracker::Report& cm = s.cost_model;
   w.Family("kvtier_cost_model_prefill_tflops", "gauge", "Prefill throughput the cost model uses (fitted, or its prior).");
-  w.Sample("kvtier_cost_model_prefill_tflops", "", cm["prefill_tflops"].get<double>());
+  w.Sample("kvtier_cost_model_prefill_tflops", "", cm.prefill_tflops);
   w.Family("kvtier_cost_model_prefill_fitted", "gauge", "1 once the prefill fit rests on engines' reports.");
-  w.Sample("kvtier_cost_model_prefill_fitted", "", cm["prefill_fitted"].get<bool>() ? 1 : 0);
+  w.Sample("kvtier_cost_model_prefill_fitted", "", cm.prefill_fitted ? 1 : 0);
   w.Family("kvtier_cost_model_prefill_r_squared", "gauge", "R squared of the prefill fit.");
-  w.Sample("kvtier_cost_model_prefill_r_squared", "", cm["prefill_r_squared"].get<double>());
+  w.Sample("kvtier_cost_model_prefill_r_squared", "", cm.prefill_r_squared);
   w.Family("kvtier_cost_model_prefill_reports_total", "counter", "report_prefill calls the fit used.");
-  w.Sample("kvtier_cost_model_prefill_reports_total", "", double(U(cm, "prefill_reports")));
+  w.Sample("kvtier_cost_model_prefill_reports_total", "", double(cm.prefill_reports));
   w.Family("kvtier_cost_model_nvme_read_gbps", "gauge", "NVMe read bandwidth the cost model uses.");
-  w.Sample("kvtier_cost_model_nvme_read_gbps", "", cm["nvme_read_gbps"].get<double>());
+  w.Sample("kvtier_cost_model_nvme_read_gbps", "", cm.nvme_read_gbps);
   w.Family("kvtier_blocks_reported_recompute_total", "counter",
            "Blocks leased lookups found but reported as cheaper to recompute.");
-  w.Sample("kvtier_blocks_reported_recompute_total", "", double(U(st, "blocks_recompute")));
+  w.Sample("kvtier_blocks_reported_recompute_total", "", double(st.blocks_recompute.Get()));
 
   // Latency.
-  if (s.contains("latency")) {
-    const json& lat = s["latency"];
-    w.Family("kvtier_op_latency_seconds", "histogram", "Requests from the session thread taking them to completion.");
-    for (const auto& [op, h] : lat["ops"].items()) w.Histogram("kvtier_op_latency_seconds", "op=\"" + Esc(op) + "\"", h);
-    w.Family("kvtier_transfer_latency_seconds", "histogram", "NVMe block transfers from submission to completion.");
-    w.Histogram("kvtier_transfer_latency_seconds", "direction=\"nvme_to_host\"", lat["nvme_read"]);
-    w.Histogram("kvtier_transfer_latency_seconds", "direction=\"host_to_nvme\"", lat["nvme_write"]);
+  w.Family("kvtier_op_latency_seconds", "histogram", "Requests from the session thread taking them to completion.");
+  for (size_t op = 1; op < st.op_latency.size(); ++op) {
+    w.Histogram("kvtier_op_latency_seconds", absl::StrCat("op=\"", ipc::kOpcodes[op].name, "\""), st.op_latency[op]);
   }
+  w.Family("kvtier_transfer_latency_seconds", "histogram", "NVMe block transfers from submission to completion.");
+  w.Histogram("kvtier_transfer_latency_seconds", "direction=\"nvme_to_host\"", st.nvme_read_latency);
+  w.Histogram("kvtier_transfer_latency_seconds", "direction=\"host_to_nvme\"", st.nvme_write_latency);
   return w.str();
 }
 
@@ -268,7 +269,7 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
         return;
       }
     }
-    std::optional<json> s = snapshot();
+    std::optional<StatusSnapshot> s = snapshot();
     if (!s) {
       res.status = 503;
       res.set_content("kvtierd is busy (draining or stopping)\n", "text/plain");

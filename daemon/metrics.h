@@ -1,4 +1,4 @@
-// Prometheus metrics: kvtierd's status rendered in the text exposition
+// Prometheus metrics: kvtierd's status snapshot rendered in the text exposition
 // format, served over HTTP on a local address (cpp-httplib). See
 // docs/operations.md for the families.
 #ifndef KVTIER_DAEMON_METRICS_H_
@@ -12,8 +12,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
-#include "daemon/stats.h"
-#include "nlohmann/json.hpp"
+#include "daemon/status_snapshot.h"
 
 namespace httplib {
 class Server;
@@ -21,20 +20,16 @@ class Server;
 
 namespace kvtier {
 
-// A histogram as the status JSON carries it: bounds, per-bucket counts,
-// count, sum.
-nlohmann::json HistogramJson(const Histogram::Snapshot& h);
-
-// The exposition text for a status JSON (Daemon::Status()). Never contains
-// block contents, keys, prompts or salts: only counts, sizes and names of
-// tiers, tenants and policies.
-std::string PrometheusText(const nlohmann::json& status);
+// The exposition text for a status snapshot (Daemon::Snapshot()). Never
+// contains block contents, keys, prompts or salts: only counts, sizes and
+// names of tiers, tenants and policies.
+std::string PrometheusText(const StatusSnapshot& status);
 
 // Serves GET /metrics on address:port from its own thread. `snapshot`
-// returns the status JSON (nullopt: the daemon is busy; the scrape gets 503).
+// returns the status (nullopt: the daemon is busy; the scrape gets 503).
 class MetricsServer {
  public:
-  using Snapshot = std::function<std::optional<nlohmann::json>()>;
+  using Snapshot = std::function<std::optional<StatusSnapshot>()>;
   // port 0 picks a free port. Errors name the address.
   // A non-empty `bearer_token` is required of every scrape
   // ("Authorization: Bearer <token>"; 401 otherwise): the metrics show

@@ -1,5 +1,8 @@
 // Daemon-wide counters. Relaxed atomics: each is an independent tally read
-// for reporting, never used to order other memory.
+// for reporting, never used to order other memory. A copy of a counter, a
+// histogram or a whole DaemonStats is a snapshot of its values (what the
+// status snapshot carries); counters are read one by one, so a snapshot
+// taken under traffic is not one instant.
 #ifndef KVTIER_DAEMON_STATS_H_
 #define KVTIER_DAEMON_STATS_H_
 
@@ -13,6 +16,12 @@
 namespace kvtier {
 
 struct Counter {
+  Counter() = default;
+  Counter(const Counter& o) : v(o.Get()) {}
+  Counter& operator=(const Counter& o) {
+    v.store(o.Get(), std::memory_order_relaxed);
+    return *this;
+  }
   std::atomic<uint64_t> v{0};
   void Add(uint64_t n = 1) { v.fetch_add(n, std::memory_order_relaxed); }
   uint64_t Get() const { return v.load(std::memory_order_relaxed); }
@@ -22,6 +31,13 @@ struct Counter {
 // bucket counts observations <= its bound; the last is +Inf).
 class Histogram {
  public:
+  Histogram() = default;
+  Histogram(const Histogram& o) { *this = o; }
+  Histogram& operator=(const Histogram& o) {
+    for (size_t i = 0; i < kBuckets; ++i) buckets_[i].store(o.buckets_[i].load(std::memory_order_relaxed), std::memory_order_relaxed);
+    sum_ns_.store(o.sum_ns_.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    return *this;
+  }
   static constexpr std::array<double, 15> kBounds = {1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4,
                                                      5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 1e-1, 1.0};
   static constexpr size_t kBuckets = kBounds.size() + 1;

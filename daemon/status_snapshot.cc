@@ -1,0 +1,270 @@
+#include "daemon/status_snapshot.h"
+
+#include "core/namespace.h"
+#include "ipc/abi.h"
+
+namespace kvtier {
+namespace {
+
+using nlohmann::json;
+
+double Ratio(uint64_t a, uint64_t b) { return b == 0 ? 0.0 : static_cast<double>(a) / static_cast<double>(b); }
+
+json SessionJson(uint64_t id, const SessionInfo& info) {
+  return json{{"id", id},
+              {"pid", info.identity.peer.pid},
+              {"uid", info.identity.peer.uid},
+              {"tenant", info.tenant},
+              {"client", info.identity.client_name},
+              {"namespace", ShortId(info.ns.id)},
+              {"model", info.ns.model_id},
+              {"block_bytes", info.ns.block_bytes},
+              {"block_tokens", info.ns.block_tokens},
+              {"ops", info.ops},
+              {"leases", info.leases},
+              {"pinned_blocks", info.pinned_blocks},
+              {"kv_caches", info.kv_caches},
+              {"attached_unix_s", info.identity.attached_unix_s}};
+}
+
+json TenantJson(const StatusSnapshot::Tenant& t) {
+  const TenantUsage& u = t.usage;
+  json policies = json::array();
+  for (const PolicyUsage& p : u.policies) {
+    json scores = json::object();
+    for (const auto& [name, score] : p.scores) scores[name] = score;
+    policies.push_back(json{{"slot_bytes", p.slot_bytes},
+                            {"blocks", p.blocks},
+                            {"bookkeeping", p.bookkeeping},
+                            {"leader", p.leader},
+                            {"switches", p.switches},
+                            {"scores", scores}});
+  }
+  json classes = json::array();
+  for (const SlotAllocator::ClassUsage& c : u.classes) {
+    classes.push_back(json{{"slot_bytes", c.slot_bytes},
+                           {"segments", c.segments},
+                           {"carved_bytes", c.carved_bytes},
+                           {"used_bytes", c.used_bytes},
+                           {"free_bytes", c.free_bytes()},
+                           {"stranded_bytes", c.stranded_bytes}});
+  }
+  json out{{"name", u.name},
+           {"policies", policies},
+           {"host_by_block_size", classes},
+           {"host_stranded_bytes", u.stranded_bytes},
+           {"sessions", t.sessions},
+           {"host_capacity_bytes", u.capacity_bytes},
+           {"host_used_bytes", u.used_bytes},
+           {"blocks", u.blocks},
+           {"pinned_blocks", u.pinned_blocks},
+           {"evictions", u.evictions},
+           {"host_tokens", u.host_tokens},
+           {"kv_caches", t.kv_caches},
+           {"kv_cache_bytes", t.kv_cache_bytes},
+           {"nvme_bytes", u.nvme_bytes},
+           {"nvme_tokens", u.nvme_tokens},
+           {"quota", json{{"host_tokens", u.quota.host_tokens},
+                          {"nvme_bytes", u.quota.nvme_bytes},
+                          {"nvme_tokens", u.quota.nvme_tokens}}}};
+  if (t.gpu) {
+    out["gpu"] = json{{"capacity_bytes", t.gpu->capacity_bytes}, {"used_bytes", t.gpu->used_bytes},
+                      {"blocks", t.gpu->blocks}};
+  }
+  return out;
+}
+
+json HostJson(const StatusSnapshot::Host& h, const DaemonStats& s) {
+  return json{{"tier", "host"},
+              {"policy", h.policy},
+              {"capacity_bytes", h.capacity_bytes},
+              {"used_bytes", h.used_bytes},
+              {"blocks", h.blocks},
+              {"pinned_blocks", h.pinned_blocks},
+              {"evictions", h.evictions},
+              {"evictions_kept_on_nvme", s.evictions_kept_on_nvme.Get()},
+              {"demotions", s.demotions.Get()},
+              {"demotions_failed", s.demotions_failed.Get()},
+              {"evictions_dropped", s.evictions_dropped.Get()},
+              {"evictions_dropped_by_cost", s.evictions_dropped_by_cost.Get()},
+              {"evictions_background", s.evictions_background.Get()},
+              {"evictions_for_quota", s.evictions_for_quota.Get()},
+              {"stranded_bytes", h.stranded_bytes},
+              {"segments_reclaimed", s.host_segments_reclaimed.Get()},
+              {"evictions_for_other_size", s.evictions_for_other_size.Get()},
+              {"high_watermark", h.high_watermark},
+              {"low_watermark", h.low_watermark},
+              {"health", "healthy"}};
+}
+
+// What every lower tier reports; the first adds what only it does.
+json LowerJson(const StatusSnapshot::Lower& l, const DaemonStats& s) {
+  const BlockTierStats& b = l.io;
+  json tier{{"tier", l.name},
+            {"chain_position", l.chain_position},
+            {"policy", l.policy},
+            {"durable", l.durable},
+            {"capacity_bytes", b.capacity_bytes},
+            {"used_bytes", b.used_bytes},
+            {"blocks", l.blocks},
+            {"slots_used", b.used_slots},
+            {"in_flight", b.in_flight},
+            {"queued", b.queued},
+            {"reads", b.reads},
+            {"writes", b.writes},
+            {"bytes_read", b.bytes_read},
+            {"bytes_written", b.bytes_written},
+            {"checksum_failures", b.checksum_failures},
+            {"io_errors", b.io_errors},
+            {"abandoned", b.abandoned},
+            {"writes_refused", b.writes_refused},
+            {"health", std::string(TierHealthName(l.health))}};
+  if (l.chain_position != 0) return tier;
+  tier.update(json{{"hits_loaded", s.blocks_hit_nvme.Get()},
+                   {"hits_reported_recompute", s.blocks_recompute.Get()},
+                   {"evictions", s.nvme_evictions.Get()},
+                   {"evictions_for_quota", s.nvme_evictions_for_quota.Get()},
+                   {"demotions_refused_quota", s.demotions_refused_quota.Get()},
+                   {"demotions_refused_fair_share", s.demotions_refused_fair_share.Get()},
+                   {"promotions", s.promotions.Get()},
+                   {"promotions_for_load", s.promotions_for_load.Get()},
+                   {"promotions_failed", s.promotions_failed.Get()},
+                   {"writes_through", s.writes_through.Get()},
+                   {"demotions_for_calibration", s.demotions_for_calibration.Get()}});
+  if (const std::optional<NvmeStats>& n = l.nvme) {
+    tier.update(json{{"io_engine", n->io_engine},
+                     {"io_engine_reason", n->io_engine_reason},
+                     {"buffered_io", n->buffered},
+                     {"queue_depth", n->queue_depth},
+                     {"device_full", n->device_full},
+                     {"calibration_reads", n->calibration_reads},
+                     {"journal", json{{"records", n->journal_records},
+                                      {"commits", n->journal_commits},
+                                      {"bytes", n->journal_bytes},
+                                      {"rewrites", n->journal_rewrites}}},
+                     {"recovery", json{{"blocks", n->recovery.blocks},
+                                       {"dropped", n->recovery.dropped + s.recovered_dropped.Get()},
+                                       {"journal_bytes_cut", n->recovery.journal_bytes_cut},
+                                       {"journal_records_cut", n->recovery.journal_records_cut},
+                                       {"resized_from_segments", n->recovery.resized_from_segments},
+                                       {"dropped_by_resize", n->recovery.dropped_by_resize},
+                                       {"seconds", n->recovery.seconds}}}});
+  }
+  return tier;
+}
+
+json GpuJson(const StatusSnapshot::Gpu& g) {
+  const GpuCache::Usage& u = g.usage;
+  return json{{"tier", "gpu"},
+              {"device", g.device},
+              {"capacity_bytes", u.capacity_bytes},
+              {"used_bytes", u.used_bytes},
+              {"blocks", u.blocks},
+              {"pinned_blocks", u.pinned},
+              {"hits", u.hits},
+              {"promotions", u.promotions},
+              {"demotions", u.demotions},
+              {"evictions", u.evictions},
+              {"health", std::string(TierHealthName(g.health))}};
+}
+
+json StatsJson(const DaemonStats& s) {
+  json stats{{"lookups", s.lookups.Get()},
+             {"lookup_hits", s.lookup_hits.Get()},
+             {"hit_rate", Ratio(s.lookup_hits.Get(), s.lookups.Get())},
+             {"probes", s.probes.Get()},
+             {"blocks_queried", s.blocks_queried.Get()},
+             {"blocks_hit", s.blocks_hit.Get()},
+             {"blocks_hit_host", s.blocks_hit.Get() - s.blocks_hit_nvme.Get()},
+             {"blocks_hit_nvme", s.blocks_hit_nvme.Get()},
+             {"blocks_missed", s.blocks_queried.Get() - s.blocks_hit.Get()},
+             {"block_hit_rate", Ratio(s.blocks_hit.Get(), s.blocks_queried.Get())},
+             {"tokens_queried", s.tokens_queried.Get()},
+             {"tokens_hit", s.tokens_hit.Get()},
+             {"reused_token_ratio", Ratio(s.tokens_hit.Get(), s.tokens_queried.Get())},
+             {"stores", s.stores.Get()},
+             {"blocks_stored", s.blocks_stored.Get()},
+             {"bytes_stored", s.bytes_stored.Get()},
+             {"blocks_already_present", s.blocks_already_present.Get()},
+             {"store_aborts", s.store_aborts.Get()},
+             {"store_refused_no_space", s.store_refused_no_space.Get()},
+             {"loads", s.loads.Get()},
+             {"blocks_loaded", s.blocks_loaded.Get()},
+             {"bytes_loaded", s.bytes_loaded.Get()},
+             {"load_failures", s.load_failures.Get()},
+             {"prefetches", s.prefetches.Get()},
+             {"blocks_recompute", s.blocks_recompute.Get()},
+             {"prefill_reports", s.prefill_reports.Get()},
+             {"prefill_reports_refused", s.prefill_reports_refused.Get()},
+             {"evictions", s.evictions.Get()},
+             {"invalidations", s.invalidations.Get()},
+             {"kv_registrations", s.kv_registrations.Get()},
+             {"kv_registrations_refused", s.kv_registrations_refused.Get()},
+             {"device_stores", s.device_stores.Get()},
+             {"device_blocks_stored", s.device_blocks_stored.Get()},
+             {"device_loads", s.device_loads.Get()},
+             {"device_blocks_loaded", s.device_blocks_loaded.Get()},
+             {"device_errors", s.device_errors.Get()},
+             {"reloads", s.reloads.Get()},
+             {"reloads_failed", s.reloads_failed.Get()},
+             {"store_refused_draining", s.store_refused_draining.Get()},
+             {"sessions_attached", s.sessions_attached.Get()},
+             {"sessions_detached", s.sessions_detached.Get()},
+             {"attach_refused", s.attach_refused.Get()},
+             {"sessions_closed_dead", s.sessions_closed_dead.Get()},
+             {"protocol_errors", s.protocol_errors.Get()},
+             {"log_lines_suppressed", s.log_lines_suppressed.Get()},
+             {"namespaces_freed", s.namespaces_freed.Get()},
+             {"cascades", s.cascades.Get()},
+             {"cascades_failed", s.cascades_failed.Get()},
+             {"lower_evictions", s.lower_evictions.Get()}};  // from tiers below the first
+  json refused = json::object();
+  for (size_t i = 0; i < s.refused.size(); ++i) refused[kRefusalNames[i]] = s.refused[i].Get();
+  stats["refused"] = refused;
+  return stats;
+}
+
+json LatencyJson(const DaemonStats& s) {
+  json ops = json::object();
+  for (size_t op = 1; op < s.op_latency.size(); ++op) ops[ipc::kOpcodes[op].name] = HistogramJson(s.op_latency[op].Get());
+  return json{{"ops", ops},
+              {"nvme_read", HistogramJson(s.nvme_read_latency.Get())},
+              {"nvme_write", HistogramJson(s.nvme_write_latency.Get())},
+              {"lower_read", HistogramJson(s.lower_read_latency.Get())}};
+}
+
+}  // namespace
+
+json HistogramJson(const Histogram::Snapshot& h) {
+  return {{"bounds_s", Histogram::kBounds}, {"counts", h.counts}, {"count", h.count}, {"sum_s", h.sum_s}};
+}
+
+json StatusJson(const StatusSnapshot& s) {
+  json sessions = json::array();
+  for (const StatusSnapshot::Session& x : s.sessions) sessions.push_back(SessionJson(x.id, x.info));
+  json tenants = json::array();
+  for (const StatusSnapshot::Tenant& t : s.tenants) tenants.push_back(TenantJson(t));
+  json tiers = json::array();
+  tiers.push_back(HostJson(s.host, s.stats));
+  for (const StatusSnapshot::Lower& l : s.lower) tiers.push_back(LowerJson(l, s.stats));
+  if (s.gpu) tiers.push_back(GpuJson(*s.gpu));
+  return json{{"ok", true},
+              {"version", s.version},
+              {"pid", s.pid},
+              {"uptime_s", s.uptime_s},
+              {"device", s.device},
+              {"hash", s.hash},
+              {"socket", s.socket},
+              {"namespaces", s.namespaces},
+              {"indexed_blocks", s.indexed_blocks},
+              {"sessions", sessions},
+              {"tenants", tenants},
+              {"tiers", tiers},
+              {"cost_model", CostTracker::ReportJson(s.cost_model)},
+              {"metrics", s.metrics_url ? json{{"enabled", true}, {"url", *s.metrics_url}, {"port", s.metrics_port}}
+                                        : json{{"enabled", false}}},
+              {"latency", LatencyJson(s.stats)},
+              {"stats", StatsJson(s.stats)}};
+}
+
+}  // namespace kvtier

@@ -1,0 +1,93 @@
+// kvtierd's status as one typed value, taken on the control loop
+// (Daemon::Snapshot) and written two ways: the status JSON that
+// `kvtierctl status --json` and the admin endpoint return (StatusJson), and
+// the Prometheus exposition text (PrometheusText, daemon/metrics.h). Both
+// writers read fields, never each other's output, so renaming a JSON key
+// cannot silently change a metric. Holds only counts, sizes and the names
+// of tiers, tenants, clients and policies: never block contents, keys,
+// prompts or salts.
+#ifndef KVTIER_DAEMON_STATUS_SNAPSHOT_H_
+#define KVTIER_DAEMON_STATUS_SNAPSHOT_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "daemon/block_cache.h"
+#include "daemon/cost_tracker.h"
+#include "daemon/gpu_cache.h"
+#include "daemon/session.h"
+#include "daemon/stats.h"
+#include "nlohmann/json.hpp"
+#include "tiers/block_tier.h"
+#include "tiers/nvme_tier.h"
+
+namespace kvtier {
+
+struct StatusSnapshot {
+  struct Session {
+    uint64_t id = 0;
+    SessionInfo info;
+  };
+  struct Tenant {
+    TenantUsage usage;
+    uint64_t sessions = 0;
+    uint64_t kv_caches = 0, kv_cache_bytes = 0;  // engine KV caches registered
+    std::optional<GpuCache::Usage> gpu;           // with a GPU tier
+  };
+  // The host tier, summed over tenants' arenas; its movement counters are
+  // in `stats`.
+  struct Host {
+    std::string policy;
+    uint64_t capacity_bytes = 0, used_bytes = 0, blocks = 0, pinned_blocks = 0, evictions = 0;
+    uint64_t stranded_bytes = 0;
+    double high_watermark = 0, low_watermark = 0;
+  };
+  // One block tier of the chain below host memory (chain_position 0 takes
+  // demotions; its hits and movement counters are in `stats`).
+  struct Lower {
+    std::string name;
+    size_t chain_position = 0;
+    std::string policy;
+    bool durable = false;
+    BlockTierStats io;
+    uint64_t blocks = 0;  // index records whose lower copy is here
+    TierHealth health = TierHealth::kHealthy;
+    std::optional<NvmeStats> nvme;  // what only the NVMe tier has: engine, journal, recovery
+  };
+  // The GPU tier, summed over tenants' arenas.
+  struct Gpu {
+    std::string device;
+    GpuCache::Usage usage;
+    TierHealth health = TierHealth::kHealthy;
+  };
+
+  std::string version;
+  pid_t pid = 0;
+  double uptime_s = 0;
+  std::string device, hash, socket;
+  uint64_t namespaces = 0, indexed_blocks = 0;
+  std::vector<Session> sessions;
+  std::vector<Tenant> tenants;
+  Host host;
+  std::vector<Lower> lower;
+  std::optional<Gpu> gpu;
+  CostTracker::Report cost_model;
+  std::optional<std::string> metrics_url;  // set when the metrics endpoint listens
+  uint16_t metrics_port = 0;
+  DaemonStats stats;  // a copy: the counters' values when the snapshot was taken
+};
+
+// The status JSON (docs/operations.md lists its fields).
+nlohmann::json StatusJson(const StatusSnapshot& s);
+
+// A histogram as the status JSON carries it: bounds, per-bucket counts,
+// count, sum.
+nlohmann::json HistogramJson(const Histogram::Snapshot& h);
+
+}  // namespace kvtier
+
+#endif  // KVTIER_DAEMON_STATUS_SNAPSHOT_H_
