@@ -54,12 +54,14 @@ BlockCache::~BlockCache() {
   }
 }
 
-absl::StatusOr<uint16_t> BlockCache::AddTenant(std::string name, std::unique_ptr<HostTier> host, TenantQuota quota) {
+absl::StatusOr<uint16_t> BlockCache::AddTenant(std::string name, std::unique_ptr<HostTier> host, TenantQuota quota,
+                                               std::unique_ptr<GpuCache> gpu) {
   if (tenants_.size() >= UINT16_MAX) return absl::ResourceExhaustedError("too many tenants");
   auto t = std::make_unique<TenantState>();
   t->hash = TenantHash(name);
   t->name = std::move(name);
   t->host = std::move(host);
+  t->gpu = std::move(gpu);
   t->quota_host_tokens = quota.host_tokens;
   t->quota_nvme_bytes = quota.nvme_bytes;
   t->quota_nvme_tokens = quota.nvme_tokens;
@@ -884,8 +886,7 @@ absl::StatusOr<uint32_t> BlockCache::StoreBegin(SessionHoldings& s, std::span<co
       BlockIndex::Shard& sh = index_.ShardFor(c);
       {
         MutexLock sl(&sh.mu);
-        index_.Erase(sh, c);
-        c->removed = true;
+        UnindexLocked(sh, c);
       }
       if (c->host_slot != kNoSlot) FreeHostSlotLocked(t, c->host_slot);
       index_.FreeRecord(c);
@@ -1012,8 +1013,7 @@ absl::Status BlockCache::StoreAbort(SessionHoldings& s, uint64_t ticket) {
       {
         BlockIndex::Shard& sh = index_.ShardFor(r);
         MutexLock sl(&sh.mu);
-        index_.Erase(sh, r);
-        r->removed = true;
+        UnindexLocked(sh, r);
       }
       DestroyRecord(t, r);
     }
@@ -1055,9 +1055,16 @@ absl::Status BlockCache::Release(SessionHoldings& s, uint64_t lease_id) {
   return absl::OkStatus();
 }
 
-uint32_t BlockCache::RemoveFromIndex(TenantState& t, BlockRecord* r, BlockIndex::Shard& sh) {
+void BlockCache::UnindexLocked(BlockIndex::Shard& sh, BlockRecord* r) {
+  // Once: a later record of the same key may be indexed (and on the GPU) by now.
+  if (r->removed) return;
   index_.Erase(sh, r);
   r->removed = true;
+  if (GpuCache* gpu = tenants_[r->tenant]->gpu.get()) gpu->Drop(r->ns, r->key);
+}
+
+uint32_t BlockCache::RemoveFromIndex(TenantState& t, BlockRecord* r, BlockIndex::Shard& sh) {
+  UnindexLocked(sh, r);
   // Removed blocks are never eviction candidates; keep the policies clean.
   if (r->state == BlockState::kReady) PolicyFor(t, t.host->SlotBytes(r->host_slot))->Remove(r->host_slot);
   stats_->invalidations.Add();

@@ -34,6 +34,7 @@
 #include "absl/status/statusor.h"
 #include "core/mutex.h"
 #include "daemon/block_index.h"
+#include "daemon/gpu_cache.h"
 #include "daemon/namespace_registry.h"
 #include "daemon/stats.h"
 #include "daemon/cost_tracker.h"
@@ -152,7 +153,13 @@ class BlockCache {
   BlockCache& operator=(const BlockCache&) = delete;
 
   // Setup, before sessions start (not thread-safe).
-  absl::StatusOr<uint16_t> AddTenant(std::string name, std::unique_ptr<HostTier> host, TenantQuota quota = {});
+  // `gpu`: the tenant's GPU tier, if it has one. It holds copies of blocks
+  // the store has (it includes the host tier and the chain), so the store
+  // drops a block's GPU copy whenever the block leaves the index (evicted
+  // with no lower copy, invalidated, a failed demotion, a damaged copy):
+  // a GPU copy never outlives its block.
+  absl::StatusOr<uint16_t> AddTenant(std::string name, std::unique_ptr<HostTier> host, TenantQuota quota = {},
+                                     std::unique_ptr<GpuCache> gpu = nullptr);
   // Appends a block tier to the chain below host memory (the first takes
   // demotions: NVMe in the daemon; each next one what the one above it
   // cascades down), with the blocks it recovered: each lands in its
@@ -222,6 +229,8 @@ class BlockCache {
   uint64_t RecordsOf(uint32_t handle) const;
 
   HostTier* host_tier(uint16_t tenant) const { return tenants_[tenant]->host.get(); }
+  // The tenant's GPU tier (nullptr without one). Thread-safe.
+  GpuCache* gpu_cache(uint16_t tenant) const { return tenants_[tenant]->gpu.get(); }
   // The first lower tier (nullptr without one), and the chain.
   BlockTier* lower_tier() const { return lanes_.empty() ? nullptr : lanes_[0]->tier.get(); }
   size_t lower_tier_count() const { return lanes_.size(); }
@@ -291,6 +300,7 @@ class BlockCache {
     std::string name;
     uint64_t hash = 0;
     std::unique_ptr<HostTier> host;
+    std::unique_ptr<GpuCache> gpu;  // or nullptr; see AddTenant
     // The tenant's tier lock: allocation, eviction and policy updates.
     Mutex mu;
     // The configured policy per slot size, behind a ChainGuard (leaves before parents).
@@ -398,6 +408,10 @@ class BlockCache {
   void DestroyDetached(BlockRecord* r);
   uint32_t RemoveFromIndex(TenantState& t, BlockRecord* r, BlockIndex::Shard& sh)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu, sh.mu);
+  // Every record leaves the index here: erased (once), marked removed, and
+  // its GPU copy dropped (GpuCache's lock is a leaf: docs/architecture.md,
+  // "Lock order").
+  void UnindexLocked(BlockIndex::Shard& sh, BlockRecord* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(sh.mu);
   std::vector<BlockRecord*> FindAll(uint32_t ns, std::span<const BlockKey> keys);
 
   // --- movement between tiers (block_movement.cc)

@@ -163,8 +163,7 @@ BlockCache::EvictResult BlockCache::EvictHostCopyLocked(TenantState& t, BlockRec
     r->state = BlockState::kNone;
     r->host_slot = kNoSlot;
     --r->io_refs;
-    index_.Erase(sh, r);
-    r->removed = true;
+    UnindexLocked(sh, r);
     destroy = r->pins == 0 && r->io_refs == 0;
   }
   stats_->evictions_dropped.Add();
@@ -315,8 +314,7 @@ absl::StatusOr<SlotHandle> BlockCache::AllocateLowerSlotLocked(Lane& lane, const
       r->lower_state = LowerState::kNone;
       if (r->state == BlockState::kNone) {
         // Its only copy: the block leaves the cache.
-        if (!r->removed) index_.Erase(sh, r);
-        r->removed = true;
+        UnindexLocked(sh, r);
         destroy = true;
       }
     }
@@ -358,8 +356,7 @@ void BlockCache::RecordNvmeWriteLocked(Lane& lane, BlockRecord* r, const absl::S
       r->lower_slot = kNoSlot;
       if (r->state == BlockState::kNone && !r->removed) {
         // The demotion failed and the host copy is gone: the block is gone.
-        index_.Erase(sh, r);
-        r->removed = true;
+        UnindexLocked(sh, r);
       }
     }
   }
@@ -450,8 +447,7 @@ void BlockCache::DropLowerCopy(BlockRecord* r, uint8_t lane_index, SlotHandle sl
     r->lower_slot = kNoSlot;
     r->lower_state = LowerState::kNone;
     if (r->state != BlockState::kReady && !r->removed) {
-      index_.Erase(sh, r);
-      r->removed = true;
+      UnindexLocked(sh, r);
     }
   }
   lane.policy->Remove(slot);

@@ -142,6 +142,7 @@ absl::Status Daemon::Open() {
                    "register KV caches; raise LimitMEMLOCK (ulimit -l)\"",
                    t.name, LogQuoted(r.message()));
     }
+    std::unique_ptr<GpuCache> gpu_cache;
     if (config_.gpu_capacity > 0) {
       if (!arena_registered_.contains(t.name)) {
         return absl::FailedPreconditionError(absl::StrCat(
@@ -154,12 +155,14 @@ absl::Status Daemon::Open() {
                             absl::StrCat("tiers.gpu.capacity = ", FormatBytes(config_.gpu_capacity), " for tenant \"",
                                          t.name, "\" on the ", device_->name(), " device: ", gpu.status().message()));
       }
-      gpu_[t.name] = std::make_unique<GpuCache>(std::move(*gpu));
+      gpu_cache = std::make_unique<GpuCache>(std::move(*gpu));
+      gpu_[t.name] = gpu_cache.get();
       spdlog::info("event=gpu_tier tenant={} capacity=\"{}\" device={}", t.name, FormatBytes(config_.gpu_capacity),
                    device_->name());
     }
     ASSIGN_OR_RETURN(uint16_t idx,
-                     cache_->AddTenant(t.name, std::move(*host), {t.host_tokens, t.nvme_bytes, t.nvme_tokens}));
+                     cache_->AddTenant(t.name, std::move(*host), {t.host_tokens, t.nvme_bytes, t.nvme_tokens},
+                                       std::move(gpu_cache)));
     tenant_index_[t.name] = idx;
     kv_budgets_[t.name] = std::make_unique<KvCacheBudget>(config_.limit_kv_caches_per_tenant,
                                                           config_.limit_kv_cache_bytes_per_tenant, &stats_);
@@ -481,7 +484,7 @@ void Daemon::OpenSession(UniqueFd fd, const ipc::PeerCredentials& peer, const ip
         (void)!write(wake_fd_.get(), &one, sizeof(one));
       },
       device_.get(), arena_registered_.contains(tenant) ? host->arena_base() : nullptr,
-      gpu_.contains(tenant) ? gpu_.at(tenant).get() : nullptr, kv_budgets_.at(tenant).get());
+      gpu_.contains(tenant) ? gpu_.at(tenant) : nullptr, kv_budgets_.at(tenant).get());
   Watch(sock, FdKind::kSessionSocket, id, EPOLLIN | EPOLLRDHUP);
   if (pidfd.valid()) Watch(pidfd.get(), FdKind::kSessionPid, id, EPOLLIN);
   session->Start();

@@ -151,7 +151,8 @@ class Daemon {
   std::unique_ptr<DeviceBackend> device_;
   std::string device_reason_;
   absl::flat_hash_set<std::string> arena_registered_;  // tenants whose host arena the device can reach
-  absl::flat_hash_map<std::string, std::unique_ptr<GpuCache>> gpu_;  // tenants with a GPU tier
+  // Tenants with a GPU tier; the store owns each (BlockCache::AddTenant).
+  absl::flat_hash_map<std::string, GpuCache*> gpu_;
   std::unique_ptr<BlockCache> cache_;
   // Per tenant: its registered KV caches, across sessions. Declared before
   // sessions_, so it outlives them.

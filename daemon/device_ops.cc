@@ -229,11 +229,6 @@ void DeviceOps::ReleaseLease(uint64_t lease) {
   gpu_pins_.erase(it);
 }
 
-void DeviceOps::Drop(std::span<const BlockKey> keys) {
-  if (ctx_.gpu == nullptr) return;
-  for (const BlockKey& k : keys) ctx_.gpu->Drop(ctx_.ns.handle, k);
-}
-
 void DeviceOps::DropNamespace() {
   if (ctx_.gpu != nullptr) ctx_.gpu->DropNamespace(ctx_.ns.handle);
 }

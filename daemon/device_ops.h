@@ -69,7 +69,6 @@ class DeviceOps {
   void MarkGpuCopies(std::span<const BlockKey> keys, uint32_t hit, uint64_t lease, std::span<BlockLocation> locs,
                      std::span<uint64_t> gpu_offsets);
   void ReleaseLease(uint64_t lease);
-  void Drop(std::span<const BlockKey> keys);
   void DropNamespace();
   // Session end: every pin released, the engine's memory let go of now (a
   // dead engine's device memory must not be touched again).

@@ -541,8 +541,7 @@ Session::Outcome Session::OnRelease(Request& r) {
 
 Session::Outcome Session::OnInvalidate(Request& r) {
   absl::StatusOr<uint32_t> n = cache_->Invalidate(holdings_, r.keys);
-  if (!n.ok()) return FromStatus(n.status());
-  device_.Drop(r.keys);
+  if (!n.ok()) return FromStatus(n.status());  // the store dropped their GPU copies
   return Outcome{.value = *n};
 }
 

@@ -1,6 +1,7 @@
 #include "daemon/block_cache.h"
 
 #include <chrono>
+#include <cstring>
 #include <set>
 #include <vector>
 #include <thread>
@@ -82,6 +83,60 @@ class BlockCacheTest : public ::testing::Test {
   DaemonStats stats_;
   std::unique_ptr<BlockCache> cache_;
 };
+
+// The GPU tier holds copies of blocks the store has: whenever a block leaves
+// the index (invalidated, evicted with no lower copy, its store aborted),
+// the store drops its GPU copy, so a later store of the key cannot find a
+// stale copy there (GpuCache::Reserve refuses a key that has one).
+TEST_F(BlockCacheTest, AGpuCopyLeavesWithItsBlock) {
+  std::unique_ptr<DeviceBackend> dev = MakeSimDevice();
+  auto gpu_tier = GpuTier::Create(dev.get(), {16 * 4096});
+  ASSERT_TRUE(gpu_tier.ok());
+  cache_ = std::move(BlockCache::Create({.policy = "lru"}, &stats_)).value();
+  ASSERT_TRUE(cache_
+                  ->AddTenant("t", std::move(*HostTier::Create({"t", 4 * 4096, false})), {},
+                              std::make_unique<GpuCache>(std::move(*gpu_tier)))
+                  .ok());
+  GpuCache* gpu = cache_->gpu_cache(0);
+  ASSERT_NE(gpu, nullptr);
+  auto put_on_gpu = [&](uint64_t i) {
+    auto pin = gpu->Reserve(0, KeyOf(i), 4096);
+    ASSERT_TRUE(pin.has_value()) << i;
+    std::memset(pin->data, static_cast<int>(i), 4096);
+    gpu->Publish(0, KeyOf(i));
+    gpu->Release(0, KeyOf(i));
+  };
+  auto s = Session();
+  ASSERT_TRUE(Store(*s, Keys(0, 4)).ok());
+  for (uint64_t i = 0; i < 4; ++i) put_on_gpu(i);
+
+  // Invalidated: its GPU copy goes, the others stay.
+  const std::vector<BlockKey> one = {KeyOf(1)};
+  ASSERT_EQ(cache_->Invalidate(*s, one).value(), 1u);
+  EXPECT_FALSE(gpu->Contains(0, KeyOf(1)));
+  EXPECT_TRUE(gpu->Contains(0, KeyOf(0)));
+
+  // Evicted with nowhere below to go: dropped from the store and the GPU.
+  ASSERT_TRUE(Store(*s, Keys(4, 4)).ok());
+  EXPECT_EQ(Hit(*s, Keys(0, 1)), 0u);
+  for (uint64_t i : {0, 2, 3}) EXPECT_FALSE(gpu->Contains(0, KeyOf(i))) << i;
+
+  // A store aborted after its blocks were copied to the GPU (a device
+  // store's order): the copy goes with the aborted blocks.
+  std::vector<BlockLocation> out(1);
+  uint64_t ticket = 0;
+  ASSERT_TRUE(cache_->StoreBegin(*s, Keys(10, 1), &ticket, std::span(out)).ok());
+  put_on_gpu(10);
+  ASSERT_TRUE(cache_->StoreAbort(*s, ticket).ok());
+  EXPECT_FALSE(gpu->Contains(0, KeyOf(10)));
+  EXPECT_TRUE(gpu->Reserve(0, KeyOf(10), 4096).has_value()) << "a new store of the key gets a fresh GPU slot";
+  gpu->Release(0, KeyOf(10));
+  // Blocks still in the store keep their copies.
+  put_on_gpu(5);
+  EXPECT_TRUE(gpu->Contains(0, KeyOf(5)));
+  EXPECT_EQ(Hit(*s, Keys(5, 1)), 1u);
+  cache_.reset();  // before the device its GPU tier lives on
+}
 
 // Records come from per-shard pools: 64 bytes each, reused after a free,
 // and (under AddressSanitizer) unreadable between the free and the reuse.
