@@ -1063,6 +1063,17 @@ void BlockCache::UnindexLocked(BlockIndex::Shard& sh, BlockRecord* r) {
   if (GpuCache* gpu = tenants_[r->tenant]->gpu.get()) gpu->Drop(r->ns, r->key);
 }
 
+bool BlockCache::PublishGpuCopy(uint16_t tenant, uint32_t ns, const BlockKey& key) {
+  GpuCache* gpu = tenants_[tenant]->gpu.get();
+  if (gpu == nullptr) return false;
+  BlockIndex::Shard& sh = index_.ShardFor(ns, key);
+  MutexLock l(&sh.mu);
+  const BlockRecord* r = BlockIndex::Find(sh, ns, key);
+  if (r == nullptr || r->tenant != tenant) return false;
+  gpu->Publish(ns, key);
+  return true;
+}
+
 uint32_t BlockCache::RemoveFromIndex(TenantState& t, BlockRecord* r, BlockIndex::Shard& sh) {
   UnindexLocked(sh, r);
   // Removed blocks are never eviction candidates; keep the policies clean.

@@ -231,6 +231,12 @@ class BlockCache {
   HostTier* host_tier(uint16_t tenant) const { return tenants_[tenant]->host.get(); }
   // The tenant's GPU tier (nullptr without one). Thread-safe.
   GpuCache* gpu_cache(uint16_t tenant) const { return tenants_[tenant]->gpu.get(); }
+  // Thread-safe. Publishes the tenant's reserved GPU copy of a block only
+  // while the block is in the index, under its shard lock: a block leaving
+  // the index meanwhile either drops the published copy or leaves it
+  // unpublished (false; GpuCache::Release then frees it). So a load under a
+  // lease whose blocks were invalidated meanwhile cannot leave a copy behind.
+  bool PublishGpuCopy(uint16_t tenant, uint32_t ns, const BlockKey& key);
   // The first lower tier (nullptr without one), and the chain.
   BlockTier* lower_tier() const { return lanes_.empty() ? nullptr : lanes_[0]->tier.get(); }
   size_t lower_tier_count() const { return lanes_.size(); }

@@ -156,13 +156,13 @@ absl::Status Daemon::Open() {
                                          t.name, "\" on the ", device_->name(), " device: ", gpu.status().message()));
       }
       gpu_cache = std::make_unique<GpuCache>(std::move(*gpu));
-      gpu_[t.name] = gpu_cache.get();
       spdlog::info("event=gpu_tier tenant={} capacity=\"{}\" device={}", t.name, FormatBytes(config_.gpu_capacity),
                    device_->name());
     }
     ASSIGN_OR_RETURN(uint16_t idx,
                      cache_->AddTenant(t.name, std::move(*host), {t.host_tokens, t.nvme_bytes, t.nvme_tokens},
                                        std::move(gpu_cache)));
+    if (GpuCache* g = cache_->gpu_cache(idx)) gpu_[t.name] = g;
     tenant_index_[t.name] = idx;
     kv_budgets_[t.name] = std::make_unique<KvCacheBudget>(config_.limit_kv_caches_per_tenant,
                                                           config_.limit_kv_cache_bytes_per_tenant, &stats_);

@@ -37,6 +37,7 @@ class DeviceOps {
     NamespaceInfo ns;
     std::byte* arena_base = nullptr;  // the tenant's host arena in the daemon
     GpuCache* gpu = nullptr;          // the tenant's GPU tier, or null
+    BlockCache* cache = nullptr;      // publishes GPU copies (with gpu)
     DaemonStats* stats = nullptr;
     std::function<bool()> log_ok;     // whether this tenant may log a line now
   };

@@ -36,8 +36,14 @@ Session::Session(SessionIdentity identity, NamespaceInfo ns, std::string tenant,
     : identity_(std::move(identity)), ns_(ns), tenant_(std::move(tenant)),
       segment_(std::move(segment)), socket_(std::move(socket)), cache_(cache), stats_(stats),
       opts_(opts), on_exit_(std::move(on_exit)),
-      device_(DeviceOps::Context{identity_.id, identity_.peer.pid, ns, arena_base, gpu, stats,
-                                 [this] { return LogOk(); }},
+      device_(DeviceOps::Context{.session_id = identity_.id,
+                                 .pid = identity_.peer.pid,
+                                 .ns = ns,
+                                 .arena_base = arena_base,
+                                 .gpu = gpu,
+                                 .cache = cache,
+                                 .stats = stats,
+                                 .log_ok = [this] { return LogOk(); }},
               device, kv_budget) {
   holdings_.ns = ns_;
 }

@@ -81,6 +81,7 @@ class BlockCacheTest : public ::testing::Test {
   }
 
   DaemonStats stats_;
+  std::unique_ptr<DeviceBackend> dev_;  // for a GPU tier; outlives cache_
   std::unique_ptr<BlockCache> cache_;
 };
 
@@ -89,8 +90,8 @@ class BlockCacheTest : public ::testing::Test {
 // the store drops its GPU copy, so a later store of the key cannot find a
 // stale copy there (GpuCache::Reserve refuses a key that has one).
 TEST_F(BlockCacheTest, AGpuCopyLeavesWithItsBlock) {
-  std::unique_ptr<DeviceBackend> dev = MakeSimDevice();
-  auto gpu_tier = GpuTier::Create(dev.get(), {16 * 4096});
+  dev_ = MakeSimDevice();
+  auto gpu_tier = GpuTier::Create(dev_.get(), {16 * 4096});
   ASSERT_TRUE(gpu_tier.ok());
   cache_ = std::move(BlockCache::Create({.policy = "lru"}, &stats_)).value();
   ASSERT_TRUE(cache_
@@ -135,7 +136,23 @@ TEST_F(BlockCacheTest, AGpuCopyLeavesWithItsBlock) {
   put_on_gpu(5);
   EXPECT_TRUE(gpu->Contains(0, KeyOf(5)));
   EXPECT_EQ(Hit(*s, Keys(5, 1)), 1u);
-  cache_.reset();  // before the device its GPU tier lives on
+
+  // A copy reserved for a block (a load's promotion to the GPU) whose block
+  // is invalidated before the copy is published: not published, freed.
+  ASSERT_TRUE(gpu->Reserve(0, KeyOf(6), 4096).has_value());
+  const std::vector<BlockKey> six = {KeyOf(6)};
+  ASSERT_EQ(cache_->Invalidate(*s, six).value(), 1u);
+  EXPECT_FALSE(cache_->PublishGpuCopy(0, 0, KeyOf(6)));
+  gpu->Release(0, KeyOf(6));
+  EXPECT_FALSE(gpu->Contains(0, KeyOf(6)));
+  EXPECT_TRUE(gpu->Reserve(0, KeyOf(6), 4096).has_value()) << "the unpublished copy was freed";
+  gpu->Release(0, KeyOf(6));
+  // ... and one for a block still there is published.
+  ASSERT_TRUE(Store(*s, Keys(20, 1)).ok());
+  ASSERT_TRUE(gpu->Reserve(0, KeyOf(20), 4096).has_value());
+  EXPECT_TRUE(cache_->PublishGpuCopy(0, 0, KeyOf(20)));
+  gpu->Release(0, KeyOf(20));
+  EXPECT_TRUE(gpu->Contains(0, KeyOf(20)));
 }
 
 // Records come from per-shard pools: 64 bytes each, reused after a free,
