@@ -231,25 +231,12 @@ bool BlockCache::FullerThanLocked(const TenantState& t, double share, uint64_t f
 
 void BlockCache::StartBackgroundReclaim() {
   StartCascade();
-  if (high_watermark_.load(std::memory_order_relaxed) >= 1.0 || reclaim_thread_.joinable()) return;
-  {
-    MutexLock l(&reclaim_mu_);
-    reclaim_stop_ = false;
-  }
-  reclaim_thread_ = std::thread([this] { ReclaimLoop(); });
-  reclaim_running_.store(true, std::memory_order_relaxed);
+  if (high_watermark_.load(std::memory_order_relaxed) >= 1.0) return;
+  // The poll is a backstop: stores wake the reclaimer when they cross the mark.
+  reclaimer_.Start(std::chrono::milliseconds(100), [this] { ReclaimPass(); });
 }
 
-void BlockCache::StopBackgroundReclaim() {
-  if (!reclaim_thread_.joinable()) return;
-  reclaim_running_.store(false, std::memory_order_relaxed);
-  {
-    MutexLock l(&reclaim_mu_);
-    reclaim_stop_ = true;
-  }
-  reclaim_cv_.notify_all();
-  reclaim_thread_.join();
-}
+void BlockCache::StopBackgroundReclaim() { reclaimer_.Stop(); }
 
 namespace {
 std::chrono::nanoseconds Left(std::chrono::steady_clock::time_point deadline) {
@@ -428,64 +415,50 @@ absl::Status BlockCache::SetWatermarks(double high, double low) {
     low_watermark_.store(low);
   }
   StartBackgroundReclaim();  // when it was off
-  {
-    MutexLock l(&reclaim_mu_);
-    reclaim_wanted_ = true;  // look again with the new marks
-  }
-  reclaim_cv_.notify_one();
+  reclaimer_.Wake();         // look again with the new marks
   return absl::OkStatus();
 }
 
-void BlockCache::ReclaimLoop() {
-  for (;;) {
-    {
-      MutexLock l(&reclaim_mu_);
-      // The poll is a backstop: stores wake the thread when they cross the mark.
-      reclaim_mu_.AwaitFor(reclaim_cv_, std::chrono::milliseconds(100),
-                           [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return reclaim_wanted_ || reclaim_stop_; });
-      if (reclaim_stop_) return;
-      reclaim_wanted_ = false;
-    }
-    for (const auto& tp : tenants_) {
-      TenantState& t = *tp;
-      // Above the high mark, down to the low mark (between them, nothing:
-      // the gap is what stores use without evicting). In batches of 16
-      // victims, chosen under the tier lock; their demotions copy into NVMe
-      // staging after it is released (a copy, and sometimes a wait on the
-      // NVMe tier's own locks, under it made stores' p99 latency three times
-      // worse: kvtier-bench reclaim, 11 ms against 3.6 ms without reclaim).
-      bool started = false;
-      std::vector<PendingDemotion> pending;
-      for (;;) {
-        bool more = false;
-        {
-          MutexLock l(&t.mu);
-          if (!started) {
-            if (!FullerThanLocked(t, high_watermark_.load(std::memory_order_relaxed))) break;
-            started = true;
-          }
-          // Slots of deferred demotions still count as used: aim past them.
-          // (Kept and dropped blocks free theirs at once.)
-          uint64_t freeing_bytes = 0, freeing_tokens = 0;
-          for (int evicted = 0; FullerThanLocked(t, low_watermark_.load(std::memory_order_relaxed), freeing_bytes, freeing_tokens); ++evicted) {
-            if (evicted == 16) {
-              more = true;
-              break;
-            }
-            const size_t before = pending.size();
-            if (!EvictColdestLocked(t, &pending)) break;  // everything left is pinned or moving
-            for (size_t i = before; i < pending.size(); ++i) {
-              freeing_bytes += t.host->SlotBytes(pending[i].host_slot);
-              freeing_tokens += t.slot_tokens[pending[i].host_slot];
-            }
-            t.deferred_in_flight += static_cast<uint32_t>(pending.size() - before);
-            stats_->evictions_background.Add();
-          }
+void BlockCache::ReclaimPass() {
+  for (const auto& tp : tenants_) {
+    TenantState& t = *tp;
+    // Above the high mark, down to the low mark (between them, nothing:
+    // the gap is what stores use without evicting). In batches of 16
+    // victims, chosen under the tier lock; their demotions copy into NVMe
+    // staging after it is released (a copy, and sometimes a wait on the
+    // NVMe tier's own locks, under it made stores' p99 latency three times
+    // worse: kvtier-bench reclaim, 11 ms against 3.6 ms without reclaim).
+    bool started = false;
+    std::vector<PendingDemotion> pending;
+    for (;;) {
+      bool more = false;
+      {
+        MutexLock l(&t.mu);
+        if (!started) {
+          if (!FullerThanLocked(t, high_watermark_.load(std::memory_order_relaxed))) break;
+          started = true;
         }
-        for (const PendingDemotion& d : pending) FinishDemotion(t, d);
-        pending.clear();
-        if (!more) break;
+        // Slots of deferred demotions still count as used: aim past them.
+        // (Kept and dropped blocks free theirs at once.)
+        uint64_t freeing_bytes = 0, freeing_tokens = 0;
+        for (int evicted = 0; FullerThanLocked(t, low_watermark_.load(std::memory_order_relaxed), freeing_bytes, freeing_tokens); ++evicted) {
+          if (evicted == 16) {
+            more = true;
+            break;
+          }
+          const size_t before = pending.size();
+          if (!EvictColdestLocked(t, &pending)) break;  // everything left is pinned or moving
+          for (size_t i = before; i < pending.size(); ++i) {
+            freeing_bytes += t.host->SlotBytes(pending[i].host_slot);
+            freeing_tokens += t.slot_tokens[pending[i].host_slot];
+          }
+          t.deferred_in_flight += static_cast<uint32_t>(pending.size() - before);
+          stats_->evictions_background.Add();
+        }
       }
+      for (const PendingDemotion& d : pending) FinishDemotion(t, d);
+      pending.clear();
+      if (!more) break;
     }
   }
 }
@@ -507,13 +480,8 @@ absl::StatusOr<SlotHandle> BlockCache::AllocateSlotLocked(TenantState& t, uint64
       t.slot_tokens[*slot] = tokens;
       t.slot_tick[*slot] = ++t.clock;
       t.host_tokens += tokens;
-      if (reclaim_running_.load(std::memory_order_relaxed) &&
-          FullerThanLocked(t, high_watermark_.load(std::memory_order_relaxed))) {
-        {
-          MutexLock l(&reclaim_mu_);
-          reclaim_wanted_ = true;
-        }
-        reclaim_cv_.notify_one();
+      if (reclaimer_.running() && FullerThanLocked(t, high_watermark_.load(std::memory_order_relaxed))) {
+        reclaimer_.Wake();
       }
       return slot;
     }

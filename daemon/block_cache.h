@@ -33,6 +33,7 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
 #include "core/mutex.h"
+#include "core/background_loop.h"
 #include "daemon/block_index.h"
 #include "daemon/gpu_cache.h"
 #include "daemon/namespace_registry.h"
@@ -402,7 +403,8 @@ class BlockCache {
   bool FullerThanLocked(const TenantState& t, double share, uint64_t freeing_bytes = 0,
                         uint64_t freeing_tokens = 0) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
-  void ReclaimLoop();
+  // One pass of the reclaimer: every tenant above the high mark, down to the low.
+  void ReclaimPass();
   ChainGuard* PolicyFor(TenantState& t, uint64_t slot_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
   void FreeHostSlotLocked(TenantState& t, SlotHandle slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
   void Unpin(SessionHoldings& s, const std::vector<BlockRecord*>& blocks);
@@ -476,8 +478,7 @@ class BlockCache {
   const Options opts_;
   // opts_'s watermarks, as a reload may change them.
   std::atomic<double> high_watermark_, low_watermark_;
-  std::atomic<bool> reclaim_running_{false};
-  std::atomic<bool> draining_{false};  // read by stores; reclaim_thread_ is the main thread's
+  std::atomic<bool> draining_{false};  // read by stores
   const bool adaptive_;  // opts_.policy is "adaptive": leased lookups feed its shadows
   DaemonStats* const stats_;
   CostTracker cost_;
@@ -500,23 +501,15 @@ class BlockCache {
   // Under the lane's lock, after a copy landed in it: wakes the cascade
   // when the lane has one below it.
   void MaybeWakeCascade(const Lane& lane);
-  void CascadeLoop();
+  // One pass: every lane above cascade_high moved down to cascade_low;
+  // draining[i]: lane i is between its marks (kept across passes).
+  void CascadePass(std::vector<bool>& draining);
   // Moves up to `max` of lane i's coldest blocks into lane i + 1; returns how many moved.
   uint32_t CascadeBatch(size_t i, uint32_t max);
-  Mutex cascade_mu_;
-  std::condition_variable_any cascade_cv_;
-  bool cascade_wanted_ ABSL_GUARDED_BY(cascade_mu_) = false;
-  bool cascade_stop_ ABSL_GUARDED_BY(cascade_mu_) = false;
-  std::thread cascade_thread_;
-  std::atomic<bool> cascade_running_{false};
   std::atomic<bool> cascade_busy_{false};  // a lane between its marks, or a batch moving
-
-  // Background reclaim.
-  Mutex reclaim_mu_;
-  std::condition_variable_any reclaim_cv_;
-  bool reclaim_wanted_ ABSL_GUARDED_BY(reclaim_mu_) = false;
-  bool reclaim_stop_ ABSL_GUARDED_BY(reclaim_mu_) = false;
-  std::thread reclaim_thread_;
+  // The destructor stops both before anything their passes touch goes.
+  BackgroundLoop cascade_;
+  BackgroundLoop reclaimer_;
 
   mutable Mutex ns_mu_;
   std::vector<NamespaceInfo> ns_info_ ABSL_GUARDED_BY(ns_mu_);  // by handle

@@ -56,66 +56,39 @@ bool FullerThan(const BlockTier& tier, double share) {
 }  // namespace
 
 void BlockCache::StartCascade() {
-  if (lanes_.size() < 2 || cascade_thread_.joinable()) return;
-  {
-    MutexLock l(&cascade_mu_);
-    cascade_stop_ = false;
-  }
-  cascade_thread_ = std::thread([this] { CascadeLoop(); });
-  cascade_running_.store(true, std::memory_order_release);
+  if (lanes_.size() < 2) return;
+  // Lanes are attached before the thread starts and never after.
+  cascade_.Start(std::chrono::milliseconds(50),
+                 [this, draining = std::vector<bool>(lanes_.size(), false)]() mutable { CascadePass(draining); });
 }
 
-void BlockCache::StopCascade() {
-  if (!cascade_thread_.joinable()) return;
-  cascade_running_.store(false, std::memory_order_release);
-  {
-    MutexLock l(&cascade_mu_);
-    cascade_stop_ = true;
-  }
-  cascade_cv_.notify_all();
-  cascade_thread_.join();
-}
+void BlockCache::StopCascade() { cascade_.Stop(); }
 
 void BlockCache::MaybeWakeCascade(const Lane& lane) {
-  if (!cascade_running_.load(std::memory_order_acquire) || lane.index + 1u >= lanes_.size()) return;
+  if (!cascade_.running() || lane.index + 1u >= lanes_.size()) return;
   if (!FullerThan(*lane.tier, opts_.cascade_high)) return;
-  {
-    MutexLock l(&cascade_mu_);
-    cascade_wanted_ = true;
-  }
-  cascade_cv_.notify_one();
+  cascade_.Wake();
 }
 
-void BlockCache::CascadeLoop() {
+void BlockCache::CascadePass(std::vector<bool>& draining) {
   constexpr uint32_t kBatch = 16;
-  // Lanes are attached before the thread starts and never after.
-  std::vector<bool> draining(lanes_.size(), false);  // between the high and the low mark
-  for (;;) {
-    {
-      MutexLock l(&cascade_mu_);
-      cascade_mu_.AwaitFor(cascade_cv_, std::chrono::milliseconds(50),
-                           [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return cascade_wanted_ || cascade_stop_; });
-      if (cascade_stop_) return;
-      cascade_wanted_ = false;
-    }
-    bool any_draining = false;
-    for (size_t i = 0; i + 1 < lanes_.size(); ++i) {
-      const BlockTier& tier = *lanes_[i]->tier;
-      if (!draining[i]) draining[i] = FullerThan(tier, opts_.cascade_high);
-      if (draining[i]) cascade_busy_.store(true);
-      while (draining[i] && cascade_running_.load(std::memory_order_acquire)) {
-        if (!FullerThan(tier, opts_.cascade_low)) {
-          draining[i] = false;
-          break;
-        }
-        // Nothing movable now (all pinned, busy, or no room below): look
-        // again on the next wake.
-        if (CascadeBatch(i, kBatch) == 0) break;
+  bool any_draining = false;
+  for (size_t i = 0; i + 1 < lanes_.size(); ++i) {
+    const BlockTier& tier = *lanes_[i]->tier;
+    if (!draining[i]) draining[i] = FullerThan(tier, opts_.cascade_high);
+    if (draining[i]) cascade_busy_.store(true);
+    while (draining[i] && cascade_.running()) {
+      if (!FullerThan(tier, opts_.cascade_low)) {
+        draining[i] = false;
+        break;
       }
-      any_draining = any_draining || draining[i];
+      // Nothing movable now (all pinned, busy, or no room below): look
+      // again on the next wake.
+      if (CascadeBatch(i, kBatch) == 0) break;
     }
-    cascade_busy_.store(any_draining);
+    any_draining = any_draining || draining[i];
   }
+  cascade_busy_.store(any_draining);
 }
 
 uint32_t BlockCache::CascadeBatch(size_t i, uint32_t max) {
