@@ -624,8 +624,9 @@ absl::StatusOr<uint32_t> BlockCache::Lookup(SessionHoldings& s, std::span<const 
       BlockRecord* r = BlockIndex::Find(sh, s.ns.handle, keys[i]);
       if (r == nullptr || !r->visible()) break;
       const bool in_host = r->state == BlockState::kReady;
-      if (!in_host && cost_.RecomputeBeatsNvme(i * s.ns.block_tokens, s.ns.block_tokens, s.ns.block_bytes,
-                                                  s.ns.tp_size)) {
+      // A copy below host memory is priced at the speed of the tier it is in.
+      if (!in_host && cost_.RecomputeBeats(uint8_t{r->lower}, i * s.ns.block_tokens, s.ns.block_tokens,
+                                           s.ns.block_bytes, s.ns.tp_size)) {
         cut_for_cost = true;
         break;
       }

@@ -659,12 +659,12 @@ absl::StatusOr<uint64_t> BlockCache::AttachLowerTier(std::unique_ptr<BlockTier> 
   Lane& lane = *lane_ptr;
   lane.index = static_cast<uint8_t>(lanes_.size());
   lane.tier = std::move(lower);
-  if (lane.index == 0) {
-    // The cost model prices loads from the first tier: the device's own
-    // time for each read, not the queue wait before it.
-    lane.tier->SetReadObserver(
-        [this](uint64_t bytes, const IoTiming& t) { cost_.RecordNvmeRead(bytes, t.share_s()); });
-  }
+  // The cost model prices loads from each tier at that tier's speed: the
+  // device's own time for each of its reads, not the queue wait before it.
+  static_assert(kMaxLowerTiers <= CostTracker::kMaxTiers);
+  lane.tier->SetReadObserver([this, i = size_t{lane.index}](uint64_t bytes, const IoTiming& t) {
+    cost_.RecordRead(i, bytes, t.share_s());
+  });
   lane.fair_share_bytes = lane.tier->Usage().capacity_bytes / std::max<size_t>(1, tenants_.size());
   {
     MutexLock nl(&lane.mu);

@@ -7,9 +7,11 @@
 #ifndef KVTIER_DAEMON_COST_TRACKER_H_
 #define KVTIER_DAEMON_COST_TRACKER_H_
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "core/mutex.h"
@@ -35,9 +37,17 @@ class CostTracker {
   // (nothing recorded) for 0 tokens, a duration that is not in (0, 1 h], or
   // more than 16M tokens.
   absl::Status ReportPrefill(uint64_t cached_tokens, uint64_t computed_tokens, double seconds);
-  // One NVMe read of `bytes` that took the device `seconds` (its share of
-  // the device's time, without the queue wait in front of it: IoTiming).
-  void RecordNvmeRead(uint64_t bytes, double seconds);
+  // Lower tiers by chain position: 0 is NVMe (the first), each next one
+  // what the cascade moves below it. Each has its own speed: a fit of its
+  // own reads, or its prior until kMinReads are measured.
+  static constexpr size_t kMaxTiers = 8;
+  // Setup: the prior of tier `tier` (nvme_prior until set).
+  void SetTierPrior(size_t tier, TierSpeed prior);
+  // One read of `bytes` from tier `tier` that took the device `seconds`
+  // (its share of the device's time, without the queue wait in front of
+  // it: IoTiming). Out-of-range tiers are ignored.
+  void RecordRead(size_t tier, uint64_t bytes, double seconds);
+  void RecordNvmeRead(uint64_t bytes, double seconds) { RecordRead(0, bytes, seconds); }
   // Main thread. True when the NVMe estimate needs fresh reads: decisions
   // went against NVMe (blocks dropped or reported "recompute" by cost) since
   // the last time this said so, and no read was measured in the last
@@ -46,7 +56,8 @@ class CostTracker {
   // calibration reads (NvmeTier::CalibrationRead).
   bool WantsNvmeCalibration(uint64_t now_ns, uint64_t quiet_ns = 2'000'000'000);
 
-  TierSpeed nvme_speed() const;
+  TierSpeed speed(size_t tier) const;
+  TierSpeed nvme_speed() const { return speed(0); }
   double prefill_flops_per_s() const;
   // The model profile describes blocks of this shape: bytes per token, times
   // the tensor-parallel ranks, is the profile's KV bytes per token, or a
@@ -56,7 +67,11 @@ class CostTracker {
   // Reading a block of `bytes` holding tokens [position, position + tokens)
   // from NVMe is slower than prefilling them. False when decide is off or
   // the block's shape is not the profile's (Prices).
-  bool RecomputeBeatsNvme(uint64_t position, uint64_t tokens, uint64_t bytes, uint32_t tp_size) const;
+  bool RecomputeBeatsNvme(uint64_t position, uint64_t tokens, uint64_t bytes, uint32_t tp_size) const {
+    return RecomputeBeats(0, position, tokens, bytes, tp_size);
+  }
+  // The same for a copy in lower tier `tier`, priced at that tier's speed.
+  bool RecomputeBeats(size_t tier, uint64_t position, uint64_t tokens, uint64_t bytes, uint32_t tp_size) const;
   bool decide() const { return decide_.load(std::memory_order_relaxed); }
   // Thread-safe (a config reload).
   void set_decide(bool on) { decide_.store(on, std::memory_order_relaxed); }
@@ -73,6 +88,15 @@ class CostTracker {
     uint64_t nvme_reads_measured = 0;
     bool nvme_measured = false;
     double nvme_read_gbps = 0, nvme_read_latency_us = 0;
+    // Every tier below the first that has been read or given a prior, by
+    // chain position (1, 2, ...).
+    struct Tier {
+      size_t chain_position = 0;
+      uint64_t reads_measured = 0;
+      bool measured = false;
+      double read_gbps = 0, read_latency_us = 0;
+    };
+    std::vector<Tier> lower;
   };
   Report report() const;
   // The report as kvtierctl shows it.
@@ -80,22 +104,26 @@ class CostTracker {
   static nlohmann::json ReportJson(const Report& r);
 
  private:
-  TierSpeed NvmeSpeedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Exponentially weighted sums over one tier's reads (x = bytes, y = seconds).
+  struct ReadFit {
+    TierSpeed prior;
+    bool prior_set = false;
+    uint64_t reads = 0;
+    uint64_t last_read_ns = 0;
+    double w = 0, wx = 0, wy = 0, wxx = 0, wxy = 0;
+  };
+  TierSpeed SpeedLocked(size_t tier) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options opts_;
   std::atomic<bool> decide_;
   mutable Mutex mu_;
   PrefillCalibration cal_ ABSL_GUARDED_BY(mu_);
   uint64_t reports_ ABSL_GUARDED_BY(mu_) = 0;
-  // Exponentially weighted sums over NVMe reads (x = bytes, y = seconds).
-  uint64_t reads_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t last_read_ns_ ABSL_GUARDED_BY(mu_) = 0;
+  std::array<ReadFit, kMaxTiers> fits_ ABSL_GUARDED_BY(mu_);
   // Decisions against NVMe (RecomputeBeatsNvme said yes), and their count
   // when calibration was last asked for.
   mutable std::atomic<uint64_t> against_nvme_{0};
   uint64_t against_at_calibration_ = 0;
-  double w_ ABSL_GUARDED_BY(mu_) = 0, wx_ ABSL_GUARDED_BY(mu_) = 0, wy_ ABSL_GUARDED_BY(mu_) = 0;
-  double wxx_ ABSL_GUARDED_BY(mu_) = 0, wxy_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace kvtier

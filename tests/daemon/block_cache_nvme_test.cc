@@ -567,6 +567,11 @@ TEST_F(BlockCacheNvmeTest, BlocksCascadeBelowNvmeAndComeBackByteExact) {
   EXPECT_EQ(LoadVerified(*s, 0, 4, nullptr, &hit), 4u);
   EXPECT_EQ(hit, 4u);
   EXPECT_EQ(memory_->BlockStats().reads, reads_before + 4);
+  // The memory tier's reads (the cascade's and these) price its own copies.
+  const CostTracker::Report cost = cache_->cost().report();
+  ASSERT_FALSE(cost.lower.empty());
+  EXPECT_EQ(cost.lower[0].chain_position, 1u);
+  EXPECT_EQ(cost.lower[0].reads_measured, memory_->BlockStats().reads);
   // And from NVMe (evicting 0..3 from host again: their copies below stay).
   EXPECT_EQ(LoadVerified(*s, 288, 4), 4u);
   EXPECT_EQ(LowerTiersOf(*cache_, 0, 4), std::vector<int>(4, 1));

@@ -109,6 +109,36 @@ TEST(CostTrackerTest, MeasuredReadsReplaceTheOptimisticPrior) {
   EXPECT_TRUE(c.RecomputeBeatsNvme(0, 512, block, 1));
 }
 
+// Each tier of the chain has its own speed: reads of a slow tier below NVMe
+// make copies there lose to recomputation while NVMe copies still load, and
+// NVMe's calibration does not count decisions against another tier.
+TEST(CostTrackerTest, EachLowerTierIsPricedAtItsOwnMeasuredSpeed) {
+  const uint64_t block = 512 * kKvPerToken;  // ~24 ms to recompute at position 0
+  CostTracker c({.nvme_prior = TierSpeed{10e9, 100e-6}});
+  EXPECT_TRUE(c.ToJson()["lower_tiers"].is_null()) << "no tier below NVMe seen yet";
+  for (int i = 0; i < 50; ++i) c.RecordRead(1, block, 0.5);  // tier 1: 0.13 GB/s
+  EXPECT_DOUBLE_EQ(c.nvme_speed().bytes_per_second, 10e9) << "NVMe keeps its prior";
+  EXPECT_NEAR(c.speed(1).LoadSeconds(block), 0.5, 1e-3);
+  EXPECT_FALSE(c.RecomputeBeats(0, 0, 512, block, 1)) << "6.7 ms from NVMe";
+  EXPECT_TRUE(c.RecomputeBeats(1, 0, 512, block, 1)) << "500 ms from tier 1";
+  EXPECT_FALSE(c.WantsNvmeCalibration(MonotonicNanos() + 3'000'000'000ull))
+      << "a decision against tier 1 asks no NVMe calibration";
+  // An unmeasured tier is priced at its prior.
+  c.SetTierPrior(2, TierSpeed{0.1e9, 10e-3});
+  EXPECT_TRUE(c.RecomputeBeats(2, 0, 512, block, 1));
+  const nlohmann::json j = c.ToJson();
+  ASSERT_EQ(j["lower_tiers"].size(), 2u);
+  EXPECT_EQ(j["lower_tiers"][0]["chain_position"], 1);
+  EXPECT_TRUE(j["lower_tiers"][0]["measured"].get<bool>());
+  EXPECT_EQ(j["lower_tiers"][0]["reads_measured"], 50);
+  EXPECT_NEAR(j["lower_tiers"][0]["read_gbps"].get<double>(), block / 0.5 / 1e9, 0.01);
+  EXPECT_EQ(j["lower_tiers"][1]["chain_position"], 2);
+  EXPECT_FALSE(j["lower_tiers"][1]["measured"].get<bool>());
+  EXPECT_DOUBLE_EQ(j["lower_tiers"][1]["read_gbps"].get<double>(), 0.1);
+  c.RecordRead(CostTracker::kMaxTiers, block, 1.0);  // out of range: ignored, not a crash
+  EXPECT_EQ(c.ToJson()["lower_tiers"].size(), 2u);
+}
+
 // The lock-out: measured slow once, the tier loses every decision, nothing
 // is read from it any more, and with only reads to learn from the estimate
 // would never change. The tracker asks for calibration reads when decisions
