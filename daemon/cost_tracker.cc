@@ -60,6 +60,7 @@ void CostTracker::RecordRead(size_t tier, uint64_t bytes, double seconds) {
 TierSpeed CostTracker::SpeedLocked(size_t tier) const {
   const ReadFit& f = fits_[std::min(tier, kMaxTiers - 1)];
   if (f.reads < kMinReads) return f.prior;
+  if (tier > 0 && MonotonicNanos() - f.last_read_ns > opts_.lower_fit_stale_ns) return f.prior;
   const double mx = f.wx / f.w, my = f.wy / f.w;
   const double var = f.wxx / f.w - mx * mx;
   if (var > 1e-6 * mx * mx) {

@@ -27,6 +27,11 @@ class CostTracker {
     double prior_flops_per_s = 300e12;
     TierSpeed nvme_prior{3e9, 100e-6};  // until kMinReads reads are measured
     bool decide = true;                  // false: always load, always demote
+    // A tier below NVMe gets no calibration reads: a fit with no read for
+    // this long gives way to the prior again, so a tier measured slow once
+    // (and then never read, as its copies lose every decision) is tried
+    // again instead of being locked out.
+    uint64_t lower_fit_stale_ns = 10'000'000'000;
   };
   static constexpr uint64_t kMinReads = 8;
 

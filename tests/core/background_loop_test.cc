@@ -42,6 +42,7 @@ TEST(BackgroundLoopTest, WithoutWakesThePeriodRunsPasses) {
   std::atomic<int> passes{0};
   loop.Start(milliseconds(5), [&] { passes.fetch_add(1); });
   EXPECT_TRUE(Eventually([&] { return passes.load() >= 3; }));
+  loop.Stop();  // before `passes` goes
 }
 
 TEST(BackgroundLoopTest, StopEndsALongPassThatWatchesRunningAndJoins) {

@@ -567,7 +567,7 @@ TEST_F(BlockCacheNvmeTest, BlocksCascadeBelowNvmeAndComeBackByteExact) {
   EXPECT_EQ(LoadVerified(*s, 0, 4, nullptr, &hit), 4u);
   EXPECT_EQ(hit, 4u);
   EXPECT_EQ(memory_->BlockStats().reads, reads_before + 4);
-  // The memory tier's reads (the cascade's and these) price its own copies.
+  // The memory tier's reads (these loads') price its own copies.
   const CostTracker::Report cost = cache_->cost().report();
   ASSERT_FALSE(cost.lower.empty());
   EXPECT_EQ(cost.lower[0].chain_position, 1u);
