@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks in one go, for a machine with an NVIDIA GPU: builds (release,
 # with tests), runs the CUDA tests (ctest label "gpu"), `kvtier-bench gpu` and
-# `kvtier-bench engine` (the tiny engine on the GPU),
+# `tiny-engine-bench engine` (the tiny engine on the GPU),
 # and prints every figure. A few minutes of device time.
 #
 #   tests/gpu/run.sh                 build here (installs Debian packages), then run
@@ -42,6 +42,7 @@ if [ -n "$pack" ]; then
     [ "$rc" -eq 0 ] || status=1
   done
   bench=$bin/kvtier-bench
+  engine_bench=$bin/tiny-engine-bench
 else
   scripts/install-deps
   cmake --preset release -DKVTIER_BUILD_TESTS=ON >/dev/null && cmake --build --preset release -j "$(nproc)" 2>&1 | tail -3 | log
@@ -49,6 +50,7 @@ else
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   (cd build/release && ctest -R 'kv_(math|kernels)_test' --output-on-failure 2>&1) | log
   bench=build/release/tools/kvtier-bench
+  engine_bench=build/release/examples/tiny-engine/tiny-engine-bench
 fi
 
 echo "== kvtier gpu: kvtier-bench gpu" | log
@@ -57,9 +59,9 @@ rc=${PIPESTATUS[0]}
 [ "$rc" -eq 0 ] || status=1
 if [ -n "$out" ]; then "$bench" gpu --json --quick > "$out/gpu-bench-quick.json" 2>&1; fi
 # The tiny engine on the GPU: TTFT with a cached prefix vs none (CPU rows too).
-echo "== kvtier gpu: kvtier-bench engine" | log
+echo "== kvtier gpu: tiny-engine-bench engine" | log
 kvtierd_bin=${KVTIERD_BIN:-build/release/daemon/kvtierd}
-"$bench" engine --kvtierd "$kvtierd_bin" 2>&1 | log
+"$engine_bench" engine --kvtierd "$kvtierd_bin" 2>&1 | log
 rc=${PIPESTATUS[0]}
 [ "$rc" -eq 0 ] || status=1
 echo "== kvtier gpu: done, exit $status" | log

@@ -861,7 +861,11 @@ TEST(ToolsTest, BenchPrintsOneJsonObjectPerMetric) {
                                                 "layerwise_first_layer_ms"}));
   // The engine suite: TTFT per tier against no cache, the reused prefix and
   // the exactness check in each figure's note.
-  Output e = RunCommand(Tool("kvtier-bench") + " engine --quick --json --kvtierd " +
+  // It is the example engine's own binary; kvtier-bench points there.
+  EXPECT_EQ(RunCommand(Tool("kvtier-bench") + " engine 2>/dev/null").exit_code, 2);
+  const char* build = std::getenv("KVTIER_BUILD_DIR");
+  Output e = RunCommand(std::string(build ? build : ".") + "/examples/tiny-engine/tiny-engine-bench engine --quick " +
+                        "--json --kvtierd " +
                         std::string(std::getenv("KVTIERD_BIN") ? std::getenv("KVTIERD_BIN") : "kvtierd"));
   ASSERT_EQ(e.exit_code, 0) << e.out;
   std::istringstream el(e.out);

@@ -85,7 +85,6 @@ std::vector<Metric> RunLookupSuite(const Context& ctx);
 std::vector<Metric> RunNvmeSuite(const Context& ctx);
 std::vector<Metric> RunReclaimSuite(const Context& ctx);
 std::vector<Metric> RunGpuSuite(const Context& ctx);
-std::vector<Metric> RunEngineSuite(const Context& ctx);
 
 }  // namespace kvtier::bench
 

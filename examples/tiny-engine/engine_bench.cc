@@ -1,5 +1,5 @@
-// engine: time to first token of the tiny engine (examples/tiny-engine) on a
-// 4096-token prompt whose first 3584 tokens kvtier holds, against the same
+// tiny-engine-bench: time to first token of the tiny engine on a 4096-token
+// prompt whose first 3584 tokens kvtier holds, against the same
 // prompt with no cache, per tier the prefix comes from:
 //  - host:  pinned host memory of a daemon with host + NVMe tiers;
 //  - nvme:  the same daemon after `evict` pushed the blocks to NVMe;
@@ -11,6 +11,11 @@
 // asks a new question after the cached prefix (the 512 tokens after it
 // differ), and its own blocks are invalidated after it, so no run reuses
 // more than the prefix. Medians.
+//
+//   tiny-engine-bench engine [--json] [--quick] [--pairs N] [--device sim] [--kvtierd PATH]
+//
+// It shares kvtier-bench's command line and table (tools/bench) but is its
+// own binary, not installed: kvtier-bench does not link the example engine.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -22,6 +27,7 @@
 #include "tiny_engine.h"
 #include "tiers/device_backend.h"
 #include "tools/bench/bench.h"
+#include "tools/bench/driver.h"
 
 namespace kvtier::bench {
 namespace {
@@ -73,13 +79,12 @@ std::unique_ptr<Client> AttachEngine(const tools::DaemonProcess& d) {
   o.ns = *ns;
   auto c = Client::Attach(o);
   if (!c.ok()) {
-    std::fprintf(stderr, "kvtier-bench engine: attach: %s\n", c.status().ToString().c_str());
+    std::fprintf(stderr, "tiny-engine-bench: attach: %s\n", c.status().ToString().c_str());
     return nullptr;
   }
   return std::move(*c);
 }
 
-}  // namespace
 
 std::vector<Metric> RunEngineSuite(const Context& ctx) {
   const tiny::ModelConfig m = BenchModel();
@@ -93,7 +98,7 @@ std::vector<Metric> RunEngineSuite(const Context& ctx) {
     for (uint32_t t : Tokens(prompt_tokens - cached_tokens, 100 + rep, m.vocab)) p.push_back(t);
     return p;
   };
-  std::fprintf(stderr, "kvtier-bench engine: %u-token prompts, the first %u cached; %d repetition(s) per tier\n",
+  std::fprintf(stderr, "tiny-engine-bench: %u-token prompts, the first %u cached; %d repetition(s) per tier\n",
                prompt_tokens, cached_tokens, reps);
 
   bool exact = true;
@@ -109,7 +114,7 @@ std::vector<Metric> RunEngineSuite(const Context& ctx) {
     for (int r = 0; r < reps; ++r) {
       auto g = e.Generate(prompt(r), 1);
       if (!g.ok()) {
-        std::fprintf(stderr, "kvtier-bench engine: %s: %s\n", label, g.status().ToString().c_str());
+        std::fprintf(stderr, "tiny-engine-bench: %s: %s\n", label, g.status().ToString().c_str());
         return std::nullopt;
       }
       ttft.push_back(g->ttft_s);
@@ -128,7 +133,7 @@ std::vector<Metric> RunEngineSuite(const Context& ctx) {
       if (before && !before()) return std::nullopt;
       auto g = e.Generate(prompt(r), 1);
       if (!g.ok()) {
-        std::fprintf(stderr, "kvtier-bench engine: %s: %s\n", tier, g.status().ToString().c_str());
+        std::fprintf(stderr, "tiny-engine-bench: %s: %s\n", tier, g.status().ToString().c_str());
         return std::nullopt;
       }
       // The question's own blocks go, so the next tier reuses only the prefix.
@@ -183,7 +188,7 @@ std::vector<Metric> RunEngineSuite(const Context& ctx) {
   };
   auto start = [&](tools::DaemonProcess& d) {
     if (absl::Status s = d.Start(); !s.ok()) {
-      std::fprintf(stderr, "kvtier-bench engine: cannot start kvtierd: %s\n", std::string(s.message()).c_str());
+      std::fprintf(stderr, "tiny-engine-bench: cannot start kvtierd: %s\n", std::string(s.message()).c_str());
       return false;
     }
     return true;
@@ -224,7 +229,7 @@ std::vector<Metric> RunEngineSuite(const Context& ctx) {
     auto gpu = measure("gpu(sim)", c.get(), {}, cpu, *base);
     if (!gpu) return {};
     if (gpu_hits(d) - hits < want_gpu_hits) {
-      std::fprintf(stderr, "kvtier-bench engine: the GPU tier served %lld of %lld blocks\n",
+      std::fprintf(stderr, "tiny-engine-bench: the GPU tier served %lld of %lld blocks\n",
                    static_cast<long long>(gpu_hits(d) - hits), static_cast<long long>(want_gpu_hits));
       return {};
     }
@@ -234,7 +239,7 @@ std::vector<Metric> RunEngineSuite(const Context& ctx) {
   // the GPU tier, against the CUDA engine with no cache.
   std::string why;
   if (ctx.device != "cuda" || ProbeCudaDevices(&why) == 0) {
-    std::fprintf(stderr, "kvtier-bench engine: CUDA engine figures skipped (%s)\n",
+    std::fprintf(stderr, "tiny-engine-bench: CUDA engine figures skipped (%s)\n",
                  ctx.device != "cuda" ? "--device sim" : why.c_str());
   } else {
     tiny::EngineOptions gpu_engine;
@@ -253,7 +258,7 @@ std::vector<Metric> RunEngineSuite(const Context& ctx) {
       auto run = measure(gpu_tier ? "cuda gpu tier" : "cuda host", c.get(), {}, gpu_engine, *cuda_base);
       if (!run) return {};
       if (gpu_tier && gpu_hits(d) - hits < want_gpu_hits) {
-        std::fprintf(stderr, "kvtier-bench engine: the GPU tier served %lld of %lld blocks\n",
+        std::fprintf(stderr, "tiny-engine-bench: the GPU tier served %lld of %lld blocks\n",
                      static_cast<long long>(gpu_hits(d) - hits), static_cast<long long>(want_gpu_hits));
         return {};
       }
@@ -261,11 +266,22 @@ std::vector<Metric> RunEngineSuite(const Context& ctx) {
     }
   }
   if (!exact) {
-    std::fprintf(stderr, "kvtier-bench engine: a run with reuse gave other logits than recomputing\n");
+    std::fprintf(stderr, "tiny-engine-bench: a run with reuse gave other logits than recomputing\n");
     return {};
   }
   for (Metric& mt : out) mt.note += "; logits bit-identical to no cache";
   return out;
 }
 
+}  // namespace
 }  // namespace kvtier::bench
+
+int main(int argc, char** argv) {
+  return kvtier::bench::BenchMain(
+      argc, argv, "tiny-engine-bench",
+      {{"engine",
+        "time to first token of the tiny engine, 4096-token prompt with 3584 cached, per tier\n"
+        "                (host, NVMe, GPU tier on the simulated device; CUDA rows where a device\n"
+        "                answers) vs no cache (--pairs N: repetitions)",
+        kvtier::bench::RunEngineSuite}});
+}
