@@ -67,7 +67,7 @@ absl::StatusOr<uint16_t> BlockCache::AddTenant(std::string name, std::unique_ptr
   t->quota_nvme_tokens = quota.nvme_tokens;
   for (auto& lane : lanes_) {
     MutexLock nl(&lane->mu);
-    lane->use.resize(tenants_.size() + 1);
+    lane->GrowTenantsLocked(tenants_.size() + 1);
   }
   tenant_by_hash_[t->hash] = static_cast<uint16_t>(tenants_.size());
   tenants_.push_back(std::move(t));
@@ -1116,10 +1116,9 @@ std::vector<TenantUsage> BlockCache::Usage() const {
       if (!lanes_.empty()) {
         Lane& first = *lanes_[0];
         MutexLock nl(&first.mu);
-        if (tenant < first.use.size()) {
-          tu.nvme_bytes = first.use[tenant].bytes;
-          tu.nvme_tokens = first.use[tenant].tokens;
-        }
+        const LowerLane::Use nu = first.use(tenant);
+        tu.nvme_bytes = nu.bytes;
+        tu.nvme_tokens = nu.tokens;
       }
     }
     ++tenant;

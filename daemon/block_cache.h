@@ -36,6 +36,7 @@
 #include "core/background_loop.h"
 #include "daemon/block_index.h"
 #include "daemon/gpu_cache.h"
+#include "daemon/lower_lane.h"
 #include "daemon/namespace_registry.h"
 #include "daemon/stats.h"
 #include "daemon/cost_tracker.h"
@@ -351,32 +352,8 @@ class BlockCache {
     BlockMeta meta;
   };
 
-  // One block tier below host memory and what the store keeps about it:
-  // its slots' owners, its policy, each tenant's use of it and the loads
-  // waiting for a write to it to land. Lane 0 takes demotions from host
-  // memory (NVMe in the daemon); lane i + 1 takes what lane i's cascade
-  // moves down (block_cascade.cc).
-  struct Lane {
-    uint8_t index = 0;
-    std::unique_ptr<BlockTier> tier;
-    // The lane lock (docs/architecture.md, "Lock order": lanes in index
-    // order, after the tenant tier lock, before block-index shard locks).
-    mutable Mutex mu;
-    std::unique_ptr<EvictionPolicy> policy ABSL_GUARDED_BY(mu);
-    absl::flat_hash_map<SlotHandle, BlockRecord*> owner ABSL_GUARDED_BY(mu);
-    // Loads waiting for a demotion to land before they read it back.
-    absl::flat_hash_map<BlockRecord*, std::vector<absl::AnyInvocable<void(bool) &&>>> write_waiters
-        ABSL_GUARDED_BY(mu);
-    std::atomic<uint64_t> blocks{0};  // ready copies
-    struct Use {
-      uint64_t bytes = 0, tokens = 0;  // payload, for quotas
-      uint64_t slot_bytes = 0;         // slots as the tier spends them (header included), for fair shares
-    };
-    std::vector<Use> use ABSL_GUARDED_BY(mu);  // by tenant
-    // Each tenant's fair share of the tier: its capacity divided equally
-    // among the configured tenants (set when the lane is attached).
-    uint64_t fair_share_bytes = 0;
-  };
+  // A block tier below host memory and the store's books on it (lower_lane.h).
+  using Lane = LowerLane;
   Lane& LaneOf(const BlockRecord* r) { return *lanes_[r->lower]; }
 
   BlockCache(const Options& opts, DaemonStats* stats);
@@ -434,7 +411,7 @@ class BlockCache {
   // An NVMe slot for r's bytes, evicting while the tier is full or r's
   // tenant would go over its NVMe quota (then from its own blocks). Never
   // evicts another tenant's block if that would leave the other below its
-  // fair share (Lane::fair_share_bytes; see the rule in block_movement.cc).
+  // fair share (the rule: LowerLane::PickVictimLocked).
   // Charges r's tenant. Quotas apply to lane 0 only.
   absl::StatusOr<SlotHandle> AllocateLowerSlotLocked(Lane& lane, const BlockRecord* r, uint64_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(lane.mu);

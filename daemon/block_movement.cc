@@ -190,45 +190,19 @@ void BlockCache::FinishDemotion(TenantState& t, const PendingDemotion& d) {
 
 void BlockCache::ChargeLocked(Lane& lane, const BlockRecord* r, SlotHandle slot, int sign) {
   const BlockMeta meta = MetaOf(r);
-  Lane::Use& u = lane.use[r->tenant];
-  const uint64_t slot_bytes = lane.tier->SlotBytes(slot);
-  if (sign > 0) {
-    u.bytes += meta.payload_bytes;
-    u.tokens += meta.block_tokens;
-    u.slot_bytes += slot_bytes;
-  } else {
-    u.bytes -= std::min(u.bytes, meta.payload_bytes);
-    u.tokens -= std::min<uint64_t>(u.tokens, meta.block_tokens);
-    u.slot_bytes -= std::min(u.slot_bytes, slot_bytes);
-  }
+  lane.ChargeLocked(r->tenant, slot, meta.payload_bytes, meta.block_tokens, sign);
 }
 
 void BlockCache::FreeLowerSlotLocked(Lane& lane, const BlockRecord* r, SlotHandle slot) {
-  ChargeLocked(lane, r, slot, -1);
-  lane.owner.erase(slot);
-  (void)lane.tier->Free(slot);
+  const BlockMeta meta = MetaOf(r);
+  lane.FreeSlotLocked(r->tenant, slot, meta.payload_bytes, meta.block_tokens);
 }
 
-// Fair shares of the shared NVMe tier. Without them, one tenant that keeps
-// demoting (and pins what it wants kept) pushes every other tenant's blocks
-// out of the tier, which is LRU across tenants. The rule:
-//  - A tenant's fair share is the tier's capacity divided equally among the
-//    configured tenants, counted in slot bytes (header and rounding included,
-//    as the tier spends them). Quotas (nvme_bytes / nvme_tokens) stay hard
-//    limits on top of it.
-//  - A tenant's demotion may evict another tenant's block only if that tenant
-//    still holds at least its fair share without it: a tenant within its
-//    share is protected. Nothing is reserved: a tenant alone may fill the
-//    tier, and gives back what is over its share when others need room.
-//  - Room for a block comes from: over its quota, the tenant's own blocks
-//    only (as before); over its fair share once the block is in, its own
-//    blocks first, then those of tenants over their share; within its
-//    share, the coldest of tenants over their share first, then its own.
-//  - Pinned and busy blocks never go. A demotion that finds no block it may
-//    evict is refused (the block is dropped) and counted:
-//    demotions_refused_quota over the quota, demotions_refused_fair_share
-//    when an evictable block was passed over to keep its tenant's share.
-
+// Room in a lower tier: the tenant's quota (lane 0), then the lane's fair-
+// share rule (LowerLane::PickVictimLocked). A demotion that finds no block it
+// may evict is refused (the block is dropped) and counted:
+// demotions_refused_quota over the quota, demotions_refused_fair_share when
+// an evictable block was passed over to keep its tenant's share.
 absl::StatusOr<SlotHandle> BlockCache::AllocateLowerSlotLocked(Lane& lane, const BlockRecord* owner, uint64_t bytes) {
   const uint16_t tenant = owner->tenant;
   // The quotas ([[tenants]] nvme_bytes / nvme_tokens) are on the first tier.
@@ -240,7 +214,7 @@ absl::StatusOr<SlotHandle> BlockCache::AllocateLowerSlotLocked(Lane& lane, const
                                                      "\"'s NVMe quota ([[tenants]] nvme_bytes / nvme_tokens)"));
   }
   for (;;) {
-    const Lane::Use& u = lane.use[tenant];
+    const LowerLane::Use u = lane.use(tenant);
     const bool over_quota = (q.nvme_bytes != 0 && u.bytes + bytes > q.nvme_bytes) ||
                             (q.nvme_tokens != 0 && u.tokens + tokens > q.nvme_tokens);
     if (!over_quota) {
@@ -248,44 +222,13 @@ absl::StatusOr<SlotHandle> BlockCache::AllocateLowerSlotLocked(Lane& lane, const
       if (slot.ok()) ChargeLocked(lane, owner, *slot, +1);
       if (slot.ok() || !absl::IsResourceExhausted(slot.status())) return slot;
     }
-    // Over the quota, the tenant's own coldest block goes; over its fair
-    // share, its own first; else the tier's coldest that the fair shares
-    // allow (see above).
-    const bool over_share = u.slot_bytes + lane.tier->SlotBytesFor(bytes) > lane.fair_share_bytes;
-    bool held_back = false;  // an evictable block was passed over for its tenant's fair share
-    enum class From { kOwn, kOthersOverShare, kEither };
-    auto pick = [&](From from) {
-      return lane.policy->PickVictim([&](SlotHandle h) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        BlockRecord* v = lane.owner.at(h);
-        auto evictable = [&] {
-          BlockIndex::Shard& sh = index_.ShardFor(v);
-          MutexLock sl(&sh.mu);
-          return !v->removed && v->pins == 0 && v->io_refs == 0 && v->lower_state == LowerState::kReady;
-        };
-        if (v->tenant == tenant) return from != From::kOthersOverShare && evictable();
-        if (from == From::kOwn) return false;
-        const uint64_t use = lane.use[v->tenant].slot_bytes;
-        if (use < lane.fair_share_bytes || use - lane.fair_share_bytes < lane.tier->SlotBytes(h)) {
-          if (!held_back && evictable()) held_back = true;
-          return false;  // within its fair share: protected
-        }
-        return evictable();
-      });
-    };
-    // Over its quota or share, a tenant pays with its own blocks first;
-    // within its share, with those of tenants over theirs first, so a tenant
-    // that flooded the tier cannot push one within its share out of its own
-    // working set either.
-    std::optional<SlotHandle> victim;
-    if (over_quota) {
-      victim = pick(From::kOwn);
-    } else if (over_share) {
-      victim = pick(From::kOwn);
-      if (!victim) victim = pick(From::kOthersOverShare);
-    } else {
-      victim = pick(From::kOthersOverShare);
-      if (!victim) victim = pick(From::kOwn);
-    }
+    const LowerLane::Victim pick = lane.PickVictimLocked(tenant, bytes, over_quota, [&](BlockRecord* v) {
+      BlockIndex::Shard& sh = index_.ShardFor(v);
+      MutexLock sl(&sh.mu);
+      return !v->removed && v->pins == 0 && v->io_refs == 0 && v->lower_state == LowerState::kReady;
+    });
+    const std::optional<SlotHandle> victim = pick.slot;
+    const bool held_back = pick.held_back;
     if (!victim) {
       if (over_quota) {
         stats_->demotions_refused_quota.Add();
@@ -655,24 +598,18 @@ absl::StatusOr<uint64_t> BlockCache::AttachLowerTier(std::unique_ptr<BlockTier> 
   if (lanes_.size() >= kMaxLowerTiers) {
     return absl::ResourceExhaustedError(absl::StrCat("at most ", kMaxLowerTiers, " tiers below host memory"));
   }
-  auto lane_ptr = std::make_unique<Lane>();
+  // The name was checked by Create.
+  auto lane_ptr = std::make_unique<Lane>(
+      static_cast<uint8_t>(lanes_.size()), std::move(lower),
+      opts_.nvme_policy == "lru" ? MakeSparseLruPolicy() : MakeSparseHandlePolicy(*MakeEvictionPolicy(opts_.nvme_policy)),
+      tenants_.size() + 1, tenants_.size());
   Lane& lane = *lane_ptr;
-  lane.index = static_cast<uint8_t>(lanes_.size());
-  lane.tier = std::move(lower);
   // The cost model prices loads from each tier at that tier's speed: the
   // device's own time for each of its reads, not the queue wait before it.
   static_assert(kMaxLowerTiers <= CostTracker::kMaxTiers);
   lane.tier->SetReadObserver([this, i = size_t{lane.index}](uint64_t bytes, const IoTiming& t) {
     cost_.RecordRead(i, bytes, t.share_s());
   });
-  lane.fair_share_bytes = lane.tier->Usage().capacity_bytes / std::max<size_t>(1, tenants_.size());
-  {
-    MutexLock nl(&lane.mu);
-    lane.use.resize(tenants_.size() + 1);
-    // The name was checked by Create.
-    lane.policy = opts_.nvme_policy == "lru" ? MakeSparseLruPolicy()
-                                             : MakeSparseHandlePolicy(*MakeEvictionPolicy(opts_.nvme_policy));
-  }
   lanes_.push_back(std::move(lane_ptr));
   MutexLock nl(&lane.mu);
   uint64_t indexed = 0;

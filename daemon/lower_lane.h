@@ -1,0 +1,109 @@
+// One block tier below host memory and what the store keeps about it: its
+// slots' owners, its eviction policy, each tenant's use of it (for quotas and
+// fair shares) and the loads waiting for a write to it to land. Lane 0 takes
+// demotions from host memory (NVMe in the daemon); lane i + 1 takes what lane
+// i's cascade moves down (block_cascade.cc). The store (BlockCache) decides
+// what moves; the lane keeps the books and states the fair-share rule.
+#ifndef KVTIER_DAEMON_LOWER_LANE_H_
+#define KVTIER_DAEMON_LOWER_LANE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/functional/any_invocable.h"
+#include "absl/functional/function_ref.h"
+#include "core/mutex.h"
+#include "daemon/block_index.h"
+#include "policies/eviction_policy.h"
+#include "tiers/block_tier.h"
+
+namespace kvtier {
+
+class LowerLane {
+ public:
+  // A tenant's use of the lane.
+  struct Use {
+    uint64_t bytes = 0, tokens = 0;  // payload, for quotas
+    uint64_t slot_bytes = 0;         // slots as the tier spends them (header included), for fair shares
+  };
+
+  // `tenants`: how many tenant indices the store hands out (use() is indexed
+  // by them); each tenant's fair share is the tier's capacity divided among
+  // `configured_tenants`.
+  LowerLane(uint8_t index, std::unique_ptr<BlockTier> tier, std::unique_ptr<EvictionPolicy> policy,
+            size_t tenants, size_t configured_tenants);
+  LowerLane(const LowerLane&) = delete;
+  LowerLane& operator=(const LowerLane&) = delete;
+
+  const uint8_t index;
+  // Set at construction. The store deletes the tier in place at shutdown
+  // (ops the tier gives up in its destructor complete through it).
+  std::unique_ptr<BlockTier> tier;
+  // Each tenant's fair share of the tier, in slot bytes.
+  const uint64_t fair_share_bytes;
+
+  // The lane lock (docs/architecture.md, "Lock order": lanes in index order,
+  // after the tenant tier lock, before block-index shard locks).
+  mutable Mutex mu;
+  std::unique_ptr<EvictionPolicy> policy ABSL_GUARDED_BY(mu);
+  absl::flat_hash_map<SlotHandle, BlockRecord*> owner ABSL_GUARDED_BY(mu);
+  // Loads waiting for a demotion to land before they read it back.
+  absl::flat_hash_map<BlockRecord*, std::vector<absl::AnyInvocable<void(bool) &&>>> write_waiters
+      ABSL_GUARDED_BY(mu);
+  std::atomic<uint64_t> blocks{0};  // ready copies
+
+  // A tenant index the lane has not seen uses nothing.
+  Use use(uint16_t tenant) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return tenant < use_.size() ? use_[tenant] : Use{};
+  }
+  // Room in the books for tenant indices below `tenants` (a tenant added
+  // after the lane; its fair share stays as set at construction).
+  void GrowTenantsLocked(size_t tenants) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (tenants > use_.size()) use_.resize(tenants);
+  }
+  // Adds (sign +1) or removes (-1) a block of `payload_bytes` and `tokens`
+  // in `slot` from `tenant`'s use.
+  void ChargeLocked(uint16_t tenant, SlotHandle slot, uint64_t payload_bytes, uint64_t tokens, int sign)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Gives `slot` back to the tier and forgets its owner, uncharging `tenant`.
+  void FreeSlotLocked(uint16_t tenant, SlotHandle slot, uint64_t payload_bytes, uint64_t tokens)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  // Fair shares. Without them, one tenant that keeps demoting (and pins what
+  // it wants kept) pushes every other tenant's blocks out of a shared tier
+  // whose policy is LRU across tenants. The rule:
+  //  - A tenant's fair share is the tier's capacity divided equally among
+  //    the configured tenants, counted in slot bytes (header and rounding
+  //    included, as the tier spends them). Quotas (nvme_bytes / nvme_tokens)
+  //    stay hard limits on top of it.
+  //  - A tenant's demotion may evict another tenant's block only if that
+  //    tenant still holds at least its fair share without it: a tenant
+  //    within its share is protected. Nothing is reserved: a tenant alone
+  //    may fill the tier, and gives back what is over its share when others
+  //    need room.
+  //  - Room for a block comes from: over its quota, the tenant's own blocks
+  //    only; over its fair share once the block is in, its own blocks first,
+  //    then those of tenants over their share; within its share, the
+  //    coldest of tenants over their share first, then its own.
+  //  - Pinned and busy blocks never go (evictable() says which may).
+  struct Victim {
+    std::optional<SlotHandle> slot;
+    // An evictable block was passed over to keep its tenant's fair share.
+    bool held_back = false;
+  };
+  // Where room for `tenant`'s block of `bytes` comes from, by the rule
+  // above; evictable(r) is asked of candidates only (under the lane lock).
+  Victim PickVictimLocked(uint16_t tenant, uint64_t bytes, bool over_quota,
+                          absl::FunctionRef<bool(BlockRecord*)> evictable) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+ private:
+  std::vector<Use> use_ ABSL_GUARDED_BY(mu);  // by tenant index
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_DAEMON_LOWER_LANE_H_
