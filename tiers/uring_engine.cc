@@ -263,6 +263,11 @@ class UringWorker {
             }
             if (!queue_.LooksEmpty()) break;
           }
+          // Stopped for new work with nothing reaped: whatever completes
+          // next was not waited for by polling (it sleeps below, or is
+          // reaped after the new op is handed over), so it is not timed.
+          // (Polling that ran out of time is: that is what polling costs.)
+          if (io_uring_cq_ready(&ring_) == 0 && !queue_.LooksEmpty()) wait_ = Wait::kUntimed;
           more = queue_.size() > 0 && in_flight_ < opts_.queue_depth;
         }
       }

@@ -59,17 +59,17 @@ TEST(CompletionWaitChooserTest, ReadsWritesAndSizesAreJudgedApart) {
 TEST(CompletionWaitChooserTest, SettlingOpsAndOpsWaitedTheOtherWayDoNotCount) {
   C c;
   const uint64_t b = 64 << 10;
-  // The first kSettle ops of the poll epoch are slow (the sleep before it
-  // still shows); an op reaped after a sleep arrives meanwhile. Neither
-  // counts, so polling's median is its steady 50 us.
+  // Op i of each epoch takes i us (plus a base): the median of ops 8..63 is
+  // op 36's, of all 64 op 32's. An op reaped after a sleep arrives in the
+  // poll epoch too, and does not count.
   for (uint32_t i = 0; i < C::kEpoch; ++i) {
-    c.Record(false, b, false, 1'000);  // waited before the switch: ignored
-    c.Record(false, b, true, i < C::kSettle ? 900'000 : 50'000);
+    c.Record(false, b, false, 1);  // waited before the switch: ignored
+    c.Record(false, b, true, 50'000 + i * 1'000);
   }
   ASSERT_FALSE(c.ShouldPoll(false, b));
-  for (uint32_t i = 0; i < C::kEpoch; ++i) c.Record(false, b, false, i < C::kSettle ? 1'000 : 70'000);
-  EXPECT_EQ(c.median_ns(false, b, true), 50'000u);
-  EXPECT_EQ(c.median_ns(false, b, false), 70'000u);
+  for (uint32_t i = 0; i < C::kEpoch; ++i) c.Record(false, b, false, 70'000 + i * 1'000);
+  EXPECT_EQ(c.median_ns(false, b, true), 50'000u + (C::kSettle + (C::kEpoch - C::kSettle) / 2) * 1'000);
+  EXPECT_EQ(c.median_ns(false, b, false), 70'000u + (C::kSettle + (C::kEpoch - C::kSettle) / 2) * 1'000);
   EXPECT_TRUE(c.ShouldPoll(false, b));
 }
 

@@ -13,10 +13,12 @@
 
 int main(int argc, char** argv) {
   namespace b = kvtier::bench;
-  if (argc > 1 && std::string(argv[1]) == "engine") {
-    std::fprintf(stderr, "kvtier-bench: the engine suite runs the example engine and is built with it: "
-                         "build/release/examples/tiny-engine/tiny-engine-bench engine\n");
-    return 2;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "engine") {
+      std::fprintf(stderr, "kvtier-bench: the engine suite runs the example engine and is built with it: "
+                           "build/release/examples/tiny-engine/tiny-engine-bench engine\n");
+      return 2;
+    }
   }
   return b::BenchMain(
       argc, argv, "kvtier-bench",

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <memory>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -203,20 +204,29 @@ LoneReads ReadLatencyP50(Tier& t, uint64_t block, size_t samples) {
   std::vector<double> us, service_us, woken_us;
   for (size_t k = 0; k < samples && !t.slots.empty(); ++k) {
     const size_t i = rng() % t.slots.size();
-    std::atomic<bool> fin{false}, ok{false};
-    uint64_t t_done = 0;
+    // Shared with the callback, which may still be notifying when the
+    // reader has woken and moved on.
+    struct Done {
+      std::atomic<bool> fin{false};
+      bool ok = false;          // written before fin, read after
+      uint64_t t_done = 0;      // likewise
+    };
+    auto done = std::make_shared<Done>();
     const uint64_t t0 = MonotonicNanos();
-    t.tier->Read(t.slots[i], MetaFor(i, block), {buf, block}, IoPriority::kLoad, [&](absl::Status st) {
-      t_done = MonotonicNanos();
-      ok.store(st.ok());
-      fin.store(true, std::memory_order_release);
-      fin.notify_one();
+    t.tier->Read(t.slots[i], MetaFor(i, block), {buf, block}, IoPriority::kLoad, [done](absl::Status st) {
+      done->t_done = MonotonicNanos();
+      done->ok = st.ok();
+      done->fin.store(true, std::memory_order_release);
+      done->fin.notify_one();
     });
-    // Sleep until the callback, as fio sleeps in io_uring_enter: a caller
-    // that polls keeps a CPU busy, and on a small VM a busy vCPU slows the
-    // device's completions by tens of microseconds (docs/benchmarks.md).
-    fin.wait(false, std::memory_order_acquire);
-    if (!ok.load()) {
+    // Sleep until the callback (a futex wait), as fio sleeps in
+    // io_uring_enter: a caller that polls keeps a CPU busy, and on a small
+    // VM a busy vCPU slows the device's completions by tens of microseconds
+    // (docs/benchmarks.md).
+    done->fin.wait(false, std::memory_order_acquire);
+    const uint64_t t_done = done->t_done;
+    const bool ok = done->ok;
+    if (!ok) {
       free(buf);
       return {};
     }
