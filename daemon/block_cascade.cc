@@ -20,6 +20,8 @@
 // Lookups see the block all along: in lane i until the swap, in lane i + 1
 // after it.
 #include <chrono>
+#include <cstddef>
+#include <latch>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
@@ -28,25 +30,6 @@
 
 namespace kvtier {
 namespace {
-
-// Waits for a batch's callbacks; held by shared_ptr so a callback that
-// finishes after the waiter woke touches live memory.
-struct Countdown {
-  Mutex mu;
-  std::condition_variable_any cv;
-  size_t left ABSL_GUARDED_BY(mu) = 0;
-
-  explicit Countdown(size_t n) : left(n) {}
-  void Done() {
-    MutexLock l(&mu);
-    --left;
-    cv.notify_all();
-  }
-  void Wait() {
-    MutexLock l(&mu);
-    mu.Await(cv, [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return left == 0; });
-  }
-};
 
 bool FullerThan(const BlockTier& tier, double share) {
   const TierUsage u = tier.Usage();
@@ -149,31 +132,33 @@ uint32_t BlockCache::CascadeBatch(size_t i, uint32_t max) {
   // Read every copy that has room below into staging.
   size_t reading = 0;
   for (const Move& m : moves) reading += m.to_slot != kNoSlot;
-  auto reads = std::make_shared<Countdown>(reading);
+  // Held by shared_ptr: a callback may still be counting down after the
+  // waiter woke.
+  auto reads = std::make_shared<std::latch>(static_cast<std::ptrdiff_t>(reading));
   for (Move& m : moves) {
     if (m.to_slot == kNoSlot) continue;
     m.staging = std::make_unique_for_overwrite<std::byte[]>(m.meta.payload_bytes);
     from.tier->Read(m.slot, m.meta, {m.staging.get(), m.meta.payload_bytes}, IoOptions{IoPriority::kDemote},
                     [&m, reads](absl::Status s) {
                       m.read = std::move(s);
-                      reads->Done();
+                      reads->count_down();
                     });
   }
-  reads->Wait();
+  reads->wait();
 
   // Write what was read one lane down.
   size_t writing = 0;
   for (const Move& m : moves) writing += m.to_slot != kNoSlot && m.read.ok();
-  auto writes = std::make_shared<Countdown>(writing);
+  auto writes = std::make_shared<std::latch>(static_cast<std::ptrdiff_t>(writing));
   for (Move& m : moves) {
     if (m.to_slot == kNoSlot || !m.read.ok()) continue;
     to.tier->Write(m.to_slot, m.meta, {m.staging.get(), m.meta.payload_bytes}, IoOptions{IoPriority::kDemote},
                    [&m, writes](absl::Status s) {
                      m.wrote = std::move(s);
-                     writes->Done();
+                     writes->count_down();
                    });
   }
-  writes->Wait();
+  writes->wait();
 
   // Swap each record to its new copy, or give the new slot back.
   uint32_t moved = 0;
