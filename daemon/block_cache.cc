@@ -1,5 +1,7 @@
-// Lookups, leases, stores, loads and invalidation. Movement between tiers
-// (demotion, promotion, NVMe eviction, recovery) is in block_movement.cc.
+// Lookups, leases, stores, loads and invalidation; per-tenant host
+// residency; admin changes. Movement between tiers (demotion, promotion,
+// lower-tier eviction, recovery) is in block_movement.cc, the cascade in
+// block_cascade.cc, the read-only reports in block_reports.cc.
 #include "daemon/block_cache.h"
 
 #include "core/checked.h"
@@ -336,39 +338,6 @@ BlockCache::FlushResult BlockCache::FlushToNvme(std::chrono::nanoseconds timeout
     out.failed = job->failed;
   }
   out.sync = lanes_[0]->tier->Sync();
-  return out;
-}
-
-std::vector<BlockCache::BlockInfo> BlockCache::ListBlocks(std::optional<uint16_t> tenant, size_t limit,
-                                                          const BlockKey* key) {
-  std::vector<BlockInfo> out;
-  for (BlockIndex::Shard& sh : index_.shards()) {
-    MutexLock sl(&sh.mu);
-    for (const BlockRecord* r : sh.set) {
-      if (out.size() >= limit) break;
-      if (tenant && r->tenant != *tenant) continue;
-      if (key != nullptr && r->key != *key) continue;
-      if (!r->visible()) continue;
-      BlockInfo b;
-      b.key = r->key;
-      b.ns = r->ns;
-      b.tenant = r->tenant;
-      b.on_host = r->state == BlockState::kReady;
-      b.on_lower = r->lower_state == LowerState::kReady;
-      b.lower = r->lower;
-      b.moving = r->lower_state == LowerState::kWriting || r->state != BlockState::kReady;
-      b.pins = r->pins;
-      b.depth = r->depth;
-      out.push_back(b);
-    }
-  }
-  MutexLock l(&ns_mu_);
-  for (BlockInfo& b : out) {
-    if (b.ns < ns_info_.size()) {
-      b.tokens = ns_info_[b.ns].block_tokens;
-      b.bytes = ns_info_[b.ns].block_bytes;
-    }
-  }
   return out;
 }
 
@@ -1095,51 +1064,6 @@ absl::StatusOr<uint32_t> BlockCache::InvalidateNamespace(SessionHoldings& s) {
 void BlockCache::CloseSession(SessionHoldings& s) {
   while (!s.tickets.empty()) (void)StoreAbort(s, s.tickets.begin()->first);
   while (!s.leases.empty()) (void)Release(s, s.leases.begin()->first);
-}
-
-std::vector<TenantUsage> BlockCache::Usage() const {
-  std::vector<TenantUsage> out;
-  size_t tenant = 0;
-  for (const auto& t : tenants_) {
-    const TierUsage u = t->host->Usage();
-    TenantUsage& tu = out.emplace_back();
-    tu.name = t->name;
-    tu.capacity_bytes = u.capacity_bytes;
-    tu.used_bytes = u.used_bytes;
-    tu.blocks = u.used_slots;
-    tu.pinned_blocks = t->pinned.load(std::memory_order_relaxed);
-    tu.evictions = t->evictions.load(std::memory_order_relaxed);
-    tu.quota = t->Quota();
-    tu.classes = t->host->Classes();
-    for (const SlotAllocator::ClassUsage& c : tu.classes) tu.stranded_bytes += c.stranded_bytes;
-    {
-      if (!lanes_.empty()) {
-        Lane& first = *lanes_[0];
-        MutexLock nl(&first.mu);
-        const LowerLane::Use nu = first.use(tenant);
-        tu.nvme_bytes = nu.bytes;
-        tu.nvme_tokens = nu.tokens;
-      }
-    }
-    ++tenant;
-    MutexLock l(&t->mu);
-    tu.host_tokens = t->host_tokens;
-    for (const auto& [slot_bytes, policy] : t->policy_by_size) {
-      PolicyUsage& pu = tu.policies.emplace_back();
-      pu.slot_bytes = slot_bytes;
-      pu.blocks = policy->size();
-      pu.bookkeeping = policy->bookkeeping();
-      pu.leader = std::string(policy->name());
-      if (const auto* a = dynamic_cast<const AdaptivePolicy*>(policy->inner())) {
-        pu.leader = std::string(a->leader());
-        pu.switches = a->switches();
-        for (const AdaptivePolicy::ExpertScore& e : a->scores()) pu.scores.emplace_back(e.name, e.score);
-      }
-    }
-    std::sort(tu.policies.begin(), tu.policies.end(),
-              [](const PolicyUsage& a, const PolicyUsage& b) { return a.slot_bytes < b.slot_bytes; });
-  }
-  return out;
 }
 
 }  // namespace kvtier

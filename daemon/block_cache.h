@@ -194,8 +194,8 @@ class BlockCache {
   };
   FlushResult FlushToNvme(std::chrono::nanoseconds timeout);
 
-  // Thread-safe. Up to `limit` visible blocks (of one tenant, or with one
-  // key), for kvtierctl blocks: where each is, its pins and size.
+  // Thread-safe (block_reports.cc). Up to `limit` visible blocks (of one
+  // tenant, or with one key), for kvtierctl blocks: where each is, its pins and size.
   struct BlockInfo {
     BlockKey key;
     uint32_t ns = 0;
@@ -296,6 +296,7 @@ class BlockCache {
   // Aborts every ticket and releases every lease (a session ended).
   void CloseSession(SessionHoldings& s);
 
+  // Thread-safe (block_reports.cc): each tenant's use of every tier.
   std::vector<TenantUsage> Usage() const;
   uint64_t indexed_blocks() const { return index_.size(); }
   CostTracker& cost() { return cost_; }
