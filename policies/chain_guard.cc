@@ -4,60 +4,92 @@
 
 namespace kvtier {
 
+void ChainGuard::File(uint32_t h, uint32_t tag) {
+  if (filed_ + 1 > 2 * heads_.size() && head_bits_ < 31) GrowHeads();  // lists of two on average, at most
+  uint32_t& last = heads_[Head(tag)];
+  Links& l = links_[h];
+  l.parent = tag;
+  l.prev = last;
+  l.next = kNil;
+  if (last != kNil) links_[last].next = h;
+  else ++lists_;
+  last = h;
+  ++filed_;
+}
+
+void ChainGuard::Unfile(uint32_t h) {
+  uint32_t& last = heads_[Head(links_[h].parent)];
+  // Unlink the last child; unless it is h, it takes h's place.
+  const uint32_t moved = last;
+  last = links_[moved].prev;
+  if (last != kNil) links_[last].next = kNil;
+  if (moved != h) {
+    // h's links as they are now: if h was just before the last, it is the last now.
+    const Links& at = links_[h];
+    Links& m = links_[moved];
+    m.prev = at.prev;
+    m.next = at.next;
+    if (m.prev != kNil) links_[m.prev].next = moved;
+    if (m.next != kNil) links_[m.next].prev = moved;
+    else last = moved;
+  }
+  if (last == kNil) --lists_;
+  --filed_;
+}
+
+void ChainGuard::GrowHeads() {
+  // The filed children, each list first to last, before the lists are redrawn.
+  std::vector<uint32_t> filed;
+  filed.reserve(filed_);
+  for (uint32_t last : heads_) {
+    const size_t first = filed.size();
+    for (uint32_t k = last; k != kNil; k = links_[k].prev) filed.push_back(k);
+    std::reverse(filed.begin() + static_cast<ptrdiff_t>(first), filed.end());
+  }
+  head_bits_ = head_bits_ == 0 ? 4 : head_bits_ + 1;
+  heads_.assign(size_t{1} << head_bits_, kNil);
+  filed_ = 0;
+  lists_ = 0;
+  for (uint32_t k : filed) File(k, links_[k].parent);
+}
+
 void ChainGuard::InsertInChain(uint32_t h, uint64_t key, uint64_t parent, uint64_t position) {
   if (inner_->Contains(h)) {
     inner_->Touch(h);
     return;
   }
-  if (h >= links_.size()) links_.resize(h + 1);
-  Links& l = links_[h];
-  l = Links{key, key != 0 ? parent : 0};
-  if (l.parent != 0) {
-    auto [it, added] = kids_.try_emplace(Bucket(l.parent), kNil);
-    l.prev = it->second;
-    if (l.prev != kNil) links_[l.prev].next = h;
-    it->second = h;
+  if (h >= links_.size()) {
+    links_.resize(h + 1);
+    keys_.resize(h + 1, 0);
   }
+  keys_[h] = key;
+  links_[h] = Links{};
+  if (key != 0 && parent != 0) File(h, Tag(parent));
   inner_->InsertAt(h, key, position);
 }
 
 void ChainGuard::Remove(uint32_t h) {
   if (!inner_->Contains(h)) return;
   inner_->Remove(h);
-  const uint64_t parent = links_[h].parent;
-  if (parent != 0) {
-    auto it = kids_.find(Bucket(parent));
-    if (it != kids_.end()) {
-      uint32_t& last = it->second;
-      // Unlink the last child; unless it is h, it takes h's place.
-      const uint32_t moved = last;
-      last = links_[moved].prev;
-      if (last != kNil) links_[last].next = kNil;
-      if (moved != h) {
-        // h's links as they are now: if h was just before the last, it is the last now.
-        const Links& at = links_[h];
-        Links& m = links_[moved];
-        m.prev = at.prev;
-        m.next = at.next;
-        if (m.prev != kNil) links_[m.prev].next = moved;
-        if (m.next != kNil) links_[m.next].prev = moved;
-        else last = moved;
-      }
-      if (last == kNil) kids_.erase(it);
-    }
-  }
+  if (links_[h].parent != 0) Unfile(h);
   links_[h] = Links{};
+  keys_[h] = 0;
+}
+
+// Calls `f` with each child filed under `key`'s tag until it returns false.
+template <typename F>
+void ChainGuard::ForEachChild(uint64_t key, F f) const {
+  if (key == 0 || heads_.empty()) return;
+  const uint32_t tag = Tag(key);
+  for (uint32_t k = heads_[Head(tag)]; k != kNil; k = links_[k].prev) {
+    if (links_[k].parent == tag && !f(k)) return;
+  }
 }
 
 bool ChainGuard::HasKids(uint32_t h) const {
-  const uint64_t key = links_[h].key;
-  if (key == 0) return false;
-  auto it = kids_.find(Bucket(key));
-  if (it == kids_.end()) return false;
-  for (uint32_t k = it->second; k != kNil; k = links_[k].prev) {
-    if (links_[k].parent == key) return true;
-  }
-  return false;
+  bool any = false;
+  ForEachChild(keys_[h], [&](uint32_t) { return !(any = true); });
+  return any;
 }
 
 std::optional<uint32_t> ChainGuard::PickVictim(absl::FunctionRef<bool(uint32_t)> evictable) {
@@ -70,18 +102,13 @@ std::optional<uint32_t> ChainGuard::PickVictim(absl::FunctionRef<bool(uint32_t)>
   // from its end (the policy will choose the same block again next time).
   uint32_t at = *v;
   for (int depth = 0; depth < 1 << 16; ++depth) {
-    const uint64_t key = links_[at].key;
-    auto list = key != 0 ? kids_.find(Bucket(key)) : kids_.end();
     bool has_kids = false;
     std::optional<uint32_t> next;
-    for (uint32_t k = list != kids_.end() ? list->second : kNil; k != kNil; k = links_[k].prev) {
-      if (links_[k].parent != key) continue;  // another parent's child in the same bucket
+    ForEachChild(keys_[at], [&](uint32_t k) {
       has_kids = true;
-      if (evictable(k)) {
-        next = k;
-        break;
-      }
-    }
+      if (evictable(k)) next = k;
+      return !next;
+    });
     if (!has_kids) return at;
     if (!next) break;  // every child is pinned
     at = *next;
@@ -92,11 +119,8 @@ std::optional<uint32_t> ChainGuard::PickVictim(absl::FunctionRef<bool(uint32_t)>
 }
 
 uint32_t ChainGuard::children(uint64_t key) const {
-  if (key == 0) return 0;
-  auto it = kids_.find(Bucket(key));
-  if (it == kids_.end()) return 0;
   uint32_t n = 0;
-  for (uint32_t k = it->second; k != kNil; k = links_[k].prev) n += links_[k].parent == key ? 1 : 0;
+  ForEachChild(key, [&](uint32_t) { return ++n != 0; });
   return n;
 }
 

@@ -19,11 +19,11 @@
 // main part and evict the parent from its window). The guard makes it a
 // property of every tier instead of a habit of some policies.
 //
-// Memory: 24 bytes per handle (its key, its parent's key, and its place in
-// its parent's list of resident children, linked through the handles), and
-// 8 bytes per block that has resident children (the end of that list).
-// Children as a vector per parent cost ~75 bytes per block on chains, the
-// largest share of the daemon's memory per indexed block.
+// Memory: 20 bytes per handle (its key; a 32-bit tag of its parent's key and
+// its place in the list of children filed under that tag) and 2 to 4 per
+// filed child (a power-of-two table of the lists' ends). Children as a
+// vector per parent cost ~75 bytes per block on chains; the parent's full key
+// per handle and a hash map from parent to list, ~43.
 #ifndef KVTIER_POLICIES_CHAIN_GUARD_H_
 #define KVTIER_POLICIES_CHAIN_GUARD_H_
 
@@ -58,7 +58,7 @@ class ChainGuard final : public EvictionPolicy, private HandleKeys {
   std::optional<uint32_t> PickVictim(absl::FunctionRef<bool(uint32_t)> evictable) override;
   bool Contains(uint32_t handle) const override { return inner_->Contains(handle); }
   size_t size() const override { return inner_->size(); }
-  size_t bookkeeping() const override { return inner_->bookkeeping() + kids_.size(); }
+  size_t bookkeeping() const override { return inner_->bookkeeping() + lists_; }
   absl::string_view name() const override { return inner_->name(); }
 
   EvictionPolicy* inner() const { return inner_.get(); }
@@ -67,26 +67,40 @@ class ChainGuard final : public EvictionPolicy, private HandleKeys {
 
  private:
   static constexpr uint32_t kNil = UINT32_MAX;
+  static constexpr uint64_t kMix = 0x9e3779b97f4a7c15ull;
   struct Links {
-    uint64_t key = 0, parent = 0;
-    uint32_t prev = kNil, next = kNil;  // in its parent's bucket list
+    uint32_t parent = 0;                // Tag(parent key); 0: none
+    uint32_t prev = kNil, next = kNil;  // in the list it is filed in
   };
-  // Children are listed by a 32-bit bucket of their parent's key (parents
-  // whose keys share one are listed together; each child's own parent key
-  // tells them apart), so the map costs 8 bytes per parent, not 16. A list
-  // keeps the order a vector with swap-and-pop removal would have, except
-  // that in a shared bucket a child of one parent may take the place of a
-  // removed child of the other (which leaf of a subtree goes first may then
-  // differ; a parent still never goes before its children). The bucket is
-  // the high half of a multiplicative hash, so keys alike in a simple way
-  // (equal halves, zeros) do not share one.
-  static uint32_t Bucket(uint64_t parent) { return static_cast<uint32_t>((parent * 0x9e3779b97f4a7c15ull) >> 32); }
+  // A child is filed under a 32-bit tag of its parent's key (the high half
+  // of a multiplicative hash, low bit set: 0 is no parent), in the list at
+  // heads_[Head(tag)], the tag's top bits; the table has a list per one or
+  // two children, so lists stay short, and when it doubles every child is filed
+  // again from its tag alone. Parents in one list are told apart by the tag.
+  // Two parents with one tag (a chance of 2^-31 a pair) are confused, and
+  // only conservatively: a block seems to have the other's children and
+  // waits for them to go. Lists keep the order a vector with swap-and-pop
+  // removal would have, except that in a shared list a child of one parent
+  // may take the place of a removed child of another (which leaf of a
+  // subtree goes first may then differ; a parent still never goes before
+  // its children).
+  static uint32_t Tag(uint64_t key) { return static_cast<uint32_t>((key * kMix) >> 32) | 1; }
+  uint32_t Head(uint32_t tag) const { return head_bits_ == 0 ? 0 : tag >> (32 - head_bits_); }
+  void File(uint32_t h, uint32_t tag);  // as the last of its list
+  void Unfile(uint32_t h);
+  void GrowHeads();  // twice the lists; every child filed again
+  template <typename F>
+  void ForEachChild(uint64_t key, F f) const;
   bool HasKids(uint32_t h) const;
-  uint64_t KeyOf(uint32_t h) const override { return h < links_.size() ? links_[h].key : 0; }
+  uint64_t KeyOf(uint32_t h) const override { return h < keys_.size() ? keys_[h] : 0; }
 
   std::unique_ptr<EvictionPolicy> inner_;
-  std::vector<Links> links_;                      // by handle
-  absl::flat_hash_map<uint32_t, uint32_t> kids_;  // Bucket(parent) -> its list's last child
+  std::vector<uint64_t> keys_;    // by handle
+  std::vector<Links> links_;      // by handle
+  std::vector<uint32_t> heads_;   // 2^head_bits_ lists' last child (kNil: empty)
+  uint32_t head_bits_ = 0;     // at most 31
+  size_t filed_ = 0;              // children filed
+  size_t lists_ = 0;              // non-empty lists
 };
 
 }  // namespace kvtier

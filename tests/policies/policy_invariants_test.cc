@@ -120,15 +120,18 @@ TEST_P(PolicyInvariantsTest, BehindAChainGuardLeavesGoBeforeTheirParents) {
   EXPECT_GT(evictions, 1000u);
 }
 
-// The guard lists children by a 32-bit bucket of their parent's key; two
-// parents in one bucket still have only their own children.
-TEST(ChainGuardTest, ParentsWhoseKeysShareABucketKeepTheirOwnChildren) {
+// The guard files children under a 32-bit tag of their parent's key, in a
+// list chosen by the tag's top bits; two parents whose children share a list
+// still have only their own children.
+TEST(ChainGuardTest, ParentsWhoseChildrenShareAListKeepTheirOwnChildren) {
   ChainGuard g(MakeLruPolicy());
-  // Two keys in one bucket: found by search, as the bucket is a hash.
+  // Two keys whose tags agree in their top 16 bits (one list while the guard
+  // has up to 2^16 lists) and differ below: found by search, as the tag is a
+  // hash.
   const uint64_t p1 = 1;
   uint64_t p2 = 2;
-  auto bucket = [](uint64_t k) { return static_cast<uint32_t>((k * 0x9e3779b97f4a7c15ull) >> 32); };
-  while (bucket(p2) != bucket(p1)) ++p2;
+  auto tag = [](uint64_t k) { return static_cast<uint32_t>((k * 0x9e3779b97f4a7c15ull) >> 32) | 1; };
+  while ((tag(p2) >> 16) != (tag(p1) >> 16) || tag(p2) == tag(p1)) ++p2;
   g.InsertInChain(0, p1, 0);
   g.InsertInChain(1, p2, 0);
   g.InsertInChain(2, 100, p1);
@@ -143,7 +146,7 @@ TEST(ChainGuardTest, ParentsWhoseKeysShareABucketKeepTheirOwnChildren) {
   EXPECT_EQ(g.PickVictim([](uint32_t) { return true; }), 0u);
   g.Remove(0);
   // Then handle 1 (p2): the guard takes its children first (in a shared
-  // bucket, in the order swap-and-pop left them).
+  // list, in the order swap-and-pop left them).
   std::set<uint32_t> kids;
   for (int i = 0; i < 2; ++i) {
     const std::optional<uint32_t> v = g.PickVictim([](uint32_t) { return true; });
