@@ -599,7 +599,7 @@ absl::StatusOr<uint32_t> BlockCache::Lookup(SessionHoldings& s, std::span<const 
         cut_for_cost = true;
         break;
       }
-      out[i] = in_host ? BlockLocation{TierKind::kHost, r->arena_offset, false}
+      out[i] = in_host ? BlockLocation{TierKind::kHost, r->arena_offset(), false}
                        : BlockLocation{LaneOf(r).tier->kind(), 0, false};
       if (!in_host) ++hit_nvme;
       if (lease) {
@@ -704,7 +704,7 @@ std::optional<LoadOutcome> BlockCache::Load(SessionHoldings& s, uint64_t lease_i
     BlockIndex::Shard& sh = index_.ShardFor(recs[i]);
     MutexLock l(&sh.mu);
     if (recs[i]->state == BlockState::kReady) {
-      outcome.locations[i] = BlockLocation{TierKind::kHost, recs[i]->arena_offset, false};
+      outcome.locations[i] = BlockLocation{TierKind::kHost, recs[i]->arena_offset(), false};
     } else {
       to_promote.push_back(i);
     }
@@ -756,7 +756,7 @@ std::optional<LoadOutcome> BlockCache::Load(SessionHoldings& s, uint64_t lease_i
         if (ok) {
           BlockIndex::Shard& sh = index_.ShardFor(r);
           MutexLock sl(&sh.mu);
-          p.outcome.locations[i] = BlockLocation{TierKind::kHost, r->arena_offset, false};
+          p.outcome.locations[i] = BlockLocation{TierKind::kHost, r->arena_offset(), false};
         }
       });
       fan->Arrive();
@@ -848,7 +848,7 @@ absl::StatusOr<uint32_t> BlockCache::StoreBegin(SessionHoldings& s, std::span<co
       BlockIndex::Shard& sh = index_.ShardFor(r);
       MutexLock sl(&sh.mu);
       r->host_slot = *slot;
-      r->arena_offset = offset;
+      r->set_arena_offset(offset);
     }
     out[created_at[j]] = BlockLocation{TierKind::kHost, offset, true};
   }

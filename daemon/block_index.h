@@ -17,6 +17,7 @@
 #include "absl/hash/hash.h"
 #include "core/mutex.h"
 #include "kvtier/types.h"
+#include "tiers/host_tier.h"
 #include "tiers/tier.h"
 
 namespace kvtier {
@@ -54,12 +55,14 @@ struct BlockRecord {
   uint32_t pins = 0;               // leases holding it
   SlotHandle host_slot = kNoSlot;  // in the tenant's host tier
   SlotHandle lower_slot = kNoSlot;  // in lower tier `lower`
-  uint64_t arena_offset = 0;       // of host_slot, kept here so lookups touch no tier state
+  // Of host_slot, in HostTier::kPage pages (32 bits keep the record at 60
+  // bytes), kept here so lookups touch no tier state.
+  uint32_t arena_page = 0;
   uint16_t tenant = 0;
   BlockState state = BlockState::kWriting;
   LowerState lower_state = LowerState::kNone;
   // Tier I/O in flight on this block: not evictable, not freed. Eight bits
-  // keep the record in one cache line, so the count is bounded where a
+  // keep the record at 60 bytes, so the count is bounded where a
   // client can multiply it (kMaxClientIoRefs for prefetches); the daemon's
   // own paths (eviction, write-through, promotion, flush) take one each.
   uint8_t io_refs = 0;
@@ -67,11 +70,15 @@ struct BlockRecord {
   bool removed : 1 = false;
   // Which lower tier holds lower_slot (an index into the store's chain);
   // meaningful while lower_state is not kNone. Shares a byte with `removed`
-  // to keep the record in one cache line.
+  // to keep the record at 60 bytes.
   uint8_t lower : 7 = 0;
   // Blocks before this one in its chain, when known (a store that follows a
   // lookup of the chain), saturating at kUnknownDepth - 1. Prices recomputation.
   uint16_t depth = kUnknownDepth;
+
+  uint64_t arena_offset() const { return uint64_t{arena_page} * HostTier::kPage; }
+  // `offset` comes from HostTier::ArenaOffset: a whole page below 2^32 pages.
+  void set_arena_offset(uint64_t offset) { arena_page = static_cast<uint32_t>(offset / HostTier::kPage); }
 
   // A block being demoted stays visible: a load waits for its write to land.
   bool visible() const { return state == BlockState::kReady || lower_state != LowerState::kNone; }
@@ -82,7 +89,7 @@ struct BlockRecord {
 inline uint64_t PositionOf(const BlockRecord& r, uint32_t block_tokens) {
   return r.depth == kUnknownDepth ? 0 : uint64_t{r.depth} * block_tokens;
 }
-static_assert(sizeof(BlockRecord) <= 64);
+static_assert(sizeof(BlockRecord) <= 60, "the record's size is most of the daemon's memory per block");
 static_assert(kMaxLowerTiers <= 128, "BlockRecord::lower has 7 bits");
 
 // A block's identity for eviction policies that remember evicted blocks
@@ -118,8 +125,8 @@ struct BlockEq {
   bool operator()(const BlockRef& a, const BlockRecord* b) const { return Same(a.ns, *a.key, b->ns, b->key); }
 };
 
-// Records of one index shard, carved from chunks: a record costs its 64
-// bytes (from malloc it cost 80 with the allocator's header, the largest
+// Records of one index shard, carved from chunks: a record costs its 60
+// bytes (from malloc a 64-byte record cost 80 with the allocator's header, the largest
 // share of the daemon's memory per block). Freed records are reused, last
 // freed first; under AddressSanitizer a freed record is poisoned until then.
 // Chunks stay until the index goes: memory freed by a mass invalidation is
@@ -139,7 +146,7 @@ class RecordPool {
   struct alignas(BlockRecord) Cell {
     unsigned char bytes[sizeof(BlockRecord)];
   };
-  static constexpr size_t kChunkRecords = 1024;  // 64 KiB
+  static constexpr size_t kChunkRecords = 1024;  // 60 KiB
   std::vector<std::unique_ptr<Cell[]>> chunks_;
   size_t carved_ = kChunkRecords;  // cells handed out of the last chunk
   std::vector<BlockRecord*> free_;

@@ -81,7 +81,7 @@ BlockCache::EvictResult BlockCache::EvictHostCopyLocked(TenantState& t, BlockRec
       return EvictResult::kSkipped;
     }
     host_slot = r->host_slot;
-    offset = r->arena_offset;
+    offset = r->arena_offset();
     keep_on_nvme = r->lower_state == LowerState::kReady;
     if (keep_on_nvme) {
       r->state = BlockState::kNone;
@@ -342,7 +342,7 @@ void BlockCache::WriteToNvme(TenantState& t, BlockRecord* r, IoPriority prio, St
         return;
       }
       ++r->io_refs;  // keeps the host copy in place while it is copied
-      offset = r->arena_offset;
+      offset = r->arena_offset();
     }
     absl::StatusOr<SlotHandle> slot;
     {
@@ -443,7 +443,7 @@ BlockCache::PromotionPlan BlockCache::PlanPromotionLocked(TenantState& t, BlockR
   t.loading.try_emplace(r);  // others wait here from now on
   MutexLock sl(&sh.mu);
   r->host_slot = p.host_slot;
-  r->arena_offset = p.offset;
+  r->set_arena_offset(p.offset);
   return p;
 }
 

@@ -18,19 +18,19 @@ absl::string_view TierHealthName(TierHealth h) {
 }
 
 absl::StatusOr<std::unique_ptr<HostTier>> HostTier::Create(const HostTierOptions& opts) {
-  constexpr uint64_t kMaxArena = uint64_t{4096} * UINT32_MAX;  // page index fits in 32 bits
-  if (opts.capacity_bytes < 4096 || opts.capacity_bytes > kMaxArena) {
+  constexpr uint64_t kMaxArena = kPage * UINT32_MAX;  // page index fits in 32 bits
+  if (opts.capacity_bytes < kPage || opts.capacity_bytes > kMaxArena) {
     return absl::InvalidArgumentError(absl::StrCat("host tier capacity must be 4 KiB..16 TiB, got ",
                                                    FormatBytes(opts.capacity_bytes)));
   }
-  const uint64_t bytes = opts.capacity_bytes / 4096 * 4096;
+  const uint64_t bytes = opts.capacity_bytes / kPage * kPage;
   ASSIGN_OR_RETURN(UniqueFd fd, os::CreateSealedMemfd(opts.name, bytes));
   ASSIGN_OR_RETURN(os::MappedRegion region, os::MappedRegion::Map(fd.get(), bytes, opts.prefault));
   return std::unique_ptr<HostTier>(new HostTier(std::move(fd), std::move(region), bytes));
 }
 
 HostTier::HostTier(UniqueFd fd, os::MappedRegion region, uint64_t capacity)
-    : fd_(std::move(fd)), region_(std::move(region)), slots_(capacity) {}
+    : fd_(std::move(fd)), region_(std::move(region)), slots_(capacity, kPage) {}
 
 absl::StatusOr<SlotHandle> HostTier::Allocate(uint64_t bytes) {
   MutexLock l(&mu_);

@@ -24,6 +24,10 @@ struct HostTierOptions {
 
 class HostTier final : public Tier {
  public:
+  // Slots start on these pages: an offset in the arena is a 32-bit page
+  // number times kPage (what the daemon's block records keep).
+  static constexpr uint64_t kPage = 4096;
+
   static absl::StatusOr<std::unique_ptr<HostTier>> Create(const HostTierOptions& opts);
 
   TierKind kind() const override { return TierKind::kHost; }
@@ -39,7 +43,7 @@ class HostTier final : public Tier {
   TierHealth Health() const override { return TierHealth::kHealthy; }
 
   // Thread-safe. The slot size a block of `bytes` gets (its size class).
-  uint64_t SlotSizeFor(uint64_t bytes) const { return (bytes + 4095) / 4096 * 4096; }
+  uint64_t SlotSizeFor(uint64_t bytes) const { return (bytes + kPage - 1) / kPage * kPage; }
   // Thread-safe. Offset of the slot's bytes in the arena (what engines use).
   uint64_t ArenaOffset(SlotHandle slot) const;
   // Thread-safe. See SlotAllocator.
