@@ -141,14 +141,12 @@ void BlockCache::FreeHostSlotLocked(TenantState& t, SlotHandle slot) {
   PolicyFor(t, t.host->SlotBytes(slot))->Remove(slot);
   // Cannot fail: the slot was allocated for one record and is freed once.
   (void)t.host->Free(slot);
-  t.slot_owner[slot] = nullptr;
-  t.host_tokens -= t.slot_tokens[slot];
-  t.slot_tokens[slot] = 0;
+  t.slots.Release(slot);
 }
 
 std::optional<SlotHandle> BlockCache::PickHostVictimLocked(TenantState& t, ChainGuard* policy) {
   return policy->PickVictim([&](SlotHandle h) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    BlockRecord* v = t.slot_owner[h];
+    BlockRecord* v = t.slots.owner(h);
     BlockIndex::Shard& sh = index_.ShardFor(v);
     MutexLock sl(&sh.mu);
     return !v->removed && v->pins == 0 && v->io_refs == 0 && v->state == BlockState::kReady;
@@ -164,7 +162,7 @@ bool BlockCache::EvictColdestLocked(TenantState& t, std::vector<PendingDemotion>
     if (bytes == 0) break;
     std::optional<SlotHandle> victim = PickHostVictimLocked(t, policy);
     if (!victim) continue;
-    if (EvictHostCopyLocked(t, t.slot_owner[*victim], deferred) == EvictResult::kEvicted) {
+    if (EvictHostCopyLocked(t, t.slots.owner(*victim), deferred) == EvictResult::kEvicted) {
       t.evictions.fetch_add(1, std::memory_order_relaxed);
       stats_->evictions.Add();
     }
@@ -186,7 +184,7 @@ bool BlockCache::ReclaimSegmentLocked(TenantState& t, uint64_t slot_bytes, std::
     size_t j = i;
     uint32_t youngest = UINT32_MAX;
     for (; j < live.size() && live[j].first == live[i].first; ++j) {
-      youngest = std::min(youngest, t.clock - t.slot_tick[live[j].second]);
+      youngest = std::min(youngest, t.slots.age(live[j].second));
     }
     if (!min_age || youngest > *min_age) candidates.push_back({youngest, i, j});
     i = j;
@@ -200,7 +198,7 @@ bool BlockCache::ReclaimSegmentLocked(TenantState& t, uint64_t slot_bytes, std::
     const Candidate& c = candidates[k];
     bool all_may_go = true;
     for (size_t i = c.begin; i < c.end && all_may_go; ++i) {
-      BlockRecord* v = t.slot_owner[live[i].second];
+      BlockRecord* v = t.slots.owner(live[i].second);
       if (v == nullptr) {
         all_may_go = false;
         break;
@@ -212,7 +210,7 @@ bool BlockCache::ReclaimSegmentLocked(TenantState& t, uint64_t slot_bytes, std::
     if (!all_may_go) continue;
     uint64_t evicted = 0;
     for (size_t i = c.begin; i < c.end; ++i) {
-      if (EvictHostCopyLocked(t, t.slot_owner[live[i].second]) == EvictResult::kEvicted) ++evicted;
+      if (EvictHostCopyLocked(t, t.slots.owner(live[i].second)) == EvictResult::kEvicted) ++evicted;
     }
     t.evictions.fetch_add(evicted, std::memory_order_relaxed);
     stats_->evictions.Add(evicted);
@@ -228,7 +226,8 @@ bool BlockCache::FullerThanLocked(const TenantState& t, double share, uint64_t f
   const TierUsage u = t.host->Usage();
   if (double(u.used_bytes - std::min(freeing_bytes, u.used_bytes)) > share * double(u.capacity_bytes)) return true;
   const uint64_t quota = t.QuotaHostTokens();
-  return quota != 0 && double(t.host_tokens - std::min(freeing_tokens, t.host_tokens)) > share * double(quota);
+  const uint64_t held = t.slots.tokens_held();
+  return quota != 0 && double(held - std::min(freeing_tokens, held)) > share * double(quota);
 }
 
 void BlockCache::StartBackgroundReclaim() {
@@ -268,11 +267,10 @@ BlockCache::FlushResult BlockCache::FlushToNvme(std::chrono::nanoseconds timeout
     std::vector<std::tuple<BlockRecord*, uint8_t, SlotHandle>> not_durable;
     {
       MutexLock l(&t.mu);
-      for (BlockRecord* r : t.slot_owner) {
-        if (r == nullptr) continue;
+      t.slots.ForEachOwner([&](BlockRecord* r) ABSL_NO_THREAD_SAFETY_ANALYSIS {
         BlockIndex::Shard& sh = index_.ShardFor(r);
         MutexLock sl(&sh.mu);
-        if (r->removed || r->state != BlockState::kReady) continue;
+        if (r->removed || r->state != BlockState::kReady) return;
         const bool durable_copy = r->lower_state == LowerState::kReady && LaneOf(r).tier->durable();
         if (r->lower_state == LowerState::kNone || (r->lower_state == LowerState::kReady && !durable_copy)) {
           ++r->io_refs;  // held until WriteToNvme took its own: r stays put meanwhile
@@ -281,7 +279,7 @@ BlockCache::FlushResult BlockCache::FlushToNvme(std::chrono::nanoseconds timeout
         } else {
           ++out.already_on_nvme;
         }
-      }
+      });
     }
     for (const auto& [r, lane, slot] : not_durable) DropLowerCopy(r, lane, slot, /*sole_holder=*/true);
     {
@@ -419,7 +417,7 @@ void BlockCache::ReclaimPass() {
           if (!EvictColdestLocked(t, &pending)) break;  // everything left is pinned or moving
           for (size_t i = before; i < pending.size(); ++i) {
             freeing_bytes += t.host->SlotBytes(pending[i].host_slot);
-            freeing_tokens += t.slot_tokens[pending[i].host_slot];
+            freeing_tokens += t.slots.tokens(pending[i].host_slot);
           }
           t.deferred_in_flight += static_cast<uint32_t>(pending.size() - before);
           stats_->evictions_background.Add();
@@ -436,19 +434,11 @@ absl::StatusOr<SlotHandle> BlockCache::AllocateSlotLocked(TenantState& t, uint64
                                                           BlockRecord* owner) {
   for (;;) {
     const uint64_t quota = t.QuotaHostTokens();
-    const bool over_quota = quota != 0 && t.host_tokens + tokens > quota;
+    const bool over_quota = quota != 0 && t.slots.tokens_held() + tokens > quota;
     absl::StatusOr<SlotHandle> slot =
         over_quota ? absl::ResourceExhaustedError("token quota") : t.host->Allocate(bytes);
     if (slot.ok()) {
-      if (t.slot_owner.size() <= *slot) {
-        t.slot_owner.resize(*slot + 1);
-        t.slot_tokens.resize(t.slot_owner.size(), 0);
-        t.slot_tick.resize(t.slot_owner.size(), 0);
-      }
-      t.slot_owner[*slot] = owner;
-      t.slot_tokens[*slot] = tokens;
-      t.slot_tick[*slot] = ++t.clock;
-      t.host_tokens += tokens;
+      t.slots.Assign(*slot, owner, tokens);
       if (reclaimer_.running() && FullerThanLocked(t, high_watermark_.load(std::memory_order_relaxed))) {
         reclaimer_.Wake();
       }
@@ -470,14 +460,14 @@ absl::StatusOr<SlotHandle> BlockCache::AllocateSlotLocked(TenantState& t, uint64
                                                        "; raise [[tenants]] host_tokens"));
       }
       // Over the token quota: any block size may give tokens back.
-      const uint64_t before = t.host_tokens;
+      const uint64_t before = t.slots.tokens_held();
       if (EvictColdestLocked(t)) {
-        if (t.host_tokens < before) stats_->evictions_for_quota.Add();
+        if (t.slots.tokens_held() < before) stats_->evictions_for_quota.Add();
         continue;
       }
       stats_->store_refused_no_space.Add();
       return CodedStatus(KVTIER_ENOSPC,
-                         absl::StrCat("tenant \"", t.name, "\" holds ", t.host_tokens, " of its host_tokens quota of ",
+                         absl::StrCat("tenant \"", t.name, "\" holds ", t.slots.tokens_held(), " of its host_tokens quota of ",
                                       quota, " and every block it could evict is pinned by leases or "
                                       "busy with I/O; release leases or raise [[tenants]] host_tokens"));
     }
@@ -491,7 +481,7 @@ absl::StatusOr<SlotHandle> BlockCache::AllocateSlotLocked(TenantState& t, uint64
     if (!victim || ++t.room_evictions >= t.host->SlotsPerSegment(slot_bytes)) {
       t.room_evictions = 0;
       if (ReclaimSegmentLocked(t, slot_bytes,
-                               victim ? std::optional<uint32_t>(t.clock - t.slot_tick[*victim]) : std::nullopt)) {
+                               victim ? std::optional<uint32_t>(t.slots.age(*victim)) : std::nullopt)) {
         continue;
       }
     }
@@ -512,7 +502,7 @@ absl::StatusOr<SlotHandle> BlockCache::AllocateSlotLocked(TenantState& t, uint64
                                       " committed blocks of this size are pinned by leases or busy with I/O; "
                                       "release leases or raise tiers.host.capacity"));
     }
-    if (EvictHostCopyLocked(t, t.slot_owner[*victim]) == EvictResult::kEvicted) {
+    if (EvictHostCopyLocked(t, t.slots.owner(*victim)) == EvictResult::kEvicted) {
       t.evictions.fetch_add(1, std::memory_order_relaxed);
       stats_->evictions.Add();
     }
@@ -651,7 +641,7 @@ absl::StatusOr<uint32_t> BlockCache::Lookup(SessionHoldings& s, std::span<const 
     // whose parent is gone can never be hit).
     for (auto h = host_touch.rbegin(); h != host_touch.rend(); ++h) {
       PolicyFor(t, t.host->SlotBytes(*h))->Touch(*h);
-      t.slot_tick[*h] = ++t.clock;
+      t.slots.Touch(*h);
     }
   }
   // Leaves first, as above; a copy that moved down a tier since (the

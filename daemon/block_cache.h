@@ -40,6 +40,7 @@
 #include "daemon/namespace_registry.h"
 #include "daemon/stats.h"
 #include "daemon/cost_tracker.h"
+#include "daemon/host_slots.h"
 #include "policies/chain_guard.h"
 #include "policies/eviction_policy.h"
 #include "tiers/host_tier.h"
@@ -314,15 +315,7 @@ class BlockCache {
     Mutex mu;
     // The configured policy per slot size, behind a ChainGuard (leaves before parents).
     absl::flat_hash_map<uint64_t, std::unique_ptr<ChainGuard>> policy_by_size ABSL_GUARDED_BY(mu);
-    std::vector<BlockRecord*> slot_owner ABSL_GUARDED_BY(mu);
-    std::vector<uint32_t> slot_tokens ABSL_GUARDED_BY(mu);  // tokens of each slot's block
-    uint64_t host_tokens ABSL_GUARDED_BY(mu) = 0;           // their sum
-    // When each slot's block was last stored or hit, on a per-tenant clock:
-    // compares blocks of different sizes (each size has its own policy).
-    // 32 bits (4 B per slot): ages are clock - tick, modulo 2^32, so they
-    // are right while under 4 billion stores and hits old.
-    std::vector<uint32_t> slot_tick ABSL_GUARDED_BY(mu);
-    uint32_t clock ABSL_GUARDED_BY(mu) = 0;
+    HostSlotTable slots ABSL_GUARDED_BY(mu);  // each host slot's owner, tokens and age
     // Evictions for room since the last look at other sizes' segments.
     uint64_t room_evictions ABSL_GUARDED_BY(mu) = 0;
     // Quotas: SetQuota (a config reload) may change them while sessions run.

@@ -68,7 +68,7 @@ std::vector<TenantUsage> BlockCache::Usage() const {
     }
     ++tenant;
     MutexLock l(&t->mu);
-    tu.host_tokens = t->host_tokens;
+    tu.host_tokens = t->slots.tokens_held();
     for (const auto& [slot_bytes, policy] : t->policy_by_size) {
       PolicyUsage& pu = tu.policies.emplace_back();
       pu.slot_bytes = slot_bytes;

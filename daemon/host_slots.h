@@ -1,0 +1,75 @@
+// What the store knows about each slot of one tenant's host tier: the block
+// that owns it, the tokens it holds (summed for the tenant's token quota),
+// and when it was last stored or hit on the tenant's own clock (to compare
+// blocks of different sizes, whose policies are separate). Guarded by the
+// tenant's tier lock, as the tier's allocations are.
+//
+// 16 bytes per slot: a table per field, grown to the highest slot handed out
+// (the allocator reuses low handles first).
+#ifndef KVTIER_DAEMON_HOST_SLOTS_H_
+#define KVTIER_DAEMON_HOST_SLOTS_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "tiers/tier.h"
+
+namespace kvtier {
+
+struct BlockRecord;
+
+class HostSlotTable {
+ public:
+  // `slot` now holds `owner`'s block of `tokens` tokens, stored just now.
+  void Assign(SlotHandle slot, BlockRecord* owner, uint32_t tokens) {
+    if (owner_.size() <= slot) {
+      owner_.resize(size_t{slot} + 1, nullptr);
+      tokens_.resize(owner_.size(), 0);
+      tick_.resize(owner_.size(), 0);
+    }
+    owner_[slot] = owner;
+    tokens_[slot] = tokens;
+    tick_[slot] = ++clock_;
+    tokens_held_ += tokens;
+  }
+  // `slot` was freed: it holds nothing and its tokens leave the sum.
+  void Release(SlotHandle slot) {
+    if (slot >= owner_.size()) return;
+    owner_[slot] = nullptr;
+    tokens_held_ -= tokens_[slot];
+    tokens_[slot] = 0;
+  }
+  // `slot`'s block was hit.
+  void Touch(SlotHandle slot) {
+    if (slot < tick_.size()) tick_[slot] = ++clock_;
+  }
+
+  // The block holding `slot`, or nullptr.
+  BlockRecord* owner(SlotHandle slot) const { return slot < owner_.size() ? owner_[slot] : nullptr; }
+  uint32_t tokens(SlotHandle slot) const { return slot < tokens_.size() ? tokens_[slot] : 0; }
+  // Stores and hits since `slot`'s block was last stored or hit. Ticks are
+  // 32 bits and ages are taken modulo 2^32: right while a block is under 4
+  // billion stores and hits old.
+  uint32_t age(SlotHandle slot) const { return slot < tick_.size() ? clock_ - tick_[slot] : 0; }
+  // Tokens of every block held (the tenant's host_tokens).
+  uint64_t tokens_held() const { return tokens_held_; }
+
+  // Calls f(BlockRecord*) for each slot's owner.
+  template <typename F>
+  void ForEachOwner(F f) const {
+    for (BlockRecord* r : owner_) {
+      if (r != nullptr) f(r);
+    }
+  }
+
+ private:
+  std::vector<BlockRecord*> owner_;  // by slot
+  std::vector<uint32_t> tokens_;     // by slot
+  std::vector<uint32_t> tick_;       // by slot
+  uint32_t clock_ = 0;
+  uint64_t tokens_held_ = 0;
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_DAEMON_HOST_SLOTS_H_

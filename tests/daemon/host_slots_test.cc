@@ -1,0 +1,64 @@
+#include "daemon/host_slots.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "daemon/block_index.h"
+
+namespace kvtier {
+namespace {
+
+TEST(HostSlotTableTest, OwnersAndTokensFollowAssignAndRelease) {
+  HostSlotTable t;
+  BlockRecord a, b;
+  EXPECT_EQ(t.owner(0), nullptr);
+  EXPECT_EQ(t.tokens(7), 0u);
+  t.Assign(5, &a, 16);
+  t.Assign(2, &b, 32);
+  EXPECT_EQ(t.owner(5), &a);
+  EXPECT_EQ(t.owner(2), &b);
+  EXPECT_EQ(t.owner(3), nullptr);
+  EXPECT_EQ(t.owner(100), nullptr);  // past the table
+  EXPECT_EQ(t.tokens(2), 32u);
+  EXPECT_EQ(t.tokens_held(), 48u);
+  t.Release(5);
+  EXPECT_EQ(t.owner(5), nullptr);
+  EXPECT_EQ(t.tokens(5), 0u);
+  EXPECT_EQ(t.tokens_held(), 32u);
+  t.Release(5);  // twice: nothing more leaves
+  t.Release(900);
+  EXPECT_EQ(t.tokens_held(), 32u);
+  // A slot taken again holds only its new block's tokens.
+  t.Assign(2, &a, 8);
+  EXPECT_EQ(t.owner(2), &a);
+  EXPECT_EQ(t.tokens_held(), 32u + 8u);
+  std::set<BlockRecord*> seen;
+  int n = 0;
+  t.ForEachOwner([&](BlockRecord* r) {
+    seen.insert(r);
+    ++n;
+  });
+  EXPECT_EQ(n, 1);
+  EXPECT_EQ(seen, std::set<BlockRecord*>{&a});
+}
+
+TEST(HostSlotTableTest, AgeCountsStoresAndHitsSinceTheLast) {
+  HostSlotTable t;
+  BlockRecord r;
+  t.Assign(0, &r, 1);
+  t.Assign(1, &r, 1);
+  t.Assign(2, &r, 1);
+  EXPECT_EQ(t.age(0), 2u);
+  EXPECT_EQ(t.age(1), 1u);
+  EXPECT_EQ(t.age(2), 0u);
+  t.Touch(0);  // a hit makes it the youngest
+  EXPECT_EQ(t.age(0), 0u);
+  EXPECT_EQ(t.age(2), 1u);
+  t.Touch(50);  // not a slot it holds: no tick, nothing grows
+  EXPECT_EQ(t.age(0), 0u);
+  EXPECT_EQ(t.owner(50), nullptr);
+}
+
+}  // namespace
+}  // namespace kvtier
