@@ -227,16 +227,14 @@ absl::StatusOr<SlotHandle> BlockCache::AllocateLowerSlotLocked(Lane& lane, const
       MutexLock sl(&sh.mu);
       return !v->removed && v->pins == 0 && v->io_refs == 0 && v->lower_state == LowerState::kReady;
     });
-    const std::optional<SlotHandle> victim = pick.slot;
-    const bool held_back = pick.held_back;
-    if (!victim) {
+    if (!pick.slot) {
       if (over_quota) {
         stats_->demotions_refused_quota.Add();
         return absl::ResourceExhaustedError(absl::StrCat("tenant \"", tenants_[tenant]->name,
                                                          "\" is at its NVMe quota and every block of it there is "
                                                          "pinned or busy"));
       }
-      if (held_back) {
+      if (pick.held_back) {
         if (lane.index == 0) stats_->demotions_refused_fair_share.Add();
         return absl::ResourceExhaustedError(absl::StrCat(
             "the ", std::string(lane.tier->name()), " tier is full and tenant \"", tenants_[tenant]->name,
@@ -247,7 +245,7 @@ absl::StatusOr<SlotHandle> BlockCache::AllocateLowerSlotLocked(Lane& lane, const
           absl::StrCat("the ", std::string(lane.tier->name()), " tier is full and every block on it is pinned or busy"));
     }
     if (over_quota) stats_->nvme_evictions_for_quota.Add();
-    BlockRecord* r = lane.owner.at(*victim);
+    BlockRecord* r = lane.owner.at(*pick.slot);
     bool destroy = false;
     {
       BlockIndex::Shard& sh = index_.ShardFor(r);
@@ -261,8 +259,8 @@ absl::StatusOr<SlotHandle> BlockCache::AllocateLowerSlotLocked(Lane& lane, const
         destroy = true;
       }
     }
-    lane.policy->Remove(*victim);
-    FreeLowerSlotLocked(lane, r, *victim);
+    lane.policy->Remove(*pick.slot);
+    FreeLowerSlotLocked(lane, r, *pick.slot);
     lane.blocks.fetch_sub(1, std::memory_order_relaxed);
     (lane.index == 0 ? stats_->nvme_evictions : stats_->lower_evictions).Add();
     if (destroy) {  // no host slot, no NVMe slot, unreferenced

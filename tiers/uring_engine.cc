@@ -375,7 +375,8 @@ class UringWorker {
   bool rearm_wake_ = false;
   uint32_t in_flight_ = 0;  // worker thread only
   // How the worker waited for the completions it reaps next (worker thread
-  // only): kUntimed with more than kSpinMaxInFlight in flight.
+  // only): kUntimed with more than kSpinMaxInFlight in flight, and when a
+  // poll was cut short by new work (the wait then timed neither way).
   enum class Wait : uint8_t { kUntimed, kPolled, kSlept };
   Wait wait_ = Wait::kUntimed;
   uint64_t last_bytes_ = 0;  // the size of the op submitted last
