@@ -538,32 +538,26 @@ void BlockCache::ObservePending(SessionHoldings& s) {
   a->Observe(s.last_chain, s.ns.block_tokens);  // on the shadows' own lock, not the tier's
 }
 
-absl::StatusOr<uint32_t> BlockCache::Lookup(SessionHoldings& s, std::span<const BlockKey> keys, bool lease,
-                                            uint64_t* lease_id, std::span<BlockLocation> out, uint32_t* recompute) {
-  *lease_id = 0;
-  if (recompute != nullptr) *recompute = 0;
-  if (lease && s.leases.size() >= opts_.max_leases_per_session) {
+absl::Status BlockCache::LeaseRoomFor(const SessionHoldings& s, size_t blocks) {
+  if (s.leases.size() >= opts_.max_leases_per_session) {
     return CodedStatus(KVTIER_EBUSY, absl::StrCat("this session holds ", s.leases.size(),
                                                   " leases (ipc.max_leases_per_session); release some"));
   }
-  if (lease && s.pinned_blocks.load(std::memory_order_relaxed) + keys.size() > opts_.max_leased_blocks_per_session) {
+  if (s.pinned_blocks.load(std::memory_order_relaxed) + blocks > opts_.max_leased_blocks_per_session) {
     stats_->Refused(Refusal::kSessionLeasedBlocks);
     return CodedStatus(KVTIER_EBUSY,
                        absl::StrCat("this session's leases hold ", s.pinned_blocks.load(std::memory_order_relaxed),
-                                    " blocks and this lookup asks for ", keys.size(), " more (",
+                                    " blocks and this lookup asks for ", blocks, " more (",
                                     "limits.leased_blocks_per_session = ", opts_.max_leased_blocks_per_session,
                                     "); release some leases"));
   }
+  return absl::OkStatus();
+}
+
+BlockCache::ChainHits BlockCache::ProbeChain(SessionHoldings& s, std::span<const BlockKey> keys, bool lease,
+                                             std::span<BlockLocation> out) {
   TenantState& t = *tenants_[s.ns.tenant];
-  std::vector<BlockRecord*> pinned;
-  std::vector<SlotHandle> host_touch;
-  struct LowerTouch {
-    uint8_t lane;
-    SlotHandle slot;
-    BlockRecord* r;  // pinned by this lookup: stays alive
-  };
-  std::vector<LowerTouch> lower_touch;
-  uint32_t hit = 0, hit_nvme = 0;
+  ChainHits h;
   // Probes are memory-bound: prefetch a window of keys ahead so their cache
   // misses overlap instead of queueing behind one another.
   constexpr size_t kWindow = 16;
@@ -575,7 +569,6 @@ absl::StatusOr<uint32_t> BlockCache::Lookup(SessionHoldings& s, std::span<const 
     BlockIndex::Prefetch(sh, s.ns.handle, keys[i]);
   };
   for (size_t i = 0; i < std::min(kWindow, keys.size()); ++i) prefetch(i);
-  bool cut_for_cost = false;
   for (size_t i = 0; i < keys.size(); ++i) {
     BlockIndex::Shard& sh = *shard_of[i % kWindow];
     {
@@ -586,78 +579,95 @@ absl::StatusOr<uint32_t> BlockCache::Lookup(SessionHoldings& s, std::span<const 
       // A copy below host memory is priced at the speed of the tier it is in.
       if (!in_host && cost_.RecomputeBeats(uint8_t{r->lower}, i * s.ns.block_tokens, s.ns.block_tokens,
                                            s.ns.block_bytes, s.ns.tp_size)) {
-        cut_for_cost = true;
+        h.cut_for_cost = true;
         break;
       }
       out[i] = in_host ? BlockLocation{TierKind::kHost, r->arena_offset(), false}
                        : BlockLocation{LaneOf(r).tier->kind(), 0, false};
-      if (!in_host) ++hit_nvme;
+      if (!in_host) ++h.below_host;
       if (lease) {
         if (r->pins++ == 0) t.pinned.fetch_add(1, std::memory_order_relaxed);
-        pinned.push_back(r);
-        if (in_host) host_touch.push_back(r->host_slot);
-        if (r->lower_state == LowerState::kReady) lower_touch.push_back({r->lower, r->lower_slot, r});
+        h.pinned.push_back(r);
+        if (in_host) h.host_touch.push_back(r->host_slot);
+        if (r->lower_state == LowerState::kReady) h.lower_touch.push_back({r->lower, r->lower_slot, r});
       }
     }
-    ++hit;
+    ++h.hit;
     if (i + kWindow < keys.size()) prefetch(i + kWindow);
   }
-  for (size_t i = hit; i < keys.size(); ++i) out[i] = BlockLocation{};
-  if (cut_for_cost) {
-    // Present, but the engine is better off computing them: say so, so it
-    // neither waits for them nor counts them as misses.
-    uint32_t n = 0;
-    for (size_t i = hit; i < keys.size(); ++i) {
-      BlockIndex::Shard& sh = index_.ShardFor(s.ns.handle, keys[i]);
-      MutexLock l(&sh.mu);
-      BlockRecord* r = BlockIndex::Find(sh, s.ns.handle, keys[i]);
-      if (r == nullptr || !r->visible()) break;
-      out[i] = BlockLocation{r->state == BlockState::kReady ? TierKind::kHost : LaneOf(r).tier->kind(), 0, false,
-                             true};
-      ++n;
-    }
-    if (lease) stats_->blocks_recompute.Add(n);
-    if (recompute != nullptr) *recompute = n;
-  }
+  for (size_t i = h.hit; i < keys.size(); ++i) out[i] = BlockLocation{};
+  return h;
+}
 
-  if (!lease) {
-    stats_->probes.Add();
-    return hit;
+uint32_t BlockCache::MarkRecompute(const SessionHoldings& s, std::span<const BlockKey> keys, size_t from,
+                                   std::span<BlockLocation> out) {
+  // Present, but the engine is better off computing them: say so, so it
+  // neither waits for them nor counts them as misses.
+  uint32_t n = 0;
+  for (size_t i = from; i < keys.size(); ++i) {
+    BlockIndex::Shard& sh = index_.ShardFor(s.ns.handle, keys[i]);
+    MutexLock l(&sh.mu);
+    BlockRecord* r = BlockIndex::Find(sh, s.ns.handle, keys[i]);
+    if (r == nullptr || !r->visible()) break;
+    out[i] = BlockLocation{r->state == BlockState::kReady ? TierKind::kHost : LaneOf(r).tier->kind(), 0, false, true};
+    ++n;
   }
-  stats_->lookups.Add();
-  stats_->blocks_queried.Add(keys.size());
-  stats_->tokens_queried.Add(keys.size() * s.ns.block_tokens);
-  ObserveRequest(s, keys);
-  if (hit == 0) return hit;
-  stats_->lookup_hits.Add();
-  stats_->blocks_hit.Add(hit);
-  stats_->blocks_hit_nvme.Add(hit_nvme);
-  stats_->tokens_hit.Add(uint64_t{hit} * s.ns.block_tokens);
-  if (!host_touch.empty()) {
+  return n;
+}
+
+void BlockCache::TouchHits(TenantState& t, const ChainHits& hits) {
+  if (!hits.host_touch.empty()) {
     // Pinned blocks keep their host slots, so these handles are stable.
     MutexLock l(&t.mu);
     // Leaves first, the root last: a parent is then always more recent than
     // its children, and recency-ordered policies evict leaves first (a block
     // whose parent is gone can never be hit).
-    for (auto h = host_touch.rbegin(); h != host_touch.rend(); ++h) {
+    for (auto h = hits.host_touch.rbegin(); h != hits.host_touch.rend(); ++h) {
       PolicyFor(t, t.host->SlotBytes(*h))->Touch(*h);
       t.slots.Touch(*h);
     }
   }
   // Leaves first, as above; a copy that moved down a tier since (the
   // cascade) is no longer that slot's owner and is left alone.
-  for (auto h = lower_touch.rbegin(); h != lower_touch.rend();) {
+  for (auto h = hits.lower_touch.rbegin(); h != hits.lower_touch.rend();) {
     Lane& lane = *lanes_[h->lane];
     MutexLock l(&lane.mu);
-    for (; h != lower_touch.rend() && h->lane == lane.index; ++h) {
+    for (; h != hits.lower_touch.rend() && h->lane == lane.index; ++h) {
       if (auto o = lane.owner.find(h->slot); o != lane.owner.end() && o->second == h->r) lane.policy->Touch(h->slot);
     }
   }
+}
+
+absl::StatusOr<uint32_t> BlockCache::Lookup(SessionHoldings& s, std::span<const BlockKey> keys, bool lease,
+                                            uint64_t* lease_id, std::span<BlockLocation> out, uint32_t* recompute) {
+  *lease_id = 0;
+  if (recompute != nullptr) *recompute = 0;
+  if (lease) RETURN_IF_ERROR(LeaseRoomFor(s, keys.size()));
+  ChainHits h = ProbeChain(s, keys, lease, out);
+  if (h.cut_for_cost) {
+    const uint32_t n = MarkRecompute(s, keys, h.hit, out);
+    if (lease) stats_->blocks_recompute.Add(n);
+    if (recompute != nullptr) *recompute = n;
+  }
+  if (!lease) {
+    stats_->probes.Add();
+    return h.hit;
+  }
+  stats_->lookups.Add();
+  stats_->blocks_queried.Add(keys.size());
+  stats_->tokens_queried.Add(keys.size() * s.ns.block_tokens);
+  ObserveRequest(s, keys);
+  if (h.hit == 0) return 0u;
+  stats_->lookup_hits.Add();
+  stats_->blocks_hit.Add(h.hit);
+  stats_->blocks_hit_nvme.Add(h.below_host);
+  stats_->tokens_hit.Add(uint64_t{h.hit} * s.ns.block_tokens);
+  TouchHits(*tenants_[s.ns.tenant], h);
   *lease_id = s.next_id++;
-  s.leases.emplace(*lease_id, std::move(pinned));
+  s.leases.emplace(*lease_id, std::move(h.pinned));
   s.lease_count.fetch_add(1, std::memory_order_relaxed);
-  s.pinned_blocks.fetch_add(hit, std::memory_order_relaxed);
-  return hit;
+  s.pinned_blocks.fetch_add(h.hit, std::memory_order_relaxed);
+  return h.hit;
 }
 
 std::optional<LoadOutcome> BlockCache::Load(SessionHoldings& s, uint64_t lease_id, std::span<const BlockKey> keys,

@@ -381,6 +381,29 @@ class BlockCache {
   void Unpin(SessionHoldings& s, const std::vector<BlockRecord*>& blocks);
   // Queues a leased lookup's chain for the adaptive policy's shadows.
   void ObserveRequest(SessionHoldings& s, std::span<const BlockKey> keys);
+  // Lookup's parts. The session's lease limits (KVTIER_EBUSY past them).
+  absl::Status LeaseRoomFor(const SessionHoldings& s, size_t blocks);
+  // The hit prefix of `keys`, each block's location in `out`; with `lease`,
+  // each hit is pinned and listed for TouchHits.
+  struct ChainHits {
+    uint32_t hit = 0, below_host = 0;
+    bool cut_for_cost = false;  // the prefix ends at a block cheaper to recompute than to load
+    std::vector<BlockRecord*> pinned;
+    std::vector<SlotHandle> host_touch;
+    struct LowerTouch {
+      uint8_t lane;
+      SlotHandle slot;
+      BlockRecord* r;  // pinned by the lookup: stays alive
+    };
+    std::vector<LowerTouch> lower_touch;
+  };
+  ChainHits ProbeChain(SessionHoldings& s, std::span<const BlockKey> keys, bool lease, std::span<BlockLocation> out);
+  // Marks the present blocks after a prefix cut for cost (out[from..]) as to
+  // recompute; returns how many.
+  uint32_t MarkRecompute(const SessionHoldings& s, std::span<const BlockKey> keys, size_t from,
+                         std::span<BlockLocation> out);
+  // A leased hit's blocks are touched in their policies, leaves first.
+  void TouchHits(TenantState& t, const ChainHits& h);
   // Frees whatever copies a removed, unreferenced record still owns, then
   // deletes it. DestroyDetached is for a record without a host slot.
   void DestroyRecord(TenantState& t, BlockRecord* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
