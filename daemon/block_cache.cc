@@ -767,6 +767,62 @@ std::optional<LoadOutcome> BlockCache::Load(SessionHoldings& s, uint64_t lease_i
   return std::nullopt;
 }
 
+std::optional<size_t> BlockCache::ChainDepthOf(const SessionHoldings& s, std::span<const BlockKey> keys) {
+  if (keys.empty()) return std::nullopt;
+  const uint64_t first = PolicyKeyOf(s.ns.handle, keys[0]);
+  auto at = std::find(s.last_chain.begin(), s.last_chain.end(), first);
+  if (at == s.last_chain.end()) return std::nullopt;
+  return static_cast<size_t>(at - s.last_chain.begin());
+}
+
+BlockCache::NewBlocks BlockCache::IndexNewBlocks(const SessionHoldings& s, std::span<const BlockKey> keys,
+                                                 std::optional<size_t> depth) {
+  NewBlocks n;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    BlockIndex::Shard& sh = index_.ShardFor(s.ns.handle, keys[i]);
+    MutexLock l(&sh.mu);
+    if (BlockIndex::Find(sh, s.ns.handle, keys[i]) != nullptr) continue;  // cached, moving, or being written
+    BlockRecord* r = index_.NewRecord(s.ns.handle, keys[i]);
+    r->tenant = s.ns.tenant;
+    r->state = BlockState::kWriting;
+    r->depth = depth ? static_cast<uint16_t>(std::min<size_t>(*depth + i, kUnknownDepth - 1)) : kUnknownDepth;
+    index_.Insert(sh, r);
+    n.records.push_back(r);
+    n.at.push_back(i);
+  }
+  return n;
+}
+
+std::string BlockCache::StoreNeverFits(const TenantState& t, const NamespaceInfo& ns, size_t blocks) {
+  const uint64_t need_tokens = uint64_t{ns.block_tokens} * blocks;
+  const uint64_t need_bytes = t.host->SlotSizeFor(ns.block_bytes) * blocks;
+  const uint64_t quota = t.QuotaHostTokens();
+  if (quota != 0 && need_tokens > quota) {
+    return absl::StrCat(blocks, " new blocks of ", ns.block_tokens, " tokens are over tenant \"", t.name,
+                        "\"'s host_tokens quota of ", quota,
+                        "; store fewer at a time or raise [[tenants]] host_tokens");
+  }
+  if (need_bytes > t.host->arena_bytes()) {
+    return absl::StrCat(blocks, " new blocks (", FormatBytes(need_bytes), ") do not fit tenant \"", t.name,
+                        "\"'s host arena of ", FormatBytes(t.host->arena_bytes()),
+                        "; store fewer at a time or raise tiers.host.capacity");
+  }
+  return "";
+}
+
+std::vector<uint64_t> BlockCache::ParentsOf(const SessionHoldings& s, std::span<const BlockKey> keys,
+                                            const std::vector<size_t>& at, std::optional<size_t> depth) {
+  std::vector<uint64_t> parents(at.size(), 0);
+  for (size_t j = 0; j < at.size(); ++j) {
+    if (at[j] > 0) {
+      parents[j] = PolicyKeyOf(s.ns.handle, keys[at[j] - 1]);
+    } else if (depth && *depth > 0) {
+      parents[j] = s.last_chain[*depth - 1];
+    }
+  }
+  return parents;
+}
+
 absl::StatusOr<uint32_t> BlockCache::StoreBegin(SessionHoldings& s, std::span<const BlockKey> keys,
                                                 uint64_t* ticket, std::span<BlockLocation> out) {
   *ticket = 0;
@@ -776,51 +832,19 @@ absl::StatusOr<uint32_t> BlockCache::StoreBegin(SessionHoldings& s, std::span<co
                                      "is back (lookups and loads still answer until it exits)");
   }
   TenantState& t = *tenants_[s.ns.tenant];
-  std::vector<BlockRecord*> created;
-  std::vector<size_t> created_at;
-  // Where these keys sit in the chain the session looked up last (engines
-  // store the part of a prompt that missed): depth prices recomputation.
-  std::optional<size_t> base_depth;
-  if (!keys.empty()) {
-    const uint64_t first = PolicyKeyOf(s.ns.handle, keys[0]);
-    auto at = std::find(s.last_chain.begin(), s.last_chain.end(), first);
-    if (at != s.last_chain.end()) base_depth = static_cast<size_t>(at - s.last_chain.begin());
-  }
-  for (size_t i = 0; i < keys.size(); ++i) {
-    out[i] = BlockLocation{};
-    BlockIndex::Shard& sh = index_.ShardFor(s.ns.handle, keys[i]);
-    MutexLock l(&sh.mu);
-    if (BlockIndex::Find(sh, s.ns.handle, keys[i]) != nullptr) continue;  // cached, moving, or being written
-    BlockRecord* r = index_.NewRecord(s.ns.handle, keys[i]);
-    r->tenant = s.ns.tenant;
-    r->state = BlockState::kWriting;
-    r->depth = base_depth ? static_cast<uint16_t>(std::min<size_t>(*base_depth + i, kUnknownDepth - 1))
-                          : kUnknownDepth;
-    index_.Insert(sh, r);
-    created.push_back(r);
-    created_at.push_back(i);
-  }
-  CountRecords(s.ns.handle, static_cast<int64_t>(created.size()));
+  for (BlockLocation& o : out.first(keys.size())) o = BlockLocation{};
+  // Depth prices recomputation.
+  const std::optional<size_t> depth = ChainDepthOf(s, keys);
+  NewBlocks created = IndexNewBlocks(s, keys, depth);
+  CountRecords(s.ns.handle, static_cast<int64_t>(created.records.size()));
   stats_->stores.Add();
-  stats_->blocks_already_present.Add(keys.size() - created.size());
+  stats_->blocks_already_present.Add(keys.size() - created.records.size());
   // A store that could never fit is refused before it evicts anything.
-  const uint64_t need_tokens = uint64_t{s.ns.block_tokens} * created.size();
-  const uint64_t need_bytes = t.host->SlotSizeFor(s.ns.block_bytes) * created.size();
-  std::string too_big;
-  const uint64_t quota = t.QuotaHostTokens();
-  if (quota != 0 && need_tokens > quota) {
-    too_big = absl::StrCat(created.size(), " new blocks of ", s.ns.block_tokens, " tokens are over tenant \"", t.name,
-                           "\"'s host_tokens quota of ", quota,
-                           "; store fewer at a time or raise [[tenants]] host_tokens");
-  } else if (need_bytes > t.host->arena_bytes()) {
-    too_big = absl::StrCat(created.size(), " new blocks (", FormatBytes(need_bytes), ") do not fit tenant \"", t.name,
-                           "\"'s host arena of ", FormatBytes(t.host->arena_bytes()),
-                           "; store fewer at a time or raise tiers.host.capacity");
-  }
+  const std::string too_big = StoreNeverFits(t, s.ns, created.records.size());
   MutexLock l(&t.mu);
   // All or nothing: a refused store gives back what it took.
   auto give_back = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    for (BlockRecord* c : created) {
+    for (BlockRecord* c : created.records) {
       BlockIndex::Shard& sh = index_.ShardFor(c);
       {
         MutexLock sl(&sh.mu);
@@ -829,15 +853,15 @@ absl::StatusOr<uint32_t> BlockCache::StoreBegin(SessionHoldings& s, std::span<co
       if (c->host_slot != kNoSlot) FreeHostSlotLocked(t, c->host_slot);
       index_.FreeRecord(c);
     }
-    CountRecords(s.ns.handle, -static_cast<int64_t>(created.size()));
+    CountRecords(s.ns.handle, -static_cast<int64_t>(created.records.size()));
   };
   if (!too_big.empty()) {
     give_back();
     stats_->store_refused_no_space.Add();
     return CodedStatus(KVTIER_ENOSPC, too_big);
   }
-  for (size_t j = 0; j < created.size(); ++j) {
-    BlockRecord* r = created[j];
+  for (size_t j = 0; j < created.records.size(); ++j) {
+    BlockRecord* r = created.records[j];
     absl::StatusOr<SlotHandle> slot = AllocateSlotLocked(t, s.ns.block_bytes, s.ns.block_tokens, r);
     if (!slot.ok()) {
       give_back();
@@ -850,23 +874,13 @@ absl::StatusOr<uint32_t> BlockCache::StoreBegin(SessionHoldings& s, std::span<co
       r->host_slot = *slot;
       r->set_arena_offset(offset);
     }
-    out[created_at[j]] = BlockLocation{TierKind::kHost, offset, true};
+    out[created.at[j]] = BlockLocation{TierKind::kHost, offset, true};
   }
-  if (created.empty()) return 0u;
+  if (created.records.empty()) return 0u;
   *ticket = s.next_id++;
-  const uint32_t needed = static_cast<uint32_t>(created.size());
-  // Each block's parent: the key before it, or for the first key the block
-  // before it in the chain the session looked up (0: a root, or unknown).
-  std::vector<uint64_t> parents(created.size(), 0);
-  for (size_t j = 0; j < created.size(); ++j) {
-    const size_t i = created_at[j];
-    if (i > 0) {
-      parents[j] = PolicyKeyOf(s.ns.handle, keys[i - 1]);
-    } else if (base_depth && *base_depth > 0) {
-      parents[j] = s.last_chain[*base_depth - 1];
-    }
-  }
-  s.tickets.emplace(*ticket, SessionHoldings::Ticket{std::move(created), std::move(parents)});
+  const uint32_t needed = static_cast<uint32_t>(created.records.size());
+  std::vector<uint64_t> parents = ParentsOf(s, keys, created.at, depth);
+  s.tickets.emplace(*ticket, SessionHoldings::Ticket{std::move(created.records), std::move(parents)});
   s.ticket_count.fetch_add(1, std::memory_order_relaxed);
   return needed;
 }

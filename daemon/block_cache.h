@@ -404,6 +404,21 @@ class BlockCache {
                          std::span<BlockLocation> out);
   // A leased hit's blocks are touched in their policies, leaves first.
   void TouchHits(TenantState& t, const ChainHits& h);
+  // StoreBegin's parts. Where `keys` start in the chain the session looked
+  // up last (engines store the part of a prompt that missed), if there.
+  static std::optional<size_t> ChainDepthOf(const SessionHoldings& s, std::span<const BlockKey> keys);
+  // A record in kWriting for each key not indexed yet, and where it is in keys.
+  struct NewBlocks {
+    std::vector<BlockRecord*> records;
+    std::vector<size_t> at;
+  };
+  NewBlocks IndexNewBlocks(const SessionHoldings& s, std::span<const BlockKey> keys, std::optional<size_t> depth);
+  // Why `blocks` new blocks could never fit the tenant's host tier, or "".
+  static std::string StoreNeverFits(const TenantState& t, const NamespaceInfo& ns, size_t blocks);
+  // Each new block's parent identity: the key before it, or for the first
+  // key the block before it in the chain the session looked up (0: unknown).
+  static std::vector<uint64_t> ParentsOf(const SessionHoldings& s, std::span<const BlockKey> keys,
+                                         const std::vector<size_t>& at, std::optional<size_t> depth);
   // Frees whatever copies a removed, unreferenced record still owns, then
   // deletes it. DestroyDetached is for a record without a host slot.
   void DestroyRecord(TenantState& t, BlockRecord* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
