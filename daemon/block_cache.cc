@@ -670,13 +670,12 @@ absl::StatusOr<uint32_t> BlockCache::Lookup(SessionHoldings& s, std::span<const 
   return h.hit;
 }
 
-std::optional<LoadOutcome> BlockCache::Load(SessionHoldings& s, uint64_t lease_id, std::span<const BlockKey> keys,
-                                            LoadCallback done) {
-  auto fail = [](absl::Status st) { return LoadOutcome{{}, 0, std::move(st)}; };
+absl::StatusOr<std::vector<BlockRecord*>> BlockCache::LeasedRecords(const SessionHoldings& s, uint64_t lease_id,
+                                                                     std::span<const BlockKey> keys) {
   auto it = s.leases.find(lease_id);
   if (it == s.leases.end()) {
-    return fail(CodedStatus(KVTIER_ENOENT, absl::StrCat("unknown lease ", lease_id,
-                                                        ": released already, or not taken by this session")));
+    return CodedStatus(KVTIER_ENOENT,
+                       absl::StrCat("unknown lease ", lease_id, ": released already, or not taken by this session"));
   }
   const std::vector<BlockRecord*>& held = it->second;
   std::vector<BlockRecord*> recs(keys.size());
@@ -691,11 +690,40 @@ std::optional<LoadOutcome> BlockCache::Load(SessionHoldings& s, uint64_t lease_i
     }
     auto f = by_key.find(keys[i]);
     if (f == by_key.end()) {
-      return fail(CodedStatus(KVTIER_EINVAL, absl::StrCat("key ", i, " of the load is not pinned by lease ", lease_id,
-                                                          "; load only what lookup returned")));
+      return CodedStatus(KVTIER_EINVAL, absl::StrCat("key ", i, " of the load is not pinned by lease ", lease_id,
+                                                     "; load only what lookup returned"));
     }
     recs[i] = f->second;
   }
+  return recs;
+}
+
+void BlockCache::FinishLoad(LoadOutcome& o, const std::vector<uint8_t>& ok, uint64_t block_bytes) {
+  o.loaded = static_cast<uint32_t>(o.locations.size());
+  for (size_t i = 0; i < ok.size(); ++i) {
+    if (!ok[i]) {
+      o.loaded = static_cast<uint32_t>(i);
+      break;
+    }
+  }
+  for (size_t i = o.loaded; i < o.locations.size(); ++i) o.locations[i] = BlockLocation{};
+  if (o.loaded < o.locations.size()) {
+    stats_->load_failures.Add(o.locations.size() - o.loaded);
+    o.status = CodedStatus(KVTIER_EIO, absl::StrCat("block ", o.loaded,
+                                                    " could not be brought back from NVMe (a failed checksum or "
+                                                    "I/O error drops it; or the host tier had no room); recompute "
+                                                    "it and what follows"));
+  }
+  stats_->loads.Add();
+  stats_->blocks_loaded.Add(o.loaded);
+  stats_->bytes_loaded.Add(uint64_t{o.loaded} * block_bytes);
+}
+
+std::optional<LoadOutcome> BlockCache::Load(SessionHoldings& s, uint64_t lease_id, std::span<const BlockKey> keys,
+                                            LoadCallback done) {
+  absl::StatusOr<std::vector<BlockRecord*>> leased = LeasedRecords(s, lease_id, keys);
+  if (!leased.ok()) return LoadOutcome{{}, 0, leased.status()};
+  const std::vector<BlockRecord*>& recs = *leased;
   // Fast path: every block already in host memory (pinned: it stays there).
   LoadOutcome outcome;
   outcome.locations.resize(keys.size());
@@ -710,28 +738,8 @@ std::optional<LoadOutcome> BlockCache::Load(SessionHoldings& s, uint64_t lease_i
     }
   }
   const uint64_t block_bytes = s.ns.block_bytes;
-  auto finish = [this, block_bytes](LoadOutcome& o, const std::vector<uint8_t>& ok) {
-    o.loaded = static_cast<uint32_t>(o.locations.size());
-    for (size_t i = 0; i < ok.size(); ++i) {
-      if (!ok[i]) {
-        o.loaded = static_cast<uint32_t>(i);
-        break;
-      }
-    }
-    for (size_t i = o.loaded; i < o.locations.size(); ++i) o.locations[i] = BlockLocation{};
-    if (o.loaded < o.locations.size()) {
-      stats_->load_failures.Add(o.locations.size() - o.loaded);
-      o.status = CodedStatus(KVTIER_EIO, absl::StrCat("block ", o.loaded,
-                                                      " could not be brought back from NVMe (a failed checksum or "
-                                                      "I/O error drops it; or the host tier had no room); recompute "
-                                                      "it and what follows"));
-    }
-    stats_->loads.Add();
-    stats_->blocks_loaded.Add(o.loaded);
-    stats_->bytes_loaded.Add(uint64_t{o.loaded} * block_bytes);
-  };
   if (to_promote.empty()) {
-    finish(outcome, std::vector<uint8_t>(keys.size(), 1));
+    FinishLoad(outcome, std::vector<uint8_t>(keys.size(), 1), block_bytes);
     return outcome;
   }
   // Slow path: promote the NVMe-only blocks; the last one to land finishes.
@@ -742,8 +750,8 @@ std::optional<LoadOutcome> BlockCache::Load(SessionHoldings& s, uint64_t lease_i
   auto fan = FanIn<Promoted>::Make(
       to_promote.size() + 1,  // +1 until every promotion is started
       Promoted{std::move(outcome), std::vector<uint8_t>(keys.size(), 1)},
-      [finish, done = std::move(done)](Promoted p) mutable {
-        finish(p.outcome, p.ok);
+      [this, block_bytes, done = std::move(done)](Promoted p) mutable {
+        FinishLoad(p.outcome, p.ok, block_bytes);
         std::move(done)(std::move(p.outcome));
       });
   TenantState& t = *tenants_[s.ns.tenant];

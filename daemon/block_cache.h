@@ -404,6 +404,13 @@ class BlockCache {
                          std::span<BlockLocation> out);
   // A leased hit's blocks are touched in their policies, leaves first.
   void TouchHits(TenantState& t, const ChainHits& h);
+  // Load's parts. The records `keys` name among those lease `lease_id`
+  // pinned (ENOENT: no such lease; EINVAL: a key it does not pin).
+  absl::StatusOr<std::vector<BlockRecord*>> LeasedRecords(const SessionHoldings& s, uint64_t lease_id,
+                                                          std::span<const BlockKey> keys);
+  // The outcome of a load whose blocks came back where ok[i]: the loaded
+  // prefix, an error naming the first block that did not, and the counters.
+  void FinishLoad(LoadOutcome& o, const std::vector<uint8_t>& ok, uint64_t block_bytes);
   // StoreBegin's parts. Where `keys` start in the chain the session looked
   // up last (engines store the part of a prompt that missed), if there.
   static std::optional<size_t> ChainDepthOf(const SessionHoldings& s, std::span<const BlockKey> keys);
