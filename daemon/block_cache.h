@@ -352,7 +352,7 @@ class BlockCache {
 
   BlockCache(const Options& opts, DaemonStats* stats);
 
-  // --- host tier (block_cache.cc)
+  // --- host tier (block_host.cc)
   // A host slot for a block of `bytes` holding `tokens` tokens, evicting
   // while the arena is full or the tenant's token quota would be exceeded.
   absl::StatusOr<SlotHandle> AllocateSlotLocked(TenantState& t, uint64_t bytes, uint32_t tokens, BlockRecord* owner)
@@ -378,6 +378,8 @@ class BlockCache {
   void ReclaimPass();
   ChainGuard* PolicyFor(TenantState& t, uint64_t slot_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
   void FreeHostSlotLocked(TenantState& t, SlotHandle slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
+
+  // --- lookups, loads, stores, invalidation (block_cache.cc)
   void Unpin(SessionHoldings& s, const std::vector<BlockRecord*>& blocks);
   // Queues a leased lookup's chain for the adaptive policy's shadows.
   void ObserveRequest(SessionHoldings& s, std::span<const BlockKey> keys);
