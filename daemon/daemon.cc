@@ -126,56 +126,64 @@ absl::Status Daemon::Open() {
                                                .max_leased_blocks_per_session =
                                                    config_.limit_leased_blocks_per_session},
                                               &stats_));
-  for (const TenantConfig& t : config_.tenants) {
-    const uint64_t bytes = t.host_bytes ? t.host_bytes : config_.host_capacity;
-    auto host = HostTier::Create({absl::StrCat("kvtier-host-", t.name), bytes, config_.host_prefault});
-    if (!host.ok()) {
-      return absl::Status(host.status().code(), absl::StrCat("opening the host tier of tenant \"", t.name,
-                                                             "\": ", host.status().message()));
-    }
-    // Pinned for the device, so daemon-driven copies with engine caches can
-    // read and write blocks in place (cudaHostRegister on a GPU).
-    if (absl::Status r = device_->RegisterHost((*host)->arena_base(), (*host)->arena_bytes()); r.ok()) {
-      arena_registered_.insert(t.name);
-    } else {
-      spdlog::warn("event=host_register_failed tenant={} reason=\"{}\" hint=\"engines of this tenant cannot "
-                   "register KV caches; raise LimitMEMLOCK (ulimit -l)\"",
-                   t.name, LogQuoted(r.message()));
-    }
-    std::unique_ptr<GpuCache> gpu_cache;
-    if (config_.gpu_capacity > 0) {
-      if (!arena_registered_.contains(t.name)) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "tiers.gpu.capacity is set but tenant \"", t.name,
-            "\"'s host arena could not be registered with the device (see the warning above)"));
-      }
-      absl::StatusOr<std::unique_ptr<GpuTier>> gpu = GpuTier::Create(device_.get(), {config_.gpu_capacity});
-      if (!gpu.ok()) {
-        return absl::Status(gpu.status().code(),
-                            absl::StrCat("tiers.gpu.capacity = ", FormatBytes(config_.gpu_capacity), " for tenant \"",
-                                         t.name, "\" on the ", device_->name(), " device: ", gpu.status().message()));
-      }
-      gpu_cache = std::make_unique<GpuCache>(std::move(*gpu));
-      spdlog::info("event=gpu_tier tenant={} capacity=\"{}\" device={}", t.name, FormatBytes(config_.gpu_capacity),
-                   device_->name());
-    }
-    ASSIGN_OR_RETURN(uint16_t idx,
-                     cache_->AddTenant(t.name, std::move(*host), {t.host_tokens, t.nvme_bytes, t.nvme_tokens},
-                                       std::move(gpu_cache)));
-    if (GpuCache* g = cache_->gpu_cache(idx)) gpu_[t.name] = g;
-    tenant_index_[t.name] = idx;
-    kv_budgets_[t.name] = std::make_unique<KvCacheBudget>(config_.limit_kv_caches_per_tenant,
-                                                          config_.limit_kv_cache_bytes_per_tenant, &stats_);
-    spdlog::info(
-        "event=tenant name={} host_capacity=\"{}\" policy={} uids={} gids={} host_tokens_quota={} "
-        "nvme_bytes_quota=\"{}\" nvme_tokens_quota={}",
-        t.name, FormatBytes(bytes), config_.host_policy, t.uids.size(), t.gids.size(), t.host_tokens,
-        FormatBytes(t.nvme_bytes), t.nvme_tokens);
-  }
+  for (const TenantConfig& t : config_.tenants) RETURN_IF_ERROR(OpenTenant(t));
 
   RETURN_IF_ERROR(OpenNvme());
   cache_->StartBackgroundReclaim();
 
+  RETURN_IF_ERROR(OpenSockets());
+  return StartMetrics();
+}
+
+absl::Status Daemon::OpenTenant(const TenantConfig& t) {
+  const uint64_t bytes = t.host_bytes ? t.host_bytes : config_.host_capacity;
+  auto host = HostTier::Create({absl::StrCat("kvtier-host-", t.name), bytes, config_.host_prefault});
+  if (!host.ok()) {
+    return absl::Status(host.status().code(), absl::StrCat("opening the host tier of tenant \"", t.name,
+                                                           "\": ", host.status().message()));
+  }
+  // Pinned for the device, so daemon-driven copies with engine caches can
+  // read and write blocks in place (cudaHostRegister on a GPU).
+  if (absl::Status r = device_->RegisterHost((*host)->arena_base(), (*host)->arena_bytes()); r.ok()) {
+    arena_registered_.insert(t.name);
+  } else {
+    spdlog::warn("event=host_register_failed tenant={} reason=\"{}\" hint=\"engines of this tenant cannot "
+                 "register KV caches; raise LimitMEMLOCK (ulimit -l)\"",
+                 t.name, LogQuoted(r.message()));
+  }
+  std::unique_ptr<GpuCache> gpu_cache;
+  if (config_.gpu_capacity > 0) {
+    if (!arena_registered_.contains(t.name)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "tiers.gpu.capacity is set but tenant \"", t.name,
+          "\"'s host arena could not be registered with the device (see the warning above)"));
+    }
+    absl::StatusOr<std::unique_ptr<GpuTier>> gpu = GpuTier::Create(device_.get(), {config_.gpu_capacity});
+    if (!gpu.ok()) {
+      return absl::Status(gpu.status().code(),
+                          absl::StrCat("tiers.gpu.capacity = ", FormatBytes(config_.gpu_capacity), " for tenant \"",
+                                       t.name, "\" on the ", device_->name(), " device: ", gpu.status().message()));
+    }
+    gpu_cache = std::make_unique<GpuCache>(std::move(*gpu));
+    spdlog::info("event=gpu_tier tenant={} capacity=\"{}\" device={}", t.name, FormatBytes(config_.gpu_capacity),
+                 device_->name());
+  }
+  ASSIGN_OR_RETURN(uint16_t idx,
+                   cache_->AddTenant(t.name, std::move(*host), {t.host_tokens, t.nvme_bytes, t.nvme_tokens},
+                                     std::move(gpu_cache)));
+  if (GpuCache* g = cache_->gpu_cache(idx)) gpu_[t.name] = g;
+  tenant_index_[t.name] = idx;
+  kv_budgets_[t.name] = std::make_unique<KvCacheBudget>(config_.limit_kv_caches_per_tenant,
+                                                        config_.limit_kv_cache_bytes_per_tenant, &stats_);
+  spdlog::info(
+      "event=tenant name={} host_capacity=\"{}\" policy={} uids={} gids={} host_tokens_quota={} "
+      "nvme_bytes_quota=\"{}\" nvme_tokens_quota={}",
+      t.name, FormatBytes(bytes), config_.host_policy, t.uids.size(), t.gids.size(), t.host_tokens,
+      FormatBytes(t.nvme_bytes), t.nvme_tokens);
+  return absl::OkStatus();
+}
+
+absl::Status Daemon::OpenSockets() {
   RETURN_IF_ERROR(MakeDirs(config_.run_dir, 0755));
   epoll_ = UniqueFd(epoll_create1(EPOLL_CLOEXEC));
   if (!epoll_.valid()) return ErrnoStatus(errno, "epoll_create1");
@@ -198,6 +206,10 @@ absl::Status Daemon::Open() {
   Watch(wake_fd_.get(), FdKind::kWake, 0, EPOLLIN);
   spdlog::info("event=listening socket={} admin_socket={} hash={}", config_.DataSocketPath(),
                config_.AdminSocketPath(), HashAlgorithmName(config_.hash));
+  return absl::OkStatus();
+}
+
+absl::Status Daemon::StartMetrics() {
   if (config_.metrics_enabled) {
     std::string token;
     if (!config_.metrics_token_file.empty()) {

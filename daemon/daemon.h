@@ -82,6 +82,13 @@ class Daemon {
   explicit Daemon(const Config& config);
   absl::Status Open();
   absl::Status OpenNvme();
+  // Open()'s parts: one tenant's host tier (pinned for the device), its GPU
+  // tier where configured, and its place in the store; the sockets, signals
+  // and the epoll set; the metrics endpoint (a failure there is logged, not
+  // fatal: serving engines matters more than being scraped).
+  absl::Status OpenTenant(const TenantConfig& t);
+  absl::Status OpenSockets();
+  absl::Status StartMetrics();
 
   enum class FdKind : uint8_t { kDataListen, kAdminListen, kSignal, kWake, kPendingAttach,
                                 kSessionSocket, kSessionPid, kAdminConn };
