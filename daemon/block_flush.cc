@@ -46,7 +46,7 @@ BlockCache::FlushResult BlockCache::FlushToNvme(std::chrono::nanoseconds timeout
     std::vector<std::tuple<BlockRecord*, uint8_t, SlotHandle>> not_durable;
     {
       MutexLock l(&t.mu);
-      t.slots.ForEachOwner([&](BlockRecord* r) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      t.slots.ForEachOwner([&](BlockRecord* r) {
         BlockIndex::Shard& sh = index_.ShardFor(r);
         MutexLock sl(&sh.mu);
         if (r->removed || r->state != BlockState::kReady) return;

@@ -231,7 +231,12 @@ absl::StatusOr<SlotHandle> BlockCache::AllocateSlotLocked(TenantState& t, uint64
     absl::StatusOr<SlotHandle> slot =
         over_quota ? absl::ResourceExhaustedError("token quota") : t.host->Allocate(bytes);
     if (slot.ok()) {
-      t.slots.Assign(*slot, owner, tokens);
+      if (!t.slots.Assign(*slot, owner, tokens)) {
+        // The tier handed out a slot the books say is held: a bug, not a full tier.
+        (void)t.host->Free(*slot);
+        return absl::InternalError(absl::StrCat("host slot ", *slot, " of tenant \"", t.name,
+                                                "\" was handed out while still held"));
+      }
       if (reclaimer_.running() && FullerThanLocked(t, high_watermark_.load(std::memory_order_relaxed))) {
         reclaimer_.Wake();
       }

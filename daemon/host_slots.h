@@ -4,14 +4,16 @@
 // blocks of different sizes, whose policies are separate). Guarded by the
 // tenant's tier lock, as the tier's allocations are.
 //
-// 16 bytes per slot: a table per field, grown to the highest slot handed out
-// (the allocator reuses low handles first).
+// 14 bytes per slot: a table per field, grown to the highest slot handed out
+// (the allocator reuses low handles first). Tokens take 16 bits; a block of
+// 65,535 tokens or more keeps its count in a side map.
 #ifndef KVTIER_DAEMON_HOST_SLOTS_H_
 #define KVTIER_DAEMON_HOST_SLOTS_H_
 
 #include <cstdint>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "tiers/tier.h"
 
 namespace kvtier {
@@ -20,23 +22,32 @@ struct BlockRecord;
 
 class HostSlotTable {
  public:
-  // `slot` now holds `owner`'s block of `tokens` tokens, stored just now.
-  void Assign(SlotHandle slot, BlockRecord* owner, uint32_t tokens) {
+  // `slot`, free until now, holds `owner`'s block of `tokens` tokens,
+  // stored just now. False (and nothing changes) when the slot has an owner.
+  bool Assign(SlotHandle slot, BlockRecord* owner, uint32_t tokens) {
     if (owner_.size() <= slot) {
       owner_.resize(size_t{slot} + 1, nullptr);
       tokens_.resize(owner_.size(), 0);
       tick_.resize(owner_.size(), 0);
     }
+    if (owner_[slot] != nullptr) return false;
     owner_[slot] = owner;
-    tokens_[slot] = tokens;
+    if (tokens >= kBigTokens) {
+      tokens_[slot] = kBigTokens;
+      big_tokens_[slot] = tokens;
+    } else {
+      tokens_[slot] = static_cast<uint16_t>(tokens);
+    }
     tick_[slot] = ++clock_;
     tokens_held_ += tokens;
+    return true;
   }
   // `slot` was freed: it holds nothing and its tokens leave the sum.
   void Release(SlotHandle slot) {
-    if (slot >= owner_.size()) return;
+    if (slot >= owner_.size() || owner_[slot] == nullptr) return;
     owner_[slot] = nullptr;
-    tokens_held_ -= tokens_[slot];
+    tokens_held_ -= tokens(slot);
+    if (tokens_[slot] == kBigTokens) big_tokens_.erase(slot);
     tokens_[slot] = 0;
   }
   // `slot`'s block was hit.
@@ -46,10 +57,15 @@ class HostSlotTable {
 
   // The block holding `slot`, or nullptr.
   BlockRecord* owner(SlotHandle slot) const { return slot < owner_.size() ? owner_[slot] : nullptr; }
-  uint32_t tokens(SlotHandle slot) const { return slot < tokens_.size() ? tokens_[slot] : 0; }
   // Stores and hits since `slot`'s block was last stored or hit. Ticks are
   // 32 bits and ages are taken modulo 2^32: right while a block is under 4
   // billion stores and hits old.
+  uint32_t tokens(SlotHandle slot) const {
+    if (slot >= tokens_.size()) return 0;
+    if (tokens_[slot] != kBigTokens) return tokens_[slot];
+    auto it = big_tokens_.find(slot);
+    return it == big_tokens_.end() ? 0 : it->second;
+  }
   uint32_t age(SlotHandle slot) const { return slot < tick_.size() ? clock_ - tick_[slot] : 0; }
   // Tokens of every block held (the tenant's host_tokens).
   uint64_t tokens_held() const { return tokens_held_; }
@@ -64,7 +80,9 @@ class HostSlotTable {
 
  private:
   std::vector<BlockRecord*> owner_;  // by slot
-  std::vector<uint32_t> tokens_;     // by slot
+  static constexpr uint16_t kBigTokens = UINT16_MAX;
+  std::vector<uint16_t> tokens_;     // by slot; kBigTokens: in big_tokens_
+  absl::flat_hash_map<SlotHandle, uint32_t> big_tokens_;
   std::vector<uint32_t> tick_;       // by slot
   uint32_t clock_ = 0;
   uint64_t tokens_held_ = 0;

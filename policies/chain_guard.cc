@@ -4,11 +4,11 @@
 
 namespace kvtier {
 
-void ChainGuard::File(uint32_t h, uint32_t tag) {
-  if (filed_ + 1 > 2 * heads_.size() && head_bits_ < 31) GrowHeads();  // lists of two on average, at most
-  uint32_t& last = heads_[Head(tag)];
+void ChainGuard::File(uint32_t h, uint64_t parent) {
+  if (filed_ + 1 > 4 * heads_.size() && head_bits_ < 31) GrowHeads();  // lists of four on average, at most
+  uint32_t& last = heads_[Head(parent)];
   Links& l = links_[h];
-  l.parent = tag;
+  l.parent = parent;
   l.prev = last;
   l.next = kNil;
   if (last != kNil) links_[last].next = h;
@@ -64,7 +64,7 @@ void ChainGuard::InsertInChain(uint32_t h, uint64_t key, uint64_t parent, uint64
   }
   keys_[h] = key;
   links_[h] = Links{};
-  if (key != 0 && parent != 0) File(h, Tag(parent));
+  if (key != 0 && parent != 0) File(h, parent);
   inner_->InsertAt(h, key, position);
 }
 
@@ -76,13 +76,12 @@ void ChainGuard::Remove(uint32_t h) {
   keys_[h] = 0;
 }
 
-// Calls `f` with each child filed under `key`'s tag until it returns false.
+// Calls `f` with each child of the block with this key until it returns false.
 template <typename F>
 void ChainGuard::ForEachChild(uint64_t key, F f) const {
   if (key == 0 || heads_.empty()) return;
-  const uint32_t tag = Tag(key);
-  for (uint32_t k = heads_[Head(tag)]; k != kNil; k = links_[k].prev) {
-    if (links_[k].parent == tag && !f(k)) return;
+  for (uint32_t k = heads_[Head(key)]; k != kNil; k = links_[k].prev) {
+    if (links_[k].parent == key && !f(k)) return;
   }
 }
 

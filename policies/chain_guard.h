@@ -19,11 +19,15 @@
 // main part and evict the parent from its window). The guard makes it a
 // property of every tier instead of a habit of some policies.
 //
-// Memory: 20 bytes per handle (its key; a 32-bit tag of its parent's key and
-// its place in the list of children filed under that tag) and 2 to 4 per
-// filed child (a power-of-two table of the lists' ends). Children as a
-// vector per parent cost ~75 bytes per block on chains; the parent's full key
-// per handle and a hash map from parent to list, ~43.
+// Memory: 24 bytes per handle (its key, its parent's key, and its place in
+// the list its parent's children are filed in) and, at the most children
+// filed so far, 1 to 2 per child (a power-of-two table of the lists' ends).
+// Children as a vector per parent cost ~75 bytes per block on chains; the
+// same links with a hash map from parent to list, ~43. A 32-bit tag of the
+// parent instead of its key (20 bytes) was tried: two blocks of one chain
+// whose tags agreed (a chance of 2^-31 a pair, and a long chain has many
+// pairs) each seemed to have the other's children, and neither could ever
+// be evicted.
 #ifndef KVTIER_POLICIES_CHAIN_GUARD_H_
 #define KVTIER_POLICIES_CHAIN_GUARD_H_
 
@@ -31,7 +35,6 @@
 #include <memory>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "policies/eviction_policy.h"
 
 namespace kvtier {
@@ -69,24 +72,21 @@ class ChainGuard final : public EvictionPolicy, private HandleKeys {
   static constexpr uint32_t kNil = UINT32_MAX;
   static constexpr uint64_t kMix = 0x9e3779b97f4a7c15ull;
   struct Links {
-    uint32_t parent = 0;                // Tag(parent key); 0: none
+    uint64_t parent = 0;                // the parent's key; 0: none
     uint32_t prev = kNil, next = kNil;  // in the list it is filed in
   };
-  // A child is filed under a 32-bit tag of its parent's key (the high half
-  // of a multiplicative hash, low bit set: 0 is no parent), in the list at
-  // heads_[Head(tag)], the tag's top bits; the table has a list per one or
-  // two children, so lists stay short, and when it doubles every child is filed
-  // again from its tag alone. Parents in one list are told apart by the tag.
-  // Two parents with one tag (a chance of 2^-31 a pair) are confused, and
-  // only conservatively: a block seems to have the other's children and
-  // waits for them to go. Lists keep the order a vector with swap-and-pop
-  // removal would have, except that in a shared list a child of one parent
-  // may take the place of a removed child of another (which leaf of a
-  // subtree goes first may then differ; a parent still never goes before
-  // its children).
-  static uint32_t Tag(uint64_t key) { return static_cast<uint32_t>((key * kMix) >> 32) | 1; }
-  uint32_t Head(uint32_t tag) const { return head_bits_ == 0 ? 0 : tag >> (32 - head_bits_); }
-  void File(uint32_t h, uint32_t tag);  // as the last of its list
+  // A child is filed in the list at heads_[Head(parent)], the top bits of a
+  // multiplicative hash of its parent's key; the table has a list per two to
+  // four children, so lists stay short, and when it doubles every child is
+  // filed again. Parents that share a list are told apart by their keys.
+  // Lists keep the order a vector with swap-and-pop removal would have,
+  // except that in a shared list a child of one parent may take the place of
+  // a removed child of another (which leaf of a subtree goes first may then
+  // differ; a parent still never goes before its children).
+  uint32_t Head(uint64_t parent) const {
+    return head_bits_ == 0 ? 0 : static_cast<uint32_t>((parent * kMix) >> (64 - head_bits_));
+  }
+  void File(uint32_t h, uint64_t parent);  // as the last of its list
   void Unfile(uint32_t h);
   void GrowHeads();  // twice the lists; every child filed again
   template <typename F>

@@ -120,18 +120,16 @@ TEST_P(PolicyInvariantsTest, BehindAChainGuardLeavesGoBeforeTheirParents) {
   EXPECT_GT(evictions, 1000u);
 }
 
-// The guard files children under a 32-bit tag of their parent's key, in a
-// list chosen by the tag's top bits; two parents whose children share a list
-// still have only their own children.
+// The guard files children in lists chosen by a hash of their parent's key;
+// two parents whose children share a list still have only their own.
 TEST(ChainGuardTest, ParentsWhoseChildrenShareAListKeepTheirOwnChildren) {
   ChainGuard g(MakeLruPolicy());
-  // Two keys whose tags agree in their top 16 bits (one list while the guard
-  // has up to 2^16 lists) and differ below: found by search, as the tag is a
-  // hash.
+  // Two keys whose hashes agree in their top 16 bits (one list while the
+  // guard has up to 2^16 lists): found by search.
   const uint64_t p1 = 1;
   uint64_t p2 = 2;
-  auto tag = [](uint64_t k) { return static_cast<uint32_t>((k * 0x9e3779b97f4a7c15ull) >> 32) | 1; };
-  while ((tag(p2) >> 16) != (tag(p1) >> 16) || tag(p2) == tag(p1)) ++p2;
+  auto top16 = [](uint64_t k) { return (k * 0x9e3779b97f4a7c15ull) >> 48; };
+  while (top16(p2) != top16(p1)) ++p2;
   g.InsertInChain(0, p1, 0);
   g.InsertInChain(1, p2, 0);
   g.InsertInChain(2, 100, p1);
@@ -157,6 +155,39 @@ TEST(ChainGuardTest, ParentsWhoseChildrenShareAListKeepTheirOwnChildren) {
   EXPECT_EQ(kids.size(), 2u);
   EXPECT_EQ(g.children(p2), 0u);
   EXPECT_EQ(g.PickVictim([](uint32_t) { return true; }), 1u);
+}
+
+// A block and its ancestor whose children share a list (as above): each
+// must not seem to have the other's children. When they did (a 32-bit tag
+// of the parent instead of its key, and two tags alike), neither block could
+// ever be evicted and every pick walked the loop they made.
+TEST(ChainGuardTest, AnAncestorSharingAListDoesNotLockTheChain) {
+  ChainGuard g(MakeLruPolicy());
+  // x's hash is a's with the lowest bit flipped: they agree in every other bit, so
+  // they share a list at every table size (and had one 32-bit tag).
+  constexpr uint64_t kMix = 0x9e3779b97f4a7c15ull;
+  uint64_t inverse = kMix;  // Newton's iteration for kMix^-1 mod 2^64
+  for (int i = 0; i < 6; ++i) inverse *= 2 - kMix * inverse;
+  ASSERT_EQ(kMix * inverse, 1u);
+  const uint64_t a = 1;
+  const uint64_t x = ((a * kMix) ^ 1) * inverse;
+  ASSERT_EQ((x * kMix) >> 1, (a * kMix) >> 1);
+  // a -> b -> x -> y: x's children are filed where a's are.
+  const uint64_t b = 0xb0b, y = 0x7e7;
+  g.InsertInChain(0, a, 0);
+  g.InsertInChain(1, b, a);
+  g.InsertInChain(2, x, b);
+  g.InsertInChain(3, y, x);
+  EXPECT_EQ(g.children(a), 1u);
+  EXPECT_EQ(g.children(x), 1u);
+  // Leaves first, all the way up: y, x, b, a.
+  for (uint32_t want : {3u, 2u, 1u, 0u}) {
+    const std::optional<uint32_t> v = g.PickVictim([](uint32_t) { return true; });
+    ASSERT_EQ(v, want);
+    g.Remove(*v);
+  }
+  EXPECT_EQ(g.size(), 0u);
+  EXPECT_EQ(g.PickVictim([](uint32_t) { return true; }), std::nullopt);
 }
 
 // A tier's life: 48,000 blocks through 1,000 slots (chains of 8, a quarter
