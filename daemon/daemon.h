@@ -84,8 +84,9 @@ class Daemon {
   absl::Status OpenNvme();
   // Open()'s parts: one tenant's host tier (pinned for the device), its GPU
   // tier where configured, and its place in the store; the sockets, signals
-  // and the epoll set; the metrics endpoint (a failure there is logged, not
-  // fatal: serving engines matters more than being scraped).
+  // and the epoll set; the metrics endpoint (an endpoint that cannot start
+  // is logged, not fatal: serving engines matters more than being scraped;
+  // an unreadable token file is fatal).
   absl::Status OpenTenant(const TenantConfig& t);
   absl::Status OpenSockets();
   absl::Status StartMetrics();

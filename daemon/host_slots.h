@@ -23,8 +23,10 @@ struct BlockRecord;
 class HostSlotTable {
  public:
   // `slot`, free until now, holds `owner`'s block of `tokens` tokens,
-  // stored just now. False (and nothing changes) when the slot has an owner.
+  // stored just now. False (and nothing changes) when the slot has an owner,
+  // or for no owner.
   bool Assign(SlotHandle slot, BlockRecord* owner, uint32_t tokens) {
+    if (owner == nullptr) return false;
     if (owner_.size() <= slot) {
       owner_.resize(size_t{slot} + 1, nullptr);
       tokens_.resize(owner_.size(), 0);
@@ -57,15 +59,16 @@ class HostSlotTable {
 
   // The block holding `slot`, or nullptr.
   BlockRecord* owner(SlotHandle slot) const { return slot < owner_.size() ? owner_[slot] : nullptr; }
-  // Stores and hits since `slot`'s block was last stored or hit. Ticks are
-  // 32 bits and ages are taken modulo 2^32: right while a block is under 4
-  // billion stores and hits old.
+  // The tokens of `slot`'s block (0: none).
   uint32_t tokens(SlotHandle slot) const {
     if (slot >= tokens_.size()) return 0;
     if (tokens_[slot] != kBigTokens) return tokens_[slot];
     auto it = big_tokens_.find(slot);
     return it == big_tokens_.end() ? 0 : it->second;
   }
+  // Stores and hits since `slot`'s block was last stored or hit. Ticks are
+  // 32 bits and ages are taken modulo 2^32: right while a block is under 4
+  // billion stores and hits old.
   uint32_t age(SlotHandle slot) const { return slot < tick_.size() ? clock_ - tick_[slot] : 0; }
   // Tokens of every block held (the tenant's host_tokens).
   uint64_t tokens_held() const { return tokens_held_; }

@@ -20,6 +20,9 @@ TEST(HostSlotTableTest, OwnersAndTokensFollowAssignAndRelease) {
   EXPECT_EQ(t.owner(3), nullptr);
   EXPECT_EQ(t.owner(100), nullptr);  // past the table
   EXPECT_EQ(t.tokens_held(), 48u);
+  // No owner: nothing is held, nothing counted.
+  EXPECT_FALSE(t.Assign(7, nullptr, 5));
+  EXPECT_EQ(t.tokens_held(), 48u);
   // A held slot is not assigned again: nothing changes.
   EXPECT_FALSE(t.Assign(2, &a, 8));
   EXPECT_EQ(t.owner(2), &b);
