@@ -1,8 +1,9 @@
 // Tenants and namespaces; lookups, leases, stores, loads and invalidation.
 // Per-tenant host residency (allocation, eviction, reclaim, quotas) is in
-// block_host.cc; movement between tiers (demotion, promotion, lower-tier
-// eviction, recovery) in block_movement.cc, the drain in block_flush.cc, the
-// cascade in block_cascade.cc, the read-only reports in block_reports.cc.
+// block_host.cc; movement between tiers (demotion, lower-tier eviction,
+// recovery) in block_movement.cc, promotion in block_promotion.cc, the drain
+// in block_flush.cc, the cascade in block_cascade.cc, the read-only reports
+// in block_reports.cc.
 #include "daemon/block_cache.h"
 
 #include "core/checked.h"

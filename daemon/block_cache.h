@@ -440,7 +440,7 @@ class BlockCache {
   void UnindexLocked(BlockIndex::Shard& sh, BlockRecord* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(sh.mu);
   std::vector<BlockRecord*> FindAll(uint32_t ns, std::span<const BlockKey> keys);
 
-  // --- movement between tiers (block_movement.cc)
+  // --- movement between tiers (block_movement.cc; promotion: block_promotion.cc)
   enum class EvictResult { kSkipped, kEvicted };
   // Takes a host victim's copy away: kept on NVMe, demoted to NVMe, or
   // dropped. With `deferred`, a demotion's write is left to FinishDemotion
@@ -468,7 +468,7 @@ class BlockCache {
   void RecordNvmeWriteLocked(Lane& lane, BlockRecord* r, const absl::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(lane.mu);
   // Brings r's lower copy into a host slot; `done(ok)` when it is there or failed.
   // parent_key: PolicyKeyOf the block before r in its chain (0: none or unknown).
-  // The states are in block_movement.cc, above PlanPromotionLocked.
+  // The states are in block_promotion.cc, above PlanPromotionLocked.
   void Promote(TenantState& t, BlockRecord* r, IoPriority prio, absl::AnyInvocable<void(bool) &&> done,
                uint64_t parent_key = 0);
   struct PromotionPlan {

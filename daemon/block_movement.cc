@@ -1,7 +1,7 @@
-// Movement between the host tier and the NVMe tier: host eviction (keep the
-// NVMe copy, demote, or drop), NVMe eviction, write-through and durable
-// commits, promotion for loads and prefetches, and the blocks the NVMe tier
-// recovered at start.
+// Movement between the host tier and the lower tiers: host eviction (keep
+// the lower copy, demote, or drop), lower-tier eviction, write-through and
+// durable commits, and the blocks a lower tier recovered at start.
+// Promotion is in block_promotion.cc.
 //
 // An operation that has a tier I/O in flight on a block holds an io_ref on
 // its record: such a block is neither evicted nor destroyed until the I/O
@@ -9,7 +9,6 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
-#include "core/fan_in.h"
 #include "core/units.h"
 #include "core/status.h"
 #include "daemon/block_cache.h"
@@ -394,190 +393,6 @@ void BlockCache::DropLowerCopy(BlockRecord* r, uint8_t lane_index, SlotHandle sl
   lane.policy->Remove(slot);
   FreeLowerSlotLocked(lane, r, slot);
   lane.blocks.fetch_sub(1, std::memory_order_relaxed);
-}
-
-// A promotion, as a state machine (docs/architecture.md, "As a state
-// machine"). Decided under the tenant lock, acted on after it: callbacks
-// never run under a tier lock.
-//   kAlreadyReady  the block has a host copy: done(true).
-//   kWaiting       another promotion of it is in flight: done joins its waiters.
-//   kAfterWrite    its demotion's write is in flight: decide again once it landed.
-//   kFail          no copy to read, or no host slot: done(false).
-//   kRead          host slot taken, block kLoading, io_ref held: read the lower
-//                  copy; FinishPromotion completes it.
-BlockCache::PromotionPlan BlockCache::PlanPromotionLocked(TenantState& t, BlockRecord* r, const BlockMeta& meta) {
-  PromotionPlan p;
-  {
-    BlockIndex::Shard& sh = index_.ShardFor(r);
-    MutexLock sl(&sh.mu);
-    if (r->state == BlockState::kReady) {
-      p.next = PromotionPlan::kAlreadyReady;
-    } else if (r->state == BlockState::kLoading) {
-      p.next = PromotionPlan::kWaiting;
-    } else if (r->lower_state == LowerState::kWriting && r->state == BlockState::kNone) {
-      p.next = PromotionPlan::kAfterWrite;
-    } else if (r->lower_state != LowerState::kReady || r->state != BlockState::kNone) {
-      p.next = PromotionPlan::kFail;
-    } else {
-      p.next = PromotionPlan::kRead;
-      ++r->io_refs;  // from here on r is neither evicted nor destroyed
-      r->state = BlockState::kLoading;
-      p.lower_slot = r->lower_slot;
-      p.lane = r->lower;
-    }
-  }
-  if (p.next != PromotionPlan::kRead) return p;
-  absl::StatusOr<SlotHandle> slot = AllocateSlotLocked(t, meta.payload_bytes, meta.block_tokens, r);
-  BlockIndex::Shard& sh = index_.ShardFor(r);
-  if (!slot.ok()) {
-    MutexLock sl(&sh.mu);
-    r->state = BlockState::kNone;
-    p.next = PromotionPlan::kFail;
-    p.drop_ref = true;
-    return p;
-  }
-  p.host_slot = *slot;
-  p.offset = t.host->ArenaOffset(p.host_slot);
-  t.loading.try_emplace(r);  // others wait here from now on
-  MutexLock sl(&sh.mu);
-  r->host_slot = p.host_slot;
-  r->set_arena_offset(p.offset);
-  return p;
-}
-
-bool BlockCache::AwaitDemotionLocked(TenantState& t, BlockRecord* r, IoPriority prio,
-                                     absl::AnyInvocable<void(bool) &&>& done, uint64_t parent_key) {
-  // Only demotions write, into lane 0. (Tenant lock, then the lane lock: the
-  // write's completion takes the lane lock only.)
-  Lane& first = *lanes_[0];
-  MutexLock nl(&first.mu);
-  {
-    BlockIndex::Shard& sh = index_.ShardFor(r);
-    MutexLock sl(&sh.mu);
-    if (r->lower_state != LowerState::kWriting) return false;  // landed (or failed) between the looks
-  }
-  first.tier->CommitSoon();  // a demotion's record waits for the next batch otherwise
-  first.write_waiters[r].push_back([this, &t, r, prio, parent_key, done = std::move(done)](bool written) mutable {
-    if (!written) {
-      std::move(done)(false);
-      return;
-    }
-    Promote(t, r, prio, std::move(done), parent_key);
-  });
-  return true;
-}
-
-void BlockCache::Promote(TenantState& t, BlockRecord* r, IoPriority prio, absl::AnyInvocable<void(bool) &&> done,
-                         uint64_t parent_key) {
-  const BlockMeta meta = MetaOf(r);
-  PromotionPlan p;
-  {
-    MutexLock l(&t.mu);
-    p = PlanPromotionLocked(t, r, meta);
-    if (p.next == PromotionPlan::kWaiting) {
-      t.loading[r].push_back(std::move(done));
-      return;
-    }
-    if (p.next == PromotionPlan::kAfterWrite && AwaitDemotionLocked(t, r, prio, done, parent_key)) return;
-  }
-  switch (p.next) {
-    case PromotionPlan::kAfterWrite:  // the write landed between the looks: decide again
-      Promote(t, r, prio, std::move(done), parent_key);
-      return;
-    case PromotionPlan::kAlreadyReady:
-      std::move(done)(true);
-      return;
-    case PromotionPlan::kFail:
-      stats_->promotions_failed.Add();
-      if (p.drop_ref) ReleaseIoRef(t, r);
-      std::move(done)(false);
-      return;
-    case PromotionPlan::kWaiting:
-    case PromotionPlan::kRead:
-      break;
-  }
-  const uint64_t start = MonotonicNanos();
-  lanes_[p.lane]->tier->Read(p.lower_slot, meta, {t.host->arena_base() + p.offset, meta.payload_bytes}, prio,
-                             [this, &t, r, p, start, parent_key, block_tokens = meta.block_tokens,
-                              done = std::move(done)](absl::Status s) mutable {
-                               (p.lane == 0 ? stats_->nvme_read_latency : stats_->lower_read_latency)
-                                   .Record(MonotonicNanos() - start);
-                               FinishPromotion(t, r, p, s, parent_key, block_tokens, std::move(done));
-                             });
-}
-
-void BlockCache::FinishPromotion(TenantState& t, BlockRecord* r, const PromotionPlan& p, const absl::Status& s,
-                                 uint64_t parent_key, uint32_t block_tokens, absl::AnyInvocable<void(bool) &&> done) {
-  const bool ok = s.ok();
-  std::vector<absl::AnyInvocable<void(bool) &&>> waiters;
-  {
-    MutexLock l(&t.mu);
-    {
-      BlockIndex::Shard& sh = index_.ShardFor(r);
-      MutexLock sl(&sh.mu);
-      r->state = ok ? BlockState::kReady : BlockState::kNone;
-      if (!ok) r->host_slot = kNoSlot;
-    }
-    if (ok) {
-      PolicyFor(t, t.host->SlotBytes(p.host_slot))
-          ->InsertInChain(p.host_slot, PolicyKeyOf(*r), parent_key, PositionOf(*r, block_tokens));
-    } else {
-      FreeHostSlotLocked(t, p.host_slot);
-    }
-    if (auto w = t.loading.find(r); w != t.loading.end()) {
-      waiters = std::move(w->second);
-      t.loading.erase(w);
-    }
-  }
-  if (ok) {
-    stats_->promotions.Add();
-  } else {
-    stats_->promotions_failed.Add();
-    // A copy that fails its checksum is never served again.
-    if (absl::IsDataLoss(s)) DropLowerCopy(r, p.lane, p.lower_slot);
-  }
-  ReleaseIoRef(t, r);
-  std::move(done)(ok);
-  for (auto& cb : waiters) std::move(cb)(ok);
-}
-
-void BlockCache::Prefetch(SessionHoldings& s, std::span<const BlockKey> keys, CountCallback done) {
-  if (lanes_.empty()) {
-    std::move(done)(0u);
-    return;
-  }
-  TenantState& t = *tenants_[s.ns.tenant];
-  std::vector<BlockRecord*> todo;
-  std::vector<uint64_t> parents;
-  for (size_t i = 0; i < keys.size(); ++i) {
-    const BlockKey& key = keys[i];
-    BlockIndex::Shard& sh = index_.ShardFor(s.ns.handle, key);
-    MutexLock sl(&sh.mu);
-    BlockRecord* r = BlockIndex::Find(sh, s.ns.handle, key);
-    if (r == nullptr || !r->visible()) break;  // the present prefix only
-    if (r->state == BlockState::kNone && r->lower_state == LowerState::kReady && r->io_refs < kMaxClientIoRefs) {
-      ++r->io_refs;  // holds the NVMe copy until the promotion has started
-      todo.push_back(r);
-      parents.push_back(i > 0 ? PolicyKeyOf(s.ns.handle, keys[i - 1]) : 0);
-    }
-  }
-  stats_->prefetches.Add();
-  if (todo.empty()) {
-    std::move(done)(0u);
-    return;
-  }
-  auto fan = FanIn<uint32_t>::Make(todo.size(), 0, std::move(done));
-  for (size_t j = 0; j < todo.size(); ++j) {
-    BlockRecord* r = todo[j];
-    Promote(
-        t, r, IoPriority::kPrefetch,
-        [this, &t, r, fan](bool ok) {
-          ReleaseIoRef(t, r);
-          if (ok) fan->With([](uint32_t& promoted) { ++promoted; });
-          fan->Arrive();
-        },
-        parents[j]);
-  }
 }
 
 uint32_t BlockCache::CalibrateNvme(uint64_t now_ns) {
