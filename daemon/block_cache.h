@@ -369,6 +369,14 @@ class BlockCache {
   // when nothing can go.
   bool EvictColdestLocked(TenantState& t, std::vector<PendingDemotion>* deferred = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
+  // FlushToNvme's parts (block_flush.cc). The tenant's committed host
+  // blocks without a durable lower copy, each with an io_ref (a copy on a
+  // tier that is not durable is dropped); the others are counted.
+  std::vector<BlockRecord*> FlushCandidates(TenantState& t, uint64_t* already_durable) ABSL_LOCKS_EXCLUDED(t.mu);
+  struct FlushJob;
+  // Writes r, waiting for room in the staging memory while writes are in flight.
+  void FlushBlock(TenantState& t, BlockRecord* r, const std::shared_ptr<FlushJob>& job,
+                  std::chrono::steady_clock::time_point deadline);
   // Fuller than `share` of the arena, or of the token quota, not counting
   // the bytes and tokens of slots about to be freed.
   bool FullerThanLocked(const TenantState& t, double share, uint64_t freeing_bytes = 0,
@@ -447,6 +455,14 @@ class BlockCache {
   // (appended there) instead of copying under the tier lock.
   EvictResult EvictHostCopyLocked(TenantState& t, BlockRecord* r, std::vector<PendingDemotion>* deferred = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
+  // EvictHostCopyLocked's choices for a block without a lower copy. Whether
+  // its reload would be slower than recomputing it (then it is dropped; one
+  // in kCalibrationDemotionEvery is demoted anyway).
+  bool DropForCost(const BlockRecord* r, const BlockMeta& meta);
+  // Demotes r (kEvicting, with the eviction's io_ref) into the first lower
+  // tier; false (r untouched) without one, too large for it, or no room.
+  bool DemoteLocked(TenantState& t, BlockRecord* r, SlotHandle host_slot, uint64_t offset, const BlockMeta& meta,
+                    std::vector<PendingDemotion>* deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
   // Starts a deferred demotion's write, then frees its host slot. Without the tier lock.
   void FinishDemotion(TenantState& t, const PendingDemotion& d) ABSL_LOCKS_EXCLUDED(t.mu);
   // An NVMe slot for r's bytes, evicting while the tier is full or r's
@@ -524,6 +540,20 @@ class BlockCache {
   void CascadePass(std::vector<bool>& draining);
   // Moves up to `max` of lane i's coldest blocks into lane i + 1; returns how many moved.
   uint32_t CascadeBatch(size_t i, uint32_t max);
+  // CascadeBatch's steps (block_cascade.cc's header): the copies picked
+  // (each with an io_ref), their room below, read and write, and the swap.
+  struct CascadeMove {
+    BlockRecord* r = nullptr;
+    SlotHandle slot = kNoSlot, to_slot = kNoSlot;
+    BlockMeta meta;
+    std::unique_ptr<std::byte[]> staging;
+    absl::Status read, wrote;
+  };
+  std::vector<CascadeMove> PickCascadeMoves(Lane& from, const Lane& to, uint32_t max) ABSL_LOCKS_EXCLUDED(from.mu);
+  void CopyCascadeMoves(Lane& from, Lane& to, std::vector<CascadeMove>& moves);
+  // Points the record at its new copy and frees the old one, or gives the
+  // new slot back; true when it moved. The caller drops the move's io_ref.
+  bool FinishCascadeMove(Lane& from, Lane& to, CascadeMove& m);
   std::atomic<bool> cascade_busy_{false};  // a lane between its marks, or a batch moving
   // The destructor stops both before anything their passes touch goes.
   BackgroundLoop cascade_;

@@ -77,48 +77,53 @@ void BlockCache::CascadePass(std::vector<bool>& draining) {
 uint32_t BlockCache::CascadeBatch(size_t i, uint32_t max) {
   Lane& from = *lanes_[i];
   Lane& to = *lanes_[i + 1];
-  struct Move {
-    BlockRecord* r = nullptr;
-    SlotHandle slot = kNoSlot, to_slot = kNoSlot;
-    BlockMeta meta;
-    std::unique_ptr<std::byte[]> staging;
-    absl::Status read, wrote;
-  };
-  std::vector<Move> moves;
-  {
-    MutexLock l(&from.mu);
-    while (moves.size() < max) {
-      std::optional<SlotHandle> v = from.policy->PickVictim([&](SlotHandle h) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        BlockRecord* r = from.owner.at(h);
-        if (MetaOf(r).payload_bytes > to.tier->max_block_bytes()) return false;  // stays; evicted in time
-        BlockIndex::Shard& sh = index_.ShardFor(r);
-        MutexLock sl(&sh.mu);
-        return !r->removed && r->pins == 0 && r->io_refs == 0 && r->lower_state == LowerState::kReady &&
-               r->lower == from.index && r->lower_slot == h;
-      });
-      if (!v) break;
-      BlockRecord* r = from.owner.at(*v);
-      {
-        // Look again: the shard lock was let go after the policy's look,
-        // and an invalidation may have taken the record meanwhile.
-        BlockIndex::Shard& sh = index_.ShardFor(r);
-        MutexLock sl(&sh.mu);
-        if (r->removed || r->pins != 0 || r->io_refs != 0 || r->lower_state != LowerState::kReady ||
-            r->lower != from.index || r->lower_slot != *v) {
-          break;  // the next batch looks again
-        }
-        ++r->io_refs;  // the move's, until it ends: the copy stays put
-      }
-      Move& m = moves.emplace_back();
-      m.r = r;
-      m.slot = *v;
-      m.meta = MetaOf(r);
-    }
-  }
+  std::vector<CascadeMove> moves = PickCascadeMoves(from, to, max);
   if (moves.empty()) return 0;
+  CopyCascadeMoves(from, to, moves);
+  uint32_t moved = 0;
+  for (CascadeMove& m : moves) {
+    moved += FinishCascadeMove(from, to, m) ? 1 : 0;
+    ReleaseIoRef(*tenants_[m.r->tenant], m.r);
+  }
+  return moved;
+}
 
+std::vector<BlockCache::CascadeMove> BlockCache::PickCascadeMoves(Lane& from, const Lane& to, uint32_t max) {
+  std::vector<CascadeMove> moves;
+  MutexLock l(&from.mu);
+  while (moves.size() < max) {
+    std::optional<SlotHandle> v = from.policy->PickVictim([&](SlotHandle h) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      BlockRecord* r = from.owner.at(h);
+      if (MetaOf(r).payload_bytes > to.tier->max_block_bytes()) return false;  // stays; evicted in time
+      BlockIndex::Shard& sh = index_.ShardFor(r);
+      MutexLock sl(&sh.mu);
+      return !r->removed && r->pins == 0 && r->io_refs == 0 && r->lower_state == LowerState::kReady &&
+             r->lower == from.index && r->lower_slot == h;
+    });
+    if (!v) break;
+    BlockRecord* r = from.owner.at(*v);
+    {
+      // Look again: the shard lock was let go after the policy's look,
+      // and an invalidation may have taken the record meanwhile.
+      BlockIndex::Shard& sh = index_.ShardFor(r);
+      MutexLock sl(&sh.mu);
+      if (r->removed || r->pins != 0 || r->io_refs != 0 || r->lower_state != LowerState::kReady ||
+          r->lower != from.index || r->lower_slot != *v) {
+        break;  // the next batch looks again
+      }
+      ++r->io_refs;  // the move's, until it ends: the copy stays put
+    }
+    CascadeMove& m = moves.emplace_back();
+    m.r = r;
+    m.slot = *v;
+    m.meta = MetaOf(r);
+  }
+  return moves;
+}
+
+void BlockCache::CopyCascadeMoves(Lane& from, Lane& to, std::vector<CascadeMove>& moves) {
   // Room below first: a tier that cannot take them costs no reads.
-  for (Move& m : moves) {
+  for (CascadeMove& m : moves) {
     MutexLock l(&to.mu);
     absl::StatusOr<SlotHandle> slot = AllocateLowerSlotLocked(to, m.r, m.meta.payload_bytes);
     if (!slot.ok()) {
@@ -131,11 +136,11 @@ uint32_t BlockCache::CascadeBatch(size_t i, uint32_t max) {
 
   // Read every copy that has room below into staging.
   size_t reading = 0;
-  for (const Move& m : moves) reading += m.to_slot != kNoSlot;
+  for (const CascadeMove& m : moves) reading += m.to_slot != kNoSlot;
   // Held by shared_ptr: a callback may still be counting down after the
   // waiter woke.
   auto reads = std::make_shared<std::latch>(static_cast<std::ptrdiff_t>(reading));
-  for (Move& m : moves) {
+  for (CascadeMove& m : moves) {
     if (m.to_slot == kNoSlot) continue;
     m.staging = std::make_unique_for_overwrite<std::byte[]>(m.meta.payload_bytes);
     from.tier->Read(m.slot, m.meta, {m.staging.get(), m.meta.payload_bytes}, IoOptions{IoPriority::kDemote},
@@ -148,9 +153,9 @@ uint32_t BlockCache::CascadeBatch(size_t i, uint32_t max) {
 
   // Write what was read one lane down.
   size_t writing = 0;
-  for (const Move& m : moves) writing += m.to_slot != kNoSlot && m.read.ok();
+  for (const CascadeMove& m : moves) writing += m.to_slot != kNoSlot && m.read.ok();
   auto writes = std::make_shared<std::latch>(static_cast<std::ptrdiff_t>(writing));
-  for (Move& m : moves) {
+  for (CascadeMove& m : moves) {
     if (m.to_slot == kNoSlot || !m.read.ok()) continue;
     to.tier->Write(m.to_slot, m.meta, {m.staging.get(), m.meta.payload_bytes}, IoOptions{IoPriority::kDemote},
                    [&m, writes](absl::Status s) {
@@ -159,57 +164,55 @@ uint32_t BlockCache::CascadeBatch(size_t i, uint32_t max) {
                    });
   }
   writes->wait();
+}
 
-  // Swap each record to its new copy, or give the new slot back.
-  uint32_t moved = 0;
-  for (Move& m : moves) {
-    if (m.to_slot == kNoSlot) {
-      stats_->cascades_failed.Add();  // no room below
-    } else if (!m.read.ok()) {
-      stats_->cascades_failed.Add();
-      {
-        MutexLock l(&to.mu);
-        FreeLowerSlotLocked(to, m.r, m.to_slot);
-      }
-      // A copy that fails its check is never served (nor moved); one that
-      // another reader holds is left to that reader.
-      if (absl::IsDataLoss(m.read)) DropLowerCopy(m.r, from.index, m.slot, /*sole_holder=*/true);
-    } else {
-      bool swapped = false;
-      {
-        MutexLock a(&from.mu);
-        MutexLock b(&to.mu);
-        if (m.wrote.ok()) {
-          BlockIndex::Shard& sh = index_.ShardFor(m.r);
-          MutexLock sl(&sh.mu);
-          // Only the move's io_ref: no promotion or prefetch is reading the old copy.
-          swapped = !m.r->removed && m.r->lower_state == LowerState::kReady && m.r->lower == from.index &&
-                    m.r->lower_slot == m.slot && m.r->io_refs == 1;
-          if (swapped) {
-            m.r->lower = to.index;
-            m.r->lower_slot = m.to_slot;
-          }
-        }
-        if (swapped) {
-          from.policy->Remove(m.slot);
-          FreeLowerSlotLocked(from, m.r, m.slot);
-          from.blocks.fetch_sub(1, std::memory_order_relaxed);
-          to.policy->InsertAt(m.to_slot, PolicyKeyOf(*m.r), PositionOf(*m.r, m.meta.block_tokens));
-          to.blocks.fetch_add(1, std::memory_order_relaxed);
-        } else {
-          FreeLowerSlotLocked(to, m.r, m.to_slot);
-        }
-      }
+bool BlockCache::FinishCascadeMove(Lane& from, Lane& to, CascadeMove& m) {
+  if (m.to_slot == kNoSlot) {
+    stats_->cascades_failed.Add();  // no room below
+    return false;
+  }
+  if (!m.read.ok()) {
+    stats_->cascades_failed.Add();
+    {
+      MutexLock l(&to.mu);
+      FreeLowerSlotLocked(to, m.r, m.to_slot);
+    }
+    // A copy that fails its check is never served (nor moved); one that
+    // another reader holds is left to that reader.
+    if (absl::IsDataLoss(m.read)) DropLowerCopy(m.r, from.index, m.slot, /*sole_holder=*/true);
+    return false;
+  }
+  bool swapped = false;
+  {
+    MutexLock a(&from.mu);
+    MutexLock b(&to.mu);
+    if (m.wrote.ok()) {
+      BlockIndex::Shard& sh = index_.ShardFor(m.r);
+      MutexLock sl(&sh.mu);
+      // Only the move's io_ref: no promotion or prefetch is reading the old copy.
+      swapped = !m.r->removed && m.r->lower_state == LowerState::kReady && m.r->lower == from.index &&
+                m.r->lower_slot == m.slot && m.r->io_refs == 1;
       if (swapped) {
-        stats_->cascades.Add();
-        ++moved;
-      } else {
-        stats_->cascades_failed.Add();
+        m.r->lower = to.index;
+        m.r->lower_slot = m.to_slot;
       }
     }
-    ReleaseIoRef(*tenants_[m.r->tenant], m.r);
+    if (swapped) {
+      from.policy->Remove(m.slot);
+      FreeLowerSlotLocked(from, m.r, m.slot);
+      from.blocks.fetch_sub(1, std::memory_order_relaxed);
+      to.policy->InsertAt(m.to_slot, PolicyKeyOf(*m.r), PositionOf(*m.r, m.meta.block_tokens));
+      to.blocks.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      FreeLowerSlotLocked(to, m.r, m.to_slot);
+    }
   }
-  return moved;
+  if (swapped) {
+    stats_->cascades.Add();
+  } else {
+    stats_->cascades_failed.Add();
+  }
+  return swapped;
 }
 
 }  // namespace kvtier

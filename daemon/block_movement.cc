@@ -96,63 +96,8 @@ BlockCache::EvictResult BlockCache::EvictHostCopyLocked(TenantState& t, BlockRec
     return EvictResult::kEvicted;
   }
   const BlockMeta meta = MetaOf(r);
-  // Not worth writing what would never be worth reading: a block whose reload
-  // from NVMe is slower than its recomputation is dropped.
-  uint32_t tp_size = 1;
-  {
-    MutexLock l(&ns_mu_);
-    if (r->ns < ns_info_.size()) tp_size = ns_info_[r->ns].tp_size;
-  }
-  // Unknown depth (stored without a lookup of its chain): demote.
-  Lane* const first = lanes_.empty() ? nullptr : lanes_[0].get();
-  bool by_cost = first != nullptr && r->depth != kUnknownDepth &&
-                 cost_.RecomputeBeatsNvme(uint64_t{r->depth} * meta.block_tokens, meta.block_tokens,
-                                          meta.payload_bytes, tp_size);
-  // One in kCalibrationDemotionEvery of those is demoted anyway, so the tier
-  // keeps blocks the cost model can measure it on (CalibrateNvme): a tier
-  // judged slow once must be able to prove it is fast again.
-  if (by_cost && cost_demotions_.fetch_add(1, std::memory_order_relaxed) % kCalibrationDemotionEvery == 0) {
-    by_cost = false;
-    stats_->demotions_for_calibration.Add();
-  }
-  if (first != nullptr && !by_cost && meta.payload_bytes <= first->tier->max_block_bytes()) {
-    absl::StatusOr<SlotHandle> nslot;
-    {
-      MutexLock nl(&first->mu);
-      nslot = AllocateLowerSlotLocked(*first, r, meta.payload_bytes);
-      if (nslot.ok()) first->owner[*nslot] = r;
-    }
-    if (nslot.ok()) {
-      {
-        BlockIndex::Shard& sh = index_.ShardFor(r);
-        MutexLock sl(&sh.mu);
-        r->state = BlockState::kNone;
-        r->host_slot = kNoSlot;
-        r->lower_slot = *nslot;
-        r->lower = 0;
-        r->lower_state = LowerState::kWriting;  // the io_ref now belongs to the write
-      }
-      stats_->demotions.Add();
-      if (deferred != nullptr) {
-        PolicyFor(t, t.host->SlotBytes(host_slot))->Remove(host_slot);  // not a victim twice
-        deferred->push_back(PendingDemotion{r, host_slot, *nslot, offset, meta});
-        return EvictResult::kEvicted;
-      }
-      // Write copies the bytes before it returns: the host slot is freed
-      // right after. Its callback takes no tenant lock (r has no host slot),
-      // so it may run inline here.
-      first->tier->Write(*nslot, meta, {t.host->arena_base() + offset, meta.payload_bytes}, IoPriority::kDemote,
-                   [this, &t, r, start = MonotonicNanos()](absl::Status s) {
-                     stats_->nvme_write_latency.Record(MonotonicNanos() - start);
-                     if (!s.ok()) stats_->demotions_failed.Add();
-                     OnNvmeWritten(r, s);
-                     ReleaseIoRef(t, r);
-                   });
-      FreeHostSlotLocked(t, host_slot);
-      return EvictResult::kEvicted;
-    }
-    stats_->demotions_failed.Add();
-  }
+  const bool by_cost = DropForCost(r, meta);
+  if (!by_cost && DemoteLocked(t, r, host_slot, offset, meta, deferred)) return EvictResult::kEvicted;
   // No NVMe tier, no room there, or too large: the block is dropped. It was
   // invisible since the first check, so nobody took a pin or an io_ref.
   bool destroy;
@@ -170,6 +115,70 @@ BlockCache::EvictResult BlockCache::EvictHostCopyLocked(TenantState& t, BlockRec
   FreeHostSlotLocked(t, host_slot);
   if (destroy) DestroyDetached(r);
   return EvictResult::kEvicted;
+}
+
+bool BlockCache::DropForCost(const BlockRecord* r, const BlockMeta& meta) {
+  if (lanes_.empty() || r->depth == kUnknownDepth) return false;  // unknown depth: demote
+  uint32_t tp_size = 1;
+  {
+    MutexLock l(&ns_mu_);
+    if (r->ns < ns_info_.size()) tp_size = ns_info_[r->ns].tp_size;
+  }
+  if (!cost_.RecomputeBeatsNvme(uint64_t{r->depth} * meta.block_tokens, meta.block_tokens, meta.payload_bytes,
+                                tp_size)) {
+    return false;
+  }
+  // One in kCalibrationDemotionEvery of those is demoted anyway, so the tier
+  // keeps blocks the cost model can measure it on (CalibrateNvme): a tier
+  // judged slow once must be able to prove it is fast again.
+  if (cost_demotions_.fetch_add(1, std::memory_order_relaxed) % kCalibrationDemotionEvery == 0) {
+    stats_->demotions_for_calibration.Add();
+    return false;
+  }
+  return true;
+}
+
+bool BlockCache::DemoteLocked(TenantState& t, BlockRecord* r, SlotHandle host_slot, uint64_t offset,
+                              const BlockMeta& meta, std::vector<PendingDemotion>* deferred) {
+  Lane* const first = lanes_.empty() ? nullptr : lanes_[0].get();
+  if (first == nullptr || meta.payload_bytes > first->tier->max_block_bytes()) return false;
+  absl::StatusOr<SlotHandle> nslot;
+  {
+    MutexLock nl(&first->mu);
+    nslot = AllocateLowerSlotLocked(*first, r, meta.payload_bytes);
+    if (nslot.ok()) first->owner[*nslot] = r;
+  }
+  if (!nslot.ok()) {
+    stats_->demotions_failed.Add();
+    return false;
+  }
+  {
+    BlockIndex::Shard& sh = index_.ShardFor(r);
+    MutexLock sl(&sh.mu);
+    r->state = BlockState::kNone;
+    r->host_slot = kNoSlot;
+    r->lower_slot = *nslot;
+    r->lower = 0;
+    r->lower_state = LowerState::kWriting;  // the io_ref now belongs to the write
+  }
+  stats_->demotions.Add();
+  if (deferred != nullptr) {
+    PolicyFor(t, t.host->SlotBytes(host_slot))->Remove(host_slot);  // not a victim twice
+    deferred->push_back(PendingDemotion{r, host_slot, *nslot, offset, meta});
+    return true;
+  }
+  // Write copies the bytes before it returns: the host slot is freed right
+  // after. Its callback takes no tenant lock (r has no host slot), so it may
+  // run inline here.
+  first->tier->Write(*nslot, meta, {t.host->arena_base() + offset, meta.payload_bytes}, IoPriority::kDemote,
+                     [this, &t, r, start = MonotonicNanos()](absl::Status s) {
+                       stats_->nvme_write_latency.Record(MonotonicNanos() - start);
+                       if (!s.ok()) stats_->demotions_failed.Add();
+                       OnNvmeWritten(r, s);
+                       ReleaseIoRef(t, r);
+                     });
+  FreeHostSlotLocked(t, host_slot);
+  return true;
 }
 
 void BlockCache::FinishDemotion(TenantState& t, const PendingDemotion& d) {
