@@ -70,39 +70,7 @@ EngineCaches::~EngineCaches() {
 
 absl::StatusOr<Registered> EngineCaches::Register(const ipc::KvRegisterRequest& req, std::vector<UniqueFd> fds) {
   auto c = std::make_shared<EngineCache>(device_);
-  if (req.dtype > static_cast<uint8_t>(kernels::KvDtype::kInt8)) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown KV dtype code ", req.dtype));
-  }
-  if (req.codec > static_cast<uint8_t>(kernels::BlockCodec::kFp8E4M3)) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown block codec code ", req.codec));
-  }
-  c->shape = kernels::KvShape{req.layers, ns_.block_tokens, req.kv_heads, req.head_dim,
-                              static_cast<kernels::KvDtype>(req.dtype)};
-  c->codec = static_cast<kernels::BlockCodec>(req.codec);
-  RETURN_IF_ERROR(kernels::Validate(c->shape, c->codec));
-  const uint64_t block_bytes = kernels::GeometryOf(c->shape, c->codec).block_bytes;
-  if (block_bytes != ns_.block_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "this layout makes blocks of ", block_bytes, " bytes (", req.layers, " layers x K,V x ", ns_.block_tokens,
-        " tokens x ", req.kv_heads, " heads x ", req.head_dim, " x ", kernels::DtypeName(c->shape.dtype),
-        ", codec ", kernels::CodecName(c->codec), ") but the namespace's blocks are ", ns_.block_bytes,
-        " bytes; attach with the matching block_bytes"));
-  }
-  c->cache.page_tokens = req.page_tokens;
-  c->cache.num_pages = req.num_pages;
-  c->cache.page_stride = req.page_stride;
-  if (req.page_tokens == 0 || ns_.block_tokens % req.page_tokens != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("page_tokens ", req.page_tokens, " does not divide the ",
-                                                   ns_.block_tokens, "-token blocks"));
-  }
-  const uint64_t page_bytes = kernels::PageBytes(c->shape, c->cache);
-  if (req.page_stride < page_bytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("page_stride ", req.page_stride, " is smaller than a page (", page_bytes, " bytes)"));
-  }
-  if (req.num_pages == 0 || req.num_pages > (uint64_t{1} << 32)) {
-    return absl::InvalidArgumentError(absl::StrCat("num_pages ", req.num_pages, " is not in 1..2^32"));
-  }
+  ASSIGN_OR_RETURN(const uint64_t page_bytes, CheckLayout(req, *c));
   // The tenant's budget is charged before anything is mapped (and refunded
   // when the cache is destroyed, whatever ends it).
   uint64_t region_bytes = 0;
@@ -116,7 +84,63 @@ absl::StatusOr<Registered> EngineCaches::Register(const ipc::KvRegisterRequest& 
     c->budget = budget_;
     c->charged = region_bytes;
   }
-  // Import every region; memfd regions come with one descriptor each.
+  ASSIGN_OR_RETURN(const std::vector<uint64_t> local, ImportRegions(req, std::move(fds), *c));
+  RETURN_IF_ERROR(MapLayers(req, local, page_bytes, *c));
+  RETURN_IF_ERROR(kernels::Validate(c->shape, c->cache));
+  c->pages_per_block = kernels::PagesPerBlock(c->shape, c->cache);
+  Registered out;
+  RETURN_IF_ERROR(ExportLayerEvents(*c, &out));
+  MutexLock l(&mu_);
+  if (caches_.size() >= kMaxPerSession) {
+    return absl::ResourceExhaustedError(absl::StrCat("a session registers at most ", kMaxPerSession,
+                                                     " KV caches; unregister one first"));
+  }
+  c->id = next_id_++;
+  caches_.emplace(c->id, c);
+  out.id = c->id;
+  return out;
+}
+
+absl::StatusOr<uint64_t> EngineCaches::CheckLayout(const ipc::KvRegisterRequest& req, EngineCache& c) const {
+  if (req.dtype > static_cast<uint8_t>(kernels::KvDtype::kInt8)) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown KV dtype code ", req.dtype));
+  }
+  if (req.codec > static_cast<uint8_t>(kernels::BlockCodec::kFp8E4M3)) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown block codec code ", req.codec));
+  }
+  c.shape = kernels::KvShape{req.layers, ns_.block_tokens, req.kv_heads, req.head_dim,
+                             static_cast<kernels::KvDtype>(req.dtype)};
+  c.codec = static_cast<kernels::BlockCodec>(req.codec);
+  RETURN_IF_ERROR(kernels::Validate(c.shape, c.codec));
+  const uint64_t block_bytes = kernels::GeometryOf(c.shape, c.codec).block_bytes;
+  if (block_bytes != ns_.block_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "this layout makes blocks of ", block_bytes, " bytes (", req.layers, " layers x K,V x ", ns_.block_tokens,
+        " tokens x ", req.kv_heads, " heads x ", req.head_dim, " x ", kernels::DtypeName(c.shape.dtype),
+        ", codec ", kernels::CodecName(c.codec), ") but the namespace's blocks are ", ns_.block_bytes,
+        " bytes; attach with the matching block_bytes"));
+  }
+  c.cache.page_tokens = req.page_tokens;
+  c.cache.num_pages = req.num_pages;
+  c.cache.page_stride = req.page_stride;
+  if (req.page_tokens == 0 || ns_.block_tokens % req.page_tokens != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("page_tokens ", req.page_tokens, " does not divide the ",
+                                                   ns_.block_tokens, "-token blocks"));
+  }
+  const uint64_t page_bytes = kernels::PageBytes(c.shape, c.cache);
+  if (req.page_stride < page_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_stride ", req.page_stride, " is smaller than a page (", page_bytes, " bytes)"));
+  }
+  if (req.num_pages == 0 || req.num_pages > (uint64_t{1} << 32)) {
+    return absl::InvalidArgumentError(absl::StrCat("num_pages ", req.num_pages, " is not in 1..2^32"));
+  }
+  return page_bytes;
+}
+
+absl::StatusOr<std::vector<uint64_t>> EngineCaches::ImportRegions(const ipc::KvRegisterRequest& req,
+                                                                  std::vector<UniqueFd> fds, EngineCache& c) {
+  // Memfd regions come with one descriptor each, in order.
   size_t next_fd = 0;
   std::vector<uint64_t> local(req.regions.size());
   for (size_t i = 0; i < req.regions.size(); ++i) {
@@ -127,28 +151,9 @@ absl::StatusOr<Registered> EngineCaches::Register(const ipc::KvRegisterRequest& 
     IpcMemHandle h;
     h.bytes = r.bytes;
     if (r.kind == ipc::KvRegionKind::kHostMemfd) {
-      if (device_->name() != "sim") {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "memory region ", i, " is host memory (a memfd), which this kvtierd's ", device_->name(),
-            " device backend cannot reach; register CUDA device memory, or run kvtierd with device = \"sim\""));
-      }
-      if (next_fd >= fds.size()) {
-        return absl::InvalidArgumentError(absl::StrCat("memory region ", i, " is host memory but came without its memfd"));
-      }
-      h.fd = std::move(fds[next_fd++]);
-      // A memfd the engine could still shrink would turn our next access
-      // into SIGBUS: it must be sealed against that.
-      const int seals = fcntl(h.fd.get(), F_GET_SEALS);
-      if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "memory region ", i, "'s memfd is not sealed against shrinking; create it with MFD_ALLOW_SEALING "
-            "and fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) before registering"));
-      }
-      ASSIGN_OR_RETURN(uint64_t size, os::FdSize(h.fd.get()));
-      if (size < r.bytes) {
-        return absl::InvalidArgumentError(absl::StrCat("memory region ", i, " claims ", r.bytes,
-                                                       " bytes but its memfd holds ", size));
-      }
+      if (next_fd < fds.size()) h.fd = std::move(fds[next_fd]);
+      RETURN_IF_ERROR(CheckMemfdRegion(i, r, next_fd < fds.size(), h.fd));
+      ++next_fd;
     } else {
       if (device_->name() != "cuda") {
         return absl::FailedPreconditionError(absl::StrCat(
@@ -159,12 +164,42 @@ absl::StatusOr<Registered> EngineCaches::Register(const ipc::KvRegisterRequest& 
     }
     absl::StatusOr<void*> p = device_->ImportMemory(h);
     if (!p.ok()) return absl::Status(p.status().code(), absl::StrCat("memory region ", i, ": ", p.status().message()));
-    c->imported.push_back(*p);
+    c.imported.push_back(*p);
     local[i] = reinterpret_cast<uint64_t>(*p);
   }
   if (next_fd != fds.size()) {
     return absl::InvalidArgumentError(absl::StrCat(fds.size(), " descriptors for ", next_fd, " host regions"));
   }
+  return local;
+}
+
+absl::Status EngineCaches::CheckMemfdRegion(size_t i, const ipc::KvRegion& r, bool has_fd, const UniqueFd& fd) const {
+  if (device_->name() != "sim") {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "memory region ", i, " is host memory (a memfd), which this kvtierd's ", device_->name(),
+        " device backend cannot reach; register CUDA device memory, or run kvtierd with device = \"sim\""));
+  }
+  if (!has_fd) {
+    return absl::InvalidArgumentError(absl::StrCat("memory region ", i, " is host memory but came without its memfd"));
+  }
+  // A memfd the engine could still shrink would turn our next access into
+  // SIGBUS: it must be sealed against that.
+  const int seals = fcntl(fd.get(), F_GET_SEALS);
+  if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "memory region ", i, "'s memfd is not sealed against shrinking; create it with MFD_ALLOW_SEALING "
+        "and fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) before registering"));
+  }
+  ASSIGN_OR_RETURN(uint64_t size, os::FdSize(fd.get()));
+  if (size < r.bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("memory region ", i, " claims ", r.bytes,
+                                                   " bytes but its memfd holds ", size));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EngineCaches::MapLayers(const ipc::KvRegisterRequest& req, const std::vector<uint64_t>& local,
+                                     uint64_t page_bytes, EngineCache& c) const {
   // Each layer's pages must lie inside one region; the extent they span is
   // computed with overflow checks (a wrapped extent once let a tenant
   // address another's arena).
@@ -187,22 +222,10 @@ absl::StatusOr<Registered> EngineCaches::Register(const ipc::KvRegisterRequest& 
   for (uint32_t l = 0; l < req.layers; ++l) {
     ASSIGN_OR_RETURN(uint64_t k, translate(req.k_layers[l], l, "K"));
     ASSIGN_OR_RETURN(uint64_t v, translate(req.v_layers[l], l, "V"));
-    c->cache.k_base.push_back(k);
-    c->cache.v_base.push_back(v);
+    c.cache.k_base.push_back(k);
+    c.cache.v_base.push_back(v);
   }
-  RETURN_IF_ERROR(kernels::Validate(c->shape, c->cache));
-  c->pages_per_block = kernels::PagesPerBlock(c->shape, c->cache);
-  Registered out;
-  RETURN_IF_ERROR(ExportLayerEvents(*c, &out));
-  MutexLock l(&mu_);
-  if (caches_.size() >= kMaxPerSession) {
-    return absl::ResourceExhaustedError(absl::StrCat("a session registers at most ", kMaxPerSession,
-                                                     " KV caches; unregister one first"));
-  }
-  c->id = next_id_++;
-  caches_.emplace(c->id, c);
-  out.id = c->id;
-  return out;
+  return absl::OkStatus();
 }
 
 absl::Status EngineCaches::ExportLayerEvents(EngineCache& c, Registered* out) {

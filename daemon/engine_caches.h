@@ -125,6 +125,17 @@ class EngineCaches {
  private:
   absl::StatusOr<DeviceStream> Stream();
   absl::Status ExportLayerEvents(EngineCache& c, Registered* out);
+  // Register's steps. The layout against the namespace (c's shape, codec and
+  // pages); returns a page's bytes.
+  absl::StatusOr<uint64_t> CheckLayout(const ipc::KvRegisterRequest& req, EngineCache& c) const;
+  // Every region imported into c (its daemon address, by region); memfd
+  // regions take the descriptors in order, each checked by CheckMemfdRegion.
+  absl::StatusOr<std::vector<uint64_t>> ImportRegions(const ipc::KvRegisterRequest& req, std::vector<UniqueFd> fds,
+                                                      EngineCache& c);
+  absl::Status CheckMemfdRegion(size_t i, const ipc::KvRegion& r, bool has_fd, const UniqueFd& fd) const;
+  // Each layer's K and V pages, found inside one region, in daemon addresses.
+  absl::Status MapLayers(const ipc::KvRegisterRequest& req, const std::vector<uint64_t>& local, uint64_t page_bytes,
+                         EngineCache& c) const;
 
   DeviceBackend* const device_;
   const NamespaceInfo ns_;

@@ -6,6 +6,7 @@
 
 #include "core/checked.h"
 #include "core/cli_parse.h"
+#include "core/status.h"
 #include "daemon/config.h"
 #include "daemon/daemon.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
@@ -13,29 +14,73 @@
 #include "core/fmt_absl.h"
 #include "spdlog/spdlog.h"
 
+namespace {
+
+// The command line: the config file and what overrides it.
+struct Flags {
+  std::string config_path = "/etc/kvtier/kvtierd.toml";
+  bool config_given = false;
+  std::string run_dir, data_dir, log_level;
+  bool print_default = false, check_only = false, defaults = false;
+
+  // The overrides, on a config from the file or the defaults (and on every
+  // SIGHUP's reread).
+  void Apply(kvtier::Config& c) const {
+    if (!run_dir.empty()) c.run_dir = run_dir;
+    if (!data_dir.empty()) c.data_dir = data_dir;
+    if (!log_level.empty()) c.log_level = log_level;
+  }
+};
+
+// The file's config, or the embedded defaults when no file was named and the
+// default one is absent (or --defaults); the overrides applied and checked.
+absl::StatusOr<kvtier::Config> ResolveConfig(const Flags& f, bool* from_file) {
+  absl::StatusOr<kvtier::Config> config =
+      f.defaults ? absl::StatusOr<kvtier::Config>(absl::NotFoundError("")) : kvtier::LoadConfigFile(f.config_path);
+  *from_file = config.ok();
+  if (!config.ok() && absl::IsNotFound(config.status()) && !f.config_given) config = kvtier::DefaultConfig();
+  if (!config.ok()) return config;
+  f.Apply(*config);
+  RETURN_IF_ERROR(kvtier::ValidateConfig(*config));
+  return config;
+}
+
+// --check-config: the NVMe tier's space too: a capacity the disk cannot hold
+// fails the start, so it fails the check. (A default capacity shrinks to fit.)
+int CheckOnly(const kvtier::Config& config) {
+  if (config.nvme_capacity != 0 && config.nvme_capacity_explicit) {
+    if (absl::Status s = kvtier::CheckNvmeSpace(config.NvmeDirs(), config.nvme_capacity, config.nvme_segment_bytes);
+        !s.ok()) {
+      spdlog::critical("event=config_error detail=\"{}\"", kvtier::LogQuoted(s.message()));
+      return 2;
+    }
+  }
+  std::cout << "config OK\n";
+  return 0;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   kvtier::Daemon::BlockSignals();
   CLI::App app{"kvtierd: keeps LLM KV-cache blocks across GPU, host memory and NVMe.\n"
                "Runs on its embedded defaults when no config file exists."};
   app.set_version_flag("--version", KVTIER_VERSION);
-  std::string config_path = "/etc/kvtier/kvtierd.toml";
-  bool config_given = false;
-  std::string run_dir, data_dir, log_level;
-  bool print_default = false, check_only = false, defaults = false;
-  app.add_option("-c,--config", config_path, "TOML config file (default /etc/kvtier/kvtierd.toml if it exists)")
-      ->each([&](const std::string&) { config_given = true; });
-  app.add_option("--run-dir", run_dir, "override daemon.run_dir (sockets)");
-  app.add_option("--data-dir", data_dir, "override daemon.data_dir");
-  app.add_option("--log-level", log_level, "override daemon.log_level");
-  app.add_flag("--defaults", defaults, "ignore config files: run on the embedded defaults");
-  app.add_flag("--print-default-config", print_default, "print every config key with its default and exit");
-  app.add_flag("--check-config", check_only, "validate the config and exit");
+  Flags f;
+  app.add_option("-c,--config", f.config_path, "TOML config file (default /etc/kvtier/kvtierd.toml if it exists)")
+      ->each([&](const std::string&) { f.config_given = true; });
+  app.add_option("--run-dir", f.run_dir, "override daemon.run_dir (sockets)");
+  app.add_option("--data-dir", f.data_dir, "override daemon.data_dir");
+  app.add_option("--log-level", f.log_level, "override daemon.log_level");
+  app.add_flag("--defaults", f.defaults, "ignore config files: run on the embedded defaults");
+  app.add_flag("--print-default-config", f.print_default, "print every config key with its default and exit");
+  app.add_flag("--check-config", f.check_only, "validate the config and exit");
   app.footer("Examples:\n  kvtierd                      # embedded defaults\n"
              "  kvtierd -c ./kvtierd.toml --check-config\n"
              "  kvtierd --run-dir /tmp/kv --log-level debug");
   KVTIER_CLI_PARSE(app, argc, argv);
 
-  if (print_default) {
+  if (f.print_default) {
     std::cout << kvtier::DefaultConfigToml();
     return 0;
   }
@@ -43,44 +88,20 @@ int main(int argc, char** argv) {
   spdlog::set_default_logger(logger);
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %v");
 
-  if (defaults && config_given) {
+  if (f.defaults && f.config_given) {
     std::cerr << "kvtierd: --defaults and --config exclude each other\n";
     return 2;
   }
-  absl::StatusOr<kvtier::Config> config =
-      defaults ? absl::StatusOr<kvtier::Config>(absl::NotFoundError("")) : kvtier::LoadConfigFile(config_path);
-  const bool from_file = config.ok();
-  if (!config.ok() && absl::IsNotFound(config.status()) && !config_given) {
-    config = kvtier::DefaultConfig();
-  }
+  bool from_file = false;
+  absl::StatusOr<kvtier::Config> config = ResolveConfig(f, &from_file);
   if (!config.ok()) {
     spdlog::critical("event=config_error detail=\"{}\"", kvtier::LogQuoted(config.status().message()));
     return 2;
   }
-  if (!run_dir.empty()) config->run_dir = run_dir;
-  if (!data_dir.empty()) config->data_dir = data_dir;
-  if (!log_level.empty()) config->log_level = log_level;
-  if (absl::Status s = kvtier::ValidateConfig(*config); !s.ok()) {
-    spdlog::critical("event=config_error detail=\"{}\"", kvtier::LogQuoted(s.message()));
-    return 2;
-  }
-  if (check_only) {
-    // The NVMe tier's space too: a capacity the disk cannot hold fails the
-    // start, so it fails the check. (A default capacity shrinks to fit.)
-    if (config->nvme_capacity != 0 && config->nvme_capacity_explicit) {
-      if (absl::Status s = kvtier::CheckNvmeSpace(config->NvmeDirs(), config->nvme_capacity,
-                                                  config->nvme_segment_bytes);
-          !s.ok()) {
-        spdlog::critical("event=config_error detail=\"{}\"", kvtier::LogQuoted(s.message()));
-        return 2;
-      }
-    }
-    std::cout << "config OK\n";
-    return 0;
-  }
+  if (f.check_only) return CheckOnly(*config);
   spdlog::set_level(spdlog::level::from_str(config->log_level));
   spdlog::info("event=start version={} pid={} config=\"{}\"", KVTIER_VERSION, getpid(),
-               kvtier::LogQuoted(from_file ? config_path : "embedded defaults"));
+               kvtier::LogQuoted(from_file ? f.config_path : "embedded defaults"));
 
   absl::StatusOr<std::unique_ptr<kvtier::Daemon>> daemon = kvtier::Daemon::Create(*config);
   if (!daemon.ok()) {
@@ -89,12 +110,9 @@ int main(int argc, char** argv) {
   }
   if (from_file) {
     // SIGHUP reads the same file, with the same command-line overrides.
-    (*daemon)->SetConfigLoader([config_path, run_dir, data_dir, log_level]() -> absl::StatusOr<kvtier::Config> {
-      absl::StatusOr<kvtier::Config> c = kvtier::LoadConfigFile(config_path);
-      if (!c.ok()) return c;
-      if (!run_dir.empty()) c->run_dir = run_dir;
-      if (!data_dir.empty()) c->data_dir = data_dir;
-      if (!log_level.empty()) c->log_level = log_level;
+    (*daemon)->SetConfigLoader([f]() -> absl::StatusOr<kvtier::Config> {
+      absl::StatusOr<kvtier::Config> c = kvtier::LoadConfigFile(f.config_path);
+      if (c.ok()) f.Apply(*c);
       return c;
     });
   }
