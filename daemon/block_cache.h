@@ -387,7 +387,7 @@ class BlockCache {
   ChainGuard* PolicyFor(TenantState& t, uint64_t slot_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
   void FreeHostSlotLocked(TenantState& t, SlotHandle slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
 
-  // --- lookups, loads, stores, invalidation (block_cache.cc)
+  // --- lookups, loads, invalidation (block_cache.cc); stores (block_store.cc)
   void Unpin(SessionHoldings& s, const std::vector<BlockRecord*>& blocks);
   // Queues a leased lookup's chain for the adaptive policy's shadows.
   void ObserveRequest(SessionHoldings& s, std::span<const BlockKey> keys);
