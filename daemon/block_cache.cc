@@ -62,14 +62,8 @@ BlockCache::~BlockCache() {
 absl::StatusOr<uint16_t> BlockCache::AddTenant(std::string name, std::unique_ptr<HostTier> host, TenantQuota quota,
                                                std::unique_ptr<GpuCache> gpu) {
   if (tenants_.size() >= UINT16_MAX) return absl::ResourceExhaustedError("too many tenants");
-  auto t = std::make_unique<TenantState>();
-  t->hash = TenantHash(name);
-  t->name = std::move(name);
-  t->host = std::move(host);
-  t->gpu = std::move(gpu);
-  t->quota_host_tokens = quota.host_tokens;
-  t->quota_nvme_bytes = quota.nvme_bytes;
-  t->quota_nvme_tokens = quota.nvme_tokens;
+  const uint64_t hash = TenantHash(name);
+  auto t = std::make_unique<HostResidency>(std::move(name), hash, std::move(host), std::move(gpu), quota, opts_.policy);
   for (auto& lane : lanes_) {
     MutexLock nl(&lane->mu);
     lane->GrowTenantsLocked(tenants_.size() + 1);
@@ -147,12 +141,12 @@ void BlockCache::ObserveRequest(SessionHoldings& s, std::span<const BlockKey> ke
 void BlockCache::ObservePending(SessionHoldings& s) {
   if (!s.observe_pending) return;
   s.observe_pending = false;
-  TenantState& t = *tenants_[s.ns.tenant];
+  HostResidency& t = *tenants_[s.ns.tenant];
   AdaptivePolicy* a;
   {
     // Policies live as long as the cache: the pointer outlives the lock.
     MutexLock l(&t.mu);
-    a = static_cast<AdaptivePolicy*>(PolicyFor(t, t.host->SlotSizeFor(s.ns.block_bytes))->inner());
+    a = static_cast<AdaptivePolicy*>(t.PolicyForLocked(t.host->SlotSizeFor(s.ns.block_bytes))->inner());
   }
   a->Observe(s.last_chain, s.ns.block_tokens);  // on the shadows' own lock, not the tier's
 }
@@ -175,7 +169,7 @@ absl::Status BlockCache::LeaseRoomFor(const SessionHoldings& s, size_t blocks) {
 
 BlockCache::ChainHits BlockCache::ProbeChain(SessionHoldings& s, std::span<const BlockKey> keys, bool lease,
                                              std::span<BlockLocation> out) {
-  TenantState& t = *tenants_[s.ns.tenant];
+  HostResidency& t = *tenants_[s.ns.tenant];
   ChainHits h;
   // Probes are memory-bound: prefetch a window of keys ahead so their cache
   // misses overlap instead of queueing behind one another.
@@ -234,7 +228,7 @@ uint32_t BlockCache::MarkRecompute(const SessionHoldings& s, std::span<const Blo
   return n;
 }
 
-void BlockCache::TouchHits(TenantState& t, const ChainHits& hits) {
+void BlockCache::TouchHits(HostResidency& t, const ChainHits& hits) {
   if (!hits.host_touch.empty()) {
     // Pinned blocks keep their host slots, so these handles are stable.
     MutexLock l(&t.mu);
@@ -242,7 +236,7 @@ void BlockCache::TouchHits(TenantState& t, const ChainHits& hits) {
     // its children, and recency-ordered policies evict leaves first (a block
     // whose parent is gone can never be hit).
     for (auto h = hits.host_touch.rbegin(); h != hits.host_touch.rend(); ++h) {
-      PolicyFor(t, t.host->SlotBytes(*h))->Touch(*h);
+      t.PolicyForLocked(t.host->SlotBytes(*h))->Touch(*h);
       t.slots.Touch(*h);
     }
   }
@@ -373,7 +367,7 @@ std::optional<LoadOutcome> BlockCache::Load(SessionHoldings& s, uint64_t lease_i
         FinishLoad(p.outcome, p.ok, block_bytes);
         std::move(done)(std::move(p.outcome));
       });
-  TenantState& t = *tenants_[s.ns.tenant];
+  HostResidency& t = *tenants_[s.ns.tenant];
   for (size_t i : to_promote) {
     BlockRecord* r = recs[i];
     const uint64_t parent = i > 0 ? PolicyKeyOf(s.ns.handle, keys[i - 1]) : 0;
@@ -395,7 +389,7 @@ std::optional<LoadOutcome> BlockCache::Load(SessionHoldings& s, uint64_t lease_i
 }
 
 void BlockCache::Unpin(SessionHoldings& s, const std::vector<BlockRecord*>& blocks) {
-  TenantState& t = *tenants_[s.ns.tenant];
+  HostResidency& t = *tenants_[s.ns.tenant];
   std::vector<BlockRecord*> to_destroy;
   for (BlockRecord* r : blocks) {
     BlockIndex::Shard& sh = index_.ShardFor(r);
@@ -444,16 +438,16 @@ bool BlockCache::PublishGpuCopy(uint16_t tenant, uint32_t ns, const BlockKey& ke
   return true;
 }
 
-uint32_t BlockCache::RemoveFromIndex(TenantState& t, BlockRecord* r, BlockIndex::Shard& sh) {
+uint32_t BlockCache::RemoveFromIndex(HostResidency& t, BlockRecord* r, BlockIndex::Shard& sh) {
   UnindexLocked(sh, r);
   // Removed blocks are never eviction candidates; keep the policies clean.
-  if (r->state == BlockState::kReady) PolicyFor(t, t.host->SlotBytes(r->host_slot))->Remove(r->host_slot);
+  if (r->state == BlockState::kReady) t.PolicyForLocked(t.host->SlotBytes(r->host_slot))->Remove(r->host_slot);
   stats_->invalidations.Add();
   return 1;
 }
 
 absl::StatusOr<uint32_t> BlockCache::Invalidate(SessionHoldings& s, std::span<const BlockKey> keys) {
-  TenantState& t = *tenants_[s.ns.tenant];
+  HostResidency& t = *tenants_[s.ns.tenant];
   uint32_t removed = 0;
   MutexLock l(&t.mu);
   for (const BlockKey& key : keys) {
@@ -473,7 +467,7 @@ absl::StatusOr<uint32_t> BlockCache::Invalidate(SessionHoldings& s, std::span<co
 }
 
 absl::StatusOr<uint32_t> BlockCache::InvalidateNamespace(SessionHoldings& s) {
-  TenantState& t = *tenants_[s.ns.tenant];
+  HostResidency& t = *tenants_[s.ns.tenant];
   uint32_t removed = 0;
   MutexLock l(&t.mu);
   for (BlockIndex::Shard& sh : index_.shards()) {

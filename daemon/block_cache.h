@@ -40,7 +40,7 @@
 #include "daemon/namespace_registry.h"
 #include "daemon/stats.h"
 #include "daemon/cost_tracker.h"
-#include "daemon/host_slots.h"
+#include "daemon/host_residency.h"
 #include "policies/chain_guard.h"
 #include "policies/eviction_policy.h"
 #include "tiers/host_tier.h"
@@ -85,15 +85,6 @@ struct PolicyUsage {
   std::string leader;  // the adaptive policy's current expert; else the policy's name
   uint64_t switches = 0;
   std::vector<std::pair<std::string, double>> scores;  // adaptive only
-};
-
-// A tenant's quotas; 0 = none beyond the tier's size. Counted in resident
-// blocks (admission in tokens, not requests): a store's blocks from
-// StoreBegin, a promoted block from its read, a demoted one from its write.
-struct TenantQuota {
-  uint64_t host_tokens = 0;  // in the tenant's host arena
-  uint64_t nvme_bytes = 0;   // on the shared NVMe tier
-  uint64_t nvme_tokens = 0;
 };
 
 struct TenantUsage {
@@ -306,35 +297,6 @@ class BlockCache {
   uint64_t nvme_blocks() const { return lanes_.empty() ? 0 : lower_blocks(0); }
 
  private:
-  struct TenantState {
-    std::string name;
-    uint64_t hash = 0;
-    std::unique_ptr<HostTier> host;
-    std::unique_ptr<GpuCache> gpu;  // or nullptr; see AddTenant
-    // The tenant's tier lock: allocation, eviction and policy updates.
-    Mutex mu;
-    // The configured policy per slot size, behind a ChainGuard (leaves before parents).
-    absl::flat_hash_map<uint64_t, std::unique_ptr<ChainGuard>> policy_by_size ABSL_GUARDED_BY(mu);
-    HostSlotTable slots ABSL_GUARDED_BY(mu);  // each host slot's owner, tokens and age
-    // Evictions for room since the last look at other sizes' segments.
-    uint64_t room_evictions ABSL_GUARDED_BY(mu) = 0;
-    // Quotas: SetQuota (a config reload) may change them while sessions run.
-    std::atomic<uint64_t> quota_host_tokens{0}, quota_nvme_bytes{0}, quota_nvme_tokens{0};
-    uint64_t QuotaHostTokens() const { return quota_host_tokens.load(std::memory_order_relaxed); }
-    TenantQuota Quota() const {
-      return {quota_host_tokens.load(std::memory_order_relaxed), quota_nvme_bytes.load(std::memory_order_relaxed),
-              quota_nvme_tokens.load(std::memory_order_relaxed)};
-    }
-    // Background demotions chosen but not yet copied out (their slots are
-    // still allocated); a store that finds the tier full waits for them
-    // rather than evicting a hotter block.
-    uint32_t deferred_in_flight ABSL_GUARDED_BY(mu) = 0;
-    std::condition_variable_any deferred_done;
-    // Promotions in flight and who else waits for them.
-    absl::flat_hash_map<BlockRecord*, std::vector<absl::AnyInvocable<void(bool) &&>>> loading ABSL_GUARDED_BY(mu);
-    std::atomic<uint64_t> pinned{0};
-    std::atomic<uint64_t> evictions{0};
-  };
 
   // A demotion whose copy into NVMe staging waits until the tier lock is
   // released: its block is invisible in host memory and out of the policy,
@@ -355,37 +317,30 @@ class BlockCache {
   // --- host tier (block_host.cc)
   // A host slot for a block of `bytes` holding `tokens` tokens, evicting
   // while the arena is full or the tenant's token quota would be exceeded.
-  absl::StatusOr<SlotHandle> AllocateSlotLocked(TenantState& t, uint64_t bytes, uint32_t tokens, BlockRecord* owner)
+  absl::StatusOr<SlotHandle> AllocateSlotLocked(HostResidency& t, uint64_t bytes, uint32_t tokens, BlockRecord* owner)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
   // The policy's coldest block that may go now (not pinned, not moving).
-  std::optional<SlotHandle> PickHostVictimLocked(TenantState& t, ChainGuard* policy)
+  std::optional<SlotHandle> PickHostVictimLocked(HostResidency& t, ChainGuard* policy)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
   // Empties the coldest segment of another block size than `slot_bytes`
   // whose blocks are all older than `min_age` ticks (any age without one)
   // and may all go now; false when there is none.
-  bool ReclaimSegmentLocked(TenantState& t, uint64_t slot_bytes, std::optional<uint32_t> min_age)
+  bool ReclaimSegmentLocked(HostResidency& t, uint64_t slot_bytes, std::optional<uint32_t> min_age)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
   // Evicts one block, from the block size that holds the most bytes; false
   // when nothing can go.
-  bool EvictColdestLocked(TenantState& t, std::vector<PendingDemotion>* deferred = nullptr)
+  bool EvictColdestLocked(HostResidency& t, std::vector<PendingDemotion>* deferred = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
   // FlushToNvme's parts (block_flush.cc). The tenant's committed host
   // blocks without a durable lower copy, each with an io_ref (a copy on a
   // tier that is not durable is dropped); the others are counted.
-  std::vector<BlockRecord*> FlushCandidates(TenantState& t, uint64_t* already_durable) ABSL_LOCKS_EXCLUDED(t.mu);
+  std::vector<BlockRecord*> FlushCandidates(HostResidency& t, uint64_t* already_durable) ABSL_LOCKS_EXCLUDED(t.mu);
   struct FlushJob;
   // Writes r, waiting for room in the staging memory while writes are in flight.
-  void FlushBlock(TenantState& t, BlockRecord* r, const std::shared_ptr<FlushJob>& job,
+  void FlushBlock(HostResidency& t, BlockRecord* r, const std::shared_ptr<FlushJob>& job,
                   std::chrono::steady_clock::time_point deadline);
-  // Fuller than `share` of the arena, or of the token quota, not counting
-  // the bytes and tokens of slots about to be freed.
-  bool FullerThanLocked(const TenantState& t, double share, uint64_t freeing_bytes = 0,
-                        uint64_t freeing_tokens = 0) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
   // One pass of the reclaimer: every tenant above the high mark, down to the low.
   void ReclaimPass();
-  ChainGuard* PolicyFor(TenantState& t, uint64_t slot_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
-  void FreeHostSlotLocked(TenantState& t, SlotHandle slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
 
   // --- lookups, loads, invalidation (block_cache.cc); stores (block_store.cc)
   void Unpin(SessionHoldings& s, const std::vector<BlockRecord*>& blocks);
@@ -413,7 +368,7 @@ class BlockCache {
   uint32_t MarkRecompute(const SessionHoldings& s, std::span<const BlockKey> keys, size_t from,
                          std::span<BlockLocation> out);
   // A leased hit's blocks are touched in their policies, leaves first.
-  void TouchHits(TenantState& t, const ChainHits& h);
+  void TouchHits(HostResidency& t, const ChainHits& h);
   // Load's parts. The records `keys` name among those lease `lease_id`
   // pinned (ENOENT: no such lease; EINVAL: a key it does not pin).
   absl::StatusOr<std::vector<BlockRecord*>> LeasedRecords(const SessionHoldings& s, uint64_t lease_id,
@@ -431,16 +386,16 @@ class BlockCache {
   };
   NewBlocks IndexNewBlocks(const SessionHoldings& s, std::span<const BlockKey> keys, std::optional<size_t> depth);
   // Why `blocks` new blocks could never fit the tenant's host tier, or "".
-  static std::string StoreNeverFits(const TenantState& t, const NamespaceInfo& ns, size_t blocks);
+  static std::string StoreNeverFits(const HostResidency& t, const NamespaceInfo& ns, size_t blocks);
   // Each new block's parent identity: the key before it, or for the first
   // key the block before it in the chain the session looked up (0: unknown).
   static std::vector<uint64_t> ParentsOf(const SessionHoldings& s, std::span<const BlockKey> keys,
                                          const std::vector<size_t>& at, std::optional<size_t> depth);
   // Frees whatever copies a removed, unreferenced record still owns, then
   // deletes it. DestroyDetached is for a record without a host slot.
-  void DestroyRecord(TenantState& t, BlockRecord* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
+  void DestroyRecord(HostResidency& t, BlockRecord* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
   void DestroyDetached(BlockRecord* r);
-  uint32_t RemoveFromIndex(TenantState& t, BlockRecord* r, BlockIndex::Shard& sh)
+  uint32_t RemoveFromIndex(HostResidency& t, BlockRecord* r, BlockIndex::Shard& sh)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu, sh.mu);
   // Every record leaves the index here: erased (once), marked removed, and
   // its GPU copy dropped (GpuCache's lock is a leaf: docs/architecture.md,
@@ -453,7 +408,7 @@ class BlockCache {
   // Takes a host victim's copy away: kept on NVMe, demoted to NVMe, or
   // dropped. With `deferred`, a demotion's write is left to FinishDemotion
   // (appended there) instead of copying under the tier lock.
-  EvictResult EvictHostCopyLocked(TenantState& t, BlockRecord* r, std::vector<PendingDemotion>* deferred = nullptr)
+  EvictResult EvictHostCopyLocked(HostResidency& t, BlockRecord* r, std::vector<PendingDemotion>* deferred = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
   // EvictHostCopyLocked's choices for a block without a lower copy. Whether
   // its reload would be slower than recomputing it (then it is dropped; one
@@ -461,10 +416,10 @@ class BlockCache {
   bool DropForCost(const BlockRecord* r, const BlockMeta& meta);
   // Demotes r (kEvicting, with the eviction's io_ref) into the first lower
   // tier; false (r untouched) without one, too large for it, or no room.
-  bool DemoteLocked(TenantState& t, BlockRecord* r, SlotHandle host_slot, uint64_t offset, const BlockMeta& meta,
+  bool DemoteLocked(HostResidency& t, BlockRecord* r, SlotHandle host_slot, uint64_t offset, const BlockMeta& meta,
                     std::vector<PendingDemotion>* deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
   // Starts a deferred demotion's write, then frees its host slot. Without the tier lock.
-  void FinishDemotion(TenantState& t, const PendingDemotion& d) ABSL_LOCKS_EXCLUDED(t.mu);
+  void FinishDemotion(HostResidency& t, const PendingDemotion& d) ABSL_LOCKS_EXCLUDED(t.mu);
   // An NVMe slot for r's bytes, evicting while the tier is full or r's
   // tenant would go over its NVMe quota (then from its own blocks). Never
   // evicts another tenant's block if that would leave the other below its
@@ -479,13 +434,13 @@ class BlockCache {
   void FreeLowerSlotLocked(Lane& lane, const BlockRecord* r, SlotHandle slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(lane.mu);
   BlockMeta MetaOf(const BlockRecord* r) const;
   // Starts an NVMe write of r's host copy; r carries an I/O reference for it.
-  void WriteToNvme(TenantState& t, BlockRecord* r, IoPriority prio, StatusCallback done);
+  void WriteToNvme(HostResidency& t, BlockRecord* r, IoPriority prio, StatusCallback done);
   void OnNvmeWritten(BlockRecord* r, absl::Status s);
   void RecordNvmeWriteLocked(Lane& lane, BlockRecord* r, const absl::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(lane.mu);
   // Brings r's lower copy into a host slot; `done(ok)` when it is there or failed.
   // parent_key: PolicyKeyOf the block before r in its chain (0: none or unknown).
   // The states are in block_promotion.cc, above PlanPromotionLocked.
-  void Promote(TenantState& t, BlockRecord* r, IoPriority prio, absl::AnyInvocable<void(bool) &&> done,
+  void Promote(HostResidency& t, BlockRecord* r, IoPriority prio, absl::AnyInvocable<void(bool) &&> done,
                uint64_t parent_key = 0);
   struct PromotionPlan {
     enum Next { kAlreadyReady, kWaiting, kAfterWrite, kFail, kRead } next = kFail;
@@ -494,20 +449,20 @@ class BlockCache {
     SlotHandle lower_slot = kNoSlot, host_slot = kNoSlot;
     uint64_t offset = 0;    // of host_slot in the arena
   };
-  PromotionPlan PlanPromotionLocked(TenantState& t, BlockRecord* r, const BlockMeta& meta)
+  PromotionPlan PlanPromotionLocked(HostResidency& t, BlockRecord* r, const BlockMeta& meta)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
   // Queues `done` (moved from) to decide again once r's demotion write
   // lands; false (done untouched) when it already has.
-  bool AwaitDemotionLocked(TenantState& t, BlockRecord* r, IoPriority prio, absl::AnyInvocable<void(bool) &&>& done,
+  bool AwaitDemotionLocked(HostResidency& t, BlockRecord* r, IoPriority prio, absl::AnyInvocable<void(bool) &&>& done,
                            uint64_t parent_key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
-  void FinishPromotion(TenantState& t, BlockRecord* r, const PromotionPlan& p, const absl::Status& s,
+  void FinishPromotion(HostResidency& t, BlockRecord* r, const PromotionPlan& p, const absl::Status& s,
                        uint64_t parent_key, uint32_t block_tokens, absl::AnyInvocable<void(bool) &&> done);
   // Drops r's lower copy if it is still `slot` in lane `lane` (a copy that
   // failed its check); with sole_holder, only if the caller's io_ref is r's only one.
   void DropLowerCopy(BlockRecord* r, uint8_t lane, SlotHandle slot, bool sole_holder = false);
   // Drops the I/O reference an operation held; destroys the record if it was
   // the last thing keeping a removed record alive.
-  void ReleaseIoRef(TenantState& t, BlockRecord* r);
+  void ReleaseIoRef(HostResidency& t, BlockRecord* r);
 
   const Options opts_;
   // opts_'s watermarks, as a reload may change them.
@@ -517,7 +472,7 @@ class BlockCache {
   DaemonStats* const stats_;
   CostTracker cost_;
   BlockIndex index_;
-  std::vector<std::unique_ptr<TenantState>> tenants_;
+  std::vector<std::unique_ptr<HostResidency>> tenants_;
   absl::flat_hash_map<uint64_t, uint16_t> tenant_by_hash_;
 
   // Evictions the cost model would drop; every kCalibrationDemotionEvery-th

@@ -42,7 +42,7 @@ BlockCache::FlushResult BlockCache::FlushToNvme(std::chrono::nanoseconds timeout
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   auto job = std::make_shared<FlushJob>();
   for (const auto& tp : tenants_) {
-    TenantState& t = *tp;
+    HostResidency& t = *tp;
     std::vector<BlockRecord*> todo = FlushCandidates(t, &out.already_on_nvme);
     {
       MutexLock l(&job->mu);
@@ -65,7 +65,7 @@ BlockCache::FlushResult BlockCache::FlushToNvme(std::chrono::nanoseconds timeout
   return out;
 }
 
-std::vector<BlockRecord*> BlockCache::FlushCandidates(TenantState& t, uint64_t* already_durable) {
+std::vector<BlockRecord*> BlockCache::FlushCandidates(HostResidency& t, uint64_t* already_durable) {
   std::vector<BlockRecord*> todo;
   // Blocks whose only lower copy is on a tier that forgets at a restart
   // (the cascade moved it there): that copy goes, the first tier gets one.
@@ -90,7 +90,7 @@ std::vector<BlockRecord*> BlockCache::FlushCandidates(TenantState& t, uint64_t* 
   return todo;
 }
 
-void BlockCache::FlushBlock(TenantState& t, BlockRecord* r, const std::shared_ptr<FlushJob>& job,
+void BlockCache::FlushBlock(HostResidency& t, BlockRecord* r, const std::shared_ptr<FlushJob>& job,
                             std::chrono::steady_clock::time_point deadline) {
   // Flow control: a write the staging memory cannot take now (KVTIER_EBUSY)
   // waits for one in flight to finish and goes again, so every block that

@@ -13,31 +13,11 @@
 #include "core/fan_in.h"
 #include "core/status.h"
 #include "core/units.h"
-#include "policies/adaptive_policy.h"
 #include "spdlog/spdlog.h"
 
 namespace kvtier {
 
-ChainGuard* BlockCache::PolicyFor(TenantState& t, uint64_t slot_bytes) {
-  auto it = t.policy_by_size.find(slot_bytes);
-  if (it != t.policy_by_size.end()) return it->second.get();
-  auto p = MakeEvictionPolicy(opts_.policy);  // the name was checked by Create
-  if (auto* a = dynamic_cast<AdaptivePolicy*>(p->get())) {
-    // The shadows hold as many blocks of this size as the arena does.
-    a->SetCapacityBlocks(std::max<uint64_t>(1, t.host->arena_bytes() / slot_bytes));
-  }
-  auto guard = std::make_unique<ChainGuard>(std::move(p).value());
-  return t.policy_by_size.emplace(slot_bytes, std::move(guard)).first->second.get();
-}
-
-void BlockCache::FreeHostSlotLocked(TenantState& t, SlotHandle slot) {
-  PolicyFor(t, t.host->SlotBytes(slot))->Remove(slot);
-  // Cannot fail: the slot was allocated for one record and is freed once.
-  (void)t.host->Free(slot);
-  t.slots.Release(slot);
-}
-
-std::optional<SlotHandle> BlockCache::PickHostVictimLocked(TenantState& t, ChainGuard* policy) {
+std::optional<SlotHandle> BlockCache::PickHostVictimLocked(HostResidency& t, ChainGuard* policy) {
   return policy->PickVictim([&](SlotHandle h) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     BlockRecord* v = t.slots.owner(h);
     BlockIndex::Shard& sh = index_.ShardFor(v);
@@ -46,13 +26,9 @@ std::optional<SlotHandle> BlockCache::PickHostVictimLocked(TenantState& t, Chain
   });
 }
 
-bool BlockCache::EvictColdestLocked(TenantState& t, std::vector<PendingDemotion>* deferred) {
+bool BlockCache::EvictColdestLocked(HostResidency& t, std::vector<PendingDemotion>* deferred) {
   // Largest holder first, then the others, until one has a block that may go.
-  std::vector<std::pair<uint64_t, ChainGuard*>> by_bytes;
-  for (const auto& [slot_bytes, policy] : t.policy_by_size) by_bytes.emplace_back(slot_bytes * policy->size(), policy.get());
-  std::sort(by_bytes.begin(), by_bytes.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-  for (const auto& [bytes, policy] : by_bytes) {
-    if (bytes == 0) break;
+  for (ChainGuard* policy : t.PoliciesByBytesLocked()) {
     std::optional<SlotHandle> victim = PickHostVictimLocked(t, policy);
     if (!victim) continue;
     if (EvictHostCopyLocked(t, t.slots.owner(*victim), deferred) == EvictResult::kEvicted) {
@@ -64,34 +40,14 @@ bool BlockCache::EvictColdestLocked(TenantState& t, std::vector<PendingDemotion>
   return false;
 }
 
-bool BlockCache::ReclaimSegmentLocked(TenantState& t, uint64_t slot_bytes, std::optional<uint32_t> min_age) {
-  std::vector<std::pair<uint32_t, uint32_t>> live = t.host->LiveSlotsOutsideClass(slot_bytes);
-  if (live.empty()) return false;
-  std::sort(live.begin(), live.end());
-  struct Candidate {
-    uint32_t youngest;  // age of its most recently used block
-    size_t begin, end;  // in live
-  };
-  std::vector<Candidate> candidates;
-  for (size_t i = 0; i < live.size();) {
-    size_t j = i;
-    uint32_t youngest = UINT32_MAX;
-    for (; j < live.size() && live[j].first == live[i].first; ++j) {
-      youngest = std::min(youngest, t.slots.age(live[j].second));
-    }
-    if (!min_age || youngest > *min_age) candidates.push_back({youngest, i, j});
-    i = j;
-  }
-  std::sort(candidates.begin(), candidates.end(),
-            [](const Candidate& a, const Candidate& b) { return a.youngest > b.youngest; });
+bool BlockCache::ReclaimSegmentLocked(HostResidency& t, uint64_t slot_bytes, std::optional<uint32_t> min_age) {
   // A segment with a pinned or busy block would lose its other blocks and
   // still not come back: a few of the coldest are tried, whole or not at all.
   constexpr size_t kTries = 8;
-  for (size_t k = 0; k < candidates.size() && k < kTries; ++k) {
-    const Candidate& c = candidates[k];
+  for (const HostResidency::Segment& seg : t.ColdSegmentsLocked(slot_bytes, min_age, kTries)) {
     bool all_may_go = true;
-    for (size_t i = c.begin; i < c.end && all_may_go; ++i) {
-      BlockRecord* v = t.slots.owner(live[i].second);
+    for (SlotHandle h : seg.slots) {
+      BlockRecord* v = t.slots.owner(h);
       if (v == nullptr) {
         all_may_go = false;
         break;
@@ -99,11 +55,12 @@ bool BlockCache::ReclaimSegmentLocked(TenantState& t, uint64_t slot_bytes, std::
       BlockIndex::Shard& sh = index_.ShardFor(v);
       MutexLock sl(&sh.mu);
       all_may_go = !v->removed && v->pins == 0 && v->io_refs == 0 && v->state == BlockState::kReady;
+      if (!all_may_go) break;
     }
     if (!all_may_go) continue;
     uint64_t evicted = 0;
-    for (size_t i = c.begin; i < c.end; ++i) {
-      if (EvictHostCopyLocked(t, t.slots.owner(live[i].second)) == EvictResult::kEvicted) ++evicted;
+    for (SlotHandle h : seg.slots) {
+      if (EvictHostCopyLocked(t, t.slots.owner(h)) == EvictResult::kEvicted) ++evicted;
     }
     t.evictions.fetch_add(evicted, std::memory_order_relaxed);
     stats_->evictions.Add(evicted);
@@ -112,15 +69,6 @@ bool BlockCache::ReclaimSegmentLocked(TenantState& t, uint64_t slot_bytes, std::
     return evicted > 0;
   }
   return false;
-}
-
-bool BlockCache::FullerThanLocked(const TenantState& t, double share, uint64_t freeing_bytes,
-                                  uint64_t freeing_tokens) const {
-  const TierUsage u = t.host->Usage();
-  if (double(u.used_bytes - std::min(freeing_bytes, u.used_bytes)) > share * double(u.capacity_bytes)) return true;
-  const uint64_t quota = t.QuotaHostTokens();
-  const uint64_t held = t.slots.tokens_held();
-  return quota != 0 && double(held - std::min(freeing_tokens, held)) > share * double(quota);
 }
 
 void BlockCache::StartBackgroundReclaim() {
@@ -134,7 +82,7 @@ void BlockCache::StopBackgroundReclaim() { reclaimer_.Stop(); }
 
 absl::StatusOr<uint64_t> BlockCache::EvictTenant(const std::string& tenant) {
   for (const auto& tp : tenants_) {
-    TenantState& t = *tp;
+    HostResidency& t = *tp;
     if (t.name != tenant) continue;
     uint64_t evicted = 0;
     MutexLock l(&t.mu);
@@ -153,9 +101,7 @@ absl::StatusOr<uint64_t> BlockCache::EvictTenant(const std::string& tenant) {
 absl::Status BlockCache::SetQuota(const std::string& tenant, TenantQuota quota) {
   for (const auto& t : tenants_) {
     if (t->name != tenant) continue;
-    t->quota_host_tokens.store(quota.host_tokens, std::memory_order_relaxed);
-    t->quota_nvme_bytes.store(quota.nvme_bytes, std::memory_order_relaxed);
-    t->quota_nvme_tokens.store(quota.nvme_tokens, std::memory_order_relaxed);
+    t->SetQuota(quota);
     return absl::OkStatus();
   }
   return absl::NotFoundError(absl::StrCat("no tenant \"", tenant, "\""));
@@ -181,7 +127,7 @@ absl::Status BlockCache::SetWatermarks(double high, double low) {
 
 void BlockCache::ReclaimPass() {
   for (const auto& tp : tenants_) {
-    TenantState& t = *tp;
+    HostResidency& t = *tp;
     // Above the high mark, down to the low mark (between them, nothing:
     // the gap is what stores use without evicting). In batches of 16
     // victims, chosen under the tier lock; their demotions copy into NVMe
@@ -195,13 +141,13 @@ void BlockCache::ReclaimPass() {
       {
         MutexLock l(&t.mu);
         if (!started) {
-          if (!FullerThanLocked(t, high_watermark_.load(std::memory_order_relaxed))) break;
+          if (!t.FullerThanLocked(high_watermark_.load(std::memory_order_relaxed))) break;
           started = true;
         }
         // Slots of deferred demotions still count as used: aim past them.
         // (Kept and dropped blocks free theirs at once.)
         uint64_t freeing_bytes = 0, freeing_tokens = 0;
-        for (int evicted = 0; FullerThanLocked(t, low_watermark_.load(std::memory_order_relaxed), freeing_bytes, freeing_tokens); ++evicted) {
+        for (int evicted = 0; t.FullerThanLocked(low_watermark_.load(std::memory_order_relaxed), freeing_bytes, freeing_tokens); ++evicted) {
           if (evicted == 16) {
             more = true;
             break;
@@ -223,7 +169,7 @@ void BlockCache::ReclaimPass() {
   }
 }
 
-absl::StatusOr<SlotHandle> BlockCache::AllocateSlotLocked(TenantState& t, uint64_t bytes, uint32_t tokens,
+absl::StatusOr<SlotHandle> BlockCache::AllocateSlotLocked(HostResidency& t, uint64_t bytes, uint32_t tokens,
                                                           BlockRecord* owner) {
   for (;;) {
     const uint64_t quota = t.QuotaHostTokens();
@@ -237,7 +183,7 @@ absl::StatusOr<SlotHandle> BlockCache::AllocateSlotLocked(TenantState& t, uint64
         return absl::InternalError(absl::StrCat("host slot ", *slot, " of tenant \"", t.name,
                                                 "\" was handed out while still held"));
       }
-      if (reclaimer_.running() && FullerThanLocked(t, high_watermark_.load(std::memory_order_relaxed))) {
+      if (reclaimer_.running() && t.FullerThanLocked(high_watermark_.load(std::memory_order_relaxed))) {
         reclaimer_.Wake();
       }
       return slot;
@@ -249,7 +195,7 @@ absl::StatusOr<SlotHandle> BlockCache::AllocateSlotLocked(TenantState& t, uint64
       t.mu.Await(t.deferred_done, [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return t.deferred_in_flight == 0; });
       continue;
     }
-    ChainGuard* policy = PolicyFor(t, t.host->SlotSizeFor(bytes));
+    ChainGuard* policy = t.PolicyForLocked(t.host->SlotSizeFor(bytes));
     if (over_quota) {
       if (tokens > quota) {
         stats_->store_refused_no_space.Add();

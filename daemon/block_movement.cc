@@ -31,8 +31,8 @@ BlockMeta BlockCache::MetaOf(const BlockRecord* r) const {
   return m;
 }
 
-void BlockCache::DestroyRecord(TenantState& t, BlockRecord* r) {
-  if (r->host_slot != kNoSlot) FreeHostSlotLocked(t, r->host_slot);
+void BlockCache::DestroyRecord(HostResidency& t, BlockRecord* r) {
+  if (r->host_slot != kNoSlot) t.FreeSlotLocked(r->host_slot);
   r->host_slot = kNoSlot;
   DestroyDetached(r);
 }
@@ -49,7 +49,7 @@ void BlockCache::DestroyDetached(BlockRecord* r) {
   index_.FreeRecord(r);
 }
 
-void BlockCache::ReleaseIoRef(TenantState& t, BlockRecord* r) {
+void BlockCache::ReleaseIoRef(HostResidency& t, BlockRecord* r) {
   bool destroy, has_host;
   {
     BlockIndex::Shard& sh = index_.ShardFor(r);
@@ -68,7 +68,7 @@ void BlockCache::ReleaseIoRef(TenantState& t, BlockRecord* r) {
   }
 }
 
-BlockCache::EvictResult BlockCache::EvictHostCopyLocked(TenantState& t, BlockRecord* r,
+BlockCache::EvictResult BlockCache::EvictHostCopyLocked(HostResidency& t, BlockRecord* r,
                                                         std::vector<PendingDemotion>* deferred) {
   SlotHandle host_slot;
   uint64_t offset;
@@ -91,7 +91,7 @@ BlockCache::EvictResult BlockCache::EvictHostCopyLocked(TenantState& t, BlockRec
     }
   }
   if (keep_on_nvme) {
-    FreeHostSlotLocked(t, host_slot);
+    t.FreeSlotLocked(host_slot);
     stats_->evictions_kept_on_nvme.Add();
     return EvictResult::kEvicted;
   }
@@ -112,7 +112,7 @@ BlockCache::EvictResult BlockCache::EvictHostCopyLocked(TenantState& t, BlockRec
   }
   stats_->evictions_dropped.Add();
   if (by_cost) stats_->evictions_dropped_by_cost.Add();
-  FreeHostSlotLocked(t, host_slot);
+  t.FreeSlotLocked(host_slot);
   if (destroy) DestroyDetached(r);
   return EvictResult::kEvicted;
 }
@@ -138,7 +138,7 @@ bool BlockCache::DropForCost(const BlockRecord* r, const BlockMeta& meta) {
   return true;
 }
 
-bool BlockCache::DemoteLocked(TenantState& t, BlockRecord* r, SlotHandle host_slot, uint64_t offset,
+bool BlockCache::DemoteLocked(HostResidency& t, BlockRecord* r, SlotHandle host_slot, uint64_t offset,
                               const BlockMeta& meta, std::vector<PendingDemotion>* deferred) {
   Lane* const first = lanes_.empty() ? nullptr : lanes_[0].get();
   if (first == nullptr || meta.payload_bytes > first->tier->max_block_bytes()) return false;
@@ -163,7 +163,7 @@ bool BlockCache::DemoteLocked(TenantState& t, BlockRecord* r, SlotHandle host_sl
   }
   stats_->demotions.Add();
   if (deferred != nullptr) {
-    PolicyFor(t, t.host->SlotBytes(host_slot))->Remove(host_slot);  // not a victim twice
+    t.PolicyForLocked(t.host->SlotBytes(host_slot))->Remove(host_slot);  // not a victim twice
     deferred->push_back(PendingDemotion{r, host_slot, *nslot, offset, meta});
     return true;
   }
@@ -177,11 +177,11 @@ bool BlockCache::DemoteLocked(TenantState& t, BlockRecord* r, SlotHandle host_sl
                        OnNvmeWritten(r, s);
                        ReleaseIoRef(t, r);
                      });
-  FreeHostSlotLocked(t, host_slot);
+  t.FreeSlotLocked(host_slot);
   return true;
 }
 
-void BlockCache::FinishDemotion(TenantState& t, const PendingDemotion& d) {
+void BlockCache::FinishDemotion(HostResidency& t, const PendingDemotion& d) {
   BlockRecord* r = d.r;
   // The slot is still allocated to r: nobody else writes these bytes.
   lanes_[0]->tier->Write(d.lower_slot, d.meta, {t.host->arena_base() + d.offset, d.meta.payload_bytes}, IoPriority::kDemote,
@@ -192,7 +192,7 @@ void BlockCache::FinishDemotion(TenantState& t, const PendingDemotion& d) {
                  ReleaseIoRef(t, r);
                });
   MutexLock l(&t.mu);
-  FreeHostSlotLocked(t, d.host_slot);
+  t.FreeSlotLocked(d.host_slot);
   if (--t.deferred_in_flight == 0) t.deferred_done.notify_all();
 }
 
@@ -318,7 +318,7 @@ void BlockCache::RecordNvmeWriteLocked(Lane& lane, BlockRecord* r, const absl::S
   }
 }
 
-void BlockCache::WriteToNvme(TenantState& t, BlockRecord* r, IoPriority prio, StatusCallback done) {
+void BlockCache::WriteToNvme(HostResidency& t, BlockRecord* r, IoPriority prio, StatusCallback done) {
   Lane& first = *lanes_[0];
   const BlockMeta meta = MetaOf(r);
   if (meta.payload_bytes > first.tier->max_block_bytes()) {

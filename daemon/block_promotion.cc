@@ -18,7 +18,7 @@ namespace kvtier {
 //   kFail          no copy to read, or no host slot: done(false).
 //   kRead          host slot taken, block kLoading, io_ref held: read the lower
 //                  copy; FinishPromotion completes it.
-BlockCache::PromotionPlan BlockCache::PlanPromotionLocked(TenantState& t, BlockRecord* r, const BlockMeta& meta) {
+BlockCache::PromotionPlan BlockCache::PlanPromotionLocked(HostResidency& t, BlockRecord* r, const BlockMeta& meta) {
   PromotionPlan p;
   {
     BlockIndex::Shard& sh = index_.ShardFor(r);
@@ -58,7 +58,7 @@ BlockCache::PromotionPlan BlockCache::PlanPromotionLocked(TenantState& t, BlockR
   return p;
 }
 
-bool BlockCache::AwaitDemotionLocked(TenantState& t, BlockRecord* r, IoPriority prio,
+bool BlockCache::AwaitDemotionLocked(HostResidency& t, BlockRecord* r, IoPriority prio,
                                      absl::AnyInvocable<void(bool) &&>& done, uint64_t parent_key) {
   // Only demotions write, into lane 0. (Tenant lock, then the lane lock: the
   // write's completion takes the lane lock only.)
@@ -80,7 +80,7 @@ bool BlockCache::AwaitDemotionLocked(TenantState& t, BlockRecord* r, IoPriority 
   return true;
 }
 
-void BlockCache::Promote(TenantState& t, BlockRecord* r, IoPriority prio, absl::AnyInvocable<void(bool) &&> done,
+void BlockCache::Promote(HostResidency& t, BlockRecord* r, IoPriority prio, absl::AnyInvocable<void(bool) &&> done,
                          uint64_t parent_key) {
   const BlockMeta meta = MetaOf(r);
   PromotionPlan p;
@@ -119,7 +119,7 @@ void BlockCache::Promote(TenantState& t, BlockRecord* r, IoPriority prio, absl::
                              });
 }
 
-void BlockCache::FinishPromotion(TenantState& t, BlockRecord* r, const PromotionPlan& p, const absl::Status& s,
+void BlockCache::FinishPromotion(HostResidency& t, BlockRecord* r, const PromotionPlan& p, const absl::Status& s,
                                  uint64_t parent_key, uint32_t block_tokens, absl::AnyInvocable<void(bool) &&> done) {
   const bool ok = s.ok();
   std::vector<absl::AnyInvocable<void(bool) &&>> waiters;
@@ -132,10 +132,10 @@ void BlockCache::FinishPromotion(TenantState& t, BlockRecord* r, const Promotion
       if (!ok) r->host_slot = kNoSlot;
     }
     if (ok) {
-      PolicyFor(t, t.host->SlotBytes(p.host_slot))
+      t.PolicyForLocked(t.host->SlotBytes(p.host_slot))
           ->InsertInChain(p.host_slot, PolicyKeyOf(*r), parent_key, PositionOf(*r, block_tokens));
     } else {
-      FreeHostSlotLocked(t, p.host_slot);
+      t.FreeSlotLocked(p.host_slot);
     }
     if (auto w = t.loading.find(r); w != t.loading.end()) {
       waiters = std::move(w->second);
@@ -159,7 +159,7 @@ void BlockCache::Prefetch(SessionHoldings& s, std::span<const BlockKey> keys, Co
     std::move(done)(0u);
     return;
   }
-  TenantState& t = *tenants_[s.ns.tenant];
+  HostResidency& t = *tenants_[s.ns.tenant];
   std::vector<BlockRecord*> todo;
   std::vector<uint64_t> parents;
   for (size_t i = 0; i < keys.size(); ++i) {

@@ -38,7 +38,7 @@ BlockCache::NewBlocks BlockCache::IndexNewBlocks(const SessionHoldings& s, std::
   return n;
 }
 
-std::string BlockCache::StoreNeverFits(const TenantState& t, const NamespaceInfo& ns, size_t blocks) {
+std::string BlockCache::StoreNeverFits(const HostResidency& t, const NamespaceInfo& ns, size_t blocks) {
   const uint64_t need_tokens = uint64_t{ns.block_tokens} * blocks;
   const uint64_t need_bytes = t.host->SlotSizeFor(ns.block_bytes) * blocks;
   const uint64_t quota = t.QuotaHostTokens();
@@ -76,7 +76,7 @@ absl::StatusOr<uint32_t> BlockCache::StoreBegin(SessionHoldings& s, std::span<co
     return CodedStatus(KVTIER_EBUSY, "kvtierd is draining (shutting down): stores are refused; store again once it "
                                      "is back (lookups and loads still answer until it exits)");
   }
-  TenantState& t = *tenants_[s.ns.tenant];
+  HostResidency& t = *tenants_[s.ns.tenant];
   for (BlockLocation& o : out.first(keys.size())) o = BlockLocation{};
   // Depth prices recomputation.
   const std::optional<size_t> depth = ChainDepthOf(s, keys);
@@ -95,7 +95,7 @@ absl::StatusOr<uint32_t> BlockCache::StoreBegin(SessionHoldings& s, std::span<co
         MutexLock sl(&sh.mu);
         UnindexLocked(sh, c);
       }
-      if (c->host_slot != kNoSlot) FreeHostSlotLocked(t, c->host_slot);
+      if (c->host_slot != kNoSlot) t.FreeSlotLocked(c->host_slot);
       index_.FreeRecord(c);
     }
     CountRecords(s.ns.handle, -static_cast<int64_t>(created.records.size()));
@@ -141,7 +141,7 @@ void BlockCache::StoreCommit(SessionHoldings& s, uint64_t ticket, bool durable, 
   std::vector<uint64_t> parents = std::move(it->second.parents);
   s.tickets.erase(it);
   s.ticket_count.fetch_sub(1, std::memory_order_relaxed);
-  TenantState& t = *tenants_[s.ns.tenant];
+  HostResidency& t = *tenants_[s.ns.tenant];
   {
     MutexLock l(&t.mu);
     // Chain order is root first; insert leaves first (see Lookup).
@@ -152,7 +152,7 @@ void BlockCache::StoreCommit(SessionHoldings& s, uint64_t ticket, bool durable, 
         MutexLock sl(&sh.mu);
         r->state = BlockState::kReady;
       }
-      PolicyFor(t, t.host->SlotBytes(r->host_slot))
+      t.PolicyForLocked(t.host->SlotBytes(r->host_slot))
           ->InsertInChain(r->host_slot, PolicyKeyOf(*r), parents[j], PositionOf(*r, s.ns.block_tokens));
     }
   }
@@ -203,7 +203,7 @@ absl::Status BlockCache::StoreAbort(SessionHoldings& s, uint64_t ticket) {
   if (it == s.tickets.end()) {
     return CodedStatus(KVTIER_ENOENT, absl::StrCat("unknown store ticket ", ticket));
   }
-  TenantState& t = *tenants_[s.ns.tenant];
+  HostResidency& t = *tenants_[s.ns.tenant];
   {
     MutexLock l(&t.mu);
     for (BlockRecord* r : it->second.blocks) {

@@ -1,0 +1,115 @@
+// One tenant's host residency: its host tier (the arena the engine maps), an
+// eviction policy per block size behind a ChainGuard (leaves before
+// parents), each slot's owner, tokens and age (HostSlotTable), its quotas,
+// and what waits on its slots (deferred demotions, promotions in flight).
+// The store (BlockCache) decides what to evict and moves the copies; the
+// residency keeps the books and answers how full it is, which policy holds
+// a size, and which of other sizes' segments are coldest.
+//
+// Everything marked Locked needs `mu`, the tenant's tier lock
+// (docs/architecture.md, "Lock order").
+#ifndef KVTIER_DAEMON_HOST_RESIDENCY_H_
+#define KVTIER_DAEMON_HOST_RESIDENCY_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/functional/any_invocable.h"
+#include "core/mutex.h"
+#include "daemon/gpu_cache.h"
+#include "daemon/host_slots.h"
+#include "policies/chain_guard.h"
+#include "tiers/host_tier.h"
+
+namespace kvtier {
+
+struct BlockRecord;
+
+// A tenant's quotas; 0 = none beyond the tier's size. Counted in resident
+// blocks (admission in tokens, not requests): a store's blocks from
+// StoreBegin, a promoted block from its read, a demoted one from its write.
+struct TenantQuota {
+  uint64_t host_tokens = 0;  // in the tenant's host arena
+  uint64_t nvme_bytes = 0;   // on the shared NVMe tier
+  uint64_t nvme_tokens = 0;
+};
+
+class HostResidency {
+ public:
+  // `policy`: the eviction policy's name (checked by the caller), one
+  // instance per block size, made on first use.
+  HostResidency(std::string name, uint64_t hash, std::unique_ptr<HostTier> host, std::unique_ptr<GpuCache> gpu,
+                TenantQuota quota, std::string policy);
+  HostResidency(const HostResidency&) = delete;
+  HostResidency& operator=(const HostResidency&) = delete;
+
+  // The policy of blocks of `slot_bytes` (made on first use).
+  ChainGuard* PolicyForLocked(uint64_t slot_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Frees a slot: out of its policy, back to the tier, out of the slot table.
+  void FreeSlotLocked(SlotHandle slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Fuller than `share` of the arena, or of the token quota, not counting
+  // the bytes and tokens of slots about to be freed.
+  bool FullerThanLocked(double share, uint64_t freeing_bytes = 0, uint64_t freeing_tokens = 0) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // The policies that hold blocks, the one holding the most bytes first.
+  std::vector<ChainGuard*> PoliciesByBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Segments carved for other block sizes than `slot_bytes`, coldest first
+  // (by the age of their most recently used block), at most `max`, and only
+  // those whose blocks are all older than `min_age` ticks (any age without
+  // one). Each lists its live slots.
+  struct Segment {
+    uint32_t youngest = 0;
+    std::vector<SlotHandle> slots;
+  };
+  std::vector<Segment> ColdSegmentsLocked(uint64_t slot_bytes, std::optional<uint32_t> min_age, size_t max) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  uint64_t QuotaHostTokens() const { return quota_host_tokens.load(std::memory_order_relaxed); }
+  TenantQuota Quota() const {
+    return {quota_host_tokens.load(std::memory_order_relaxed), quota_nvme_bytes.load(std::memory_order_relaxed),
+            quota_nvme_tokens.load(std::memory_order_relaxed)};
+  }
+  // A config reload; thread-safe. Blocks already over a lowered quota are
+  // evicted as stores need room.
+  void SetQuota(const TenantQuota& q) {
+    quota_host_tokens.store(q.host_tokens, std::memory_order_relaxed);
+    quota_nvme_bytes.store(q.nvme_bytes, std::memory_order_relaxed);
+    quota_nvme_tokens.store(q.nvme_tokens, std::memory_order_relaxed);
+  }
+
+  const std::string name;
+  const uint64_t hash;
+  const std::unique_ptr<HostTier> host;
+  const std::unique_ptr<GpuCache> gpu;  // or nullptr; see BlockCache::AddTenant
+  // The tenant's tier lock: allocation, eviction and policy updates.
+  Mutex mu;
+  // The configured policy per slot size, behind a ChainGuard.
+  absl::flat_hash_map<uint64_t, std::unique_ptr<ChainGuard>> policy_by_size ABSL_GUARDED_BY(mu);
+  HostSlotTable slots ABSL_GUARDED_BY(mu);  // each host slot's owner, tokens and age
+  // Evictions for room since the last look at other sizes' segments.
+  uint64_t room_evictions ABSL_GUARDED_BY(mu) = 0;
+  // Background demotions chosen but not yet copied out (their slots are
+  // still allocated); a store that finds the tier full waits for them
+  // rather than evicting a hotter block.
+  uint32_t deferred_in_flight ABSL_GUARDED_BY(mu) = 0;
+  std::condition_variable_any deferred_done;
+  // Promotions in flight and who else waits for them.
+  absl::flat_hash_map<BlockRecord*, std::vector<absl::AnyInvocable<void(bool) &&>>> loading ABSL_GUARDED_BY(mu);
+  std::atomic<uint64_t> pinned{0};
+  std::atomic<uint64_t> evictions{0};
+
+ private:
+  const std::string policy_;
+  // Quotas: SetQuota (a config reload) may change them while sessions run.
+  std::atomic<uint64_t> quota_host_tokens{0}, quota_nvme_bytes{0}, quota_nvme_tokens{0};
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_DAEMON_HOST_RESIDENCY_H_
