@@ -23,11 +23,10 @@ namespace kvtier {
 
 BlockCache::BlockCache(const Options& opts, DaemonStats* stats)
     : opts_(opts),
-      high_watermark_(opts.high_watermark),
-      low_watermark_(opts.low_watermark),
       adaptive_(opts.policy == "adaptive"),
       stats_(stats),
-      cost_(opts.cost) {}
+      cost_(opts.cost),
+      reclaimer_({opts.high_watermark, opts.low_watermark}, [this](Reclaimer::Marks m) { ReclaimPass(m); }) {}
 
 absl::StatusOr<std::unique_ptr<BlockCache>> BlockCache::Create(const Options& opts, DaemonStats* stats) {
   RETURN_IF_ERROR(MakeEvictionPolicy(opts.policy).status());

@@ -38,6 +38,7 @@
 #include "daemon/gpu_cache.h"
 #include "daemon/lower_lane.h"
 #include "daemon/namespace_registry.h"
+#include "daemon/reclaimer.h"
 #include "daemon/stats.h"
 #include "daemon/cost_tracker.h"
 #include "daemon/host_residency.h"
@@ -340,7 +341,7 @@ class BlockCache {
   void FlushBlock(HostResidency& t, BlockRecord* r, const std::shared_ptr<FlushJob>& job,
                   std::chrono::steady_clock::time_point deadline);
   // One pass of the reclaimer: every tenant above the high mark, down to the low.
-  void ReclaimPass();
+  void ReclaimPass(Reclaimer::Marks marks);
 
   // --- lookups, loads, invalidation (block_cache.cc); stores (block_store.cc)
   void Unpin(SessionHoldings& s, const std::vector<BlockRecord*>& blocks);
@@ -465,8 +466,6 @@ class BlockCache {
   void ReleaseIoRef(HostResidency& t, BlockRecord* r);
 
   const Options opts_;
-  // opts_'s watermarks, as a reload may change them.
-  std::atomic<double> high_watermark_, low_watermark_;
   std::atomic<bool> draining_{false};  // read by stores
   const bool adaptive_;  // opts_.policy is "adaptive": leased lookups feed its shadows
   DaemonStats* const stats_;
@@ -512,7 +511,7 @@ class BlockCache {
   std::atomic<bool> cascade_busy_{false};  // a lane between its marks, or a batch moving
   // The destructor stops both before anything their passes touch goes.
   BackgroundLoop cascade_;
-  BackgroundLoop reclaimer_;
+  Reclaimer reclaimer_;
 
   mutable Mutex ns_mu_;
   std::vector<NamespaceInfo> ns_info_ ABSL_GUARDED_BY(ns_mu_);  // by handle

@@ -73,9 +73,7 @@ bool BlockCache::ReclaimSegmentLocked(HostResidency& t, uint64_t slot_bytes, std
 
 void BlockCache::StartBackgroundReclaim() {
   StartCascade();
-  if (high_watermark_.load(std::memory_order_relaxed) >= 1.0) return;
-  // The poll is a backstop: stores wake the reclaimer when they cross the mark.
-  reclaimer_.Start(std::chrono::milliseconds(100), [this] { ReclaimPass(); });
+  reclaimer_.Start();
 }
 
 void BlockCache::StopBackgroundReclaim() { reclaimer_.Stop(); }
@@ -108,24 +106,12 @@ absl::Status BlockCache::SetQuota(const std::string& tenant, TenantQuota quota) 
 }
 
 absl::Status BlockCache::SetWatermarks(double high, double low) {
-  if (!(low >= 0.05 && low <= high && high <= 1.0)) {
-    return absl::InvalidArgumentError(absl::StrCat("watermarks ", high, " / ", low, " are not 0.05 <= low <= high <= 1"));
-  }
-  // Low first when lowering, high first when raising: the pair read by the
-  // reclaimer never has low above high.
-  if (low < low_watermark_.load()) {
-    low_watermark_.store(low);
-    high_watermark_.store(high);
-  } else {
-    high_watermark_.store(high);
-    low_watermark_.store(low);
-  }
-  StartBackgroundReclaim();  // when it was off
-  reclaimer_.Wake();         // look again with the new marks
+  RETURN_IF_ERROR(reclaimer_.SetMarks({high, low}));  // starts it when it was off
+  StartCascade();
   return absl::OkStatus();
 }
 
-void BlockCache::ReclaimPass() {
+void BlockCache::ReclaimPass(Reclaimer::Marks marks) {
   for (const auto& tp : tenants_) {
     HostResidency& t = *tp;
     // Above the high mark, down to the low mark (between them, nothing:
@@ -141,13 +127,13 @@ void BlockCache::ReclaimPass() {
       {
         MutexLock l(&t.mu);
         if (!started) {
-          if (!t.FullerThanLocked(high_watermark_.load(std::memory_order_relaxed))) break;
+          if (!t.FullerThanLocked(marks.high)) break;
           started = true;
         }
         // Slots of deferred demotions still count as used: aim past them.
         // (Kept and dropped blocks free theirs at once.)
         uint64_t freeing_bytes = 0, freeing_tokens = 0;
-        for (int evicted = 0; t.FullerThanLocked(low_watermark_.load(std::memory_order_relaxed), freeing_bytes, freeing_tokens); ++evicted) {
+        for (int evicted = 0; t.FullerThanLocked(marks.low, freeing_bytes, freeing_tokens); ++evicted) {
           if (evicted == 16) {
             more = true;
             break;
@@ -183,7 +169,7 @@ absl::StatusOr<SlotHandle> BlockCache::AllocateSlotLocked(HostResidency& t, uint
         return absl::InternalError(absl::StrCat("host slot ", *slot, " of tenant \"", t.name,
                                                 "\" was handed out while still held"));
       }
-      if (reclaimer_.running() && t.FullerThanLocked(high_watermark_.load(std::memory_order_relaxed))) {
+      if (reclaimer_.running() && t.FullerThanLocked(reclaimer_.marks().high)) {
         reclaimer_.Wake();
       }
       return slot;
