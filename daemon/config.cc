@@ -286,6 +286,30 @@ void ReadTenants(const toml::array& arr, std::string_view origin, Config* c, std
 constexpr size_t kMaxConfigBytes = 1u << 20;
 constexpr size_t kMaxConfigDepth = 32;
 
+// Skips the string that opens at text[i] (any of TOML's four kinds),
+// counting the newlines inside it into *line; returns the index of its last
+// byte. A newline that ended an unterminated string is left for the caller
+// to count (toml++ rejects the string).
+size_t SkipString(std::string_view text, size_t i, size_t* line) {
+  const char c = text[i];
+  const bool multi = text.substr(i, 3) == std::string(3, c);
+  const std::string_view close = text.substr(i, multi ? 3 : 1);
+  size_t j = i + close.size();
+  while (j < text.size() && text.substr(j, close.size()) != close) {
+    if (text[j] == '\n') {
+      if (!multi) break;  // unterminated: toml++ says so
+      ++*line;
+    }
+    // A basic string's escape: the next byte is not its end.
+    if (c == '"' && text[j] == '\\' && j + 1 < text.size()) {
+      if (text[j + 1] == '\n') ++*line;
+      ++j;
+    }
+    ++j;
+  }
+  return j < text.size() && text[j] == '\n' ? j - 1 : std::min(text.size(), j + close.size()) - 1;
+}
+
 absl::Status CheckConfigShape(std::string_view text, std::string_view origin) {
   if (text.size() > kMaxConfigBytes) {
     return absl::InvalidArgumentError(
@@ -318,25 +342,7 @@ absl::Status CheckConfigShape(std::string_view text, std::string_view origin) {
       continue;
     }
     if (c == '"' || c == '\'') {
-      const std::string_view quote = text.substr(i, 1);
-      const bool multi = text.substr(i, 3) == std::string(3, c);
-      const std::string_view close = text.substr(i, multi ? 3 : 1);
-      size_t j = i + close.size();
-      while (j < text.size() && text.substr(j, close.size()) != close) {
-        if (text[j] == '\n') {
-          if (!multi) break;  // unterminated: toml++ says so
-          ++line;
-        }
-        // A basic string's escape: the next byte is not its end.
-        if (quote == "\"" && text[j] == '\\' && j + 1 < text.size()) {
-          if (text[j + 1] == '\n') ++line;
-          ++j;
-        }
-        ++j;
-      }
-      // Past the closing quote(s); a newline that ended an unterminated
-      // string is left for the loop to count.
-      i = j < text.size() && text[j] == '\n' ? j - 1 : std::min(text.size(), j + close.size()) - 1;
+      i = SkipString(text, i, &line);
       line_start = false;
       continue;
     }

@@ -250,6 +250,12 @@ bool Session::Post(ipc::RingProducer<CompletionRecord>& cq, const CompletionReco
 }
 
 void Session::Run() {
+  const std::string fatal_reason = Serve();
+  DropAsyncWork();
+  Close(fatal_reason);
+}
+
+std::string Session::Serve() {
   ipc::SegmentHeader* h = segment_.header();
   ipc::RingConsumer<RequestRecord> sq = segment_.DaemonSq();
   ipc::RingProducer<CompletionRecord> cq = segment_.DaemonCq();
@@ -299,6 +305,10 @@ void Session::Run() {
     h->daemon_sleeping.store(0, std::memory_order_relaxed);
     idle_since = MonotonicNanos();
   }
+  return fatal_reason;
+}
+
+void Session::DropAsyncWork() {
   // Operations still on I/O threads reference this session: wait for them
   // (tier I/O is bounded), then drop their completions.
   while (async_in_flight_.load(std::memory_order_acquire) != 0) {
@@ -310,7 +320,10 @@ void Session::Run() {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
+}
 
+void Session::Close(const std::string& fatal_reason) {
+  ipc::SegmentHeader* h = segment_.header();
   CloseReason reason = static_cast<CloseReason>(stop_reason_.load(std::memory_order_acquire));
   if (!fatal_reason.empty()) {
     reason = CloseReason::kProtocolError;

@@ -116,7 +116,14 @@ class Session {
     std::vector<BlockLocation> locations;  // written to the result area when not empty
   };
 
+  // The session thread: serve the rings until stopped or the client breaks
+  // the protocol (Serve returns why, or ""), drop the completions of work
+  // still on I/O threads once it is done, then release everything the
+  // session held and tell the client.
   void Run();
+  std::string Serve();
+  void DropAsyncWork();
+  void Close(const std::string& fatal_reason);
   Outcome Process(const ipc::RequestRecord& req);
   // Thread-safe: queues a completion for the session thread and wakes it.
   void Defer(Deferred d);
