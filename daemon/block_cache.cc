@@ -26,6 +26,7 @@ BlockCache::BlockCache(const Options& opts, DaemonStats* stats)
       adaptive_(opts.policy == "adaptive"),
       stats_(stats),
       cost_(opts.cost),
+      cascade_(opts.cascade_high, opts.cascade_low, CascadeHooks()),
       reclaimer_({opts.high_watermark, opts.low_watermark}, [this](Reclaimer::Marks m) { ReclaimPass(m); }) {}
 
 absl::StatusOr<std::unique_ptr<BlockCache>> BlockCache::Create(const Options& opts, DaemonStats* stats) {

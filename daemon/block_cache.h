@@ -35,6 +35,7 @@
 #include "core/mutex.h"
 #include "core/background_loop.h"
 #include "daemon/block_index.h"
+#include "daemon/cascade.h"
 #include "daemon/gpu_cache.h"
 #include "daemon/lower_lane.h"
 #include "daemon/namespace_registry.h"
@@ -238,7 +239,7 @@ class BlockCache {
   BlockTier* lower_tier(size_t i) const { return lanes_[i]->tier.get(); }
   // Whether the cascade has nothing left to do: no tier between its marks
   // (for tests and drains that want a settled chain).
-  bool cascade_settled() const { return !cascade_busy_.load(); }
+  bool cascade_settled() const { return cascade_.settled(); }
   // Blocks with a ready copy in lower tier i.
   uint64_t lower_blocks(size_t i) const { return lanes_[i]->blocks.load(std::memory_order_relaxed); }
   const std::string& tenant_name(uint16_t tenant) const { return tenants_[tenant]->name; }
@@ -481,17 +482,14 @@ class BlockCache {
   // The chain, lane 0 first. Filled before sessions start; not resized after.
   std::vector<std::unique_ptr<Lane>> lanes_;
 
-  // The cascade (block_cascade.cc): a thread that, while a lane is fuller
-  // than cascade_high of its capacity, copies its coldest blocks one lane
-  // down until it is at cascade_low.
-  void StartCascade();  // with two lanes or more; main thread
-  void StopCascade();
-  // Under the lane's lock, after a copy landed in it: wakes the cascade
-  // when the lane has one below it.
-  void MaybeWakeCascade(const Lane& lane);
-  // One pass: every lane above cascade_high moved down to cascade_low;
-  // draining[i]: lane i is between its marks (kept across passes).
-  void CascadePass(std::vector<bool>& draining);
+  // The cascade (daemon/cascade.h drives it; the moves are in
+  // block_cascade.cc): while a lane is fuller than cascade_high of its
+  // capacity, its coldest blocks are copied one lane down until it is at
+  // cascade_low.
+  void StartCascade() { cascade_.Start(); }  // with two lanes or more; main thread
+  void StopCascade() { cascade_.Stop(); }
+  // The driver's view of the chain: its length, each lane's fullness, a batch of moves.
+  Cascade::Hooks CascadeHooks();
   // Moves up to `max` of lane i's coldest blocks into lane i + 1; returns how many moved.
   uint32_t CascadeBatch(size_t i, uint32_t max);
   // CascadeBatch's steps (block_cascade.cc's header): the copies picked
@@ -508,9 +506,8 @@ class BlockCache {
   // Points the record at its new copy and frees the old one, or gives the
   // new slot back; true when it moved. The caller drops the move's io_ref.
   bool FinishCascadeMove(Lane& from, Lane& to, CascadeMove& m);
-  std::atomic<bool> cascade_busy_{false};  // a lane between its marks, or a batch moving
   // The destructor stops both before anything their passes touch goes.
-  BackgroundLoop cascade_;
+  Cascade cascade_;
   Reclaimer reclaimer_;
 
   mutable Mutex ns_mu_;

@@ -38,40 +38,13 @@ bool FullerThan(const BlockTier& tier, double share) {
 
 }  // namespace
 
-void BlockCache::StartCascade() {
-  if (lanes_.size() < 2) return;
-  // Lanes are attached before the thread starts and never after.
-  cascade_.Start(std::chrono::milliseconds(50),
-                 [this, draining = std::vector<bool>(lanes_.size(), false)]() mutable { CascadePass(draining); });
-}
-
-void BlockCache::StopCascade() { cascade_.Stop(); }
-
-void BlockCache::MaybeWakeCascade(const Lane& lane) {
-  if (!cascade_.running() || lane.index + 1u >= lanes_.size()) return;
-  if (!FullerThan(*lane.tier, opts_.cascade_high)) return;
-  cascade_.Wake();
-}
-
-void BlockCache::CascadePass(std::vector<bool>& draining) {
-  constexpr uint32_t kBatch = 16;
-  bool any_draining = false;
-  for (size_t i = 0; i + 1 < lanes_.size(); ++i) {
-    const BlockTier& tier = *lanes_[i]->tier;
-    if (!draining[i]) draining[i] = FullerThan(tier, opts_.cascade_high);
-    if (draining[i]) cascade_busy_.store(true);
-    while (draining[i] && cascade_.running()) {
-      if (!FullerThan(tier, opts_.cascade_low)) {
-        draining[i] = false;
-        break;
-      }
-      // Nothing movable now (all pinned, busy, or no room below): look
-      // again on the next wake.
-      if (CascadeBatch(i, kBatch) == 0) break;
-    }
-    any_draining = any_draining || draining[i];
-  }
-  cascade_busy_.store(any_draining);
+Cascade::Hooks BlockCache::CascadeHooks() {
+  // Lanes are attached before the driver starts and never after.
+  return {
+      .tiers = [this] { return lanes_.size(); },
+      .fuller_than = [this](size_t i, double share) { return FullerThan(*lanes_[i]->tier, share); },
+      .move_batch = [this](size_t i, uint32_t max) { return CascadeBatch(i, max); },
+  };
 }
 
 uint32_t BlockCache::CascadeBatch(size_t i, uint32_t max) {

@@ -312,7 +312,7 @@ void BlockCache::RecordNvmeWriteLocked(Lane& lane, BlockRecord* r, const absl::S
   if (s.ok()) {
     lane.policy->InsertAt(slot, PolicyKeyOf(*r), PositionOf(*r, MetaOf(r).block_tokens));
     lane.blocks.fetch_add(1, std::memory_order_relaxed);
-    MaybeWakeCascade(lane);
+    cascade_.MaybeWake(lane.index);
   } else {
     FreeLowerSlotLocked(lane, r, slot);
   }
