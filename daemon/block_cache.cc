@@ -27,7 +27,7 @@ BlockCache::BlockCache(const Options& opts, DaemonStats* stats)
       stats_(stats),
       cost_(opts.cost),
       cascade_(opts.cascade_high, opts.cascade_low, CascadeHooks()),
-      reclaimer_({opts.high_watermark, opts.low_watermark}, [this](Reclaimer::Marks m) { ReclaimPass(m); }) {}
+      reclaimer_({opts.high_watermark, opts.low_watermark}, [this](Reclaimer::Marks) { ReclaimPass(); }) {}
 
 absl::StatusOr<std::unique_ptr<BlockCache>> BlockCache::Create(const Options& opts, DaemonStats* stats) {
   RETURN_IF_ERROR(MakeEvictionPolicy(opts.policy).status());

@@ -340,9 +340,9 @@ class BlockCache {
   struct FlushJob;
   // Writes r, waiting for room in the staging memory while writes are in flight.
   void FlushBlock(HostResidency& t, BlockRecord* r, const std::shared_ptr<FlushJob>& job,
-                  std::chrono::steady_clock::time_point deadline);
+                  std::chrono::steady_clock::time_point deadline) ABSL_LOCKS_EXCLUDED(t.mu);
   // One pass of the reclaimer: every tenant above the high mark, down to the low.
-  void ReclaimPass(Reclaimer::Marks marks);
+  void ReclaimPass();
 
   // --- lookups, loads, invalidation (block_cache.cc); stores (block_store.cc)
   void Unpin(SessionHoldings& s, const std::vector<BlockRecord*>& blocks);
@@ -415,7 +415,7 @@ class BlockCache {
   // EvictHostCopyLocked's choices for a block without a lower copy. Whether
   // its reload would be slower than recomputing it (then it is dropped; one
   // in kCalibrationDemotionEvery is demoted anyway).
-  bool DropForCost(const BlockRecord* r, const BlockMeta& meta);
+  bool DropForCost(const BlockRecord* r, const BlockMeta& meta) ABSL_LOCKS_EXCLUDED(ns_mu_);
   // Demotes r (kEvicting, with the eviction's io_ref) into the first lower
   // tier; false (r untouched) without one, too large for it, or no room.
   bool DemoteLocked(HostResidency& t, BlockRecord* r, SlotHandle host_slot, uint64_t offset, const BlockMeta& meta,
@@ -502,10 +502,10 @@ class BlockCache {
     absl::Status read, wrote;
   };
   std::vector<CascadeMove> PickCascadeMoves(Lane& from, const Lane& to, uint32_t max) ABSL_LOCKS_EXCLUDED(from.mu);
-  void CopyCascadeMoves(Lane& from, Lane& to, std::vector<CascadeMove>& moves);
+  void CopyCascadeMoves(Lane& from, Lane& to, std::vector<CascadeMove>& moves) ABSL_LOCKS_EXCLUDED(from.mu, to.mu);
   // Points the record at its new copy and frees the old one, or gives the
   // new slot back; true when it moved. The caller drops the move's io_ref.
-  bool FinishCascadeMove(Lane& from, Lane& to, CascadeMove& m);
+  bool FinishCascadeMove(Lane& from, Lane& to, CascadeMove& m) ABSL_LOCKS_EXCLUDED(from.mu, to.mu);
   // The destructor stops both before anything their passes touch goes.
   Cascade cascade_;
   Reclaimer reclaimer_;

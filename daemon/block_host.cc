@@ -111,7 +111,7 @@ absl::Status BlockCache::SetWatermarks(double high, double low) {
   return absl::OkStatus();
 }
 
-void BlockCache::ReclaimPass(Reclaimer::Marks marks) {
+void BlockCache::ReclaimPass() {
   for (const auto& tp : tenants_) {
     HostResidency& t = *tp;
     // Above the high mark, down to the low mark (between them, nothing:
@@ -124,6 +124,9 @@ void BlockCache::ReclaimPass(Reclaimer::Marks marks) {
     std::vector<PendingDemotion> pending;
     for (;;) {
       bool more = false;
+      // The marks as a pair, per batch: a reload during a long pass counts
+      // from its next batch.
+      const Reclaimer::Marks marks = reclaimer_.marks();
       {
         MutexLock l(&t.mu);
         if (!started) {

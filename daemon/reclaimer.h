@@ -71,15 +71,21 @@ class Reclaimer {
 
  private:
   // Each mark in millionths (1.0 = 1,000,000), high in the upper half:
-  // marks configured with up to six decimals come back exactly.
+  // marks configured with up to six decimals come back exactly; others move
+  // by at most half a millionth, except that a mark below 1 stays below 1
+  // (a high mark of 0.9999999 keeps the reclaimer on). Not a number: 1.
   static uint64_t Pack(Marks m) {
-    auto ppm = [](double v) { return static_cast<uint64_t>(std::llround(std::clamp(v, 0.0, 1.0) * 1e6)); };
+    auto ppm = [](double v) -> uint64_t {
+      if (std::isnan(v) || v >= 1.0) return 1'000'000;
+      return std::min<uint64_t>(999'999, static_cast<uint64_t>(std::llround(std::max(v, 0.0) * 1e6)));
+    };
     return ppm(m.high) << 32 | ppm(m.low);
   }
   static Marks Unpack(uint64_t w) {
     return {static_cast<double>(w >> 32) / 1e6, static_cast<double>(w & 0xffffffffu) / 1e6};
   }
 
+  static_assert(std::atomic<uint64_t>::is_always_lock_free, "the marks must be one lock-free word");
   std::atomic<uint64_t> marks_;
   Pass pass_;
   // Last: the destructor stops the thread before the pass and marks go.
