@@ -1,10 +1,9 @@
-// Tenants and namespaces; lookups, leases, loads and invalidation. Stores are
-// in block_store.cc.
-// Per-tenant host residency (allocation, eviction, reclaim, quotas) is in
-// block_host.cc; movement between tiers (demotion, lower-tier eviction,
-// recovery) in block_movement.cc, promotion in block_promotion.cc, the drain
-// in block_flush.cc, the cascade in block_cascade.cc, the read-only reports
-// in block_reports.cc.
+// The store's operations: tenants and the chain's assembly (with the blocks a
+// lower tier recovered); lookups, leases, loads, prefetch and invalidation.
+// Stores are in block_store.cc, each tenant's host slot allocation, eviction
+// and reclaim in block_host.cc, the read-only reports in block_reports.cc.
+// Every move between tiers is the Migrator's (migrator.h); the books it
+// shares with this class, and a record's life, are StoreBooks'.
 #include "daemon/block_cache.h"
 
 #include "core/checked.h"
@@ -24,9 +23,12 @@ namespace kvtier {
 BlockCache::BlockCache(const Options& opts, DaemonStats* stats)
     : opts_(opts),
       adaptive_(opts.policy == "adaptive"),
-      stats_(stats),
-      cost_(opts.cost),
-      cascade_(opts.cascade_high, opts.cascade_low, CascadeHooks()),
+      books_(stats, opts.cost),
+      migrator_(books_, {.cascade_high = opts.cascade_high, .cascade_low = opts.cascade_low},
+                [this](HostResidency& t, uint64_t bytes, uint32_t tokens, BlockRecord* owner)
+                    ABSL_NO_THREAD_SAFETY_ANALYSIS {  // the migrator calls it under t.mu
+                      return AllocateSlotLocked(t, bytes, tokens, owner);
+                    }),
       reclaimer_({opts.high_watermark, opts.low_watermark}, [this](Reclaimer::Marks) { ReclaimPass(); }) {}
 
 absl::StatusOr<std::unique_ptr<BlockCache>> BlockCache::Create(const Options& opts, DaemonStats* stats) {
@@ -40,92 +42,43 @@ absl::StatusOr<std::unique_ptr<BlockCache>> BlockCache::Create(const Options& op
 
 BlockCache::~BlockCache() {
   StopBackgroundReclaim();
-  StopCascade();
+  migrator_.StopCascade();
   // Drain the lower tiers' I/O and journal callbacks while everything they
   // touch lives, every lane included: a failed write's callback frees its
   // slot through its lane. A landed demotion may start a waiting
   // promotion's read in lane 0 from lane 0's own drain: twice round.
   // Then delete the tiers, the last first.
   for (int round = 0; round < 2; ++round) {
-    for (auto& lane : lanes_) lane->tier->Drain();
+    for (auto& lane : books_.lanes) lane->tier->Drain();
   }
-  while (!lanes_.empty()) {
+  while (!books_.lanes.empty()) {
     // Delete the tier before clearing the pointer: ops it gives up in its
     // destructor complete through lane->tier (a failed read drops its slot).
-    std::unique_ptr<BlockTier>& tier = lanes_.back()->tier;
+    std::unique_ptr<BlockTier>& tier = books_.lanes.back()->tier;
     tier.get_deleter()(tier.get());
     (void)tier.release();
-    lanes_.pop_back();
+    books_.lanes.pop_back();
   }
 }
 
 absl::StatusOr<uint16_t> BlockCache::AddTenant(std::string name, std::unique_ptr<HostTier> host, TenantQuota quota,
                                                std::unique_ptr<GpuCache> gpu) {
-  if (tenants_.size() >= UINT16_MAX) return absl::ResourceExhaustedError("too many tenants");
+  if (books_.tenants.size() >= UINT16_MAX) return absl::ResourceExhaustedError("too many tenants");
   const uint64_t hash = TenantHash(name);
   auto t = std::make_unique<HostResidency>(std::move(name), hash, std::move(host), std::move(gpu), quota, opts_.policy);
-  for (auto& lane : lanes_) {
+  for (auto& lane : books_.lanes) {
     MutexLock nl(&lane->mu);
-    lane->GrowTenantsLocked(tenants_.size() + 1);
+    lane->GrowTenantsLocked(books_.tenants.size() + 1);
   }
-  tenant_by_hash_[t->hash] = static_cast<uint16_t>(tenants_.size());
-  tenants_.push_back(std::move(t));
-  return static_cast<uint16_t>(tenants_.size() - 1);
-}
-
-void BlockCache::RegisterNamespace(const NamespaceInfo& info) {
-  bool fresh;
-  {
-    MutexLock l(&ns_mu_);
-    if (ns_info_.size() <= info.handle) {
-      ns_info_.resize(info.handle + 1);
-      ns_records_.resize(info.handle + 1, 0);
-    }
-    // Said when an engine first describes the namespace (a namespace
-    // recovered from NVMe has no model id until one attaches with it), and
-    // once per block shape, not once per namespace: fresh namespaces are a
-    // peer's to make. The shapes remembered are bounded too.
-    fresh = !info.model_id.empty() && ns_info_[info.handle].model_id.empty();
-    ns_info_[info.handle] = info;
-    constexpr size_t kMaxShapesLogged = 256;
-    if (fresh) {
-      fresh = unpriced_logged_.size() < kMaxShapesLogged &&
-              unpriced_logged_.insert({info.block_bytes, info.block_tokens, info.tp_size}).second;
-    }
-  }
-  if (fresh && cost_.decide() && !cost_.Prices(info.block_bytes, info.block_tokens, info.tp_size)) {
-    spdlog::info(
-        "event=cost_model_unpriced namespace={} model_id=\"{}\" bytes_per_token={} profile=\"{}\" "
-        "profile_kv_bytes_per_token={} detail=\"blocks of this namespace are always loaded and demoted; set "
-        "cost_model.model_config to this model's config.json to price them\"",
-        info.id.Hex().substr(0, 16), LogQuoted(info.model_id), info.block_tokens ? info.block_bytes / info.block_tokens : 0,
-        LogQuoted(cost_.model().name), cost_.model().KvBytesPerToken());
-  }
-}
-
-bool BlockCache::ForgetNamespace(uint32_t handle) {
-  MutexLock l(&ns_mu_);
-  if (handle < ns_records_.size() && ns_records_[handle] != 0) return false;
-  if (handle < ns_info_.size()) ns_info_[handle] = NamespaceInfo{};
-  return true;
-}
-
-uint64_t BlockCache::RecordsOf(uint32_t handle) const {
-  MutexLock l(&ns_mu_);
-  return handle < ns_records_.size() ? ns_records_[handle] : 0;
-}
-
-void BlockCache::CountRecords(uint32_t ns, int64_t delta) {
-  if (delta == 0) return;
-  MutexLock l(&ns_mu_);
-  if (ns >= ns_records_.size()) ns_records_.resize(ns + 1, 0);
-  ns_records_[ns] += static_cast<uint64_t>(delta);  // wraps back for negative deltas
+  books_.tenant_by_hash[t->hash] = static_cast<uint16_t>(books_.tenants.size());
+  books_.tenants.push_back(std::move(t));
+  return static_cast<uint16_t>(books_.tenants.size() - 1);
 }
 
 std::vector<BlockRecord*> BlockCache::FindAll(uint32_t ns, std::span<const BlockKey> keys) {
   std::vector<BlockRecord*> out(keys.size(), nullptr);
   for (size_t i = 0; i < keys.size(); ++i) {
-    BlockIndex::Shard& sh = index_.ShardFor(ns, keys[i]);
+    BlockIndex::Shard& sh = books_.index.ShardFor(ns, keys[i]);
     MutexLock l(&sh.mu);
     out[i] = BlockIndex::Find(sh, ns, keys[i]);
   }
@@ -141,7 +94,7 @@ void BlockCache::ObserveRequest(SessionHoldings& s, std::span<const BlockKey> ke
 void BlockCache::ObservePending(SessionHoldings& s) {
   if (!s.observe_pending) return;
   s.observe_pending = false;
-  HostResidency& t = *tenants_[s.ns.tenant];
+  HostResidency& t = *books_.tenants[s.ns.tenant];
   AdaptivePolicy* a;
   {
     // Policies live as long as the cache: the pointer outlives the lock.
@@ -157,7 +110,7 @@ absl::Status BlockCache::LeaseRoomFor(const SessionHoldings& s, size_t blocks) {
                                                   " leases (ipc.max_leases_per_session); release some"));
   }
   if (s.pinned_blocks.load(std::memory_order_relaxed) + blocks > opts_.max_leased_blocks_per_session) {
-    stats_->Refused(Refusal::kSessionLeasedBlocks);
+    books_.stats->Refused(Refusal::kSessionLeasedBlocks);
     return CodedStatus(KVTIER_EBUSY,
                        absl::StrCat("this session's leases hold ", s.pinned_blocks.load(std::memory_order_relaxed),
                                     " blocks and this lookup asks for ", blocks, " more (",
@@ -169,14 +122,14 @@ absl::Status BlockCache::LeaseRoomFor(const SessionHoldings& s, size_t blocks) {
 
 BlockCache::ChainHits BlockCache::ProbeChain(SessionHoldings& s, std::span<const BlockKey> keys, bool lease,
                                              std::span<BlockLocation> out) {
-  HostResidency& t = *tenants_[s.ns.tenant];
+  HostResidency& t = *books_.tenants[s.ns.tenant];
   ChainHits h;
   // Probes are memory-bound: prefetch a window of keys ahead so their cache
   // misses overlap instead of queueing behind one another.
   constexpr size_t kWindow = 16;
   std::array<BlockIndex::Shard*, kWindow> shard_of{};
   auto prefetch = [&](size_t i) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    BlockIndex::Shard& sh = index_.ShardFor(s.ns.handle, keys[i]);
+    BlockIndex::Shard& sh = books_.index.ShardFor(s.ns.handle, keys[i]);
     shard_of[i % kWindow] = &sh;
     MutexLock l(&sh.mu);
     BlockIndex::Prefetch(sh, s.ns.handle, keys[i]);
@@ -190,13 +143,13 @@ BlockCache::ChainHits BlockCache::ProbeChain(SessionHoldings& s, std::span<const
       if (r == nullptr || !r->visible()) break;
       const bool in_host = r->state == BlockState::kReady;
       // A copy below host memory is priced at the speed of the tier it is in.
-      if (!in_host && cost_.RecomputeBeats(uint8_t{r->lower}, i * s.ns.block_tokens, s.ns.block_tokens,
+      if (!in_host && books_.cost.RecomputeBeats(uint8_t{r->lower}, i * s.ns.block_tokens, s.ns.block_tokens,
                                            s.ns.block_bytes, s.ns.tp_size)) {
         h.cut_for_cost = true;
         break;
       }
       out[i] = in_host ? BlockLocation{TierKind::kHost, r->arena_offset(), false}
-                       : BlockLocation{LaneOf(r).tier->kind(), 0, false};
+                       : BlockLocation{books_.LaneOf(r).tier->kind(), 0, false};
       if (!in_host) ++h.below_host;
       if (lease) {
         if (r->pins++ == 0) t.pinned.fetch_add(1, std::memory_order_relaxed);
@@ -218,11 +171,11 @@ uint32_t BlockCache::MarkRecompute(const SessionHoldings& s, std::span<const Blo
   // neither waits for them nor counts them as misses.
   uint32_t n = 0;
   for (size_t i = from; i < keys.size(); ++i) {
-    BlockIndex::Shard& sh = index_.ShardFor(s.ns.handle, keys[i]);
+    BlockIndex::Shard& sh = books_.index.ShardFor(s.ns.handle, keys[i]);
     MutexLock l(&sh.mu);
     BlockRecord* r = BlockIndex::Find(sh, s.ns.handle, keys[i]);
     if (r == nullptr || !r->visible()) break;
-    out[i] = BlockLocation{r->state == BlockState::kReady ? TierKind::kHost : LaneOf(r).tier->kind(), 0, false, true};
+    out[i] = BlockLocation{r->state == BlockState::kReady ? TierKind::kHost : books_.LaneOf(r).tier->kind(), 0, false, true};
     ++n;
   }
   return n;
@@ -243,7 +196,7 @@ void BlockCache::TouchHits(HostResidency& t, const ChainHits& hits) {
   // Leaves first, as above; a copy that moved down a tier since (the
   // cascade) is no longer that slot's owner and is left alone.
   for (auto h = hits.lower_touch.rbegin(); h != hits.lower_touch.rend();) {
-    Lane& lane = *lanes_[h->lane];
+    LowerLane& lane = *books_.lanes[h->lane];
     MutexLock l(&lane.mu);
     for (; h != hits.lower_touch.rend() && h->lane == lane.index; ++h) {
       if (auto o = lane.owner.find(h->slot); o != lane.owner.end() && o->second == h->r) lane.policy->Touch(h->slot);
@@ -259,23 +212,23 @@ absl::StatusOr<uint32_t> BlockCache::Lookup(SessionHoldings& s, std::span<const 
   ChainHits h = ProbeChain(s, keys, lease, out);
   if (h.cut_for_cost) {
     const uint32_t n = MarkRecompute(s, keys, h.hit, out);
-    if (lease) stats_->blocks_recompute.Add(n);
+    if (lease) books_.stats->blocks_recompute.Add(n);
     if (recompute != nullptr) *recompute = n;
   }
   if (!lease) {
-    stats_->probes.Add();
+    books_.stats->probes.Add();
     return h.hit;
   }
-  stats_->lookups.Add();
-  stats_->blocks_queried.Add(keys.size());
-  stats_->tokens_queried.Add(keys.size() * s.ns.block_tokens);
+  books_.stats->lookups.Add();
+  books_.stats->blocks_queried.Add(keys.size());
+  books_.stats->tokens_queried.Add(keys.size() * s.ns.block_tokens);
   ObserveRequest(s, keys);
   if (h.hit == 0) return 0u;
-  stats_->lookup_hits.Add();
-  stats_->blocks_hit.Add(h.hit);
-  stats_->blocks_hit_nvme.Add(h.below_host);
-  stats_->tokens_hit.Add(uint64_t{h.hit} * s.ns.block_tokens);
-  TouchHits(*tenants_[s.ns.tenant], h);
+  books_.stats->lookup_hits.Add();
+  books_.stats->blocks_hit.Add(h.hit);
+  books_.stats->blocks_hit_nvme.Add(h.below_host);
+  books_.stats->tokens_hit.Add(uint64_t{h.hit} * s.ns.block_tokens);
+  TouchHits(*books_.tenants[s.ns.tenant], h);
   *lease_id = s.next_id++;
   s.leases.emplace(*lease_id, std::move(h.pinned));
   s.lease_count.fetch_add(1, std::memory_order_relaxed);
@@ -321,15 +274,15 @@ void BlockCache::FinishLoad(LoadOutcome& o, const std::vector<uint8_t>& ok, uint
   }
   for (size_t i = o.loaded; i < o.locations.size(); ++i) o.locations[i] = BlockLocation{};
   if (o.loaded < o.locations.size()) {
-    stats_->load_failures.Add(o.locations.size() - o.loaded);
+    books_.stats->load_failures.Add(o.locations.size() - o.loaded);
     o.status = CodedStatus(KVTIER_EIO, absl::StrCat("block ", o.loaded,
                                                     " could not be brought back from NVMe (a failed checksum or "
                                                     "I/O error drops it; or the host tier had no room); recompute "
                                                     "it and what follows"));
   }
-  stats_->loads.Add();
-  stats_->blocks_loaded.Add(o.loaded);
-  stats_->bytes_loaded.Add(uint64_t{o.loaded} * block_bytes);
+  books_.stats->loads.Add();
+  books_.stats->blocks_loaded.Add(o.loaded);
+  books_.stats->bytes_loaded.Add(uint64_t{o.loaded} * block_bytes);
 }
 
 std::optional<LoadOutcome> BlockCache::Load(SessionHoldings& s, uint64_t lease_id, std::span<const BlockKey> keys,
@@ -342,7 +295,7 @@ std::optional<LoadOutcome> BlockCache::Load(SessionHoldings& s, uint64_t lease_i
   outcome.locations.resize(keys.size());
   std::vector<size_t> to_promote;
   for (size_t i = 0; i < recs.size(); ++i) {
-    BlockIndex::Shard& sh = index_.ShardFor(recs[i]);
+    BlockIndex::Shard& sh = books_.index.ShardFor(recs[i]);
     MutexLock l(&sh.mu);
     if (recs[i]->state == BlockState::kReady) {
       outcome.locations[i] = BlockLocation{TierKind::kHost, recs[i]->arena_offset(), false};
@@ -367,15 +320,15 @@ std::optional<LoadOutcome> BlockCache::Load(SessionHoldings& s, uint64_t lease_i
         FinishLoad(p.outcome, p.ok, block_bytes);
         std::move(done)(std::move(p.outcome));
       });
-  HostResidency& t = *tenants_[s.ns.tenant];
+  HostResidency& t = *books_.tenants[s.ns.tenant];
   for (size_t i : to_promote) {
     BlockRecord* r = recs[i];
     const uint64_t parent = i > 0 ? PolicyKeyOf(s.ns.handle, keys[i - 1]) : 0;
-    Promote(t, r, IoPriority::kLoad, [this, fan, i, r](bool ok) {
+    migrator_.Promote(t, r, IoPriority::kLoad, [this, fan, i, r](bool ok) {
       fan->With([&](Promoted& p) {
         p.ok[i] = ok;
         if (ok) {
-          BlockIndex::Shard& sh = index_.ShardFor(r);
+          BlockIndex::Shard& sh = books_.index.ShardFor(r);
           MutexLock sl(&sh.mu);
           p.outcome.locations[i] = BlockLocation{TierKind::kHost, r->arena_offset(), false};
         }
@@ -383,16 +336,16 @@ std::optional<LoadOutcome> BlockCache::Load(SessionHoldings& s, uint64_t lease_i
       fan->Arrive();
     }, parent);
   }
-  stats_->promotions_for_load.Add(to_promote.size());
+  books_.stats->promotions_for_load.Add(to_promote.size());
   fan->Arrive();  // the +1
   return std::nullopt;
 }
 
 void BlockCache::Unpin(SessionHoldings& s, const std::vector<BlockRecord*>& blocks) {
-  HostResidency& t = *tenants_[s.ns.tenant];
+  HostResidency& t = *books_.tenants[s.ns.tenant];
   std::vector<BlockRecord*> to_destroy;
   for (BlockRecord* r : blocks) {
-    BlockIndex::Shard& sh = index_.ShardFor(r);
+    BlockIndex::Shard& sh = books_.index.ShardFor(r);
     MutexLock sl(&sh.mu);
     if (--r->pins == 0) {
       t.pinned.fetch_sub(1, std::memory_order_relaxed);
@@ -402,7 +355,7 @@ void BlockCache::Unpin(SessionHoldings& s, const std::vector<BlockRecord*>& bloc
   if (!to_destroy.empty()) {
     // Out of the index and unreferenced: nobody else can reach these records.
     MutexLock l(&t.mu);
-    for (BlockRecord* r : to_destroy) DestroyRecord(t, r);
+    for (BlockRecord* r : to_destroy) books_.DestroyRecord(t, r);
   }
 }
 
@@ -419,18 +372,10 @@ absl::Status BlockCache::Release(SessionHoldings& s, uint64_t lease_id) {
   return absl::OkStatus();
 }
 
-void BlockCache::UnindexLocked(BlockIndex::Shard& sh, BlockRecord* r) {
-  // Once: a later record of the same key may be indexed (and on the GPU) by now.
-  if (r->removed) return;
-  index_.Erase(sh, r);
-  r->removed = true;
-  if (GpuCache* gpu = tenants_[r->tenant]->gpu.get()) gpu->Drop(r->ns, r->key);
-}
-
 bool BlockCache::PublishGpuCopy(uint16_t tenant, uint32_t ns, const BlockKey& key) {
-  GpuCache* gpu = tenants_[tenant]->gpu.get();
+  GpuCache* gpu = books_.tenants[tenant]->gpu.get();
   if (gpu == nullptr) return false;
-  BlockIndex::Shard& sh = index_.ShardFor(ns, key);
+  BlockIndex::Shard& sh = books_.index.ShardFor(ns, key);
   MutexLock l(&sh.mu);
   const BlockRecord* r = BlockIndex::Find(sh, ns, key);
   if (r == nullptr || r->tenant != tenant) return false;
@@ -439,19 +384,19 @@ bool BlockCache::PublishGpuCopy(uint16_t tenant, uint32_t ns, const BlockKey& ke
 }
 
 uint32_t BlockCache::RemoveFromIndex(HostResidency& t, BlockRecord* r, BlockIndex::Shard& sh) {
-  UnindexLocked(sh, r);
+  books_.UnindexLocked(sh, r);
   // Removed blocks are never eviction candidates; keep the policies clean.
   if (r->state == BlockState::kReady) t.PolicyForLocked(t.host->SlotBytes(r->host_slot))->Remove(r->host_slot);
-  stats_->invalidations.Add();
+  books_.stats->invalidations.Add();
   return 1;
 }
 
 absl::StatusOr<uint32_t> BlockCache::Invalidate(SessionHoldings& s, std::span<const BlockKey> keys) {
-  HostResidency& t = *tenants_[s.ns.tenant];
+  HostResidency& t = *books_.tenants[s.ns.tenant];
   uint32_t removed = 0;
   MutexLock l(&t.mu);
   for (const BlockKey& key : keys) {
-    BlockIndex::Shard& sh = index_.ShardFor(s.ns.handle, key);
+    BlockIndex::Shard& sh = books_.index.ShardFor(s.ns.handle, key);
     BlockRecord* r;
     bool destroy;
     {
@@ -461,16 +406,16 @@ absl::StatusOr<uint32_t> BlockCache::Invalidate(SessionHoldings& s, std::span<co
       removed += RemoveFromIndex(t, r, sh);
       destroy = r->pins == 0 && r->io_refs == 0;
     }
-    if (destroy) DestroyRecord(t, r);  // else the last unpin or I/O does
+    if (destroy) books_.DestroyRecord(t, r);  // else the last unpin or I/O does
   }
   return removed;
 }
 
 absl::StatusOr<uint32_t> BlockCache::InvalidateNamespace(SessionHoldings& s) {
-  HostResidency& t = *tenants_[s.ns.tenant];
+  HostResidency& t = *books_.tenants[s.ns.tenant];
   uint32_t removed = 0;
   MutexLock l(&t.mu);
-  for (BlockIndex::Shard& sh : index_.shards()) {
+  for (BlockIndex::Shard& sh : books_.index.shards()) {
     std::vector<BlockRecord*> victims, destroy;
     {
       MutexLock sl(&sh.mu);
@@ -482,7 +427,7 @@ absl::StatusOr<uint32_t> BlockCache::InvalidateNamespace(SessionHoldings& s) {
         if (r->pins == 0 && r->io_refs == 0) destroy.push_back(r);
       }
     }
-    for (BlockRecord* r : destroy) DestroyRecord(t, r);
+    for (BlockRecord* r : destroy) books_.DestroyRecord(t, r);
   }
   return removed;
 }
@@ -490,6 +435,104 @@ absl::StatusOr<uint32_t> BlockCache::InvalidateNamespace(SessionHoldings& s) {
 void BlockCache::CloseSession(SessionHoldings& s) {
   while (!s.tickets.empty()) (void)StoreAbort(s, s.tickets.begin()->first);
   while (!s.leases.empty()) (void)Release(s, s.leases.begin()->first);
+}
+
+void BlockCache::Prefetch(SessionHoldings& s, std::span<const BlockKey> keys, CountCallback done) {
+  if (books_.lanes.empty()) {
+    std::move(done)(0u);
+    return;
+  }
+  HostResidency& t = *books_.tenants[s.ns.tenant];
+  std::vector<BlockRecord*> todo;
+  std::vector<uint64_t> parents;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const BlockKey& key = keys[i];
+    BlockIndex::Shard& sh = books_.index.ShardFor(s.ns.handle, key);
+    MutexLock sl(&sh.mu);
+    BlockRecord* r = BlockIndex::Find(sh, s.ns.handle, key);
+    if (r == nullptr || !r->visible()) break;  // the present prefix only
+    if (r->state == BlockState::kNone && r->lower_state == LowerState::kReady && r->io_refs < kMaxClientIoRefs) {
+      ++r->io_refs;  // holds the NVMe copy until the promotion has started
+      todo.push_back(r);
+      parents.push_back(i > 0 ? PolicyKeyOf(s.ns.handle, keys[i - 1]) : 0);
+    }
+  }
+  books_.stats->prefetches.Add();
+  if (todo.empty()) {
+    std::move(done)(0u);
+    return;
+  }
+  auto fan = FanIn<uint32_t>::Make(todo.size(), 0, std::move(done));
+  for (size_t j = 0; j < todo.size(); ++j) {
+    BlockRecord* r = todo[j];
+    migrator_.Promote(
+        t, r, IoPriority::kPrefetch,
+        [this, &t, r, fan](bool ok) {
+          books_.ReleaseIoRef(t, r);
+          if (ok) fan->With([](uint32_t& promoted) { ++promoted; });
+          fan->Arrive();
+        },
+        parents[j]);
+  }
+}
+
+absl::StatusOr<uint64_t> BlockCache::AttachLowerTier(std::unique_ptr<BlockTier> lower,
+                                                     const std::vector<RecoveredBlock>& recovered,
+                                                     NamespaceRegistry* namespaces) {
+  if (books_.lanes.size() >= kMaxLowerTiers) {
+    return absl::ResourceExhaustedError(absl::StrCat("at most ", kMaxLowerTiers, " tiers below host memory"));
+  }
+  // The name was checked by Create.
+  auto lane_ptr = std::make_unique<LowerLane>(
+      static_cast<uint8_t>(books_.lanes.size()), std::move(lower),
+      opts_.nvme_policy == "lru" ? MakeSparseLruPolicy() : MakeSparseHandlePolicy(*MakeEvictionPolicy(opts_.nvme_policy)),
+      books_.tenants.size() + 1, books_.tenants.size());
+  LowerLane& lane = *lane_ptr;
+  // The cost model prices loads from each tier at that tier's speed: the
+  // device's own time for each of its reads, not the queue wait before it.
+  static_assert(kMaxLowerTiers <= CostTracker::kMaxTiers);
+  lane.tier->SetReadObserver([this, i = size_t{lane.index}](uint64_t bytes, const IoTiming& t) {
+    books_.cost.RecordRead(i, bytes, t.share_s());
+  });
+  books_.lanes.push_back(std::move(lane_ptr));
+  MutexLock nl(&lane.mu);
+  uint64_t indexed = 0;
+  for (const RecoveredBlock& b : recovered) {
+    auto tenant = books_.tenant_by_hash.find(b.meta.tenant_hash);
+    if (tenant == books_.tenant_by_hash.end()) {
+      (void)lane.tier->Free(b.slot);  // its tenant is no longer configured
+      books_.stats->recovered_dropped.Add();
+      continue;
+    }
+    const NamespaceInfo ns =
+        namespaces->RegisterRecovered(b.meta.ns, tenant->second, b.meta.payload_bytes, b.meta.block_tokens);
+    books_.RegisterNamespace(ns);
+    BlockRecord* r = books_.index.NewRecord(ns.handle, b.meta.key);
+    r->tenant = tenant->second;
+    r->state = BlockState::kNone;
+    r->lower_slot = b.slot;
+    r->lower = lane.index;
+    r->lower_state = LowerState::kReady;
+    BlockIndex::Shard& sh = books_.index.ShardFor(r);
+    {
+      MutexLock sl(&sh.mu);
+      // The same block twice (written again before a restart), or already
+      // held by a tier above: one copy is enough.
+      if (BlockIndex::Find(sh, r->ns, r->key) != nullptr) {
+        books_.index.FreeRecord(r);
+        (void)lane.tier->Free(b.slot);
+        continue;
+      }
+      books_.index.Insert(sh, r);
+    }
+    books_.CountRecords(r->ns, +1);
+    lane.owner[b.slot] = r;
+    books_.ChargeLocked(lane, r, b.slot, +1);
+    lane.policy->InsertWithKey(b.slot, PolicyKeyOf(*r));  // depth is not kept across restarts
+    lane.blocks.fetch_add(1, std::memory_order_relaxed);
+    ++indexed;
+  }
+  return indexed;
 }
 
 }  // namespace kvtier

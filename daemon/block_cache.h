@@ -8,9 +8,16 @@
 // visible while one of them is ready. Host eviction keeps a block that
 // already has a lower copy, demotes one that has none into the first lower
 // tier (write-back), or drops it when there is no lower tier or no room.
-// The cascade moves cold copies one tier down (block_cascade.cc). Loads of
-// blocks without a host copy promote them into host slots first, from
-// whichever tier holds them.
+// The cascade moves cold copies one tier down. Loads of blocks without a
+// host copy promote them into host slots first, from whichever tier holds
+// them.
+//
+// The store is several objects over one set of books (store_books.h): this
+// class holds the operations (lookups, leases, stores, loads, invalidation)
+// and each tenant's host slot allocation and eviction; HostResidency keeps a
+// tenant's host books, LowerLane a lower tier's, the Migrator makes every
+// move between tiers (demotion, promotion, write-through, the drain, the
+// cascade), the Reclaimer runs background host eviction.
 //
 // Lock order: docs/architecture.md, "Lock order" (tenant tier lock, then the
 // lane locks in chain order, then block-index shard locks; the rest are leaves).
@@ -18,31 +25,27 @@
 #define KVTIER_DAEMON_BLOCK_CACHE_H_
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
-#include <thread>
-#include <tuple>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
 #include "core/mutex.h"
-#include "core/background_loop.h"
 #include "daemon/block_index.h"
-#include "daemon/cascade.h"
+#include "daemon/cost_tracker.h"
 #include "daemon/gpu_cache.h"
+#include "daemon/host_residency.h"
 #include "daemon/lower_lane.h"
+#include "daemon/migrator.h"
 #include "daemon/namespace_registry.h"
 #include "daemon/reclaimer.h"
 #include "daemon/stats.h"
-#include "daemon/cost_tracker.h"
-#include "daemon/host_residency.h"
+#include "daemon/store_books.h"
 #include "policies/chain_guard.h"
 #include "policies/eviction_policy.h"
 #include "tiers/host_tier.h"
@@ -115,7 +118,6 @@ struct LoadOutcome {
   absl::Status status;
 };
 using LoadCallback = absl::AnyInvocable<void(LoadOutcome) &&>;
-using StatusCallback = absl::AnyInvocable<void(absl::Status) &&>;
 using CountCallback = absl::AnyInvocable<void(absl::StatusOr<uint32_t>) &&>;
 
 class BlockCache {
@@ -181,12 +183,8 @@ class BlockCache {
   // tier and makes the journal durable, so a restart serves them again.
   // Thread-safe (blocks moving meanwhile are counted as failed). Waits at
   // most `timeout` for the writes.
-  struct FlushResult {
-    uint64_t written = 0, failed = 0, already_on_nvme = 0;
-    bool timed_out = false;
-    absl::Status sync;
-  };
-  FlushResult FlushToNvme(std::chrono::nanoseconds timeout);
+  using FlushResult = kvtier::FlushResult;
+  FlushResult FlushToNvme(std::chrono::nanoseconds timeout) { return migrator_.Flush(timeout); }
 
   // Thread-safe (block_reports.cc). Up to `limit` visible blocks (of one
   // tenant, or with one key), for kvtierctl blocks: where each is, its pins and size.
@@ -213,20 +211,20 @@ class BlockCache {
   // against the NVMe tier without any read to learn from, reads a few of its
   // blocks only to time the device (so a tier judged slow once is used again
   // when it is fast). Returns the reads submitted.
-  uint32_t CalibrateNvme(uint64_t now_ns);
+  uint32_t CalibrateNvme(uint64_t now_ns) { return migrator_.CalibrateFirstTier(now_ns); }
   // Thread-safe. Makes a namespace's id known for NVMe block headers.
-  void RegisterNamespace(const NamespaceInfo& info);
+  void RegisterNamespace(const NamespaceInfo& info) { books_.RegisterNamespace(info); }
   // Thread-safe. When no block record of the namespace is left (indexed, or
   // unindexed but still referenced by I/O), forgets it and returns true:
   // its handle may then be given to another namespace. The caller ensures
   // no session of it runs (none can create records meanwhile).
-  bool ForgetNamespace(uint32_t handle);
+  bool ForgetNamespace(uint32_t handle) { return books_.ForgetNamespace(handle); }
   // Thread-safe. Block records of a namespace (for tests and status).
-  uint64_t RecordsOf(uint32_t handle) const;
+  uint64_t RecordsOf(uint32_t handle) const { return books_.RecordsOf(handle); }
 
-  HostTier* host_tier(uint16_t tenant) const { return tenants_[tenant]->host.get(); }
+  HostTier* host_tier(uint16_t tenant) const { return books_.tenants[tenant]->host.get(); }
   // The tenant's GPU tier (nullptr without one). Thread-safe.
-  GpuCache* gpu_cache(uint16_t tenant) const { return tenants_[tenant]->gpu.get(); }
+  GpuCache* gpu_cache(uint16_t tenant) const { return books_.tenants[tenant]->gpu.get(); }
   // Thread-safe. Publishes the tenant's reserved GPU copy of a block only
   // while the block is in the index, under its shard lock: a block leaving
   // the index meanwhile either drops the published copy or leaves it
@@ -234,16 +232,16 @@ class BlockCache {
   // lease whose blocks were invalidated meanwhile cannot leave a copy behind.
   bool PublishGpuCopy(uint16_t tenant, uint32_t ns, const BlockKey& key);
   // The first lower tier (nullptr without one), and the chain.
-  BlockTier* lower_tier() const { return lanes_.empty() ? nullptr : lanes_[0]->tier.get(); }
-  size_t lower_tier_count() const { return lanes_.size(); }
-  BlockTier* lower_tier(size_t i) const { return lanes_[i]->tier.get(); }
+  BlockTier* lower_tier() const { return books_.lanes.empty() ? nullptr : books_.lanes[0]->tier.get(); }
+  size_t lower_tier_count() const { return books_.lanes.size(); }
+  BlockTier* lower_tier(size_t i) const { return books_.lanes[i]->tier.get(); }
   // Whether the cascade has nothing left to do: no tier between its marks
   // (for tests and drains that want a settled chain).
-  bool cascade_settled() const { return cascade_.settled(); }
+  bool cascade_settled() const { return migrator_.cascade_settled(); }
   // Blocks with a ready copy in lower tier i.
-  uint64_t lower_blocks(size_t i) const { return lanes_[i]->blocks.load(std::memory_order_relaxed); }
-  const std::string& tenant_name(uint16_t tenant) const { return tenants_[tenant]->name; }
-  size_t tenant_count() const { return tenants_.size(); }
+  uint64_t lower_blocks(size_t i) const { return books_.lanes[i]->blocks.load(std::memory_order_relaxed); }
+  const std::string& tenant_name(uint16_t tenant) const { return books_.tenants[tenant]->name; }
+  size_t tenant_count() const { return books_.tenants.size(); }
 
   // All below: thread-safe across sessions; one thread per SessionHoldings.
 
@@ -292,27 +290,15 @@ class BlockCache {
 
   // Thread-safe (block_reports.cc): each tenant's use of every tier.
   std::vector<TenantUsage> Usage() const;
-  uint64_t indexed_blocks() const { return index_.size(); }
-  CostTracker& cost() { return cost_; }
-  const CostTracker& cost() const { return cost_; }
+  uint64_t indexed_blocks() const { return books_.index.size(); }
+  CostTracker& cost() { return books_.cost; }
+  const CostTracker& cost() const { return books_.cost; }
   // Blocks with a ready copy in the first lower tier (NVMe in the daemon).
-  uint64_t nvme_blocks() const { return lanes_.empty() ? 0 : lower_blocks(0); }
+  uint64_t nvme_blocks() const { return books_.lanes.empty() ? 0 : lower_blocks(0); }
 
  private:
-
-  // A demotion whose copy into NVMe staging waits until the tier lock is
-  // released: its block is invisible in host memory and out of the policy,
-  // and its host slot stays allocated until FinishDemotion.
-  struct PendingDemotion {
-    BlockRecord* r = nullptr;
-    SlotHandle host_slot = 0, lower_slot = 0;
-    uint64_t offset = 0;
-    BlockMeta meta;
-  };
-
-  // A block tier below host memory and the store's books on it (lower_lane.h).
-  using Lane = LowerLane;
-  Lane& LaneOf(const BlockRecord* r) { return *lanes_[r->lower]; }
+  using PendingDemotion = Migrator::PendingDemotion;
+  using EvictResult = Migrator::EvictResult;
 
   BlockCache(const Options& opts, DaemonStats* stats);
 
@@ -333,14 +319,6 @@ class BlockCache {
   // when nothing can go.
   bool EvictColdestLocked(HostResidency& t, std::vector<PendingDemotion>* deferred = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
-  // FlushToNvme's parts (block_flush.cc). The tenant's committed host
-  // blocks without a durable lower copy, each with an io_ref (a copy on a
-  // tier that is not durable is dropped); the others are counted.
-  std::vector<BlockRecord*> FlushCandidates(HostResidency& t, uint64_t* already_durable) ABSL_LOCKS_EXCLUDED(t.mu);
-  struct FlushJob;
-  // Writes r, waiting for room in the staging memory while writes are in flight.
-  void FlushBlock(HostResidency& t, BlockRecord* r, const std::shared_ptr<FlushJob>& job,
-                  std::chrono::steady_clock::time_point deadline) ABSL_LOCKS_EXCLUDED(t.mu);
   // One pass of the reclaimer: every tenant above the high mark, down to the low.
   void ReclaimPass();
 
@@ -393,130 +371,17 @@ class BlockCache {
   // key the block before it in the chain the session looked up (0: unknown).
   static std::vector<uint64_t> ParentsOf(const SessionHoldings& s, std::span<const BlockKey> keys,
                                          const std::vector<size_t>& at, std::optional<size_t> depth);
-  // Frees whatever copies a removed, unreferenced record still owns, then
-  // deletes it. DestroyDetached is for a record without a host slot.
-  void DestroyRecord(HostResidency& t, BlockRecord* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
-  void DestroyDetached(BlockRecord* r);
   uint32_t RemoveFromIndex(HostResidency& t, BlockRecord* r, BlockIndex::Shard& sh)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu, sh.mu);
-  // Every record leaves the index here: erased (once), marked removed, and
-  // its GPU copy dropped (GpuCache's lock is a leaf: docs/architecture.md,
-  // "Lock order").
-  void UnindexLocked(BlockIndex::Shard& sh, BlockRecord* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(sh.mu);
   std::vector<BlockRecord*> FindAll(uint32_t ns, std::span<const BlockKey> keys);
-
-  // --- movement between tiers (block_movement.cc; promotion: block_promotion.cc)
-  enum class EvictResult { kSkipped, kEvicted };
-  // Takes a host victim's copy away: kept on NVMe, demoted to NVMe, or
-  // dropped. With `deferred`, a demotion's write is left to FinishDemotion
-  // (appended there) instead of copying under the tier lock.
-  EvictResult EvictHostCopyLocked(HostResidency& t, BlockRecord* r, std::vector<PendingDemotion>* deferred = nullptr)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
-  // EvictHostCopyLocked's choices for a block without a lower copy. Whether
-  // its reload would be slower than recomputing it (then it is dropped; one
-  // in kCalibrationDemotionEvery is demoted anyway).
-  bool DropForCost(const BlockRecord* r, const BlockMeta& meta) ABSL_LOCKS_EXCLUDED(ns_mu_);
-  // Demotes r (kEvicting, with the eviction's io_ref) into the first lower
-  // tier; false (r untouched) without one, too large for it, or no room.
-  bool DemoteLocked(HostResidency& t, BlockRecord* r, SlotHandle host_slot, uint64_t offset, const BlockMeta& meta,
-                    std::vector<PendingDemotion>* deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
-  // Starts a deferred demotion's write, then frees its host slot. Without the tier lock.
-  void FinishDemotion(HostResidency& t, const PendingDemotion& d) ABSL_LOCKS_EXCLUDED(t.mu);
-  // An NVMe slot for r's bytes, evicting while the tier is full or r's
-  // tenant would go over its NVMe quota (then from its own blocks). Never
-  // evicts another tenant's block if that would leave the other below its
-  // fair share (the rule: LowerLane::PickVictimLocked).
-  // Charges r's tenant. Quotas apply to lane 0 only.
-  absl::StatusOr<SlotHandle> AllocateLowerSlotLocked(Lane& lane, const BlockRecord* r, uint64_t bytes)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(lane.mu);
-  // Adds (sign +1) or removes (-1) r's bytes, tokens and slot (allocated)
-  // from its tenant's use of the lane.
-  void ChargeLocked(Lane& lane, const BlockRecord* r, SlotHandle slot, int sign) ABSL_EXCLUSIVE_LOCKS_REQUIRED(lane.mu);
-  // Frees lane slot `slot` (owned by r), uncharging r's tenant.
-  void FreeLowerSlotLocked(Lane& lane, const BlockRecord* r, SlotHandle slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(lane.mu);
-  BlockMeta MetaOf(const BlockRecord* r) const;
-  // Starts an NVMe write of r's host copy; r carries an I/O reference for it.
-  void WriteToNvme(HostResidency& t, BlockRecord* r, IoPriority prio, StatusCallback done);
-  void OnNvmeWritten(BlockRecord* r, absl::Status s);
-  void RecordNvmeWriteLocked(Lane& lane, BlockRecord* r, const absl::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(lane.mu);
-  // Brings r's lower copy into a host slot; `done(ok)` when it is there or failed.
-  // parent_key: PolicyKeyOf the block before r in its chain (0: none or unknown).
-  // The states are in block_promotion.cc, above PlanPromotionLocked.
-  void Promote(HostResidency& t, BlockRecord* r, IoPriority prio, absl::AnyInvocable<void(bool) &&> done,
-               uint64_t parent_key = 0);
-  struct PromotionPlan {
-    enum Next { kAlreadyReady, kWaiting, kAfterWrite, kFail, kRead } next = kFail;
-    bool drop_ref = false;  // kFail after the io_ref was taken
-    uint8_t lane = 0;       // kRead: where the copy is
-    SlotHandle lower_slot = kNoSlot, host_slot = kNoSlot;
-    uint64_t offset = 0;    // of host_slot in the arena
-  };
-  PromotionPlan PlanPromotionLocked(HostResidency& t, BlockRecord* r, const BlockMeta& meta)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
-  // Queues `done` (moved from) to decide again once r's demotion write
-  // lands; false (done untouched) when it already has.
-  bool AwaitDemotionLocked(HostResidency& t, BlockRecord* r, IoPriority prio, absl::AnyInvocable<void(bool) &&>& done,
-                           uint64_t parent_key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
-  void FinishPromotion(HostResidency& t, BlockRecord* r, const PromotionPlan& p, const absl::Status& s,
-                       uint64_t parent_key, uint32_t block_tokens, absl::AnyInvocable<void(bool) &&> done);
-  // Drops r's lower copy if it is still `slot` in lane `lane` (a copy that
-  // failed its check); with sole_holder, only if the caller's io_ref is r's only one.
-  void DropLowerCopy(BlockRecord* r, uint8_t lane, SlotHandle slot, bool sole_holder = false);
-  // Drops the I/O reference an operation held; destroys the record if it was
-  // the last thing keeping a removed record alive.
-  void ReleaseIoRef(HostResidency& t, BlockRecord* r);
 
   const Options opts_;
   std::atomic<bool> draining_{false};  // read by stores
   const bool adaptive_;  // opts_.policy is "adaptive": leased lookups feed its shadows
-  DaemonStats* const stats_;
-  CostTracker cost_;
-  BlockIndex index_;
-  std::vector<std::unique_ptr<HostResidency>> tenants_;
-  absl::flat_hash_map<uint64_t, uint16_t> tenant_by_hash_;
-
-  // Evictions the cost model would drop; every kCalibrationDemotionEvery-th
-  // is demoted anyway (3%: the tier keeps blocks to measure it on).
-  static constexpr uint64_t kCalibrationDemotionEvery = 32;
-  std::atomic<uint64_t> cost_demotions_{0};
-  // The chain, lane 0 first. Filled before sessions start; not resized after.
-  std::vector<std::unique_ptr<Lane>> lanes_;
-
-  // The cascade (daemon/cascade.h drives it; the moves are in
-  // block_cascade.cc): while a lane is fuller than cascade_high of its
-  // capacity, its coldest blocks are copied one lane down until it is at
-  // cascade_low.
-  void StartCascade() { cascade_.Start(); }  // with two lanes or more; main thread
-  void StopCascade() { cascade_.Stop(); }
-  // The driver's view of the chain: its length, each lane's fullness, a batch of moves.
-  Cascade::Hooks CascadeHooks();
-  // Moves up to `max` of lane i's coldest blocks into lane i + 1; returns how many moved.
-  uint32_t CascadeBatch(size_t i, uint32_t max);
-  // CascadeBatch's steps (block_cascade.cc's header): the copies picked
-  // (each with an io_ref), their room below, read and write, and the swap.
-  struct CascadeMove {
-    BlockRecord* r = nullptr;
-    SlotHandle slot = kNoSlot, to_slot = kNoSlot;
-    BlockMeta meta;
-    std::unique_ptr<std::byte[]> staging;
-    absl::Status read, wrote;
-  };
-  std::vector<CascadeMove> PickCascadeMoves(Lane& from, const Lane& to, uint32_t max) ABSL_LOCKS_EXCLUDED(from.mu);
-  void CopyCascadeMoves(Lane& from, Lane& to, std::vector<CascadeMove>& moves) ABSL_LOCKS_EXCLUDED(from.mu, to.mu);
-  // Points the record at its new copy and frees the old one, or gives the
-  // new slot back; true when it moved. The caller drops the move's io_ref.
-  bool FinishCascadeMove(Lane& from, Lane& to, CascadeMove& m) ABSL_LOCKS_EXCLUDED(from.mu, to.mu);
+  StoreBooks books_;
   // The destructor stops both before anything their passes touch goes.
-  Cascade cascade_;
+  Migrator migrator_;
   Reclaimer reclaimer_;
-
-  mutable Mutex ns_mu_;
-  std::vector<NamespaceInfo> ns_info_ ABSL_GUARDED_BY(ns_mu_);  // by handle
-  // Live BlockRecords by namespace handle: from `new` to `delete`, so a
-  // namespace is freed only when nothing can still name its handle.
-  std::vector<uint64_t> ns_records_ ABSL_GUARDED_BY(ns_mu_);
-  void CountRecords(uint32_t ns, int64_t delta);
-  absl::flat_hash_set<std::tuple<uint64_t, uint32_t, uint32_t>> unpriced_logged_ ABSL_GUARDED_BY(ns_mu_);
 };
 
 }  // namespace kvtier

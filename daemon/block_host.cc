@@ -20,7 +20,7 @@ namespace kvtier {
 std::optional<SlotHandle> BlockCache::PickHostVictimLocked(HostResidency& t, ChainGuard* policy) {
   return policy->PickVictim([&](SlotHandle h) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     BlockRecord* v = t.slots.owner(h);
-    BlockIndex::Shard& sh = index_.ShardFor(v);
+    BlockIndex::Shard& sh = books_.index.ShardFor(v);
     MutexLock sl(&sh.mu);
     return !v->removed && v->pins == 0 && v->io_refs == 0 && v->state == BlockState::kReady;
   });
@@ -31,9 +31,9 @@ bool BlockCache::EvictColdestLocked(HostResidency& t, std::vector<PendingDemotio
   for (ChainGuard* policy : t.PoliciesByBytesLocked()) {
     std::optional<SlotHandle> victim = PickHostVictimLocked(t, policy);
     if (!victim) continue;
-    if (EvictHostCopyLocked(t, t.slots.owner(*victim), deferred) == EvictResult::kEvicted) {
+    if (migrator_.EvictHostCopyLocked(t, t.slots.owner(*victim), deferred) == EvictResult::kEvicted) {
       t.evictions.fetch_add(1, std::memory_order_relaxed);
-      stats_->evictions.Add();
+      books_.stats->evictions.Add();
     }
     return true;
   }
@@ -52,7 +52,7 @@ bool BlockCache::ReclaimSegmentLocked(HostResidency& t, uint64_t slot_bytes, std
         all_may_go = false;
         break;
       }
-      BlockIndex::Shard& sh = index_.ShardFor(v);
+      BlockIndex::Shard& sh = books_.index.ShardFor(v);
       MutexLock sl(&sh.mu);
       all_may_go = !v->removed && v->pins == 0 && v->io_refs == 0 && v->state == BlockState::kReady;
       if (!all_may_go) break;
@@ -60,26 +60,26 @@ bool BlockCache::ReclaimSegmentLocked(HostResidency& t, uint64_t slot_bytes, std
     if (!all_may_go) continue;
     uint64_t evicted = 0;
     for (SlotHandle h : seg.slots) {
-      if (EvictHostCopyLocked(t, t.slots.owner(h)) == EvictResult::kEvicted) ++evicted;
+      if (migrator_.EvictHostCopyLocked(t, t.slots.owner(h)) == EvictResult::kEvicted) ++evicted;
     }
     t.evictions.fetch_add(evicted, std::memory_order_relaxed);
-    stats_->evictions.Add(evicted);
-    stats_->evictions_for_other_size.Add(evicted);
-    stats_->host_segments_reclaimed.Add();
+    books_.stats->evictions.Add(evicted);
+    books_.stats->evictions_for_other_size.Add(evicted);
+    books_.stats->host_segments_reclaimed.Add();
     return evicted > 0;
   }
   return false;
 }
 
 void BlockCache::StartBackgroundReclaim() {
-  StartCascade();
+  migrator_.StartCascade();
   reclaimer_.Start();
 }
 
 void BlockCache::StopBackgroundReclaim() { reclaimer_.Stop(); }
 
 absl::StatusOr<uint64_t> BlockCache::EvictTenant(const std::string& tenant) {
-  for (const auto& tp : tenants_) {
+  for (const auto& tp : books_.tenants) {
     HostResidency& t = *tp;
     if (t.name != tenant) continue;
     uint64_t evicted = 0;
@@ -97,7 +97,7 @@ absl::StatusOr<uint64_t> BlockCache::EvictTenant(const std::string& tenant) {
 }
 
 absl::Status BlockCache::SetQuota(const std::string& tenant, TenantQuota quota) {
-  for (const auto& t : tenants_) {
+  for (const auto& t : books_.tenants) {
     if (t->name != tenant) continue;
     t->SetQuota(quota);
     return absl::OkStatus();
@@ -107,12 +107,12 @@ absl::Status BlockCache::SetQuota(const std::string& tenant, TenantQuota quota) 
 
 absl::Status BlockCache::SetWatermarks(double high, double low) {
   RETURN_IF_ERROR(reclaimer_.SetMarks({high, low}));  // starts it when it was off
-  StartCascade();
+  migrator_.StartCascade();
   return absl::OkStatus();
 }
 
 void BlockCache::ReclaimPass() {
-  for (const auto& tp : tenants_) {
+  for (const auto& tp : books_.tenants) {
     HostResidency& t = *tp;
     // Above the high mark, down to the low mark (between them, nothing:
     // the gap is what stores use without evicting). In batches of 16
@@ -148,10 +148,10 @@ void BlockCache::ReclaimPass() {
             freeing_tokens += t.slots.tokens(pending[i].host_slot);
           }
           t.deferred_in_flight += static_cast<uint32_t>(pending.size() - before);
-          stats_->evictions_background.Add();
+          books_.stats->evictions_background.Add();
         }
       }
-      for (const PendingDemotion& d : pending) FinishDemotion(t, d);
+      for (const PendingDemotion& d : pending) migrator_.FinishDemotion(t, d);
       pending.clear();
       if (!more) break;
     }
@@ -187,7 +187,7 @@ absl::StatusOr<SlotHandle> BlockCache::AllocateSlotLocked(HostResidency& t, uint
     ChainGuard* policy = t.PolicyForLocked(t.host->SlotSizeFor(bytes));
     if (over_quota) {
       if (tokens > quota) {
-        stats_->store_refused_no_space.Add();
+        books_.stats->store_refused_no_space.Add();
         return CodedStatus(KVTIER_ENOSPC, absl::StrCat("a block of ", tokens, " tokens is over tenant \"", t.name,
                                                        "\"'s host_tokens quota of ", quota,
                                                        "; raise [[tenants]] host_tokens"));
@@ -195,10 +195,10 @@ absl::StatusOr<SlotHandle> BlockCache::AllocateSlotLocked(HostResidency& t, uint
       // Over the token quota: any block size may give tokens back.
       const uint64_t before = t.slots.tokens_held();
       if (EvictColdestLocked(t)) {
-        if (t.slots.tokens_held() < before) stats_->evictions_for_quota.Add();
+        if (t.slots.tokens_held() < before) books_.stats->evictions_for_quota.Add();
         continue;
       }
-      stats_->store_refused_no_space.Add();
+      books_.stats->store_refused_no_space.Add();
       return CodedStatus(KVTIER_ENOSPC,
                          absl::StrCat("tenant \"", t.name, "\" holds ", t.slots.tokens_held(), " of its host_tokens quota of ",
                                       quota, " and every block it could evict is pinned by leases or "
@@ -219,7 +219,7 @@ absl::StatusOr<SlotHandle> BlockCache::AllocateSlotLocked(HostResidency& t, uint
       }
     }
     if (!victim) {
-      stats_->store_refused_no_space.Add();
+      books_.stats->store_refused_no_space.Add();
       const TierUsage u = t.host->Usage();
       if (policy->size() == 0) {
         return CodedStatus(KVTIER_ENOSPC,
@@ -235,9 +235,9 @@ absl::StatusOr<SlotHandle> BlockCache::AllocateSlotLocked(HostResidency& t, uint
                                       " committed blocks of this size are pinned by leases or busy with I/O; "
                                       "release leases or raise tiers.host.capacity"));
     }
-    if (EvictHostCopyLocked(t, t.slots.owner(*victim)) == EvictResult::kEvicted) {
+    if (migrator_.EvictHostCopyLocked(t, t.slots.owner(*victim)) == EvictResult::kEvicted) {
       t.evictions.fetch_add(1, std::memory_order_relaxed);
-      stats_->evictions.Add();
+      books_.stats->evictions.Add();
     }
   }
 }

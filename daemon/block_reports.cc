@@ -12,7 +12,7 @@ namespace kvtier {
 std::vector<BlockCache::BlockInfo> BlockCache::ListBlocks(std::optional<uint16_t> tenant, size_t limit,
                                                           const BlockKey* key) {
   std::vector<BlockInfo> out;
-  for (BlockIndex::Shard& sh : index_.shards()) {
+  for (BlockIndex::Shard& sh : books_.index.shards()) {
     MutexLock sl(&sh.mu);
     for (const BlockRecord* r : sh.set) {
       if (out.size() >= limit) break;
@@ -32,12 +32,10 @@ std::vector<BlockCache::BlockInfo> BlockCache::ListBlocks(std::optional<uint16_t
       out.push_back(b);
     }
   }
-  MutexLock l(&ns_mu_);
   for (BlockInfo& b : out) {
-    if (b.ns < ns_info_.size()) {
-      b.tokens = ns_info_[b.ns].block_tokens;
-      b.bytes = ns_info_[b.ns].block_bytes;
-    }
+    const NamespaceInfo ns = books_.InfoOf(b.ns);
+    b.tokens = ns.block_tokens;
+    b.bytes = ns.block_bytes;
   }
   return out;
 }
@@ -45,7 +43,7 @@ std::vector<BlockCache::BlockInfo> BlockCache::ListBlocks(std::optional<uint16_t
 std::vector<TenantUsage> BlockCache::Usage() const {
   std::vector<TenantUsage> out;
   size_t tenant = 0;
-  for (const auto& t : tenants_) {
+  for (const auto& t : books_.tenants) {
     const TierUsage u = t->host->Usage();
     TenantUsage& tu = out.emplace_back();
     tu.name = t->name;
@@ -58,8 +56,8 @@ std::vector<TenantUsage> BlockCache::Usage() const {
     tu.classes = t->host->Classes();
     for (const SlotAllocator::ClassUsage& c : tu.classes) tu.stranded_bytes += c.stranded_bytes;
     {
-      if (!lanes_.empty()) {
-        Lane& first = *lanes_[0];
+      if (!books_.lanes.empty()) {
+        LowerLane& first = *books_.lanes[0];
         MutexLock nl(&first.mu);
         const LowerLane::Use nu = first.use(tenant);
         tu.nvme_bytes = nu.bytes;

@@ -24,14 +24,14 @@ BlockCache::NewBlocks BlockCache::IndexNewBlocks(const SessionHoldings& s, std::
                                                  std::optional<size_t> depth) {
   NewBlocks n;
   for (size_t i = 0; i < keys.size(); ++i) {
-    BlockIndex::Shard& sh = index_.ShardFor(s.ns.handle, keys[i]);
+    BlockIndex::Shard& sh = books_.index.ShardFor(s.ns.handle, keys[i]);
     MutexLock l(&sh.mu);
     if (BlockIndex::Find(sh, s.ns.handle, keys[i]) != nullptr) continue;  // cached, moving, or being written
-    BlockRecord* r = index_.NewRecord(s.ns.handle, keys[i]);
+    BlockRecord* r = books_.index.NewRecord(s.ns.handle, keys[i]);
     r->tenant = s.ns.tenant;
     r->state = BlockState::kWriting;
     r->depth = depth ? static_cast<uint16_t>(std::min<size_t>(*depth + i, kUnknownDepth - 1)) : kUnknownDepth;
-    index_.Insert(sh, r);
+    books_.index.Insert(sh, r);
     n.records.push_back(r);
     n.at.push_back(i);
   }
@@ -72,37 +72,37 @@ absl::StatusOr<uint32_t> BlockCache::StoreBegin(SessionHoldings& s, std::span<co
                                                 uint64_t* ticket, std::span<BlockLocation> out) {
   *ticket = 0;
   if (draining_.load(std::memory_order_acquire)) {
-    stats_->store_refused_draining.Add();
+    books_.stats->store_refused_draining.Add();
     return CodedStatus(KVTIER_EBUSY, "kvtierd is draining (shutting down): stores are refused; store again once it "
                                      "is back (lookups and loads still answer until it exits)");
   }
-  HostResidency& t = *tenants_[s.ns.tenant];
+  HostResidency& t = *books_.tenants[s.ns.tenant];
   for (BlockLocation& o : out.first(keys.size())) o = BlockLocation{};
   // Depth prices recomputation.
   const std::optional<size_t> depth = ChainDepthOf(s, keys);
   NewBlocks created = IndexNewBlocks(s, keys, depth);
-  CountRecords(s.ns.handle, static_cast<int64_t>(created.records.size()));
-  stats_->stores.Add();
-  stats_->blocks_already_present.Add(keys.size() - created.records.size());
+  books_.CountRecords(s.ns.handle, static_cast<int64_t>(created.records.size()));
+  books_.stats->stores.Add();
+  books_.stats->blocks_already_present.Add(keys.size() - created.records.size());
   // A store that could never fit is refused before it evicts anything.
   const std::string too_big = StoreNeverFits(t, s.ns, created.records.size());
   MutexLock l(&t.mu);
   // All or nothing: a refused store gives back what it took.
   auto give_back = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
     for (BlockRecord* c : created.records) {
-      BlockIndex::Shard& sh = index_.ShardFor(c);
+      BlockIndex::Shard& sh = books_.index.ShardFor(c);
       {
         MutexLock sl(&sh.mu);
-        UnindexLocked(sh, c);
+        books_.UnindexLocked(sh, c);
       }
       if (c->host_slot != kNoSlot) t.FreeSlotLocked(c->host_slot);
-      index_.FreeRecord(c);
+      books_.index.FreeRecord(c);
     }
-    CountRecords(s.ns.handle, -static_cast<int64_t>(created.records.size()));
+    books_.CountRecords(s.ns.handle, -static_cast<int64_t>(created.records.size()));
   };
   if (!too_big.empty()) {
     give_back();
-    stats_->store_refused_no_space.Add();
+    books_.stats->store_refused_no_space.Add();
     return CodedStatus(KVTIER_ENOSPC, too_big);
   }
   for (size_t j = 0; j < created.records.size(); ++j) {
@@ -114,7 +114,7 @@ absl::StatusOr<uint32_t> BlockCache::StoreBegin(SessionHoldings& s, std::span<co
     }
     const uint64_t offset = t.host->ArenaOffset(*slot);
     {
-      BlockIndex::Shard& sh = index_.ShardFor(r);
+      BlockIndex::Shard& sh = books_.index.ShardFor(r);
       MutexLock sl(&sh.mu);
       r->host_slot = *slot;
       r->set_arena_offset(offset);
@@ -141,14 +141,14 @@ void BlockCache::StoreCommit(SessionHoldings& s, uint64_t ticket, bool durable, 
   std::vector<uint64_t> parents = std::move(it->second.parents);
   s.tickets.erase(it);
   s.ticket_count.fetch_sub(1, std::memory_order_relaxed);
-  HostResidency& t = *tenants_[s.ns.tenant];
+  HostResidency& t = *books_.tenants[s.ns.tenant];
   {
     MutexLock l(&t.mu);
     // Chain order is root first; insert leaves first (see Lookup).
     for (size_t j = blocks.size(); j-- > 0;) {
       BlockRecord* r = blocks[j];
       {
-        BlockIndex::Shard& sh = index_.ShardFor(r);
+        BlockIndex::Shard& sh = books_.index.ShardFor(r);
         MutexLock sl(&sh.mu);
         r->state = BlockState::kReady;
       }
@@ -156,26 +156,26 @@ void BlockCache::StoreCommit(SessionHoldings& s, uint64_t ticket, bool durable, 
           ->InsertInChain(r->host_slot, PolicyKeyOf(*r), parents[j], PositionOf(*r, s.ns.block_tokens));
     }
   }
-  stats_->blocks_stored.Add(blocks.size());
-  stats_->bytes_stored.Add(blocks.size() * s.ns.block_bytes);
+  books_.stats->blocks_stored.Add(blocks.size());
+  books_.stats->bytes_stored.Add(blocks.size() * s.ns.block_bytes);
   if (!durable) {
-    if (opts_.write_through && !lanes_.empty()) {
-      for (BlockRecord* r : blocks) WriteToNvme(t, r, IoPriority::kDemote, [](absl::Status) {});
+    if (opts_.write_through && !books_.lanes.empty()) {
+      for (BlockRecord* r : blocks) migrator_.WriteThrough(t, r, IoPriority::kDemote, [](absl::Status) {});
     }
     std::move(done)(absl::OkStatus());
     return;
   }
-  if (lanes_.empty()) {
+  if (books_.lanes.empty()) {
     std::move(done)(CodedStatus(KVTIER_EINVAL,
                                 "the blocks are committed to host memory, but kvtierd has no NVMe tier to make them "
                                 "durable; configure [tiers.nvme] or commit without durability"));
     return;
   }
-  if (!lanes_[0]->tier->durable()) {
+  if (!books_.lanes[0]->tier->durable()) {
     // Only the first lower tier takes commits; one that forgets at a restart
     // must not acknowledge a durable one.
     std::move(done)(CodedStatus(KVTIER_EINVAL, absl::StrCat("the blocks are committed to host memory, but the ",
-                                                            std::string(lanes_[0]->tier->name()),
+                                                            std::string(books_.lanes[0]->tier->name()),
                                                             " tier below it is not durable; commit without "
                                                             "durability")));
     return;
@@ -187,7 +187,7 @@ void BlockCache::StoreCommit(SessionHoldings& s, uint64_t ticket, bool durable, 
                                                                                      "durable: ", first_error.message())));
   });
   for (BlockRecord* r : blocks) {
-    WriteToNvme(t, r, IoPriority::kPrefetch, [fan](absl::Status st) {
+    migrator_.WriteThrough(t, r, IoPriority::kPrefetch, [fan](absl::Status st) {
       if (!st.ok()) {
         fan->With([&](absl::Status& first_error) {
           if (first_error.ok()) first_error = st;
@@ -203,19 +203,19 @@ absl::Status BlockCache::StoreAbort(SessionHoldings& s, uint64_t ticket) {
   if (it == s.tickets.end()) {
     return CodedStatus(KVTIER_ENOENT, absl::StrCat("unknown store ticket ", ticket));
   }
-  HostResidency& t = *tenants_[s.ns.tenant];
+  HostResidency& t = *books_.tenants[s.ns.tenant];
   {
     MutexLock l(&t.mu);
     for (BlockRecord* r : it->second.blocks) {
       {
-        BlockIndex::Shard& sh = index_.ShardFor(r);
+        BlockIndex::Shard& sh = books_.index.ShardFor(r);
         MutexLock sl(&sh.mu);
-        UnindexLocked(sh, r);
+        books_.UnindexLocked(sh, r);
       }
-      DestroyRecord(t, r);
+      books_.DestroyRecord(t, r);
     }
   }
-  stats_->store_aborts.Add();
+  books_.stats->store_aborts.Add();
   s.tickets.erase(it);
   s.ticket_count.fetch_sub(1, std::memory_order_relaxed);
   return absl::OkStatus();

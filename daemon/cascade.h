@@ -3,7 +3,7 @@
 // blocks one tier down until it is at `low` (hysteresis: a tier between
 // its marks is left alone until it crosses `high` again). The last tier
 // never cascades; it evicts. The moves themselves are the store's
-// (BlockCache::CascadeBatch, block_cascade.cc): the driver owns when they
+// migrator's (Migrator::CascadeBatch, migrator_cascade.cc): the driver owns when they
 // run and for which tier.
 #ifndef KVTIER_DAEMON_CASCADE_H_
 #define KVTIER_DAEMON_CASCADE_H_

@@ -100,7 +100,7 @@ bool CostTracker::RecomputeBeats(size_t tier, uint64_t position, uint64_t tokens
   if (!decide() || !Prices(bytes, tokens, tp_size)) return false;
   MutexLock l(&mu_);
   const bool against = DecideHit(opts_.model, cal_, position, tokens, bytes, SpeedLocked(tier)) == HitDecision::kRecompute;
-  // Calibration reads are the NVMe tier's (CalibrateNvme).
+  // Calibration reads are the NVMe tier's (Migrator::CalibrateFirstTier).
   if (against && tier == 0) against_nvme_.fetch_add(1, std::memory_order_relaxed);
   return against;
 }

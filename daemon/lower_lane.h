@@ -2,8 +2,8 @@
 // slots' owners, its eviction policy, each tenant's use of it (for quotas and
 // fair shares) and the loads waiting for a write to it to land. Lane 0 takes
 // demotions from host memory (NVMe in the daemon); lane i + 1 takes what lane
-// i's cascade moves down (block_cascade.cc). The store (BlockCache) decides
-// what moves; the lane keeps the books and states the fair-share rule.
+// i's cascade moves down (migrator_cascade.cc). The migrator decides what
+// moves; the lane keeps the books and states the fair-share rule.
 #ifndef KVTIER_DAEMON_LOWER_LANE_H_
 #define KVTIER_DAEMON_LOWER_LANE_H_
 

@@ -121,7 +121,7 @@ struct DaemonStats {
   Counter nvme_evictions_for_quota, demotions_refused_quota;
   // Demotions refused because the only NVMe blocks that could make room
   // belong to other tenants at or under their fair share of the tier
-  // (BlockCache::AllocateNvmeSlotLocked).
+  // (Migrator::AllocateLowerSlotLocked).
   Counter demotions_refused_fair_share;
   // Cost-model decisions: evictions dropped because an NVMe reload would be
   // slower than recomputing the block (a subset of evictions_dropped); blocks

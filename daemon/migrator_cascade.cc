@@ -19,14 +19,14 @@
 //      the new slot is freed and the block stays where it was.
 // Lookups see the block all along: in lane i until the swap, in lane i + 1
 // after it.
+#include "daemon/migrator.h"
+
 #include <chrono>
 #include <cstddef>
 #include <latch>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/block_cache.h"
-#include "spdlog/spdlog.h"
 
 namespace kvtier {
 namespace {
@@ -38,37 +38,37 @@ bool FullerThan(const BlockTier& tier, double share) {
 
 }  // namespace
 
-Cascade::Hooks BlockCache::CascadeHooks() {
+Cascade::Hooks Migrator::CascadeHooks() {
   // Lanes are attached before the driver starts and never after.
   return {
-      .tiers = [this] { return lanes_.size(); },
-      .fuller_than = [this](size_t i, double share) { return FullerThan(*lanes_[i]->tier, share); },
+      .tiers = [this] { return books_.lanes.size(); },
+      .fuller_than = [this](size_t i, double share) { return FullerThan(*books_.lanes[i]->tier, share); },
       .move_batch = [this](size_t i, uint32_t max) { return CascadeBatch(i, max); },
   };
 }
 
-uint32_t BlockCache::CascadeBatch(size_t i, uint32_t max) {
-  Lane& from = *lanes_[i];
-  Lane& to = *lanes_[i + 1];
+uint32_t Migrator::CascadeBatch(size_t i, uint32_t max) {
+  LowerLane& from = *books_.lanes[i];
+  LowerLane& to = *books_.lanes[i + 1];
   std::vector<CascadeMove> moves = PickCascadeMoves(from, to, max);
   if (moves.empty()) return 0;
   CopyCascadeMoves(from, to, moves);
   uint32_t moved = 0;
   for (CascadeMove& m : moves) {
     moved += FinishCascadeMove(from, to, m) ? 1 : 0;
-    ReleaseIoRef(*tenants_[m.r->tenant], m.r);
+    books_.ReleaseIoRef(*books_.tenants[m.r->tenant], m.r);
   }
   return moved;
 }
 
-std::vector<BlockCache::CascadeMove> BlockCache::PickCascadeMoves(Lane& from, const Lane& to, uint32_t max) {
+std::vector<Migrator::CascadeMove> Migrator::PickCascadeMoves(LowerLane& from, const LowerLane& to, uint32_t max) {
   std::vector<CascadeMove> moves;
   MutexLock l(&from.mu);
   while (moves.size() < max) {
     std::optional<SlotHandle> v = from.policy->PickVictim([&](SlotHandle h) ABSL_NO_THREAD_SAFETY_ANALYSIS {
       BlockRecord* r = from.owner.at(h);
-      if (MetaOf(r).payload_bytes > to.tier->max_block_bytes()) return false;  // stays; evicted in time
-      BlockIndex::Shard& sh = index_.ShardFor(r);
+      if (books_.MetaOf(r).payload_bytes > to.tier->max_block_bytes()) return false;  // stays; evicted in time
+      BlockIndex::Shard& sh = books_.index.ShardFor(r);
       MutexLock sl(&sh.mu);
       return !r->removed && r->pins == 0 && r->io_refs == 0 && r->lower_state == LowerState::kReady &&
              r->lower == from.index && r->lower_slot == h;
@@ -78,7 +78,7 @@ std::vector<BlockCache::CascadeMove> BlockCache::PickCascadeMoves(Lane& from, co
     {
       // Look again: the shard lock was let go after the policy's look,
       // and an invalidation may have taken the record meanwhile.
-      BlockIndex::Shard& sh = index_.ShardFor(r);
+      BlockIndex::Shard& sh = books_.index.ShardFor(r);
       MutexLock sl(&sh.mu);
       if (r->removed || r->pins != 0 || r->io_refs != 0 || r->lower_state != LowerState::kReady ||
           r->lower != from.index || r->lower_slot != *v) {
@@ -89,12 +89,12 @@ std::vector<BlockCache::CascadeMove> BlockCache::PickCascadeMoves(Lane& from, co
     CascadeMove& m = moves.emplace_back();
     m.r = r;
     m.slot = *v;
-    m.meta = MetaOf(r);
+    m.meta = books_.MetaOf(r);
   }
   return moves;
 }
 
-void BlockCache::CopyCascadeMoves(Lane& from, Lane& to, std::vector<CascadeMove>& moves) {
+void Migrator::CopyCascadeMoves(LowerLane& from, LowerLane& to, std::vector<CascadeMove>& moves) {
   // Room below first: a tier that cannot take them costs no reads.
   for (CascadeMove& m : moves) {
     MutexLock l(&to.mu);
@@ -139,16 +139,16 @@ void BlockCache::CopyCascadeMoves(Lane& from, Lane& to, std::vector<CascadeMove>
   writes->wait();
 }
 
-bool BlockCache::FinishCascadeMove(Lane& from, Lane& to, CascadeMove& m) {
+bool Migrator::FinishCascadeMove(LowerLane& from, LowerLane& to, CascadeMove& m) {
   if (m.to_slot == kNoSlot) {
-    stats_->cascades_failed.Add();  // no room below
+    books_.stats->cascades_failed.Add();  // no room below
     return false;
   }
   if (!m.read.ok()) {
-    stats_->cascades_failed.Add();
+    books_.stats->cascades_failed.Add();
     {
       MutexLock l(&to.mu);
-      FreeLowerSlotLocked(to, m.r, m.to_slot);
+      books_.FreeLowerSlotLocked(to, m.r, m.to_slot);
     }
     // A copy that fails its check is never served (nor moved); one that
     // another reader holds is left to that reader.
@@ -160,7 +160,7 @@ bool BlockCache::FinishCascadeMove(Lane& from, Lane& to, CascadeMove& m) {
     MutexLock a(&from.mu);
     MutexLock b(&to.mu);
     if (m.wrote.ok()) {
-      BlockIndex::Shard& sh = index_.ShardFor(m.r);
+      BlockIndex::Shard& sh = books_.index.ShardFor(m.r);
       MutexLock sl(&sh.mu);
       // Only the move's io_ref: no promotion or prefetch is reading the old copy.
       swapped = !m.r->removed && m.r->lower_state == LowerState::kReady && m.r->lower == from.index &&
@@ -172,18 +172,18 @@ bool BlockCache::FinishCascadeMove(Lane& from, Lane& to, CascadeMove& m) {
     }
     if (swapped) {
       from.policy->Remove(m.slot);
-      FreeLowerSlotLocked(from, m.r, m.slot);
+      books_.FreeLowerSlotLocked(from, m.r, m.slot);
       from.blocks.fetch_sub(1, std::memory_order_relaxed);
       to.policy->InsertAt(m.to_slot, PolicyKeyOf(*m.r), PositionOf(*m.r, m.meta.block_tokens));
       to.blocks.fetch_add(1, std::memory_order_relaxed);
     } else {
-      FreeLowerSlotLocked(to, m.r, m.to_slot);
+      books_.FreeLowerSlotLocked(to, m.r, m.to_slot);
     }
   }
   if (swapped) {
-    stats_->cascades.Add();
+    books_.stats->cascades.Add();
   } else {
-    stats_->cascades_failed.Add();
+    books_.stats->cascades_failed.Add();
   }
   return swapped;
 }

@@ -1,20 +1,16 @@
-// BlockCache::FlushToNvme: the drain at shutdown (and the admin flush).
+// Migrator::Flush: the drain at shutdown (and the admin flush).
 // Every host block without a durable lower copy is written to the first
 // lower tier, with flow control: a write the staging memory cannot take now
 // waits for one in flight and goes again, so every block that fits is written.
-#include "daemon/block_cache.h"
-
-#include "core/checked.h"
+#include "daemon/migrator.h"
 
 #include <algorithm>
-#include <array>
+#include <condition_variable>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
-#include "core/fan_in.h"
 #include "core/status.h"
 #include "core/units.h"
-#include "policies/adaptive_policy.h"
-#include "spdlog/spdlog.h"
 
 namespace kvtier {
 
@@ -27,7 +23,7 @@ std::chrono::nanoseconds Left(std::chrono::steady_clock::time_point deadline) {
 
 // The writes of one drain: how many are still to land or in flight, and how
 // they ended.
-struct BlockCache::FlushJob {
+struct Migrator::FlushJob {
   Mutex mu;
   std::condition_variable_any cv;
   uint64_t remaining ABSL_GUARDED_BY(mu) = 0;
@@ -36,12 +32,12 @@ struct BlockCache::FlushJob {
   uint64_t written ABSL_GUARDED_BY(mu) = 0, failed ABSL_GUARDED_BY(mu) = 0;
 };
 
-BlockCache::FlushResult BlockCache::FlushToNvme(std::chrono::nanoseconds timeout) {
+FlushResult Migrator::Flush(std::chrono::nanoseconds timeout) {
   FlushResult out;
-  if (lanes_.empty()) return out;
+  if (books_.lanes.empty()) return out;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   auto job = std::make_shared<FlushJob>();
-  for (const auto& tp : tenants_) {
+  for (const auto& tp : books_.tenants) {
     HostResidency& t = *tp;
     std::vector<BlockRecord*> todo = FlushCandidates(t, &out.already_on_nvme);
     {
@@ -50,7 +46,7 @@ BlockCache::FlushResult BlockCache::FlushToNvme(std::chrono::nanoseconds timeout
     }
     for (BlockRecord* r : todo) {
       FlushBlock(t, r, job, deadline);
-      ReleaseIoRef(t, r);
+      books_.ReleaseIoRef(t, r);
     }
   }
   {
@@ -61,11 +57,11 @@ BlockCache::FlushResult BlockCache::FlushToNvme(std::chrono::nanoseconds timeout
     out.written = job->written;
     out.failed = job->failed;
   }
-  out.sync = lanes_[0]->tier->Sync();
+  out.sync = books_.lanes[0]->tier->Sync();
   return out;
 }
 
-std::vector<BlockRecord*> BlockCache::FlushCandidates(HostResidency& t, uint64_t* already_durable) {
+std::vector<BlockRecord*> Migrator::FlushCandidates(HostResidency& t, uint64_t* already_durable) {
   std::vector<BlockRecord*> todo;
   // Blocks whose only lower copy is on a tier that forgets at a restart
   // (the cascade moved it there): that copy goes, the first tier gets one.
@@ -73,12 +69,12 @@ std::vector<BlockRecord*> BlockCache::FlushCandidates(HostResidency& t, uint64_t
   {
     MutexLock l(&t.mu);
     t.slots.ForEachOwner([&](BlockRecord* r) {
-      BlockIndex::Shard& sh = index_.ShardFor(r);
+      BlockIndex::Shard& sh = books_.index.ShardFor(r);
       MutexLock sl(&sh.mu);
       if (r->removed || r->state != BlockState::kReady) return;
-      const bool durable_copy = r->lower_state == LowerState::kReady && LaneOf(r).tier->durable();
+      const bool durable_copy = r->lower_state == LowerState::kReady && books_.LaneOf(r).tier->durable();
       if (r->lower_state == LowerState::kNone || (r->lower_state == LowerState::kReady && !durable_copy)) {
-        ++r->io_refs;  // held until WriteToNvme took its own: r stays put meanwhile
+        ++r->io_refs;  // held until WriteThrough took its own: r stays put meanwhile
         todo.push_back(r);
         if (r->lower_state == LowerState::kReady) not_durable.emplace_back(r, uint8_t{r->lower}, r->lower_slot);
       } else {
@@ -90,7 +86,7 @@ std::vector<BlockRecord*> BlockCache::FlushCandidates(HostResidency& t, uint64_t
   return todo;
 }
 
-void BlockCache::FlushBlock(HostResidency& t, BlockRecord* r, const std::shared_ptr<FlushJob>& job,
+void Migrator::FlushBlock(HostResidency& t, BlockRecord* r, const std::shared_ptr<FlushJob>& job,
                             std::chrono::steady_clock::time_point deadline) {
   // Flow control: a write the staging memory cannot take now (KVTIER_EBUSY)
   // waits for one in flight to finish and goes again, so every block that
@@ -102,7 +98,7 @@ void BlockCache::FlushBlock(HostResidency& t, BlockRecord* r, const std::shared_
       MutexLock l(&job->mu);
       ++job->in_flight;
     }
-    WriteToNvme(t, r, IoPriority::kDemote, [job, busy](absl::Status s) {
+    WriteThrough(t, r, IoPriority::kDemote, [job, busy](absl::Status s) {
       {
         MutexLock l(&job->mu);
         --job->in_flight;

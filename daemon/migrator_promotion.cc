@@ -1,12 +1,12 @@
 // Promotion: a block without a host copy is brought into a host slot from
-// whichever lower tier holds it, for a load (Promote) or ahead of need
-// (Prefetch). The plan is decided under the tenant lock and acted on after
-// it; an io_ref keeps the record alive while its read is in flight
-// (block_movement.cc).
+// whichever lower tier holds it, for a load or ahead of need (the store's
+// Load and Prefetch). The plan is decided under the tenant lock and acted on
+// after it; an io_ref keeps the record alive while its read is in flight.
+#include "daemon/migrator.h"
+
 #include "absl/strings/str_cat.h"
-#include "core/fan_in.h"
 #include "core/status.h"
-#include "daemon/block_cache.h"
+#include "core/units.h"
 
 namespace kvtier {
 // A promotion, as a state machine (docs/architecture.md, "As a state
@@ -18,10 +18,10 @@ namespace kvtier {
 //   kFail          no copy to read, or no host slot: done(false).
 //   kRead          host slot taken, block kLoading, io_ref held: read the lower
 //                  copy; FinishPromotion completes it.
-BlockCache::PromotionPlan BlockCache::PlanPromotionLocked(HostResidency& t, BlockRecord* r, const BlockMeta& meta) {
+Migrator::PromotionPlan Migrator::PlanPromotionLocked(HostResidency& t, BlockRecord* r, const BlockMeta& meta) {
   PromotionPlan p;
   {
-    BlockIndex::Shard& sh = index_.ShardFor(r);
+    BlockIndex::Shard& sh = books_.index.ShardFor(r);
     MutexLock sl(&sh.mu);
     if (r->state == BlockState::kReady) {
       p.next = PromotionPlan::kAlreadyReady;
@@ -40,8 +40,8 @@ BlockCache::PromotionPlan BlockCache::PlanPromotionLocked(HostResidency& t, Bloc
     }
   }
   if (p.next != PromotionPlan::kRead) return p;
-  absl::StatusOr<SlotHandle> slot = AllocateSlotLocked(t, meta.payload_bytes, meta.block_tokens, r);
-  BlockIndex::Shard& sh = index_.ShardFor(r);
+  absl::StatusOr<SlotHandle> slot = allocate_host_(t, meta.payload_bytes, meta.block_tokens, r);
+  BlockIndex::Shard& sh = books_.index.ShardFor(r);
   if (!slot.ok()) {
     MutexLock sl(&sh.mu);
     r->state = BlockState::kNone;
@@ -58,14 +58,14 @@ BlockCache::PromotionPlan BlockCache::PlanPromotionLocked(HostResidency& t, Bloc
   return p;
 }
 
-bool BlockCache::AwaitDemotionLocked(HostResidency& t, BlockRecord* r, IoPriority prio,
+bool Migrator::AwaitDemotionLocked(HostResidency& t, BlockRecord* r, IoPriority prio,
                                      absl::AnyInvocable<void(bool) &&>& done, uint64_t parent_key) {
   // Only demotions write, into lane 0. (Tenant lock, then the lane lock: the
   // write's completion takes the lane lock only.)
-  Lane& first = *lanes_[0];
+  LowerLane& first = *books_.lanes[0];
   MutexLock nl(&first.mu);
   {
-    BlockIndex::Shard& sh = index_.ShardFor(r);
+    BlockIndex::Shard& sh = books_.index.ShardFor(r);
     MutexLock sl(&sh.mu);
     if (r->lower_state != LowerState::kWriting) return false;  // landed (or failed) between the looks
   }
@@ -80,9 +80,9 @@ bool BlockCache::AwaitDemotionLocked(HostResidency& t, BlockRecord* r, IoPriorit
   return true;
 }
 
-void BlockCache::Promote(HostResidency& t, BlockRecord* r, IoPriority prio, absl::AnyInvocable<void(bool) &&> done,
+void Migrator::Promote(HostResidency& t, BlockRecord* r, IoPriority prio, absl::AnyInvocable<void(bool) &&> done,
                          uint64_t parent_key) {
-  const BlockMeta meta = MetaOf(r);
+  const BlockMeta meta = books_.MetaOf(r);
   PromotionPlan p;
   {
     MutexLock l(&t.mu);
@@ -101,8 +101,8 @@ void BlockCache::Promote(HostResidency& t, BlockRecord* r, IoPriority prio, absl
       std::move(done)(true);
       return;
     case PromotionPlan::kFail:
-      stats_->promotions_failed.Add();
-      if (p.drop_ref) ReleaseIoRef(t, r);
+      books_.stats->promotions_failed.Add();
+      if (p.drop_ref) books_.ReleaseIoRef(t, r);
       std::move(done)(false);
       return;
     case PromotionPlan::kWaiting:
@@ -110,23 +110,23 @@ void BlockCache::Promote(HostResidency& t, BlockRecord* r, IoPriority prio, absl
       break;
   }
   const uint64_t start = MonotonicNanos();
-  lanes_[p.lane]->tier->Read(p.lower_slot, meta, {t.host->arena_base() + p.offset, meta.payload_bytes}, prio,
+  books_.lanes[p.lane]->tier->Read(p.lower_slot, meta, {t.host->arena_base() + p.offset, meta.payload_bytes}, prio,
                              [this, &t, r, p, start, parent_key, block_tokens = meta.block_tokens,
                               done = std::move(done)](absl::Status s) mutable {
-                               (p.lane == 0 ? stats_->nvme_read_latency : stats_->lower_read_latency)
+                               (p.lane == 0 ? books_.stats->nvme_read_latency : books_.stats->lower_read_latency)
                                    .Record(MonotonicNanos() - start);
                                FinishPromotion(t, r, p, s, parent_key, block_tokens, std::move(done));
                              });
 }
 
-void BlockCache::FinishPromotion(HostResidency& t, BlockRecord* r, const PromotionPlan& p, const absl::Status& s,
+void Migrator::FinishPromotion(HostResidency& t, BlockRecord* r, const PromotionPlan& p, const absl::Status& s,
                                  uint64_t parent_key, uint32_t block_tokens, absl::AnyInvocable<void(bool) &&> done) {
   const bool ok = s.ok();
   std::vector<absl::AnyInvocable<void(bool) &&>> waiters;
   {
     MutexLock l(&t.mu);
     {
-      BlockIndex::Shard& sh = index_.ShardFor(r);
+      BlockIndex::Shard& sh = books_.index.ShardFor(r);
       MutexLock sl(&sh.mu);
       r->state = ok ? BlockState::kReady : BlockState::kNone;
       if (!ok) r->host_slot = kNoSlot;
@@ -143,54 +143,15 @@ void BlockCache::FinishPromotion(HostResidency& t, BlockRecord* r, const Promoti
     }
   }
   if (ok) {
-    stats_->promotions.Add();
+    books_.stats->promotions.Add();
   } else {
-    stats_->promotions_failed.Add();
+    books_.stats->promotions_failed.Add();
     // A copy that fails its checksum is never served again.
     if (absl::IsDataLoss(s)) DropLowerCopy(r, p.lane, p.lower_slot);
   }
-  ReleaseIoRef(t, r);
+  books_.ReleaseIoRef(t, r);
   std::move(done)(ok);
   for (auto& cb : waiters) std::move(cb)(ok);
-}
-
-void BlockCache::Prefetch(SessionHoldings& s, std::span<const BlockKey> keys, CountCallback done) {
-  if (lanes_.empty()) {
-    std::move(done)(0u);
-    return;
-  }
-  HostResidency& t = *tenants_[s.ns.tenant];
-  std::vector<BlockRecord*> todo;
-  std::vector<uint64_t> parents;
-  for (size_t i = 0; i < keys.size(); ++i) {
-    const BlockKey& key = keys[i];
-    BlockIndex::Shard& sh = index_.ShardFor(s.ns.handle, key);
-    MutexLock sl(&sh.mu);
-    BlockRecord* r = BlockIndex::Find(sh, s.ns.handle, key);
-    if (r == nullptr || !r->visible()) break;  // the present prefix only
-    if (r->state == BlockState::kNone && r->lower_state == LowerState::kReady && r->io_refs < kMaxClientIoRefs) {
-      ++r->io_refs;  // holds the NVMe copy until the promotion has started
-      todo.push_back(r);
-      parents.push_back(i > 0 ? PolicyKeyOf(s.ns.handle, keys[i - 1]) : 0);
-    }
-  }
-  stats_->prefetches.Add();
-  if (todo.empty()) {
-    std::move(done)(0u);
-    return;
-  }
-  auto fan = FanIn<uint32_t>::Make(todo.size(), 0, std::move(done));
-  for (size_t j = 0; j < todo.size(); ++j) {
-    BlockRecord* r = todo[j];
-    Promote(
-        t, r, IoPriority::kPrefetch,
-        [this, &t, r, fan](bool ok) {
-          ReleaseIoRef(t, r);
-          if (ok) fan->With([](uint32_t& promoted) { ++promoted; });
-          fan->Arrive();
-        },
-        parents[j]);
-  }
 }
 
 }  // namespace kvtier
