@@ -206,14 +206,14 @@ nlohmann::json Daemon::AdminDrain(const nlohmann::json&) {
 
 nlohmann::json Daemon::AdminFlush(const nlohmann::json& request) {
   using nlohmann::json;
-  if (cache_->lower_tier() == nullptr) return Error("kvtierd has no NVMe tier to flush to ([tiers.nvme] capacity = 0)");
+  if (store_->lower_tier() == nullptr) return Error("kvtierd has no NVMe tier to flush to ([tiers.nvme] capacity = 0)");
   // Bounded: the loop (and the watchdog's pings) waits for it.
   const std::optional<int64_t> ms = ClampedInt(request, "timeout_ms", 10000, 1, 10000);
   if (!ms) {
     stats_.Refused(Refusal::kAdminBadRequest);
     return Error("bad request: timeout_ms must be a number of milliseconds");
   }
-  const BlockCache::FlushResult f = cache_->FlushToNvme(std::chrono::milliseconds(*ms));
+  const BlockStore::FlushResult f = store_->FlushToNvme(std::chrono::milliseconds(*ms));
   spdlog::info("event=admin_flush written={} already_on_nvme={} failed={} timed_out={}", f.written,
                f.already_on_nvme, f.failed, f.timed_out);
   return json{{"ok", true},          {"written", f.written}, {"already_on_nvme", f.already_on_nvme},
@@ -225,7 +225,7 @@ nlohmann::json Daemon::AdminEvict(const nlohmann::json& request) {
   using nlohmann::json;
   const std::string tenant = request.value("tenant", std::string());
   if (tenant.empty()) return Error("evict needs a tenant (kvtierctl evict --tenant NAME)");
-  absl::StatusOr<uint64_t> n = cache_->EvictTenant(tenant);
+  absl::StatusOr<uint64_t> n = store_->EvictTenant(tenant);
   if (!n.ok()) return Error(std::string(n.status().message()));
   spdlog::info("event=admin_evict tenant={} evicted={}", tenant, *n);
   return json{{"ok", true}, {"tenant", tenant}, {"evicted", *n}};
@@ -254,15 +254,15 @@ nlohmann::json Daemon::AdminBlocks(const nlohmann::json& request) {
   absl::flat_hash_map<uint32_t, NamespaceInfo> ns;
   for (const NamespaceInfo& n : namespaces_.List()) ns[n.handle] = n;
   json blocks = json::array();
-  for (const BlockCache::BlockInfo& b : cache_->ListBlocks(tenant, limit, key ? &*key : nullptr)) {
+  for (const BlockStore::BlockInfo& b : store_->ListBlocks(tenant, limit, key ? &*key : nullptr)) {
     const auto it = ns.find(b.ns);
     json tiers = json::array();
     if (b.on_host) tiers.push_back("host");
-    if (b.on_lower) tiers.push_back(std::string(cache_->lower_tier(b.lower)->name()));
+    if (b.on_lower) tiers.push_back(std::string(store_->lower_tier(b.lower)->name()));
     blocks.push_back({{"key", b.key.Hex()},
                       {"namespace", it == ns.end() ? std::string("?") : it->second.id.Hex()},
                       {"model", it == ns.end() ? std::string() : it->second.model_id},
-                      {"tenant", cache_->tenant_name(b.tenant)},
+                      {"tenant", store_->tenant_name(b.tenant)},
                       {"tiers", tiers},
                       {"moving", b.moving},
                       {"pins", b.pins},
@@ -270,7 +270,7 @@ nlohmann::json Daemon::AdminBlocks(const nlohmann::json& request) {
                       {"tokens", b.tokens},
                       {"bytes", b.bytes}});
   }
-  return json{{"ok", true}, {"blocks", blocks}, {"limit", limit}, {"indexed_blocks", cache_->indexed_blocks()}};
+  return json{{"ok", true}, {"blocks", blocks}, {"limit", limit}, {"indexed_blocks", store_->indexed_blocks()}};
 }
 
 nlohmann::json Daemon::ConfigJson() const {
@@ -316,7 +316,7 @@ StatusSnapshot Daemon::Snapshot() const {
   out.hash = std::string(HashAlgorithmName(config_.hash));
   out.socket = config_.DataSocketPath();
   out.namespaces = namespaces_.live();
-  out.indexed_blocks = cache_->indexed_blocks();
+  out.indexed_blocks = store_->indexed_blocks();
   absl::flat_hash_map<std::string, uint64_t> sessions_per_tenant;
   for (const auto& [id, ls] : sessions_) {
     out.sessions.push_back({id, ls.session->Info()});
@@ -326,7 +326,7 @@ StatusSnapshot Daemon::Snapshot() const {
   host.policy = config_.host_policy;
   host.high_watermark = config_.host_high_watermark;
   host.low_watermark = config_.host_low_watermark;
-  for (TenantUsage& u : cache_->Usage()) {
+  for (TenantUsage& u : store_->Usage()) {
     host.capacity_bytes += u.capacity_bytes;
     host.used_bytes += u.used_bytes;
     host.blocks += u.blocks;
@@ -342,15 +342,15 @@ StatusSnapshot Daemon::Snapshot() const {
     t.usage = std::move(u);
     out.tenants.push_back(std::move(t));
   }
-  for (size_t i = 0; i < cache_->lower_tier_count(); ++i) {
-    const BlockTier* tier = cache_->lower_tier(i);
+  for (size_t i = 0; i < store_->lower_tier_count(); ++i) {
+    const BlockTier* tier = store_->lower_tier(i);
     StatusSnapshot::Lower& l = out.lower.emplace_back();
     l.name = std::string(tier->name());
     l.chain_position = i;
     l.policy = config_.nvme_policy;
     l.durable = tier->durable();
     l.io = tier->BlockStats();
-    l.blocks = cache_->lower_blocks(i);
+    l.blocks = store_->lower_blocks(i);
     l.health = tier->Health();
     if (const auto* nvme = dynamic_cast<const NvmeTier*>(tier)) l.nvme = nvme->Stats();
   }
@@ -370,7 +370,7 @@ StatusSnapshot Daemon::Snapshot() const {
       g.usage.evictions += u.evictions;
     }
   }
-  out.cost_model = cache_->cost().report();
+  out.cost_model = store_->cost().report();
   if (metrics_) {
     out.metrics_url = absl::StrCat("http://", config_.metrics_address, ":", metrics_->port(), "/metrics");
     out.metrics_port = metrics_->port();

@@ -1,8 +1,8 @@
-// BlockCache: each tenant's host residency. Slot allocation (evicting while
+// BlockStore: each tenant's host residency. Slot allocation (evicting while
 // the arena or the token quota is full), victim choice across block sizes,
 // segment reclaim, the background reclaimer's pass, and the admin changes to
 // it (evict a tenant, quotas, watermarks).
-#include "daemon/block_cache.h"
+#include "daemon/block_store.h"
 
 #include "core/checked.h"
 
@@ -17,7 +17,7 @@
 
 namespace kvtier {
 
-std::optional<SlotHandle> BlockCache::PickHostVictimLocked(HostResidency& t, ChainGuard* policy) {
+std::optional<SlotHandle> BlockStore::PickHostVictimLocked(HostResidency& t, ChainGuard* policy) {
   return policy->PickVictim([&](SlotHandle h) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     BlockRecord* v = t.slots.owner(h);
     BlockIndex::Shard& sh = books_.index.ShardFor(v);
@@ -26,7 +26,7 @@ std::optional<SlotHandle> BlockCache::PickHostVictimLocked(HostResidency& t, Cha
   });
 }
 
-bool BlockCache::EvictColdestLocked(HostResidency& t, std::vector<PendingDemotion>* deferred) {
+bool BlockStore::EvictColdestLocked(HostResidency& t, std::vector<PendingDemotion>* deferred) {
   // Largest holder first, then the others, until one has a block that may go.
   for (ChainGuard* policy : t.PoliciesByBytesLocked()) {
     std::optional<SlotHandle> victim = PickHostVictimLocked(t, policy);
@@ -40,7 +40,7 @@ bool BlockCache::EvictColdestLocked(HostResidency& t, std::vector<PendingDemotio
   return false;
 }
 
-bool BlockCache::ReclaimSegmentLocked(HostResidency& t, uint64_t slot_bytes, std::optional<uint32_t> min_age) {
+bool BlockStore::ReclaimSegmentLocked(HostResidency& t, uint64_t slot_bytes, std::optional<uint32_t> min_age) {
   // A segment with a pinned or busy block would lose its other blocks and
   // still not come back: a few of the coldest are tried, whole or not at all.
   constexpr size_t kTries = 8;
@@ -71,14 +71,14 @@ bool BlockCache::ReclaimSegmentLocked(HostResidency& t, uint64_t slot_bytes, std
   return false;
 }
 
-void BlockCache::StartBackgroundReclaim() {
+void BlockStore::StartBackgroundReclaim() {
   migrator_.StartCascade();
   reclaimer_.Start();
 }
 
-void BlockCache::StopBackgroundReclaim() { reclaimer_.Stop(); }
+void BlockStore::StopBackgroundReclaim() { reclaimer_.Stop(); }
 
-absl::StatusOr<uint64_t> BlockCache::EvictTenant(const std::string& tenant) {
+absl::StatusOr<uint64_t> BlockStore::EvictTenant(const std::string& tenant) {
   for (const auto& tp : books_.tenants) {
     HostResidency& t = *tp;
     if (t.name != tenant) continue;
@@ -96,7 +96,7 @@ absl::StatusOr<uint64_t> BlockCache::EvictTenant(const std::string& tenant) {
   return absl::NotFoundError(absl::StrCat("no tenant \"", tenant, "\""));
 }
 
-absl::Status BlockCache::SetQuota(const std::string& tenant, TenantQuota quota) {
+absl::Status BlockStore::SetQuota(const std::string& tenant, TenantQuota quota) {
   for (const auto& t : books_.tenants) {
     if (t->name != tenant) continue;
     t->SetQuota(quota);
@@ -105,13 +105,13 @@ absl::Status BlockCache::SetQuota(const std::string& tenant, TenantQuota quota) 
   return absl::NotFoundError(absl::StrCat("no tenant \"", tenant, "\""));
 }
 
-absl::Status BlockCache::SetWatermarks(double high, double low) {
+absl::Status BlockStore::SetWatermarks(double high, double low) {
   RETURN_IF_ERROR(reclaimer_.SetMarks({high, low}));  // starts it when it was off
   migrator_.StartCascade();
   return absl::OkStatus();
 }
 
-void BlockCache::ReclaimPass() {
+void BlockStore::ReclaimPass() {
   for (const auto& tp : books_.tenants) {
     HostResidency& t = *tp;
     // Above the high mark, down to the low mark (between them, nothing:
@@ -158,7 +158,7 @@ void BlockCache::ReclaimPass() {
   }
 }
 
-absl::StatusOr<SlotHandle> BlockCache::AllocateSlotLocked(HostResidency& t, uint64_t bytes, uint32_t tokens,
+absl::StatusOr<SlotHandle> BlockStore::AllocateSlotLocked(HostResidency& t, uint64_t bytes, uint32_t tokens,
                                                           BlockRecord* owner) {
   for (;;) {
     const uint64_t quota = t.QuotaHostTokens();

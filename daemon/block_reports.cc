@@ -4,12 +4,12 @@
 // view of each block and each tenant, not of the whole store at one instant.
 #include <algorithm>
 
-#include "daemon/block_cache.h"
+#include "daemon/block_store.h"
 #include "policies/adaptive_policy.h"
 
 namespace kvtier {
 
-std::vector<BlockCache::BlockInfo> BlockCache::ListBlocks(std::optional<uint16_t> tenant, size_t limit,
+std::vector<BlockStore::BlockInfo> BlockStore::ListBlocks(std::optional<uint16_t> tenant, size_t limit,
                                                           const BlockKey* key) {
   std::vector<BlockInfo> out;
   for (BlockIndex::Shard& sh : books_.index.shards()) {
@@ -40,7 +40,7 @@ std::vector<BlockCache::BlockInfo> BlockCache::ListBlocks(std::optional<uint16_t
   return out;
 }
 
-std::vector<TenantUsage> BlockCache::Usage() const {
+std::vector<TenantUsage> BlockStore::Usage() const {
   std::vector<TenantUsage> out;
   size_t tenant = 0;
   for (const auto& t : books_.tenants) {

@@ -1,224 +1,538 @@
-// Stores: StoreBegin reserves host slots for the blocks not cached yet (all
-// or nothing) and indexes them as being written; StoreCommit makes them
-// visible (and, when durable, waits for their lower copy and its journal);
-// StoreAbort gives the slots back.
-#include "absl/strings/str_cat.h"
+// The store's operations: tenants and the chain's assembly (with the blocks a
+// lower tier recovered); lookups, leases, loads, prefetch and invalidation.
+// Stores are in block_writes.cc, each tenant's host slot allocation, eviction
+// and reclaim in block_host.cc, the read-only reports in block_reports.cc.
+// Every move between tiers is the Migrator's (migrator.h); the books it
+// shares with this class, and a record's life, are StoreBooks'.
+#include "daemon/block_store.h"
+
 #include "core/checked.h"
+
+#include <algorithm>
+#include <array>
+
+#include "absl/strings/str_cat.h"
 #include "core/fan_in.h"
 #include "core/status.h"
 #include "core/units.h"
-#include "daemon/block_cache.h"
+#include "policies/adaptive_policy.h"
 #include "spdlog/spdlog.h"
 
 namespace kvtier {
 
-std::optional<size_t> BlockCache::ChainDepthOf(const SessionHoldings& s, std::span<const BlockKey> keys) {
-  if (keys.empty()) return std::nullopt;
-  const uint64_t first = PolicyKeyOf(s.ns.handle, keys[0]);
-  auto at = std::find(s.last_chain.begin(), s.last_chain.end(), first);
-  if (at == s.last_chain.end()) return std::nullopt;
-  return static_cast<size_t>(at - s.last_chain.begin());
+BlockStore::BlockStore(const Options& opts, DaemonStats* stats)
+    : opts_(opts),
+      adaptive_(opts.policy == "adaptive"),
+      books_(stats, opts.cost),
+      migrator_(books_, {.cascade_high = opts.cascade_high, .cascade_low = opts.cascade_low},
+                [this](HostResidency& t, uint64_t bytes, uint32_t tokens, BlockRecord* owner)
+                    ABSL_NO_THREAD_SAFETY_ANALYSIS {  // the migrator calls it under t.mu
+                      return AllocateSlotLocked(t, bytes, tokens, owner);
+                    }),
+      reclaimer_({opts.high_watermark, opts.low_watermark}, [this](Reclaimer::Marks) { ReclaimPass(); }) {}
+
+absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Create(const Options& opts, DaemonStats* stats) {
+  RETURN_IF_ERROR(MakeEvictionPolicy(opts.policy).status());
+  RETURN_IF_ERROR(MakeEvictionPolicy(opts.nvme_policy).status());
+  if (opts.nvme_policy == "adaptive") {
+    return absl::InvalidArgumentError("the NVMe tier's policy cannot be adaptive (its shadows learn from host lookups)");
+  }
+  return std::unique_ptr<BlockStore>(new BlockStore(opts, stats));
 }
 
-BlockCache::NewBlocks BlockCache::IndexNewBlocks(const SessionHoldings& s, std::span<const BlockKey> keys,
-                                                 std::optional<size_t> depth) {
-  NewBlocks n;
+BlockStore::~BlockStore() {
+  StopBackgroundReclaim();
+  migrator_.StopCascade();
+  // Drain the lower tiers' I/O and journal callbacks while everything they
+  // touch lives, every lane included: a failed write's callback frees its
+  // slot through its lane. A landed demotion may start a waiting
+  // promotion's read in lane 0 from lane 0's own drain: twice round.
+  // Then delete the tiers, the last first.
+  for (int round = 0; round < 2; ++round) {
+    for (auto& lane : books_.lanes) lane->tier->Drain();
+  }
+  while (!books_.lanes.empty()) {
+    // Delete the tier before clearing the pointer: ops it gives up in its
+    // destructor complete through lane->tier (a failed read drops its slot).
+    std::unique_ptr<BlockTier>& tier = books_.lanes.back()->tier;
+    tier.get_deleter()(tier.get());
+    (void)tier.release();
+    books_.lanes.pop_back();
+  }
+}
+
+absl::StatusOr<uint16_t> BlockStore::AddTenant(std::string name, std::unique_ptr<HostTier> host, TenantQuota quota,
+                                               std::unique_ptr<GpuCache> gpu) {
+  if (books_.tenants.size() >= UINT16_MAX) return absl::ResourceExhaustedError("too many tenants");
+  const uint64_t hash = TenantHash(name);
+  auto t = std::make_unique<HostResidency>(std::move(name), hash, std::move(host), std::move(gpu), quota, opts_.policy);
+  for (auto& lane : books_.lanes) {
+    MutexLock nl(&lane->mu);
+    lane->GrowTenantsLocked(books_.tenants.size() + 1);
+  }
+  books_.tenant_by_hash[t->hash] = static_cast<uint16_t>(books_.tenants.size());
+  books_.tenants.push_back(std::move(t));
+  return static_cast<uint16_t>(books_.tenants.size() - 1);
+}
+
+std::vector<BlockRecord*> BlockStore::FindAll(uint32_t ns, std::span<const BlockKey> keys) {
+  std::vector<BlockRecord*> out(keys.size(), nullptr);
   for (size_t i = 0; i < keys.size(); ++i) {
+    BlockIndex::Shard& sh = books_.index.ShardFor(ns, keys[i]);
+    MutexLock l(&sh.mu);
+    out[i] = BlockIndex::Find(sh, ns, keys[i]);
+  }
+  return out;
+}
+
+void BlockStore::ObserveRequest(SessionHoldings& s, std::span<const BlockKey> keys) {
+  s.last_chain.resize(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) s.last_chain[i] = PolicyKeyOf(s.ns.handle, keys[i]);
+  s.observe_pending = !keys.empty() && adaptive_;
+}
+
+void BlockStore::ObservePending(SessionHoldings& s) {
+  if (!s.observe_pending) return;
+  s.observe_pending = false;
+  HostResidency& t = *books_.tenants[s.ns.tenant];
+  AdaptivePolicy* a;
+  {
+    // Policies live as long as the cache: the pointer outlives the lock.
+    MutexLock l(&t.mu);
+    a = static_cast<AdaptivePolicy*>(t.PolicyForLocked(t.host->SlotSizeFor(s.ns.block_bytes))->inner());
+  }
+  a->Observe(s.last_chain, s.ns.block_tokens);  // on the shadows' own lock, not the tier's
+}
+
+absl::Status BlockStore::LeaseRoomFor(const SessionHoldings& s, size_t blocks) {
+  if (s.leases.size() >= opts_.max_leases_per_session) {
+    return CodedStatus(KVTIER_EBUSY, absl::StrCat("this session holds ", s.leases.size(),
+                                                  " leases (ipc.max_leases_per_session); release some"));
+  }
+  if (s.pinned_blocks.load(std::memory_order_relaxed) + blocks > opts_.max_leased_blocks_per_session) {
+    books_.stats->Refused(Refusal::kSessionLeasedBlocks);
+    return CodedStatus(KVTIER_EBUSY,
+                       absl::StrCat("this session's leases hold ", s.pinned_blocks.load(std::memory_order_relaxed),
+                                    " blocks and this lookup asks for ", blocks, " more (",
+                                    "limits.leased_blocks_per_session = ", opts_.max_leased_blocks_per_session,
+                                    "); release some leases"));
+  }
+  return absl::OkStatus();
+}
+
+BlockStore::ChainHits BlockStore::ProbeChain(SessionHoldings& s, std::span<const BlockKey> keys, bool lease,
+                                             std::span<BlockLocation> out) {
+  HostResidency& t = *books_.tenants[s.ns.tenant];
+  ChainHits h;
+  // Probes are memory-bound: prefetch a window of keys ahead so their cache
+  // misses overlap instead of queueing behind one another.
+  constexpr size_t kWindow = 16;
+  std::array<BlockIndex::Shard*, kWindow> shard_of{};
+  auto prefetch = [&](size_t i) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    BlockIndex::Shard& sh = books_.index.ShardFor(s.ns.handle, keys[i]);
+    shard_of[i % kWindow] = &sh;
+    MutexLock l(&sh.mu);
+    BlockIndex::Prefetch(sh, s.ns.handle, keys[i]);
+  };
+  for (size_t i = 0; i < std::min(kWindow, keys.size()); ++i) prefetch(i);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    BlockIndex::Shard& sh = *shard_of[i % kWindow];
+    {
+      MutexLock l(&sh.mu);
+      BlockRecord* r = BlockIndex::Find(sh, s.ns.handle, keys[i]);
+      if (r == nullptr || !r->visible()) break;
+      const bool in_host = r->state == BlockState::kReady;
+      // A copy below host memory is priced at the speed of the tier it is in.
+      if (!in_host && books_.cost.RecomputeBeats(uint8_t{r->lower}, i * s.ns.block_tokens, s.ns.block_tokens,
+                                           s.ns.block_bytes, s.ns.tp_size)) {
+        h.cut_for_cost = true;
+        break;
+      }
+      out[i] = in_host ? BlockLocation{TierKind::kHost, r->arena_offset(), false}
+                       : BlockLocation{books_.LaneOf(r).tier->kind(), 0, false};
+      if (!in_host) ++h.below_host;
+      if (lease) {
+        if (r->pins++ == 0) t.pinned.fetch_add(1, std::memory_order_relaxed);
+        h.pinned.push_back(r);
+        if (in_host) h.host_touch.push_back(r->host_slot);
+        if (r->lower_state == LowerState::kReady) h.lower_touch.push_back({r->lower, r->lower_slot, r});
+      }
+    }
+    ++h.hit;
+    if (i + kWindow < keys.size()) prefetch(i + kWindow);
+  }
+  for (size_t i = h.hit; i < keys.size(); ++i) out[i] = BlockLocation{};
+  return h;
+}
+
+uint32_t BlockStore::MarkRecompute(const SessionHoldings& s, std::span<const BlockKey> keys, size_t from,
+                                   std::span<BlockLocation> out) {
+  // Present, but the engine is better off computing them: say so, so it
+  // neither waits for them nor counts them as misses.
+  uint32_t n = 0;
+  for (size_t i = from; i < keys.size(); ++i) {
     BlockIndex::Shard& sh = books_.index.ShardFor(s.ns.handle, keys[i]);
     MutexLock l(&sh.mu);
-    if (BlockIndex::Find(sh, s.ns.handle, keys[i]) != nullptr) continue;  // cached, moving, or being written
-    BlockRecord* r = books_.index.NewRecord(s.ns.handle, keys[i]);
-    r->tenant = s.ns.tenant;
-    r->state = BlockState::kWriting;
-    r->depth = depth ? static_cast<uint16_t>(std::min<size_t>(*depth + i, kUnknownDepth - 1)) : kUnknownDepth;
-    books_.index.Insert(sh, r);
-    n.records.push_back(r);
-    n.at.push_back(i);
+    BlockRecord* r = BlockIndex::Find(sh, s.ns.handle, keys[i]);
+    if (r == nullptr || !r->visible()) break;
+    out[i] = BlockLocation{r->state == BlockState::kReady ? TierKind::kHost : books_.LaneOf(r).tier->kind(), 0, false, true};
+    ++n;
   }
   return n;
 }
 
-std::string BlockCache::StoreNeverFits(const HostResidency& t, const NamespaceInfo& ns, size_t blocks) {
-  const uint64_t need_tokens = uint64_t{ns.block_tokens} * blocks;
-  const uint64_t need_bytes = t.host->SlotSizeFor(ns.block_bytes) * blocks;
-  const uint64_t quota = t.QuotaHostTokens();
-  if (quota != 0 && need_tokens > quota) {
-    return absl::StrCat(blocks, " new blocks of ", ns.block_tokens, " tokens are over tenant \"", t.name,
-                        "\"'s host_tokens quota of ", quota,
-                        "; store fewer at a time or raise [[tenants]] host_tokens");
-  }
-  if (need_bytes > t.host->arena_bytes()) {
-    return absl::StrCat(blocks, " new blocks (", FormatBytes(need_bytes), ") do not fit tenant \"", t.name,
-                        "\"'s host arena of ", FormatBytes(t.host->arena_bytes()),
-                        "; store fewer at a time or raise tiers.host.capacity");
-  }
-  return "";
-}
-
-std::vector<uint64_t> BlockCache::ParentsOf(const SessionHoldings& s, std::span<const BlockKey> keys,
-                                            const std::vector<size_t>& at, std::optional<size_t> depth) {
-  std::vector<uint64_t> parents(at.size(), 0);
-  for (size_t j = 0; j < at.size(); ++j) {
-    if (at[j] > 0) {
-      parents[j] = PolicyKeyOf(s.ns.handle, keys[at[j] - 1]);
-    } else if (depth && *depth > 0) {
-      parents[j] = s.last_chain[*depth - 1];
+void BlockStore::TouchHits(HostResidency& t, const ChainHits& hits) {
+  if (!hits.host_touch.empty()) {
+    // Pinned blocks keep their host slots, so these handles are stable.
+    MutexLock l(&t.mu);
+    // Leaves first, the root last: a parent is then always more recent than
+    // its children, and recency-ordered policies evict leaves first (a block
+    // whose parent is gone can never be hit).
+    for (auto h = hits.host_touch.rbegin(); h != hits.host_touch.rend(); ++h) {
+      t.PolicyForLocked(t.host->SlotBytes(*h))->Touch(*h);
+      t.slots.Touch(*h);
     }
   }
-  return parents;
+  // Leaves first, as above; a copy that moved down a tier since (the
+  // cascade) is no longer that slot's owner and is left alone.
+  for (auto h = hits.lower_touch.rbegin(); h != hits.lower_touch.rend();) {
+    LowerLane& lane = *books_.lanes[h->lane];
+    MutexLock l(&lane.mu);
+    for (; h != hits.lower_touch.rend() && h->lane == lane.index; ++h) {
+      if (auto o = lane.owner.find(h->slot); o != lane.owner.end() && o->second == h->r) lane.policy->Touch(h->slot);
+    }
+  }
 }
 
-absl::StatusOr<uint32_t> BlockCache::StoreBegin(SessionHoldings& s, std::span<const BlockKey> keys,
-                                                uint64_t* ticket, std::span<BlockLocation> out) {
-  *ticket = 0;
-  if (draining_.load(std::memory_order_acquire)) {
-    books_.stats->store_refused_draining.Add();
-    return CodedStatus(KVTIER_EBUSY, "kvtierd is draining (shutting down): stores are refused; store again once it "
-                                     "is back (lookups and loads still answer until it exits)");
+absl::StatusOr<uint32_t> BlockStore::Lookup(SessionHoldings& s, std::span<const BlockKey> keys, bool lease,
+                                            uint64_t* lease_id, std::span<BlockLocation> out, uint32_t* recompute) {
+  *lease_id = 0;
+  if (recompute != nullptr) *recompute = 0;
+  if (lease) RETURN_IF_ERROR(LeaseRoomFor(s, keys.size()));
+  ChainHits h = ProbeChain(s, keys, lease, out);
+  if (h.cut_for_cost) {
+    const uint32_t n = MarkRecompute(s, keys, h.hit, out);
+    if (lease) books_.stats->blocks_recompute.Add(n);
+    if (recompute != nullptr) *recompute = n;
   }
-  HostResidency& t = *books_.tenants[s.ns.tenant];
-  for (BlockLocation& o : out.first(keys.size())) o = BlockLocation{};
-  // Depth prices recomputation.
-  const std::optional<size_t> depth = ChainDepthOf(s, keys);
-  NewBlocks created = IndexNewBlocks(s, keys, depth);
-  books_.CountRecords(s.ns.handle, static_cast<int64_t>(created.records.size()));
-  books_.stats->stores.Add();
-  books_.stats->blocks_already_present.Add(keys.size() - created.records.size());
-  // A store that could never fit is refused before it evicts anything.
-  const std::string too_big = StoreNeverFits(t, s.ns, created.records.size());
-  MutexLock l(&t.mu);
-  // All or nothing: a refused store gives back what it took.
-  auto give_back = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    for (BlockRecord* c : created.records) {
-      BlockIndex::Shard& sh = books_.index.ShardFor(c);
-      {
-        MutexLock sl(&sh.mu);
-        books_.UnindexLocked(sh, c);
-      }
-      if (c->host_slot != kNoSlot) t.FreeSlotLocked(c->host_slot);
-      books_.index.FreeRecord(c);
+  if (!lease) {
+    books_.stats->probes.Add();
+    return h.hit;
+  }
+  books_.stats->lookups.Add();
+  books_.stats->blocks_queried.Add(keys.size());
+  books_.stats->tokens_queried.Add(keys.size() * s.ns.block_tokens);
+  ObserveRequest(s, keys);
+  if (h.hit == 0) return 0u;
+  books_.stats->lookup_hits.Add();
+  books_.stats->blocks_hit.Add(h.hit);
+  books_.stats->blocks_hit_nvme.Add(h.below_host);
+  books_.stats->tokens_hit.Add(uint64_t{h.hit} * s.ns.block_tokens);
+  TouchHits(*books_.tenants[s.ns.tenant], h);
+  *lease_id = s.next_id++;
+  s.leases.emplace(*lease_id, std::move(h.pinned));
+  s.lease_count.fetch_add(1, std::memory_order_relaxed);
+  s.pinned_blocks.fetch_add(h.hit, std::memory_order_relaxed);
+  return h.hit;
+}
+
+absl::StatusOr<std::vector<BlockRecord*>> BlockStore::LeasedRecords(const SessionHoldings& s, uint64_t lease_id,
+                                                                     std::span<const BlockKey> keys) {
+  auto it = s.leases.find(lease_id);
+  if (it == s.leases.end()) {
+    return CodedStatus(KVTIER_ENOENT,
+                       absl::StrCat("unknown lease ", lease_id, ": released already, or not taken by this session"));
+  }
+  const std::vector<BlockRecord*>& held = it->second;
+  std::vector<BlockRecord*> recs(keys.size());
+  absl::flat_hash_map<BlockKey, BlockRecord*> by_key;  // built only when keys are not the lease's order
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (i < held.size() && held[i]->key == keys[i]) {
+      recs[i] = held[i];
+      continue;
     }
-    books_.CountRecords(s.ns.handle, -static_cast<int64_t>(created.records.size()));
+    if (by_key.empty()) {
+      for (BlockRecord* h : held) by_key.emplace(h->key, h);
+    }
+    auto f = by_key.find(keys[i]);
+    if (f == by_key.end()) {
+      return CodedStatus(KVTIER_EINVAL, absl::StrCat("key ", i, " of the load is not pinned by lease ", lease_id,
+                                                     "; load only what lookup returned"));
+    }
+    recs[i] = f->second;
+  }
+  return recs;
+}
+
+void BlockStore::FinishLoad(LoadOutcome& o, const std::vector<uint8_t>& ok, uint64_t block_bytes) {
+  o.loaded = static_cast<uint32_t>(o.locations.size());
+  for (size_t i = 0; i < ok.size(); ++i) {
+    if (!ok[i]) {
+      o.loaded = static_cast<uint32_t>(i);
+      break;
+    }
+  }
+  for (size_t i = o.loaded; i < o.locations.size(); ++i) o.locations[i] = BlockLocation{};
+  if (o.loaded < o.locations.size()) {
+    books_.stats->load_failures.Add(o.locations.size() - o.loaded);
+    o.status = CodedStatus(KVTIER_EIO, absl::StrCat("block ", o.loaded,
+                                                    " could not be brought back from NVMe (a failed checksum or "
+                                                    "I/O error drops it; or the host tier had no room); recompute "
+                                                    "it and what follows"));
+  }
+  books_.stats->loads.Add();
+  books_.stats->blocks_loaded.Add(o.loaded);
+  books_.stats->bytes_loaded.Add(uint64_t{o.loaded} * block_bytes);
+}
+
+std::optional<LoadOutcome> BlockStore::Load(SessionHoldings& s, uint64_t lease_id, std::span<const BlockKey> keys,
+                                            LoadCallback done) {
+  absl::StatusOr<std::vector<BlockRecord*>> leased = LeasedRecords(s, lease_id, keys);
+  if (!leased.ok()) return LoadOutcome{{}, 0, leased.status()};
+  const std::vector<BlockRecord*>& recs = *leased;
+  // Fast path: every block already in host memory (pinned: it stays there).
+  LoadOutcome outcome;
+  outcome.locations.resize(keys.size());
+  std::vector<size_t> to_promote;
+  for (size_t i = 0; i < recs.size(); ++i) {
+    BlockIndex::Shard& sh = books_.index.ShardFor(recs[i]);
+    MutexLock l(&sh.mu);
+    if (recs[i]->state == BlockState::kReady) {
+      outcome.locations[i] = BlockLocation{TierKind::kHost, recs[i]->arena_offset(), false};
+    } else {
+      to_promote.push_back(i);
+    }
+  }
+  const uint64_t block_bytes = s.ns.block_bytes;
+  if (to_promote.empty()) {
+    FinishLoad(outcome, std::vector<uint8_t>(keys.size(), 1), block_bytes);
+    return outcome;
+  }
+  // Slow path: promote the NVMe-only blocks; the last one to land finishes.
+  struct Promoted {
+    LoadOutcome outcome;
+    std::vector<uint8_t> ok;
   };
-  if (!too_big.empty()) {
-    give_back();
-    books_.stats->store_refused_no_space.Add();
-    return CodedStatus(KVTIER_ENOSPC, too_big);
-  }
-  for (size_t j = 0; j < created.records.size(); ++j) {
-    BlockRecord* r = created.records[j];
-    absl::StatusOr<SlotHandle> slot = AllocateSlotLocked(t, s.ns.block_bytes, s.ns.block_tokens, r);
-    if (!slot.ok()) {
-      give_back();
-      return slot.status();
-    }
-    const uint64_t offset = t.host->ArenaOffset(*slot);
-    {
-      BlockIndex::Shard& sh = books_.index.ShardFor(r);
-      MutexLock sl(&sh.mu);
-      r->host_slot = *slot;
-      r->set_arena_offset(offset);
-    }
-    out[created.at[j]] = BlockLocation{TierKind::kHost, offset, true};
-  }
-  if (created.records.empty()) return 0u;
-  *ticket = s.next_id++;
-  const uint32_t needed = static_cast<uint32_t>(created.records.size());
-  std::vector<uint64_t> parents = ParentsOf(s, keys, created.at, depth);
-  s.tickets.emplace(*ticket, SessionHoldings::Ticket{std::move(created.records), std::move(parents)});
-  s.ticket_count.fetch_add(1, std::memory_order_relaxed);
-  return needed;
-}
-
-void BlockCache::StoreCommit(SessionHoldings& s, uint64_t ticket, bool durable, StatusCallback done) {
-  auto it = s.tickets.find(ticket);
-  if (it == s.tickets.end()) {
-    std::move(done)(CodedStatus(KVTIER_ENOENT, absl::StrCat("unknown store ticket ", ticket,
-                                                            ": committed or aborted already, or not this session's")));
-    return;
-  }
-  std::vector<BlockRecord*> blocks = std::move(it->second.blocks);
-  std::vector<uint64_t> parents = std::move(it->second.parents);
-  s.tickets.erase(it);
-  s.ticket_count.fetch_sub(1, std::memory_order_relaxed);
+  auto fan = FanIn<Promoted>::Make(
+      to_promote.size() + 1,  // +1 until every promotion is started
+      Promoted{std::move(outcome), std::vector<uint8_t>(keys.size(), 1)},
+      [this, block_bytes, done = std::move(done)](Promoted p) mutable {
+        FinishLoad(p.outcome, p.ok, block_bytes);
+        std::move(done)(std::move(p.outcome));
+      });
   HostResidency& t = *books_.tenants[s.ns.tenant];
-  {
-    MutexLock l(&t.mu);
-    // Chain order is root first; insert leaves first (see Lookup).
-    for (size_t j = blocks.size(); j-- > 0;) {
-      BlockRecord* r = blocks[j];
-      {
-        BlockIndex::Shard& sh = books_.index.ShardFor(r);
-        MutexLock sl(&sh.mu);
-        r->state = BlockState::kReady;
-      }
-      t.PolicyForLocked(t.host->SlotBytes(r->host_slot))
-          ->InsertInChain(r->host_slot, PolicyKeyOf(*r), parents[j], PositionOf(*r, s.ns.block_tokens));
-    }
-  }
-  books_.stats->blocks_stored.Add(blocks.size());
-  books_.stats->bytes_stored.Add(blocks.size() * s.ns.block_bytes);
-  if (!durable) {
-    if (opts_.write_through && !books_.lanes.empty()) {
-      for (BlockRecord* r : blocks) migrator_.WriteThrough(t, r, IoPriority::kDemote, [](absl::Status) {});
-    }
-    std::move(done)(absl::OkStatus());
-    return;
-  }
-  if (books_.lanes.empty()) {
-    std::move(done)(CodedStatus(KVTIER_EINVAL,
-                                "the blocks are committed to host memory, but kvtierd has no NVMe tier to make them "
-                                "durable; configure [tiers.nvme] or commit without durability"));
-    return;
-  }
-  if (!books_.lanes[0]->tier->durable()) {
-    // Only the first lower tier takes commits; one that forgets at a restart
-    // must not acknowledge a durable one.
-    std::move(done)(CodedStatus(KVTIER_EINVAL, absl::StrCat("the blocks are committed to host memory, but the ",
-                                                            std::string(books_.lanes[0]->tier->name()),
-                                                            " tier below it is not durable; commit without "
-                                                            "durability")));
-    return;
-  }
-  // Complete once every block's NVMe write is journaled (or one failed).
-  auto fan = FanIn<absl::Status>::Make(blocks.size(), absl::OkStatus(), [done = std::move(done)](absl::Status first_error) mutable {
-    std::move(done)(first_error.ok() ? first_error
-                                     : absl::Status(first_error.code(), absl::StrCat("committed to host memory but not "
-                                                                                     "durable: ", first_error.message())));
-  });
-  for (BlockRecord* r : blocks) {
-    migrator_.WriteThrough(t, r, IoPriority::kPrefetch, [fan](absl::Status st) {
-      if (!st.ok()) {
-        fan->With([&](absl::Status& first_error) {
-          if (first_error.ok()) first_error = st;
-        });
-      }
+  for (size_t i : to_promote) {
+    BlockRecord* r = recs[i];
+    const uint64_t parent = i > 0 ? PolicyKeyOf(s.ns.handle, keys[i - 1]) : 0;
+    migrator_.Promote(t, r, IoPriority::kLoad, [this, fan, i, r](bool ok) {
+      fan->With([&](Promoted& p) {
+        p.ok[i] = ok;
+        if (ok) {
+          BlockIndex::Shard& sh = books_.index.ShardFor(r);
+          MutexLock sl(&sh.mu);
+          p.outcome.locations[i] = BlockLocation{TierKind::kHost, r->arena_offset(), false};
+        }
+      });
       fan->Arrive();
-    });
+    }, parent);
+  }
+  books_.stats->promotions_for_load.Add(to_promote.size());
+  fan->Arrive();  // the +1
+  return std::nullopt;
+}
+
+void BlockStore::Unpin(SessionHoldings& s, const std::vector<BlockRecord*>& blocks) {
+  HostResidency& t = *books_.tenants[s.ns.tenant];
+  std::vector<BlockRecord*> to_destroy;
+  for (BlockRecord* r : blocks) {
+    BlockIndex::Shard& sh = books_.index.ShardFor(r);
+    MutexLock sl(&sh.mu);
+    if (--r->pins == 0) {
+      t.pinned.fetch_sub(1, std::memory_order_relaxed);
+      if (r->removed && r->io_refs == 0) to_destroy.push_back(r);
+    }
+  }
+  if (!to_destroy.empty()) {
+    // Out of the index and unreferenced: nobody else can reach these records.
+    MutexLock l(&t.mu);
+    for (BlockRecord* r : to_destroy) books_.DestroyRecord(t, r);
   }
 }
 
-absl::Status BlockCache::StoreAbort(SessionHoldings& s, uint64_t ticket) {
-  auto it = s.tickets.find(ticket);
-  if (it == s.tickets.end()) {
-    return CodedStatus(KVTIER_ENOENT, absl::StrCat("unknown store ticket ", ticket));
+absl::Status BlockStore::Release(SessionHoldings& s, uint64_t lease_id) {
+  auto it = s.leases.find(lease_id);
+  if (it == s.leases.end()) {
+    return CodedStatus(KVTIER_ENOENT, absl::StrCat("unknown lease ", lease_id,
+                                                   ": released already, or not taken by this session"));
+  }
+  Unpin(s, it->second);
+  s.lease_count.fetch_sub(1, std::memory_order_relaxed);
+  s.pinned_blocks.fetch_sub(it->second.size(), std::memory_order_relaxed);
+  s.leases.erase(it);
+  return absl::OkStatus();
+}
+
+bool BlockStore::PublishGpuCopy(uint16_t tenant, uint32_t ns, const BlockKey& key) {
+  GpuCache* gpu = books_.tenants[tenant]->gpu.get();
+  if (gpu == nullptr) return false;
+  BlockIndex::Shard& sh = books_.index.ShardFor(ns, key);
+  MutexLock l(&sh.mu);
+  const BlockRecord* r = BlockIndex::Find(sh, ns, key);
+  if (r == nullptr || r->tenant != tenant) return false;
+  gpu->Publish(ns, key);
+  return true;
+}
+
+uint32_t BlockStore::RemoveFromIndex(HostResidency& t, BlockRecord* r, BlockIndex::Shard& sh) {
+  books_.UnindexLocked(sh, r);
+  // Removed blocks are never eviction candidates; keep the policies clean.
+  if (r->state == BlockState::kReady) t.PolicyForLocked(t.host->SlotBytes(r->host_slot))->Remove(r->host_slot);
+  books_.stats->invalidations.Add();
+  return 1;
+}
+
+absl::StatusOr<uint32_t> BlockStore::Invalidate(SessionHoldings& s, std::span<const BlockKey> keys) {
+  HostResidency& t = *books_.tenants[s.ns.tenant];
+  uint32_t removed = 0;
+  MutexLock l(&t.mu);
+  for (const BlockKey& key : keys) {
+    BlockIndex::Shard& sh = books_.index.ShardFor(s.ns.handle, key);
+    BlockRecord* r;
+    bool destroy;
+    {
+      MutexLock sl(&sh.mu);
+      r = BlockIndex::Find(sh, s.ns.handle, key);
+      if (r == nullptr || !r->visible()) continue;  // writes in flight stay
+      removed += RemoveFromIndex(t, r, sh);
+      destroy = r->pins == 0 && r->io_refs == 0;
+    }
+    if (destroy) books_.DestroyRecord(t, r);  // else the last unpin or I/O does
+  }
+  return removed;
+}
+
+absl::StatusOr<uint32_t> BlockStore::InvalidateNamespace(SessionHoldings& s) {
+  HostResidency& t = *books_.tenants[s.ns.tenant];
+  uint32_t removed = 0;
+  MutexLock l(&t.mu);
+  for (BlockIndex::Shard& sh : books_.index.shards()) {
+    std::vector<BlockRecord*> victims, destroy;
+    {
+      MutexLock sl(&sh.mu);
+      for (BlockRecord* r : sh.set) {
+        if (r->ns == s.ns.handle && r->visible()) victims.push_back(r);
+      }
+      for (BlockRecord* r : victims) {
+        removed += RemoveFromIndex(t, r, sh);
+        if (r->pins == 0 && r->io_refs == 0) destroy.push_back(r);
+      }
+    }
+    for (BlockRecord* r : destroy) books_.DestroyRecord(t, r);
+  }
+  return removed;
+}
+
+void BlockStore::CloseSession(SessionHoldings& s) {
+  while (!s.tickets.empty()) (void)StoreAbort(s, s.tickets.begin()->first);
+  while (!s.leases.empty()) (void)Release(s, s.leases.begin()->first);
+}
+
+void BlockStore::Prefetch(SessionHoldings& s, std::span<const BlockKey> keys, CountCallback done) {
+  if (books_.lanes.empty()) {
+    std::move(done)(0u);
+    return;
   }
   HostResidency& t = *books_.tenants[s.ns.tenant];
-  {
-    MutexLock l(&t.mu);
-    for (BlockRecord* r : it->second.blocks) {
-      {
-        BlockIndex::Shard& sh = books_.index.ShardFor(r);
-        MutexLock sl(&sh.mu);
-        books_.UnindexLocked(sh, r);
-      }
-      books_.DestroyRecord(t, r);
+  std::vector<BlockRecord*> todo;
+  std::vector<uint64_t> parents;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const BlockKey& key = keys[i];
+    BlockIndex::Shard& sh = books_.index.ShardFor(s.ns.handle, key);
+    MutexLock sl(&sh.mu);
+    BlockRecord* r = BlockIndex::Find(sh, s.ns.handle, key);
+    if (r == nullptr || !r->visible()) break;  // the present prefix only
+    if (r->state == BlockState::kNone && r->lower_state == LowerState::kReady && r->io_refs < kMaxClientIoRefs) {
+      ++r->io_refs;  // holds the NVMe copy until the promotion has started
+      todo.push_back(r);
+      parents.push_back(i > 0 ? PolicyKeyOf(s.ns.handle, keys[i - 1]) : 0);
     }
   }
-  books_.stats->store_aborts.Add();
-  s.tickets.erase(it);
-  s.ticket_count.fetch_sub(1, std::memory_order_relaxed);
-  return absl::OkStatus();
+  books_.stats->prefetches.Add();
+  if (todo.empty()) {
+    std::move(done)(0u);
+    return;
+  }
+  auto fan = FanIn<uint32_t>::Make(todo.size(), 0, std::move(done));
+  for (size_t j = 0; j < todo.size(); ++j) {
+    BlockRecord* r = todo[j];
+    migrator_.Promote(
+        t, r, IoPriority::kPrefetch,
+        [this, &t, r, fan](bool ok) {
+          books_.ReleaseIoRef(t, r);
+          if (ok) fan->With([](uint32_t& promoted) { ++promoted; });
+          fan->Arrive();
+        },
+        parents[j]);
+  }
+}
+
+absl::StatusOr<uint64_t> BlockStore::AttachLowerTier(std::unique_ptr<BlockTier> lower,
+                                                     const std::vector<RecoveredBlock>& recovered,
+                                                     NamespaceRegistry* namespaces) {
+  if (books_.lanes.size() >= kMaxLowerTiers) {
+    return absl::ResourceExhaustedError(absl::StrCat("at most ", kMaxLowerTiers, " tiers below host memory"));
+  }
+  // The name was checked by Create.
+  auto lane_ptr = std::make_unique<LowerLane>(
+      static_cast<uint8_t>(books_.lanes.size()), std::move(lower),
+      opts_.nvme_policy == "lru" ? MakeSparseLruPolicy() : MakeSparseHandlePolicy(*MakeEvictionPolicy(opts_.nvme_policy)),
+      books_.tenants.size() + 1, books_.tenants.size());
+  LowerLane& lane = *lane_ptr;
+  // The cost model prices loads from each tier at that tier's speed: the
+  // device's own time for each of its reads, not the queue wait before it.
+  static_assert(kMaxLowerTiers <= CostTracker::kMaxTiers);
+  lane.tier->SetReadObserver([this, i = size_t{lane.index}](uint64_t bytes, const IoTiming& t) {
+    books_.cost.RecordRead(i, bytes, t.share_s());
+  });
+  books_.lanes.push_back(std::move(lane_ptr));
+  MutexLock nl(&lane.mu);
+  uint64_t indexed = 0;
+  for (const RecoveredBlock& b : recovered) {
+    auto tenant = books_.tenant_by_hash.find(b.meta.tenant_hash);
+    if (tenant == books_.tenant_by_hash.end()) {
+      (void)lane.tier->Free(b.slot);  // its tenant is no longer configured
+      books_.stats->recovered_dropped.Add();
+      continue;
+    }
+    const NamespaceInfo ns =
+        namespaces->RegisterRecovered(b.meta.ns, tenant->second, b.meta.payload_bytes, b.meta.block_tokens);
+    books_.RegisterNamespace(ns);
+    BlockRecord* r = books_.index.NewRecord(ns.handle, b.meta.key);
+    r->tenant = tenant->second;
+    r->state = BlockState::kNone;
+    r->lower_slot = b.slot;
+    r->lower = lane.index;
+    r->lower_state = LowerState::kReady;
+    BlockIndex::Shard& sh = books_.index.ShardFor(r);
+    {
+      MutexLock sl(&sh.mu);
+      // The same block twice (written again before a restart), or already
+      // held by a tier above: one copy is enough.
+      if (BlockIndex::Find(sh, r->ns, r->key) != nullptr) {
+        books_.index.FreeRecord(r);
+        (void)lane.tier->Free(b.slot);
+        continue;
+      }
+      books_.index.Insert(sh, r);
+    }
+    books_.CountRecords(r->ns, +1);
+    lane.owner[b.slot] = r;
+    books_.ChargeLocked(lane, r, b.slot, +1);
+    lane.policy->InsertWithKey(b.slot, PolicyKeyOf(*r));  // depth is not kept across restarts
+    lane.blocks.fetch_add(1, std::memory_order_relaxed);
+    ++indexed;
+  }
+  return indexed;
 }
 
 }  // namespace kvtier

@@ -101,7 +101,7 @@ absl::Status Daemon::Open() {
   ASSIGN_OR_RETURN(CostTracker::Options cost, CostOptionsFrom(config_));
   spdlog::info("event=cost_model model=\"{}\" kv_bytes_per_token={} prefill_tflops_prior={} decide={}",
                LogQuoted(cost.model.name), cost.model.KvBytesPerToken(), config_.cost_prefill_tflops, cost.decide);
-  ASSIGN_OR_RETURN(cache_, BlockCache::Create({.max_leases_per_session = config_.max_leases_per_session,
+  ASSIGN_OR_RETURN(store_, BlockStore::Create({.max_leases_per_session = config_.max_leases_per_session,
                                                .policy = config_.host_policy,
                                                .nvme_policy = config_.nvme_policy,
                                                .write_through = config_.nvme_write_through,
@@ -114,7 +114,7 @@ absl::Status Daemon::Open() {
   for (const TenantConfig& t : config_.tenants) RETURN_IF_ERROR(OpenTenant(t));
 
   RETURN_IF_ERROR(OpenNvme());
-  cache_->StartBackgroundReclaim();
+  store_->StartBackgroundReclaim();
 
   RETURN_IF_ERROR(OpenSockets());
   return StartMetrics();
@@ -154,9 +154,9 @@ absl::Status Daemon::OpenTenant(const TenantConfig& t) {
                  device_->name());
   }
   ASSIGN_OR_RETURN(uint16_t idx,
-                   cache_->AddTenant(t.name, std::move(*host), {t.host_tokens, t.nvme_bytes, t.nvme_tokens},
+                   store_->AddTenant(t.name, std::move(*host), {t.host_tokens, t.nvme_bytes, t.nvme_tokens},
                                      std::move(gpu_cache)));
-  if (GpuCache* g = cache_->gpu_cache(idx)) gpu_[t.name] = g;
+  if (GpuCache* g = store_->gpu_cache(idx)) gpu_[t.name] = g;
   tenant_index_[t.name] = idx;
   kv_budgets_[t.name] = std::make_unique<KvCacheBudget>(config_.limit_kv_caches_per_tenant,
                                                         config_.limit_kv_cache_bytes_per_tenant, &stats_);
@@ -218,7 +218,7 @@ absl::Status Daemon::OpenNvme() {
   ASSIGN_OR_RETURN(OpenedNvme opened, OpenNvmeFrom(config_));
   if (opened.tier == nullptr) return absl::OkStatus();
   const NvmeStats st = opened.tier->Stats();
-  ASSIGN_OR_RETURN(uint64_t indexed, cache_->AttachLowerTier(std::move(opened.tier), opened.recovered, &namespaces_));
+  ASSIGN_OR_RETURN(uint64_t indexed, store_->AttachLowerTier(std::move(opened.tier), opened.recovered, &namespaces_));
   LogNvmeOpened(config_, opened, st, indexed);
   return absl::OkStatus();
 }
@@ -244,7 +244,7 @@ void Daemon::Stop() {
 
 std::string Daemon::StatusLine() const {
   uint64_t used = 0, capacity = 0, blocks = 0;
-  for (const TenantUsage& u : cache_->Usage()) {
+  for (const TenantUsage& u : store_->Usage()) {
     used += u.used_bytes;
     capacity += u.capacity_bytes;
     blocks += u.blocks;
@@ -304,7 +304,7 @@ absl::Status Daemon::Run() {
     }
     ExpirePendingAttaches();
     ReapSessions();
-    cache_->CalibrateNvme(MonotonicNanos());
+    store_->CalibrateNvme(MonotonicNanos());
     if (drain_requested_ && !stop_.load(std::memory_order_acquire)) {
       Drain();
       stop_.store(true, std::memory_order_release);
@@ -342,7 +342,7 @@ void Daemon::Reload() {
     applied.push_back("daemon.log_level");
   }
   if (n.host_high_watermark != config_.host_high_watermark || n.host_low_watermark != config_.host_low_watermark) {
-    if (absl::Status s = cache_->SetWatermarks(n.host_high_watermark, n.host_low_watermark); s.ok()) {
+    if (absl::Status s = store_->SetWatermarks(n.host_high_watermark, n.host_low_watermark); s.ok()) {
       config_.host_high_watermark = n.host_high_watermark;
       config_.host_low_watermark = n.host_low_watermark;
       applied.push_back("tiers.host.watermarks");
@@ -355,7 +355,7 @@ void Daemon::Reload() {
     applied.push_back("daemon.drain_timeout_ms");
   }
   if (n.cost_decide != config_.cost_decide) {
-    cache_->cost().set_decide(n.cost_decide);
+    store_->cost().set_decide(n.cost_decide);
     config_.cost_decide = n.cost_decide;
     applied.push_back("cost_model.decide");
   }
@@ -372,7 +372,7 @@ void Daemon::Reload() {
     for (TenantConfig& cur : config_.tenants) {
       if (cur.name != t.name) continue;
       if (cur.host_tokens == t.host_tokens && cur.nvme_bytes == t.nvme_bytes && cur.nvme_tokens == t.nvme_tokens) break;
-      if (cache_->SetQuota(t.name, {t.host_tokens, t.nvme_bytes, t.nvme_tokens}).ok()) {
+      if (store_->SetQuota(t.name, {t.host_tokens, t.nvme_bytes, t.nvme_tokens}).ok()) {
         cur.host_tokens = t.host_tokens;
         cur.nvme_bytes = t.nvme_bytes;
         cur.nvme_tokens = t.nvme_tokens;
@@ -433,7 +433,7 @@ void Daemon::Drain() {
     unlink(config_.DataSocketPath().c_str());
     data_listen_.Reset();
   }
-  cache_->SetDraining();
+  store_->SetDraining();
   // Stores already begun may still commit, and operations in flight (NVMe
   // reads, durable commits) complete, for half the budget.
   size_t busy = 0;
@@ -452,16 +452,16 @@ void Daemon::Drain() {
   // Sessions end: nothing moves blocks any more but the flush below.
   for (auto& [id, ls] : sessions_) ls.session->Stop(ipc::CloseReason::kShutdown);
   for (auto& [id, ls] : sessions_) ls.session->Join();
-  cache_->StopBackgroundReclaim();
-  if (cache_->lower_tier() == nullptr) {
+  store_->StopBackgroundReclaim();
+  if (store_->lower_tier() == nullptr) {
     spdlog::info("event=drained seconds={:.3f} detail=\"no NVMe tier: host blocks do not outlive the process\"",
                  double(MonotonicNanos() - start) / 1e9);
     return;
   }
   notifier_.Tick(MonotonicNanos(), "draining: writing host blocks to NVMe");
   const uint64_t spent = MonotonicNanos() - start;
-  const BlockCache::FlushResult f =
-      cache_->FlushToNvme(std::chrono::nanoseconds(budget > spent ? budget - spent : 0));
+  const BlockStore::FlushResult f =
+      store_->FlushToNvme(std::chrono::nanoseconds(budget > spent ? budget - spent : 0));
   const double seconds = double(MonotonicNanos() - start) / 1e9;
   if (f.timed_out || f.failed > 0 || !f.sync.ok()) {
     spdlog::warn("event=drained written={} already_on_nvme={} failed={} timed_out={} journal=\"{}\" seconds={:.3f} "

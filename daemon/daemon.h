@@ -20,7 +20,7 @@
 #include "absl/status/statusor.h"
 #include "core/mutex.h"
 #include "core/unique_fd.h"
-#include "daemon/block_cache.h"
+#include "daemon/block_store.h"
 #include "daemon/config.h"
 #include "daemon/gpu_cache.h"
 #include "daemon/log_limiter.h"
@@ -159,9 +159,9 @@ class Daemon {
   std::unique_ptr<DeviceBackend> device_;
   std::string device_reason_;
   absl::flat_hash_set<std::string> arena_registered_;  // tenants whose host arena the device can reach
-  // Tenants with a GPU tier; the store owns each (BlockCache::AddTenant).
+  // Tenants with a GPU tier; the store owns each (BlockStore::AddTenant).
   absl::flat_hash_map<std::string, GpuCache*> gpu_;
-  std::unique_ptr<BlockCache> cache_;
+  std::unique_ptr<BlockStore> store_;
   // Per tenant: its registered KV caches, across sessions. Declared before
   // sessions_, so it outlives them.
   absl::flat_hash_map<std::string, std::unique_ptr<KvCacheBudget>> kv_budgets_;

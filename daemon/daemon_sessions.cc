@@ -163,7 +163,7 @@ absl::StatusOr<Daemon::Admitted> Daemon::Admit(const ipc::PeerCredentials& peer,
     if (ToErrorCode(ns.status()) == KVTIER_EBUSY) stats_.Refused(Refusal::kTenantNamespaces);
     return CodedStatus(ToErrorCode(ns.status()), ns.status().message());
   }
-  cache_->RegisterNamespace(*ns);
+  store_->RegisterNamespace(*ns);
   return Admitted{tenant, tenant_idx, ns_id, *ns};
 }
 
@@ -179,7 +179,7 @@ void Daemon::OpenSession(UniqueFd fd, const ipc::PeerCredentials& peer, const ip
     RefuseAttach(fd.get(), KVTIER_ENOMEM, std::string(seg.status().message()), peer);
     return;
   }
-  HostTier* host = cache_->host_tier(admitted.tenant_idx);
+  HostTier* host = store_->host_tier(admitted.tenant_idx);
   ipc::AttachReply reply;
   reply.session_id = id;
   reply.namespace_id = admitted.ns_id;
@@ -200,7 +200,7 @@ void Daemon::OpenSession(UniqueFd fd, const ipc::PeerCredentials& peer, const ip
   const int sock = fd.get();
   SessionIdentity identity{id, peer, req.client_name, static_cast<uint64_t>(time(nullptr))};
   auto session = std::make_unique<Session>(
-      identity, ns, tenant, std::move(*seg), std::move(fd), cache_.get(), &stats_,
+      identity, ns, tenant, std::move(*seg), std::move(fd), store_.get(), &stats_,
       SessionOptions{config_.spin_us, log_limiter_.get()}, [this] {
         const uint64_t one = 1;
         (void)!write(wake_fd_.get(), &one, sizeof(one));
@@ -314,10 +314,10 @@ void Daemon::ReapSessions() {
 
 void Daemon::FreeUnusedNamespaces(std::optional<uint16_t> tenant) {
   const std::vector<NamespaceInfo> freed =
-      namespaces_.FreeUnused([&](const NamespaceInfo& n) { return cache_->ForgetNamespace(n.handle); }, tenant);
+      namespaces_.FreeUnused([&](const NamespaceInfo& n) { return store_->ForgetNamespace(n.handle); }, tenant);
   for (const NamespaceInfo& n : freed) {
     // GPU copies are keyed by handle: the next namespace to get it must not see them.
-    auto g = gpu_.find(cache_->tenant_name(n.tenant));
+    auto g = gpu_.find(store_->tenant_name(n.tenant));
     if (g != gpu_.end()) g->second->DropNamespace(n.handle);
   }
   if (!freed.empty()) stats_.namespaces_freed.Add(freed.size());

@@ -118,7 +118,7 @@ absl::Status DeviceOps::Gather(const EngineCache& reg, std::span<const uint32_t>
   absl::Status g = engines_->Gather(reg, sel, dst);
   if (g.ok() && !demote.empty()) g = engines_->Copy(demote, ns.block_bytes);
   for (const BlockKey* k : in_gpu) {
-    if (g.ok() && ctx_.cache->PublishGpuCopy(ns.tenant, ns.handle, *k)) gpu->CountDemotion();
+    if (g.ok() && ctx_.store->PublishGpuCopy(ns.tenant, ns.handle, *k)) gpu->CountDemotion();
     gpu->Release(ns.handle, *k);  // frees it when unpublished
   }
   if (!g.ok()) {
@@ -153,7 +153,7 @@ void DeviceOps::PromoteToGpu(const std::vector<BlockKey>& keys, const LoadOutcom
   for (const BlockKey* k : reserved) {
     // Not published when the block left the store meanwhile (invalidated
     // under the engine's lease): the copy is freed instead.
-    if (st.ok() && ctx_.cache->PublishGpuCopy(ns.tenant, ns.handle, *k)) gpu->CountPromotion();
+    if (st.ok() && ctx_.store->PublishGpuCopy(ns.tenant, ns.handle, *k)) gpu->CountPromotion();
     gpu->Release(ns.handle, *k);
   }
 }

@@ -20,7 +20,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "core/unique_fd.h"
-#include "daemon/block_cache.h"
+#include "daemon/block_store.h"
 #include "daemon/engine_caches.h"
 #include "daemon/gpu_cache.h"
 #include "daemon/stats.h"
@@ -37,7 +37,7 @@ class DeviceOps {
     NamespaceInfo ns;
     std::byte* arena_base = nullptr;  // the tenant's host arena in the daemon
     GpuCache* gpu = nullptr;          // the tenant's GPU tier, or null
-    BlockCache* cache = nullptr;      // publishes GPU copies (with gpu)
+    BlockStore* store = nullptr;      // publishes GPU copies (with gpu)
     DaemonStats* stats = nullptr;
     std::function<bool()> log_ok;     // whether this tenant may log a line now
   };

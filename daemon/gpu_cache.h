@@ -8,7 +8,7 @@
 // the GPU copy when there is one (device to device), and promotes the blocks
 // it had to bring from host memory into the GPU tier after the engine has
 // them. Dropping a GPU copy therefore never loses a block; the store
-// (BlockCache, which owns each tenant's GpuCache) drops a block's copy when
+// (BlockStore, which owns each tenant's GpuCache) drops a block's copy when
 // the block leaves its index, so no copy outlives its block. Copies are pinned
 // while a device operation reads or writes them; eviction skips pinned ones.
 #ifndef KVTIER_DAEMON_GPU_CACHE_H_

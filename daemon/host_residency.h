@@ -2,7 +2,7 @@
 // eviction policy per block size behind a ChainGuard (leaves before
 // parents), each slot's owner, tokens and age (HostSlotTable), its quotas,
 // and what waits on its slots (deferred demotions, promotions in flight).
-// The store (BlockCache) decides what to evict and moves the copies; the
+// The store (BlockStore) decides what to evict and moves the copies; the
 // residency keeps the books and answers how full it is, which policy holds
 // a size, and which of other sizes' segments are coldest.
 //
@@ -86,7 +86,7 @@ class HostResidency {
   const std::string name;
   const uint64_t hash;
   const std::unique_ptr<HostTier> host;
-  const std::unique_ptr<GpuCache> gpu;  // or nullptr; see BlockCache::AddTenant
+  const std::unique_ptr<GpuCache> gpu;  // or nullptr; see BlockStore::AddTenant
   // The tenant's tier lock: allocation, eviction and policy updates.
   Mutex mu;
   // The configured policy per slot size, behind a ChainGuard.

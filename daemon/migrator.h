@@ -58,7 +58,7 @@ class Migrator {
     double cascade_low = 0.8;
   };
   // A host slot of `bytes` for `owner`'s `tokens` in t, evicting there as
-  // needed: the store's (BlockCache::AllocateSlotLocked). Called with t.mu held.
+  // needed: the store's (BlockStore::AllocateSlotLocked). Called with t.mu held.
   using AllocateHostSlot =
       absl::AnyInvocable<absl::StatusOr<SlotHandle>(HostResidency& t, uint64_t bytes, uint32_t tokens,
                                                     BlockRecord* owner)>;

@@ -4,7 +4,7 @@
 // them, nothing (the gap is what stores use without evicting). A high mark
 // of 1 means off: stores evict on their own path when the tier is full.
 //
-// The pass itself is the store's (BlockCache::ReclaimPass): the reclaimer
+// The pass itself is the store's (BlockStore::ReclaimPass): the reclaimer
 // owns when it runs and which marks it sees. The marks are one atomic
 // word, so a pass, or a store asking whether to wake it, never sees a
 // reload's new high mark with the old low one.

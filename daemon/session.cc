@@ -30,18 +30,18 @@ using ipc::Opcode;
 using ipc::RequestRecord;
 
 Session::Session(SessionIdentity identity, NamespaceInfo ns, std::string tenant,
-                 ipc::SessionSegment segment, UniqueFd socket, BlockCache* cache,
+                 ipc::SessionSegment segment, UniqueFd socket, BlockStore* store,
                  DaemonStats* stats, SessionOptions opts, std::function<void()> on_exit,
                  DeviceBackend* device, std::byte* arena_base, GpuCache* gpu, KvCacheBudget* kv_budget)
     : identity_(std::move(identity)), ns_(ns), tenant_(std::move(tenant)),
-      segment_(std::move(segment)), socket_(std::move(socket)), cache_(cache), stats_(stats),
+      segment_(std::move(segment)), socket_(std::move(socket)), store_(store), stats_(stats),
       opts_(opts), on_exit_(std::move(on_exit)),
       device_(DeviceOps::Context{.session_id = identity_.id,
                                  .pid = identity_.peer.pid,
                                  .ns = ns,
                                  .arena_base = arena_base,
                                  .gpu = gpu,
-                                 .cache = cache,
+                                 .store = store,
                                  .stats = stats,
                                  .log_ok = [this] { return LogOk(); }},
               device, kv_budget) {
@@ -99,19 +99,19 @@ Session::Outcome Session::OnStoreDevice(Request& r) {
   std::vector<uint32_t> pages;
   if (std::optional<Outcome> bad = ReadDeviceArgs(r.req, r.keys.size(), &reg, &pages)) return *bad;
   uint64_t ticket = 0;
-  absl::StatusOr<uint32_t> needed = cache_->StoreBegin(holdings_, r.keys, &ticket, std::span(r.locs));
+  absl::StatusOr<uint32_t> needed = store_->StoreBegin(holdings_, r.keys, &ticket, std::span(r.locs));
   if (!needed.ok()) return FromStatus(needed.status());
   WriteResults(r.req, r.locs);
   stats_->device_stores.Add();
   if (*needed == 0) return Outcome{};
   // With a GPU tier the pages go to GPU slots first (DeviceOps::Gather).
   if (absl::Status g = device_.Gather(*reg, pages, r.keys, r.locs); !g.ok()) {
-    (void)cache_->StoreAbort(holdings_, ticket);
+    (void)store_->StoreAbort(holdings_, ticket);
     return FromStatus(g);
   }
   stats_->device_blocks_stored.Add(*needed);
   async_in_flight_.fetch_add(1, std::memory_order_acq_rel);
-  cache_->StoreCommit(holdings_, ticket, false, [this, req = r.req, n = *needed](absl::Status st) {
+  store_->StoreCommit(holdings_, ticket, false, [this, req = r.req, n = *needed](absl::Status st) {
     Deferred d{req, FromStatus(st), {}};
     if (st.ok()) d.outcome.count = n;
     Defer(std::move(d));
@@ -159,7 +159,7 @@ Session::Outcome Session::OnLoadDevice(Request& r) {
   };
   async_in_flight_.fetch_add(1, std::memory_order_acq_rel);
   std::optional<LoadOutcome> now =
-      cache_->Load(holdings_, req.handle, keys, [this, finish](LoadOutcome lo) mutable { Defer(finish(std::move(lo))); });
+      store_->Load(holdings_, req.handle, keys, [this, finish](LoadOutcome lo) mutable { Defer(finish(std::move(lo))); });
   if (!now) return Outcome{.deferred = true};
   async_in_flight_.fetch_sub(1, std::memory_order_acq_rel);
   Deferred d = finish(std::move(*now));
@@ -283,7 +283,7 @@ std::string Session::Serve() {
       if (req.opcode < stats_->op_latency.size()) stats_->op_latency[req.opcode].Record(MonotonicNanos() - started);
       if (o.status != 0) WriteMessage(req, o.message);
       if (!Post(cq, CompletionRecord{req.op_id, o.status, o.count, o.handle, o.value})) break;
-      cache_->ObservePending(holdings_);
+      store_->ObservePending(holdings_);
       if (o.fatal) {
         fatal_reason = o.message;
         break;
@@ -334,7 +334,7 @@ void Session::Close(const std::string& fatal_reason) {
   }
   const uint64_t leases = holdings_.leases.size();
   const uint64_t tickets = holdings_.tickets.size();
-  cache_->CloseSession(holdings_);
+  store_->CloseSession(holdings_);
   // The engine's memory goes now, not when the session object is reaped: a
   // dead engine's device memory must not be touched again.
   device_.DropEverything();
@@ -492,7 +492,7 @@ Session::Outcome Session::OnPing(Request&) { return Outcome{}; }
 Session::Outcome Session::OnLookup(Request& r) {
   uint64_t lease = 0;
   uint32_t recompute = 0;
-  absl::StatusOr<uint32_t> hit = cache_->Lookup(holdings_, r.keys, (r.req.flags & ipc::kFlagLease) != 0, &lease,
+  absl::StatusOr<uint32_t> hit = store_->Lookup(holdings_, r.keys, (r.req.flags & ipc::kFlagLease) != 0, &lease,
                                                 std::span(r.locs), &recompute);
   if (!hit.ok()) return FromStatus(hit.status());
   std::vector<uint64_t> gpu_offsets(r.locs.size(), ipc::kNoGpuCopy);
@@ -515,7 +515,7 @@ Session::Outcome Session::OnLoad(Request& r) {
     return d;
   };
   async_in_flight_.fetch_add(1, std::memory_order_acq_rel);
-  std::optional<LoadOutcome> now = cache_->Load(holdings_, r.req.handle, r.keys, [this, req = r.req, finish](LoadOutcome lo) {
+  std::optional<LoadOutcome> now = store_->Load(holdings_, r.req.handle, r.keys, [this, req = r.req, finish](LoadOutcome lo) {
     Defer(finish(req, std::move(lo)));
   });
   if (!now) return Outcome{.deferred = true};
@@ -527,7 +527,7 @@ Session::Outcome Session::OnLoad(Request& r) {
 
 Session::Outcome Session::OnPrefetch(Request& r) {
   async_in_flight_.fetch_add(1, std::memory_order_acq_rel);
-  cache_->Prefetch(holdings_, r.keys, [this, req = r.req](absl::StatusOr<uint32_t> n) {
+  store_->Prefetch(holdings_, r.keys, [this, req = r.req](absl::StatusOr<uint32_t> n) {
     Deferred d{req, FromStatus(n.status()), {}};
     if (n.ok()) d.outcome.value = *n;
     Defer(std::move(d));
@@ -537,7 +537,7 @@ Session::Outcome Session::OnPrefetch(Request& r) {
 
 Session::Outcome Session::OnStoreBegin(Request& r) {
   uint64_t ticket = 0;
-  absl::StatusOr<uint32_t> needed = cache_->StoreBegin(holdings_, r.keys, &ticket, std::span(r.locs));
+  absl::StatusOr<uint32_t> needed = store_->StoreBegin(holdings_, r.keys, &ticket, std::span(r.locs));
   if (!needed.ok()) return FromStatus(needed.status());
   WriteResults(r.req, r.locs);
   return Outcome{.count = *needed, .handle = ticket};
@@ -545,27 +545,27 @@ Session::Outcome Session::OnStoreBegin(Request& r) {
 
 Session::Outcome Session::OnStoreCommit(Request& r) {
   async_in_flight_.fetch_add(1, std::memory_order_acq_rel);
-  cache_->StoreCommit(holdings_, r.req.handle, (r.req.flags & ipc::kFlagDurable) != 0,
+  store_->StoreCommit(holdings_, r.req.handle, (r.req.flags & ipc::kFlagDurable) != 0,
                       [this, req = r.req](absl::Status s) { Defer(Deferred{req, FromStatus(s), {}}); });
   return Outcome{.deferred = true};
 }
 
-Session::Outcome Session::OnStoreAbort(Request& r) { return FromStatus(cache_->StoreAbort(holdings_, r.req.handle)); }
+Session::Outcome Session::OnStoreAbort(Request& r) { return FromStatus(store_->StoreAbort(holdings_, r.req.handle)); }
 
 Session::Outcome Session::OnRelease(Request& r) {
-  absl::Status s = cache_->Release(holdings_, r.req.handle);
+  absl::Status s = store_->Release(holdings_, r.req.handle);
   if (s.ok()) device_.ReleaseLease(r.req.handle);
   return FromStatus(s);
 }
 
 Session::Outcome Session::OnInvalidate(Request& r) {
-  absl::StatusOr<uint32_t> n = cache_->Invalidate(holdings_, r.keys);
+  absl::StatusOr<uint32_t> n = store_->Invalidate(holdings_, r.keys);
   if (!n.ok()) return FromStatus(n.status());  // the store dropped their GPU copies
   return Outcome{.value = *n};
 }
 
 Session::Outcome Session::OnReportPrefill(Request& r) {
-  absl::Status s = cache_->cost().ReportPrefill(r.req.args[0], r.req.args[1], double(r.req.handle) / 1e9);
+  absl::Status s = store_->cost().ReportPrefill(r.req.args[0], r.req.args[1], double(r.req.handle) / 1e9);
   if (!s.ok()) {
     stats_->prefill_reports_refused.Add();
     return FromStatus(s);
@@ -575,7 +575,7 @@ Session::Outcome Session::OnReportPrefill(Request& r) {
 }
 
 Session::Outcome Session::OnInvalidateNamespace(Request&) {
-  absl::StatusOr<uint32_t> n = cache_->InvalidateNamespace(holdings_);
+  absl::StatusOr<uint32_t> n = store_->InvalidateNamespace(holdings_);
   if (!n.ok()) return FromStatus(n.status());
   device_.DropNamespace();
   return Outcome{.value = *n};

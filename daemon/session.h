@@ -19,7 +19,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "core/mutex.h"
 #include "core/unique_fd.h"
-#include "daemon/block_cache.h"
+#include "daemon/block_store.h"
 #include "daemon/device_ops.h"
 #include "daemon/engine_caches.h"
 #include "daemon/gpu_cache.h"
@@ -60,7 +60,7 @@ class Session {
   // `device` and `arena_base` (the tenant's host arena in the daemon) serve
   // the engine caches the client registers.
   Session(SessionIdentity identity, NamespaceInfo ns, std::string tenant, ipc::SessionSegment segment,
-          UniqueFd socket, BlockCache* cache, DaemonStats* stats, SessionOptions opts,
+          UniqueFd socket, BlockStore* store, DaemonStats* stats, SessionOptions opts,
           std::function<void()> on_exit, DeviceBackend* device = nullptr, std::byte* arena_base = nullptr,
           GpuCache* gpu = nullptr, KvCacheBudget* kv_budget = nullptr);
   ~Session();  // stops and joins
@@ -181,7 +181,7 @@ class Session {
   const std::string tenant_;
   ipc::SessionSegment segment_;
   UniqueFd socket_;
-  BlockCache* const cache_;
+  BlockStore* const store_;
   DaemonStats* const stats_;
   const SessionOptions opts_;
   std::function<void()> on_exit_;

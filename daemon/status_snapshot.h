@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "daemon/block_cache.h"
+#include "daemon/block_store.h"
 #include "daemon/cost_tracker.h"
 #include "daemon/gpu_cache.h"
 #include "daemon/session.h"

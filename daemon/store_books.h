@@ -1,7 +1,7 @@
 // The books the store's parts share, and a block record's life.
 //
 // The store is several objects over one set of books: the operations
-// (BlockCache: lookups, leases, stores, loads, invalidation), each tenant's
+// (BlockStore: lookups, leases, stores, loads, invalidation), each tenant's
 // host residency (HostResidency), one lane per lower tier (LowerLane), the
 // migrator that moves copies between them (Migrator), the reclaimer and the
 // cascade. They all index blocks through the same BlockIndex, charge the

@@ -1,6 +1,6 @@
 // Request records as a hostile client writes them: the input is a sequence
 // of 64-byte records plus bytes for the scratch region, pushed through a live
-// session (its own thread, the real BlockCache). The session must answer or
+// session (its own thread, the real BlockStore). The session must answer or
 // close, never crash, hang or touch memory outside its segment.
 #include <sys/socket.h>
 
@@ -8,7 +8,7 @@
 #include <cstring>
 #include <thread>
 
-#include "daemon/block_cache.h"
+#include "daemon/block_store.h"
 #include "daemon/session.h"
 #include "os/futex.h"
 #include "tests/fuzz/fuzz_target.h"
@@ -20,9 +20,9 @@ using namespace kvtier;
 
 struct World {
   DaemonStats stats;
-  std::unique_ptr<BlockCache> cache;
+  std::unique_ptr<BlockStore> cache;
   World() {
-    cache = std::move(BlockCache::Create({.max_leases_per_session = 64}, &stats)).value();
+    cache = std::move(BlockStore::Create({.max_leases_per_session = 64}, &stats)).value();
     (void)cache->AddTenant("t", std::move(HostTier::Create({"fuzz", 64 * 4096, false})).value());
   }
 };

@@ -1,4 +1,4 @@
-// The block cache with a real NVMe tier: demotion on host eviction, promotion
+// The block store with a real NVMe tier: demotion on host eviction, promotion
 // on load and prefetch, durable commits, NVMe eviction, recovery, and what a
 // bad NVMe copy does (a miss, never wrong bytes).
 #include <future>
@@ -7,7 +7,7 @@
 
 #include "core/status.h"
 #include "core/units.h"
-#include "daemon/block_cache.h"
+#include "daemon/block_store.h"
 #include "gtest/gtest.h"
 #include "tests/support/test_support.h"
 #include "tiers/fault_injection.h"
@@ -21,14 +21,14 @@ using testing::KeyOf;
 
 constexpr uint64_t kBlock = 16 << 10;
 
-class BlockCacheNvmeTest : public ::testing::Test {
+class BlockStoreNvmeTest : public ::testing::Test {
  protected:
   // host_blocks host slots; an NVMe tier of 4 segments of 1 MiB (~60 slots of 16 KiB + header each).
   void Open(uint64_t host_blocks, const std::vector<std::string>& tenants = {"t"}, bool write_through = false,
             const std::vector<TenantQuota>& quotas = {}, double high_watermark = 1.0, double low_watermark = 1.0,
             const std::string& nvme_policy = "lru") {
-    cache_.reset();
-    cache_ = std::move(BlockCache::Create({.nvme_policy = nvme_policy,
+    store_.reset();
+    store_ = std::move(BlockStore::Create({.nvme_policy = nvme_policy,
                                            .write_through = write_through,
                                            .cost = cost_,
                                            .high_watermark = high_watermark,
@@ -36,7 +36,7 @@ class BlockCacheNvmeTest : public ::testing::Test {
                                           &stats_))
                  .value();
     for (size_t i = 0; i < tenants.size(); ++i) {
-      ASSERT_TRUE(cache_
+      ASSERT_TRUE(store_
                       ->AddTenant(tenants[i], std::move(*HostTier::Create({"t", host_blocks * kBlock, false})),
                                   i < quotas.size() ? quotas[i] : TenantQuota{})
                       .ok());
@@ -46,9 +46,9 @@ class BlockCacheNvmeTest : public ::testing::Test {
       auto mem = MemoryBlockTier::Create({.capacity_bytes = 4 << 20, .max_block_bytes = 1 << 20});
       ASSERT_TRUE(mem.ok()) << mem.status();
       memory_ = mem->get();
-      auto n = cache_->AttachLowerTier(std::move(*mem), {}, &namespaces_);
+      auto n = store_->AttachLowerTier(std::move(*mem), {}, &namespaces_);
       ASSERT_TRUE(n.ok());
-      cache_->StartBackgroundReclaim();
+      store_->StartBackgroundReclaim();
       return;
     }
     NvmeTierOptions o;
@@ -61,7 +61,7 @@ class BlockCacheNvmeTest : public ::testing::Test {
     auto nvme = NvmeTier::Open(o, &rec);
     ASSERT_TRUE(nvme.ok()) << nvme.status();
     recovered_ = rec.size();
-    auto n = cache_->AttachLowerTier(std::move(*nvme), rec, &namespaces_);
+    auto n = store_->AttachLowerTier(std::move(*nvme), rec, &namespaces_);
     ASSERT_TRUE(n.ok());
     indexed_ = *n;
     if (below_) {
@@ -69,15 +69,15 @@ class BlockCacheNvmeTest : public ::testing::Test {
       auto mem = MemoryBlockTier::Create({.capacity_bytes = 8 << 20, .max_block_bytes = 1 << 20});
       ASSERT_TRUE(mem.ok()) << mem.status();
       memory_ = mem->get();
-      ASSERT_TRUE(cache_->AttachLowerTier(std::move(*mem), {}, &namespaces_).ok());
+      ASSERT_TRUE(store_->AttachLowerTier(std::move(*mem), {}, &namespaces_).ok());
     }
-    cache_->StartBackgroundReclaim();
+    store_->StartBackgroundReclaim();
   }
   std::unique_ptr<SessionHoldings> Session(uint16_t tenant = 0) {
     auto s = std::make_unique<SessionHoldings>();
     NamespaceDescriptor d = testing::TestNamespace(kBlock);
-    s->ns = std::move(namespaces_.Register(ComputeNamespaceId(d, cache_->tenant_name(tenant), ""), tenant, d)).value();
-    cache_->RegisterNamespace(s->ns);
+    s->ns = std::move(namespaces_.Register(ComputeNamespaceId(d, store_->tenant_name(tenant), ""), tenant, d)).value();
+    store_->RegisterNamespace(s->ns);
     return s;
   }
   // Stores keys [from, from+n) with payloads derived from the keys.
@@ -86,14 +86,14 @@ class BlockCacheNvmeTest : public ::testing::Test {
     for (uint64_t i = from; i < from + n; ++i) keys.push_back(KeyOf(i));
     std::vector<BlockLocation> out(keys.size());
     uint64_t ticket;
-    auto need = cache_->StoreBegin(s, keys, &ticket, std::span(out));
+    auto need = store_->StoreBegin(s, keys, &ticket, std::span(out));
     ASSERT_TRUE(need.ok()) << need.status();
-    HostTier* host = cache_->host_tier(s.ns.tenant);
+    HostTier* host = store_->host_tier(s.ns.tenant);
     for (size_t i = 0; i < keys.size(); ++i) {
       if (out[i].needed) testing::FillFromKey(keys[i], {host->arena_base() + out[i].arena_offset, kBlock});
     }
     std::promise<absl::Status> p;
-    cache_->StoreCommit(s, ticket, durable, [&](absl::Status st) { p.set_value(st); });
+    store_->StoreCommit(s, ticket, durable, [&](absl::Status st) { p.set_value(st); });
     ASSERT_TRUE(p.get_future().get().ok());
   }
   // Leased lookup + load; returns how many blocks loaded with the right bytes.
@@ -103,7 +103,7 @@ class BlockCacheNvmeTest : public ::testing::Test {
     for (uint64_t i = from; i < from + n; ++i) keys.push_back(KeyOf(i));
     std::vector<BlockLocation> out(keys.size());
     uint64_t lease;
-    auto hit = cache_->Lookup(s, keys, true, &lease, std::span(out));
+    auto hit = store_->Lookup(s, keys, true, &lease, std::span(out));
     EXPECT_TRUE(hit.ok());
     if (hit_out) *hit_out = *hit;
     if (tiers) {
@@ -113,23 +113,23 @@ class BlockCacheNvmeTest : public ::testing::Test {
     if (*hit == 0) return 0;
     std::promise<LoadOutcome> p;
     std::optional<LoadOutcome> now =
-        cache_->Load(s, lease, std::span(keys).first(*hit), [&](LoadOutcome o) { p.set_value(std::move(o)); });
+        store_->Load(s, lease, std::span(keys).first(*hit), [&](LoadOutcome o) { p.set_value(std::move(o)); });
     LoadOutcome o = now ? std::move(*now) : p.get_future().get();
     uint32_t good = 0;
-    HostTier* host = cache_->host_tier(s.ns.tenant);
+    HostTier* host = store_->host_tier(s.ns.tenant);
     for (uint32_t i = 0; i < o.loaded; ++i) {
       good += testing::MatchesKey(keys[i], {host->arena_base() + o.locations[i].arena_offset, kBlock});
     }
     EXPECT_EQ(good, o.loaded) << "a loaded block had wrong bytes";
-    EXPECT_TRUE(cache_->Release(s, lease).ok());
+    EXPECT_TRUE(store_->Release(s, lease).ok());
     return o.loaded;
   }
   NvmeTier* Nvme() const {
-    auto* nvme = dynamic_cast<NvmeTier*>(cache_->lower_tier());
+    auto* nvme = dynamic_cast<NvmeTier*>(store_->lower_tier());
     EXPECT_NE(nvme, nullptr) << "this test needs the NVMe tier below host memory";
     return nvme;
   }
-  void SyncNvme() { ASSERT_TRUE(cache_->lower_tier()->Sync().ok()); }
+  void SyncNvme() { ASSERT_TRUE(store_->lower_tier()->Sync().ok()); }
   // How many of keys [from, from+n) have an NVMe copy (probes: change nothing).
   uint32_t OnNvme(SessionHoldings& s, uint64_t from, uint64_t n) {
     uint32_t count = 0;
@@ -137,7 +137,7 @@ class BlockCacheNvmeTest : public ::testing::Test {
       std::vector<BlockKey> key{KeyOf(k)};
       std::vector<BlockLocation> out(1);
       uint64_t lease;
-      auto hit = cache_->Lookup(s, key, false, &lease, std::span(out));
+      auto hit = store_->Lookup(s, key, false, &lease, std::span(out));
       count += hit.ok() && *hit == 1 && out[0].tier == TierKind::kNvme;
     }
     return count;
@@ -151,27 +151,27 @@ class BlockCacheNvmeTest : public ::testing::Test {
       for (uint64_t i = k; i < std::min(k + 4, from + n); ++i) keys.push_back(KeyOf(i));
       std::vector<BlockLocation> out(keys.size());
       uint64_t lease = 0;
-      auto hit = cache_->Lookup(s, keys, true, &lease, std::span(out));
+      auto hit = store_->Lookup(s, keys, true, &lease, std::span(out));
       EXPECT_TRUE(hit.ok() && *hit == keys.size()) << k;
       if (lease != 0) leases.push_back(lease);
     }
     return leases;
   }
   void Unpin(SessionHoldings& s, const std::vector<uint64_t>& leases) {
-    for (uint64_t l : leases) EXPECT_TRUE(cache_->Release(s, l).ok());
+    for (uint64_t l : leases) EXPECT_TRUE(store_->Release(s, l).ok());
   }
 
   // Stores keys [0, n) 4 at a time, letting the cascade keep NVMe at or
   // under its high mark after each store (stores do not wait for it; a tier
   // that fills faster than it drains evicts, which the tests count).
   void FillChain(SessionHoldings& s, uint64_t n) {
-    BlockTier* nvme = cache_->lower_tier(0);
+    BlockTier* nvme = store_->lower_tier(0);
     for (uint64_t k = 0; k < n; k += 4) {
       Store(s, k, 4);
       ASSERT_TRUE(nvme->Sync().ok());
       ASSERT_TRUE(testing::Eventually([&] {
         const TierUsage u = nvme->Usage();
-        return double(u.used_bytes) <= 0.9 * double(u.capacity_bytes) && cache_->cascade_settled();
+        return double(u.used_bytes) <= 0.9 * double(u.capacity_bytes) && store_->cascade_settled();
       })) << k;
     }
   }
@@ -181,7 +181,7 @@ class BlockCacheNvmeTest : public ::testing::Test {
   DaemonStats stats_;
   NamespaceRegistry namespaces_;
   std::shared_ptr<IoFaults> faults_ = std::make_shared<IoFaults>();
-  std::unique_ptr<BlockCache> cache_;
+  std::unique_ptr<BlockStore> store_;
   uint64_t recovered_ = 0, indexed_ = 0;
   std::string lower_ = "nvme";            // the block tier the next Open attaches: "nvme" or "memory"
   MemoryBlockTier* memory_ = nullptr;     // when lower_ is "memory", or below_
@@ -191,7 +191,7 @@ class BlockCacheNvmeTest : public ::testing::Test {
 // The NVMe tier is shared; a tenant's nvme_bytes quota bounds its share.
 // Over it, the tenant's own coldest NVMe blocks make room, never another
 // tenant's; a quota smaller than one block refuses its demotions (dropped).
-TEST_F(BlockCacheNvmeTest, NvmeQuotasBoundEachTenantsShare) {
+TEST_F(BlockStoreNvmeTest, NvmeQuotasBoundEachTenantsShare) {
   Open(4, {"a", "b", "c"}, false, {{.nvme_bytes = 8 * kBlock}, {}, {.nvme_bytes = kBlock / 2}});
   auto a = Session(0), b = Session(1), c = Session(2);
   for (uint64_t i = 0; i < 3; ++i) Store(*b, 1000 + 4 * i, 4);  // b: 8 demoted, no quota
@@ -202,7 +202,7 @@ TEST_F(BlockCacheNvmeTest, NvmeQuotasBoundEachTenantsShare) {
   Store(*c, 2000, 4);
   Store(*c, 2004, 4);  // c: 4 evictions, none may be demoted
   SyncNvme();
-  const std::vector<TenantUsage> u = cache_->Usage();
+  const std::vector<TenantUsage> u = store_->Usage();
   EXPECT_EQ(u[0].nvme_bytes, 8 * kBlock);
   EXPECT_EQ(u[0].quota.nvme_bytes, 8 * kBlock);
   EXPECT_EQ(u[1].nvme_bytes, 8 * kBlock);
@@ -227,7 +227,7 @@ TEST_F(BlockCacheNvmeTest, NvmeQuotasBoundEachTenantsShare) {
 // blocks below it. Tenant a floods the tier several times over, with some of
 // its blocks pinned; b, well under its share, keeps every block, and a's own
 // older blocks are what goes.
-TEST_F(BlockCacheNvmeTest, AFloodingTenantCannotEvictAnotherBelowItsFairShare) {
+TEST_F(BlockStoreNvmeTest, AFloodingTenantCannotEvictAnotherBelowItsFairShare) {
   Open(4, {"a", "b"});
   auto a = Session(0), b = Session(1);
   // b: 40 blocks on NVMe (36 demoted by its own stores, the last 4 written by
@@ -236,7 +236,7 @@ TEST_F(BlockCacheNvmeTest, AFloodingTenantCannotEvictAnotherBelowItsFairShare) {
     Store(*b, 1000 + 4 * i, 4, /*durable=*/i == 9);
     SyncNvme();
   }
-  ASSERT_EQ(cache_->Usage()[1].nvme_bytes, 40 * kBlock);
+  ASSERT_EQ(store_->Usage()[1].nvme_bytes, 40 * kBlock);
   // a: 600 blocks through a 4-block host tier (the 204-slot tier three times
   // over), 100..107 pinned on NVMe all along.
   std::vector<uint64_t> pins;
@@ -249,8 +249,8 @@ TEST_F(BlockCacheNvmeTest, AFloodingTenantCannotEvictAnotherBelowItsFairShare) {
   EXPECT_EQ(stats_.evictions_dropped.Get(), 0u);
   EXPECT_EQ(stats_.demotions_refused_fair_share.Get(), 0u);
   EXPECT_EQ(OnNvme(*b, 1000, 36), 36u) << "b is under its fair share: a may not evict it";
-  EXPECT_EQ(cache_->Usage()[1].nvme_bytes, 40 * kBlock);
-  EXPECT_EQ(cache_->Usage()[0].nvme_bytes, 164 * kBlock) << "a has the rest of the tier";
+  EXPECT_EQ(store_->Usage()[1].nvme_bytes, 40 * kBlock);
+  EXPECT_EQ(store_->Usage()[0].nvme_bytes, 164 * kBlock) << "a has the rest of the tier";
   EXPECT_EQ(OnNvme(*a, 100, 8), 8u) << "pinned";
   EXPECT_EQ(OnNvme(*a, 108, 400), 0u) << "a's own older blocks made room";
   EXPECT_EQ(OnNvme(*a, 540, 156), 156u) << "a's newest demotions";
@@ -263,39 +263,39 @@ TEST_F(BlockCacheNvmeTest, AFloodingTenantCannotEvictAnotherBelowItsFairShare) {
 // A tenant over its fair share is not protected beyond it: b filled most of
 // the tier while a was idle; a's demotions then take b's coldest blocks, but
 // only down to b's share (2 MiB of slots: 103 blocks of 20 KiB), then a's own.
-TEST_F(BlockCacheNvmeTest, ATenantOverItsFairShareIsEvictedDownToIt) {
+TEST_F(BlockStoreNvmeTest, ATenantOverItsFairShareIsEvictedDownToIt) {
   Open(4, {"a", "b"});
   auto a = Session(0), b = Session(1);
   for (uint64_t i = 0; i < 45; ++i) {
     Store(*b, 1000 + 4 * i, 4, /*durable=*/i == 44);
     SyncNvme();
   }
-  ASSERT_EQ(cache_->Usage()[1].nvme_bytes, 180 * kBlock);
+  ASSERT_EQ(store_->Usage()[1].nvme_bytes, 180 * kBlock);
   for (uint64_t i = 0; i < 100; ++i) {
     Store(*a, 100 + 4 * i, 4);
     SyncNvme();
   }
   EXPECT_EQ(stats_.evictions_dropped.Get(), 0u);
-  EXPECT_EQ(cache_->Usage()[1].nvme_bytes, 103 * kBlock) << "b's fair share, and not a block less";
+  EXPECT_EQ(store_->Usage()[1].nvme_bytes, 103 * kBlock) << "b's fair share, and not a block less";
   // b's 77 coldest went (the four of one store land in any order).
   EXPECT_EQ(OnNvme(*b, 1000, 76), 0u);
   EXPECT_EQ(OnNvme(*b, 1076, 4), 3u);
   EXPECT_EQ(OnNvme(*b, 1080, 96), 96u);  // (1176..1179 are in host memory too)
-  EXPECT_EQ(cache_->Usage()[0].nvme_bytes, 101 * kBlock);
+  EXPECT_EQ(store_->Usage()[0].nvme_bytes, 101 * kBlock);
   for (uint64_t i = 0; i < 25; ++i) EXPECT_EQ(LoadVerified(*b, 1080 + 4 * i, 4), 4u) << i;
 }
 
 // Fair shares protect; they reserve nothing: a tenant alone on the tier (b
 // stores nothing) may fill all of it.
-TEST_F(BlockCacheNvmeTest, ATenantAloneMayUseTheWholeNvmeTier) {
+TEST_F(BlockStoreNvmeTest, ATenantAloneMayUseTheWholeNvmeTier) {
   Open(4, {"a", "b"});
   auto a = Session(0);
   for (uint64_t i = 0; i < 75; ++i) {
     Store(*a, 4 * i, 4);
     SyncNvme();
   }
-  EXPECT_EQ(cache_->lower_tier()->Usage().used_slots, 204u);
-  EXPECT_EQ(cache_->Usage()[0].nvme_bytes, 204 * kBlock);
+  EXPECT_EQ(store_->lower_tier()->Usage().used_slots, 204u);
+  EXPECT_EQ(store_->Usage()[0].nvme_bytes, 204 * kBlock);
   EXPECT_GT(stats_.nvme_evictions.Get(), 0u);
   EXPECT_EQ(stats_.evictions_dropped.Get(), 0u);
   EXPECT_EQ(stats_.demotions_refused_fair_share.Get(), 0u);
@@ -307,7 +307,7 @@ TEST_F(BlockCacheNvmeTest, ATenantAloneMayUseTheWholeNvmeTier) {
 // tenant over its share before it gives up its own blocks: b flooded the
 // tier after a demoted 40 blocks; a's next 40 demotions cost b 40 blocks
 // and a none (before, the tier's coldest went: a's own first 40).
-TEST_F(BlockCacheNvmeTest, ATenantWithinItsShareTakesRoomFromOneOverItsShareFirst) {
+TEST_F(BlockStoreNvmeTest, ATenantWithinItsShareTakesRoomFromOneOverItsShareFirst) {
   Open(4, {"a", "b"});
   auto a = Session(0), b = Session(1);
   for (uint64_t i = 0; i < 11; ++i) {
@@ -318,15 +318,15 @@ TEST_F(BlockCacheNvmeTest, ATenantWithinItsShareTakesRoomFromOneOverItsShareFirs
     Store(*b, 1000 + 4 * i, 4);
     SyncNvme();
   }
-  ASSERT_EQ(cache_->lower_tier()->Usage().used_slots, 204u);
-  ASSERT_EQ(cache_->Usage()[0].nvme_bytes, 40 * kBlock);
+  ASSERT_EQ(store_->lower_tier()->Usage().used_slots, 204u);
+  ASSERT_EQ(store_->Usage()[0].nvme_bytes, 40 * kBlock);
   for (uint64_t i = 0; i < 10; ++i) {
     Store(*a, 500 + 4 * i, 4);  // 40 more demoted (the 4 kept in host memory first)
     SyncNvme();
   }
-  EXPECT_EQ(cache_->Usage()[0].nvme_bytes, 80 * kBlock);
+  EXPECT_EQ(store_->Usage()[0].nvme_bytes, 80 * kBlock);
   EXPECT_EQ(OnNvme(*a, 100, 40), 40u) << "a kept its own older blocks";
-  EXPECT_EQ(cache_->Usage()[1].nvme_bytes, (204 - 80) * kBlock) << "b, over its share, made the room";
+  EXPECT_EQ(store_->Usage()[1].nvme_bytes, (204 - 80) * kBlock) << "b, over its share, made the room";
   EXPECT_EQ(stats_.evictions_dropped.Get(), 0u);
   for (uint64_t i = 0; i < 10; ++i) EXPECT_EQ(LoadVerified(*a, 100 + 4 * i, 4), 4u) << i;
 }
@@ -337,7 +337,7 @@ TEST_F(BlockCacheNvmeTest, ATenantWithinItsShareTakesRoomFromOneOverItsShareFirs
 // the tier any more. Before, the estimate then never changed again. Now,
 // while decisions go against NVMe without reads, calibration reads keep
 // timing the device, and once it is fast again its blocks are loaded again.
-TEST_F(BlockCacheNvmeTest, ANvmeTierJudgedSlowIsUsedAgainOnceItRecovers) {
+TEST_F(BlockStoreNvmeTest, ANvmeTierJudgedSlowIsUsedAgainOnceItRecovers) {
   ModelProfile tiny;  // 1 KiB of KV a token: this test's 16-token blocks of 16 KiB
   tiny.name = "tiny";
   tiny.layers = 1;
@@ -372,7 +372,7 @@ TEST_F(BlockCacheNvmeTest, ANvmeTierJudgedSlowIsUsedAgainOnceItRecovers) {
   int rounds = 0;
   for (; rounds < 40 && OnNvme(*s, 8, 1) == 0; ++rounds) {
     // The daemon's loop, a quiet 2 s later each time.
-    cache_->CalibrateNvme(MonotonicNanos() + 3'000'000'000ull);
+    store_->CalibrateNvme(MonotonicNanos() + 3'000'000'000ull);
     const uint64_t want = Nvme()->Stats().calibration_reads;
     for (int i = 0; i < 200 && Nvme()->Stats().reads < 8 + want; ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
@@ -387,7 +387,7 @@ TEST_F(BlockCacheNvmeTest, ANvmeTierJudgedSlowIsUsedAgainOnceItRecovers) {
 // When a tenant over its share could make room only by evicting another
 // tenant's protected blocks (its own are all pinned), its demotion is refused,
 // counted apart from quota refusals, and the block dropped.
-TEST_F(BlockCacheNvmeTest, ADemotionThatWouldBreakAFairShareIsRefused) {
+TEST_F(BlockStoreNvmeTest, ADemotionThatWouldBreakAFairShareIsRefused) {
   Open(4, {"a", "b"});
   auto a = Session(0), b = Session(1);
   for (uint64_t i = 0; i < 10; ++i) {
@@ -398,7 +398,7 @@ TEST_F(BlockCacheNvmeTest, ADemotionThatWouldBreakAFairShareIsRefused) {
     Store(*a, 100 + 4 * i, 4);
     SyncNvme();
   }
-  ASSERT_EQ(cache_->lower_tier()->Usage().used_slots, 204u);
+  ASSERT_EQ(store_->lower_tier()->Usage().used_slots, 204u);
   ASSERT_EQ(stats_.nvme_evictions.Get(), 0u);
   const std::vector<uint64_t> pins = Pin(*a, 100, 164);
   Store(*a, 300, 4);  // evicts a's 4 host blocks: no room a may take
@@ -408,7 +408,7 @@ TEST_F(BlockCacheNvmeTest, ADemotionThatWouldBreakAFairShareIsRefused) {
   EXPECT_EQ(stats_.evictions_dropped.Get(), 4u);
   EXPECT_EQ(stats_.nvme_evictions.Get(), 0u);
   EXPECT_EQ(OnNvme(*b, 1000, 36), 36u);
-  EXPECT_EQ(cache_->Usage()[1].nvme_bytes, 40 * kBlock);
+  EXPECT_EQ(store_->Usage()[1].nvme_bytes, 40 * kBlock);
   EXPECT_EQ(OnNvme(*a, 264, 4), 0u) << "dropped";
   Unpin(*a, pins);
   for (uint64_t i = 0; i < 10; ++i) EXPECT_EQ(LoadVerified(*b, 1000 + 4 * i, 4), 4u) << i;
@@ -418,7 +418,7 @@ TEST_F(BlockCacheNvmeTest, ADemotionThatWouldBreakAFairShareIsRefused) {
 // what it demoted loads back with its own bytes, and a store that finds the
 // tier full while demotions are in flight waits for them instead of
 // evicting something else.
-TEST_F(BlockCacheNvmeTest, BackgroundReclaimDemotesAndTheBytesComeBack) {
+TEST_F(BlockStoreNvmeTest, BackgroundReclaimDemotesAndTheBytesComeBack) {
   Open(10, {"t"}, false, {}, 0.7, 0.4);
   auto s = Session();
   Store(*s, 0, 4);
@@ -426,29 +426,29 @@ TEST_F(BlockCacheNvmeTest, BackgroundReclaimDemotesAndTheBytesComeBack) {
   // Victims are counted when chosen; their slots go once their demotion
   // copies are done (outside the lock), so wait for both (a CI run under
   // ASan once looked in between).
-  for (int i = 0; i < 500 && (stats_.evictions_background.Get() < 4 || cache_->Usage()[0].blocks > 4); ++i) {
+  for (int i = 0; i < 500 && (stats_.evictions_background.Get() < 4 || store_->Usage()[0].blocks > 4); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   SyncNvme();
   EXPECT_EQ(stats_.evictions_background.Get(), 4u);
   EXPECT_EQ(stats_.demotions.Get(), 4u);
   EXPECT_EQ(stats_.evictions_dropped.Get(), 0u);
-  EXPECT_EQ(cache_->Usage()[0].blocks, 4u);
+  EXPECT_EQ(store_->Usage()[0].blocks, 4u);
   std::vector<TierKind> tiers;
   EXPECT_EQ(LoadVerified(*s, 0, 4, &tiers), 4u);
   EXPECT_EQ(tiers, std::vector<TierKind>(4, TierKind::kNvme));
   // Fill it to the brim in one go, repeatedly: stores and the reclaimer race.
   for (uint64_t i = 0; i < 20; ++i) Store(*s, 100 + 5 * i, 5);
-  for (int i = 0; i < 500 && cache_->Usage()[0].blocks > 7; ++i) {
+  for (int i = 0; i < 500 && store_->Usage()[0].blocks > 7; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   SyncNvme();
-  EXPECT_LE(cache_->Usage()[0].blocks, 7u) << "at or below the high mark once stores stop";
+  EXPECT_LE(store_->Usage()[0].blocks, 7u) << "at or below the high mark once stores stop";
   EXPECT_EQ(stats_.evictions_dropped.Get(), 0u) << "every eviction was demoted";
   for (uint64_t i = 0; i < 20; ++i) EXPECT_EQ(LoadVerified(*s, 100 + 5 * i, 5), 5u) << i;
 }
 
-TEST_F(BlockCacheNvmeTest, HostEvictionDemotesAndLoadsPromoteBack) {
+TEST_F(BlockStoreNvmeTest, HostEvictionDemotesAndLoadsPromoteBack) {
   Open(4);
   auto s = Session();
   Store(*s, 0, 4);
@@ -456,7 +456,7 @@ TEST_F(BlockCacheNvmeTest, HostEvictionDemotesAndLoadsPromoteBack) {
   SyncNvme();
   EXPECT_EQ(stats_.demotions.Get(), 4u);
   EXPECT_EQ(stats_.evictions_dropped.Get(), 0u);
-  EXPECT_EQ(cache_->nvme_blocks(), 4u);
+  EXPECT_EQ(store_->nvme_blocks(), 4u);
   std::vector<TierKind> tiers;
   uint32_t hit = 0;
   EXPECT_EQ(LoadVerified(*s, 0, 4, &tiers, &hit), 4u);
@@ -472,7 +472,7 @@ TEST_F(BlockCacheNvmeTest, HostEvictionDemotesAndLoadsPromoteBack) {
 // The store reaches its lower tier only through BlockTier: an in-memory tier
 // in NVMe's place takes demotions and serves promotions, loads and
 // prefetches byte-exact, and a damaged copy there is a miss.
-TEST_F(BlockCacheNvmeTest, AnotherKindOfBlockTierTakesTheNvmeTiersPlace) {
+TEST_F(BlockStoreNvmeTest, AnotherKindOfBlockTierTakesTheNvmeTiersPlace) {
   lower_ = "memory";
   Open(4);
   auto s = Session();
@@ -497,7 +497,7 @@ TEST_F(BlockCacheNvmeTest, AnotherKindOfBlockTierTakesTheNvmeTiersPlace) {
   std::vector<BlockKey> keys;
   for (uint64_t i = 4; i < 8; ++i) keys.push_back(KeyOf(i));
   std::promise<absl::StatusOr<uint32_t>> p;
-  cache_->Prefetch(*s, keys, [&](absl::StatusOr<uint32_t> n) { p.set_value(n); });
+  store_->Prefetch(*s, keys, [&](absl::StatusOr<uint32_t> n) { p.set_value(n); });
   auto n = p.get_future().get();
   ASSERT_TRUE(n.ok()) << n.status();
   EXPECT_EQ(*n, 4u);
@@ -515,7 +515,7 @@ TEST_F(BlockCacheNvmeTest, AnotherKindOfBlockTierTakesTheNvmeTiersPlace) {
 
 // Where each of keys [from, from+n) has its copy below host memory: the
 // lower tier's index, or -1 (none, or only in host memory).
-std::vector<int> LowerTiersOf(BlockCache& cache, uint64_t from, uint64_t n) {
+std::vector<int> LowerTiersOf(BlockStore& cache, uint64_t from, uint64_t n) {
   std::vector<int> out;
   for (uint64_t k = from; k < from + n; ++k) {
     const BlockKey key = KeyOf(k);
@@ -529,12 +529,12 @@ std::vector<int> LowerTiersOf(BlockCache& cache, uint64_t from, uint64_t n) {
 // cascade_high (90%), its coldest blocks are copied one tier down until it is
 // at cascade_low (80%); nothing is dropped while the tier below has room, and
 // blocks come back from either tier byte-exact.
-TEST_F(BlockCacheNvmeTest, BlocksCascadeBelowNvmeAndComeBackByteExact) {
+TEST_F(BlockStoreNvmeTest, BlocksCascadeBelowNvmeAndComeBackByteExact) {
   below_ = true;
   Open(4);
-  ASSERT_EQ(cache_->lower_tier_count(), 2u);
+  ASSERT_EQ(store_->lower_tier_count(), 2u);
   auto s = Session();
-  BlockTier* nvme = cache_->lower_tier(0);
+  BlockTier* nvme = store_->lower_tier(0);
   auto nvme_share = [&] {
     const TierUsage u = nvme->Usage();
     return double(u.used_bytes) / double(u.capacity_bytes);
@@ -549,17 +549,17 @@ TEST_F(BlockCacheNvmeTest, BlocksCascadeBelowNvmeAndComeBackByteExact) {
   EXPECT_EQ(stats_.cascades_failed.Get(), 0u);
   const uint64_t moved = stats_.cascades.Get();
   EXPECT_GT(moved, 80u);
-  EXPECT_EQ(cache_->lower_blocks(1), moved);
+  EXPECT_EQ(store_->lower_blocks(1), moved);
   EXPECT_EQ(memory_->BlockStats().writes, moved);
   EXPECT_EQ(memory_->Usage().used_slots, moved);
-  EXPECT_EQ(cache_->lower_blocks(0) + cache_->lower_blocks(1), 296u);
-  EXPECT_EQ(nvme->Usage().used_slots, cache_->lower_blocks(0));
+  EXPECT_EQ(store_->lower_blocks(0) + store_->lower_blocks(1), 296u);
+  EXPECT_EQ(nvme->Usage().used_slots, store_->lower_blocks(0));
   EXPECT_LE(nvme_share(), 0.9);
 
   // The coldest went down: the first blocks stored are in the memory tier,
   // the last demoted still on NVMe.
-  EXPECT_EQ(LowerTiersOf(*cache_, 0, 8), std::vector<int>(8, 1));
-  EXPECT_EQ(LowerTiersOf(*cache_, 288, 8), std::vector<int>(8, 0));
+  EXPECT_EQ(LowerTiersOf(*store_, 0, 8), std::vector<int>(8, 1));
+  EXPECT_EQ(LowerTiersOf(*store_, 288, 8), std::vector<int>(8, 0));
 
   // Back from the memory tier, byte-exact, through a leased lookup and load.
   const uint64_t reads_before = memory_->BlockStats().reads;
@@ -568,18 +568,18 @@ TEST_F(BlockCacheNvmeTest, BlocksCascadeBelowNvmeAndComeBackByteExact) {
   EXPECT_EQ(hit, 4u);
   EXPECT_EQ(memory_->BlockStats().reads, reads_before + 4);
   // The memory tier's reads (these loads') price its own copies.
-  const CostTracker::Report cost = cache_->cost().report();
+  const CostTracker::Report cost = store_->cost().report();
   ASSERT_FALSE(cost.lower.empty());
   EXPECT_EQ(cost.lower[0].chain_position, 1u);
   EXPECT_EQ(cost.lower[0].reads_measured, memory_->BlockStats().reads);
   // And from NVMe (evicting 0..3 from host again: their copies below stay).
   EXPECT_EQ(LoadVerified(*s, 288, 4), 4u);
-  EXPECT_EQ(LowerTiersOf(*cache_, 0, 4), std::vector<int>(4, 1));
+  EXPECT_EQ(LowerTiersOf(*store_, 0, 4), std::vector<int>(4, 1));
   // Prefetch promotes from the memory tier as well.
   std::vector<BlockKey> keys;
   for (uint64_t i = 8; i < 12; ++i) keys.push_back(KeyOf(i));
   std::promise<absl::StatusOr<uint32_t>> p;
-  cache_->Prefetch(*s, keys, [&](absl::StatusOr<uint32_t> n) { p.set_value(n); });
+  store_->Prefetch(*s, keys, [&](absl::StatusOr<uint32_t> n) { p.set_value(n); });
   auto n = p.get_future().get();
   ASSERT_TRUE(n.ok()) << n.status();
   EXPECT_EQ(*n, 4u);
@@ -588,23 +588,23 @@ TEST_F(BlockCacheNvmeTest, BlocksCascadeBelowNvmeAndComeBackByteExact) {
   // Invalidating a block frees its copy wherever it is.
   const uint64_t mem_slots = memory_->Usage().used_slots;
   std::vector<BlockKey> gone{KeyOf(20), KeyOf(21)};
-  ASSERT_EQ(LowerTiersOf(*cache_, 20, 2), std::vector<int>(2, 1));
-  auto removed = cache_->Invalidate(*s, gone);
+  ASSERT_EQ(LowerTiersOf(*store_, 20, 2), std::vector<int>(2, 1));
+  auto removed = store_->Invalidate(*s, gone);
   ASSERT_TRUE(removed.ok());
   EXPECT_EQ(*removed, 2u);
   EXPECT_EQ(memory_->Usage().used_slots, mem_slots - 2);
-  EXPECT_EQ(cache_->lower_blocks(1), mem_slots - 2);
+  EXPECT_EQ(store_->lower_blocks(1), mem_slots - 2);
 
   // A damaged copy in the memory tier is a miss, and dropped.
   for (SlotHandle slot = 0; slot < 512; ++slot) (void)memory_->CorruptPayload(slot, 100);
   EXPECT_EQ(LoadVerified(*s, 30, 2, nullptr, &hit), 0u);
   EXPECT_GE(memory_->BlockStats().checksum_failures, 1u);
-  EXPECT_EQ(LowerTiersOf(*cache_, 30, 1), std::vector<int>{-1});
+  EXPECT_EQ(LowerTiersOf(*store_, 30, 1), std::vector<int>{-1});
 }
 
 // The cascade moves blocks while sessions load them: every load is
 // byte-exact or a counted miss, and every copy ends up in exactly one tier.
-TEST_F(BlockCacheNvmeTest, CascadeUnderConcurrentLoadsServesNoWrongByte) {
+TEST_F(BlockStoreNvmeTest, CascadeUnderConcurrentLoadsServesNoWrongByte) {
   below_ = true;
   Open(16);
   auto s = Session();
@@ -631,76 +631,76 @@ TEST_F(BlockCacheNvmeTest, CascadeUnderConcurrentLoadsServesNoWrongByte) {
   uint64_t in_tier[2];
   auto consistent = [&] {
     in_tier[0] = in_tier[1] = 0;
-    for (int t : LowerTiersOf(*cache_, 0, 400)) {
+    for (int t : LowerTiersOf(*store_, 0, 400)) {
       if (t >= 0) ++in_tier[t];
     }
-    return in_tier[0] == cache_->lower_blocks(0) && in_tier[1] == cache_->lower_blocks(1) &&
-           cache_->lower_tier(0)->Usage().used_slots == cache_->lower_blocks(0) &&
-           memory_->Usage().used_slots == cache_->lower_blocks(1);
+    return in_tier[0] == store_->lower_blocks(0) && in_tier[1] == store_->lower_blocks(1) &&
+           store_->lower_tier(0)->Usage().used_slots == store_->lower_blocks(0) &&
+           memory_->Usage().used_slots == store_->lower_blocks(1);
   };
   EXPECT_TRUE(testing::Eventually(consistent))
-      << in_tier[0] << " " << cache_->lower_blocks(0) << " " << cache_->lower_tier(0)->Usage().used_slots << " / "
-      << in_tier[1] << " " << cache_->lower_blocks(1) << " " << memory_->Usage().used_slots;
+      << in_tier[0] << " " << store_->lower_blocks(0) << " " << store_->lower_tier(0)->Usage().used_slots << " / "
+      << in_tier[1] << " " << store_->lower_blocks(1) << " " << memory_->Usage().used_slots;
 }
 
 // A drain (SIGTERM's flush) leaves no host block with only a copy that a
 // restart forgets: one whose lower copy the cascade moved into the memory
 // tier gets a copy on NVMe again.
-TEST_F(BlockCacheNvmeTest, AFlushRewritesBlocksWhoseCopyIsOnATierThatIsNotDurable) {
+TEST_F(BlockStoreNvmeTest, AFlushRewritesBlocksWhoseCopyIsOnATierThatIsNotDurable) {
   below_ = true;
   Open(4);
   auto s = Session();
   FillChain(*s, 300);
-  ASSERT_EQ(LowerTiersOf(*cache_, 0, 4), std::vector<int>(4, 1));
+  ASSERT_EQ(LowerTiersOf(*store_, 0, 4), std::vector<int>(4, 1));
   ASSERT_EQ(LoadVerified(*s, 0, 4), 4u);  // in host memory again, their lower copies in the memory tier
-  const BlockCache::FlushResult f = cache_->FlushToNvme(std::chrono::seconds(10));
+  const BlockStore::FlushResult f = store_->FlushToNvme(std::chrono::seconds(10));
   EXPECT_EQ(f.written, 4u);
   EXPECT_EQ(f.failed, 0u);
   EXPECT_EQ(f.already_on_nvme, 0u);
   EXPECT_TRUE(f.sync.ok()) << f.sync;
-  EXPECT_EQ(LowerTiersOf(*cache_, 0, 4), std::vector<int>(4, 0));
-  EXPECT_EQ(memory_->Usage().used_slots, cache_->lower_blocks(1));
+  EXPECT_EQ(LowerTiersOf(*store_, 0, 4), std::vector<int>(4, 0));
+  EXPECT_EQ(memory_->Usage().used_slots, store_->lower_blocks(1));
 }
 
 // A durable commit is acknowledged only by a durable tier: a memory tier
 // first in the chain refuses it (the blocks stay committed in host memory).
-TEST_F(BlockCacheNvmeTest, ADurableCommitIsRefusedWhenTheFirstLowerTierIsNotDurable) {
+TEST_F(BlockStoreNvmeTest, ADurableCommitIsRefusedWhenTheFirstLowerTierIsNotDurable) {
   lower_ = "memory";
   Open(4);
   auto s = Session();
   std::vector<BlockKey> keys{KeyOf(1)};
   std::vector<BlockLocation> out(1);
   uint64_t ticket;
-  ASSERT_TRUE(cache_->StoreBegin(*s, keys, &ticket, std::span(out)).ok());
+  ASSERT_TRUE(store_->StoreBegin(*s, keys, &ticket, std::span(out)).ok());
   std::promise<absl::Status> p;
-  cache_->StoreCommit(*s, ticket, /*durable=*/true, [&](absl::Status st) { p.set_value(st); });
+  store_->StoreCommit(*s, ticket, /*durable=*/true, [&](absl::Status st) { p.set_value(st); });
   const absl::Status st = p.get_future().get();
   EXPECT_FALSE(st.ok());
   EXPECT_NE(st.message().find("not durable"), std::string::npos) << st;
   EXPECT_EQ(memory_->BlockStats().writes, 0u);
 }
 
-TEST_F(BlockCacheNvmeTest, ABlockWithADurableCopyKeepsItWhenEvictedFromHost) {
+TEST_F(BlockStoreNvmeTest, ABlockWithADurableCopyKeepsItWhenEvictedFromHost) {
   Open(2);
   auto s = Session();
   Store(*s, 0, 2, /*durable=*/true);
-  EXPECT_EQ(cache_->nvme_blocks(), 2u) << "durable commit completes after the NVMe write";
+  EXPECT_EQ(store_->nvme_blocks(), 2u) << "durable commit completes after the NVMe write";
   Store(*s, 10, 2);
   EXPECT_EQ(stats_.evictions_kept_on_nvme.Get(), 2u);
   EXPECT_EQ(stats_.demotions.Get(), 0u) << "no second write for a block already on NVMe";
   EXPECT_EQ(LoadVerified(*s, 0, 2), 2u);
 }
 
-TEST_F(BlockCacheNvmeTest, WriteThroughPutsEveryCommitOnNvme) {
+TEST_F(BlockStoreNvmeTest, WriteThroughPutsEveryCommitOnNvme) {
   Open(8, {"t"}, /*write_through=*/true);
   auto s = Session();
   Store(*s, 0, 5);
   SyncNvme();
-  EXPECT_EQ(cache_->nvme_blocks(), 5u);
+  EXPECT_EQ(store_->nvme_blocks(), 5u);
   EXPECT_EQ(stats_.writes_through.Get(), 5u);
 }
 
-TEST_F(BlockCacheNvmeTest, ABadNvmeCopyIsAMissNeverWrongBytes) {
+TEST_F(BlockStoreNvmeTest, ABadNvmeCopyIsAMissNeverWrongBytes) {
   Open(2);
   auto s = Session();
   Store(*s, 0, 2);
@@ -720,7 +720,7 @@ TEST_F(BlockCacheNvmeTest, ABadNvmeCopyIsAMissNeverWrongBytes) {
   EXPECT_EQ(LoadVerified(*s, 1, 1), 1u);
 }
 
-TEST_F(BlockCacheNvmeTest, PrefetchBringsBlocksBackWithoutALease) {
+TEST_F(BlockStoreNvmeTest, PrefetchBringsBlocksBackWithoutALease) {
   Open(4);
   auto s = Session();
   Store(*s, 0, 4);
@@ -729,17 +729,17 @@ TEST_F(BlockCacheNvmeTest, PrefetchBringsBlocksBackWithoutALease) {
   std::vector<BlockKey> keys;
   for (uint64_t i = 0; i < 4; ++i) keys.push_back(KeyOf(i));
   std::promise<absl::StatusOr<uint32_t>> p;
-  cache_->Prefetch(*s, keys, [&](absl::StatusOr<uint32_t> n) { p.set_value(n); });
+  store_->Prefetch(*s, keys, [&](absl::StatusOr<uint32_t> n) { p.set_value(n); });
   auto n = p.get_future().get();
   ASSERT_TRUE(n.ok());
   EXPECT_EQ(*n, 4u);
   std::vector<TierKind> tiers;
   EXPECT_EQ(LoadVerified(*s, 0, 4, &tiers), 4u);
   EXPECT_EQ(tiers, std::vector<TierKind>(4, TierKind::kHost));
-  EXPECT_EQ(cache_->Usage()[0].pinned_blocks, 0u);
+  EXPECT_EQ(store_->Usage()[0].pinned_blocks, 0u);
 }
 
-TEST_F(BlockCacheNvmeTest, AFullNvmeTierEvictsItsLeastRecentlyUsedBlocks) {
+TEST_F(BlockStoreNvmeTest, AFullNvmeTierEvictsItsLeastRecentlyUsedBlocks) {
   Open(2);
   auto s = Session();
   // 4 segments x 51 slots of 16 KiB + header: push 300 blocks through a
@@ -752,8 +752,8 @@ TEST_F(BlockCacheNvmeTest, AFullNvmeTierEvictsItsLeastRecentlyUsedBlocks) {
   }
   EXPECT_GT(stats_.nvme_evictions.Get(), 0u);
   EXPECT_EQ(stats_.evictions_dropped.Get(), 0u);
-  EXPECT_LE(cache_->nvme_blocks(), 204u);
-  EXPECT_EQ(cache_->lower_tier()->Usage().used_slots, cache_->nvme_blocks());
+  EXPECT_LE(store_->nvme_blocks(), 204u);
+  EXPECT_EQ(store_->lower_tier()->Usage().used_slots, store_->nvme_blocks());
   // The oldest are gone, the newer are there with the right bytes (two at a
   // time: a load must fit the 2-block host tier).
   uint32_t hit = 0;
@@ -765,9 +765,9 @@ TEST_F(BlockCacheNvmeTest, AFullNvmeTierEvictsItsLeastRecentlyUsedBlocks) {
 // tiers.nvme.policy: every policy but adaptive runs the shared NVMe tier
 // (over its sparse segment<<16|slot handles). A block hit on NVMe twice is
 // kept by S3-FIFO through a stream of blocks demoted once; LRU lets it go.
-TEST_F(BlockCacheNvmeTest, TheNvmeTierEvictsByItsConfiguredPolicy) {
-  EXPECT_FALSE(BlockCache::Create({.nvme_policy = "adaptive"}, &stats_).ok());
-  EXPECT_FALSE(BlockCache::Create({.nvme_policy = "mru"}, &stats_).ok());
+TEST_F(BlockStoreNvmeTest, TheNvmeTierEvictsByItsConfiguredPolicy) {
+  EXPECT_FALSE(BlockStore::Create({.nvme_policy = "adaptive"}, &stats_).ok());
+  EXPECT_FALSE(BlockStore::Create({.nvme_policy = "mru"}, &stats_).ok());
   uint64_t base = 0;  // each run its own keys (the NVMe files outlive a run)
   for (const char* policy : {"lru", "s3fifo", "s3fifo-deep", "tinylfu"}) {
     SCOPED_TRACE(policy);
@@ -782,9 +782,9 @@ TEST_F(BlockCacheNvmeTest, TheNvmeTierEvictsByItsConfiguredPolicy) {
       std::vector<BlockKey> keys{KeyOf(base)};
       std::vector<BlockLocation> out(1);
       uint64_t id = 0;
-      const uint32_t hit = *cache_->Lookup(*s, keys, lease, &id, std::span(out));
+      const uint32_t hit = *store_->Lookup(*s, keys, lease, &id, std::span(out));
       if (id != 0) {
-        EXPECT_TRUE(cache_->Release(*s, id).ok());
+        EXPECT_TRUE(store_->Release(*s, id).ok());
       }
       return hit;
     };
@@ -795,7 +795,7 @@ TEST_F(BlockCacheNvmeTest, TheNvmeTierEvictsByItsConfiguredPolicy) {
       SyncNvme();
     }
     EXPECT_GT(stats_.nvme_evictions.Get(), evictions_before);
-    EXPECT_EQ(cache_->lower_tier()->Usage().used_slots, cache_->nvme_blocks());
+    EXPECT_EQ(store_->lower_tier()->Usage().used_slots, store_->nvme_blocks());
     const uint32_t kept = probe(false);
     if (std::string(policy) == "lru") {
       EXPECT_EQ(kept, 0u) << "LRU: 300 newer demotions pushed it out";
@@ -809,22 +809,22 @@ TEST_F(BlockCacheNvmeTest, TheNvmeTierEvictsByItsConfiguredPolicy) {
   }
 }
 
-TEST_F(BlockCacheNvmeTest, InvalidatingANvmeOnlyBlockFreesItsSlot) {
+TEST_F(BlockStoreNvmeTest, InvalidatingANvmeOnlyBlockFreesItsSlot) {
   Open(2);
   auto s = Session();
   Store(*s, 0, 2);
   Store(*s, 2, 2);
   SyncNvme();
-  const uint64_t used = cache_->lower_tier()->Usage().used_slots;
+  const uint64_t used = store_->lower_tier()->Usage().used_slots;
   const std::vector<BlockKey> gone = {KeyOf(0), KeyOf(1)};
-  auto n = cache_->Invalidate(*s, gone);
+  auto n = store_->Invalidate(*s, gone);
   ASSERT_TRUE(n.ok());
   EXPECT_EQ(*n, 2u);
-  EXPECT_EQ(cache_->lower_tier()->Usage().used_slots, used - 2);
-  EXPECT_EQ(cache_->nvme_blocks(), 0u);
+  EXPECT_EQ(store_->lower_tier()->Usage().used_slots, used - 2);
+  EXPECT_EQ(store_->nvme_blocks(), 0u);
 }
 
-TEST_F(BlockCacheNvmeTest, DurableBlocksAreServedAfterARestart) {
+TEST_F(BlockStoreNvmeTest, DurableBlocksAreServedAfterARestart) {
   Open(8);
   {
     auto s = Session();
@@ -839,7 +839,7 @@ TEST_F(BlockCacheNvmeTest, DurableBlocksAreServedAfterARestart) {
   EXPECT_EQ(tiers, std::vector<TierKind>(6, TierKind::kNvme));
 }
 
-TEST_F(BlockCacheNvmeTest, RecoveredBlocksOfAnUnknownTenantAreDropped) {
+TEST_F(BlockStoreNvmeTest, RecoveredBlocksOfAnUnknownTenantAreDropped) {
   Open(8, {"alpha"});
   {
     auto s = Session();
@@ -849,10 +849,10 @@ TEST_F(BlockCacheNvmeTest, RecoveredBlocksOfAnUnknownTenantAreDropped) {
   EXPECT_EQ(recovered_, 3u);
   EXPECT_EQ(indexed_, 0u);
   EXPECT_EQ(stats_.recovered_dropped.Get(), 3u);
-  EXPECT_EQ(cache_->lower_tier()->Usage().used_slots, 0u);
+  EXPECT_EQ(store_->lower_tier()->Usage().used_slots, 0u);
 }
 
-TEST_F(BlockCacheNvmeTest, ConcurrentSessionsOverTwoTiersNeverSeeWrongBytes) {
+TEST_F(BlockStoreNvmeTest, ConcurrentSessionsOverTwoTiersNeverSeeWrongBytes) {
   Open(6);
   constexpr int kThreads = 3;
 #ifdef KVTIER_TSAN
@@ -872,28 +872,28 @@ TEST_F(BlockCacheNvmeTest, ConcurrentSessionsOverTwoTiersNeverSeeWrongBytes) {
           std::vector<BlockKey> keys = {KeyOf(base), KeyOf(base + 1)};
           std::vector<BlockLocation> out(2);
           uint64_t ticket;
-          auto need = cache_->StoreBegin(*s, keys, &ticket, std::span(out));
+          auto need = store_->StoreBegin(*s, keys, &ticket, std::span(out));
           if (!need.ok()) continue;
           for (int k = 0; k < 2; ++k) {
             if (out[k].needed) {
-              testing::FillFromKey(keys[k], {cache_->host_tier(0)->arena_base() + out[k].arena_offset, kBlock});
+              testing::FillFromKey(keys[k], {store_->host_tier(0)->arena_base() + out[k].arena_offset, kBlock});
             }
           }
           std::promise<void> done;
-          cache_->StoreCommit(*s, ticket, rng() % 4 == 0, [&](absl::Status) { done.set_value(); });
+          store_->StoreCommit(*s, ticket, rng() % 4 == 0, [&](absl::Status) { done.set_value(); });
           done.get_future().wait();
         } else {
           loaded += LoadVerified(*s, base, 1 + rng() % 3);
         }
       }
-      cache_->CloseSession(*s);
+      store_->CloseSession(*s);
     });
   }
   for (auto& th : ts) th.join();
   SyncNvme();
   EXPECT_GT(loaded.load(), 0u);
   EXPECT_GT(stats_.demotions.Get() + stats_.evictions_kept_on_nvme.Get(), 0u);
-  EXPECT_EQ(cache_->Usage()[0].pinned_blocks, 0u);
+  EXPECT_EQ(store_->Usage()[0].pinned_blocks, 0u);
 }
 
 // A flush (kvtierctl flush, and the drain on SIGTERM) writes every block
@@ -901,19 +901,19 @@ TEST_F(BlockCacheNvmeTest, ConcurrentSessionsOverTwoTiersNeverSeeWrongBytes) {
 // Before, it submitted everything at once and what staging could not take
 // failed: the demo's drain wrote 18,038 blocks and failed 9,442 with the
 // NVMe tier 20% full.
-TEST_F(BlockCacheNvmeTest, AFlushWaitsForStagingInsteadOfFailingBlocks) {
+TEST_F(BlockStoreNvmeTest, AFlushWaitsForStagingInsteadOfFailingBlocks) {
   Open(200);  // 200 blocks of 16 KiB + header: more than the 3 MiB of staging demotions may take
   auto s = Session();
   Store(*s, 0, 200);
   faults_->delay_us = 2000;  // writes stay in flight while the flush submits
-  const BlockCache::FlushResult f = cache_->FlushToNvme(std::chrono::seconds(30));
+  const BlockStore::FlushResult f = store_->FlushToNvme(std::chrono::seconds(30));
   faults_->delay_us = 0;
   EXPECT_FALSE(f.timed_out);
   EXPECT_EQ(f.failed, 0u);
   EXPECT_EQ(f.written, 200u);
   EXPECT_TRUE(f.sync.ok()) << f.sync;
   EXPECT_EQ(OnNvme(*s, 0, 200), 0u) << "host copies stay: probes see host";
-  EXPECT_EQ(cache_->nvme_blocks(), 200u);
+  EXPECT_EQ(store_->nvme_blocks(), 200u);
   EXPECT_EQ(stats_.writes_through.Get(), 200u) << "a write staging refused, tried again, counts once";
 }
 

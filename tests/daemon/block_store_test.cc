@@ -1,4 +1,4 @@
-#include "daemon/block_cache.h"
+#include "daemon/block_store.h"
 
 #include <chrono>
 #include <cstring>
@@ -16,19 +16,19 @@ namespace {
 
 using testing::KeyOf;
 
-class BlockCacheTest : public ::testing::Test {
+class BlockStoreTest : public ::testing::Test {
  protected:
   // A tenant whose host tier holds `blocks` blocks of 4 KiB.
-  void SetUpCache(uint64_t blocks, int tenants = 1, std::string policy = "lru", BlockCache::Options o = {},
+  void SetUpCache(uint64_t blocks, int tenants = 1, std::string policy = "lru", BlockStore::Options o = {},
                   TenantQuota quota = {}) {
     o.policy = std::move(policy);
-    cache_ = std::move(BlockCache::Create(o, &stats_)).value();
+    store_ = std::move(BlockStore::Create(o, &stats_)).value();
     for (int t = 0; t < tenants; ++t) {
       auto host = HostTier::Create({"t", blocks * 4096, false});
       ASSERT_TRUE(host.ok());
-      ASSERT_TRUE(cache_->AddTenant("tenant" + std::to_string(t), std::move(*host), quota).ok());
+      ASSERT_TRUE(store_->AddTenant("tenant" + std::to_string(t), std::move(*host), quota).ok());
     }
-    cache_->StartBackgroundReclaim();
+    store_->StartBackgroundReclaim();
   }
   // Waits up to 5 s for pred.
   template <typename Pred>
@@ -54,19 +54,19 @@ class BlockCacheTest : public ::testing::Test {
   }
   absl::Status Commit(SessionHoldings& s, uint64_t ticket) {
     absl::Status got = absl::UnknownError("no callback");
-    cache_->StoreCommit(s, ticket, false, [&](absl::Status st) { got = st; });  // host-only: inline
+    store_->StoreCommit(s, ticket, false, [&](absl::Status st) { got = st; });  // host-only: inline
     return got;
   }
   absl::Status Store(SessionHoldings& s, const std::vector<BlockKey>& keys) {
     std::vector<BlockLocation> out(keys.size());
     uint64_t ticket;
-    auto n = cache_->StoreBegin(s, keys, &ticket, std::span(out));
+    auto n = store_->StoreBegin(s, keys, &ticket, std::span(out));
     if (!n.ok()) return n.status();
     return ticket ? Commit(s, ticket) : absl::OkStatus();
   }
   // Host-only loads complete at once.
   LoadOutcome LoadNow(SessionHoldings& s, uint64_t lease, const std::vector<BlockKey>& keys) {
-    std::optional<LoadOutcome> o = cache_->Load(s, lease, keys, [](LoadOutcome) {});
+    std::optional<LoadOutcome> o = store_->Load(s, lease, keys, [](LoadOutcome) {});
     EXPECT_TRUE(o.has_value());
     return o ? std::move(*o) : LoadOutcome{};
   }
@@ -74,31 +74,31 @@ class BlockCacheTest : public ::testing::Test {
                uint64_t* lease_id = nullptr) {
     std::vector<BlockLocation> out(keys.size());
     uint64_t l = 0;
-    auto n = cache_->Lookup(s, keys, lease, &l, std::span(out));
+    auto n = store_->Lookup(s, keys, lease, &l, std::span(out));
     EXPECT_TRUE(n.ok()) << n.status();
     if (lease_id) *lease_id = l;
     return n.ok() ? *n : 0;
   }
 
   DaemonStats stats_;
-  std::unique_ptr<DeviceBackend> dev_;  // for a GPU tier; outlives cache_
-  std::unique_ptr<BlockCache> cache_;
+  std::unique_ptr<DeviceBackend> dev_;  // for a GPU tier; outlives store_
+  std::unique_ptr<BlockStore> store_;
 };
 
 // The GPU tier holds copies of blocks the store has: whenever a block leaves
 // the index (invalidated, evicted with no lower copy, its store aborted),
 // the store drops its GPU copy, so a later store of the key cannot find a
 // stale copy there (GpuCache::Reserve refuses a key that has one).
-TEST_F(BlockCacheTest, AGpuCopyLeavesWithItsBlock) {
+TEST_F(BlockStoreTest, AGpuCopyLeavesWithItsBlock) {
   dev_ = MakeSimDevice();
   auto gpu_tier = GpuTier::Create(dev_.get(), {16 * 4096});
   ASSERT_TRUE(gpu_tier.ok());
-  cache_ = std::move(BlockCache::Create({.policy = "lru"}, &stats_)).value();
-  ASSERT_TRUE(cache_
+  store_ = std::move(BlockStore::Create({.policy = "lru"}, &stats_)).value();
+  ASSERT_TRUE(store_
                   ->AddTenant("t", std::move(*HostTier::Create({"t", 4 * 4096, false})), {},
                               std::make_unique<GpuCache>(std::move(*gpu_tier)))
                   .ok());
-  GpuCache* gpu = cache_->gpu_cache(0);
+  GpuCache* gpu = store_->gpu_cache(0);
   ASSERT_NE(gpu, nullptr);
   auto put_on_gpu = [&](uint64_t i) {
     auto pin = gpu->Reserve(0, KeyOf(i), 4096);
@@ -113,7 +113,7 @@ TEST_F(BlockCacheTest, AGpuCopyLeavesWithItsBlock) {
 
   // Invalidated: its GPU copy goes, the others stay.
   const std::vector<BlockKey> one = {KeyOf(1)};
-  ASSERT_EQ(cache_->Invalidate(*s, one).value(), 1u);
+  ASSERT_EQ(store_->Invalidate(*s, one).value(), 1u);
   EXPECT_FALSE(gpu->Contains(0, KeyOf(1)));
   EXPECT_TRUE(gpu->Contains(0, KeyOf(0)));
 
@@ -126,9 +126,9 @@ TEST_F(BlockCacheTest, AGpuCopyLeavesWithItsBlock) {
   // store's order): the copy goes with the aborted blocks.
   std::vector<BlockLocation> out(1);
   uint64_t ticket = 0;
-  ASSERT_TRUE(cache_->StoreBegin(*s, Keys(10, 1), &ticket, std::span(out)).ok());
+  ASSERT_TRUE(store_->StoreBegin(*s, Keys(10, 1), &ticket, std::span(out)).ok());
   put_on_gpu(10);
-  ASSERT_TRUE(cache_->StoreAbort(*s, ticket).ok());
+  ASSERT_TRUE(store_->StoreAbort(*s, ticket).ok());
   EXPECT_FALSE(gpu->Contains(0, KeyOf(10)));
   EXPECT_TRUE(gpu->Reserve(0, KeyOf(10), 4096).has_value()) << "a new store of the key gets a fresh GPU slot";
   gpu->Release(0, KeyOf(10));
@@ -141,8 +141,8 @@ TEST_F(BlockCacheTest, AGpuCopyLeavesWithItsBlock) {
   // is invalidated before the copy is published: not published, freed.
   ASSERT_TRUE(gpu->Reserve(0, KeyOf(6), 4096).has_value());
   const std::vector<BlockKey> six = {KeyOf(6)};
-  ASSERT_EQ(cache_->Invalidate(*s, six).value(), 1u);
-  EXPECT_FALSE(cache_->PublishGpuCopy(0, 0, KeyOf(6)));
+  ASSERT_EQ(store_->Invalidate(*s, six).value(), 1u);
+  EXPECT_FALSE(store_->PublishGpuCopy(0, 0, KeyOf(6)));
   gpu->Release(0, KeyOf(6));
   EXPECT_FALSE(gpu->Contains(0, KeyOf(6)));
   EXPECT_TRUE(gpu->Reserve(0, KeyOf(6), 4096).has_value()) << "the unpublished copy was freed";
@@ -150,7 +150,7 @@ TEST_F(BlockCacheTest, AGpuCopyLeavesWithItsBlock) {
   // ... and one for a block still there is published.
   ASSERT_TRUE(Store(*s, Keys(20, 1)).ok());
   ASSERT_TRUE(gpu->Reserve(0, KeyOf(20), 4096).has_value());
-  EXPECT_TRUE(cache_->PublishGpuCopy(0, 0, KeyOf(20)));
+  EXPECT_TRUE(store_->PublishGpuCopy(0, 0, KeyOf(20)));
   gpu->Release(0, KeyOf(20));
   EXPECT_TRUE(gpu->Contains(0, KeyOf(20)));
 }
@@ -200,7 +200,7 @@ TEST(RecordPoolTest, AFreedRecordIsPoisonedUnderAddressSanitizer) {
 }
 #endif
 
-TEST_F(BlockCacheTest, LookupFindsTheLongestPresentPrefix) {
+TEST_F(BlockStoreTest, LookupFindsTheLongestPresentPrefix) {
   SetUpCache(64);
   auto s = Session();
   ASSERT_TRUE(Store(*s, Keys(0, 3)).ok());
@@ -212,13 +212,13 @@ TEST_F(BlockCacheTest, LookupFindsTheLongestPresentPrefix) {
   EXPECT_EQ(stats_.lookups.Get(), 0u) << "lookups without lease are probes, not stats";
 }
 
-TEST_F(BlockCacheTest, StoreOfCachedKeysIsNotNeeded) {
+TEST_F(BlockStoreTest, StoreOfCachedKeysIsNotNeeded) {
   SetUpCache(64);
   auto s = Session();
   ASSERT_TRUE(Store(*s, Keys(0, 2)).ok());
   std::vector<BlockLocation> out(3);
   uint64_t ticket;
-  auto n = cache_->StoreBegin(*s, Keys(0, 3), &ticket, std::span(out));
+  auto n = store_->StoreBegin(*s, Keys(0, 3), &ticket, std::span(out));
   ASSERT_TRUE(n.ok());
   EXPECT_EQ(*n, 1u);
   EXPECT_FALSE(out[0].needed);
@@ -231,15 +231,15 @@ TEST_F(BlockCacheTest, StoreOfCachedKeysIsNotNeeded) {
   EXPECT_EQ(ToErrorCode(Commit(*s, ticket)), KVTIER_ENOENT) << "a ticket commits once";
 }
 
-TEST_F(BlockCacheTest, AbortGivesSlotsBack) {
+TEST_F(BlockStoreTest, AbortGivesSlotsBack) {
   SetUpCache(4);
   auto s = Session();
   std::vector<BlockLocation> out(4);
   uint64_t ticket;
-  ASSERT_TRUE(cache_->StoreBegin(*s, Keys(0, 4), &ticket, std::span(out)).ok());
-  EXPECT_EQ(cache_->Usage()[0].blocks, 4u);
-  ASSERT_TRUE(cache_->StoreAbort(*s, ticket).ok());
-  EXPECT_EQ(cache_->Usage()[0].blocks, 0u);
+  ASSERT_TRUE(store_->StoreBegin(*s, Keys(0, 4), &ticket, std::span(out)).ok());
+  EXPECT_EQ(store_->Usage()[0].blocks, 4u);
+  ASSERT_TRUE(store_->StoreAbort(*s, ticket).ok());
+  EXPECT_EQ(store_->Usage()[0].blocks, 0u);
   EXPECT_EQ(Hit(*s, Keys(0, 4)), 0u);
   EXPECT_TRUE(Store(*s, Keys(10, 4)).ok());
 }
@@ -247,39 +247,39 @@ TEST_F(BlockCacheTest, AbortGivesSlotsBack) {
 // A namespace may be forgotten (its handle given to another) only when no
 // record of it is left: stores add them; aborts, evictions and
 // invalidations take them away; another namespace's blocks do not count.
-TEST_F(BlockCacheTest, ANamespaceIsForgottenOnlyWhenNoRecordOfItIsLeft) {
+TEST_F(BlockStoreTest, ANamespaceIsForgottenOnlyWhenNoRecordOfItIsLeft) {
   SetUpCache(4);
   auto s = Session(/*ns_handle=*/1), other = Session(/*ns_handle=*/2);
-  EXPECT_EQ(cache_->RecordsOf(1), 0u);
+  EXPECT_EQ(store_->RecordsOf(1), 0u);
   std::vector<BlockLocation> out(3);
   uint64_t ticket;
-  ASSERT_TRUE(cache_->StoreBegin(*s, Keys(0, 3), &ticket, std::span(out)).ok());
-  EXPECT_EQ(cache_->RecordsOf(1), 3u) << "blocks being written count";
-  EXPECT_FALSE(cache_->ForgetNamespace(1));
-  ASSERT_TRUE(cache_->StoreAbort(*s, ticket).ok());
-  EXPECT_EQ(cache_->RecordsOf(1), 0u);
+  ASSERT_TRUE(store_->StoreBegin(*s, Keys(0, 3), &ticket, std::span(out)).ok());
+  EXPECT_EQ(store_->RecordsOf(1), 3u) << "blocks being written count";
+  EXPECT_FALSE(store_->ForgetNamespace(1));
+  ASSERT_TRUE(store_->StoreAbort(*s, ticket).ok());
+  EXPECT_EQ(store_->RecordsOf(1), 0u);
   ASSERT_TRUE(Store(*s, Keys(0, 4)).ok());
   ASSERT_TRUE(Store(*other, Keys(0, 2)).ok());  // evicts two of ns 1's four (host only: dropped)
-  EXPECT_EQ(cache_->RecordsOf(1), 2u);
-  EXPECT_EQ(cache_->RecordsOf(2), 2u);
-  EXPECT_FALSE(cache_->ForgetNamespace(1));
-  auto n = cache_->Invalidate(*s, Keys(0, 4));
+  EXPECT_EQ(store_->RecordsOf(1), 2u);
+  EXPECT_EQ(store_->RecordsOf(2), 2u);
+  EXPECT_FALSE(store_->ForgetNamespace(1));
+  auto n = store_->Invalidate(*s, Keys(0, 4));
   ASSERT_TRUE(n.ok());
   EXPECT_EQ(*n, 2u);
-  EXPECT_EQ(cache_->RecordsOf(1), 0u);
-  EXPECT_TRUE(cache_->ForgetNamespace(1));
-  EXPECT_FALSE(cache_->ForgetNamespace(2));
+  EXPECT_EQ(store_->RecordsOf(1), 0u);
+  EXPECT_TRUE(store_->ForgetNamespace(1));
+  EXPECT_FALSE(store_->ForgetNamespace(2));
   EXPECT_EQ(Hit(*other, Keys(0, 2)), 2u);
 }
 
-TEST_F(BlockCacheTest, FullTierEvictsLeastRecentlyUsedUnpinnedBlocks) {
+TEST_F(BlockStoreTest, FullTierEvictsLeastRecentlyUsedUnpinnedBlocks) {
   SetUpCache(4);
   auto s = Session();
   for (uint64_t i = 0; i < 4; ++i) ASSERT_TRUE(Store(*s, {KeyOf(i)}).ok());
   // Use block 0 (a leased lookup counts as use), so block 1 is now the oldest.
   uint64_t lease;
   EXPECT_EQ(Hit(*s, {KeyOf(0)}, true, &lease), 1u);
-  ASSERT_TRUE(cache_->Release(*s, lease).ok());
+  ASSERT_TRUE(store_->Release(*s, lease).ok());
   ASSERT_TRUE(Store(*s, {KeyOf(100)}).ok());
   EXPECT_EQ(Hit(*s, {KeyOf(1)}), 0u) << "block 1 was least recently used";
   EXPECT_EQ(Hit(*s, {KeyOf(0)}), 1u);
@@ -293,16 +293,16 @@ TEST_F(BlockCacheTest, FullTierEvictsLeastRecentlyUsedUnpinnedBlocks) {
 // coldest: an arena filled with one size serves another in full, not from
 // what the first gives back by chance (before: the second size was refused
 // outright, "carved for other block sizes").
-TEST_F(BlockCacheTest, ASizeThatNeedsRoomTakesWholeSegmentsFromAColdSize) {
+TEST_F(BlockStoreTest, ASizeThatNeedsRoomTakesWholeSegmentsFromAColdSize) {
   SetUpCache(512);  // 2 MiB
   auto big = Session(1);
   big->ns.block_bytes = 8192;
   auto small = Session(2);
   for (uint64_t i = 0; i < 256; ++i) ASSERT_TRUE(Store(*big, {KeyOf(i)}).ok()) << i;
-  const uint64_t capacity = cache_->Usage()[0].capacity_bytes;
-  ASSERT_EQ(cache_->Usage()[0].used_bytes, capacity) << "the 8 KiB blocks fill the arena";
+  const uint64_t capacity = store_->Usage()[0].capacity_bytes;
+  ASSERT_EQ(store_->Usage()[0].used_bytes, capacity) << "the 8 KiB blocks fill the arena";
   for (uint64_t i = 0; i < 2000; ++i) ASSERT_TRUE(Store(*small, {KeyOf(10000 + i)}).ok()) << i;
-  const TenantUsage u = cache_->Usage()[0];
+  const TenantUsage u = store_->Usage()[0];
   EXPECT_GE(u.used_bytes, capacity * 95 / 100);
   uint64_t small_bytes = 0;
   for (const SlotAllocator::ClassUsage& c : u.classes) {
@@ -317,7 +317,7 @@ TEST_F(BlockCacheTest, ASizeThatNeedsRoomTakesWholeSegmentsFromAColdSize) {
 
 // ... but a size in use keeps its segments: its blocks are hotter than the
 // other size's coldest, so the other size evicts its own.
-TEST_F(BlockCacheTest, ASizeInUseKeepsItsSegments) {
+TEST_F(BlockStoreTest, ASizeInUseKeepsItsSegments) {
   SetUpCache(512);
   auto big = Session(1);
   big->ns.block_bytes = 8192;
@@ -328,7 +328,7 @@ TEST_F(BlockCacheTest, ASizeInUseKeepsItsSegments) {
     for (uint64_t i = 0; i < 16; ++i) ASSERT_TRUE(Store(*small, {KeyOf(10000 + round * 16 + i)}).ok());
     uint64_t lease;
     ASSERT_EQ(Hit(*big, hot, true, &lease), 128u) << "round " << round;
-    ASSERT_TRUE(cache_->Release(*big, lease).ok());
+    ASSERT_TRUE(store_->Release(*big, lease).ok());
   }
   EXPECT_EQ(stats_.evictions_for_other_size.Get(), 0u);
   EXPECT_GT(stats_.evictions.Get(), 1000u) << "the 4 KiB blocks churned within their own segments";
@@ -337,7 +337,7 @@ TEST_F(BlockCacheTest, ASizeInUseKeepsItsSegments) {
 // A block whose parent is gone can never be hit: whatever the policy, what
 // is left of a chain after evictions is a prefix of it. (The cache touches
 // and inserts a chain's blocks leaves first.)
-TEST_F(BlockCacheTest, EvictionsLeaveEveryChainAPrefix) {
+TEST_F(BlockStoreTest, EvictionsLeaveEveryChainAPrefix) {
   for (const char* policy : {"lru", "s3fifo", "s3fifo-deep", "tinylfu", "adaptive"}) {
     SCOPED_TRACE(policy);
     SetUpCache(12, 1, policy);
@@ -350,7 +350,7 @@ TEST_F(BlockCacheTest, EvictionsLeaveEveryChainAPrefix) {
         ASSERT_TRUE(Store(*s, std::vector<BlockKey>(chain.begin() + hit, chain.end())).ok());
       }
       if (lease != 0) {
-        ASSERT_TRUE(cache_->Release(*s, lease).ok());
+        ASSERT_TRUE(store_->Release(*s, lease).ok());
       }
     };
     std::vector<std::vector<BlockKey>> chains;
@@ -369,7 +369,7 @@ TEST_F(BlockCacheTest, EvictionsLeaveEveryChainAPrefix) {
     }
     EXPECT_GT(stats_.evictions.Get(), 0u);
     s.reset();
-    cache_.reset();
+    store_.reset();
   }
 }
 
@@ -377,7 +377,7 @@ TEST_F(BlockCacheTest, EvictionsLeaveEveryChainAPrefix) {
 // session's last lookup): with s3fifo-deep a block 12,288 tokens deep skips
 // probation and outlives a stream of one-off shallow blocks; plain S3-FIFO
 // lets it go first. Without positions both would behave alike.
-TEST_F(BlockCacheTest, ThePolicyLearnsHowDeepAStoredBlockIs) {
+TEST_F(BlockStoreTest, ThePolicyLearnsHowDeepAStoredBlockIs) {
   for (const char* policy : {"s3fifo", "s3fifo-deep"}) {
     SCOPED_TRACE(policy);
     SetUpCache(50, 1, policy);
@@ -387,7 +387,7 @@ TEST_F(BlockCacheTest, ThePolicyLearnsHowDeepAStoredBlockIs) {
       uint64_t lease = 0;
       const uint32_t hit = Hit(*s, chain, true, &lease);
       if (lease != 0) {
-        EXPECT_TRUE(cache_->Release(*s, lease).ok());
+        EXPECT_TRUE(store_->Release(*s, lease).ok());
       }
       return hit;
     };
@@ -402,22 +402,22 @@ TEST_F(BlockCacheTest, ThePolicyLearnsHowDeepAStoredBlockIs) {
     EXPECT_GE(stats_.evictions.Get(), 50u);
     EXPECT_EQ(Hit(*s, {chain[3]}), std::string(policy) == "s3fifo-deep" ? 1u : 0u);
     s.reset();
-    cache_.reset();
+    store_.reset();
   }
 }
 
 // Above the high watermark a background thread evicts the coldest blocks
 // down to the low one; between the two nothing happens (that room is what
 // stores use without evicting on their own path).
-TEST_F(BlockCacheTest, BackgroundReclaimKeepsRoomBetweenTheWatermarks) {
+TEST_F(BlockStoreTest, BackgroundReclaimKeepsRoomBetweenTheWatermarks) {
   SetUpCache(20, 1, "lru", {.high_watermark = 0.8, .low_watermark = 0.5});
   auto s = Session();
   for (uint64_t i = 0; i < 15; ++i) ASSERT_TRUE(Store(*s, {KeyOf(i)}).ok());  // 75%: below the high mark
   std::this_thread::sleep_for(std::chrono::milliseconds(250));                  // two polls of the thread
   EXPECT_EQ(stats_.evictions.Get(), 0u);
   ASSERT_TRUE(Store(*s, Keys(15, 2)).ok());  // 85%
-  ASSERT_TRUE(Eventually([&] { return cache_->Usage()[0].blocks <= 10; })) << cache_->Usage()[0].blocks;
-  EXPECT_EQ(cache_->Usage()[0].blocks, 10u) << "down to the low mark, not further";
+  ASSERT_TRUE(Eventually([&] { return store_->Usage()[0].blocks <= 10; })) << store_->Usage()[0].blocks;
+  EXPECT_EQ(store_->Usage()[0].blocks, 10u) << "down to the low mark, not further";
   EXPECT_EQ(stats_.evictions_background.Get(), 7u);
   EXPECT_EQ(stats_.evictions.Get(), 7u);
   for (uint64_t i = 0; i < 7; ++i) EXPECT_EQ(Hit(*s, {KeyOf(i)}), 0u) << "the coldest went: " << i;
@@ -430,7 +430,7 @@ TEST_F(BlockCacheTest, BackgroundReclaimKeepsRoomBetweenTheWatermarks) {
 
 // Pinned blocks stop the reclaimer, not the daemon: it evicts what it may
 // and leaves the rest.
-TEST_F(BlockCacheTest, BackgroundReclaimSkipsPinnedBlocks) {
+TEST_F(BlockStoreTest, BackgroundReclaimSkipsPinnedBlocks) {
   SetUpCache(10, 1, "lru", {.high_watermark = 0.5, .low_watermark = 0.2});
   auto s = Session();
   ASSERT_TRUE(Store(*s, Keys(0, 4)).ok());
@@ -441,16 +441,16 @@ TEST_F(BlockCacheTest, BackgroundReclaimSkipsPinnedBlocks) {
   std::this_thread::sleep_for(std::chrono::milliseconds(250));
   EXPECT_EQ(stats_.evictions_background.Get(), 4u) << "only the unpinned blocks could go";
   EXPECT_EQ(Hit(*s, Keys(0, 4)), 4u);
-  ASSERT_TRUE(cache_->Release(*s, lease).ok());
+  ASSERT_TRUE(store_->Release(*s, lease).ok());
 }
 
 // Admission in resident tokens: a tenant over its host_tokens quota evicts
 // its own coldest blocks, even with free room in its arena.
-TEST_F(BlockCacheTest, AHostTokensQuotaEvictsTheTenantsColdestBlocks) {
+TEST_F(BlockStoreTest, AHostTokensQuotaEvictsTheTenantsColdestBlocks) {
   SetUpCache(64, 1, "lru", {}, {.host_tokens = 10 * 16});  // 16-token blocks: 10 of them
   auto s = Session();
   for (uint64_t i = 0; i < 12; ++i) ASSERT_TRUE(Store(*s, {KeyOf(i)}).ok());
-  const TenantUsage u = cache_->Usage()[0];
+  const TenantUsage u = store_->Usage()[0];
   EXPECT_EQ(u.host_tokens, 160u);
   EXPECT_EQ(u.blocks, 10u) << "the arena holds 64; the quota 10";
   EXPECT_EQ(u.quota.host_tokens, 160u);
@@ -466,65 +466,65 @@ TEST_F(BlockCacheTest, AHostTokensQuotaEvictsTheTenantsColdestBlocks) {
   absl::Status pinned = Store(*s, {KeyOf(200)});
   EXPECT_EQ(ToErrorCode(pinned), KVTIER_ENOSPC);
   EXPECT_NE(std::string(pinned.message()).find("host_tokens"), std::string::npos) << pinned.message();
-  ASSERT_TRUE(cache_->Release(*s, lease).ok());
+  ASSERT_TRUE(store_->Release(*s, lease).ok());
   // Blocks of more tokens than the whole quota can never be admitted.
   auto wide = Session();
   wide->ns.block_tokens = 200;
   absl::Status over = Store(*wide, {KeyOf(300)});
   EXPECT_EQ(ToErrorCode(over), KVTIER_ENOSPC);
   EXPECT_NE(std::string(over.message()).find("over tenant"), std::string::npos) << over.message();
-  EXPECT_EQ(cache_->Usage()[0].host_tokens, 160u);
+  EXPECT_EQ(store_->Usage()[0].host_tokens, 160u);
 }
 
 // A config reload: new watermarks start the reclaimer that was off, and a
 // lowered quota makes the next store evict down to it.
-TEST_F(BlockCacheTest, ReloadedWatermarksAndQuotasTakeEffectWhileRunning) {
+TEST_F(BlockStoreTest, ReloadedWatermarksAndQuotasTakeEffectWhileRunning) {
   SetUpCache(20);  // reclaim off (1 and 1), no quota
   auto s = Session();
   ASSERT_TRUE(Store(*s, Keys(0, 16)).ok());  // 80%
   std::this_thread::sleep_for(std::chrono::milliseconds(150));
   EXPECT_EQ(stats_.evictions_background.Get(), 0u);
-  EXPECT_FALSE(cache_->SetWatermarks(0.5, 0.6).ok()) << "low above high";
-  EXPECT_FALSE(cache_->SetWatermarks(1.5, 0.6).ok());
-  ASSERT_TRUE(cache_->SetWatermarks(0.7, 0.5).ok());
-  ASSERT_TRUE(Eventually([&] { return cache_->Usage()[0].blocks <= 10; })) << cache_->Usage()[0].blocks;
+  EXPECT_FALSE(store_->SetWatermarks(0.5, 0.6).ok()) << "low above high";
+  EXPECT_FALSE(store_->SetWatermarks(1.5, 0.6).ok());
+  ASSERT_TRUE(store_->SetWatermarks(0.7, 0.5).ok());
+  ASSERT_TRUE(Eventually([&] { return store_->Usage()[0].blocks <= 10; })) << store_->Usage()[0].blocks;
   EXPECT_EQ(stats_.evictions_background.Get(), 6u);
   // Watermarks apply to a token quota too: off again, so that the quota
   // below is what evicts.
-  ASSERT_TRUE(cache_->SetWatermarks(1.0, 1.0).ok());
+  ASSERT_TRUE(store_->SetWatermarks(1.0, 1.0).ok());
 
-  EXPECT_TRUE(absl::IsNotFound(cache_->SetQuota("nobody", {})));
+  EXPECT_TRUE(absl::IsNotFound(store_->SetQuota("nobody", {})));
   const uint64_t background = stats_.evictions_background.Get();
-  ASSERT_TRUE(cache_->SetQuota("tenant0", {.host_tokens = 4 * 16}).ok());
-  EXPECT_EQ(cache_->Usage()[0].quota.host_tokens, 64u);
+  ASSERT_TRUE(store_->SetQuota("tenant0", {.host_tokens = 4 * 16}).ok());
+  EXPECT_EQ(store_->Usage()[0].quota.host_tokens, 64u);
   ASSERT_TRUE(Store(*s, {KeyOf(100)}).ok());
-  EXPECT_EQ(cache_->Usage()[0].blocks, 4u) << "the store evicted down to the new quota";
+  EXPECT_EQ(store_->Usage()[0].blocks, 4u) << "the store evicted down to the new quota";
   // The reclaimer (watermarks 1 and 1 apply to the quota too) may take some
   // of those 7 evictions before the store does: together they are 7.
   EXPECT_EQ(stats_.evictions_for_quota.Get() + stats_.evictions_background.Get() - background, 7u);
-  ASSERT_TRUE(cache_->SetQuota("tenant0", {}).ok());  // lifted
+  ASSERT_TRUE(store_->SetQuota("tenant0", {}).ok());  // lifted
   ASSERT_TRUE(Store(*s, Keys(200, 5)).ok());
-  EXPECT_EQ(cache_->Usage()[0].blocks, 9u);
+  EXPECT_EQ(store_->Usage()[0].blocks, 9u);
 }
 
-TEST_F(BlockCacheTest, PinnedBlocksAreNeverEvictedAndAllPinnedIsAClearError) {
+TEST_F(BlockStoreTest, PinnedBlocksAreNeverEvictedAndAllPinnedIsAClearError) {
   SetUpCache(4);
   auto s = Session();
   ASSERT_TRUE(Store(*s, Keys(0, 4)).ok());
   uint64_t lease;
   ASSERT_EQ(Hit(*s, Keys(0, 4), true, &lease), 4u);
-  EXPECT_EQ(cache_->Usage()[0].pinned_blocks, 4u);
+  EXPECT_EQ(store_->Usage()[0].pinned_blocks, 4u);
   absl::Status full = Store(*s, {KeyOf(50)});
   ASSERT_FALSE(full.ok());
   EXPECT_EQ(ToErrorCode(full), KVTIER_ENOSPC);
   EXPECT_NE(std::string(full.message()).find("pinned by leases"), std::string::npos) << full.message();
   EXPECT_EQ(Hit(*s, Keys(0, 4)), 4u) << "nothing pinned was lost";
-  ASSERT_TRUE(cache_->Release(*s, lease).ok());
+  ASSERT_TRUE(store_->Release(*s, lease).ok());
   EXPECT_TRUE(Store(*s, {KeyOf(50)}).ok());
   EXPECT_EQ(stats_.store_refused_no_space.Get(), 1u);
 }
 
-TEST_F(BlockCacheTest, StoreIsAllOrNothing) {
+TEST_F(BlockStoreTest, StoreIsAllOrNothing) {
   SetUpCache(4);
   auto s = Session();
   ASSERT_TRUE(Store(*s, Keys(0, 2)).ok());
@@ -534,10 +534,10 @@ TEST_F(BlockCacheTest, StoreIsAllOrNothing) {
   absl::Status st = Store(*s, Keys(10, 3));
   EXPECT_EQ(ToErrorCode(st), KVTIER_ENOSPC);
   EXPECT_EQ(Hit(*s, Keys(10, 3)), 0u);
-  EXPECT_EQ(cache_->Usage()[0].blocks, 2u);
+  EXPECT_EQ(store_->Usage()[0].blocks, 2u);
 }
 
-TEST_F(BlockCacheTest, LoadOnlyWhatTheLeasePins) {
+TEST_F(BlockStoreTest, LoadOnlyWhatTheLeasePins) {
   SetUpCache(16);
   auto s = Session();
   ASSERT_TRUE(Store(*s, Keys(0, 4)).ok());
@@ -559,46 +559,46 @@ TEST_F(BlockCacheTest, LoadOnlyWhatTheLeasePins) {
       << "leases belong to their session";
 }
 
-TEST_F(BlockCacheTest, InvalidatedPinnedBlockIsFreedWhenItsLeaseGoes) {
+TEST_F(BlockStoreTest, InvalidatedPinnedBlockIsFreedWhenItsLeaseGoes) {
   SetUpCache(8);
   auto s = Session();
   ASSERT_TRUE(Store(*s, Keys(0, 2)).ok());
   uint64_t lease;
   ASSERT_EQ(Hit(*s, Keys(0, 2), true, &lease), 2u);
-  auto n = cache_->Invalidate(*s, Keys(0, 2));
+  auto n = store_->Invalidate(*s, Keys(0, 2));
   ASSERT_TRUE(n.ok());
   EXPECT_EQ(*n, 2u);
   EXPECT_EQ(Hit(*s, Keys(0, 2)), 0u) << "invalidated blocks are gone for lookups";
-  EXPECT_EQ(cache_->Usage()[0].blocks, 2u) << "but their slots stay while pinned";
+  EXPECT_EQ(store_->Usage()[0].blocks, 2u) << "but their slots stay while pinned";
   EXPECT_EQ(LoadNow(*s, lease, Keys(0, 2)).loaded, 2u) << "the lease still reads them";
-  ASSERT_TRUE(cache_->Release(*s, lease).ok());
-  EXPECT_EQ(cache_->Usage()[0].blocks, 0u);
+  ASSERT_TRUE(store_->Release(*s, lease).ok());
+  EXPECT_EQ(store_->Usage()[0].blocks, 0u);
 }
 
-TEST_F(BlockCacheTest, InvalidateNamespaceTouchesOnlyThatNamespace) {
+TEST_F(BlockStoreTest, InvalidateNamespaceTouchesOnlyThatNamespace) {
   SetUpCache(16);
   auto a = Session(0), b = Session(1);
   ASSERT_TRUE(Store(*a, Keys(0, 3)).ok());
   ASSERT_TRUE(Store(*b, Keys(0, 3)).ok());
-  auto n = cache_->InvalidateNamespace(*a);
+  auto n = store_->InvalidateNamespace(*a);
   ASSERT_TRUE(n.ok());
   EXPECT_EQ(*n, 3u);
   EXPECT_EQ(Hit(*a, Keys(0, 3)), 0u);
   EXPECT_EQ(Hit(*b, Keys(0, 3)), 3u);
 }
 
-TEST_F(BlockCacheTest, NamespacesAndTenantsAreIsolated) {
+TEST_F(BlockStoreTest, NamespacesAndTenantsAreIsolated) {
   SetUpCache(16, 2);
   auto a = Session(0, 0), other_ns = Session(1, 0), other_tenant = Session(2, 1);
   ASSERT_TRUE(Store(*a, Keys(0, 4)).ok());
   EXPECT_EQ(Hit(*other_ns, Keys(0, 4)), 0u);
   EXPECT_EQ(Hit(*other_tenant, Keys(0, 4)), 0u);
-  auto usage = cache_->Usage();
+  auto usage = store_->Usage();
   EXPECT_EQ(usage[0].blocks, 4u);
   EXPECT_EQ(usage[1].blocks, 0u) << "tenant 0's blocks live in tenant 0's arena only";
 }
 
-TEST_F(BlockCacheTest, ClosingASessionReleasesItsPinsAndAbortsItsStores) {
+TEST_F(BlockStoreTest, ClosingASessionReleasesItsPinsAndAbortsItsStores) {
   SetUpCache(8);
   auto s = Session();
   ASSERT_TRUE(Store(*s, Keys(0, 4)).ok());
@@ -606,12 +606,12 @@ TEST_F(BlockCacheTest, ClosingASessionReleasesItsPinsAndAbortsItsStores) {
   ASSERT_EQ(Hit(*s, Keys(0, 4), true, &lease), 4u);
   std::vector<BlockLocation> out(2);
   uint64_t ticket;
-  ASSERT_TRUE(cache_->StoreBegin(*s, Keys(20, 2), &ticket, std::span(out)).ok());
-  EXPECT_EQ(cache_->Usage()[0].pinned_blocks, 4u);
-  EXPECT_EQ(cache_->Usage()[0].blocks, 6u);
-  cache_->CloseSession(*s);
-  EXPECT_EQ(cache_->Usage()[0].pinned_blocks, 0u);
-  EXPECT_EQ(cache_->Usage()[0].blocks, 4u);
+  ASSERT_TRUE(store_->StoreBegin(*s, Keys(20, 2), &ticket, std::span(out)).ok());
+  EXPECT_EQ(store_->Usage()[0].pinned_blocks, 4u);
+  EXPECT_EQ(store_->Usage()[0].blocks, 6u);
+  store_->CloseSession(*s);
+  EXPECT_EQ(store_->Usage()[0].pinned_blocks, 0u);
+  EXPECT_EQ(store_->Usage()[0].blocks, 4u);
   EXPECT_EQ(s->lease_count.load(), 0u);
   EXPECT_EQ(Hit(*s, Keys(20, 2)), 0u);
   // Everything is evictable again.
@@ -619,9 +619,9 @@ TEST_F(BlockCacheTest, ClosingASessionReleasesItsPinsAndAbortsItsStores) {
   EXPECT_TRUE(Store(*t, Keys(40, 8)).ok());
 }
 
-TEST_F(BlockCacheTest, LeaseLimitPerSession) {
-  cache_ = std::move(BlockCache::Create({.max_leases_per_session = 2}, &stats_)).value();
-  ASSERT_TRUE(cache_->AddTenant("t", std::move(*HostTier::Create({"t", 1 << 20, false}))).ok());
+TEST_F(BlockStoreTest, LeaseLimitPerSession) {
+  store_ = std::move(BlockStore::Create({.max_leases_per_session = 2}, &stats_)).value();
+  ASSERT_TRUE(store_->AddTenant("t", std::move(*HostTier::Create({"t", 1 << 20, false}))).ok());
   auto s = Session();
   ASSERT_TRUE(Store(*s, Keys(0, 1)).ok());
   uint64_t l1, l2;
@@ -629,13 +629,13 @@ TEST_F(BlockCacheTest, LeaseLimitPerSession) {
   Hit(*s, Keys(0, 1), true, &l2);
   std::vector<BlockLocation> out(1);
   uint64_t l3;
-  auto r = cache_->Lookup(*s, Keys(0, 1), true, &l3, std::span(out));
+  auto r = store_->Lookup(*s, Keys(0, 1), true, &l3, std::span(out));
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(ToErrorCode(r.status()), KVTIER_EBUSY);
-  EXPECT_FALSE(BlockCache::Create({.policy = "fifo"}, &stats_).ok());
+  EXPECT_FALSE(BlockStore::Create({.policy = "fifo"}, &stats_).ok());
 }
 
-TEST_F(BlockCacheTest, HitStatisticsCountTokens) {
+TEST_F(BlockStoreTest, HitStatisticsCountTokens) {
   SetUpCache(16);
   auto s = Session();
   ASSERT_TRUE(Store(*s, Keys(0, 2)).ok());

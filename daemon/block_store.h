@@ -21,8 +21,8 @@
 //
 // Lock order: docs/architecture.md, "Lock order" (tenant tier lock, then the
 // lane locks in chain order, then block-index shard locks; the rest are leaves).
-#ifndef KVTIER_DAEMON_BLOCK_CACHE_H_
-#define KVTIER_DAEMON_BLOCK_CACHE_H_
+#ifndef KVTIER_DAEMON_BLOCK_STORE_H_
+#define KVTIER_DAEMON_BLOCK_STORE_H_
 
 #include <atomic>
 #include <cstdint>
@@ -120,7 +120,7 @@ struct LoadOutcome {
 using LoadCallback = absl::AnyInvocable<void(LoadOutcome) &&>;
 using CountCallback = absl::AnyInvocable<void(absl::StatusOr<uint32_t>) &&>;
 
-class BlockCache {
+class BlockStore {
  public:
   struct Options {
     uint32_t max_leases_per_session = 65536;
@@ -145,10 +145,10 @@ class BlockCache {
     double cascade_low = 0.8;
   };
   // InvalidArgument for an unknown policy name.
-  static absl::StatusOr<std::unique_ptr<BlockCache>> Create(const Options& opts, DaemonStats* stats);
-  ~BlockCache();
-  BlockCache(const BlockCache&) = delete;
-  BlockCache& operator=(const BlockCache&) = delete;
+  static absl::StatusOr<std::unique_ptr<BlockStore>> Create(const Options& opts, DaemonStats* stats);
+  ~BlockStore();
+  BlockStore(const BlockStore&) = delete;
+  BlockStore& operator=(const BlockStore&) = delete;
 
   // Setup, before sessions start (not thread-safe).
   // `gpu`: the tenant's GPU tier, if it has one. It holds copies of blocks
@@ -300,7 +300,7 @@ class BlockCache {
   using PendingDemotion = Migrator::PendingDemotion;
   using EvictResult = Migrator::EvictResult;
 
-  BlockCache(const Options& opts, DaemonStats* stats);
+  BlockStore(const Options& opts, DaemonStats* stats);
 
   // --- host tier (block_host.cc)
   // A host slot for a block of `bytes` holding `tokens` tokens, evicting
@@ -322,7 +322,7 @@ class BlockCache {
   // One pass of the reclaimer: every tenant above the high mark, down to the low.
   void ReclaimPass();
 
-  // --- lookups, loads, invalidation (block_cache.cc); stores (block_store.cc)
+  // --- lookups, loads, invalidation (block_store.cc); stores (block_writes.cc)
   void Unpin(SessionHoldings& s, const std::vector<BlockRecord*>& blocks);
   // Queues a leased lookup's chain for the adaptive policy's shadows.
   void ObserveRequest(SessionHoldings& s, std::span<const BlockKey> keys);
@@ -386,4 +386,4 @@ class BlockCache {
 
 }  // namespace kvtier
 
-#endif  // KVTIER_DAEMON_BLOCK_CACHE_H_
+#endif  // KVTIER_DAEMON_BLOCK_STORE_H_

@@ -7,7 +7,7 @@
 #include <random>
 #include <thread>
 
-#include "daemon/block_cache.h"
+#include "daemon/block_store.h"
 #include "gtest/gtest.h"
 #include "tests/support/test_support.h"
 
@@ -16,8 +16,8 @@ namespace {
 
 // `opts` and `quota` choose what evicts besides a full arena: the background
 // reclaimer, a token quota.
-void Stress(const BlockCache::Options& opts, TenantQuota quota, DaemonStats& stats) {
-  auto cache = std::move(BlockCache::Create(opts, &stats)).value();
+void Stress(const BlockStore::Options& opts, TenantQuota quota, DaemonStats& stats) {
+  auto cache = std::move(BlockStore::Create(opts, &stats)).value();
   auto host = std::move(HostTier::Create({"stress", 64 * 4096, false})).value();
   HostTier* tier = host.get();
   ASSERT_TRUE(cache->AddTenant("t", std::move(host), quota).ok());
@@ -102,14 +102,14 @@ void Stress(const BlockCache::Options& opts, TenantQuota quota, DaemonStats& sta
   }
 }
 
-TEST(BlockCacheStressTest, ConcurrentSessionsKeepTheCacheConsistent) {
+TEST(BlockStoreStressTest, ConcurrentSessionsKeepTheCacheConsistent) {
   DaemonStats stats;
   Stress({}, {}, stats);
 }
 
 // The same with the background reclaimer evicting beside the sessions and a
 // token quota below the arena.
-TEST(BlockCacheStressTest, WithBackgroundReclaimAndATokenQuota) {
+TEST(BlockStoreStressTest, WithBackgroundReclaimAndATokenQuota) {
   DaemonStats stats;
   Stress({.high_watermark = 0.6, .low_watermark = 0.4}, {.host_tokens = 48 * 16}, stats);
   EXPECT_GT(stats.evictions_background.Get(), 0u);
