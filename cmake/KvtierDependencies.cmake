@@ -14,6 +14,7 @@ pkg_check_modules(URING REQUIRED IMPORTED_TARGET liburing)    # liburing-dev
 pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)  # libxxhash-dev
 pkg_check_modules(SYSTEMD REQUIRED IMPORTED_TARGET libsystemd)  # libsystemd-dev (sd_notify)
 pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)  # libcpp-httplib-dev (metrics endpoint)
+pkg_check_modules(HIREDIS REQUIRED IMPORTED_TARGET hiredis)    # libhiredis-dev (the remote tier's protocol)
 if(KVTIER_BUILD_TESTS)
   find_package(GTest REQUIRED)            # libgtest-dev, libgmock-dev
 endif()

@@ -1,0 +1,93 @@
+// A real Redis Cluster for a test: scripts/redis-cluster starts Debian's
+// redis-server nodes on free loopback ports in a temporary folder, with one
+// ACL user per tenant, and stops them by PID when the test ends.
+#ifndef KVTIER_TESTS_SUPPORT_REDIS_CLUSTER_PROCESS_H_
+#define KVTIER_TESTS_SUPPORT_REDIS_CLUSTER_PROCESS_H_
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "tools/common/daemon_process.h"
+
+namespace kvtier::testing {
+
+class RedisClusterProcess {
+ public:
+  // Empty when redis-server is not installed (the test then skips).
+  static std::unique_ptr<RedisClusterProcess> Start(const std::vector<std::string>& tenants,
+                                                    const std::string& extra = "") {
+    if (std::system("command -v redis-server >/dev/null 2>&1") != 0) return nullptr;
+    auto c = std::unique_ptr<RedisClusterProcess>(new RedisClusterProcess());
+    std::string cmd = absl::StrCat(Script(), " start ", c->dir_.path(), " ", extra);
+    for (const std::string& t : tenants) absl::StrAppend(&cmd, " --tenant ", t);
+    if (!c->Run(cmd + " >/dev/null")) return nullptr;
+    std::ifstream env(absl::StrCat(c->dir_.path(), "/cluster.env"));
+    std::string line;
+    while (std::getline(env, line)) {
+      if (line.rfind("SEEDS=", 0) == 0) c->seeds_ = absl::StrSplit(line.substr(6), ',');
+    }
+    c->admin_pass_ = ReadLine(absl::StrCat(c->dir_.path(), "/admin.pass"));
+    c->up_ = !c->seeds_.empty();
+    return c->up_ ? std::move(c) : nullptr;
+  }
+  ~RedisClusterProcess() {
+    if (up_) Run(absl::StrCat(Script(), " stop ", dir_.path(), " >/dev/null"));
+  }
+
+  const std::vector<std::string>& seeds() const { return seeds_; }
+  std::string password(const std::string& tenant) const {
+    return ReadLine(absl::StrCat(dir_.path(), "/tenants/", tenant, ".pass"));
+  }
+  std::string user(const std::string& tenant) const { return "kvtier-" + tenant; }
+  const std::string& dir() const { return dir_.path(); }
+
+  bool Kill(int node) { return Run(absl::StrCat(Script(), " kill ", dir_.path(), " ", node, " >/dev/null")); }
+  bool Stop() { return Run(absl::StrCat(Script(), " stop ", dir_.path(), " >/dev/null")); }
+  bool Restart() { return Run(absl::StrCat(Script(), " restart ", dir_.path(), " >/dev/null")); }
+
+  // redis-cli's output for `args` against seed `node`, as `user` (the admin by default).
+  std::string Cli(const std::string& args, size_t node = 0, const std::string& user = "kvtier-admin",
+                  const std::string& pass = "") const {
+    const std::string& seed = seeds_.at(node);
+    const size_t colon = seed.rfind(':');
+    const std::string cmd = absl::StrCat("redis-cli -h ", seed.substr(0, colon), " -p ", seed.substr(colon + 1),
+                                         " --user ", user, " --pass ", pass.empty() ? admin_pass_ : pass,
+                                         " --no-auth-warning ", args, " 2>&1");
+    std::string out;
+    if (FILE* p = popen(cmd.c_str(), "r")) {
+      char buf[4096];
+      size_t n;
+      while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+      pclose(p);
+    }
+    return out;
+  }
+  const std::string& admin_password() const { return admin_pass_; }
+
+ private:
+  RedisClusterProcess() = default;
+  static std::string Script() { return KVTIER_SOURCE_DIR "/scripts/redis-cluster"; }
+  static std::string ReadLine(const std::string& path) {
+    std::ifstream f(path);
+    std::string s;
+    std::getline(f, s);
+    return s;
+  }
+  static bool Run(const std::string& cmd) { return std::system(cmd.c_str()) == 0; }
+
+  tools::TempDir dir_;
+  std::vector<std::string> seeds_;
+  std::string admin_pass_;
+  bool up_ = false;
+};
+
+}  // namespace kvtier::testing
+
+#endif  // KVTIER_TESTS_SUPPORT_REDIS_CLUSTER_PROCESS_H_

@@ -1,0 +1,360 @@
+// The remote tier and its cluster client against a real Redis Cluster (3
+// primaries + 3 replicas of Debian's redis-server on loopback, one ACL user
+// per tenant): byte-exact blocks, values that must prove themselves,
+// tenants kept apart by the server, a primary killed under traffic, the
+// cluster down at start and back, slots resharded under traffic.
+#include "tiers/remote_tier.h"
+
+#include <gtest/gtest.h>
+#include <hiredis/hiredis.h>
+
+#include <atomic>
+#include <latch>
+#include <thread>
+
+#include "absl/strings/str_split.h"
+#include "core/units.h"
+#include "tests/support/redis_cluster_process.h"
+#include "tests/support/test_support.h"
+
+namespace kvtier {
+namespace {
+
+using testing::RedisClusterProcess;
+
+BlockMeta MetaFor(const std::string& tenant, uint64_t i, uint64_t bytes, uint8_t ns = 7) {
+  BlockMeta m;
+  m.ns.bytes.fill(ns);
+  m.key = testing::KeyOf(i);
+  m.payload_bytes = bytes;
+  m.tenant_hash = TenantHash(tenant);
+  m.block_tokens = 16;
+  return m;
+}
+
+std::vector<std::byte> BytesFor(const BlockMeta& m) {
+  std::vector<std::byte> b(m.payload_bytes);
+  testing::FillFromKey(m.key, b);
+  return b;
+}
+
+absl::Status Wait(auto&& start) {
+  std::latch done(1);
+  absl::Status out;
+  start([&](absl::Status s) {
+    out = std::move(s);
+    done.count_down();
+  });
+  done.wait();
+  return out;
+}
+
+struct Tier {
+  std::unique_ptr<RemoteTier> tier;
+  absl::Status Put(const BlockMeta& m, const std::vector<std::byte>& bytes, SlotHandle* slot_out = nullptr) {
+    absl::StatusOr<SlotHandle> slot = tier->Allocate(m.payload_bytes);
+    if (!slot.ok()) return slot.status();
+    if (slot_out) *slot_out = *slot;
+    return Wait([&](auto cb) { tier->Write(*slot, m, bytes, IoPriority::kDemote, std::move(cb)); });
+  }
+  absl::Status Get(SlotHandle slot, const BlockMeta& m, std::vector<std::byte>& out) {
+    out.assign(m.payload_bytes, std::byte{0});
+    return Wait([&](auto cb) { tier->Read(slot, m, out, IoPriority::kLoad, std::move(cb)); });
+  }
+};
+
+class RemoteTierTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    cluster_ = RedisClusterProcess::Start({"alice", "bob"}).release();
+  }
+  static void TearDownTestSuite() {
+    delete cluster_;
+    cluster_ = nullptr;
+  }
+  void SetUp() override {
+    if (cluster_ == nullptr) GTEST_SKIP() << "redis-server is not installed (scripts/install-deps installs it)";
+  }
+
+  static RemoteTierOptions Options(const RedisClusterProcess& c, std::vector<std::string> tenants = {"alice", "bob"}) {
+    RemoteTierOptions o;
+    o.seeds = c.seeds();
+    for (const std::string& t : tenants) o.tenants.push_back({t, c.user(t), c.password(t)});
+    o.op_timeout_ms = 2000;
+    return o;
+  }
+  static Tier Make(const RemoteTierOptions& o) {
+    auto t = RemoteTier::Create(o);
+    EXPECT_TRUE(t.ok()) << t.status();
+    return Tier{std::move(*t)};
+  }
+
+  static RedisClusterProcess* cluster_;
+};
+RedisClusterProcess* RemoteTierTest::cluster_ = nullptr;
+
+TEST(RedisClusterTest, KeySlotsAreTheClusterSpecsCrc16) {
+  EXPECT_EQ(RedisCluster::KeySlot("123456789"), 0x31C3 % RedisCluster::kSlots);  // the spec's check value
+  EXPECT_EQ(RedisCluster::KeySlot("foo"), 12182);
+  EXPECT_EQ(RedisCluster::KeySlot("{user1000}.following"), RedisCluster::KeySlot("{user1000}.followers"));
+  EXPECT_EQ(RedisCluster::KeySlot("foo{}{bar}"), RedisCluster::KeySlot("foo{}{bar}")) << "an empty tag hashes the whole key";
+  EXPECT_NE(RedisCluster::KeySlot("foo{}{bar}"), RedisCluster::KeySlot("bar"));
+  EXPECT_EQ(RedisCluster::KeySlot("foo{{bar}}zap"), RedisCluster::KeySlot("{bar"));
+}
+
+TEST(RedisClusterTest, BadSeedsAreRefused) {
+  EXPECT_FALSE(RedisCluster::Create({.seeds = {}}).ok());
+  EXPECT_FALSE(RedisCluster::Create({.seeds = {"no-port"}}).ok());
+  EXPECT_FALSE(RedisCluster::Create({.seeds = {"127.0.0.1:0"}}).ok());
+  EXPECT_FALSE(RedisCluster::Create({.seeds = {"127.0.0.1:99999"}}).ok());
+  EXPECT_FALSE(RedisCluster::Create({.seeds = {"bad host:80"}}).ok());
+}
+
+TEST_F(RemoteTierTest, BlocksComeBackByteExactFromEveryNode) {
+  Tier t = Make(Options(*cluster_));
+  for (uint64_t bytes : {uint64_t{4096}, uint64_t{256} << 10, uint64_t{2} << 20}) {
+    std::vector<std::pair<SlotHandle, BlockMeta>> put;
+    for (uint64_t i = 0; i < 24; ++i) {  // enough keys to land on all three primaries
+      const BlockMeta m = MetaFor("alice", bytes * 1000 + i, bytes);
+      SlotHandle slot;
+      ASSERT_TRUE(t.Put(m, BytesFor(m), &slot).ok());
+      put.emplace_back(slot, m);
+    }
+    for (const auto& [slot, m] : put) {
+      std::vector<std::byte> got;
+      ASSERT_TRUE(t.Get(slot, m, got).ok());
+      EXPECT_EQ(got, BytesFor(m));
+    }
+  }
+  const RedisCluster::Stats s = t.tier->ClusterStats("alice");
+  EXPECT_EQ(s.slots_covered, RedisCluster::kSlots);
+  size_t serving = 0;
+  for (const auto& n : s.nodes) serving += n.slots > 0 && n.commands > 0;
+  EXPECT_EQ(serving, 3u) << "every primary served some";
+  EXPECT_EQ(t.tier->Health(), TierHealth::kHealthy);
+  EXPECT_EQ(t.tier->BlockStats().checksum_failures, 0u);
+}
+
+TEST_F(RemoteTierTest, ABlockIsSharedBetweenTwoTiersOfOneTenantOnly) {
+  Tier node_a = Make(Options(*cluster_));
+  Tier node_b = Make(Options(*cluster_));
+  const BlockMeta m = MetaFor("alice", 42, 64 << 10);
+  ASSERT_TRUE(node_a.Put(m, BytesFor(m)).ok());
+  // Node B never wrote it: it learns it is there and reads it.
+  std::vector<bool> there;
+  std::latch probed(1);
+  const BlockMeta probe[] = {m, MetaFor("alice", 43, 64 << 10), MetaFor("bob", 42, 64 << 10),
+                             MetaFor("alice", 42, 64 << 10, /*ns=*/8)};
+  node_b.tier->Exists(probe, [&](std::vector<bool> v) {
+    there = std::move(v);
+    probed.count_down();
+  });
+  probed.wait();
+  EXPECT_EQ(there, (std::vector<bool>{true, false, false, false}))
+      << "present; another key; another tenant; another namespace";
+  SlotHandle slot = *node_b.tier->Allocate(m.payload_bytes);
+  std::vector<std::byte> got;
+  ASSERT_TRUE(node_b.Get(slot, m, got).ok());
+  EXPECT_EQ(got, BytesFor(m));
+  // The same key of bob's, or of another namespace, is another key: a miss.
+  EXPECT_TRUE(absl::IsNotFound(node_b.Get(slot, MetaFor("bob", 42, 64 << 10), got)));
+  EXPECT_TRUE(absl::IsNotFound(node_b.Get(slot, MetaFor("alice", 42, 64 << 10, 8), got)));
+  EXPECT_EQ(node_b.tier->misses().not_found, 2u);
+}
+
+TEST_F(RemoteTierTest, TheServerKeepsTenantsApart) {
+  // Bob's own connection asks for alice's key: the cluster refuses (NOPERM).
+  RedisClusterOptions o;
+  o.seeds = cluster_->seeds();
+  o.user = cluster_->user("bob");
+  o.password = cluster_->password("bob");
+  auto bob = std::move(RedisCluster::Create(o)).value();
+  ASSERT_TRUE(bob->WaitForMap(5000));
+  Tier alice_tier = Make(Options(*cluster_, {"alice"}));
+  const BlockMeta m = MetaFor("alice", 77, 4096);
+  ASSERT_TRUE(alice_tier.Put(m, BytesFor(m)).ok());
+  const std::string key = alice_tier.tier->KeyFor("alice", m);
+  absl::StatusOr<RedisReply> r = bob->Call(RedisCommand::Make({{"GET"}, {key}}, 1), 2000);
+  EXPECT_TRUE(absl::IsPermissionDenied(r.status())) << r.status();
+  r = bob->Call(RedisCommand::Make({{"SET"}, {key}, {"overwritten"}}, 1), 2000);
+  EXPECT_TRUE(absl::IsPermissionDenied(r.status())) << r.status();
+  // And as redis-cli would, with bob's password.
+  EXPECT_NE(cluster_->Cli("-c get " + key, 0, cluster_->user("bob"), cluster_->password("bob")).find("NOPERM"),
+            std::string::npos);
+  // A wrong password never connects.
+  o.password = "wrong";
+  auto intruder = std::move(RedisCluster::Create(o)).value();
+  r = intruder->Call(RedisCommand::Make({{"GET"}, {key}}, 1), 2000);
+  EXPECT_FALSE(r.ok());
+  // A tier without credentials for a block's tenant writes nothing of it.
+  Tier bob_only = Make(Options(*cluster_, {"bob"}));
+  SlotHandle slot = *bob_only.tier->Allocate(4096);
+  EXPECT_TRUE(absl::IsFailedPrecondition(
+      Wait([&](auto cb) { bob_only.tier->Write(slot, m, BytesFor(m), IoPriority::kDemote, std::move(cb)); })));
+}
+
+TEST_F(RemoteTierTest, AValueThatDoesNotProveItselfIsNeverServedAndIsDeleted) {
+  Tier t = Make(Options(*cluster_));
+  const BlockMeta m = MetaFor("alice", 900, 8192);
+  SlotHandle slot;
+  ASSERT_TRUE(t.Put(m, BytesFor(m), &slot).ok());
+  const std::string key = t.tier->KeyFor("alice", m);
+  // One payload byte changed in place.
+  EXPECT_NE(cluster_->Cli("-c setrange " + key + " 500 X").find("8288"), std::string::npos);
+  std::vector<std::byte> got;
+  EXPECT_TRUE(absl::IsDataLoss(t.Get(slot, m, got)));
+  EXPECT_EQ(t.tier->BlockStats().checksum_failures, 1u);
+  EXPECT_TRUE(testing::Eventually([&] { return cluster_->Cli("-c exists " + key).find('0') != std::string::npos; }))
+      << "the bad value is deleted";
+  EXPECT_TRUE(absl::IsNotFound(t.Get(slot, m, got))) << "then it is simply absent";
+  // A value of the wrong length (the header's payload is longer than what follows).
+  ASSERT_TRUE(t.Put(m, BytesFor(m)).ok());
+  EXPECT_NE(cluster_->Cli("-c setrange " + key + " 8290 tail").find("8294"), std::string::npos);
+  EXPECT_TRUE(absl::IsDataLoss(t.Get(slot, m, got)));
+  // A value that is not kvtier's at all.
+  EXPECT_NE(cluster_->Cli("-c set " + key + " hello").find("OK"), std::string::npos);
+  EXPECT_TRUE(absl::IsDataLoss(t.Get(slot, m, got)));
+  // Another block's value under this key, header and all.
+  const BlockMeta other = MetaFor("alice", 901, 8192);
+  ASSERT_TRUE(t.Put(other, BytesFor(other)).ok());
+  auto admin = std::move(RedisCluster::Create({.seeds = cluster_->seeds(), .user = "kvtier-admin",
+                                                .password = cluster_->admin_password()}))
+                   .value();
+  absl::StatusOr<RedisReply> v = admin->Call(RedisCommand::Make({{"GET"}, {t.tier->KeyFor("alice", other)}}, 1), 2000);
+  ASSERT_TRUE(v.ok() && (*v)->type == REDIS_REPLY_STRING) << v.status();
+  ASSERT_TRUE(admin->Call(RedisCommand::Make({{"SET"}, {key}, {absl::string_view((*v)->str, (*v)->len)}}, 1), 2000).ok());
+  EXPECT_TRUE(absl::IsDataLoss(t.Get(slot, m, got)));
+  std::vector<std::byte> other_got;
+  ASSERT_TRUE(t.Get(slot, other, other_got).ok()) << "the other block itself is intact";
+  EXPECT_EQ(other_got, BytesFor(other));
+  EXPECT_EQ(t.tier->BlockStats().checksum_failures, 4u);
+  EXPECT_EQ(t.tier->misses().bad_value, 4u);
+}
+
+TEST_F(RemoteTierTest, APrimaryKilledUnderTrafficCostsMissesNeverWrongBytes) {
+  auto c = RedisClusterProcess::Start({"alice"});
+  ASSERT_NE(c, nullptr);
+  RemoteTierOptions o = Options(*c, {"alice"});
+  o.op_timeout_ms = 300;
+  o.io_timeout_ms = 300;
+  Tier t = Make(o);
+  std::vector<std::pair<SlotHandle, BlockMeta>> blocks;
+  for (uint64_t i = 0; i < 60; ++i) {
+    const BlockMeta m = MetaFor("alice", 5000 + i, 16 << 10);
+    SlotHandle slot;
+    ASSERT_TRUE(t.Put(m, BytesFor(m), &slot).ok());
+    blocks.emplace_back(slot, m);
+  }
+  // Replicas have it before the primary goes (WAIT-free: give them a moment).
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ASSERT_TRUE(c->Kill(0));
+  const uint64_t start = MonotonicNanos();
+  uint64_t ok = 0, missed = 0, slowest_ns = 0, ok_in_last_pass = 0;
+  while (MonotonicNanos() - start < 12'000'000'000ull) {
+    ok_in_last_pass = 0;
+    for (const auto& [slot, m] : blocks) {
+      std::vector<std::byte> got;
+      const uint64_t t0 = MonotonicNanos();
+      const absl::Status s = t.Get(slot, m, got);
+      slowest_ns = std::max(slowest_ns, MonotonicNanos() - t0);
+      if (s.ok()) {
+        ASSERT_EQ(got, BytesFor(m)) << "a wrong byte was served";
+        ++ok;
+        ++ok_in_last_pass;
+      } else {
+        ++missed;
+        if (getenv("KVTIER_DEBUG_FAILOVER")) std::cerr << (MonotonicNanos() - start) / 1000000 << " ms: " << s << "\n";
+      }
+    }
+  }
+  EXPECT_GT(missed, 0u) << "the dead primary's slots missed for a while";
+  EXPECT_GT(ok, 0u);
+  // After the failover the promoted replica serves the dead primary's slots
+  // (a write it had not yet copied would be a miss: none here).
+  EXPECT_EQ(ok_in_last_pass, blocks.size()) << "after the failover, every block is served again";
+  // A miss costs at most the deadline and one reply timeout (plus scheduling).
+  EXPECT_LT(slowest_ns, 1'500'000'000ull);
+  const RedisCluster::Stats s = t.tier->ClusterStats("alice");
+  EXPECT_GT(s.refreshes, 1u);
+  std::cerr << "failover: " << ok << " hits, " << missed << " misses, slowest op " << slowest_ns / 1'000'000
+            << " ms\n";
+}
+
+TEST_F(RemoteTierTest, AClusterDownAtStartIsDegradedAndHealsWhenItComesBack) {
+  auto c = RedisClusterProcess::Start({"alice"});
+  ASSERT_NE(c, nullptr);
+  ASSERT_TRUE(c->Stop());
+  RemoteTierOptions o = Options(*c, {"alice"});
+  o.op_timeout_ms = 200;
+  Tier t = Make(o);  // starts with nothing answering
+  EXPECT_EQ(t.tier->Health(), TierHealth::kFailed);
+  const BlockMeta m = MetaFor("alice", 1, 4096);
+  const uint64_t t0 = MonotonicNanos();
+  EXPECT_FALSE(t.Put(m, BytesFor(m)).ok());
+  EXPECT_LT(MonotonicNanos() - t0, 1'500'000'000ull) << "a write to a dead cluster fails within its deadline";
+  ASSERT_TRUE(c->Restart());
+  EXPECT_TRUE(testing::Eventually([&] { return t.tier->Health() == TierHealth::kHealthy; }, std::chrono::seconds(20)));
+  SlotHandle slot;
+  EXPECT_TRUE(testing::Eventually([&] { return t.Put(m, BytesFor(m), &slot).ok(); }, std::chrono::seconds(10)));
+  std::vector<std::byte> got;
+  ASSERT_TRUE(t.Get(slot, m, got).ok());
+  EXPECT_EQ(got, BytesFor(m));
+}
+
+TEST_F(RemoteTierTest, SlotsReshardedUnderTrafficAreFollowed) {
+  auto c = RedisClusterProcess::Start({"alice"});
+  ASSERT_NE(c, nullptr);
+  Tier t = Make(Options(*c, {"alice"}));
+  std::vector<std::pair<SlotHandle, BlockMeta>> blocks;
+  for (uint64_t i = 0; i < 200; ++i) {
+    const BlockMeta m = MetaFor("alice", 7000 + i, 4096);
+    SlotHandle slot;
+    ASSERT_TRUE(t.Put(m, BytesFor(m), &slot).ok());
+    blocks.emplace_back(slot, m);
+  }
+  // Node ids of two primaries.
+  std::vector<std::string> primaries;
+  for (absl::string_view line : absl::StrSplit(c->Cli("cluster nodes"), '\n')) {
+    std::vector<std::string> f = absl::StrSplit(line, ' ');
+    if (f.size() > 2 && f[2].find("master") != std::string::npos && f[2].find("fail") == std::string::npos) {
+      primaries.push_back(f[0]);
+    }
+  }
+  ASSERT_GE(primaries.size(), 2u);
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> wrong{0}, hits{0}, misses{0};
+  std::thread traffic([&] {
+    while (!stop.load()) {
+      for (const auto& [slot, m] : blocks) {
+        std::vector<std::byte> got;
+        if (t.Get(slot, m, got).ok()) {
+          ++hits;
+          if (got != BytesFor(m)) ++wrong;
+        } else {
+          ++misses;
+        }
+      }
+    }
+  });
+  const std::string reshard = c->Cli(absl::StrCat("--cluster reshard ", c->seeds()[0], " --cluster-from ", primaries[0],
+                                                  " --cluster-to ", primaries[1],
+                                                  " --cluster-slots 2000 --cluster-yes"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  stop = true;
+  traffic.join();
+  EXPECT_EQ(wrong.load(), 0u);
+  EXPECT_GT(hits.load(), 0u);
+  const RedisCluster::Stats s = t.tier->ClusterStats("alice");
+  EXPECT_GT(s.moved + s.ask, 0u) << reshard.substr(0, 2000);
+  // Every block is still there, each read now goes to its new owner.
+  for (const auto& [slot, m] : blocks) {
+    std::vector<std::byte> got;
+    ASSERT_TRUE(t.Get(slot, m, got).ok());
+    EXPECT_EQ(got, BytesFor(m));
+  }
+  std::cerr << "reshard: " << hits.load() << " hits, " << misses.load() << " misses, " << s.moved << " MOVED, "
+            << s.ask << " ASK\n";
+}
+
+}  // namespace
+}  // namespace kvtier

@@ -1,0 +1,802 @@
+// RedisCluster (redis_cluster.h): the slot map, one thread and connection
+// per node, redirects, retries and the map's refresh.
+//
+// Threads: each node's link thread owns its hiredis context, pipelines its
+// queue and runs the callbacks of the replies it reads; one control thread
+// refreshes the slot map and resubmits commands that wait to be tried again
+// (TRYAGAIN, CLUSTERDOWN). Locks: a node's queue lock and the map lock are
+// leaves (never held while taking another, nor while a callback runs).
+#include "tiers/redis_cluster.h"
+
+#include <hiredis/hiredis.h>
+#include <sys/time.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <charconv>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <optional>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "core/mutex.h"
+#include "core/units.h"
+
+namespace kvtier {
+
+void RedisReplyFree::operator()(redisReply* r) const { freeReplyObject(r); }
+
+namespace {
+
+constexpr uint16_t kNoNode = UINT16_MAX;
+constexpr size_t kMaxNodes = 1024;            // addresses the cluster may name
+constexpr size_t kMaxPipelineBytes = 16 << 20;  // one round's commands, about
+constexpr uint64_t kMinBackoffNs = 10'000'000, kMaxBackoffNs = 1'000'000'000;
+constexpr uint64_t kRetryPauseNs = 20'000'000;      // TRYAGAIN, CLUSTERDOWN
+constexpr uint64_t kMinRefreshGapNs = 100'000'000;  // between refreshes asked for
+
+timeval ToTimeval(uint64_t ms) {
+  timeval tv;
+  tv.tv_sec = static_cast<time_t>(ms / 1000);
+  tv.tv_usec = static_cast<suseconds_t>((ms % 1000) * 1000);
+  return tv;
+}
+
+void AppendBulk(std::string& out, std::initializer_list<absl::string_view> parts) {
+  size_t n = 0;
+  for (absl::string_view p : parts) n += p.size();
+  absl::StrAppend(&out, "$", n, "\r\n");
+  for (absl::string_view p : parts) out.append(p.data(), p.size());
+  out.append("\r\n");
+}
+
+// "host:port", with a port in 1..65535 and a host of printable characters.
+bool ParseAddress(absl::string_view a, std::string* host, int* port) {
+  const size_t colon = a.rfind(':');
+  if (colon == absl::string_view::npos || colon == 0 || colon + 1 >= a.size() || colon > 255) return false;
+  int p = 0;
+  auto [ptr, ec] = std::from_chars(a.data() + colon + 1, a.data() + a.size(), p);
+  if (ec != std::errc() || ptr != a.data() + a.size() || p < 1 || p > 65535) return false;
+  for (char c : a.substr(0, colon)) {
+    if (c <= ' ' || c > '~') return false;
+  }
+  *host = std::string(a.substr(0, colon));
+  *port = p;
+  return true;
+}
+
+// An error reply as a status; MOVED/ASK/TRYAGAIN/CLUSTERDOWN are handled before.
+absl::Status ErrorStatus(absl::string_view msg, absl::string_view who) {
+  const std::string text = absl::StrCat(who, ": ", msg.substr(0, 200));
+  if (absl::StartsWith(msg, "NOPERM")) return absl::PermissionDeniedError(text);
+  if (absl::StartsWith(msg, "NOAUTH") || absl::StartsWith(msg, "WRONGPASS")) return absl::UnauthenticatedError(text);
+  if (absl::StartsWith(msg, "OOM")) return absl::ResourceExhaustedError(text);
+  if (absl::StartsWith(msg, "LOADING") || absl::StartsWith(msg, "MASTERDOWN") || absl::StartsWith(msg, "READONLY")) {
+    return absl::UnavailableError(text);
+  }
+  return absl::UnknownError(text);
+}
+
+struct Op {
+  RedisCommand cmd;
+  RedisCluster::Callback done;
+  uint64_t deadline_ns = 0;
+  CancelToken cancel;
+  uint32_t redirects = 0;
+  bool asking = false;  // send ASKING first (an ASK redirect)
+  bool probe = false;   // the control thread's PING of a node in backoff: not counted
+};
+
+}  // namespace
+
+// --- RedisCommand
+
+RedisCommand RedisCommand::Make(std::initializer_list<std::initializer_list<absl::string_view>> args, size_t key_index) {
+  RedisCommand c;
+  size_t bytes = 16;
+  for (const auto& a : args) {
+    for (absl::string_view p : a) bytes += p.size() + 2;
+    bytes += 24;
+  }
+  c.wire_.reserve(bytes);
+  absl::StrAppend(&c.wire_, "*", args.size(), "\r\n");
+  size_t i = 0;
+  for (const auto& a : args) {
+    AppendBulk(c.wire_, a);
+    if (i++ == key_index) {
+      for (absl::string_view p : a) c.key_.append(p.data(), p.size());
+    }
+  }
+  return c;
+}
+
+RedisCommand RedisCommand::Keyless(std::initializer_list<absl::string_view> args) {
+  RedisCommand c;
+  absl::StrAppend(&c.wire_, "*", args.size(), "\r\n");
+  for (absl::string_view a : args) AppendBulk(c.wire_, {a});
+  c.keyless_ = true;
+  return c;
+}
+
+// --- slots
+
+uint16_t RedisCluster::KeySlot(absl::string_view key) {
+  // A {hash tag}: the part between the first '{' and the next '}', if not empty.
+  if (size_t open = key.find('{'); open != absl::string_view::npos) {
+    if (size_t close = key.find('}', open + 1); close != absl::string_view::npos && close > open + 1) {
+      key = key.substr(open + 1, close - open - 1);
+    }
+  }
+  uint16_t crc = 0;  // CRC16-XMODEM (poly 0x1021, init 0), as the cluster spec says
+  for (unsigned char ch : key) {
+    crc ^= static_cast<uint16_t>(ch) << 8;
+    for (int b = 0; b < 8; ++b) crc = (crc & 0x8000) ? static_cast<uint16_t>((crc << 1) ^ 0x1021) : static_cast<uint16_t>(crc << 1);
+  }
+  return crc % kSlots;
+}
+
+// --- the implementation
+
+struct RedisCluster::Impl {
+  struct Node;
+
+  explicit Impl(const RedisClusterOptions& o) : opts(o) { slot_node.fill(kNoNode); }
+
+  const RedisClusterOptions opts;
+  std::vector<std::pair<std::string, int>> seeds;
+
+  // Nodes are added (never removed) under map_mu; each lives until the end.
+  mutable Mutex map_mu;
+  std::vector<std::unique_ptr<Node>> nodes ABSL_GUARDED_BY(map_mu);
+  std::map<std::string, uint16_t> node_by_address ABSL_GUARDED_BY(map_mu);
+  std::array<uint16_t, kSlots> slot_node ABSL_GUARDED_BY(map_mu);
+  uint64_t slots_covered ABSL_GUARDED_BY(map_mu) = 0;
+  uint32_t next_any ABSL_GUARDED_BY(map_mu) = 0;
+  std::condition_variable_any map_changed;
+
+  // The control thread: refreshes and retries.
+  Mutex control_mu;
+  std::condition_variable_any control_cv;
+  bool stopping ABSL_GUARDED_BY(control_mu) = false;
+  bool refresh_asked ABSL_GUARDED_BY(control_mu) = true;  // the first map
+  uint64_t last_refresh_ns ABSL_GUARDED_BY(control_mu) = 0;
+  std::multimap<uint64_t, Op*> retries ABSL_GUARDED_BY(control_mu);  // by when
+  std::thread control;
+
+  std::atomic<uint64_t> commands{0}, moved{0}, ask{0}, tryagain{0}, clusterdown{0};
+  std::atomic<uint64_t> unavailable{0}, deadline{0}, cancelled{0}, errors{0};
+  std::atomic<uint64_t> refreshes{0}, refresh_failures{0};
+  std::atomic<bool> last_refresh_ok{false};
+  std::atomic<bool> shutting_down{false};  // no node is started from now on
+
+  Node* NodeAt(absl::string_view host, int port);  // finds or starts one (nullptr past kMaxNodes)
+  void Route(Op* op);
+  void Finish(Op* op, absl::StatusOr<RedisReply> r);
+  void OnReply(Node& from, Op* op, RedisReply reply);
+  void Retry(Op* op);
+  void ControlLoop();
+  bool Refresh();
+  // PINGs each mapped node whose link is in backoff, so an idle link learns
+  // its node is back (and the tier's health with it).
+  void ProbeDownNodes();
+  void AskRefresh();
+  // A connection to host:port, authenticated; nullptr (and *why) when not.
+  redisContext* Connect(const std::string& host, int port, std::string* why) const;
+};
+
+struct RedisCluster::Impl::Node {
+  Node(Impl* c, std::string h, int p) : cluster(c), host(std::move(h)), port(p), address(absl::StrCat(host, ":", p)) {
+    thread = std::thread([this] { Run(); });
+  }
+  ~Node() {
+    StopAndJoin();
+    if (ctx != nullptr) redisFree(ctx);
+  }
+  // What is queued fails with Cancelled; the thread ends.
+  void StopAndJoin() {
+    {
+      MutexLock l(&mu);
+      stop = true;
+    }
+    cv.notify_all();
+    if (thread.joinable()) thread.join();
+  }
+
+  void Enqueue(Op* op) {
+    bool refused;
+    {
+      MutexLock l(&mu);
+      refused = stop;
+      if (!refused) queue.push_back(op);
+    }
+    if (refused) {
+      cluster->Finish(op, absl::CancelledError(absl::StrCat(cluster->opts.name, ": shutting down")));
+      return;
+    }
+    cv.notify_one();
+  }
+
+  void Run();
+  // Whether ctx is usable now (connecting if the backoff allows).
+  bool EnsureConnected(std::string* why);
+  void Disconnect(const std::string& why);
+
+  Impl* const cluster;
+  const std::string host;
+  const int port;
+  const std::string address;
+
+  Mutex mu;
+  std::condition_variable_any cv;
+  std::deque<Op*> queue ABSL_GUARDED_BY(mu);
+  bool stop ABSL_GUARDED_BY(mu) = false;
+
+  // The link thread's alone.
+  redisContext* ctx = nullptr;
+  uint64_t backoff_ns = 0, retry_at_ns = 0;
+  std::string last_error;
+
+  std::atomic<bool> connected{false};
+  std::atomic<bool> in_backoff{false};
+  std::atomic<uint64_t> sent{0}, failed{0}, connects{0};
+  std::thread thread;
+};
+
+redisContext* RedisCluster::Impl::Connect(const std::string& host, int port, std::string* why) const {
+  redisContext* c = redisConnectWithTimeout(host.c_str(), port, ToTimeval(opts.connect_timeout_ms));
+  if (c == nullptr || c->err != 0) {
+    *why = c == nullptr ? "out of memory" : std::string(c->errstr);
+    if (c != nullptr) redisFree(c);
+    return nullptr;
+  }
+  if (redisSetTimeout(c, ToTimeval(opts.io_timeout_ms)) != REDIS_OK) {
+    *why = "cannot set the socket timeout";
+    redisFree(c);
+    return nullptr;
+  }
+  if (!opts.password.empty() || !opts.user.empty()) {
+    redisReply* r;
+    if (opts.user.empty()) {
+      const char* argv[] = {"AUTH", opts.password.c_str()};
+      const size_t len[] = {4, opts.password.size()};
+      r = static_cast<redisReply*>(redisCommandArgv(c, 2, argv, len));
+    } else {
+      const char* argv[] = {"AUTH", opts.user.c_str(), opts.password.c_str()};
+      const size_t len[] = {4, opts.user.size(), opts.password.size()};
+      r = static_cast<redisReply*>(redisCommandArgv(c, 3, argv, len));
+    }
+    if (r == nullptr || r->type == REDIS_REPLY_ERROR) {
+      // The server's words (WRONGPASS ...) name no secret; ours neither.
+      *why = r == nullptr ? absl::StrCat("AUTH: ", c->errstr)
+                          : absl::StrCat("AUTH as user \"", opts.user, "\": ", absl::string_view(r->str, r->len).substr(0, 120));
+      if (r != nullptr) freeReplyObject(r);
+      redisFree(c);
+      return nullptr;
+    }
+    freeReplyObject(r);
+  }
+  return c;
+}
+
+bool RedisCluster::Impl::Node::EnsureConnected(std::string* why) {
+  if (ctx != nullptr && ctx->err == 0) return true;
+  if (ctx != nullptr) Disconnect(ctx->errstr);
+  const uint64_t now = MonotonicNanos();
+  if (now < retry_at_ns) {
+    *why = absl::StrCat("node ", address, " is unreachable (", last_error, "); trying again shortly");
+    return false;
+  }
+  std::string err;
+  ctx = cluster->Connect(host, port, &err);
+  if (ctx == nullptr) {
+    last_error = err;
+    backoff_ns = backoff_ns == 0 ? kMinBackoffNs : std::min(kMaxBackoffNs, backoff_ns * 2);
+    retry_at_ns = now + backoff_ns;
+    in_backoff.store(true, std::memory_order_relaxed);
+    *why = absl::StrCat("node ", address, ": ", err);
+    cluster->AskRefresh();  // a failover may have moved its slots
+    return false;
+  }
+  backoff_ns = 0;
+  retry_at_ns = 0;
+  connects.fetch_add(1, std::memory_order_relaxed);
+  connected.store(true, std::memory_order_relaxed);
+  in_backoff.store(false, std::memory_order_relaxed);
+  return true;
+}
+
+void RedisCluster::Impl::Node::Disconnect(const std::string& why) {
+  if (ctx != nullptr) redisFree(ctx);
+  ctx = nullptr;
+  last_error = why;
+  connected.store(false, std::memory_order_relaxed);
+  // The next command connects at once; a failed connect backs off.
+  cluster->AskRefresh();
+}
+
+void RedisCluster::Impl::Node::Run() {
+  std::vector<Op*> batch;
+  for (;;) {
+    batch.clear();
+    bool stopping;
+    {
+      MutexLock l(&mu);
+      mu.Await(cv, [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stop || !queue.empty(); });
+      stopping = stop;
+      if (stop) {
+        batch.assign(queue.begin(), queue.end());
+        queue.clear();
+      } else {
+        size_t bytes = 0;
+        while (!queue.empty() && batch.size() < cluster->opts.max_pipeline &&
+               (batch.empty() || bytes + queue.front()->cmd.wire().size() <= kMaxPipelineBytes)) {
+          bytes += queue.front()->cmd.wire().size();
+          batch.push_back(queue.front());
+          queue.pop_front();
+        }
+      }
+    }
+    if (stopping) {
+      for (Op* op : batch) cluster->Finish(op, absl::CancelledError(absl::StrCat(cluster->opts.name, ": shutting down")));
+      return;
+    }
+    // What may not be sent any more fails now.
+    const uint64_t now = MonotonicNanos();
+    std::vector<Op*> send;
+    for (Op* op : batch) {
+      if (op->cancel.cancelled()) {
+        cluster->Finish(op, absl::CancelledError(absl::StrCat(cluster->opts.name, ": cancelled")));
+      } else if (op->deadline_ns != 0 && now > op->deadline_ns) {
+        cluster->Finish(op, absl::DeadlineExceededError(absl::StrCat(cluster->opts.name, ": deadline passed before ",
+                                                                     address, " was asked")));
+      } else {
+        send.push_back(op);
+      }
+    }
+    if (send.empty()) continue;
+    std::string why;
+    if (!EnsureConnected(&why)) {
+      for (Op* op : send) cluster->Finish(op, absl::UnavailableError(absl::StrCat(cluster->opts.name, ": ", why)));
+      continue;
+    }
+    static constexpr absl::string_view kAsking = "*1\r\n$6\r\nASKING\r\n";
+    for (Op* op : send) {
+      if (op->asking) redisAppendFormattedCommand(ctx, kAsking.data(), kAsking.size());
+      redisAppendFormattedCommand(ctx, op->cmd.wire().data(), op->cmd.wire().size());
+    }
+    sent.fetch_add(send.size(), std::memory_order_relaxed);
+    size_t i = 0;
+    for (; i < send.size(); ++i) {
+      Op* op = send[i];
+      void* raw = nullptr;
+      if (op->asking) {
+        if (redisGetReply(ctx, &raw) != REDIS_OK) break;
+        freeReplyObject(raw);  // +OK; a refusal shows in the command's own reply
+        raw = nullptr;
+        op->asking = false;
+      }
+      if (redisGetReply(ctx, &raw) != REDIS_OK) break;
+      cluster->OnReply(*this, op, RedisReply(static_cast<redisReply*>(raw)));
+    }
+    if (i < send.size()) {
+      // A broken or slow connection: what it owes fails, and it is dropped.
+      const std::string err = ctx->err != 0 ? std::string(ctx->errstr) : "no reply";
+      Disconnect(err);
+      failed.fetch_add(send.size() - i, std::memory_order_relaxed);
+      for (; i < send.size(); ++i) {
+        cluster->Finish(send[i], absl::UnavailableError(absl::StrCat(cluster->opts.name, ": node ", address, ": ", err)));
+      }
+    }
+  }
+}
+
+RedisCluster::Impl::Node* RedisCluster::Impl::NodeAt(absl::string_view host, int port) {
+  const std::string address = absl::StrCat(host, ":", port);
+  MutexLock l(&map_mu);
+  if (auto it = node_by_address.find(address); it != node_by_address.end()) return nodes[it->second].get();
+  if (nodes.size() >= kMaxNodes || shutting_down.load(std::memory_order_acquire)) return nullptr;
+  nodes.push_back(std::make_unique<Node>(this, std::string(host), port));
+  node_by_address[address] = static_cast<uint16_t>(nodes.size() - 1);
+  return nodes.back().get();
+}
+
+void RedisCluster::Impl::Finish(Op* op, absl::StatusOr<RedisReply> r) {
+  if (!r.ok() && !op->probe) {
+    switch (r.status().code()) {
+      case absl::StatusCode::kUnavailable: unavailable.fetch_add(1, std::memory_order_relaxed); break;
+      case absl::StatusCode::kDeadlineExceeded: deadline.fetch_add(1, std::memory_order_relaxed); break;
+      case absl::StatusCode::kCancelled: cancelled.fetch_add(1, std::memory_order_relaxed); break;
+      default: errors.fetch_add(1, std::memory_order_relaxed); break;
+    }
+  }
+  std::move(op->done)(std::move(r));
+  delete op;
+}
+
+void RedisCluster::Impl::Route(Op* op) {
+  Node* node = nullptr;
+  {
+    MutexLock l(&map_mu);
+    uint16_t idx = kNoNode;
+    if (!op->cmd.keyless()) idx = slot_node[KeySlot(op->cmd.key())];
+    if (idx == kNoNode && !nodes.empty()) idx = static_cast<uint16_t>(next_any++ % nodes.size());  // a redirect corrects it
+    if (idx != kNoNode) node = nodes[idx].get();
+  }
+  if (node == nullptr && !seeds.empty()) node = NodeAt(seeds[0].first, seeds[0].second);
+  if (node == nullptr) {
+    Finish(op, shutting_down.load(std::memory_order_acquire)
+                   ? absl::CancelledError(absl::StrCat(opts.name, ": shutting down"))
+                   : absl::UnavailableError(absl::StrCat(opts.name, ": no node known")));
+    return;
+  }
+  node->Enqueue(op);
+}
+
+void RedisCluster::Impl::OnReply(Node& from, Op* op, RedisReply reply) {
+  if (reply == nullptr) {
+    Finish(op, absl::UnavailableError(absl::StrCat(opts.name, ": node ", from.address, ": empty reply")));
+    return;
+  }
+  if (reply->type != REDIS_REPLY_ERROR) {
+    Finish(op, std::move(reply));
+    return;
+  }
+  const absl::string_view msg(reply->str, reply->len);
+  const bool is_moved = absl::StartsWith(msg, "MOVED "), is_ask = absl::StartsWith(msg, "ASK ");
+  if (is_moved || is_ask) {
+    (is_moved ? moved : ask).fetch_add(1, std::memory_order_relaxed);
+    // "MOVED <slot> <host>:<port>" (an empty host: the node that answered).
+    const size_t sp1 = msg.find(' '), sp2 = msg.find(' ', sp1 + 1);
+    int slot = -1;
+    std::string host;
+    int port = 0;
+    if (sp2 != absl::string_view::npos) {
+      auto [p, ec] = std::from_chars(msg.data() + sp1 + 1, msg.data() + sp2, slot);
+      const absl::string_view addr = msg.substr(sp2 + 1);
+      if (!ParseAddress(addr[0] == ':' ? absl::StrCat(from.host, addr) : std::string(addr), &host, &port)) port = 0;
+      if (ec != std::errc() || p != msg.data() + sp2) slot = -1;
+    }
+    if (slot < 0 || slot >= static_cast<int>(kSlots) || port == 0) {
+      Finish(op, absl::UnavailableError(absl::StrCat(opts.name, ": node ", from.address, " sent a malformed redirect")));
+      return;
+    }
+    if (++op->redirects > opts.max_redirects) {
+      Finish(op, absl::UnavailableError(absl::StrCat(opts.name, ": more than ", opts.max_redirects,
+                                                     " redirects for one command (slots moving)")));
+      return;
+    }
+    Node* to = NodeAt(host, port);
+    if (to == nullptr) {
+      Finish(op, absl::UnavailableError(absl::StrCat(opts.name, ": no link to ", host, ":", port,
+                                                     " (shutting down, or more than ", kMaxNodes, " nodes)")));
+      return;
+    }
+    if (is_moved) {
+      {
+        MutexLock l(&map_mu);
+        const uint16_t idx = node_by_address.at(to->address);
+        if (slot_node[slot] == kNoNode) ++slots_covered;
+        slot_node[slot] = idx;
+      }
+      AskRefresh();
+    } else {
+      op->asking = true;
+    }
+    to->Enqueue(op);
+    return;
+  }
+  const bool is_tryagain = absl::StartsWith(msg, "TRYAGAIN"), is_down = absl::StartsWith(msg, "CLUSTERDOWN");
+  if (is_tryagain || is_down) {
+    (is_tryagain ? tryagain : clusterdown).fetch_add(1, std::memory_order_relaxed);
+    if (is_down) AskRefresh();
+    const uint64_t now = MonotonicNanos();
+    if (op->deadline_ns != 0 && now + kRetryPauseNs > op->deadline_ns) {
+      Finish(op, absl::UnavailableError(absl::StrCat(opts.name, ": ", msg.substr(0, 120))));
+      return;
+    }
+    Retry(op);
+    return;
+  }
+  Finish(op, ErrorStatus(msg, absl::StrCat(opts.name, ": node ", from.address)));
+}
+
+void RedisCluster::Impl::Retry(Op* op) {
+  bool refused;
+  {
+    MutexLock l(&control_mu);
+    refused = stopping;
+    if (!refused) retries.emplace(MonotonicNanos() + kRetryPauseNs, op);
+  }
+  if (refused) {
+    Finish(op, absl::CancelledError(absl::StrCat(opts.name, ": shutting down")));
+    return;
+  }
+  control_cv.notify_all();
+}
+
+void RedisCluster::Impl::AskRefresh() {
+  {
+    MutexLock l(&control_mu);
+    refresh_asked = true;
+  }
+  control_cv.notify_all();
+}
+
+bool RedisCluster::Impl::Refresh() {
+  refreshes.fetch_add(1, std::memory_order_relaxed);
+  // Ask the nodes we know (primaries of the current map first), then the seeds.
+  std::vector<std::pair<std::string, int>> ask_of;
+  {
+    MutexLock l(&map_mu);
+    std::vector<bool> mapped(nodes.size(), false);
+    for (uint16_t idx : slot_node) {
+      if (idx != kNoNode) mapped[idx] = true;
+    }
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      if (mapped[i]) ask_of.emplace_back(nodes[i]->host, nodes[i]->port);
+    }
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      if (!mapped[i]) ask_of.emplace_back(nodes[i]->host, nodes[i]->port);
+    }
+  }
+  ask_of.insert(ask_of.end(), seeds.begin(), seeds.end());
+  constexpr size_t kMaxAsked = 8;  // a refresh is bounded in time too
+  for (size_t k = 0; k < ask_of.size() && k < kMaxAsked; ++k) {
+    const auto& [host, port] = ask_of[k];
+    std::string why;
+    redisContext* c = Connect(host, port, &why);
+    if (c == nullptr) continue;
+    const char* argv[] = {"CLUSTER", "SLOTS"};
+    const size_t len[] = {7, 5};
+    RedisReply r(static_cast<redisReply*>(redisCommandArgv(c, 2, argv, len)));
+    redisFree(c);
+    if (r == nullptr || r->type != REDIS_REPLY_ARRAY) continue;
+    // Each range: [start, end, [host, port, id, ...] (the primary), replicas...].
+    std::vector<std::tuple<int64_t, int64_t, std::string, int>> ranges;
+    bool bad = false;
+    for (size_t i = 0; i < r->elements && !bad; ++i) {
+      const redisReply* e = r->element[i];
+      if (e->type != REDIS_REPLY_ARRAY || e->elements < 3 || e->element[0]->type != REDIS_REPLY_INTEGER ||
+          e->element[1]->type != REDIS_REPLY_INTEGER || e->element[2]->type != REDIS_REPLY_ARRAY ||
+          e->element[2]->elements < 2 || e->element[2]->element[0]->type != REDIS_REPLY_STRING ||
+          e->element[2]->element[1]->type != REDIS_REPLY_INTEGER) {
+        bad = true;
+        break;
+      }
+      const int64_t start = e->element[0]->integer, end = e->element[1]->integer;
+      std::string nhost(e->element[2]->element[0]->str, e->element[2]->element[0]->len);
+      const int64_t nport = e->element[2]->element[1]->integer;
+      if (nhost.empty()) nhost = host;  // "": the node asked
+      std::string parsed;
+      int p = 0;
+      if (start < 0 || end < start || end >= kSlots || nport < 1 || nport > 65535 ||
+          !ParseAddress(absl::StrCat(nhost, ":", nport), &parsed, &p)) {
+        bad = true;
+        break;
+      }
+      ranges.emplace_back(start, end, parsed, p);
+    }
+    if (bad) continue;
+    std::vector<std::pair<std::pair<int64_t, int64_t>, Node*>> owners;
+    for (const auto& [start, end, nhost, nport] : ranges) {
+      Node* n = NodeAt(nhost, nport);
+      if (n != nullptr) owners.push_back({{start, end}, n});
+    }
+    {
+      MutexLock l(&map_mu);
+      slot_node.fill(kNoNode);
+      slots_covered = 0;
+      for (const auto& [range, n] : owners) {
+        const uint16_t idx = node_by_address.at(n->address);
+        for (int64_t s = range.first; s <= range.second; ++s) {
+          if (slot_node[s] == kNoNode) ++slots_covered;
+          slot_node[s] = idx;
+        }
+      }
+    }
+    map_changed.notify_all();
+    last_refresh_ok.store(true, std::memory_order_relaxed);
+    return true;
+  }
+  refresh_failures.fetch_add(1, std::memory_order_relaxed);
+  last_refresh_ok.store(false, std::memory_order_relaxed);
+  return false;
+}
+
+void RedisCluster::Impl::ProbeDownNodes() {
+  std::vector<Node*> down;
+  {
+    MutexLock l(&map_mu);
+    std::vector<bool> mapped(nodes.size(), false);
+    for (uint16_t idx : slot_node) {
+      if (idx != kNoNode) mapped[idx] = true;
+    }
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      if ((mapped[i] || slots_covered == 0) && nodes[i]->in_backoff.load(std::memory_order_relaxed)) {
+        down.push_back(nodes[i].get());
+      }
+    }
+  }
+  for (Node* n : down) {
+    auto* op = new Op{RedisCommand::Keyless({"PING"}), [](absl::StatusOr<RedisReply>) {},
+                      MonotonicNanos() + opts.io_timeout_ms * 1'000'000};
+    op->probe = true;
+    n->Enqueue(op);
+  }
+}
+
+void RedisCluster::Impl::ControlLoop() {
+  for (;;) {
+    std::vector<Op*> due;
+    bool refresh = false;
+    {
+      MutexLock l(&control_mu);
+      const auto wake = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        const uint64_t now = MonotonicNanos();
+        return stopping || (refresh_asked && now >= last_refresh_ns + kMinRefreshGapNs) ||
+               (!retries.empty() && retries.begin()->first <= now) ||
+               now >= last_refresh_ns + opts.refresh_interval_ms * 1'000'000;
+      };
+      // Wake for what is due, or in 10 ms to look again (a refresh asked
+      // for inside the gap, a retry's time).
+      control_mu.AwaitFor(control_cv, std::chrono::milliseconds(10), wake);
+      if (stopping) {
+        for (auto& [when, op] : retries) due.push_back(op);
+        retries.clear();
+      } else {
+        const uint64_t now = MonotonicNanos();
+        while (!retries.empty() && retries.begin()->first <= now) {
+          due.push_back(retries.begin()->second);
+          retries.erase(retries.begin());
+        }
+        if ((refresh_asked && now >= last_refresh_ns + kMinRefreshGapNs) ||
+            now >= last_refresh_ns + opts.refresh_interval_ms * 1'000'000) {
+          refresh = true;
+          refresh_asked = false;
+          last_refresh_ns = now;
+        }
+      }
+    }
+    bool stop;
+    {
+      MutexLock l(&control_mu);
+      stop = stopping;
+    }
+    if (stop) {
+      for (Op* op : due) Finish(op, absl::CancelledError(absl::StrCat(opts.name, ": shutting down")));
+      return;
+    }
+    if (refresh) {
+      Refresh();
+      ProbeDownNodes();
+    }
+    for (Op* op : due) Route(op);
+  }
+}
+
+// --- RedisCluster
+
+RedisCluster::RedisCluster(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+absl::StatusOr<std::unique_ptr<RedisCluster>> RedisCluster::Create(const RedisClusterOptions& opts) {
+  if (opts.seeds.empty()) return absl::InvalidArgumentError(absl::StrCat(opts.name, ": no seed nodes (host:port)"));
+  if (opts.max_pipeline == 0) return absl::InvalidArgumentError(absl::StrCat(opts.name, ": max_pipeline is 0"));
+  auto impl = std::make_unique<Impl>(opts);
+  for (const std::string& s : opts.seeds) {
+    std::string host;
+    int port;
+    if (!ParseAddress(s, &host, &port)) {
+      return absl::InvalidArgumentError(absl::StrCat(opts.name, ": seed \"", s.substr(0, 80), "\" is not host:port"));
+    }
+    impl->seeds.emplace_back(host, port);
+  }
+  Impl* raw = impl.get();
+  for (const auto& [host, port] : raw->seeds) raw->NodeAt(host, port);
+  raw->control = std::thread([raw] { raw->ControlLoop(); });
+  return std::unique_ptr<RedisCluster>(new RedisCluster(std::move(impl)));
+}
+
+RedisCluster::~RedisCluster() {
+  impl_->shutting_down.store(true, std::memory_order_release);
+  {
+    MutexLock l(&impl_->control_mu);
+    impl_->stopping = true;
+  }
+  impl_->control_cv.notify_all();
+  impl_->control.join();
+  // Each node fails what it still holds as it stops; a callback that
+  // redirects to another node meets a stopped node or none (Cancelled).
+  for (size_t i = 0;; ++i) {
+    Impl::Node* n;
+    {
+      MutexLock l(&impl_->map_mu);
+      if (i >= impl_->nodes.size()) break;
+      n = impl_->nodes[i].get();
+    }
+    n->StopAndJoin();
+  }
+}
+
+void RedisCluster::Submit(RedisCommand cmd, Callback done, uint64_t deadline_ns, CancelToken cancel) {
+  impl_->commands.fetch_add(1, std::memory_order_relaxed);
+  auto* op = new Op{std::move(cmd), std::move(done),
+                    deadline_ns != 0 ? deadline_ns : MonotonicNanos() + impl_->opts.io_timeout_ms * 1'000'000,
+                    std::move(cancel)};
+  impl_->Route(op);
+}
+
+absl::StatusOr<RedisReply> RedisCluster::Call(RedisCommand cmd, uint64_t timeout_ms) {
+  Mutex mu;
+  std::condition_variable_any cv;
+  std::optional<absl::StatusOr<RedisReply>> out;
+  Submit(
+      std::move(cmd),
+      [&](absl::StatusOr<RedisReply> r) {
+        MutexLock l(&mu);
+        out = std::move(r);
+        cv.notify_all();
+      },
+      MonotonicNanos() + timeout_ms * 1'000'000);
+  MutexLock l(&mu);
+  mu.Await(cv, [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return out.has_value(); });
+  return std::move(*out);
+}
+
+void RedisCluster::RefreshSoon() { impl_->AskRefresh(); }
+
+bool RedisCluster::WaitForMap(uint64_t timeout_ms) {
+  MutexLock l(&impl_->map_mu);
+  return impl_->map_mu.AwaitFor(impl_->map_changed, std::chrono::milliseconds(timeout_ms),
+                                [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return impl_->slots_covered == kSlots; });
+}
+
+RedisCluster::Stats RedisCluster::GetStats() const {
+  Stats s;
+  const Impl& i = *impl_;
+  s.commands = i.commands.load(std::memory_order_relaxed);
+  s.moved = i.moved.load(std::memory_order_relaxed);
+  s.ask = i.ask.load(std::memory_order_relaxed);
+  s.tryagain = i.tryagain.load(std::memory_order_relaxed);
+  s.clusterdown = i.clusterdown.load(std::memory_order_relaxed);
+  s.unavailable = i.unavailable.load(std::memory_order_relaxed);
+  s.deadline = i.deadline.load(std::memory_order_relaxed);
+  s.cancelled = i.cancelled.load(std::memory_order_relaxed);
+  s.errors = i.errors.load(std::memory_order_relaxed);
+  s.refreshes = i.refreshes.load(std::memory_order_relaxed);
+  s.refresh_failures = i.refresh_failures.load(std::memory_order_relaxed);
+  MutexLock l(&i.map_mu);
+  s.slots_covered = i.slots_covered;
+  std::vector<uint64_t> slots(i.nodes.size(), 0);
+  for (uint16_t idx : i.slot_node) {
+    if (idx != kNoNode) ++slots[idx];
+  }
+  for (size_t k = 0; k < i.nodes.size(); ++k) {
+    const Impl::Node& n = *i.nodes[k];
+    s.nodes.push_back({n.address, n.connected.load(std::memory_order_relaxed), slots[k],
+                       n.sent.load(std::memory_order_relaxed), n.failed.load(std::memory_order_relaxed),
+                       n.connects.load(std::memory_order_relaxed)});
+  }
+  return s;
+}
+
+TierHealth RedisCluster::Health() const {
+  const Impl& i = *impl_;
+  MutexLock l(&i.map_mu);
+  if (i.slots_covered == 0 && !i.last_refresh_ok.load(std::memory_order_relaxed)) return TierHealth::kFailed;
+  if (i.slots_covered < kSlots || !i.last_refresh_ok.load(std::memory_order_relaxed)) return TierHealth::kDegraded;
+  std::vector<bool> mapped(i.nodes.size(), false);
+  for (uint16_t idx : i.slot_node) {
+    if (idx != kNoNode) mapped[idx] = true;
+  }
+  for (size_t k = 0; k < i.nodes.size(); ++k) {
+    if (mapped[k] && i.nodes[k]->in_backoff.load(std::memory_order_relaxed)) return TierHealth::kDegraded;
+  }
+  return TierHealth::kHealthy;
+}
+
+}  // namespace kvtier

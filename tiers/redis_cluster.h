@@ -1,0 +1,137 @@
+// A Redis Cluster client: hiredis speaks the protocol to each node; the
+// cluster logic is ours.
+//
+//   - Keys map to the cluster's 16384 slots (CRC16 of the key, or of its
+//     {hash tag}); the slot map comes from CLUSTER SLOTS, asked of any node
+//     that answers, again every refresh interval and soon after a redirect,
+//     a failover or a node that stopped answering.
+//   - One connection per node, owned by that node's thread, which pipelines
+//     whatever is queued for it (up to max_pipeline commands a round trip).
+//   - MOVED updates the slot's owner and goes there; ASK goes once to the
+//     node named, after ASKING; TRYAGAIN and CLUSTERDOWN are tried again
+//     after a short pause while the command's deadline allows.
+//   - A node that does not answer is reconnected with exponential backoff
+//     (10 ms to 1 s); meanwhile commands for it fail at once.
+//   - Every command has a deadline and may be cancelled: one not sent by
+//     then fails with DeadlineExceeded (or Cancelled), and a reply slower
+//     than io_timeout breaks its connection (Unavailable).
+// Every failure is a status, never a partial reply: callers (the remote
+// tier) treat it as a miss. Connections authenticate as one ACL user.
+#ifndef KVTIER_TIERS_REDIS_CLUSTER_H_
+#define KVTIER_TIERS_REDIS_CLUSTER_H_
+
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <span>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/statusor.h"
+#include "core/cancel.h"
+#include "tiers/tier.h"
+
+struct redisReply;  // hiredis
+
+namespace kvtier {
+
+struct RedisReplyFree {
+  void operator()(redisReply* r) const;
+};
+// A node's reply to one command, as hiredis parsed it (never an error reply:
+// those arrive as a status).
+using RedisReply = std::unique_ptr<redisReply, RedisReplyFree>;
+
+// A command, formatted for the wire once, when it is made (a block's bytes
+// are copied into it once), with the key that routes it.
+class RedisCommand {
+ public:
+  // A command of `args` whose key is args[key_index]. Each argument may be
+  // given in parts, sent as one argument (a value's header and payload).
+  static RedisCommand Make(std::initializer_list<std::initializer_list<absl::string_view>> args, size_t key_index);
+  // A command with no key (PING, CLUSTER SLOTS): any node answers it.
+  static RedisCommand Keyless(std::initializer_list<absl::string_view> args);
+
+  const std::string& key() const { return key_; }
+  const std::string& wire() const { return wire_; }
+  bool keyless() const { return keyless_; }
+
+ private:
+  std::string key_, wire_;
+  bool keyless_ = false;
+};
+
+struct RedisClusterOptions {
+  std::vector<std::string> seeds;  // "host:port" of nodes to learn the cluster from
+  std::string user;                // the ACL user ("" is the default user)
+  std::string password;
+  std::string name = "redis";     // in errors and logs (never the password)
+  uint64_t connect_timeout_ms = 500;
+  uint64_t io_timeout_ms = 1000;
+  uint32_t max_redirects = 5;
+  uint64_t refresh_interval_ms = 5000;
+  uint32_t max_pipeline = 64;
+};
+
+class RedisCluster {
+ public:
+  // The seeds are parsed (InvalidArgument for one that is not host:port);
+  // the cluster need not be up: the first slot map comes when a node answers.
+  static absl::StatusOr<std::unique_ptr<RedisCluster>> Create(const RedisClusterOptions& opts);
+  // Fails what is still queued with Cancelled and joins every thread.
+  ~RedisCluster();
+  RedisCluster(const RedisCluster&) = delete;
+  RedisCluster& operator=(const RedisCluster&) = delete;
+
+  // Thread-safe. Sends `cmd` to the node that holds its key's slot. `done`
+  // runs exactly once, on one of the cluster's threads (it must not block):
+  // with the reply, or a status (error replies become one: NOPERM is
+  // PermissionDenied, OOM ResourceExhausted, an unreachable node or a broken
+  // connection Unavailable, the deadline DeadlineExceeded). deadline_ns is
+  // MonotonicNanos() by which it must be sent (0: io_timeout from now).
+  using Callback = absl::AnyInvocable<void(absl::StatusOr<RedisReply>) &&>;
+  void Submit(RedisCommand cmd, Callback done, uint64_t deadline_ns = 0, CancelToken cancel = {});
+  // Submit and wait: for tools and tests.
+  absl::StatusOr<RedisReply> Call(RedisCommand cmd, uint64_t timeout_ms);
+
+  // Thread-safe. Asks for a new slot map now (it comes on the cluster's own thread).
+  void RefreshSoon();
+  // Thread-safe. Waits up to timeout_ms for a slot map that covers every slot.
+  bool WaitForMap(uint64_t timeout_ms);
+
+  struct NodeStats {
+    std::string address;
+    bool connected = false;
+    uint64_t slots = 0;  // in the current map (0: a replica, or unknown)
+    uint64_t commands = 0, errors = 0, connects = 0;
+  };
+  struct Stats {
+    uint64_t commands = 0;
+    uint64_t moved = 0, ask = 0, tryagain = 0, clusterdown = 0;
+    uint64_t unavailable = 0, deadline = 0, cancelled = 0, errors = 0;  // how commands failed
+    uint64_t refreshes = 0, refresh_failures = 0;
+    uint64_t slots_covered = 0;  // of 16384
+    std::vector<NodeStats> nodes;
+  };
+  Stats GetStats() const;
+  // Healthy with a full slot map and every mapped node connected or not yet
+  // tried; degraded with part of one or a node in backoff; failed with no
+  // map and no node answering.
+  TierHealth Health() const;
+
+  // The cluster slot of a key (CRC16-XMODEM mod 16384, of the {hash tag} if any).
+  static uint16_t KeySlot(absl::string_view key);
+  static constexpr uint32_t kSlots = 16384;
+
+  struct Impl;
+
+ private:
+  explicit RedisCluster(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_TIERS_REDIS_CLUSTER_H_

@@ -1,0 +1,370 @@
+// RemoteTier (remote_tier.h): blocks as self-checking values in a Redis
+// Cluster, one ACL user per tenant.
+#include "tiers/remote_tier.h"
+
+#include <hiredis/hiredis.h>
+#include <xxhash.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+#include "core/units.h"
+
+namespace kvtier {
+
+namespace {
+
+RemoteValueHeader HeaderFor(const BlockMeta& meta, std::span<const std::byte> payload) {
+  RemoteValueHeader h;
+  std::memcpy(h.ns, meta.ns.bytes.data(), sizeof(h.ns));
+  std::memcpy(h.key, meta.key.bytes.data(), sizeof(h.key));
+  h.payload_bytes = payload.size();
+  h.checksum = XXH3_64bits(payload.data(), payload.size());
+  h.tenant_hash = meta.tenant_hash;
+  return h;
+}
+
+// Why a stored value is not the block `meta` names, intact; "" when it is.
+std::string CheckValue(absl::string_view v, const BlockMeta& meta) {
+  if (v.size() < sizeof(RemoteValueHeader)) return absl::StrCat("value of ", v.size(), " bytes is shorter than its header");
+  RemoteValueHeader h;
+  std::memcpy(&h, v.data(), sizeof(h));
+  if (h.magic != RemoteValueHeader::kMagic) return "not a kvtier block (magic)";
+  if (h.version != RemoteValueHeader::kVersion || h.header_bytes != sizeof(RemoteValueHeader)) {
+    return absl::StrCat("header version ", h.version, " / ", h.header_bytes, " bytes is not this kvtier's");
+  }
+  if (std::memcmp(h.ns, meta.ns.bytes.data(), sizeof(h.ns)) != 0) return "another namespace's block";
+  if (std::memcmp(h.key, meta.key.bytes.data(), sizeof(h.key)) != 0) return "another block's value";
+  if (h.tenant_hash != meta.tenant_hash) return "another tenant's block";
+  if (h.payload_bytes != meta.payload_bytes || v.size() - sizeof(h) != meta.payload_bytes) {
+    return absl::StrCat("payload of ", v.size() - sizeof(h), " bytes (header says ", h.payload_bytes, "), expected ",
+                        meta.payload_bytes);
+  }
+  if (XXH3_64bits(v.data() + sizeof(h), meta.payload_bytes) != h.checksum) return "payload checksum mismatch";
+  return "";
+}
+
+uint64_t DeadlineOf(const IoOptions& io, uint64_t timeout_ms) {
+  return io.deadline_ns != 0 ? io.deadline_ns : MonotonicNanos() + timeout_ms * 1'000'000;
+}
+
+}  // namespace
+
+RemoteTier::RemoteTier(const RemoteTierOptions& opts) : opts_(opts) {}
+
+absl::StatusOr<std::unique_ptr<RemoteTier>> RemoteTier::Create(const RemoteTierOptions& opts) {
+  if (opts.tenants.empty()) return absl::InvalidArgumentError("the remote tier has no tenant credentials");
+  if (opts.max_block_bytes == 0 || opts.capacity_bytes == 0) {
+    return absl::InvalidArgumentError("the remote tier's max_block_bytes and capacity_bytes must be above 0");
+  }
+  auto tier = std::unique_ptr<RemoteTier>(new RemoteTier(opts));
+  for (const RemoteTenant& t : opts.tenants) {
+    if (t.name.empty() || t.user.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("remote tier: tenant \"", t.name, "\" needs its own ACL user (a user and a password)"));
+    }
+    for (const TenantLink& other : tier->tenants_) {
+      if (other.name == t.name) return absl::InvalidArgumentError(absl::StrCat("remote tier: tenant \"", t.name, "\" twice"));
+    }
+    RedisClusterOptions c;
+    c.seeds = opts.seeds;
+    c.user = t.user;
+    c.password = t.password;
+    c.name = absl::StrCat(opts.name, " (tenant \"", t.name, "\")");
+    c.connect_timeout_ms = opts.connect_timeout_ms;
+    c.io_timeout_ms = opts.io_timeout_ms;
+    c.max_pipeline = opts.max_pipeline;
+    ASSIGN_OR_RETURN(std::unique_ptr<RedisCluster> cluster, RedisCluster::Create(c));
+    tier->tenants_.push_back({t.name, TenantHash(t.name), std::move(cluster)});
+  }
+  return tier;
+}
+
+RemoteTier::~RemoteTier() {
+  Drain();
+  // Each cluster fails what is still queued (nothing: drained) and joins.
+  tenants_.clear();
+}
+
+std::string RemoteTier::KeyFor(const std::string& tenant, const BlockMeta& meta) const {
+  return absl::StrCat(opts_.key_prefix, ":", tenant, ":", meta.ns.Hex(), ":", meta.key.Hex());
+}
+
+const RemoteTier::TenantLink* RemoteTier::LinkFor(uint64_t tenant_hash) const {
+  for (const TenantLink& t : tenants_) {
+    if (t.hash == tenant_hash) return &t;
+  }
+  return nullptr;
+}
+
+absl::StatusOr<SlotHandle> RemoteTier::Allocate(uint64_t bytes) {
+  if (bytes == 0 || bytes > opts_.max_block_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("a block of ", bytes, " bytes does not fit the ", opts_.name,
+                                                   " tier (1 to ", opts_.max_block_bytes, " bytes)"));
+  }
+  const uint64_t cost = SlotBytesFor(bytes);
+  MutexLock l(&mu_);
+  if (used_bytes_ + cost > opts_.capacity_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("the ", opts_.name, " tier's handles are full (",
+                                                     FormatBytes(opts_.capacity_bytes), ")"));
+  }
+  SlotHandle s;
+  if (!free_slots_.empty()) {
+    s = free_slots_.back();
+    free_slots_.pop_back();
+  } else {
+    if (slot_bytes_.size() >= UINT32_MAX - 1) return absl::ResourceExhaustedError("out of slot handles");
+    s = static_cast<SlotHandle>(slot_bytes_.size());
+    slot_bytes_.push_back(0);
+  }
+  slot_bytes_[s] = cost;
+  used_bytes_ += cost;
+  ++used_slots_;
+  return s;
+}
+
+absl::Status RemoteTier::Free(SlotHandle slot) {
+  MutexLock l(&mu_);
+  if (slot >= slot_bytes_.size() || slot_bytes_[slot] == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("slot ", slot, " of the ", opts_.name, " tier is not allocated"));
+  }
+  used_bytes_ -= slot_bytes_[slot];
+  --used_slots_;
+  slot_bytes_[slot] = 0;
+  free_slots_.push_back(slot);
+  return absl::OkStatus();
+}
+
+uint64_t RemoteTier::SlotBytes(SlotHandle slot) const {
+  MutexLock l(&mu_);
+  return slot < slot_bytes_.size() ? slot_bytes_[slot] : 0;
+}
+
+void RemoteTier::Began(bool write) {
+  MutexLock l(&mu_);
+  ++(write ? writes_in_flight_ : reads_in_flight_);
+}
+
+void RemoteTier::Ended(bool write) {
+  // Notified under the lock: a Drain that sees the count reach 0 may be the
+  // destructor's, and the condition variable goes with the tier.
+  MutexLock l(&mu_);
+  --(write ? writes_in_flight_ : reads_in_flight_);
+  idle_.notify_all();
+}
+
+void RemoteTier::CountMiss(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kNotFound: miss_not_found_.fetch_add(1, std::memory_order_relaxed); break;
+    case absl::StatusCode::kDataLoss: break;  // counted where it is found
+    case absl::StatusCode::kUnavailable: miss_unavailable_.fetch_add(1, std::memory_order_relaxed); break;
+    case absl::StatusCode::kDeadlineExceeded:
+    case absl::StatusCode::kCancelled:
+      miss_deadline_.fetch_add(1, std::memory_order_relaxed);
+      abandoned_.fetch_add(1, std::memory_order_relaxed);
+      break;
+    default: miss_other_.fetch_add(1, std::memory_order_relaxed); break;
+  }
+}
+
+void RemoteTier::Write(SlotHandle slot, const BlockMeta& meta, std::span<const std::byte> src, const IoOptions& io,
+                       IoCallback done) {
+  const uint64_t cost = SlotBytes(slot);
+  if (cost == 0 || src.size() != meta.payload_bytes || cost < SlotBytesFor(src.size())) {
+    writes_refused_.fetch_add(1, std::memory_order_relaxed);
+    std::move(done)(absl::InvalidArgumentError(absl::StrCat("a write of ", src.size(), " bytes into slot ", slot,
+                                                            " of the ", opts_.name, " tier, which holds ", cost)));
+    return;
+  }
+  const TenantLink* link = LinkFor(meta.tenant_hash);
+  if (link == nullptr) {
+    writes_refused_.fetch_add(1, std::memory_order_relaxed);
+    std::move(done)(absl::FailedPreconditionError(
+        absl::StrCat("the ", opts_.name, " tier has no credentials for this block's tenant")));
+    return;
+  }
+  const RemoteValueHeader h = HeaderFor(meta, src);
+  // The payload is copied once, into the command: src is the caller's again when Write returns.
+  RedisCommand cmd = RedisCommand::Make(
+      {{"SET"},
+       {KeyFor(link->name, meta)},
+       {absl::string_view(reinterpret_cast<const char*>(&h), sizeof(h)),
+        absl::string_view(reinterpret_cast<const char*>(src.data()), src.size())}},
+      1);
+  Began(true);
+  link->cluster->Submit(
+      std::move(cmd),
+      [this, bytes = src.size(), done = std::move(done)](absl::StatusOr<RedisReply> r) mutable {
+        absl::Status s;
+        if (!r.ok()) {
+          s = r.status();
+        } else if ((*r)->type != REDIS_REPLY_STATUS) {
+          s = absl::UnknownError(absl::StrCat(opts_.name, ": SET answered with reply type ", (*r)->type));
+        }
+        if (s.ok()) {
+          writes_.fetch_add(1, std::memory_order_relaxed);
+          bytes_written_.fetch_add(bytes, std::memory_order_relaxed);
+        } else if (!absl::IsDeadlineExceeded(s) && !absl::IsCancelled(s)) {
+          io_errors_.fetch_add(1, std::memory_order_relaxed);
+        } else {
+          abandoned_.fetch_add(1, std::memory_order_relaxed);
+        }
+        std::move(done)(std::move(s));
+        Ended(true);
+      },
+      DeadlineOf(io, opts_.op_timeout_ms), io.cancel);
+}
+
+void RemoteTier::Read(SlotHandle slot, const BlockMeta& meta, std::span<std::byte> dst, const IoOptions& io,
+                      IoCallback done) {
+  const TenantLink* link = LinkFor(meta.tenant_hash);
+  if (SlotBytes(slot) == 0 || dst.size() < meta.payload_bytes || link == nullptr) {
+    miss_other_.fetch_add(1, std::memory_order_relaxed);
+    std::move(done)(absl::InvalidArgumentError(absl::StrCat(
+        "a read of slot ", slot, " of the ", opts_.name, " tier: ",
+        link == nullptr ? "no credentials for the block's tenant" : "no such slot, or a buffer too small")));
+    return;
+  }
+  std::string key = KeyFor(link->name, meta);
+  RedisCommand cmd = RedisCommand::Make({{"GET"}, {key}}, 1);
+  Began(false);
+  const uint64_t start = MonotonicNanos();
+  link->cluster->Submit(
+      std::move(cmd),
+      [this, link, meta, dst, start, key = std::move(key), done = std::move(done)](absl::StatusOr<RedisReply> r) mutable {
+        absl::Status s;
+        if (!r.ok()) {
+          s = r.status();
+        } else if ((*r)->type == REDIS_REPLY_NIL) {
+          s = absl::NotFoundError(absl::StrCat("the block is not in the ", opts_.name, " tier (evicted there)"));
+        } else if ((*r)->type != REDIS_REPLY_STRING) {
+          s = absl::DataLossError(absl::StrCat(opts_.name, ": GET answered with reply type ", (*r)->type));
+        } else {
+          const absl::string_view v((*r)->str, (*r)->len);
+          if (const std::string why = CheckValue(v, meta); !why.empty()) {
+            s = absl::DataLossError(absl::StrCat("the ", opts_.name, " tier's copy is not the block: ", why));
+          } else {
+            std::memcpy(dst.data(), v.data() + sizeof(RemoteValueHeader), meta.payload_bytes);
+          }
+        }
+        if (absl::IsDataLoss(s)) {
+          // Never served, and gone for every node: the next store writes it again.
+          checksum_failures_.fetch_add(1, std::memory_order_relaxed);
+          link->cluster->Submit(RedisCommand::Make({{"DEL"}, {key}}, 1), [](absl::StatusOr<RedisReply>) {});
+        }
+        if (s.ok()) {
+          reads_.fetch_add(1, std::memory_order_relaxed);
+          bytes_read_.fetch_add(meta.payload_bytes, std::memory_order_relaxed);
+          if (read_observer_) read_observer_(meta.payload_bytes, IoTiming{MonotonicNanos() - start, 1});
+        } else {
+          CountMiss(s);
+          if (absl::IsUnavailable(s) || absl::IsUnknown(s)) io_errors_.fetch_add(1, std::memory_order_relaxed);
+        }
+        std::move(done)(std::move(s));
+        Ended(false);
+      },
+      DeadlineOf(io, opts_.op_timeout_ms), io.cancel);
+}
+
+void RemoteTier::Exists(std::span<const BlockMeta> metas, absl::AnyInvocable<void(std::vector<bool>) &&> done,
+                        uint64_t deadline_ns) {
+  struct Probe {
+    Mutex mu;
+    std::vector<bool> present ABSL_GUARDED_BY(mu);
+    size_t left ABSL_GUARDED_BY(mu) = 0;
+    absl::AnyInvocable<void(std::vector<bool>) &&> done;
+  };
+  auto p = std::make_shared<Probe>();
+  {
+    MutexLock l(&p->mu);
+    p->present.assign(metas.size(), false);
+    p->left = metas.size() + 1;  // +1 until every EXISTS is sent
+  }
+  p->done = std::move(done);
+  auto arrive = [p](size_t i, bool there) {
+    std::vector<bool> out;
+    {
+      MutexLock l(&p->mu);
+      if (there) p->present[i] = true;
+      if (--p->left != 0) return;
+      out = std::move(p->present);
+    }
+    std::move(p->done)(std::move(out));
+  };
+  const uint64_t deadline = deadline_ns != 0 ? deadline_ns : MonotonicNanos() + opts_.op_timeout_ms * 1'000'000;
+  for (size_t i = 0; i < metas.size(); ++i) {
+    const TenantLink* link = LinkFor(metas[i].tenant_hash);
+    if (link == nullptr) {
+      arrive(i, false);
+      continue;
+    }
+    link->cluster->Submit(
+        RedisCommand::Make({{"EXISTS"}, {KeyFor(link->name, metas[i])}}, 1),
+        [arrive, i](absl::StatusOr<RedisReply> r) {
+          arrive(i, r.ok() && (*r)->type == REDIS_REPLY_INTEGER && (*r)->integer == 1);
+        },
+        deadline);
+  }
+  arrive(0, false);  // the +1
+}
+
+TierUsage RemoteTier::Usage() const {
+  MutexLock l(&mu_);
+  return {opts_.capacity_bytes, used_bytes_, used_slots_, free_slots_.size()};
+}
+
+TierHealth RemoteTier::Health() const {
+  TierHealth worst = TierHealth::kHealthy;
+  for (const TenantLink& t : tenants_) {
+    const TierHealth h = t.cluster->Health();
+    if (h == TierHealth::kFailed || (h == TierHealth::kDegraded && worst == TierHealth::kHealthy)) worst = h;
+  }
+  return worst;
+}
+
+absl::Status RemoteTier::Sync() {
+  MutexLock l(&mu_);
+  mu_.Await(idle_, [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return writes_in_flight_ == 0; });
+  return absl::OkStatus();
+}
+
+void RemoteTier::Drain() {
+  MutexLock l(&mu_);
+  mu_.Await(idle_, [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return writes_in_flight_ == 0 && reads_in_flight_ == 0; });
+}
+
+BlockTierStats RemoteTier::BlockStats() const {
+  BlockTierStats s;
+  {
+    MutexLock l(&mu_);
+    s.capacity_bytes = opts_.capacity_bytes;
+    s.used_bytes = used_bytes_;
+    s.used_slots = used_slots_;
+    s.in_flight = reads_in_flight_ + writes_in_flight_;
+  }
+  s.reads = reads_.load(std::memory_order_relaxed);
+  s.writes = writes_.load(std::memory_order_relaxed);
+  s.bytes_read = bytes_read_.load(std::memory_order_relaxed);
+  s.bytes_written = bytes_written_.load(std::memory_order_relaxed);
+  s.checksum_failures = checksum_failures_.load(std::memory_order_relaxed);
+  s.io_errors = io_errors_.load(std::memory_order_relaxed);
+  s.writes_refused = writes_refused_.load(std::memory_order_relaxed);
+  s.abandoned = abandoned_.load(std::memory_order_relaxed);
+  return s;
+}
+
+RemoteTier::Misses RemoteTier::misses() const {
+  return {miss_not_found_.load(std::memory_order_relaxed), checksum_failures_.load(std::memory_order_relaxed),
+          miss_unavailable_.load(std::memory_order_relaxed), miss_deadline_.load(std::memory_order_relaxed),
+          miss_other_.load(std::memory_order_relaxed)};
+}
+
+RedisCluster::Stats RemoteTier::ClusterStats(const std::string& tenant) const {
+  for (const TenantLink& t : tenants_) {
+    if (t.name == tenant) return t.cluster->GetStats();
+  }
+  return {};
+}
+
+}  // namespace kvtier

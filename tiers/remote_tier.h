@@ -1,0 +1,155 @@
+// A block tier in a shared Redis Cluster (or Valkey cluster): blocks that
+// several kvtierd nodes can reuse.
+//
+// Each block is one string value under kvtier:<tenant>:<namespace>:<key>
+// (hex), written and read with that tenant's own ACL user, so the server
+// itself keeps tenants apart: a tenant's connections cannot name another
+// tenant's keys even if kvtier had a bug. The value is a header (magic,
+// version, namespace id, block key, payload length, XXH3 of the payload,
+// tenant) and the payload, checked on every read: a value that does not
+// prove itself is a miss (DataLoss, counted), never served, and is deleted.
+//
+// The cluster is the one eviction authority (maxmemory with an LRU or LFU
+// policy): a block written here may be gone at the next read (NotFound, a
+// miss). The tier's slots are only kvtier's handles on what it wrote, bounded
+// by capacity_bytes; Free forgets a handle and leaves the value to the
+// cluster, where other nodes may still read it. Not durable. Every read and
+// write has a deadline (op_timeout_ms unless the caller gives one); any
+// error or timeout fails the op, never returns part of a block, and never
+// waits on a node that is down (RedisCluster).
+#ifndef KVTIER_TIERS_REMOTE_TIER_H_
+#define KVTIER_TIERS_REMOTE_TIER_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "core/mutex.h"
+#include "tiers/block_tier.h"
+#include "tiers/redis_cluster.h"
+
+namespace kvtier {
+
+// The value's header, little-endian, in front of the payload.
+struct RemoteValueHeader {
+  static constexpr uint32_t kMagic = 0x4252564b;  // "KVRB"
+  static constexpr uint16_t kVersion = 1;
+  uint32_t magic = kMagic;
+  uint16_t version = kVersion;
+  uint16_t header_bytes = sizeof(RemoteValueHeader);
+  uint8_t ns[32] = {};
+  uint8_t key[32] = {};
+  uint64_t payload_bytes = 0;
+  uint64_t checksum = 0;  // XXH3-64 of the payload
+  uint64_t tenant_hash = 0;
+};
+static_assert(sizeof(RemoteValueHeader) == 96, "the remote value header is 96 bytes on the wire");
+
+struct RemoteTenant {
+  std::string name;      // as in kvtierd's [[tenants]]: its keys are kvtier:<name>:...
+  std::string user;      // its ACL user
+  std::string password;  // never logged
+};
+
+struct RemoteTierOptions {
+  std::vector<std::string> seeds;  // "host:port" of cluster nodes
+  std::vector<RemoteTenant> tenants;
+  std::string key_prefix = "kvtier";
+  std::string name = "remote";
+  TierKind kind = TierKind::kNvme;  // what lookups report a block here as (the ABI names no remote tier yet)
+  uint64_t capacity_bytes = 1ull << 40;  // handles kvtier keeps on what it wrote
+  uint64_t max_block_bytes = 64ull << 20;
+  uint64_t op_timeout_ms = 500;  // a read or write's deadline when its caller gives none
+  uint64_t connect_timeout_ms = 500;
+  uint64_t io_timeout_ms = 1000;  // a reply slower than this breaks its connection
+  uint32_t max_pipeline = 64;
+};
+
+class RemoteTier final : public BlockTier {
+ public:
+  // InvalidArgument for bad seeds or a tenant without a user; the cluster
+  // need not be up (the tier is degraded until it answers).
+  static absl::StatusOr<std::unique_ptr<RemoteTier>> Create(const RemoteTierOptions& opts);
+  ~RemoteTier() override;  // waits for every op in flight
+
+  // The key a block of `tenant` lives under.
+  std::string KeyFor(const std::string& tenant, const BlockMeta& meta) const;
+
+  TierKind kind() const override { return opts_.kind; }
+  absl::StatusOr<SlotHandle> Allocate(uint64_t bytes) override;
+  absl::Status Free(SlotHandle slot) override;
+  uint64_t SlotBytes(SlotHandle slot) const override;
+  uint64_t SlotBytesFor(uint64_t payload_bytes) const override { return payload_bytes + sizeof(RemoteValueHeader); }
+  using BlockTier::Read;
+  using BlockTier::Write;
+  void Write(SlotHandle slot, const BlockMeta& meta, std::span<const std::byte> src, const IoOptions& io,
+             IoCallback done) override;
+  // NotFound when the cluster no longer holds the block; DataLoss when the
+  // value does not prove itself (then it is deleted).
+  void Read(SlotHandle slot, const BlockMeta& meta, std::span<std::byte> dst, const IoOptions& io,
+            IoCallback done) override;
+  // Which of `metas` the cluster holds now (pipelined EXISTS, one round trip
+  // per node touched); an unanswered one counts as absent. `done` runs once,
+  // on a cluster thread.
+  void Exists(std::span<const BlockMeta> metas, absl::AnyInvocable<void(std::vector<bool>) &&> done,
+              uint64_t deadline_ns = 0);
+  TierUsage Usage() const override;
+  TierHealth Health() const override;
+
+  std::string_view name() const override { return opts_.name; }
+  bool durable() const override { return false; }
+  uint64_t max_block_bytes() const override { return opts_.max_block_bytes; }
+  absl::Status Sync() override;  // waits for the writes in flight
+  void Drain() override;
+  void CommitSoon() override {}
+  BlockTierStats BlockStats() const override;
+  void SetReadObserver(ReadObserver observer) override { read_observer_ = std::move(observer); }
+  uint32_t CalibrationRead(uint32_t) override { return 0; }  // every read is timed
+
+  // Per cause, for status and metrics.
+  struct Misses {
+    uint64_t not_found = 0;   // evicted by the cluster, or never there
+    uint64_t bad_value = 0;   // failed its checks (deleted)
+    uint64_t unavailable = 0;  // node down, connection broken, cluster down
+    uint64_t deadline = 0;    // not answered in time
+    uint64_t other = 0;       // refused (NOPERM, OOM, ...)
+  };
+  Misses misses() const;
+  RedisCluster::Stats ClusterStats(const std::string& tenant) const;
+
+ private:
+  explicit RemoteTier(const RemoteTierOptions& opts);
+  struct TenantLink {
+    std::string name;
+    uint64_t hash;
+    std::unique_ptr<RedisCluster> cluster;
+  };
+  const TenantLink* LinkFor(uint64_t tenant_hash) const;
+  void CountMiss(const absl::Status& s);
+  void Began(bool write);
+  void Ended(bool write);
+
+  const RemoteTierOptions opts_;
+  std::vector<TenantLink> tenants_;  // fixed after Create
+
+  mutable Mutex mu_;
+  std::vector<uint64_t> slot_bytes_ ABSL_GUARDED_BY(mu_);  // 0: free
+  std::vector<SlotHandle> free_slots_ ABSL_GUARDED_BY(mu_);
+  uint64_t used_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t used_slots_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t reads_in_flight_ ABSL_GUARDED_BY(mu_) = 0, writes_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  std::condition_variable_any idle_;
+
+  ReadObserver read_observer_;  // set before the first read
+  std::atomic<uint64_t> reads_{0}, writes_{0}, bytes_read_{0}, bytes_written_{0};
+  std::atomic<uint64_t> io_errors_{0}, writes_refused_{0}, abandoned_{0}, checksum_failures_{0};
+  std::atomic<uint64_t> miss_not_found_{0}, miss_unavailable_{0}, miss_deadline_{0}, miss_other_{0};
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_TIERS_REMOTE_TIER_H_
