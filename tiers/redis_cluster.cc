@@ -17,6 +17,9 @@
 #include <charconv>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <optional>
@@ -82,6 +85,93 @@ absl::Status ErrorStatus(absl::string_view msg, absl::string_view who) {
   return absl::UnknownError(text);
 }
 
+// Reply objects as hiredis builds them, but bounded (BoundReplyObjects).
+redisReply* NewReply(const redisReadTask* task, int type) {
+  auto* r = static_cast<redisReply*>(calloc(1, sizeof(redisReply)));
+  if (r == nullptr) return nullptr;
+  r->type = type;
+  if (task->parent != nullptr) {
+    auto* parent = static_cast<redisReply*>(task->parent->obj);
+    parent->element[task->idx] = r;
+  }
+  return r;
+}
+void* CreateString(const redisReadTask* task, char* str, size_t len) {
+  char* buf = static_cast<char*>(malloc(len + 1));
+  if (buf == nullptr) return nullptr;
+  redisReply* r = NewReply(task, task->type);
+  if (r == nullptr) {
+    free(buf);
+    return nullptr;
+  }
+  std::memcpy(buf, str, len);
+  buf[len] = '\0';
+  r->str = buf;
+  r->len = len;
+  return r;
+}
+void* CreateArray(const redisReadTask* task, int elements) {
+  if (elements < 0 || elements > kMaxReplyElements) return nullptr;  // the reader reports a protocol error
+  redisReply** el = nullptr;
+  if (elements > 0) {
+    el = static_cast<redisReply**>(calloc(static_cast<size_t>(elements), sizeof(redisReply*)));
+    if (el == nullptr) return nullptr;
+  }
+  redisReply* r = NewReply(task, REDIS_REPLY_ARRAY);
+  if (r == nullptr) {
+    free(el);
+    return nullptr;
+  }
+  r->element = el;
+  r->elements = static_cast<size_t>(elements);
+  return r;
+}
+void* CreateInteger(const redisReadTask* task, long long value) {
+  redisReply* r = NewReply(task, REDIS_REPLY_INTEGER);
+  if (r != nullptr) r->integer = value;
+  return r;
+}
+void* CreateNil(const redisReadTask* task) { return NewReply(task, REDIS_REPLY_NIL); }
+redisReplyObjectFunctions kBoundedReplies = {CreateString, CreateArray, CreateInteger, CreateNil, freeReplyObject};
+
+// redisGetReply, with a bound on what one reply may buffer.
+int GetReplyBounded(redisContext* c, void** reply, uint64_t max_bytes) {
+  void* aux = nullptr;
+  if (redisGetReplyFromReader(c, &aux) == REDIS_ERR) return REDIS_ERR;
+  if (aux == nullptr) {
+    int done = 0;
+    do {
+      if (redisBufferWrite(c, &done) == REDIS_ERR) return REDIS_ERR;
+    } while (done == 0);
+    do {
+      if (c->reader->len - c->reader->pos > max_bytes) {
+        c->err = REDIS_ERR_PROTOCOL;
+        std::snprintf(c->errstr, sizeof(c->errstr), "a reply larger than %llu bytes",
+                      static_cast<unsigned long long>(max_bytes));
+        return REDIS_ERR;
+      }
+      if (redisBufferRead(c) == REDIS_ERR) return REDIS_ERR;
+      if (redisGetReplyFromReader(c, &aux) == REDIS_ERR) return REDIS_ERR;
+    } while (aux == nullptr);
+  }
+  *reply = aux;
+  return REDIS_OK;
+}
+
+// A command and its reply on a fresh connection (AUTH, CLUSTER SLOTS).
+RedisReply CommandBounded(redisContext* c, std::initializer_list<absl::string_view> args, uint64_t max_bytes) {
+  std::vector<const char*> argv;
+  std::vector<size_t> len;
+  for (absl::string_view a : args) {
+    argv.push_back(a.data());
+    len.push_back(a.size());
+  }
+  if (redisAppendCommandArgv(c, static_cast<int>(argv.size()), argv.data(), len.data()) != REDIS_OK) return nullptr;
+  void* raw = nullptr;
+  if (GetReplyBounded(c, &raw, max_bytes) != REDIS_OK) return nullptr;
+  return RedisReply(static_cast<redisReply*>(raw));
+}
+
 struct Op {
   RedisCommand cmd;
   RedisCluster::Callback done;
@@ -121,6 +211,64 @@ RedisCommand RedisCommand::Keyless(std::initializer_list<absl::string_view> args
   for (absl::string_view a : args) AppendBulk(c.wire_, {a});
   c.keyless_ = true;
   return c;
+}
+
+// --- decoders
+
+void BoundReplyObjects(redisReader* reader) { reader->fn = &kBoundedReplies; }
+
+absl::StatusOr<std::vector<SlotRange>> ParseClusterSlots(const redisReply* r, absl::string_view asked_host) {
+  if (r == nullptr || r->type != REDIS_REPLY_ARRAY) return absl::InvalidArgumentError("CLUSTER SLOTS: not an array");
+  // Each range: [start, end, [host, port, id, ...] (the primary), replicas...].
+  std::vector<SlotRange> out;
+  for (size_t i = 0; i < r->elements; ++i) {
+    const redisReply* e = r->element[i];
+    if (e == nullptr || e->type != REDIS_REPLY_ARRAY || e->elements < 3 || e->element[0]->type != REDIS_REPLY_INTEGER ||
+        e->element[1]->type != REDIS_REPLY_INTEGER || e->element[2]->type != REDIS_REPLY_ARRAY ||
+        e->element[2]->elements < 2 || e->element[2]->element[0]->type != REDIS_REPLY_STRING ||
+        e->element[2]->element[1]->type != REDIS_REPLY_INTEGER) {
+      return absl::InvalidArgumentError(absl::StrCat("CLUSTER SLOTS: range ", i, " is not [start, end, [host, port, ...]]"));
+    }
+    const long long start = e->element[0]->integer, end = e->element[1]->integer;
+    const long long port = e->element[2]->element[1]->integer;
+    absl::string_view host(e->element[2]->element[0]->str, e->element[2]->element[0]->len);
+    if (host.empty()) host = asked_host;
+    SlotRange range;
+    if (start < 0 || end < start || end >= RedisCluster::kSlots || port < 1 || port > 65535 ||
+        !ParseAddress(absl::StrCat(host, ":", port), &range.host, &range.port)) {
+      return absl::InvalidArgumentError(absl::StrCat("CLUSTER SLOTS: range ", i, " is out of bounds"));
+    }
+    range.first = static_cast<uint16_t>(start);
+    range.last = static_cast<uint16_t>(end);
+    out.push_back(std::move(range));
+  }
+  return out;
+}
+
+bool ParseRedirect(absl::string_view msg, absl::string_view from_host, Redirect* out) {
+  // "MOVED <slot> <host>:<port>" or "ASK ...".
+  Redirect r;
+  if (absl::StartsWith(msg, "MOVED ")) {
+    msg.remove_prefix(6);
+  } else if (absl::StartsWith(msg, "ASK ")) {
+    msg.remove_prefix(4);
+    r.ask = true;
+  } else {
+    return false;
+  }
+  const size_t sp = msg.find(' ');
+  if (sp == absl::string_view::npos || sp == 0) return false;
+  int slot = -1;
+  auto [p, ec] = std::from_chars(msg.data(), msg.data() + sp, slot);
+  if (ec != std::errc() || p != msg.data() + sp || slot < 0 || slot >= static_cast<int>(RedisCluster::kSlots)) {
+    return false;
+  }
+  const absl::string_view addr = msg.substr(sp + 1);
+  if (addr.empty()) return false;
+  if (!ParseAddress(addr[0] == ':' ? absl::StrCat(from_host, addr) : std::string(addr), &r.host, &r.port)) return false;
+  r.slot = static_cast<uint16_t>(slot);
+  *out = std::move(r);
+  return true;
 }
 
 // --- slots
@@ -259,26 +407,17 @@ redisContext* RedisCluster::Impl::Connect(const std::string& host, int port, std
     redisFree(c);
     return nullptr;
   }
+  BoundReplyObjects(c->reader);
   if (!opts.password.empty() || !opts.user.empty()) {
-    redisReply* r;
-    if (opts.user.empty()) {
-      const char* argv[] = {"AUTH", opts.password.c_str()};
-      const size_t len[] = {4, opts.password.size()};
-      r = static_cast<redisReply*>(redisCommandArgv(c, 2, argv, len));
-    } else {
-      const char* argv[] = {"AUTH", opts.user.c_str(), opts.password.c_str()};
-      const size_t len[] = {4, opts.user.size(), opts.password.size()};
-      r = static_cast<redisReply*>(redisCommandArgv(c, 3, argv, len));
-    }
+    RedisReply r = opts.user.empty() ? CommandBounded(c, {"AUTH", opts.password}, 4096)
+                                     : CommandBounded(c, {"AUTH", opts.user, opts.password}, 4096);
     if (r == nullptr || r->type == REDIS_REPLY_ERROR) {
       // The server's words (WRONGPASS ...) name no secret; ours neither.
       *why = r == nullptr ? absl::StrCat("AUTH: ", c->errstr)
                           : absl::StrCat("AUTH as user \"", opts.user, "\": ", absl::string_view(r->str, r->len).substr(0, 120));
-      if (r != nullptr) freeReplyObject(r);
       redisFree(c);
       return nullptr;
     }
-    freeReplyObject(r);
   }
   return c;
 }
@@ -375,12 +514,12 @@ void RedisCluster::Impl::Node::Run() {
       Op* op = send[i];
       void* raw = nullptr;
       if (op->asking) {
-        if (redisGetReply(ctx, &raw) != REDIS_OK) break;
+        if (GetReplyBounded(ctx, &raw, 4096) != REDIS_OK) break;
         freeReplyObject(raw);  // +OK; a refusal shows in the command's own reply
         raw = nullptr;
         op->asking = false;
       }
-      if (redisGetReply(ctx, &raw) != REDIS_OK) break;
+      if (GetReplyBounded(ctx, &raw, cluster->opts.max_reply_bytes) != REDIS_OK) break;
       cluster->OnReply(*this, op, RedisReply(static_cast<redisReply*>(raw)));
     }
     if (i < send.size()) {
@@ -447,24 +586,18 @@ void RedisCluster::Impl::OnReply(Node& from, Op* op, RedisReply reply) {
     return;
   }
   const absl::string_view msg(reply->str, reply->len);
-  const bool is_moved = absl::StartsWith(msg, "MOVED "), is_ask = absl::StartsWith(msg, "ASK ");
-  if (is_moved || is_ask) {
-    (is_moved ? moved : ask).fetch_add(1, std::memory_order_relaxed);
-    // "MOVED <slot> <host>:<port>" (an empty host: the node that answered).
-    const size_t sp1 = msg.find(' '), sp2 = msg.find(' ', sp1 + 1);
-    int slot = -1;
-    std::string host;
-    int port = 0;
-    if (sp2 != absl::string_view::npos) {
-      auto [p, ec] = std::from_chars(msg.data() + sp1 + 1, msg.data() + sp2, slot);
-      const absl::string_view addr = msg.substr(sp2 + 1);
-      if (!ParseAddress(addr[0] == ':' ? absl::StrCat(from.host, addr) : std::string(addr), &host, &port)) port = 0;
-      if (ec != std::errc() || p != msg.data() + sp2) slot = -1;
-    }
-    if (slot < 0 || slot >= static_cast<int>(kSlots) || port == 0) {
+  Redirect redirect;
+  const bool is_redirect = absl::StartsWith(msg, "MOVED ") || absl::StartsWith(msg, "ASK ");
+  if (is_redirect) {
+    if (!ParseRedirect(msg, from.host, &redirect)) {
       Finish(op, absl::UnavailableError(absl::StrCat(opts.name, ": node ", from.address, " sent a malformed redirect")));
       return;
     }
+    const bool is_moved = !redirect.ask;
+    const int slot = redirect.slot;
+    const std::string& host = redirect.host;
+    const int port = redirect.port;
+    (is_moved ? moved : ask).fetch_add(1, std::memory_order_relaxed);
     if (++op->redirects > opts.max_redirects) {
       Finish(op, absl::UnavailableError(absl::StrCat(opts.name, ": more than ", opts.max_redirects,
                                                      " redirects for one command (slots moving)")));
@@ -551,41 +684,15 @@ bool RedisCluster::Impl::Refresh() {
     std::string why;
     redisContext* c = Connect(host, port, &why);
     if (c == nullptr) continue;
-    const char* argv[] = {"CLUSTER", "SLOTS"};
-    const size_t len[] = {7, 5};
-    RedisReply r(static_cast<redisReply*>(redisCommandArgv(c, 2, argv, len)));
+    RedisReply r = CommandBounded(c, {"CLUSTER", "SLOTS"}, opts.max_reply_bytes);
     redisFree(c);
     if (r == nullptr || r->type != REDIS_REPLY_ARRAY) continue;
-    // Each range: [start, end, [host, port, id, ...] (the primary), replicas...].
-    std::vector<std::tuple<int64_t, int64_t, std::string, int>> ranges;
-    bool bad = false;
-    for (size_t i = 0; i < r->elements && !bad; ++i) {
-      const redisReply* e = r->element[i];
-      if (e->type != REDIS_REPLY_ARRAY || e->elements < 3 || e->element[0]->type != REDIS_REPLY_INTEGER ||
-          e->element[1]->type != REDIS_REPLY_INTEGER || e->element[2]->type != REDIS_REPLY_ARRAY ||
-          e->element[2]->elements < 2 || e->element[2]->element[0]->type != REDIS_REPLY_STRING ||
-          e->element[2]->element[1]->type != REDIS_REPLY_INTEGER) {
-        bad = true;
-        break;
-      }
-      const int64_t start = e->element[0]->integer, end = e->element[1]->integer;
-      std::string nhost(e->element[2]->element[0]->str, e->element[2]->element[0]->len);
-      const int64_t nport = e->element[2]->element[1]->integer;
-      if (nhost.empty()) nhost = host;  // "": the node asked
-      std::string parsed;
-      int p = 0;
-      if (start < 0 || end < start || end >= kSlots || nport < 1 || nport > 65535 ||
-          !ParseAddress(absl::StrCat(nhost, ":", nport), &parsed, &p)) {
-        bad = true;
-        break;
-      }
-      ranges.emplace_back(start, end, parsed, p);
-    }
-    if (bad) continue;
+    absl::StatusOr<std::vector<SlotRange>> ranges = ParseClusterSlots(r.get(), host);
+    if (!ranges.ok()) continue;
     std::vector<std::pair<std::pair<int64_t, int64_t>, Node*>> owners;
-    for (const auto& [start, end, nhost, nport] : ranges) {
-      Node* n = NodeAt(nhost, nport);
-      if (n != nullptr) owners.push_back({{start, end}, n});
+    for (const SlotRange& range : *ranges) {
+      Node* n = NodeAt(range.host, range.port);
+      if (n != nullptr) owners.push_back({{range.first, range.last}, n});
     }
     {
       MutexLock l(&map_mu);

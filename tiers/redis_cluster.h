@@ -33,7 +33,8 @@
 #include "core/cancel.h"
 #include "tiers/tier.h"
 
-struct redisReply;  // hiredis
+struct redisReply;   // hiredis
+struct redisReader;
 
 namespace kvtier {
 
@@ -73,7 +74,37 @@ struct RedisClusterOptions {
   uint32_t max_redirects = 5;
   uint64_t refresh_interval_ms = 5000;
   uint32_t max_pipeline = 64;
+  // The largest reply a node may send (a value of the largest block, and
+  // room): one larger breaks the connection instead of filling memory.
+  uint64_t max_reply_bytes = 80ull << 20;
 };
+
+// Decoders of what a node sends (fuzzed: tests/fuzz/redis_reply_fuzz.cc).
+// A slot range's owner from CLUSTER SLOTS.
+struct SlotRange {
+  uint16_t first = 0, last = 0;
+  std::string host;
+  int port = 0;
+};
+// The ranges of a CLUSTER SLOTS reply; an empty host means the node asked
+// (`asked_host`). InvalidArgument for anything else than ranges within the
+// 16384 slots owned by host:port addresses.
+absl::StatusOr<std::vector<SlotRange>> ParseClusterSlots(const redisReply* r, absl::string_view asked_host);
+// A MOVED or ASK error's slot and address ("MOVED 3999 127.0.0.1:6381"; an
+// address of ":port" is `from_host`'s). False for anything else.
+struct Redirect {
+  bool ask = false;
+  uint16_t slot = 0;
+  std::string host;
+  int port = 0;
+};
+bool ParseRedirect(absl::string_view error, absl::string_view from_host, Redirect* out);
+// Makes a hiredis reader refuse (as a protocol error) arrays of more than
+// kMaxReplyElements elements and strings over max_string_bytes: hiredis
+// 0.14 allocates an array of whatever length a peer announces ("*600000000"
+// is a 5 GB calloc). The cluster's connections use it; so does the fuzz target.
+inline constexpr int kMaxReplyElements = 1 << 16;
+void BoundReplyObjects(redisReader* reader);
 
 class RedisCluster {
  public:

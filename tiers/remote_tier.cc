@@ -25,8 +25,7 @@ RemoteValueHeader HeaderFor(const BlockMeta& meta, std::span<const std::byte> pa
   return h;
 }
 
-// Why a stored value is not the block `meta` names, intact; "" when it is.
-std::string CheckValue(absl::string_view v, const BlockMeta& meta) {
+std::string WhyNotTheBlock(absl::string_view v, const BlockMeta& meta) {
   if (v.size() < sizeof(RemoteValueHeader)) return absl::StrCat("value of ", v.size(), " bytes is shorter than its header");
   RemoteValueHeader h;
   std::memcpy(&h, v.data(), sizeof(h));
@@ -50,6 +49,11 @@ uint64_t DeadlineOf(const IoOptions& io, uint64_t timeout_ms) {
 }
 
 }  // namespace
+
+absl::Status CheckRemoteValue(absl::string_view value, const BlockMeta& meta) {
+  const std::string why = WhyNotTheBlock(value, meta);
+  return why.empty() ? absl::OkStatus() : absl::DataLossError(why);
+}
 
 RemoteTier::RemoteTier(const RemoteTierOptions& opts) : opts_(opts) {}
 
@@ -75,6 +79,7 @@ absl::StatusOr<std::unique_ptr<RemoteTier>> RemoteTier::Create(const RemoteTierO
     c.connect_timeout_ms = opts.connect_timeout_ms;
     c.io_timeout_ms = opts.io_timeout_ms;
     c.max_pipeline = opts.max_pipeline;
+    c.max_reply_bytes = opts.max_block_bytes + sizeof(RemoteValueHeader) + (64 << 10);
     ASSIGN_OR_RETURN(std::unique_ptr<RedisCluster> cluster, RedisCluster::Create(c));
     tier->tenants_.push_back({t.name, TenantHash(t.name), std::move(cluster)});
   }
@@ -242,7 +247,7 @@ void RemoteTier::Read(SlotHandle slot, const BlockMeta& meta, std::span<std::byt
           s = absl::DataLossError(absl::StrCat(opts_.name, ": GET answered with reply type ", (*r)->type));
         } else {
           const absl::string_view v((*r)->str, (*r)->len);
-          if (const std::string why = CheckValue(v, meta); !why.empty()) {
+          if (const std::string why = WhyNotTheBlock(v, meta); !why.empty()) {
             s = absl::DataLossError(absl::StrCat("the ", opts_.name, " tier's copy is not the block: ", why));
           } else {
             std::memcpy(dst.data(), v.data() + sizeof(RemoteValueHeader), meta.payload_bytes);

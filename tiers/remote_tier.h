@@ -49,6 +49,10 @@ struct RemoteValueHeader {
 };
 static_assert(sizeof(RemoteValueHeader) == 96, "the remote value header is 96 bytes on the wire");
 
+// Whether a stored value is the block `meta` names, intact: OK, or DataLoss
+// saying why not (fuzzed: tests/fuzz/redis_reply_fuzz.cc).
+absl::Status CheckRemoteValue(absl::string_view value, const BlockMeta& meta);
+
 struct RemoteTenant {
   std::string name;      // as in kvtierd's [[tenants]]: its keys are kvtier:<name>:...
   std::string user;      // its ACL user

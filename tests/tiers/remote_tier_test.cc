@@ -8,6 +8,11 @@
 #include <gtest/gtest.h>
 #include <hiredis/hiredis.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <latch>
 #include <thread>
@@ -108,6 +113,61 @@ TEST(RedisClusterTest, BadSeedsAreRefused) {
   EXPECT_FALSE(RedisCluster::Create({.seeds = {"127.0.0.1:0"}}).ok());
   EXPECT_FALSE(RedisCluster::Create({.seeds = {"127.0.0.1:99999"}}).ok());
   EXPECT_FALSE(RedisCluster::Create({.seeds = {"bad host:80"}}).ok());
+}
+
+// A "node" that answers every command with `reply`, on a loopback port.
+class HostileNode {
+ public:
+  explicit HostileNode(std::string reply) : reply_(std::move(reply)) {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    EXPECT_EQ(listen(fd_, 8), 0);
+    socklen_t len = sizeof a;
+    getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    thread_ = std::thread([this] {
+      for (;;) {
+        const int c = accept(fd_, nullptr, nullptr);
+        if (c < 0) return;
+        char buf[4096];
+        while (read(c, buf, sizeof buf) > 0) {
+          if (write(c, reply_.data(), reply_.size()) < 0) break;
+        }
+        close(c);
+      }
+    });
+  }
+  ~HostileNode() {
+    shutdown(fd_, SHUT_RDWR);
+    close(fd_);
+    thread_.join();
+  }
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+
+ private:
+  std::string reply_;
+  int fd_ = -1;
+  int port_ = 0;
+  std::thread thread_;
+};
+
+TEST(RedisClusterTest, AHostileNodeCostsAnErrorNotMemoryOrATrap) {
+  const std::string huge_bulk = "$4000000000\r\n" + std::string(1 << 20, 'x');  // more than any block
+  for (const std::string& reply : {std::string("*600000000\r\n"), std::string("*-5\r\n"), huge_bulk,
+                                   std::string("-MOVED 99999 127.0.0.1:1\r\n"), std::string("-MOVED 1 bad\r\n"),
+                                   std::string("-ASK 1 127.0.0.1:0\r\n"), std::string("!garbage\r\n")}) {
+    HostileNode node(reply);
+    auto c = std::move(RedisCluster::Create({.seeds = {node.address()}, .io_timeout_ms = 500,
+                                             .max_reply_bytes = 64 << 10}))
+                 .value();
+    absl::StatusOr<RedisReply> r = c->Call(RedisCommand::Make({{"GET"}, {"k"}}, 1), 2000);
+    EXPECT_FALSE(r.ok()) << reply.substr(0, 20);
+    EXPECT_TRUE(absl::IsUnavailable(r.status())) << r.status();
+    EXPECT_NE(c->Health(), TierHealth::kHealthy) << "it never gave a slot map";
+  }
 }
 
 TEST_F(RemoteTierTest, BlocksComeBackByteExactFromEveryNode) {
