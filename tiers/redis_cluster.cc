@@ -9,7 +9,17 @@
 #include "tiers/redis_cluster.h"
 
 #include <hiredis/hiredis.h>
+#include <limits.h>
+#define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack
+#include <xxhash.h>
+#if defined(__x86_64__)
+#include <xxh_x86dispatch.h>  // XXH3 on AVX2 / AVX-512 where the CPU has them: the same hashes, twice as fast
+#endif
+#include <sys/socket.h>
 #include <sys/time.h>
+#include <sys/uio.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <array>
@@ -50,12 +60,15 @@ timeval ToTimeval(uint64_t ms) {
   return tv;
 }
 
-void AppendBulk(std::string& out, std::initializer_list<absl::string_view> parts) {
+// Appends one bulk argument; returns where its bytes start in out.
+size_t AppendBulk(std::string& out, std::initializer_list<absl::string_view> parts) {
   size_t n = 0;
   for (absl::string_view p : parts) n += p.size();
   absl::StrAppend(&out, "$", n, "\r\n");
+  const size_t at = out.size();
   for (absl::string_view p : parts) out.append(p.data(), p.size());
   out.append("\r\n");
+  return at;
 }
 
 // "host:port", with a port in 1..65535 and a host of printable characters.
@@ -96,18 +109,47 @@ redisReply* NewReply(const redisReadTask* task, int type) {
   }
   return r;
 }
+// The sink of the reply the node thread is reading now (SinkReplyInto).
+thread_local const RedisCommand* t_sink = nullptr;
+
 void* CreateString(const redisReadTask* task, char* str, size_t len) {
-  char* buf = static_cast<char*>(malloc(len + 1));
+  const RedisCommand* sink = t_sink;
+  size_t keep = len;
+  if (sink != nullptr && task->parent == nullptr && task->type == REDIS_REPLY_STRING && !sink->sink().empty() &&
+      len == sink->sink_keep() + sink->sink().size()) {
+    keep = sink->sink_keep();
+  }
+  char* buf = static_cast<char*>(malloc(keep + 1));
   if (buf == nullptr) return nullptr;
   redisReply* r = NewReply(task, task->type);
   if (r == nullptr) {
     free(buf);
     return nullptr;
   }
-  std::memcpy(buf, str, len);
-  buf[len] = '\0';
+  std::memcpy(buf, str, keep);
+  buf[keep] = '\0';
   r->str = buf;
-  r->len = len;
+  r->len = keep;
+  if (keep != len) {
+    std::byte* dst = sink->sink().data();
+    const char* src = str + keep;
+    const size_t n = len - keep;
+    if (uint64_t* digest = sink->sink_xxh3()) {
+      // Copy and hash in 64 KiB pieces: the hash reads what was just written.
+      XXH3_state_t st;
+      XXH3_64bits_reset(&st);
+      constexpr size_t kPiece = 64 << 10;
+      for (size_t at = 0; at < n; at += kPiece) {
+        const size_t m = std::min(kPiece, n - at);
+        std::memcpy(dst + at, src + at, m);
+        XXH3_64bits_update(&st, dst + at, m);
+      }
+      *digest = XXH3_64bits_digest(&st);
+    } else {
+      std::memcpy(dst, src, n);
+    }
+    r->integer = static_cast<long long>(len);  // SunkLength
+  }
   return r;
 }
 void* CreateArray(const redisReadTask* task, int elements) {
@@ -197,7 +239,10 @@ RedisCommand RedisCommand::Make(std::initializer_list<std::initializer_list<absl
   absl::StrAppend(&c.wire_, "*", args.size(), "\r\n");
   size_t i = 0;
   for (const auto& a : args) {
-    AppendBulk(c.wire_, a);
+    const size_t at = AppendBulk(c.wire_, a);
+    size_t n = 0;
+    for (absl::string_view p : a) n += p.size();
+    c.args_.emplace_back(at, n);
     if (i++ == key_index) {
       for (absl::string_view p : a) c.key_.append(p.data(), p.size());
     }
@@ -208,7 +253,7 @@ RedisCommand RedisCommand::Make(std::initializer_list<std::initializer_list<absl
 RedisCommand RedisCommand::Keyless(std::initializer_list<absl::string_view> args) {
   RedisCommand c;
   absl::StrAppend(&c.wire_, "*", args.size(), "\r\n");
-  for (absl::string_view a : args) AppendBulk(c.wire_, {a});
+  for (absl::string_view a : args) c.args_.emplace_back(AppendBulk(c.wire_, {a}), a.size());
   c.keyless_ = true;
   return c;
 }
@@ -216,6 +261,10 @@ RedisCommand RedisCommand::Keyless(std::initializer_list<absl::string_view> args
 // --- decoders
 
 void BoundReplyObjects(redisReader* reader) { reader->fn = &kBoundedReplies; }
+
+uint64_t SunkLength(const redisReply& r) {
+  return r.type == REDIS_REPLY_STRING && r.integer > 0 ? static_cast<uint64_t>(r.integer) : 0;
+}
 
 absl::StatusOr<std::vector<SlotRange>> ParseClusterSlots(const redisReply* r, absl::string_view asked_host) {
   if (r == nullptr || r->type != REDIS_REPLY_ARRAY) return absl::InvalidArgumentError("CLUSTER SLOTS: not an array");
@@ -324,6 +373,7 @@ struct RedisCluster::Impl {
 
   Node* NodeAt(absl::string_view host, int port);  // finds or starts one (nullptr past kMaxNodes)
   void Route(Op* op);
+  Node* NodeFor(const Op& op);  // by its key's slot (nullptr: none known, or shutting down)
   void Finish(Op* op, absl::StatusOr<RedisReply> r);
   void OnReply(Node& from, Op* op, RedisReply reply);
   void Retry(Op* op);
@@ -355,6 +405,20 @@ struct RedisCluster::Impl::Node {
     if (thread.joinable()) thread.join();
   }
 
+  void EnqueueAll(std::vector<Op*>& ops) {
+    bool refused;
+    {
+      MutexLock l(&mu);
+      refused = stop;
+      if (!refused) queue.insert(queue.end(), ops.begin(), ops.end());
+    }
+    if (refused) {
+      for (Op* op : ops) cluster->Finish(op, absl::CancelledError(absl::StrCat(cluster->opts.name, ": shutting down")));
+      return;
+    }
+    cv.notify_one();
+  }
+
   void Enqueue(Op* op) {
     bool refused;
     {
@@ -370,6 +434,20 @@ struct RedisCluster::Impl::Node {
   }
 
   void Run();
+  // Writes the commands (each after ASKING where it was redirected so)
+  // straight from their wire buffers to the socket: no copy into hiredis's
+  // output buffer. False when the connection broke.
+  bool WriteAll(const std::vector<Op*>& ops);
+  // Reads op's reply into pending_reply; false when the connection broke.
+  bool ReadReply(Op* op);
+  RedisReply pending_reply;
+  // A reply of exactly the shape cmd's sink expects ($<keep + sink size>),
+  // read past hiredis: its first line and what the reader already holds
+  // come from the reader's buffer, the rest straight from the socket into
+  // the sink (no copy in between, no 16 KiB reads). 1: *raw is the reply (as
+  // SinkReplyInto says); 0: another reply, left to hiredis untouched; -1:
+  // the connection broke (ctx->err says how).
+  int ReadSunkReply(const RedisCommand& cmd, void** raw);
   // Whether ctx is usable now (connecting if the backoff allows).
   bool EnsureConnected(std::string* why);
   void Disconnect(const std::string& why);
@@ -459,20 +537,32 @@ void RedisCluster::Impl::Node::Disconnect(const std::string& why) {
 }
 
 void RedisCluster::Impl::Node::Run() {
+  // Commands sent and owed a reply, oldest first. New ones are written as
+  // soon as they are queued, between replies, so the node always has the
+  // next command while it sends a reply (a steady pipeline, not batches).
+  std::deque<Op*> inflight;
+  auto fail_inflight = [&](const std::string& err) {
+    Disconnect(err);
+    failed.fetch_add(inflight.size(), std::memory_order_relaxed);
+    for (Op* op : inflight) {
+      cluster->Finish(op, absl::UnavailableError(absl::StrCat(cluster->opts.name, ": node ", address, ": ", err)));
+    }
+    inflight.clear();
+  };
   std::vector<Op*> batch;
   for (;;) {
     batch.clear();
     bool stopping;
     {
       MutexLock l(&mu);
-      mu.Await(cv, [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stop || !queue.empty(); });
+      if (inflight.empty()) mu.Await(cv, [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stop || !queue.empty(); });
       stopping = stop;
       if (stop) {
         batch.assign(queue.begin(), queue.end());
         queue.clear();
       } else {
         size_t bytes = 0;
-        while (!queue.empty() && batch.size() < cluster->opts.max_pipeline &&
+        while (!queue.empty() && inflight.size() + batch.size() < cluster->opts.max_pipeline &&
                (batch.empty() || bytes + queue.front()->cmd.wire().size() <= kMaxPipelineBytes)) {
           bytes += queue.front()->cmd.wire().size();
           batch.push_back(queue.front());
@@ -481,6 +571,7 @@ void RedisCluster::Impl::Node::Run() {
       }
     }
     if (stopping) {
+      batch.insert(batch.begin(), inflight.begin(), inflight.end());
       for (Op* op : batch) cluster->Finish(op, absl::CancelledError(absl::StrCat(cluster->opts.name, ": shutting down")));
       return;
     }
@@ -497,41 +588,158 @@ void RedisCluster::Impl::Node::Run() {
         send.push_back(op);
       }
     }
-    if (send.empty()) continue;
-    std::string why;
-    if (!EnsureConnected(&why)) {
-      for (Op* op : send) cluster->Finish(op, absl::UnavailableError(absl::StrCat(cluster->opts.name, ": ", why)));
+    if (!send.empty()) {
+      std::string why;
+      if (inflight.empty() && !EnsureConnected(&why)) {
+        for (Op* op : send) cluster->Finish(op, absl::UnavailableError(absl::StrCat(cluster->opts.name, ": ", why)));
+        continue;
+      }
+      sent.fetch_add(send.size(), std::memory_order_relaxed);
+      inflight.insert(inflight.end(), send.begin(), send.end());
+      if (!WriteAll(send)) {
+        // Nothing more comes on a connection that broke mid-write.
+        fail_inflight(ctx->err != 0 ? std::string(ctx->errstr) : "write failed");
+        continue;
+      }
+    }
+    if (inflight.empty()) continue;
+    Op* op = inflight.front();
+    if (!ReadReply(op)) {
+      fail_inflight(ctx->err != 0 ? std::string(ctx->errstr) : "no reply");
       continue;
     }
-    static constexpr absl::string_view kAsking = "*1\r\n$6\r\nASKING\r\n";
-    for (Op* op : send) {
-      if (op->asking) redisAppendFormattedCommand(ctx, kAsking.data(), kAsking.size());
-      redisAppendFormattedCommand(ctx, op->cmd.wire().data(), op->cmd.wire().size());
-    }
-    sent.fetch_add(send.size(), std::memory_order_relaxed);
-    size_t i = 0;
-    for (; i < send.size(); ++i) {
-      Op* op = send[i];
-      void* raw = nullptr;
-      if (op->asking) {
-        if (GetReplyBounded(ctx, &raw, 4096) != REDIS_OK) break;
-        freeReplyObject(raw);  // +OK; a refusal shows in the command's own reply
-        raw = nullptr;
-        op->asking = false;
+    inflight.pop_front();
+    cluster->OnReply(*this, op, std::move(pending_reply));  // op is gone after
+  }
+}
+
+int RedisCluster::Impl::Node::ReadSunkReply(const RedisCommand& cmd, void** raw) {
+  redisReader* r = ctx->reader;
+  constexpr size_t kMaxLine = 24;  // "$" and 20 digits and CRLF
+  const char* line;
+  const char* end;
+  for (;;) {
+    if (r->err != 0 || r->ridx != -1) return 0;  // hiredis is inside a reply: its own
+    line = r->buf + r->pos;
+    const size_t avail = r->len - r->pos;
+    end = static_cast<const char*>(std::memchr(line, '\n', std::min(avail, kMaxLine)));
+    if (end != nullptr) break;
+    if (avail >= kMaxLine) return 0;
+    if (redisBufferRead(ctx) != REDIS_OK) return -1;
+  }
+  if (line[0] != '$' || end - line < 3 || end[-1] != '\r') return 0;
+  uint64_t n = 0;
+  auto [p, ec] = std::from_chars(line + 1, end - 1, n);
+  const size_t keep = cmd.sink_keep();
+  const std::span<std::byte> dst = cmd.sink();
+  if (ec != std::errc() || p != end - 1 || n != keep + dst.size()) return 0;
+  r->pos += static_cast<size_t>(end + 1 - line);
+  // Bytes of the value: first what the reader holds, then the socket's.
+  auto take = [&](char* to, size_t want) {
+    const size_t held = std::min(want, r->len - r->pos);
+    std::memcpy(to, r->buf + r->pos, held);
+    r->pos += held;
+    for (size_t got = held; got < want;) {
+      const ssize_t k = recv(ctx->fd, to + got, want - got, 0);
+      if (k > 0) {
+        got += static_cast<size_t>(k);
+      } else if (k < 0 && errno == EINTR) {
+        continue;
+      } else {
+        ctx->err = REDIS_ERR_IO;
+        std::snprintf(ctx->errstr, sizeof(ctx->errstr), "%s",
+                      k == 0 ? "server closed the connection" : errno == EAGAIN ? "read timed out" : std::strerror(errno));
+        return false;
       }
-      if (GetReplyBounded(ctx, &raw, cluster->opts.max_reply_bytes) != REDIS_OK) break;
-      cluster->OnReply(*this, op, RedisReply(static_cast<redisReply*>(raw)));
     }
-    if (i < send.size()) {
-      // A broken or slow connection: what it owes fails, and it is dropped.
-      const std::string err = ctx->err != 0 ? std::string(ctx->errstr) : "no reply";
-      Disconnect(err);
-      failed.fetch_add(send.size() - i, std::memory_order_relaxed);
-      for (; i < send.size(); ++i) {
-        cluster->Finish(send[i], absl::UnavailableError(absl::StrCat(cluster->opts.name, ": node ", address, ": ", err)));
-      }
+    return true;
+  };
+  char* head = static_cast<char*>(malloc(keep + 1));
+  if (head == nullptr) return -1;
+  head[keep] = '\0';
+  bool ok = take(head, keep);
+  // The payload in pieces, each hashed while it is in cache.
+  XXH3_state_t st;
+  XXH3_64bits_reset(&st);
+  constexpr size_t kPiece = 256 << 10;
+  for (size_t at = 0; ok && at < dst.size(); at += kPiece) {
+    const size_t m = std::min(kPiece, dst.size() - at);
+    ok = take(reinterpret_cast<char*>(dst.data() + at), m);
+    if (ok && cmd.sink_xxh3() != nullptr) XXH3_64bits_update(&st, dst.data() + at, m);
+  }
+  char crlf[2];
+  ok = ok && take(crlf, 2);
+  if (ok && (crlf[0] != '\r' || crlf[1] != '\n')) {
+    ctx->err = REDIS_ERR_PROTOCOL;
+    std::snprintf(ctx->errstr, sizeof(ctx->errstr), "a bulk reply without its CRLF");
+    ok = false;
+  }
+  if (!ok) {
+    free(head);
+    return -1;
+  }
+  if (cmd.sink_xxh3() != nullptr) *cmd.sink_xxh3() = XXH3_64bits_digest(&st);
+  auto* reply = static_cast<redisReply*>(calloc(1, sizeof(redisReply)));
+  if (reply == nullptr) {
+    free(head);
+    return -1;
+  }
+  reply->type = REDIS_REPLY_STRING;
+  reply->str = head;
+  reply->len = keep;
+  reply->integer = static_cast<long long>(n);  // SunkLength
+  *raw = reply;
+  return 1;
+}
+
+bool RedisCluster::Impl::Node::ReadReply(Op* op) {
+  void* raw = nullptr;
+  if (op->asking) {
+    if (GetReplyBounded(ctx, &raw, 4096) != REDIS_OK) return false;
+    freeReplyObject(raw);  // +OK; a refusal shows in the command's own reply
+    raw = nullptr;
+    op->asking = false;
+  }
+  const int direct = op->cmd.sink().empty() ? 0 : ReadSunkReply(op->cmd, &raw);
+  if (direct < 0) return false;
+  if (direct == 0) {
+    t_sink = &op->cmd;
+    const int got = GetReplyBounded(ctx, &raw, cluster->opts.max_reply_bytes);
+    t_sink = nullptr;
+    if (got != REDIS_OK) return false;
+  }
+  pending_reply = RedisReply(static_cast<redisReply*>(raw));
+  return true;
+}
+
+bool RedisCluster::Impl::Node::WriteAll(const std::vector<Op*>& ops) {
+  static constexpr absl::string_view kAsking = "*1\r\n$6\r\nASKING\r\n";
+  std::vector<iovec> iov;
+  iov.reserve(ops.size() * 2);
+  for (Op* op : ops) {
+    if (op->asking) iov.push_back({const_cast<char*>(kAsking.data()), kAsking.size()});
+    iov.push_back({const_cast<char*>(op->cmd.wire().data()), op->cmd.wire().size()});
+  }
+  size_t at = 0;
+  while (at < iov.size()) {
+    const int n = static_cast<int>(std::min<size_t>(iov.size() - at, IOV_MAX));
+    const ssize_t w = writev(ctx->fd, iov.data() + at, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      ctx->err = REDIS_ERR_IO;
+      std::snprintf(ctx->errstr, sizeof(ctx->errstr), "%s",
+                    errno == EAGAIN ? "write timed out" : std::strerror(errno));
+      return false;
+    }
+    // Past what was written: whole iovecs, then into one.
+    size_t left = static_cast<size_t>(w);
+    while (at < iov.size() && left >= iov[at].iov_len) left -= iov[at++].iov_len;
+    if (left > 0) {
+      iov[at].iov_base = static_cast<char*>(iov[at].iov_base) + left;
+      iov[at].iov_len -= left;
     }
   }
+  return true;
 }
 
 RedisCluster::Impl::Node* RedisCluster::Impl::NodeAt(absl::string_view host, int port) {
@@ -557,16 +765,21 @@ void RedisCluster::Impl::Finish(Op* op, absl::StatusOr<RedisReply> r) {
   delete op;
 }
 
-void RedisCluster::Impl::Route(Op* op) {
+RedisCluster::Impl::Node* RedisCluster::Impl::NodeFor(const Op& op) {
   Node* node = nullptr;
   {
     MutexLock l(&map_mu);
     uint16_t idx = kNoNode;
-    if (!op->cmd.keyless()) idx = slot_node[KeySlot(op->cmd.key())];
+    if (!op.cmd.keyless()) idx = slot_node[KeySlot(op.cmd.key())];
     if (idx == kNoNode && !nodes.empty()) idx = static_cast<uint16_t>(next_any++ % nodes.size());  // a redirect corrects it
     if (idx != kNoNode) node = nodes[idx].get();
   }
   if (node == nullptr && !seeds.empty()) node = NodeAt(seeds[0].first, seeds[0].second);
+  return node;
+}
+
+void RedisCluster::Impl::Route(Op* op) {
+  Node* node = NodeFor(*op);
   if (node == nullptr) {
     Finish(op, shutting_down.load(std::memory_order_acquire)
                    ? absl::CancelledError(absl::StrCat(opts.name, ": shutting down"))
@@ -835,6 +1048,22 @@ void RedisCluster::Submit(RedisCommand cmd, Callback done, uint64_t deadline_ns,
                     deadline_ns != 0 ? deadline_ns : MonotonicNanos() + impl_->opts.io_timeout_ms * 1'000'000,
                     std::move(cancel)};
   impl_->Route(op);
+}
+
+void RedisCluster::SubmitAll(std::vector<std::pair<RedisCommand, Callback>> cmds, uint64_t deadline_ns) {
+  if (deadline_ns == 0) deadline_ns = MonotonicNanos() + impl_->opts.io_timeout_ms * 1'000'000;
+  impl_->commands.fetch_add(cmds.size(), std::memory_order_relaxed);
+  std::map<Impl::Node*, std::vector<Op*>> by_node;
+  for (auto& [cmd, done] : cmds) {
+    auto* op = new Op{std::move(cmd), std::move(done), deadline_ns};
+    Impl::Node* node = impl_->NodeFor(*op);
+    if (node == nullptr) {
+      impl_->Route(op);  // fails it with the reason
+      continue;
+    }
+    by_node[node].push_back(op);
+  }
+  for (auto& [node, ops] : by_node) node->EnqueueAll(ops);
 }
 
 absl::StatusOr<RedisReply> RedisCluster::Call(RedisCommand cmd, uint64_t timeout_ms) {

@@ -59,10 +59,37 @@ class RedisCommand {
   const std::string& wire() const { return wire_; }
   bool keyless() const { return keyless_; }
 
+  // A bulk-string reply of exactly keep + dst.size() bytes is split as it is
+  // read: its first `keep` bytes stay in the reply, the rest is copied
+  // straight into dst (a block's payload into its host slot, without a copy
+  // in between). Such a reply has len == keep and integer == the full length
+  // (SunkLength); any other reply is whole. With xxh3_out, the XXH3-64 of
+  // what went into dst is written there, computed as it is copied (while it
+  // is in cache). dst and xxh3_out must outlive the command.
+  void SinkReplyInto(std::span<std::byte> dst, size_t keep, uint64_t* xxh3_out = nullptr) {
+    sink_ = dst;
+    sink_keep_ = keep;
+    sink_xxh3_ = xxh3_out;
+  }
+  std::span<std::byte> sink() const { return sink_; }
+  size_t sink_keep() const { return sink_keep_; }
+  uint64_t* sink_xxh3() const { return sink_xxh3_; }
+
+  // Argument i's bytes inside the formatted command (to patch a value's
+  // header after its payload was copied in).
+  std::span<char> arg(size_t i) { return {wire_.data() + args_[i].first, args_[i].second}; }
+
  private:
   std::string key_, wire_;
+  std::vector<std::pair<size_t, size_t>> args_;  // offset and length in wire_
   bool keyless_ = false;
+  std::span<std::byte> sink_;
+  size_t sink_keep_ = 0;
+  uint64_t* sink_xxh3_ = nullptr;
 };
+
+// The full length of a string reply split by SinkReplyInto; 0 for a whole one.
+uint64_t SunkLength(const redisReply& r);
 
 struct RedisClusterOptions {
   std::vector<std::string> seeds;  // "host:port" of nodes to learn the cluster from
@@ -124,6 +151,9 @@ class RedisCluster {
   // MonotonicNanos() by which it must be sent (0: io_timeout from now).
   using Callback = absl::AnyInvocable<void(absl::StatusOr<RedisReply>) &&>;
   void Submit(RedisCommand cmd, Callback done, uint64_t deadline_ns = 0, CancelToken cancel = {});
+  // Several at once: each node gets its share in one hand-over, so a probe
+  // of many keys costs one round trip per node touched.
+  void SubmitAll(std::vector<std::pair<RedisCommand, Callback>> cmds, uint64_t deadline_ns = 0);
   // Submit and wait: for tools and tests.
   absl::StatusOr<RedisReply> Call(RedisCommand cmd, uint64_t timeout_ms);
 

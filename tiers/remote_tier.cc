@@ -4,8 +4,12 @@
 
 #include <hiredis/hiredis.h>
 #include <xxhash.h>
+#if defined(__x86_64__)
+#include <xxh_x86dispatch.h>  // XXH3 on AVX2 / AVX-512 where the CPU has them: the same hashes, twice as fast
+#endif
 
 #include <cstring>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
@@ -15,17 +19,22 @@ namespace kvtier {
 
 namespace {
 
-RemoteValueHeader HeaderFor(const BlockMeta& meta, std::span<const std::byte> payload) {
+// The header of a value, less its checksum.
+RemoteValueHeader HeaderFor(const BlockMeta& meta, uint64_t payload_bytes) {
   RemoteValueHeader h;
   std::memcpy(h.ns, meta.ns.bytes.data(), sizeof(h.ns));
   std::memcpy(h.key, meta.key.bytes.data(), sizeof(h.key));
-  h.payload_bytes = payload.size();
-  h.checksum = XXH3_64bits(payload.data(), payload.size());
+  h.payload_bytes = payload_bytes;
   h.tenant_hash = meta.tenant_hash;
   return h;
 }
 
-std::string WhyNotTheBlock(absl::string_view v, const BlockMeta& meta) {
+// With `payload`, v is the header alone and the payload is there.
+// With `payload`, v is the header alone and the payload is there (whose
+// XXH3 is `payload_xxh3`, when known).
+std::string WhyNotTheBlock(absl::string_view v, const BlockMeta& meta,
+                           std::optional<std::span<const std::byte>> payload = std::nullopt,
+                           std::optional<uint64_t> payload_xxh3 = std::nullopt) {
   if (v.size() < sizeof(RemoteValueHeader)) return absl::StrCat("value of ", v.size(), " bytes is shorter than its header");
   RemoteValueHeader h;
   std::memcpy(&h, v.data(), sizeof(h));
@@ -36,11 +45,14 @@ std::string WhyNotTheBlock(absl::string_view v, const BlockMeta& meta) {
   if (std::memcmp(h.ns, meta.ns.bytes.data(), sizeof(h.ns)) != 0) return "another namespace's block";
   if (std::memcmp(h.key, meta.key.bytes.data(), sizeof(h.key)) != 0) return "another block's value";
   if (h.tenant_hash != meta.tenant_hash) return "another tenant's block";
-  if (h.payload_bytes != meta.payload_bytes || v.size() - sizeof(h) != meta.payload_bytes) {
-    return absl::StrCat("payload of ", v.size() - sizeof(h), " bytes (header says ", h.payload_bytes, "), expected ",
+  const uint64_t have = payload ? payload->size() : v.size() - sizeof(h);
+  if (h.payload_bytes != meta.payload_bytes || have != meta.payload_bytes || (payload && v.size() != sizeof(h))) {
+    return absl::StrCat("payload of ", have, " bytes (header says ", h.payload_bytes, "), expected ",
                         meta.payload_bytes);
   }
-  if (XXH3_64bits(v.data() + sizeof(h), meta.payload_bytes) != h.checksum) return "payload checksum mismatch";
+  const void* p = payload ? static_cast<const void*>(payload->data()) : static_cast<const void*>(v.data() + sizeof(h));
+  const uint64_t sum = payload_xxh3 ? *payload_xxh3 : XXH3_64bits(p, meta.payload_bytes);
+  if (sum != h.checksum) return "payload checksum mismatch";
   return "";
 }
 
@@ -189,14 +201,18 @@ void RemoteTier::Write(SlotHandle slot, const BlockMeta& meta, std::span<const s
         absl::StrCat("the ", opts_.name, " tier has no credentials for this block's tenant")));
     return;
   }
-  const RemoteValueHeader h = HeaderFor(meta, src);
-  // The payload is copied once, into the command: src is the caller's again when Write returns.
+  RemoteValueHeader h = HeaderFor(meta, src.size());
+  // The payload is copied once, into the command (src is the caller's again
+  // when Write returns), and hashed there, just written, into the header.
   RedisCommand cmd = RedisCommand::Make(
       {{"SET"},
        {KeyFor(link->name, meta)},
        {absl::string_view(reinterpret_cast<const char*>(&h), sizeof(h)),
         absl::string_view(reinterpret_cast<const char*>(src.data()), src.size())}},
       1);
+  const std::span<char> value = cmd.arg(2);
+  h.checksum = XXH3_64bits(value.data() + sizeof(h), src.size());
+  std::memcpy(value.data(), &h, sizeof(h));
   Began(true);
   link->cluster->Submit(
       std::move(cmd),
@@ -233,11 +249,15 @@ void RemoteTier::Read(SlotHandle slot, const BlockMeta& meta, std::span<std::byt
   }
   std::string key = KeyFor(link->name, meta);
   RedisCommand cmd = RedisCommand::Make({{"GET"}, {key}}, 1);
+  // The payload lands in dst as it is read; the header stays in the reply.
+  auto digest = std::make_unique<uint64_t>(0);
+  cmd.SinkReplyInto(dst.first(meta.payload_bytes), sizeof(RemoteValueHeader), digest.get());
   Began(false);
   const uint64_t start = MonotonicNanos();
   link->cluster->Submit(
       std::move(cmd),
-      [this, link, meta, dst, start, key = std::move(key), done = std::move(done)](absl::StatusOr<RedisReply> r) mutable {
+      [this, link, meta, dst, start, key = std::move(key), digest = std::move(digest),
+       done = std::move(done)](absl::StatusOr<RedisReply> r) mutable {
         absl::Status s;
         if (!r.ok()) {
           s = r.status();
@@ -245,13 +265,19 @@ void RemoteTier::Read(SlotHandle slot, const BlockMeta& meta, std::span<std::byt
           s = absl::NotFoundError(absl::StrCat("the block is not in the ", opts_.name, " tier (evicted there)"));
         } else if ((*r)->type != REDIS_REPLY_STRING) {
           s = absl::DataLossError(absl::StrCat(opts_.name, ": GET answered with reply type ", (*r)->type));
-        } else {
-          const absl::string_view v((*r)->str, (*r)->len);
-          if (const std::string why = WhyNotTheBlock(v, meta); !why.empty()) {
+        } else if (SunkLength(**r) != 0) {
+          // Header in the reply, payload already in dst.
+          const absl::string_view header((*r)->str, (*r)->len);
+          if (const std::string why = WhyNotTheBlock(header, meta, dst.first(meta.payload_bytes), *digest);
+              !why.empty()) {
             s = absl::DataLossError(absl::StrCat("the ", opts_.name, " tier's copy is not the block: ", why));
-          } else {
-            std::memcpy(dst.data(), v.data() + sizeof(RemoteValueHeader), meta.payload_bytes);
           }
+        } else {
+          // A value of another length: never the block (WhyNotTheBlock says why).
+          const absl::string_view v((*r)->str, (*r)->len);
+          const std::string why = WhyNotTheBlock(v, meta);
+          s = absl::DataLossError(absl::StrCat("the ", opts_.name, " tier's copy is not the block: ",
+                                               why.empty() ? "unexpected length" : why));
         }
         if (absl::IsDataLoss(s)) {
           // Never served, and gone for every node: the next store writes it again.
@@ -298,18 +324,22 @@ void RemoteTier::Exists(std::span<const BlockMeta> metas, absl::AnyInvocable<voi
     std::move(p->done)(std::move(out));
   };
   const uint64_t deadline = deadline_ns != 0 ? deadline_ns : MonotonicNanos() + opts_.op_timeout_ms * 1'000'000;
+  // One batch per tenant's cluster: each node gets its keys in one round trip.
+  std::vector<std::vector<std::pair<RedisCommand, RedisCluster::Callback>>> by_tenant(tenants_.size());
   for (size_t i = 0; i < metas.size(); ++i) {
     const TenantLink* link = LinkFor(metas[i].tenant_hash);
     if (link == nullptr) {
       arrive(i, false);
       continue;
     }
-    link->cluster->Submit(
+    by_tenant[static_cast<size_t>(link - tenants_.data())].emplace_back(
         RedisCommand::Make({{"EXISTS"}, {KeyFor(link->name, metas[i])}}, 1),
         [arrive, i](absl::StatusOr<RedisReply> r) {
           arrive(i, r.ok() && (*r)->type == REDIS_REPLY_INTEGER && (*r)->integer == 1);
-        },
-        deadline);
+        });
+  }
+  for (size_t t = 0; t < tenants_.size(); ++t) {
+    if (!by_tenant[t].empty()) tenants_[t].cluster->SubmitAll(std::move(by_tenant[t]), deadline);
   }
   arrive(0, false);  // the +1
 }

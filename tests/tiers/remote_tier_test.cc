@@ -115,10 +115,13 @@ TEST(RedisClusterTest, BadSeedsAreRefused) {
   EXPECT_FALSE(RedisCluster::Create({.seeds = {"bad host:80"}}).ok());
 }
 
-// A "node" that answers every command with `reply`, on a loopback port.
+// A "node" on a loopback port that answers the i-th read of a connection
+// with replies[i] (the last one from then on), then closes if `close_after`.
 class HostileNode {
  public:
-  explicit HostileNode(std::string reply) : reply_(std::move(reply)) {
+  explicit HostileNode(std::string reply) : HostileNode(std::vector<std::string>{std::move(reply)}) {}
+  explicit HostileNode(std::vector<std::string> replies, bool close_after = false)
+      : replies_(std::move(replies)), close_after_(close_after) {
     fd_ = socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in a{};
     a.sin_family = AF_INET;
@@ -133,8 +136,10 @@ class HostileNode {
         const int c = accept(fd_, nullptr, nullptr);
         if (c < 0) return;
         char buf[4096];
-        while (read(c, buf, sizeof buf) > 0) {
-          if (write(c, reply_.data(), reply_.size()) < 0) break;
+        for (size_t i = 0; read(c, buf, sizeof buf) > 0; ++i) {
+          const std::string& reply = replies_[std::min(i, replies_.size() - 1)];
+          if (write(c, reply.data(), reply.size()) < 0) break;
+          if (close_after_ && i + 1 >= replies_.size()) break;
         }
         close(c);
       }
@@ -148,7 +153,8 @@ class HostileNode {
   std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
 
  private:
-  std::string reply_;
+  std::vector<std::string> replies_;
+  bool close_after_;
   int fd_ = -1;
   int port_ = 0;
   std::thread thread_;
@@ -167,6 +173,32 @@ TEST(RedisClusterTest, AHostileNodeCostsAnErrorNotMemoryOrATrap) {
     EXPECT_FALSE(r.ok()) << reply.substr(0, 20);
     EXPECT_TRUE(absl::IsUnavailable(r.status())) << r.status();
     EXPECT_NE(c->Health(), TierHealth::kHealthy) << "it never gave a slot map";
+  }
+}
+
+TEST(RedisClusterTest, AHostileNodeCannotHandTheTierABlock) {
+  // Reads that go straight into the caller's buffer: a value of exactly
+  // the expected length, cut short, or without its CRLF, or a right-length
+  // value of garbage. Each is a miss; nothing is served.
+  const BlockMeta m = MetaFor("alice", 1, 4096);
+  const std::string len = absl::StrCat("$", sizeof(RemoteValueHeader) + 4096, "\r\n");
+  const std::string value(sizeof(RemoteValueHeader) + 4096, 'x');
+  for (const auto& [reply, close_after, code] : std::vector<std::tuple<std::string, bool, absl::StatusCode>>{
+           {len + std::string(1000, 'x'), true, absl::StatusCode::kUnavailable},      // cut short
+           {len + value + "XY", false, absl::StatusCode::kUnavailable},               // no CRLF
+           {len + value + "\r\n", false, absl::StatusCode::kDataLoss}}) {             // not a block
+    HostileNode node({"+OK\r\n", reply}, close_after);
+    RemoteTierOptions o;
+    o.seeds = {node.address()};
+    o.tenants = {{"alice", "kvtier-alice", "pw"}};
+    o.op_timeout_ms = 1000;
+    o.io_timeout_ms = 500;
+    Tier t{std::move(RemoteTier::Create(o)).value()};
+    SlotHandle slot = *t.tier->Allocate(4096);
+    std::vector<std::byte> got;
+    const absl::Status s = t.Get(slot, m, got);
+    EXPECT_FALSE(s.ok());
+    EXPECT_EQ(s.code(), code) << s;
   }
 }
 

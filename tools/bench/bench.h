@@ -43,6 +43,7 @@ struct Context {
   int pairs = 0;        // nvme suite: ours/fio pairs per point; engine suite: repetitions (0: the default)
   std::string only;     // nvme suite: run only points whose label contains this
   std::string device = "cuda";  // gpu suite: "cuda", or "sim" for the host-simulated device
+  std::string cluster;  // remote suite: a folder scripts/redis-cluster started a cluster in
 };
 
 // Registers benchmarks, runs them (echoing Google Benchmark's console lines
@@ -85,6 +86,7 @@ std::vector<Metric> RunLookupSuite(const Context& ctx);
 std::vector<Metric> RunNvmeSuite(const Context& ctx);
 std::vector<Metric> RunReclaimSuite(const Context& ctx);
 std::vector<Metric> RunGpuSuite(const Context& ctx);
+std::vector<Metric> RunRemoteSuite(const Context& ctx);
 
 }  // namespace kvtier::bench
 

@@ -71,6 +71,8 @@ int BenchMain(int argc, char** argv, const std::string& program, const std::vect
         std::fprintf(stderr, "%s: --device is cuda or sim\n", program.c_str());
         return 2;
       }
+    } else if (a == "--cluster" && i + 1 < argc) {
+      ctx.cluster = argv[++i];
     } else if (a == "--only" && i + 1 < argc) {
       ctx.only = argv[++i];
     } else if (a == "-h" || a == "--help") {
@@ -103,6 +105,12 @@ int BenchMain(int argc, char** argv, const std::string& program, const std::vect
     if (s.needs_cuda && ctx.device == "cuda" && ProbeCudaDevices(&why) == 0) {
       std::fprintf(stderr, "%s: %s suite skipped: no CUDA device answers (%s); --device sim runs it on the "
                            "host-simulated device\n", program.c_str(), s.name.c_str(), why.c_str());
+      if (suite == s.name) return 77;
+      continue;
+    }
+    if (s.needs_cluster && ctx.cluster.empty()) {
+      std::fprintf(stderr, "%s: %s suite skipped: it needs a Redis Cluster (scripts/redis-cluster start DIR --tenant "
+                           "bench, then --cluster DIR)\n", program.c_str(), s.name.c_str());
       if (suite == s.name) return 77;
       continue;
     }

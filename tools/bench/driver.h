@@ -19,6 +19,9 @@ struct Suite {
   // Runs only where a CUDA device answers (unless --device sim); skipped in
   // `all` elsewhere, exit 77 when asked for alone.
   bool needs_cuda = false;
+  // Runs only against a Redis Cluster (--cluster DIR); skipped in `all`
+  // without one, exit 77 when asked for alone.
+  bool needs_cluster = false;
 };
 
 // Parses argv, runs the chosen suite (or every one for "all"), prints the

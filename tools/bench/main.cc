@@ -1,6 +1,6 @@
 // kvtier-bench: microbenchmarks with a baseline measured in the same run.
 //
-//   kvtier-bench ipc|host|lookup|nvme|reclaim|gpu|all [--json] [--quick] [--kvtierd PATH]
+//   kvtier-bench ipc|host|lookup|nvme|reclaim|gpu|remote|all [--json] [--quick] [--kvtierd PATH]
 //                [Google Benchmark flags, e.g. --benchmark_min_time=...]
 //
 // The tiny engine's time-to-first-token benchmark is not here: it runs the
@@ -36,5 +36,10 @@ int main(int argc, char** argv) {
         "pinned host<->device copies vs cudaMemcpyAsync, gather/scatter kernels vs a\n"
         "                device-to-device copy, layer-wise load (--device sim: on the simulated device;\n"
         "                exit 77 when no CUDA device answers)",
-        b::RunGpuSuite, /*needs_cuda=*/true}});
+        b::RunGpuSuite, /*needs_cuda=*/true},
+       {"remote",
+        "remote tier put/get of 256 KiB and 2 MiB blocks vs a pipelined hiredis loop on the same\n"
+        "                node, and a 64-block probe (--cluster DIR: a cluster scripts/redis-cluster started\n"
+        "                there with --tenant bench; exit 77 without one)",
+        b::RunRemoteSuite, /*needs_cuda=*/false, /*needs_cluster=*/true}});
 }
