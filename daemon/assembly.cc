@@ -1,6 +1,12 @@
 #include "daemon/assembly.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/vfs.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <linux/magic.h>
 
 #include <algorithm>
@@ -8,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/checked.h"
+#include "core/status.h"
 #include "core/fmt_absl.h"
 #include "core/units.h"
 #include "spdlog/spdlog.h"
@@ -27,6 +34,56 @@ absl::StatusOr<CostTracker::Options> CostOptionsFrom(const Config& c) {
   cost.nvme_prior = TierSpeed{c.cost_nvme_read_gbps * 1e9, c.cost_nvme_read_latency_us * 1e-6};
   cost.decide = c.cost_decide;
   return cost;
+}
+
+namespace {
+
+// A secret's file: ours, not readable by others, small; its first line.
+absl::StatusOr<std::string> ReadSecretFile(const std::string& path, const std::string& what) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return absl::NotFoundError(absl::StrCat(what, ": cannot open ", path, ": ", std::strerror(errno)));
+  struct stat st {};
+  std::string text(4097, '\0');
+  ssize_t n = -1;
+  if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() && (st.st_mode & 077) == 0) {
+    n = read(fd, text.data(), text.size());
+  }
+  close(fd);
+  if (!S_ISREG(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 077) != 0) {
+    return absl::PermissionDeniedError(absl::StrCat(what, ": ", path, " must be a regular file of kvtierd's user with "
+                                                    "mode 0600 or stricter (chown, then chmod 600)"));
+  }
+  if (n < 0 || n > 4096) return absl::InvalidArgumentError(absl::StrCat(what, ": ", path, " is unreadable or over 4 KiB"));
+  text.resize(static_cast<size_t>(n));
+  if (const size_t nl = text.find_first_of("\r\n"); nl != std::string::npos) text.resize(nl);
+  if (text.empty()) return absl::InvalidArgumentError(absl::StrCat(what, ": ", path, " is empty"));
+  return text;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<RemoteTier>> OpenRemoteFrom(const Config& c) {
+  if (c.remote_seeds.empty()) {
+    spdlog::info("event=remote_tier state=off detail=\"tiers.remote.seeds is empty\"");
+    return nullptr;
+  }
+  RemoteTierOptions o;
+  o.seeds = c.remote_seeds;
+  o.key_prefix = c.remote_key_prefix;
+  o.capacity_bytes = c.remote_capacity;
+  o.op_timeout_ms = c.remote_op_timeout_ms;
+  o.connect_timeout_ms = c.remote_connect_timeout_ms;
+  o.io_timeout_ms = c.remote_io_timeout_ms;
+  for (const TenantConfig& t : c.tenants) {
+    ASSIGN_OR_RETURN(std::string password,
+                     ReadSecretFile(t.remote_password_file, absl::StrCat("tenant \"", t.name, "\"'s remote_password_file")));
+    o.tenants.push_back({t.name, t.remote_user, std::move(password)});
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<RemoteTier> tier, RemoteTier::Create(o));
+  spdlog::info("event=remote_tier state=on seeds={} tenants={} health={} detail=\"a Redis Cluster below NVMe; "
+               "misses there cost a recompute, never a wrong block\"",
+               c.remote_seeds.size(), c.tenants.size(), TierHealthName(tier->Health()));
+  return tier;
 }
 
 absl::StatusOr<OpenedNvme> OpenNvmeFrom(const Config& c) {

@@ -13,12 +13,20 @@
 #include "daemon/config.h"
 #include "daemon/cost_tracker.h"
 #include "tiers/nvme_tier.h"
+#include "tiers/remote_tier.h"
 
 namespace kvtier {
 
 // [cost_model]: the model shape (a Hugging Face config.json, or the default
 // shape), the priors, and whether it decides.
 absl::StatusOr<CostTracker::Options> CostOptionsFrom(const Config& c);
+
+// [tiers.remote]: a RemoteTier on the cluster the seeds name, each tenant
+// with its ACL user and the password read from its file (a regular file of
+// kvtierd's user, mode 0600 or stricter, at most 4 KiB; never logged).
+// nullptr without seeds. The cluster need not be up: the tier starts
+// degraded and heals when it answers.
+absl::StatusOr<std::unique_ptr<RemoteTier>> OpenRemoteFrom(const Config& c);
 
 struct OpenedNvme {
   std::unique_ptr<NvmeTier> tier;  // null: no NVMe tier (capacity 0, or no room for the default)

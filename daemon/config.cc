@@ -10,6 +10,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "core/block_key.h"
 #include "core/paths.h"
@@ -485,6 +486,43 @@ absl::StatusOr<Config> LoadConfigFile(const std::string& path) {
   return ParseConfig(text, path);
 }
 
+// [tiers.remote], when it has seeds: each a host:port, and every tenant with
+// its own ACL user and a password file (the server keeps tenants apart).
+template <typename Fail>
+void ValidateRemote(const Config& c, Fail& fail) {
+  if (c.remote_seeds.empty()) {
+    for (size_t i = 0; i < c.tenants.size(); ++i) {
+      if (!c.tenants[i].remote_user.empty() || !c.tenants[i].remote_password_file.empty()) {
+        fail(Cat("tenants[", i, "].remote_user"),
+             Cat("tenant \"", c.tenants[i].name, "\" has remote credentials but tiers.remote.seeds is empty"));
+      }
+    }
+    return;
+  }
+  for (const std::string& seed : c.remote_seeds) {
+    const size_t colon = seed.rfind(':');
+    uint64_t port = 0;
+    if (colon == std::string::npos || colon == 0 || !absl::SimpleAtoi(seed.substr(colon + 1), &port) || port == 0 ||
+        port > 65535) {
+      fail("tiers.remote.seeds", Cat("tiers.remote.seeds: \"", seed.substr(0, 80), "\" is not host:port"));
+    }
+  }
+  if (c.remote_key_prefix.empty() || c.remote_key_prefix.find_first_of(":{} \t\r\n") != std::string::npos) {
+    fail("tiers.remote.key_prefix", "tiers.remote.key_prefix must be a non-empty word (no ':', '{', '}' or spaces)");
+  }
+  for (size_t i = 0; i < c.tenants.size(); ++i) {
+    const TenantConfig& t = c.tenants[i];
+    if (t.remote_user.empty() || t.remote_password_file.empty()) {
+      fail(Cat("tenants[", i, "]"), Cat("tenant \"", t.name, "\" needs remote_user and remote_password_file: with "
+                                        "tiers.remote.seeds each tenant reads and writes the cluster as its own ACL "
+                                        "user (docs/remote-tier.md)"));
+    }
+    if (t.name.find_first_of(":{} \t\r\n") != std::string::npos) {
+      fail(Cat("tenants[", i, "].name"), Cat("tenant \"", t.name, "\" cannot name remote keys: no ':', '{', '}' or spaces"));
+    }
+  }
+}
+
 absl::Status ValidateConfig(const Config& c) {
   std::vector<std::string> errors;
   // A message about `key`, led by the file and line it was read from.
@@ -567,6 +605,7 @@ absl::Status ValidateConfig(const Config& c) {
       fail("tiers.nvme.staging_bytes", "tiers.nvme.staging_bytes must be at least 4MiB");
     }
   }
+  ValidateRemote(c, fail);
   if (errors.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrJoin(errors, "; "));
 }

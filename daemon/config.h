@@ -31,6 +31,10 @@ struct TenantConfig {
   uint64_t host_tokens = 0;  // tokens resident in this tenant's host arena
   uint64_t nvme_bytes = 0;   // bytes of the shared NVMe tier
   uint64_t nvme_tokens = 0;  // tokens on the shared NVMe tier
+  // The remote tier's ACL user for this tenant's keys, and a file holding its
+  // password (mode 0600 or stricter; never logged).
+  std::string remote_user;
+  std::string remote_password_file;
 };
 
 struct Config {
@@ -85,6 +89,13 @@ struct Config {
   uint64_t nvme_staging_bytes = 64ull << 20;
   bool nvme_write_through = false;
   std::string nvme_policy = "lru";
+  // [tiers.remote]: a shared Redis Cluster below NVMe (none without seeds).
+  std::vector<std::string> remote_seeds;
+  std::string remote_key_prefix = "kvtier";
+  uint64_t remote_capacity = 1ull << 40;  // handles on what this daemon wrote there
+  uint32_t remote_op_timeout_ms = 200;
+  uint32_t remote_connect_timeout_ms = 500;
+  uint32_t remote_io_timeout_ms = 1000;
   // Per tenant: device memory for the GPU tier (0: no GPU tier).
   uint64_t gpu_capacity = 0;
   // [metrics]: Prometheus text over HTTP (GET /metrics).

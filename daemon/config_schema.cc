@@ -89,6 +89,19 @@ const ConfigKey kKeys[] = {
      "write committed blocks to NVMe at once, not only on eviction"},
     {"tiers.nvme", "policy", T::kString, &Config::nvme_policy, 0, 0, false,
      "eviction policy of the NVMe tier: lru, s3fifo, s3fifo-deep, tinylfu"},
+    // [tiers.remote]
+    {"tiers.remote", "seeds", T::kStringList, &Config::remote_seeds, 0, 0, false,
+     "host:port of Redis Cluster nodes; empty: no remote tier"},
+    {"tiers.remote", "key_prefix", T::kString, &Config::remote_key_prefix, 0, 0, false,
+     "keys are <prefix>:<tenant>:<namespace>:<block>"},
+    {"tiers.remote", "capacity", T::kBytes, &Config::remote_capacity, 0, 0, false,
+     "what this daemon tracks as written there (the cluster evicts on its own)"},
+    {"tiers.remote", "op_timeout_ms", T::kInt, &Config::remote_op_timeout_ms, 1, 600000, false,
+     "a remote read or write not answered by then is a miss"},
+    {"tiers.remote", "connect_timeout_ms", T::kInt, &Config::remote_connect_timeout_ms, 1, 60000, false,
+     "per connection attempt"},
+    {"tiers.remote", "io_timeout_ms", T::kInt, &Config::remote_io_timeout_ms, 1, 600000, false,
+     "a reply slower than this breaks its connection"},
     // [cost_model]
     {"cost_model", "model_config", T::kString, &Config::cost_model_config, 0, 0, false,
      "a Hugging Face config.json; empty: the Llama-3.1-8B shape"},
@@ -118,6 +131,9 @@ const ConfigSection kSections[] = {
     {"tiers.host", ""},
     {"tiers.gpu", ""},
     {"tiers.nvme", ""},
+    {"tiers.remote",
+     "# A shared Redis Cluster below NVMe; each tenant reads and writes it as its own\n"
+     "# ACL user ([[tenants]] remote_user, remote_password_file).\n"},
     {"cost_model",
      "# What a block is worth: prefill time of its tokens at its position, for this\n"
      "# model shape, at a throughput fitted to the engines' report_prefill calls.\n"},
@@ -133,6 +149,9 @@ const TenantKey kTenantKeys[] = {
     {"host_tokens", T::kInt, &TenantConfig::host_tokens, "0", true, "quota: tokens resident in its arena (0: none)"},
     {"nvme_bytes", T::kBytes, &TenantConfig::nvme_bytes, "0", true, "quota: bytes on the shared NVMe tier (0: none)"},
     {"nvme_tokens", T::kInt, &TenantConfig::nvme_tokens, "0", true, "quota: tokens on the shared NVMe tier (0: none)"},
+    {"remote_user", T::kString, &TenantConfig::remote_user, "\"\"", false, "its ACL user on the remote tier's cluster"},
+    {"remote_password_file", T::kString, &TenantConfig::remote_password_file, "\"\"", false,
+     "a file (mode 0600) holding that user's password; never logged"},
 };
 
 std::string Quoted(std::string_view s) {

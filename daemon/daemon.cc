@@ -114,6 +114,7 @@ absl::Status Daemon::Open() {
   for (const TenantConfig& t : config_.tenants) RETURN_IF_ERROR(OpenTenant(t));
 
   RETURN_IF_ERROR(OpenNvme());
+  RETURN_IF_ERROR(OpenRemote());
   store_->StartBackgroundReclaim();
 
   RETURN_IF_ERROR(OpenSockets());
@@ -221,6 +222,13 @@ absl::Status Daemon::OpenNvme() {
   ASSIGN_OR_RETURN(uint64_t indexed, store_->AttachLowerTier(std::move(opened.tier), opened.recovered, &namespaces_));
   LogNvmeOpened(config_, opened, st, indexed);
   return absl::OkStatus();
+}
+
+absl::Status Daemon::OpenRemote() {
+  ASSIGN_OR_RETURN(std::unique_ptr<RemoteTier> remote, OpenRemoteFrom(config_));
+  if (remote == nullptr) return absl::OkStatus();
+  // Below NVMe: the cascade moves NVMe's coldest blocks there as it fills.
+  return store_->AttachLowerTier(std::move(remote), {}, &namespaces_).status();
 }
 
 void Daemon::Watch(int fd, FdKind kind, uint64_t id, uint32_t events) {

@@ -82,6 +82,7 @@ class Daemon {
   explicit Daemon(const Config& config);
   absl::Status Open();
   absl::Status OpenNvme();
+  absl::Status OpenRemote();  // [tiers.remote], below NVMe
   // Open()'s parts: one tenant's host tier (pinned for the device), its GPU
   // tier where configured, and its place in the store; the sockets, signals
   // and the epoll set; the metrics endpoint (an endpoint that cannot start
