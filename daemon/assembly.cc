@@ -40,7 +40,8 @@ namespace {
 
 // A secret's file: ours, not readable by others, small; its first line.
 absl::StatusOr<std::string> ReadSecretFile(const std::string& path, const std::string& what) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  // O_NONBLOCK: a FIFO named here must not hang the start (fstat refuses it next).
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) return absl::NotFoundError(absl::StrCat(what, ": cannot open ", path, ": ", std::strerror(errno)));
   struct stat st {};
   std::string text(4097, '\0');

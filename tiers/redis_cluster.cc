@@ -8,6 +8,11 @@
 // leaves (never held while taking another, nor while a callback runs).
 #include "tiers/redis_cluster.h"
 
+// hiredis 0.14's sds.h has no extern "C" of its own (hiredis.h includes it
+// outside its block): declare its functions with C linkage first.
+extern "C" {
+#include <hiredis/sds.h>
+}
 #include <hiredis/hiredis.h>
 #include <limits.h>
 #define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack
@@ -15,6 +20,7 @@
 #if defined(__x86_64__)
 #include <xxh_x86dispatch.h>  // XXH3 on AVX2 / AVX-512 where the CPU has them: the same hashes, twice as fast
 #endif
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/uio.h>
@@ -98,8 +104,27 @@ absl::Status ErrorStatus(absl::string_view msg, absl::string_view who) {
   return absl::UnknownError(text);
 }
 
+// What the reply being read may still allocate (ReplyBudget): hiredis builds
+// a reply's objects as its bytes arrive, so a bound on the bytes not yet
+// parsed does not bound a reply of many small parts.
+thread_local bool t_budget_on = false;
+thread_local int64_t t_budget = 0;
+bool Spend(uint64_t bytes) {
+  if (!t_budget_on) return true;
+  t_budget -= static_cast<int64_t>(std::min<uint64_t>(bytes, INT64_MAX / 2));
+  return t_budget >= 0;
+}
+struct ReplyBudget {
+  explicit ReplyBudget(uint64_t bytes) {
+    t_budget_on = true;
+    t_budget = static_cast<int64_t>(std::min<uint64_t>(bytes, INT64_MAX / 2));
+  }
+  ~ReplyBudget() { t_budget_on = false; }
+};
+
 // Reply objects as hiredis builds them, but bounded (BoundReplyObjects).
 redisReply* NewReply(const redisReadTask* task, int type) {
+  if (!Spend(sizeof(redisReply))) return nullptr;
   auto* r = static_cast<redisReply*>(calloc(1, sizeof(redisReply)));
   if (r == nullptr) return nullptr;
   r->type = type;
@@ -119,6 +144,7 @@ void* CreateString(const redisReadTask* task, char* str, size_t len) {
       len == sink->sink_keep() + sink->sink().size()) {
     keep = sink->sink_keep();
   }
+  if (!Spend(keep + 1)) return nullptr;
   char* buf = static_cast<char*>(malloc(keep + 1));
   if (buf == nullptr) return nullptr;
   redisReply* r = NewReply(task, task->type);
@@ -154,6 +180,7 @@ void* CreateString(const redisReadTask* task, char* str, size_t len) {
 }
 void* CreateArray(const redisReadTask* task, int elements) {
   if (elements < 0 || elements > kMaxReplyElements) return nullptr;  // the reader reports a protocol error
+  if (!Spend(static_cast<uint64_t>(elements) * sizeof(redisReply*))) return nullptr;
   redisReply** el = nullptr;
   if (elements > 0) {
     el = static_cast<redisReply**>(calloc(static_cast<size_t>(elements), sizeof(redisReply*)));
@@ -176,8 +203,28 @@ void* CreateInteger(const redisReadTask* task, long long value) {
 void* CreateNil(const redisReadTask* task) { return NewReply(task, REDIS_REPLY_NIL); }
 redisReplyObjectFunctions kBoundedReplies = {CreateString, CreateArray, CreateInteger, CreateNil, freeReplyObject};
 
-// redisGetReply, with a bound on what one reply may buffer.
-int GetReplyBounded(redisContext* c, void** reply, uint64_t max_bytes) {
+// Waits until c's socket has bytes, at most until deadline_ns (a whole
+// reply's time, not each read's: a node that drips a byte per read timeout
+// would hold its thread forever otherwise).
+bool WaitReadable(redisContext* c, uint64_t deadline_ns) {
+  for (;;) {
+    const uint64_t now = MonotonicNanos();
+    const int ms = now >= deadline_ns ? 0 : static_cast<int>(std::min<uint64_t>((deadline_ns - now) / 1'000'000 + 1, 60000));
+    pollfd p{c->fd, POLLIN, 0};
+    const int n = poll(&p, 1, ms);
+    if (n > 0) return true;
+    if (n < 0 && errno == EINTR) continue;
+    c->err = REDIS_ERR_IO;
+    std::snprintf(c->errstr, sizeof(c->errstr), "%s", n == 0 ? "reply not complete in time" : std::strerror(errno));
+    return false;
+  }
+}
+
+// redisGetReply, with bounds on what one reply may buffer and allocate, and
+// on how long it may take in all (timeout_ms).
+int GetReplyBounded(redisContext* c, void** reply, uint64_t max_bytes, uint64_t timeout_ms) {
+  const uint64_t deadline = MonotonicNanos() + timeout_ms * 1'000'000;
+  ReplyBudget budget(max_bytes + (64 << 10));
   void* aux = nullptr;
   if (redisGetReplyFromReader(c, &aux) == REDIS_ERR) return REDIS_ERR;
   if (aux == nullptr) {
@@ -192,7 +239,7 @@ int GetReplyBounded(redisContext* c, void** reply, uint64_t max_bytes) {
                       static_cast<unsigned long long>(max_bytes));
         return REDIS_ERR;
       }
-      if (redisBufferRead(c) == REDIS_ERR) return REDIS_ERR;
+      if (!WaitReadable(c, deadline) || redisBufferRead(c) == REDIS_ERR) return REDIS_ERR;
       if (redisGetReplyFromReader(c, &aux) == REDIS_ERR) return REDIS_ERR;
     } while (aux == nullptr);
   }
@@ -201,7 +248,8 @@ int GetReplyBounded(redisContext* c, void** reply, uint64_t max_bytes) {
 }
 
 // A command and its reply on a fresh connection (AUTH, CLUSTER SLOTS).
-RedisReply CommandBounded(redisContext* c, std::initializer_list<absl::string_view> args, uint64_t max_bytes) {
+RedisReply CommandBounded(redisContext* c, std::initializer_list<absl::string_view> args, uint64_t max_bytes,
+                          uint64_t timeout_ms) {
   std::vector<const char*> argv;
   std::vector<size_t> len;
   for (absl::string_view a : args) {
@@ -210,7 +258,7 @@ RedisReply CommandBounded(redisContext* c, std::initializer_list<absl::string_vi
   }
   if (redisAppendCommandArgv(c, static_cast<int>(argv.size()), argv.data(), len.data()) != REDIS_OK) return nullptr;
   void* raw = nullptr;
-  if (GetReplyBounded(c, &raw, max_bytes) != REDIS_OK) return nullptr;
+  if (GetReplyBounded(c, &raw, max_bytes, timeout_ms) != REDIS_OK) return nullptr;
   return RedisReply(static_cast<redisReply*>(raw));
 }
 
@@ -487,8 +535,8 @@ redisContext* RedisCluster::Impl::Connect(const std::string& host, int port, std
   }
   BoundReplyObjects(c->reader);
   if (!opts.password.empty() || !opts.user.empty()) {
-    RedisReply r = opts.user.empty() ? CommandBounded(c, {"AUTH", opts.password}, 4096)
-                                     : CommandBounded(c, {"AUTH", opts.user, opts.password}, 4096);
+    RedisReply r = opts.user.empty() ? CommandBounded(c, {"AUTH", opts.password}, 4096, opts.io_timeout_ms)
+                                     : CommandBounded(c, {"AUTH", opts.user, opts.password}, 4096, opts.io_timeout_ms);
     if (r == nullptr || r->type == REDIS_REPLY_ERROR) {
       // The server's words (WRONGPASS ...) name no secret; ours neither.
       *why = r == nullptr ? absl::StrCat("AUTH: ", c->errstr)
@@ -614,6 +662,7 @@ void RedisCluster::Impl::Node::Run() {
 }
 
 int RedisCluster::Impl::Node::ReadSunkReply(const RedisCommand& cmd, void** raw) {
+  const uint64_t deadline = MonotonicNanos() + cluster->opts.io_timeout_ms * 1'000'000;
   redisReader* r = ctx->reader;
   constexpr size_t kMaxLine = 24;  // "$" and 20 digits and CRLF
   const char* line;
@@ -625,7 +674,7 @@ int RedisCluster::Impl::Node::ReadSunkReply(const RedisCommand& cmd, void** raw)
     end = static_cast<const char*>(std::memchr(line, '\n', std::min(avail, kMaxLine)));
     if (end != nullptr) break;
     if (avail >= kMaxLine) return 0;
-    if (redisBufferRead(ctx) != REDIS_OK) return -1;
+    if (!WaitReadable(ctx, deadline) || redisBufferRead(ctx) != REDIS_OK) return -1;
   }
   if (line[0] != '$' || end - line < 3 || end[-1] != '\r') return 0;
   uint64_t n = 0;
@@ -640,6 +689,7 @@ int RedisCluster::Impl::Node::ReadSunkReply(const RedisCommand& cmd, void** raw)
     std::memcpy(to, r->buf + r->pos, held);
     r->pos += held;
     for (size_t got = held; got < want;) {
+      if (!WaitReadable(ctx, deadline)) return false;
       const ssize_t k = recv(ctx->fd, to + got, want - got, 0);
       if (k > 0) {
         got += static_cast<size_t>(k);
@@ -679,6 +729,13 @@ int RedisCluster::Impl::Node::ReadSunkReply(const RedisCommand& cmd, void** raw)
     return -1;
   }
   if (cmd.sink_xxh3() != nullptr) *cmd.sink_xxh3() = XXH3_64bits_digest(&st);
+  // Drop what was consumed, as hiredis's own reader does after a reply: a run
+  // of these reads would otherwise grow its buffer by every read's tail.
+  if (r->pos >= 1024) {
+    sdsrange(r->buf, static_cast<int>(r->pos), -1);
+    r->pos = 0;
+    r->len = sdslen(r->buf);
+  }
   auto* reply = static_cast<redisReply*>(calloc(1, sizeof(redisReply)));
   if (reply == nullptr) {
     free(head);
@@ -695,7 +752,7 @@ int RedisCluster::Impl::Node::ReadSunkReply(const RedisCommand& cmd, void** raw)
 bool RedisCluster::Impl::Node::ReadReply(Op* op) {
   void* raw = nullptr;
   if (op->asking) {
-    if (GetReplyBounded(ctx, &raw, 4096) != REDIS_OK) return false;
+    if (GetReplyBounded(ctx, &raw, 4096, cluster->opts.io_timeout_ms) != REDIS_OK) return false;
     freeReplyObject(raw);  // +OK; a refusal shows in the command's own reply
     raw = nullptr;
     op->asking = false;
@@ -704,7 +761,7 @@ bool RedisCluster::Impl::Node::ReadReply(Op* op) {
   if (direct < 0) return false;
   if (direct == 0) {
     t_sink = &op->cmd;
-    const int got = GetReplyBounded(ctx, &raw, cluster->opts.max_reply_bytes);
+    const int got = GetReplyBounded(ctx, &raw, cluster->opts.max_reply_bytes, cluster->opts.io_timeout_ms);
     t_sink = nullptr;
     if (got != REDIS_OK) return false;
   }
@@ -723,7 +780,10 @@ bool RedisCluster::Impl::Node::WriteAll(const std::vector<Op*>& ops) {
   size_t at = 0;
   while (at < iov.size()) {
     const int n = static_cast<int>(std::min<size_t>(iov.size() - at, IOV_MAX));
-    const ssize_t w = writev(ctx->fd, iov.data() + at, n);
+    msghdr msg{};
+    msg.msg_iov = iov.data() + at;
+    msg.msg_iovlen = static_cast<size_t>(n);
+    const ssize_t w = sendmsg(ctx->fd, &msg, MSG_NOSIGNAL);  // a reset peer is an error, not SIGPIPE
     if (w < 0) {
       if (errno == EINTR) continue;
       ctx->err = REDIS_ERR_IO;
@@ -883,11 +943,15 @@ bool RedisCluster::Impl::Refresh() {
     for (uint16_t idx : slot_node) {
       if (idx != kNoNode) mapped[idx] = true;
     }
-    for (size_t i = 0; i < nodes.size(); ++i) {
-      if (mapped[i]) ask_of.emplace_back(nodes[i]->host, nodes[i]->port);
-    }
-    for (size_t i = 0; i < nodes.size(); ++i) {
-      if (!mapped[i]) ask_of.emplace_back(nodes[i]->host, nodes[i]->port);
+    // Nodes that answered lately first (mapped ones before the rest), those
+    // in backoff last: a refresh waits on each node it asks that is gone.
+    for (int pass = 0; pass < 3; ++pass) {
+      for (size_t i = 0; i < nodes.size(); ++i) {
+        const bool down = nodes[i]->in_backoff.load(std::memory_order_relaxed);
+        if ((pass == 0 && mapped[i] && !down) || (pass == 1 && !mapped[i] && !down) || (pass == 2 && down)) {
+          ask_of.emplace_back(nodes[i]->host, nodes[i]->port);
+        }
+      }
     }
   }
   ask_of.insert(ask_of.end(), seeds.begin(), seeds.end());
@@ -897,11 +961,12 @@ bool RedisCluster::Impl::Refresh() {
     std::string why;
     redisContext* c = Connect(host, port, &why);
     if (c == nullptr) continue;
-    RedisReply r = CommandBounded(c, {"CLUSTER", "SLOTS"}, opts.max_reply_bytes);
+    RedisReply r = CommandBounded(c, {"CLUSTER", "SLOTS"}, opts.max_reply_bytes, opts.io_timeout_ms);
     redisFree(c);
     if (r == nullptr || r->type != REDIS_REPLY_ARRAY) continue;
     absl::StatusOr<std::vector<SlotRange>> ranges = ParseClusterSlots(r.get(), host);
-    if (!ranges.ok()) continue;
+    // An empty map (a node reset, or cut off) would unmap every slot: ask the next.
+    if (!ranges.ok() || ranges->empty()) continue;
     std::vector<std::pair<std::pair<int64_t, int64_t>, Node*>> owners;
     for (const SlotRange& range : *ranges) {
       Node* n = NodeAt(range.host, range.port);

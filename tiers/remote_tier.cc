@@ -188,7 +188,7 @@ void RemoteTier::CountMiss(const absl::Status& s) {
 void RemoteTier::Write(SlotHandle slot, const BlockMeta& meta, std::span<const std::byte> src, const IoOptions& io,
                        IoCallback done) {
   const uint64_t cost = SlotBytes(slot);
-  if (cost == 0 || src.size() != meta.payload_bytes || cost < SlotBytesFor(src.size())) {
+  if (cost == 0 || src.empty() || src.size() != meta.payload_bytes || cost < SlotBytesFor(src.size())) {
     writes_refused_.fetch_add(1, std::memory_order_relaxed);
     std::move(done)(absl::InvalidArgumentError(absl::StrCat("a write of ", src.size(), " bytes into slot ", slot,
                                                             " of the ", opts_.name, " tier, which holds ", cost)));
@@ -312,7 +312,12 @@ void RemoteTier::Exists(std::span<const BlockMeta> metas, absl::AnyInvocable<voi
     p->present.assign(metas.size(), false);
     p->left = metas.size() + 1;  // +1 until every EXISTS is sent
   }
-  p->done = std::move(done);
+  // In flight as a read until its answer is given: Drain waits for it.
+  Began(false);
+  p->done = [this, done = std::move(done)](std::vector<bool> v) mutable {
+    std::move(done)(std::move(v));
+    Ended(false);
+  };
   auto arrive = [p](size_t i, bool there) {
     std::vector<bool> out;
     {

@@ -120,8 +120,10 @@ TEST(RedisClusterTest, BadSeedsAreRefused) {
 class HostileNode {
  public:
   explicit HostileNode(std::string reply) : HostileNode(std::vector<std::string>{std::move(reply)}) {}
-  explicit HostileNode(std::vector<std::string> replies, bool close_after = false)
-      : replies_(std::move(replies)), close_after_(close_after) {
+  // drip: send each reply a byte at a time, this far apart.
+  explicit HostileNode(std::vector<std::string> replies, bool close_after = false,
+                       std::chrono::milliseconds drip = std::chrono::milliseconds(0))
+      : replies_(std::move(replies)), close_after_(close_after), drip_(drip) {
     fd_ = socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in a{};
     a.sin_family = AF_INET;
@@ -138,7 +140,14 @@ class HostileNode {
         char buf[4096];
         for (size_t i = 0; read(c, buf, sizeof buf) > 0; ++i) {
           const std::string& reply = replies_[std::min(i, replies_.size() - 1)];
-          if (write(c, reply.data(), reply.size()) < 0) break;
+          if (drip_.count() > 0 && i > 0) {
+            for (char ch : reply) {
+              if (send(c, &ch, 1, MSG_NOSIGNAL) < 0 || stop_.load()) break;
+              std::this_thread::sleep_for(drip_);
+            }
+          } else if (send(c, reply.data(), reply.size(), MSG_NOSIGNAL) < 0) {
+            break;
+          }
           if (close_after_ && i + 1 >= replies_.size()) break;
         }
         close(c);
@@ -146,6 +155,7 @@ class HostileNode {
     });
   }
   ~HostileNode() {
+    stop_ = true;
     shutdown(fd_, SHUT_RDWR);
     close(fd_);
     thread_.join();
@@ -155,6 +165,8 @@ class HostileNode {
  private:
   std::vector<std::string> replies_;
   bool close_after_;
+  std::chrono::milliseconds drip_;
+  std::atomic<bool> stop_{false};
   int fd_ = -1;
   int port_ = 0;
   std::thread thread_;
@@ -200,6 +212,18 @@ TEST(RedisClusterTest, AHostileNodeCannotHandTheTierABlock) {
     EXPECT_FALSE(s.ok());
     EXPECT_EQ(s.code(), code) << s;
   }
+}
+
+TEST(RedisClusterTest, ANodeThatDripsItsReplyIsCutOffAtTheReplyTimeout) {
+  // A byte every 50 ms never trips a per-read timeout of 300 ms; the reply as
+  // a whole must still end by then.
+  HostileNode node({"+OK\r\n", "$1000\r\n" + std::string(1000, 'x') + "\r\n"}, false, std::chrono::milliseconds(50));
+  auto c = std::move(RedisCluster::Create({.seeds = {node.address()}, .user = "u", .password = "p", .io_timeout_ms = 300}))
+               .value();
+  const uint64_t t0 = MonotonicNanos();
+  absl::StatusOr<RedisReply> r = c->Call(RedisCommand::Make({{"GET"}, {"k"}}, 1), 5000);
+  EXPECT_TRUE(absl::IsUnavailable(r.status())) << r.status();
+  EXPECT_LT(MonotonicNanos() - t0, 2'000'000'000ull) << "cut off near io_timeout, not after 50 s of drips";
 }
 
 TEST_F(RemoteTierTest, BlocksComeBackByteExactFromEveryNode) {
