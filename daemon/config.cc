@@ -10,7 +10,6 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "core/block_key.h"
 #include "core/paths.h"
@@ -484,130 +483,6 @@ absl::StatusOr<Config> LoadConfigFile(const std::string& path) {
   in.read(text.data(), static_cast<std::streamsize>(text.size()));
   text.resize(static_cast<size_t>(in.gcount()));
   return ParseConfig(text, path);
-}
-
-// [tiers.remote], when it has seeds: each a host:port, and every tenant with
-// its own ACL user and a password file (the server keeps tenants apart).
-template <typename Fail>
-void ValidateRemote(const Config& c, Fail& fail) {
-  if (c.remote_seeds.empty()) {
-    for (size_t i = 0; i < c.tenants.size(); ++i) {
-      if (!c.tenants[i].remote_user.empty() || !c.tenants[i].remote_password_file.empty()) {
-        fail(Cat("tenants[", i, "].remote_user"),
-             Cat("tenant \"", c.tenants[i].name, "\" has remote credentials but tiers.remote.seeds is empty"));
-      }
-    }
-    return;
-  }
-  for (const std::string& seed : c.remote_seeds) {
-    const size_t colon = seed.rfind(':');
-    uint64_t port = 0;
-    if (colon == std::string::npos || colon == 0 || !absl::SimpleAtoi(seed.substr(colon + 1), &port) || port == 0 ||
-        port > 65535) {
-      fail("tiers.remote.seeds", Cat("tiers.remote.seeds: \"", seed.substr(0, 80), "\" is not host:port"));
-    }
-  }
-  if (c.remote_key_prefix.empty() || c.remote_key_prefix.find_first_of(":{} \t\r\n") != std::string::npos) {
-    fail("tiers.remote.key_prefix", "tiers.remote.key_prefix must be a non-empty word (no ':', '{', '}' or spaces)");
-  }
-  for (size_t i = 0; i < c.tenants.size(); ++i) {
-    const TenantConfig& t = c.tenants[i];
-    if (t.remote_user.empty() || t.remote_password_file.empty()) {
-      fail(Cat("tenants[", i, "]"), Cat("tenant \"", t.name, "\" needs remote_user and remote_password_file: with "
-                                        "tiers.remote.seeds each tenant reads and writes the cluster as its own ACL "
-                                        "user (docs/remote-tier.md)"));
-    }
-    if (t.name.find_first_of(":{} \t\r\n") != std::string::npos) {
-      fail(Cat("tenants[", i, "].name"), Cat("tenant \"", t.name, "\" cannot name remote keys: no ':', '{', '}' or spaces"));
-    }
-  }
-}
-
-absl::Status ValidateConfig(const Config& c) {
-  std::vector<std::string> errors;
-  // A message about `key`, led by the file and line it was read from.
-  auto fail = [&](std::string_view key, std::string message) {
-    auto it = c.key_source.find(std::string(key));
-    errors.push_back(it == c.key_source.end() ? std::move(message) : Cat(it->second, ": ", message));
-  };
-  if (c.run_dir.empty()) fail("daemon.run_dir", "daemon.run_dir must not be empty");
-  if (c.data_dir.empty()) fail("daemon.data_dir", "daemon.data_dir must not be empty");
-  static const absl::flat_hash_set<std::string> kLevels = {"trace", "debug", "info", "warn",
-                                                           "error", "critical", "off"};
-  if (!kLevels.contains(c.log_level)) {
-    fail("daemon.log_level", Cat("daemon.log_level = \"", c.log_level,
-                                 "\"; use one of trace, debug, info, warn, error, critical, off"));
-  }
-  if (c.device != "auto" && c.device != "cuda" && c.device != "sim") {
-    fail("daemon.device", Cat("daemon.device = \"", c.device, "\"; use \"auto\", \"cuda\" or \"sim\""));
-  }
-  if (c.tenants.empty()) fail("", "no tenants configured");
-  if (c.hash == HashAlgorithm::kXxh3_128 && c.tenants.size() > 1) {
-    fail("daemon.hash", Cat("daemon.hash = \"xxh3-128\" is only for a single trusted tenant, and this config has ",
-                            c.tenants.size(), " tenants: keys that collide would hand one tenant's K/V to another; "
-                            "use hash = \"sha256\""));
-  }
-  absl::flat_hash_set<std::string> names;
-  absl::flat_hash_set<uid_t> uids;
-  absl::flat_hash_set<gid_t> gids;
-  for (size_t i = 0; i < c.tenants.size(); ++i) {
-    const TenantConfig& t = c.tenants[i];
-    const std::string at = Cat("tenants[", i, "]");
-    if (t.name.empty() || t.name.size() > 64) {
-      fail(at, "every [[tenants]] entry needs a name of 1..64 characters");
-    } else if (!names.insert(t.name).second) {
-      fail(at + ".name", Cat("tenant \"", t.name, "\" is defined twice"));
-    }
-    if (t.uids.empty() && t.gids.empty()) fail(at, Cat("tenant \"", t.name, "\" admits nobody: give it uids or gids"));
-    for (uid_t u : t.uids) {
-      if (!uids.insert(u).second) fail(at + ".uids", Cat("uid ", u, " belongs to two tenants"));
-    }
-    for (gid_t g : t.gids) {
-      if (!gids.insert(g).second) fail(at + ".gids", Cat("gid ", g, " belongs to two tenants"));
-    }
-    // (A tenant without host_bytes takes tiers.host.capacity, checked below.)
-    if (t.host_bytes != 0 && t.host_bytes < (1u << 20)) {
-      fail(at + ".host_bytes", Cat("tenant \"", t.name, "\" host arena of ", FormatBytes(t.host_bytes),
-                                   " is below the 1 MiB minimum"));
-    }
-  }
-  if (c.host_capacity < (1u << 20)) {
-    fail("tiers.host.capacity",
-         Cat("tiers.host.capacity = ", FormatBytes(c.host_capacity), " is below the 1 MiB minimum"));
-  }
-  if (auto p = MakeEvictionPolicy(c.nvme_policy); !p.ok()) {
-    fail("tiers.nvme.policy", Cat("tiers.nvme.policy: ", p.status().message()));
-  } else if (c.nvme_policy == "adaptive") {
-    fail("tiers.nvme.policy",
-         "tiers.nvme.policy = \"adaptive\" is host-only (its shadows learn from host lookups); use lru, s3fifo, "
-         "s3fifo-deep or tinylfu");
-  }
-  if (c.host_low_watermark > c.host_high_watermark) {
-    fail("tiers.host.low_watermark", Cat("tiers.host.low_watermark = ", c.host_low_watermark,
-                                         " is above tiers.host.high_watermark = ", c.host_high_watermark,
-                                         "; background reclaim frees down to the low mark"));
-  }
-  if (auto p = MakeEvictionPolicy(c.host_policy); !p.ok()) {
-    fail("tiers.host.policy", Cat("tiers.host.policy: ", p.status().message()));
-  }
-  if (c.scratch_bytes < (64u << 10) || c.scratch_bytes > (1ull << 30)) {
-    fail("ipc.scratch_bytes", "ipc.scratch_bytes must be 64KiB..1GiB");
-  }
-  if (c.nvme_capacity > 0) {
-    if (c.nvme_segment_bytes < (1u << 20) || c.nvme_segment_bytes % 4096 != 0 || c.nvme_segment_bytes > (4ull << 30)) {
-      fail("tiers.nvme.segment_bytes", "tiers.nvme.segment_bytes must be a multiple of 4 KiB in 1MiB..4GiB");
-    }
-    if (c.nvme_io_engine != "auto" && c.nvme_io_engine != "io_uring" && c.nvme_io_engine != "threads") {
-      fail("tiers.nvme.io_engine", Cat("tiers.nvme.io_engine = \"", c.nvme_io_engine,
-                                       "\"; use \"auto\", \"io_uring\" or \"threads\""));
-    }
-    if (c.nvme_staging_bytes < (4u << 20)) {
-      fail("tiers.nvme.staging_bytes", "tiers.nvme.staging_bytes must be at least 4MiB");
-    }
-  }
-  ValidateRemote(c, fail);
-  if (errors.empty()) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrJoin(errors, "; "));
 }
 
 std::string DefaultConfigToml() {
