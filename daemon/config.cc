@@ -1,4 +1,5 @@
 #include "daemon/config.h"
+#include "daemon/config_text.h"
 
 #include <unistd.h>
 
@@ -25,14 +26,7 @@
 namespace kvtier {
 namespace {
 
-// toml++ speaks std::string_view and Debian's Abseil does not, so messages
-// here are joined with fmt, which takes both.
-template <typename... Args>
-std::string Cat(const Args&... args) {
-  std::string out;
-  ((out += fmt::format("{}", args)), ...);
-  return out;
-}
+using config_text::Cat;
 
 std::string Where(std::string_view origin, const toml::source_region& src) {
   if (src.begin.line == 0) return std::string(origin);

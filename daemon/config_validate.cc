@@ -14,19 +14,14 @@
 #include "core/block_key.h"
 #include "core/fmt_absl.h"
 #include "daemon/config.h"
+#include "daemon/config_text.h"
 #include "fmt/format.h"
 #include "policies/eviction_policy.h"
 
 namespace kvtier {
 namespace {
 
-// As config.cc's: fmt takes std::string_view, Debian's Abseil does not.
-template <typename... Args>
-std::string Cat(const Args&... args) {
-  std::string out;
-  ((out += fmt::format("{}", args)), ...);
-  return out;
-}
+using config_text::Cat;
 
 // [tiers.remote], when it has seeds: each a host:port, and every tenant with
 // its own ACL user and a password file (the server keeps tenants apart).

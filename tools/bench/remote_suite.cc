@@ -44,10 +44,11 @@ struct Setup {
   RemoteTierOptions opts;
   std::string host;  // the primary every key hashes to
   int port = 0;
+  std::vector<bool> owned;  // the slots it holds
 };
 
 // The seeds and the bench tenant's credentials from DIR, and the first
-// primary's address (from CLUSTER SLOTS, asked of the first seed).
+// primary in CLUSTER SLOTS with the slots it holds.
 std::optional<Setup> Load(const std::string& dir) {
   Setup s;
   std::ifstream env(dir + "/cluster.env");
@@ -69,14 +70,19 @@ std::optional<Setup> Load(const std::string& dir) {
     std::fprintf(stderr, "kvtier-bench remote: the cluster in %s does not answer\n", dir.c_str());
     return std::nullopt;
   }
-  for (const auto& n : (*cluster)->GetStats().nodes) {
-    if (n.slots == 0) continue;
-    const size_t colon = n.address.rfind(':');
-    s.host = n.address.substr(0, colon);
-    s.port = std::atoi(n.address.c_str() + colon + 1);
-    break;
+  absl::StatusOr<RedisReply> slots = (*cluster)->Call(RedisCommand::Keyless({"CLUSTER", "SLOTS"}), 5000);
+  absl::StatusOr<std::vector<SlotRange>> ranges =
+      slots.ok() ? ParseClusterSlots(slots->get(), "127.0.0.1") : absl::StatusOr<std::vector<SlotRange>>(slots.status());
+  if (!ranges.ok() || ranges->empty()) return std::nullopt;
+  s.host = ranges->front().host;
+  s.port = ranges->front().port;
+  s.owned.assign(RedisCluster::kSlots, false);
+  for (const SlotRange& r : *ranges) {
+    if (r.host == s.host && r.port == s.port) {
+      for (uint32_t slot = r.first; slot <= r.last; ++slot) s.owned[slot] = true;
+    }
   }
-  return s.port != 0 ? std::optional<Setup>(s) : std::nullopt;
+  return s;
 }
 
 struct Node {
@@ -108,22 +114,7 @@ std::vector<Metric> RunRemoteSuite(const Context& ctx) {
                  setup->port);
     return {};
   }
-  // The owner's slots: keys are picked whose slot that node holds.
-  std::vector<bool> owned(RedisCluster::kSlots, false);
-  {
-    auto cl = RedisCluster::Create({.seeds = setup->opts.seeds, .user = "kvtier-bench",
-                                    .password = setup->opts.tenants[0].password});
-    if (!cl.ok() || !(*cl)->WaitForMap(5000)) return {};
-    absl::StatusOr<RedisReply> slots = (*cl)->Call(RedisCommand::Keyless({"CLUSTER", "SLOTS"}), 5000);
-    if (!slots.ok()) return {};
-    absl::StatusOr<std::vector<SlotRange>> ranges = ParseClusterSlots(slots->get(), setup->host);
-    if (!ranges.ok()) return {};
-    for (const SlotRange& r : *ranges) {
-      if (r.host == setup->host && r.port == setup->port) {
-        for (uint32_t s = r.first; s <= r.last; ++s) owned[s] = true;
-      }
-    }
-  }
+  const std::vector<bool>& owned = setup->owned;  // keys are picked whose slot that node holds
   const int pairs = ctx.pairs > 0 ? ctx.pairs : (ctx.quick ? 1 : 5);
   std::vector<Metric> out;
   for (uint64_t bytes : {uint64_t{256} << 10, uint64_t{2} << 20}) {
@@ -151,35 +142,25 @@ std::vector<Metric> RunRemoteSuite(const Context& ctx) {
     const std::string value(sizeof(RemoteValueHeader) + bytes, 'v');
     std::vector<std::byte> dst(bytes * kDepth);
 
-    auto ours_put = [&]() {
+    // kDepth of the tier's writes (or reads) in flight at once.
+    auto ours = [&](bool put) {
       std::counting_semaphore<kDepth> room(kDepth);
       std::atomic<int> failed{0};
       std::latch done(ops);
+      auto finished = [&](absl::Status s) {
+        if (!s.ok()) ++failed;
+        room.release();
+        done.count_down();
+      };
       const auto t0 = std::chrono::steady_clock::now();
       for (int i = 0; i < ops; ++i) {
         room.acquire();
-        tier.Write(slots[i % kKeys], metas[i % kKeys], payload, IoPriority::kDemote, [&](absl::Status s) {
-          if (!s.ok()) ++failed;
-          room.release();
-          done.count_down();
-        });
-      }
-      done.wait();
-      return failed == 0 ? double(ops) * bytes / Seconds(t0) / 1e9 : 0.0;
-    };
-    auto ours_get = [&]() {
-      std::counting_semaphore<kDepth> room(kDepth);
-      std::atomic<int> failed{0};
-      std::latch done(ops);
-      const auto t0 = std::chrono::steady_clock::now();
-      for (int i = 0; i < ops; ++i) {
-        room.acquire();
-        std::span<std::byte> d(dst.data() + (i % kDepth) * bytes, bytes);
-        tier.Read(slots[i % kKeys], metas[i % kKeys], d, IoPriority::kLoad, [&](absl::Status s) {
-          if (!s.ok()) ++failed;
-          room.release();
-          done.count_down();
-        });
+        if (put) {
+          tier.Write(slots[i % kKeys], metas[i % kKeys], payload, IoPriority::kDemote, finished);
+        } else {
+          std::span<std::byte> d(dst.data() + (i % kDepth) * bytes, bytes);
+          tier.Read(slots[i % kKeys], metas[i % kKeys], d, IoPriority::kLoad, finished);
+        }
       }
       done.wait();
       return failed == 0 ? double(ops) * bytes / Seconds(t0) / 1e9 : 0.0;
@@ -217,14 +198,14 @@ std::vector<Metric> RunRemoteSuite(const Context& ctx) {
       return failed == 0 ? double(ops) * bytes / Seconds(t0) / 1e9 : 0.0;
     };
     // Warm both paths (connections, the keys' values) once.
-    (void)ours_put();
+    (void)ours(true);
     (void)base_loop(true);
     std::vector<double> put_ratio, get_ratio, put_ours, put_base, get_ours, get_base;
     for (int p = 0; p < pairs; ++p) {
-      const double bp = base_loop(true), op = ours_put();
-      (void)ours_put();  // our values back under the keys the reads check
+      const double bp = base_loop(true), op = ours(true);
+      (void)ours(true);  // our values back under the keys the reads check
       const double bg = base_loop(false);
-      const double og = ours_get();
+      const double og = ours(false);
       if (bp == 0 || op == 0 || bg == 0 || og == 0) {
         std::fprintf(stderr, "kvtier-bench remote: a %s run failed\n", size.c_str());
         return {};
