@@ -18,7 +18,9 @@
 #include <functional>
 #include <span>
 #include <string_view>
+#include <vector>
 
+#include "absl/functional/any_invocable.h"
 #include "core/cancel.h"
 #include "tiers/io_engine.h"
 #include "tiers/tier.h"
@@ -98,6 +100,20 @@ class BlockTier : public Tier {
   // Thread-safe. Reads up to `count` blocks only to time the tier (the
   // observer sees them); does not wait. Returns how many were started.
   virtual uint32_t CalibrationRead(uint32_t count) = 0;
+  // Thread-safe. Whether other kvtier nodes write this tier too (a shared
+  // remote tier): it may hold blocks this node never wrote, so the store
+  // asks it (Exists) where its own books end a lookup's hit prefix, and a
+  // block it already holds is not written again.
+  virtual bool shared() const { return false; }
+  // Thread-safe. Which of `metas` the tier holds now; `done` runs once, at
+  // once or on a tier thread, by deadline_ns (MonotonicNanos; 0: the
+  // tier's own timeout), and an unanswered one counts as absent. A tier
+  // that is not shared answers none.
+  virtual void Exists(std::span<const BlockMeta> metas, absl::AnyInvocable<void(std::vector<bool>) &&> done,
+                      uint64_t deadline_ns) {
+    (void)deadline_ns;
+    std::move(done)(std::vector<bool>(metas.size(), false));
+  }
 
   // Tier's forms: no deadline, no cancellation.
   void Write(SlotHandle slot, const BlockMeta& meta, std::span<const std::byte> src, IoPriority prio,

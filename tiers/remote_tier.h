@@ -100,7 +100,9 @@ class RemoteTier final : public BlockTier {
   // per node touched); an unanswered one counts as absent. `done` runs once,
   // on a cluster thread.
   void Exists(std::span<const BlockMeta> metas, absl::AnyInvocable<void(std::vector<bool>) &&> done,
-              uint64_t deadline_ns = 0);
+              uint64_t deadline_ns) override;
+  // Other nodes write the cluster too.
+  bool shared() const override { return true; }
   TierUsage Usage() const override;
   TierHealth Health() const override;
 

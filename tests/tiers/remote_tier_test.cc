@@ -261,10 +261,13 @@ TEST_F(RemoteTierTest, ABlockIsSharedBetweenTwoTiersOfOneTenantOnly) {
   std::latch probed(1);
   const BlockMeta probe[] = {m, MetaFor("alice", 43, 64 << 10), MetaFor("bob", 42, 64 << 10),
                              MetaFor("alice", 42, 64 << 10, /*ns=*/8)};
-  node_b.tier->Exists(probe, [&](std::vector<bool> v) {
-    there = std::move(v);
-    probed.count_down();
-  });
+  node_b.tier->Exists(
+      probe,
+      [&](std::vector<bool> v) {
+        there = std::move(v);
+        probed.count_down();
+      },
+      0);
   probed.wait();
   EXPECT_EQ(there, (std::vector<bool>{true, false, false, false}))
       << "present; another key; another tenant; another namespace";

@@ -246,7 +246,7 @@ std::vector<Metric> RunRemoteSuite(const Context& ctx) {
   for (int i = 0; i < probes; ++i) {
     auto t0 = std::chrono::steady_clock::now();
     std::latch done(1);
-    tier.Exists(chain, [&](std::vector<bool>) { done.count_down(); });
+    tier.Exists(chain, [&](std::vector<bool>) { done.count_down(); }, 0);
     done.wait();
     ours_us.push_back(Seconds(t0) * 1e6);
     t0 = std::chrono::steady_clock::now();
