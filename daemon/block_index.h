@@ -71,7 +71,11 @@ struct BlockRecord {
   // Which lower tier holds lower_slot (an index into the store's chain);
   // meaningful while lower_state is not kNone. Shares a byte with `removed`
   // to keep the record at 60 bytes.
-  uint8_t lower : 7 = 0;
+  uint8_t lower : 6 = 0;
+  // This node has written the block's bytes to the shared tier once
+  // (write_policy "reused" or "committed"): it is not written there again.
+  // Not a promise that the tier still holds it (its own eviction decides).
+  bool published : 1 = false;
   // Blocks before this one in its chain, when known (a store that follows a
   // lookup of the chain), saturating at kUnknownDepth - 1. Prices recomputation.
   uint16_t depth = kUnknownDepth;
@@ -90,7 +94,7 @@ inline uint64_t PositionOf(const BlockRecord& r, uint32_t block_tokens) {
   return r.depth == kUnknownDepth ? 0 : uint64_t{r.depth} * block_tokens;
 }
 static_assert(sizeof(BlockRecord) <= 60, "the record's size is most of the daemon's memory per block");
-static_assert(kMaxLowerTiers <= 128, "BlockRecord::lower has 7 bits");
+static_assert(kMaxLowerTiers <= 64, "BlockRecord::lower has 6 bits");
 
 // A block's identity for eviction policies that remember evicted blocks
 // (EvictionPolicy::InsertWithKey): never 0.

@@ -24,6 +24,8 @@ BlockStore::BlockStore(const Options& opts, DaemonStats* stats)
     : opts_(opts),
       adaptive_(opts.policy == "adaptive"),
       books_(stats, opts.cost),
+      shared_budget_us_(opts.shared_probe_budget_us),
+      shared_writes_(opts.shared_writes),
       migrator_(books_, {.cascade_high = opts.cascade_high, .cascade_low = opts.cascade_low},
                 [this](HostResidency& t, uint64_t bytes, uint32_t tokens, BlockRecord* owner)
                     ABSL_NO_THREAD_SAFETY_ANALYSIS {  // the migrator calls it under t.mu
@@ -91,19 +93,6 @@ void BlockStore::ObserveRequest(SessionHoldings& s, std::span<const BlockKey> ke
   s.observe_pending = !keys.empty() && adaptive_;
 }
 
-void BlockStore::ObservePending(SessionHoldings& s) {
-  if (!s.observe_pending) return;
-  s.observe_pending = false;
-  HostResidency& t = *books_.tenants[s.ns.tenant];
-  AdaptivePolicy* a;
-  {
-    // Policies live as long as the cache: the pointer outlives the lock.
-    MutexLock l(&t.mu);
-    a = static_cast<AdaptivePolicy*>(t.PolicyForLocked(t.host->SlotSizeFor(s.ns.block_bytes))->inner());
-  }
-  a->Observe(s.last_chain, s.ns.block_tokens);  // on the shadows' own lock, not the tier's
-}
-
 absl::Status BlockStore::LeaseRoomFor(const SessionHoldings& s, size_t blocks) {
   if (s.leases.size() >= opts_.max_leases_per_session) {
     return CodedStatus(KVTIER_EBUSY, absl::StrCat("this session holds ", s.leases.size(),
@@ -120,10 +109,23 @@ absl::Status BlockStore::LeaseRoomFor(const SessionHoldings& s, size_t blocks) {
   return absl::OkStatus();
 }
 
+void BlockStore::ChainHits::Append(ChainHits&& more) {
+  hit = more.hit;
+  below_host += more.below_host;
+  cut_for_cost = more.cut_for_cost;
+  pinned.insert(pinned.end(), more.pinned.begin(), more.pinned.end());
+  host_touch.insert(host_touch.end(), more.host_touch.begin(), more.host_touch.end());
+  lower_touch.insert(lower_touch.end(), more.lower_touch.begin(), more.lower_touch.end());
+}
+
 BlockStore::ChainHits BlockStore::ProbeChain(SessionHoldings& s, std::span<const BlockKey> keys, bool lease,
-                                             std::span<BlockLocation> out) {
+                                             std::span<BlockLocation> out, size_t from) {
   HostResidency& t = *books_.tenants[s.ns.tenant];
   ChainHits h;
+  h.hit = static_cast<uint32_t>(from);
+  // Hits in host memory go up to the shared tier too on write_policy "reused".
+  const bool publish_hits =
+      lease && shared_lane_ && shared_writes_.load(std::memory_order_relaxed) == SharedWrites::kReused;
   // Probes are memory-bound: prefetch a window of keys ahead so their cache
   // misses overlap instead of queueing behind one another.
   constexpr size_t kWindow = 16;
@@ -134,8 +136,8 @@ BlockStore::ChainHits BlockStore::ProbeChain(SessionHoldings& s, std::span<const
     MutexLock l(&sh.mu);
     BlockIndex::Prefetch(sh, s.ns.handle, keys[i]);
   };
-  for (size_t i = 0; i < std::min(kWindow, keys.size()); ++i) prefetch(i);
-  for (size_t i = 0; i < keys.size(); ++i) {
+  for (size_t i = from; i < std::min(from + kWindow, keys.size()); ++i) prefetch(i);
+  for (size_t i = from; i < keys.size(); ++i) {
     BlockIndex::Shard& sh = *shard_of[i % kWindow];
     {
       MutexLock l(&sh.mu);
@@ -155,6 +157,7 @@ BlockStore::ChainHits BlockStore::ProbeChain(SessionHoldings& s, std::span<const
         if (r->pins++ == 0) t.pinned.fetch_add(1, std::memory_order_relaxed);
         h.pinned.push_back(r);
         if (in_host) h.host_touch.push_back(r->host_slot);
+        if (in_host && publish_hits) QueuePublishLocked(s, r);
         if (r->lower_state == LowerState::kReady) h.lower_touch.push_back({r->lower, r->lower_slot, r});
       }
     }
@@ -210,6 +213,10 @@ absl::StatusOr<uint32_t> BlockStore::Lookup(SessionHoldings& s, std::span<const 
   if (recompute != nullptr) *recompute = 0;
   if (lease) RETURN_IF_ERROR(LeaseRoomFor(s, keys.size()));
   ChainHits h = ProbeChain(s, keys, lease, out);
+  // Where the local tiers end the prefix, the shared tier may go on.
+  if (!h.cut_for_cost && h.hit < keys.size() && ProbeShared(s, keys, h.hit) > 0) {
+    h.Append(ProbeChain(s, keys, lease, out, h.hit));
+  }
   if (h.cut_for_cost) {
     const uint32_t n = MarkRecompute(s, keys, h.hit, out);
     if (lease) books_.stats->blocks_recompute.Add(n);
@@ -494,6 +501,7 @@ absl::StatusOr<uint64_t> BlockStore::AttachLowerTier(std::unique_ptr<BlockTier> 
   lane.tier->SetReadObserver([this, i = size_t{lane.index}](uint64_t bytes, const IoTiming& t) {
     books_.cost.RecordRead(i, bytes, t.share_s());
   });
+  if (lane.tier->shared()) shared_lane_ = lane.index;  // lookups ask it past their local prefix
   books_.lanes.push_back(std::move(lane_ptr));
   MutexLock nl(&lane.mu);
   uint64_t indexed = 0;

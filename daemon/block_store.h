@@ -44,6 +44,7 @@
 #include "daemon/migrator.h"
 #include "daemon/namespace_registry.h"
 #include "daemon/reclaimer.h"
+#include "daemon/shared_writes.h"
 #include "daemon/stats.h"
 #include "daemon/store_books.h"
 #include "policies/chain_guard.h"
@@ -76,10 +77,13 @@ struct SessionHoldings {
   std::atomic<uint64_t> pinned_blocks{0};
   std::atomic<uint64_t> ticket_count{0};  // stores begun and not yet committed or aborted
   // The last leased lookup's chain (PolicyKeyOf each key): for the adaptive
-  // policy (ObservePending), and to know the depth of the blocks a store
+  // policy (AfterReply), and to know the depth of the blocks a store
   // after it brings.
   std::vector<uint64_t> last_chain;
   bool observe_pending = false;
+  // Blocks to write to the shared tier after the reply (write_policy), each
+  // with an io_ref taken for it.
+  std::vector<BlockRecord*> publish_pending;
 };
 
 // One host policy of a tenant (one per block size it holds).
@@ -143,6 +147,15 @@ class BlockStore {
     // tier down until it is at cascade_low. The last tier evicts (drops).
     double cascade_high = 0.9;
     double cascade_low = 0.8;
+    // The shared tier (a lower tier whose shared() is true: tiers.remote).
+    // Where the local tiers end a lookup's hit prefix, the lookup asks it
+    // which of the next blocks (at most shared_probe_max_blocks) it holds,
+    // waiting at most shared_probe_budget_us (0: never asks); the blocks it
+    // holds join the prefix as copies there, priced by the cost model at
+    // its measured speed. Both reloadable (SetSharedPolicy).
+    uint32_t shared_probe_budget_us = 2000;
+    uint32_t shared_probe_max_blocks = 256;
+    SharedWrites shared_writes = SharedWrites::kDemoted;
   };
   // InvalidArgument for an unknown policy name.
   static absl::StatusOr<std::unique_ptr<BlockStore>> Create(const Options& opts, DaemonStats* stats);
@@ -177,6 +190,13 @@ class BlockStore {
   // already over a lowered quota are evicted as stores need room.
   absl::Status SetQuota(const std::string& tenant, TenantQuota quota);
   absl::Status SetWatermarks(double high, double low);  // main thread (may start the reclaimer)
+  // A config reload of the shared tier's probe budget and write policy. Thread-safe.
+  void SetSharedPolicy(uint32_t probe_budget_us, SharedWrites writes) {
+    shared_budget_us_.store(probe_budget_us, std::memory_order_relaxed);
+    shared_writes_.store(writes, std::memory_order_relaxed);
+  }
+  // The shared tier's lane, if the chain has one.
+  std::optional<size_t> shared_lane() const { return shared_lane_; }
   // Draining (SIGTERM): from now on StoreBegin refuses with EBUSY. Thread-safe.
   void SetDraining() { draining_.store(true, std::memory_order_release); }
   // Writes every committed host block without an NVMe copy to the NVMe
@@ -281,10 +301,12 @@ class BlockStore {
   // pinned ones go when their leases do. Returns how many were removed.
   absl::StatusOr<uint32_t> Invalidate(SessionHoldings& s, std::span<const BlockKey> keys);
   absl::StatusOr<uint32_t> InvalidateNamespace(SessionHoldings& s);
-  // Shows the adaptive policy the chain of the session's last leased lookup.
-  // The session calls it after posting the lookup's completion: the shadows'
-  // bookkeeping (~0.3-0.7 us per block) stays off the engine's wait.
-  void ObservePending(SessionHoldings& s);
+  // What a request leaves for after its reply: shows the adaptive policy
+  // the chain of the session's last leased lookup, and starts the writes to
+  // the shared tier its write policy asks for. The session calls it after
+  // posting each completion: the shadows' bookkeeping (~0.3-0.7 us per
+  // block) and the copies into write commands stay off the engine's wait.
+  void AfterReply(SessionHoldings& s);
   // Aborts every ticket and releases every lease (a session ended).
   void CloseSession(SessionHoldings& s);
 
@@ -341,8 +363,20 @@ class BlockStore {
       BlockRecord* r;  // pinned by the lookup: stays alive
     };
     std::vector<LowerTouch> lower_touch;
+    void Append(ChainHits&& more);  // `more` probed on from this one's end
   };
-  ChainHits ProbeChain(SessionHoldings& s, std::span<const BlockKey> keys, bool lease, std::span<BlockLocation> out);
+  // From key `from` on (the keys before it hit already).
+  ChainHits ProbeChain(SessionHoldings& s, std::span<const BlockKey> keys, bool lease, std::span<BlockLocation> out,
+                       size_t from = 0);
+  // The shared tier's part of a lookup (block_shared.cc): asks it which of
+  // keys[from..] it holds, within the probe budget, and indexes the present
+  // run that starts at `from` as copies in its lane. Returns how many.
+  uint32_t ProbeShared(SessionHoldings& s, std::span<const BlockKey> keys, size_t from);
+  // Queues r (io_ref taken here) for a write to the shared tier after the
+  // reply, unless it was written there already; under r's shard lock.
+  void QueuePublishLocked(SessionHoldings& s, BlockRecord* r);
+  // Starts the writes QueuePublishLocked queued.
+  void StartPublishes(SessionHoldings& s);
   // Marks the present blocks after a prefix cut for cost (out[from..]) as to
   // recompute; returns how many.
   uint32_t MarkRecompute(const SessionHoldings& s, std::span<const BlockKey> keys, size_t from,
@@ -379,6 +413,9 @@ class BlockStore {
   std::atomic<bool> draining_{false};  // read by stores
   const bool adaptive_;  // opts_.policy is "adaptive": leased lookups feed its shadows
   StoreBooks books_;
+  std::optional<size_t> shared_lane_;  // set by AttachLowerTier
+  std::atomic<uint32_t> shared_budget_us_;
+  std::atomic<SharedWrites> shared_writes_;
   // The destructor stops both before anything their passes touch goes.
   Migrator migrator_;
   Reclaimer reclaimer_;

@@ -94,6 +94,15 @@ class Migrator {
   // tier that is not durable, Unavailable while it is moving).
   void WriteThrough(HostResidency& t, BlockRecord* r, IoPriority prio, StatusCallback done);
 
+  // --- the shared tier (migrator_shared.cc)
+  // Writes r's host copy to the shared tier in `lane` for other nodes, as a
+  // value this node keeps no copy handle on (the tier's eviction decides
+  // how long it stays); marks r published once it landed. Takes over the
+  // io_ref the caller took on r. Skipped (counted) when r is no longer a
+  // ready host block, was published already, or too many such writes are
+  // in flight.
+  void Publish(HostResidency& t, BlockRecord* r, LowerLane& lane);
+
   // --- promotion (migrator_promotion.cc)
   // Brings r's lower copy into a host slot; `done(ok)` when it is there or
   // failed. parent_key: PolicyKeyOf the block before r in its chain (0:
@@ -184,6 +193,7 @@ class Migrator {
     BlockMeta meta;
     std::unique_ptr<std::byte[]> staging;
     absl::Status read, wrote;
+    bool already_below = false;  // a shared tier below holds it already: nothing to copy
   };
   std::vector<CascadeMove> PickCascadeMoves(LowerLane& from, const LowerLane& to, uint32_t max)
       ABSL_LOCKS_EXCLUDED(from.mu);
@@ -196,6 +206,10 @@ class Migrator {
   StoreBooks& books_;
   AllocateHostSlot allocate_host_;
   std::atomic<uint64_t> cost_demotions_{0};  // a counter only: no lock
+  // Publishes in flight, at most kMaxPublishing (each holds its block's
+  // host slot and a copy of its bytes in a write command).
+  static constexpr uint32_t kMaxPublishing = 256;
+  std::atomic<uint32_t> publishing_{0};
   // Last: stopped first, before anything its passes touch goes.
   Cascade cascade_;
 };

@@ -12,7 +12,8 @@
 //   2. read the copy into staging memory (checked like any read: a damaged
 //      copy is dropped, not moved);
 //   3. allocate a slot in lane i + 1 (evicting there if it is full) and
-//      write the staging copy to it;
+//      write the staging copy to it (a shared tier that already holds the
+//      block, asked with one Exists for the batch, is not written again);
 //   4. swap, under both lane locks and the record's shard lock: if the
 //      record still names the same copy and nobody else holds an io_ref
 //      on it, it now names the new copy and the old slot is freed; else
@@ -107,14 +108,43 @@ void Migrator::CopyCascadeMoves(LowerLane& from, LowerLane& to, std::vector<Casc
     m.to_slot = *slot;
   }
 
+  // A shared tier below may hold some already (another node wrote them, or
+  // this one published them): those need no copy, only the swap.
+  if (to.tier->shared()) {
+    std::vector<BlockMeta> metas;
+    std::vector<CascadeMove*> asked;
+    for (CascadeMove& m : moves) {
+      if (m.to_slot == kNoSlot) continue;
+      metas.push_back(m.meta);
+      asked.push_back(&m);
+    }
+    if (!metas.empty()) {
+      auto answered = std::make_shared<std::latch>(1);
+      auto present = std::make_shared<std::vector<bool>>();
+      to.tier->Exists(
+          metas,
+          [answered, present](std::vector<bool> v) {
+            *present = std::move(v);
+            answered->count_down();
+          },
+          0);
+      answered->wait();
+      for (size_t j = 0; j < asked.size() && j < present->size(); ++j) {
+        if (!(*present)[j]) continue;
+        asked[j]->already_below = true;
+        books_.stats->remote_writes_avoided.Add();
+      }
+    }
+  }
+
   // Read every copy that has room below into staging.
   size_t reading = 0;
-  for (const CascadeMove& m : moves) reading += m.to_slot != kNoSlot;
+  for (const CascadeMove& m : moves) reading += m.to_slot != kNoSlot && !m.already_below;
   // Held by shared_ptr: a callback may still be counting down after the
   // waiter woke.
   auto reads = std::make_shared<std::latch>(static_cast<std::ptrdiff_t>(reading));
   for (CascadeMove& m : moves) {
-    if (m.to_slot == kNoSlot) continue;
+    if (m.to_slot == kNoSlot || m.already_below) continue;
     m.staging = std::make_unique_for_overwrite<std::byte[]>(m.meta.payload_bytes);
     from.tier->Read(m.slot, m.meta, {m.staging.get(), m.meta.payload_bytes}, IoOptions{IoPriority::kDemote},
                     [&m, reads](absl::Status s) {
@@ -126,10 +156,10 @@ void Migrator::CopyCascadeMoves(LowerLane& from, LowerLane& to, std::vector<Casc
 
   // Write what was read one lane down.
   size_t writing = 0;
-  for (const CascadeMove& m : moves) writing += m.to_slot != kNoSlot && m.read.ok();
+  for (const CascadeMove& m : moves) writing += m.to_slot != kNoSlot && m.read.ok() && !m.already_below;
   auto writes = std::make_shared<std::latch>(static_cast<std::ptrdiff_t>(writing));
   for (CascadeMove& m : moves) {
-    if (m.to_slot == kNoSlot || !m.read.ok()) continue;
+    if (m.to_slot == kNoSlot || !m.read.ok() || m.already_below) continue;
     to.tier->Write(m.to_slot, m.meta, {m.staging.get(), m.meta.payload_bytes}, IoOptions{IoPriority::kDemote},
                    [&m, writes](absl::Status s) {
                      m.wrote = std::move(s);

@@ -146,8 +146,9 @@ void Migrator::FinishPromotion(HostResidency& t, BlockRecord* r, const Promotion
     books_.stats->promotions.Add();
   } else {
     books_.stats->promotions_failed.Add();
-    // A copy that fails its checksum is never served again.
-    if (absl::IsDataLoss(s)) DropLowerCopy(r, p.lane, p.lower_slot);
+    // A copy that fails its checksum is never served again; one a shared
+    // tier says it no longer holds (its own eviction) is not there to serve.
+    if (absl::IsDataLoss(s) || absl::IsNotFound(s)) DropLowerCopy(r, p.lane, p.lower_slot);
   }
   books_.ReleaseIoRef(t, r);
   std::move(done)(ok);

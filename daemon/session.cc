@@ -283,7 +283,7 @@ std::string Session::Serve() {
       if (req.opcode < stats_->op_latency.size()) stats_->op_latency[req.opcode].Record(MonotonicNanos() - started);
       if (o.status != 0) WriteMessage(req, o.message);
       if (!Post(cq, CompletionRecord{req.op_id, o.status, o.count, o.handle, o.value})) break;
-      store_->ObservePending(holdings_);
+      store_->AfterReply(holdings_);
       if (o.fatal) {
         fatal_reason = o.message;
         break;

@@ -138,6 +138,14 @@ struct DaemonStats {
   Counter cascades, cascades_failed, lower_evictions;
   Counter promotions, promotions_failed, promotions_for_load, prefetches;
   Counter recovered_dropped;
+  // The shared tier (tiers.remote): lookups that asked it past their local
+  // hit prefix, the blocks asked and found (adopted: loads read them from
+  // it), probes not answered within the latency budget; blocks this node
+  // wrote there on its write policy (published), writes skipped (already
+  // published, or too many in flight) and failed; cascade moves into it
+  // that found the block already there and wrote nothing.
+  Counter remote_probes, remote_probe_blocks, remote_probe_found, remote_probes_late;
+  Counter remote_publishes, remote_publishes_skipped, remote_publishes_failed, remote_writes_avoided;
   // Engine KV caches: registrations (and refusals), daemon-driven gathers
   // (stores) and scatters (loads) with them, and device work that failed.
   Counter kv_registrations, kv_registrations_refused, device_stores, device_blocks_stored, device_loads,
@@ -153,6 +161,7 @@ struct DaemonStats {
   std::array<Histogram, ipc::kMaxOpcode + 1> op_latency;
   Histogram nvme_read_latency, nvme_write_latency;
   Histogram lower_read_latency;  // promotions' reads from tiers below the first
+  Histogram remote_probe_latency;  // a lookup's wait for the shared tier's answer
 };
 
 }  // namespace kvtier

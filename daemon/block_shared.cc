@@ -1,0 +1,143 @@
+// The shared tier's part of the store's operations (tiers.remote): lookups
+// that ask it past their local hit prefix, and the writes a node's write
+// policy sends up after a reply. Moves into it (the cascade) and the
+// publishing writes themselves are the migrator's.
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+
+#include "core/units.h"
+#include "daemon/block_store.h"
+#include "policies/adaptive_policy.h"
+
+namespace kvtier {
+
+uint32_t BlockStore::ProbeShared(SessionHoldings& s, std::span<const BlockKey> keys, size_t from) {
+  const uint32_t budget_us = shared_budget_us_.load(std::memory_order_relaxed);
+  if (!shared_lane_ || budget_us == 0 || from >= keys.size()) return 0;
+  LowerLane& lane = *books_.lanes[*shared_lane_];
+  if (s.ns.block_bytes == 0 || s.ns.block_bytes > lane.tier->max_block_bytes()) return 0;
+  const size_t n = std::min<size_t>(keys.size() - from, opts_.shared_probe_max_blocks);
+  if (n == 0) return 0;
+  const uint64_t tenant_hash = books_.tenants[s.ns.tenant]->hash;
+  std::vector<BlockMeta> metas(n);
+  for (size_t i = 0; i < n; ++i) {
+    metas[i] = BlockMeta{.ns = s.ns.id, .key = keys[from + i], .payload_bytes = s.ns.block_bytes,
+                         .tenant_hash = tenant_hash, .block_tokens = s.ns.block_tokens};
+  }
+  // The answer may come after the budget: it then lands in state nobody
+  // waits on any more.
+  struct Answer {
+    Mutex mu;
+    std::condition_variable_any cv;
+    bool done ABSL_GUARDED_BY(mu) = false;
+    std::vector<bool> present ABSL_GUARDED_BY(mu);
+  };
+  auto answer = std::make_shared<Answer>();
+  const uint64_t start = MonotonicNanos();
+  books_.stats->remote_probes.Add();
+  books_.stats->remote_probe_blocks.Add(n);
+  lane.tier->Exists(
+      metas,
+      [answer](std::vector<bool> v) {
+        {
+          MutexLock l(&answer->mu);
+          answer->present = std::move(v);
+          answer->done = true;
+        }
+        answer->cv.notify_all();
+      },
+      start + uint64_t{budget_us} * 1000);
+  std::vector<bool> present;
+  {
+    MutexLock l(&answer->mu);
+    if (!answer->mu.AwaitFor(answer->cv, std::chrono::microseconds(budget_us),
+                             [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return answer->done; })) {
+      books_.stats->remote_probes_late.Add();
+      books_.stats->remote_probe_latency.Record(MonotonicNanos() - start);
+      return 0;  // a miss: the local tiers' answer stands
+    }
+    present = std::move(answer->present);
+  }
+  books_.stats->remote_probe_latency.Record(MonotonicNanos() - start);
+  size_t run = 0;
+  while (run < present.size() && run < n && present[run]) ++run;
+  if (run == 0) return 0;
+  books_.stats->remote_probe_found.Add(run);
+
+  // Index the run as copies in the shared lane. A key indexed meanwhile (a
+  // store of another session) is left to its record: the probe after this
+  // one sees whichever copy it has.
+  uint32_t adopted = 0;
+  MutexLock ll(&lane.mu);
+  for (size_t i = 0; i < run; ++i) {
+    const BlockKey& key = keys[from + i];
+    BlockRecord* r = books_.index.NewRecord(s.ns.handle, key);
+    r->tenant = s.ns.tenant;
+    r->state = BlockState::kNone;
+    r->lower = lane.index;
+    r->lower_state = LowerState::kReady;
+    r->depth = static_cast<uint16_t>(std::min<size_t>(from + i, kUnknownDepth - 1));
+    absl::StatusOr<SlotHandle> slot = migrator_.AllocateLowerSlotLocked(lane, r, s.ns.block_bytes);
+    if (!slot.ok()) {
+      books_.index.FreeRecord(r);
+      break;
+    }
+    r->lower_slot = *slot;
+    bool indexed = false;
+    {
+      BlockIndex::Shard& sh = books_.index.ShardFor(r);
+      MutexLock sl(&sh.mu);
+      if (BlockIndex::Find(sh, r->ns, r->key) == nullptr) {
+        books_.index.Insert(sh, r);
+        indexed = true;
+      }
+    }
+    if (!indexed) {
+      books_.FreeLowerSlotLocked(lane, r, *slot);
+      books_.index.FreeRecord(r);
+      continue;
+    }
+    books_.CountRecords(r->ns, +1);
+    lane.owner[*slot] = r;
+    lane.policy->InsertAt(*slot, PolicyKeyOf(*r), PositionOf(*r, s.ns.block_tokens));
+    lane.blocks.fetch_add(1, std::memory_order_relaxed);
+    ++adopted;
+  }
+  return adopted;
+}
+
+void BlockStore::QueuePublishLocked(SessionHoldings& s, BlockRecord* r) {
+  // One of the shared lane's own copies is there already.
+  if (r->published || (r->lower_state != LowerState::kNone && r->lower == *shared_lane_)) return;
+  if (r->io_refs >= kMaxClientIoRefs || s.publish_pending.size() >= opts_.shared_probe_max_blocks) {
+    books_.stats->remote_publishes_skipped.Add();
+    return;
+  }
+  ++r->io_refs;  // Publish takes it over
+  s.publish_pending.push_back(r);
+}
+
+void BlockStore::StartPublishes(SessionHoldings& s) {
+  if (s.publish_pending.empty()) return;
+  HostResidency& t = *books_.tenants[s.ns.tenant];
+  LowerLane& lane = *books_.lanes[*shared_lane_];
+  for (BlockRecord* r : s.publish_pending) migrator_.Publish(t, r, lane);
+  s.publish_pending.clear();
+}
+
+void BlockStore::AfterReply(SessionHoldings& s) {
+  StartPublishes(s);
+  if (!s.observe_pending) return;
+  s.observe_pending = false;
+  HostResidency& t = *books_.tenants[s.ns.tenant];
+  AdaptivePolicy* a;
+  {
+    // Policies live as long as the cache: the pointer outlives the lock.
+    MutexLock l(&t.mu);
+    a = static_cast<AdaptivePolicy*>(t.PolicyForLocked(t.host->SlotSizeFor(s.ns.block_bytes))->inner());
+  }
+  a->Observe(s.last_chain, s.ns.block_tokens);  // on the shadows' own lock, not the tier's
+}
+
+}  // namespace kvtier

@@ -1,0 +1,55 @@
+// Writes to the shared tier (tiers.remote) that are not moves: a block's
+// host copy published for other nodes on the write policy ("reused",
+// "committed"). The node keeps no handle on such a value (the block's copy
+// stays where it was), so the tier's own eviction alone decides how long it
+// stays there; published marks the record so it is not written again.
+#include "daemon/migrator.h"
+
+namespace kvtier {
+
+void Migrator::Publish(HostResidency& t, BlockRecord* r, LowerLane& lane) {
+  uint64_t offset = 0;
+  bool go;
+  {
+    BlockIndex::Shard& sh = books_.index.ShardFor(r);
+    MutexLock sl(&sh.mu);
+    go = !r->removed && r->state == BlockState::kReady && !r->published;
+    offset = r->arena_offset();
+  }
+  const BlockMeta meta = books_.MetaOf(r);
+  if (go && meta.payload_bytes > lane.tier->max_block_bytes()) go = false;
+  if (go && publishing_.fetch_add(1, std::memory_order_relaxed) >= kMaxPublishing) {
+    publishing_.fetch_sub(1, std::memory_order_relaxed);
+    go = false;
+  }
+  if (!go) {
+    books_.stats->remote_publishes_skipped.Add();
+    books_.ReleaseIoRef(t, r);
+    return;
+  }
+  // A handle only for the write: the tier counts it while the write is in
+  // flight and forgets it after (the value stays in the cluster).
+  absl::StatusOr<SlotHandle> slot = lane.tier->Allocate(meta.payload_bytes);
+  if (!slot.ok()) {
+    publishing_.fetch_sub(1, std::memory_order_relaxed);
+    books_.stats->remote_publishes_failed.Add();
+    books_.ReleaseIoRef(t, r);
+    return;
+  }
+  // The io_ref keeps the host slot (and so the bytes at offset) until the
+  // write has copied them; RemoteTier copies them before Write returns.
+  lane.tier->Write(*slot, meta, {t.host->arena_base() + offset, meta.payload_bytes}, IoOptions{IoPriority::kDemote},
+                   [this, &t, r, &lane, slot = *slot](absl::Status s) {
+                     (void)lane.tier->Free(slot);
+                     if (s.ok()) {
+                       BlockIndex::Shard& sh = books_.index.ShardFor(r);
+                       MutexLock sl(&sh.mu);
+                       r->published = true;
+                     }
+                     (s.ok() ? books_.stats->remote_publishes : books_.stats->remote_publishes_failed).Add();
+                     publishing_.fetch_sub(1, std::memory_order_relaxed);
+                     books_.ReleaseIoRef(t, r);
+                   });
+}
+
+}  // namespace kvtier
