@@ -30,6 +30,38 @@ constexpr size_t kMaxAdminConns = 64;
 constexpr size_t kMaxAdminRequest = 1u << 20;   // bytes of requests not yet answered
 constexpr size_t kMaxAdminOutput = 64u << 20;   // bytes of answers the peer has not read
 
+// The shared tier as each tenant's connections see it, summed: a node is
+// connected when every tenant's connection to it is.
+RemoteStatus RemoteStatusOf(const RemoteTier& tier, const Config& config) {
+  RemoteStatus r{.write_policy = config.remote_write_policy,
+                 .probe_budget_us = config.remote_probe_budget_us,
+                 .misses = tier.misses(),
+                 .slots_covered = RedisCluster::kSlots};
+  absl::flat_hash_map<std::string, size_t> node_at;
+  for (const TenantConfig& t : config.tenants) {
+    const RedisCluster::Stats c = tier.ClusterStats(t.name);
+    r.slots_covered = std::min(r.slots_covered, c.slots_covered);
+    r.moved += c.moved;
+    r.ask += c.ask;
+    r.tryagain += c.tryagain;
+    r.clusterdown += c.clusterdown;
+    r.refreshes += c.refreshes;
+    r.refresh_failures += c.refresh_failures;
+    for (const RedisCluster::NodeStats& n : c.nodes) {
+      auto [it, added] = node_at.emplace(n.address, r.nodes.size());
+      if (added) r.nodes.push_back({.address = n.address, .connected = true});
+      RemoteStatus::Node& out = r.nodes[it->second];
+      out.connected = out.connected && n.connected;
+      out.slots = std::max(out.slots, n.slots);
+      out.commands += n.commands;
+      out.errors += n.errors;
+      out.connects += n.connects;
+    }
+  }
+  if (config.tenants.empty()) r.slots_covered = 0;
+  return r;
+}
+
 nlohmann::json Error(absl::string_view message) {
   return nlohmann::json{{"ok", false}, {"error", message}};
 }
@@ -353,6 +385,7 @@ StatusSnapshot Daemon::Snapshot() const {
     l.blocks = store_->lower_blocks(i);
     l.health = tier->Health();
     if (const auto* nvme = dynamic_cast<const NvmeTier*>(tier)) l.nvme = nvme->Stats();
+    if (const auto* remote = dynamic_cast<const RemoteTier*>(tier)) l.remote = RemoteStatusOf(*remote, config_);
   }
   if (!gpu_.empty()) {
     // One GPU arena per tenant; summed here, per tenant under `tenants`.

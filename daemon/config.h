@@ -96,6 +96,9 @@ struct Config {
   uint32_t remote_op_timeout_ms = 200;
   uint32_t remote_connect_timeout_ms = 500;
   uint32_t remote_io_timeout_ms = 1000;
+  uint32_t remote_probe_budget_us = 2000;
+  uint32_t remote_probe_max_blocks = 256;
+  std::string remote_write_policy = "demoted";
   // Per tenant: device memory for the GPU tier (0: no GPU tier).
   uint64_t gpu_capacity = 0;
   // [metrics]: Prometheus text over HTTP (GET /metrics).

@@ -102,6 +102,12 @@ const ConfigKey kKeys[] = {
      "per connection attempt"},
     {"tiers.remote", "io_timeout_ms", T::kInt, &Config::remote_io_timeout_ms, 1, 600000, false,
      "a reply slower than this breaks its connection"},
+    {"tiers.remote", "probe_budget_us", T::kInt, &Config::remote_probe_budget_us, 0, 1000000, true,
+     "how long a lookup waits for the cluster past its local hit prefix; 0: never asks"},
+    {"tiers.remote", "probe_max_blocks", T::kInt, &Config::remote_probe_max_blocks, 1, 65536, false,
+     "blocks one lookup asks the cluster about"},
+    {"tiers.remote", "write_policy", T::kString, &Config::remote_write_policy, 0, 0, true,
+     "demoted (what leaves the last local tier), reused (also host blocks once hit), committed (every block)"},
     // [cost_model]
     {"cost_model", "model_config", T::kString, &Config::cost_model_config, 0, 0, false,
      "a Hugging Face config.json; empty: the Llama-3.1-8B shape"},

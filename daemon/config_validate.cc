@@ -15,6 +15,7 @@
 #include "core/fmt_absl.h"
 #include "daemon/config.h"
 #include "daemon/config_text.h"
+#include "daemon/shared_writes.h"
 #include "fmt/format.h"
 #include "policies/eviction_policy.h"
 
@@ -27,6 +28,10 @@ using config_text::Cat;
 // its own ACL user and a password file (the server keeps tenants apart).
 template <typename Fail>
 void ValidateRemote(const Config& c, Fail& fail) {
+  if (!SharedWritesNamed(c.remote_write_policy)) {
+    fail("tiers.remote.write_policy", Cat("tiers.remote.write_policy: \"", c.remote_write_policy.substr(0, 40),
+                                          "\" is not one of demoted, reused, committed"));
+  }
   if (c.remote_seeds.empty()) {
     for (size_t i = 0; i < c.tenants.size(); ++i) {
       if (!c.tenants[i].remote_user.empty() || !c.tenants[i].remote_password_file.empty()) {

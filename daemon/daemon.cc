@@ -109,7 +109,10 @@ absl::Status Daemon::Open() {
                                                .high_watermark = config_.host_high_watermark,
                                                .low_watermark = config_.host_low_watermark,
                                                .max_leased_blocks_per_session =
-                                                   config_.limit_leased_blocks_per_session},
+                                                   config_.limit_leased_blocks_per_session,
+                                               .shared_probe_budget_us = config_.remote_probe_budget_us,
+                                               .shared_probe_max_blocks = config_.remote_probe_max_blocks,
+                                               .shared_writes = SharedWritesNamed(config_.remote_write_policy).value_or(SharedWrites::kDemoted)},
                                               &stats_));
   for (const TenantConfig& t : config_.tenants) RETURN_IF_ERROR(OpenTenant(t));
 
@@ -357,6 +360,13 @@ void Daemon::Reload() {
     } else {
       restart.push_back(absl::StrCat("tiers.host.watermarks (", s.message(), ")"));
     }
+  }
+  if (n.remote_probe_budget_us != config_.remote_probe_budget_us ||
+      n.remote_write_policy != config_.remote_write_policy) {
+    store_->SetSharedPolicy(n.remote_probe_budget_us, SharedWritesNamed(n.remote_write_policy).value_or(SharedWrites::kDemoted));
+    config_.remote_probe_budget_us = n.remote_probe_budget_us;
+    config_.remote_write_policy = n.remote_write_policy;
+    applied.push_back("tiers.remote.probe_budget_us, tiers.remote.write_policy");
   }
   if (n.drain_timeout_ms != config_.drain_timeout_ms) {
     config_.drain_timeout_ms = n.drain_timeout_ms;

@@ -247,6 +247,57 @@ std::string PrometheusText(const StatusSnapshot& s) {
   w.Family("kvtier_transfer_latency_seconds", "histogram", "NVMe block transfers from submission to completion.");
   w.Histogram("kvtier_transfer_latency_seconds", "direction=\"nvme_to_host\"", st.nvme_read_latency);
   w.Histogram("kvtier_transfer_latency_seconds", "direction=\"host_to_nvme\"", st.nvme_write_latency);
+
+  // The shared tier (tiers.remote), when there is one.
+  for (const StatusSnapshot::Lower& l : s.lower) {
+    if (!l.remote) continue;
+    const RemoteStatus& r = *l.remote;
+    w.Family("kvtier_remote_misses_total", "counter",
+             "Reads from the shared tier that missed, by cause (not_found: evicted there or never written; "
+             "bad_value: failed its checks, deleted; unavailable, deadline, other).");
+    const std::pair<const char*, uint64_t> causes[] = {{"not_found", r.misses.not_found},
+                                                       {"bad_value", r.misses.bad_value},
+                                                       {"unavailable", r.misses.unavailable},
+                                                       {"deadline", r.misses.deadline},
+                                                       {"other", r.misses.other}};
+    for (const auto& [cause, n] : causes) w.Sample("kvtier_remote_misses_total", absl::StrCat("cause=\"", cause, "\""), double(n));
+    w.Family("kvtier_remote_probe_blocks_total", "counter",
+             "Blocks lookups asked the shared tier about past their local hit prefix, and those it held.");
+    w.Sample("kvtier_remote_probe_blocks_total", "result=\"asked\"", double(st.remote_probe_blocks.Get()));
+    w.Sample("kvtier_remote_probe_blocks_total", "result=\"found\"", double(st.remote_probe_found.Get()));
+    w.Family("kvtier_remote_probes_total", "counter",
+             "Lookups that asked the shared tier (late: no answer within tiers.remote.probe_budget_us).");
+    w.Sample("kvtier_remote_probes_total", "result=\"answered\"",
+             double(st.remote_probes.Get() - std::min(st.remote_probes.Get(), st.remote_probes_late.Get())));
+    w.Sample("kvtier_remote_probes_total", "result=\"late\"", double(st.remote_probes_late.Get()));
+    w.Family("kvtier_remote_publishes_total", "counter",
+             "Blocks written to the shared tier on its write policy (skipped: published already or too many in "
+             "flight), and cascade moves into it that found the block there already (avoided).");
+    w.Sample("kvtier_remote_publishes_total", "result=\"written\"", double(st.remote_publishes.Get()));
+    w.Sample("kvtier_remote_publishes_total", "result=\"skipped\"", double(st.remote_publishes_skipped.Get()));
+    w.Sample("kvtier_remote_publishes_total", "result=\"failed\"", double(st.remote_publishes_failed.Get()));
+    w.Sample("kvtier_remote_publishes_total", "result=\"avoided\"", double(st.remote_writes_avoided.Get()));
+    w.Family("kvtier_remote_slots_covered", "gauge", "Cluster slots (of 16384) the slot map covers.");
+    w.Sample("kvtier_remote_slots_covered", "", double(r.slots_covered));
+    w.Family("kvtier_remote_redirections_total", "counter", "MOVED, ASK, TRYAGAIN and CLUSTERDOWN answers.");
+    w.Sample("kvtier_remote_redirections_total", "kind=\"moved\"", double(r.moved));
+    w.Sample("kvtier_remote_redirections_total", "kind=\"ask\"", double(r.ask));
+    w.Sample("kvtier_remote_redirections_total", "kind=\"tryagain\"", double(r.tryagain));
+    w.Sample("kvtier_remote_redirections_total", "kind=\"clusterdown\"", double(r.clusterdown));
+    w.Family("kvtier_remote_node_up", "gauge", "1 while every tenant's connection to the cluster node is up.");
+    for (const RemoteStatus::Node& n : r.nodes) {
+      w.Sample("kvtier_remote_node_up", "node=\"" + Esc(n.address) + "\"", n.connected ? 1 : 0);
+    }
+    w.Family("kvtier_remote_node_errors_total", "counter", "Commands to the cluster node that failed.");
+    for (const RemoteStatus::Node& n : r.nodes) {
+      w.Sample("kvtier_remote_node_errors_total", "node=\"" + Esc(n.address) + "\"", double(n.errors));
+    }
+    w.Family("kvtier_remote_probe_latency_seconds", "histogram", "A lookup's wait for the shared tier's answer.");
+    w.Histogram("kvtier_remote_probe_latency_seconds", "", st.remote_probe_latency);
+    w.Family("kvtier_remote_read_latency_seconds", "histogram", "Promotions' reads from tiers below the first.");
+    w.Histogram("kvtier_remote_read_latency_seconds", "", st.lower_read_latency);
+    break;
+  }
   return w.str();
 }
 

@@ -119,6 +119,43 @@ json LowerJson(const StatusSnapshot::Lower& l, const DaemonStats& s) {
             {"abandoned", b.abandoned},
             {"writes_refused", b.writes_refused},
             {"health", std::string(TierHealthName(l.health))}};
+  if (const std::optional<RemoteStatus>& r = l.remote) {
+    json nodes = json::array();
+    for (const RemoteStatus::Node& n : r->nodes) {
+      nodes.push_back(json{{"address", n.address},
+                           {"connected", n.connected},
+                           {"slots", n.slots},
+                           {"commands", n.commands},
+                           {"errors", n.errors},
+                           {"connects", n.connects}});
+    }
+    tier["remote"] = json{
+        {"write_policy", r->write_policy},
+        {"probe_budget_us", r->probe_budget_us},
+        {"probes", s.remote_probes.Get()},
+        {"probe_blocks", s.remote_probe_blocks.Get()},
+        {"probe_found", s.remote_probe_found.Get()},
+        {"probes_late", s.remote_probes_late.Get()},
+        {"probe_latency", HistogramJson(s.remote_probe_latency.Get())},
+        {"publishes", s.remote_publishes.Get()},
+        {"publishes_skipped", s.remote_publishes_skipped.Get()},
+        {"publishes_failed", s.remote_publishes_failed.Get()},
+        {"writes_avoided", s.remote_writes_avoided.Get()},
+        {"misses", json{{"not_found", r->misses.not_found},
+                        {"bad_value", r->misses.bad_value},
+                        {"unavailable", r->misses.unavailable},
+                        {"deadline", r->misses.deadline},
+                        {"other", r->misses.other}}},
+        {"read_latency", HistogramJson(s.lower_read_latency.Get())},
+        {"cluster", json{{"slots_covered", r->slots_covered},
+                         {"moved", r->moved},
+                         {"ask", r->ask},
+                         {"tryagain", r->tryagain},
+                         {"clusterdown", r->clusterdown},
+                         {"refreshes", r->refreshes},
+                         {"refresh_failures", r->refresh_failures}}},
+        {"nodes", std::move(nodes)}};
+  }
   if (l.chain_position != 0) return tier;
   tier.update(json{{"hits_loaded", s.blocks_hit_nvme.Get()},
                    {"hits_reported_recompute", s.blocks_recompute.Get()},

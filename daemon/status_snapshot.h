@@ -24,8 +24,25 @@
 #include "nlohmann/json.hpp"
 #include "tiers/block_tier.h"
 #include "tiers/nvme_tier.h"
+#include "tiers/remote_tier.h"
 
 namespace kvtier {
+
+// The shared tier (tiers.remote): its cluster as this daemon's connections
+// see it (summed over the tenants' own connections), and why reads missed.
+struct RemoteStatus {
+  std::string write_policy;
+  uint32_t probe_budget_us = 0;
+  RemoteTier::Misses misses;
+  uint64_t slots_covered = 0;  // the least any tenant's map covers, of 16384
+  uint64_t moved = 0, ask = 0, tryagain = 0, clusterdown = 0, refreshes = 0, refresh_failures = 0;
+  struct Node {
+    std::string address;
+    bool connected = false;  // every tenant's connection to it is up
+    uint64_t slots = 0, commands = 0, errors = 0, connects = 0;
+  };
+  std::vector<Node> nodes;
+};
 
 struct StatusSnapshot {
   struct Session {
@@ -57,6 +74,7 @@ struct StatusSnapshot {
     uint64_t blocks = 0;  // index records whose lower copy is here
     TierHealth health = TierHealth::kHealthy;
     std::optional<NvmeStats> nvme;  // what only the NVMe tier has: engine, journal, recovery
+    std::optional<RemoteStatus> remote;  // what only the shared tier has: its cluster, misses by cause
   };
   // The GPU tier, summed over tenants' arenas.
   struct Gpu {
