@@ -1,0 +1,197 @@
+// Two kvtierd nodes (separate sockets, data folders and host tiers) over one
+// real Redis Cluster: blocks node A computed are found and loaded on node B
+// byte-exact, through B's lookups asking the cluster past their local hit
+// prefix; the same key bytes under another namespace, or as another tenant
+// (whose ACL user cannot even read the first tenant's keys), never hit; the
+// probe budget and the write policy change on SIGHUP.
+#include <unistd.h>
+
+#include <csignal>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "gtest/gtest.h"
+#include "kvtier/client.h"
+#include "tests/support/client_helpers.h"
+#include "tests/support/redis_cluster_process.h"
+#include "tests/support/test_support.h"
+
+namespace kvtier {
+namespace {
+
+using testing::DaemonProcess;
+using testing::RedisClusterProcess;
+
+constexpr uint64_t kBlock = 64 << 10;
+
+std::string Seeds(const RedisClusterProcess& c) {
+  std::string seeds;
+  for (const std::string& s : c.seeds()) seeds += (seeds.empty() ? "\"" : ", \"") + s + "\"";
+  return seeds;
+}
+
+std::string PasswordFile(const testing::TempDir& dir, const std::string& tenant, const std::string& password) {
+  const std::string path = dir.File(tenant + ".pass");
+  std::ofstream(path) << password << "\n";
+  chmod(path.c_str(), 0600);
+  return path;
+}
+
+// A node without NVMe: host memory, then the cluster. Our uid is `tenant`.
+std::string NodeConfig(const RedisClusterProcess& c, const testing::TempDir& dir, const std::string& tenant,
+                       const std::string& write_policy, uint32_t budget_us = 200000) {
+  return absl::StrCat("[tiers.host]\ncapacity = \"8MiB\"\n[tiers.remote]\nseeds = [", Seeds(c),
+                      "]\nop_timeout_ms = 2000\nprobe_budget_us = ", budget_us, "\nwrite_policy = \"", write_policy,
+                      "\"\n[[tenants]]\nname = \"", tenant, "\"\nuids = [", getuid(), "]\nremote_user = \"",
+                      c.user(tenant), "\"\nremote_password_file = \"",
+                      PasswordFile(dir, tenant, c.password(tenant)), "\"\n");
+}
+
+nlohmann::json Remote(const DaemonProcess& d) {
+  auto s = d.Status();
+  if (!s.ok()) return {};
+  for (const auto& t : (*s)["tiers"]) {
+    if (t["tier"] == "remote") return t;
+  }
+  return {};
+}
+
+uint64_t Remote(const DaemonProcess& d, const char* field) {
+  const nlohmann::json r = Remote(d);
+  return r.contains("remote") ? r["remote"].value(field, uint64_t{0}) : 0;
+}
+
+// How many of keys a leased lookup hits, and how many of those load with
+// their own bytes.
+std::pair<uint32_t, uint32_t> HitAndLoad(Client& c, std::span<const BlockKey> keys) {
+  auto r = c.Lookup(keys, {.lease = true});
+  if (!r.ok() || r->hit_blocks == 0) return {0, 0};
+  uint32_t correct = 0;
+  auto v = c.Load(r->lease, keys.first(r->hit_blocks));
+  if (v.ok()) {
+    for (size_t i = 0; i < v->size(); ++i) correct += testing::MatchesKey(keys[i], {(*v)[i].data, (*v)[i].size});
+  }
+  (void)c.Release(r->lease);
+  return {r->hit_blocks, correct};
+}
+
+TEST(RemoteSharingTest, NodeBReusesWhatNodeAComputedByteExactAndNothingElse) {
+  auto cluster = RedisClusterProcess::Start({"alice", "bob"});
+  if (cluster == nullptr) GTEST_SKIP() << "redis-server is not installed (scripts/install-deps installs it)";
+  testing::TempDir secrets;
+  DaemonProcess a(NodeConfig(*cluster, secrets, "alice", "committed"));
+  DaemonProcess b(NodeConfig(*cluster, secrets, "alice", "demoted"));
+  ASSERT_TRUE(a.Start().ok()) << a.Log();
+  ASSERT_TRUE(b.Start().ok()) << b.Log();
+  ASSERT_NE(a.socket_path(), b.socket_path());
+
+  // Node A computes a conversation's first 24 blocks; write_policy
+  // "committed" sends each up to the cluster as it is committed.
+  auto ca = testing::AttachTo(a.socket_path(), testing::TestNamespace(kBlock, "remote/share"));
+  const std::vector<BlockKey> keys = testing::SeededKeys(*ca, 11, 32);
+  const std::span<const BlockKey> first(keys.data(), 24);
+  ASSERT_TRUE(testing::StoreFilled(*ca, first).ok());
+  ASSERT_TRUE(testing::Eventually([&] { return Remote(a, "publishes") >= 24; }, std::chrono::seconds(20)))
+      << Remote(a).dump();
+
+  // Node B never saw them: its lookup finds the 24 in the cluster (and not
+  // the 8 after them, which nobody computed), and each loads with its bytes.
+  auto cb = testing::AttachTo(b.socket_path(), testing::TestNamespace(kBlock, "remote/share"));
+  EXPECT_EQ(HitAndLoad(*cb, keys), (std::pair<uint32_t, uint32_t>{24, 24}));
+  EXPECT_EQ(Remote(b, "probe_found"), 24u);
+  const nlohmann::json rb = Remote(b);
+  EXPECT_GE(rb.value("reads", 0), 24) << rb.dump();
+  EXPECT_EQ(rb.value("checksum_failures", -1), 0);
+  // Now in B's host memory: a second lookup hits locally, asking nothing more.
+  const uint64_t probes = Remote(b, "probes");
+  EXPECT_EQ(HitAndLoad(*cb, first), (std::pair<uint32_t, uint32_t>{24, 24}));
+  EXPECT_EQ(Remote(b, "probes"), probes) << "a full local hit asks the cluster nothing";
+
+  // The same key bytes in another namespace are other blocks.
+  auto other = testing::AttachTo(b.socket_path(), testing::TestNamespace(kBlock, "remote/other-model"));
+  EXPECT_EQ(HitAndLoad(*other, first).first, 0u);
+
+  // Another tenant, on a third node: its keys live under its own prefix,
+  // so it never hits alice's blocks, and its ACL user cannot read them.
+  DaemonProcess c(NodeConfig(*cluster, secrets, "bob", "demoted"));
+  ASSERT_TRUE(c.Start().ok()) << c.Log();
+  auto cc = testing::AttachTo(c.socket_path(), testing::TestNamespace(kBlock, "remote/share"));
+  EXPECT_EQ(HitAndLoad(*cc, first).first, 0u);
+  EXPECT_GE(Remote(c, "probes"), 1u) << "it asked, and the cluster had nothing of bob's";
+  std::string alice_key;
+  for (size_t node = 0; node < cluster->seeds().size() && alice_key.empty(); ++node) {
+    if (cluster->Cli("role", node).rfind("master", 0) != 0) continue;
+    for (absl::string_view line : absl::StrSplit(cluster->Cli("--scan --pattern 'kvtier:alice:*'", node), '\n',
+                                                 absl::SkipEmpty())) {
+      alice_key = std::string(line);
+      break;
+    }
+  }
+  ASSERT_FALSE(alice_key.empty());
+  const std::string as_bob = cluster->Cli("-c get " + alice_key, 0, cluster->user("bob"), cluster->password("bob"));
+  EXPECT_NE(as_bob.find("NOPERM"), std::string::npos) << as_bob;
+  for (const DaemonProcess* d : {&a, &b, &c}) {
+    EXPECT_EQ(d->Log().find(cluster->password("alice")), std::string::npos) << "a password is never logged";
+    EXPECT_EQ(d->Log().find(cluster->password("bob")), std::string::npos);
+  }
+}
+
+TEST(RemoteSharingTest, SighupChangesTheProbeBudgetAndTheWritePolicy) {
+  auto cluster = RedisClusterProcess::Start({"alice"});
+  if (cluster == nullptr) GTEST_SKIP() << "redis-server is not installed";
+  testing::TempDir secrets;
+  DaemonProcess a(NodeConfig(*cluster, secrets, "alice", "demoted"));
+  DaemonProcess b(NodeConfig(*cluster, secrets, "alice", "demoted", /*budget_us=*/0));
+  ASSERT_TRUE(a.Start().ok()) << a.Log();
+  ASSERT_TRUE(b.Start().ok()) << b.Log();
+  auto ca = testing::AttachTo(a.socket_path(), testing::TestNamespace(kBlock, "remote/reload"));
+  const std::vector<BlockKey> keys = testing::SeededKeys(*ca, 12, 8);
+  ASSERT_TRUE(testing::StoreFilled(*ca, keys).ok());
+  // "demoted": blocks in A's host memory stay A's.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(Remote(a, "publishes"), 0u);
+
+  // "reused" on A: the next hit of each block sends it up.
+  const std::string path_a = a.dir() + "/kvtierd.toml";
+  std::string conf;
+  {
+    std::ifstream in(path_a);
+    conf.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const auto replace = [](std::string s, const std::string& from, const std::string& to) {
+    const size_t at = s.find(from);
+    return at == std::string::npos ? s : s.replace(at, from.size(), to);
+  };
+  std::ofstream(path_a) << replace(conf, "write_policy = \"demoted\"", "write_policy = \"reused\"");
+  a.Kill(SIGHUP);
+  ASSERT_TRUE(testing::Eventually([&] { return Remote(a)["remote"].value("write_policy", "") == "reused"; },
+                                  std::chrono::seconds(10)))
+      << a.Log();
+  EXPECT_EQ(HitAndLoad(*ca, keys), (std::pair<uint32_t, uint32_t>{8, 8}));
+  ASSERT_TRUE(testing::Eventually([&] { return Remote(a, "publishes") >= 8; }, std::chrono::seconds(20)))
+      << Remote(a).dump();
+  // A hit again writes nothing again.
+  EXPECT_EQ(HitAndLoad(*ca, keys).first, 8u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(Remote(a, "publishes"), 8u);
+
+  // B's budget is 0: it does not ask, so it misses what the cluster holds.
+  auto cb = testing::AttachTo(b.socket_path(), testing::TestNamespace(kBlock, "remote/reload"));
+  EXPECT_EQ(HitAndLoad(*cb, keys).first, 0u);
+  EXPECT_EQ(Remote(b, "probes"), 0u);
+  const std::string path_b = b.dir() + "/kvtierd.toml";
+  {
+    std::ifstream in(path_b);
+    conf.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  std::ofstream(path_b) << replace(conf, "probe_budget_us = 0", "probe_budget_us = 200000");
+  b.Kill(SIGHUP);
+  ASSERT_TRUE(testing::Eventually([&] { return Remote(b)["remote"].value("probe_budget_us", 0) == 200000; },
+                                  std::chrono::seconds(10)))
+      << b.Log();
+  EXPECT_EQ(HitAndLoad(*cb, keys), (std::pair<uint32_t, uint32_t>{8, 8}));
+}
+
+}  // namespace
+}  // namespace kvtier
