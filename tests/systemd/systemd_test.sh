@@ -52,9 +52,11 @@ for f in ./usr/bin/kvtierd ./usr/bin/kvtierctl ./usr/lib/systemd/system/kvtierd.
          ./usr/lib/sysusers.d/kvtier.conf ./usr/lib/tmpfiles.d/kvtier.conf ./etc/kvtier/kvtierd.toml; do
   grep -qx "$f" <<<"$files" || fail "the .deb lacks $f"
 done
-dpkg-deb --fsys-tarfile "$deb" | tar -xO ./usr/lib/systemd/system/kvtierd.service \
-  | grep -qx 'ExecStart=/usr/bin/kvtierd --config /etc/kvtier/kvtierd.toml' || fail "the packaged unit's ExecStart"
-dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./conffiles | grep -qx /etc/kvtier/kvtierd.toml \
-  || fail "the config is not a conffile"
+# Read each whole before grep -q looks at it: grep -q stops at its first
+# match, and the writer killed by SIGPIPE fails the pipeline (pipefail).
+unit=$(dpkg-deb --fsys-tarfile "$deb" | tar -xO ./usr/lib/systemd/system/kvtierd.service)
+grep -qx 'ExecStart=/usr/bin/kvtierd --config /etc/kvtier/kvtierd.toml' <<<"$unit" || fail "the packaged unit's ExecStart"
+conffiles=$(dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./conffiles)
+grep -qx /etc/kvtier/kvtierd.toml <<<"$conffiles" || fail "the config is not a conffile"
 dpkg-deb -f "$deb" Depends | grep -q systemd || fail "the .deb does not depend on systemd"
 echo "ok: $(basename "$deb") holds the binaries, the unit, sysusers, tmpfiles and the config (a conffile)"
