@@ -54,8 +54,8 @@ for f in ./usr/bin/kvtierd ./usr/bin/kvtierctl ./usr/lib/systemd/system/kvtierd.
 done
 # Read each whole before grep -q looks at it: grep -q stops at its first
 # match, and the writer killed by SIGPIPE fails the pipeline (pipefail).
-unit=$(dpkg-deb --fsys-tarfile "$deb" | tar -xO ./usr/lib/systemd/system/kvtierd.service)
-grep -qx 'ExecStart=/usr/bin/kvtierd --config /etc/kvtier/kvtierd.toml' <<<"$unit" || fail "the packaged unit's ExecStart"
+packaged_unit=$(dpkg-deb --fsys-tarfile "$deb" | tar -xO ./usr/lib/systemd/system/kvtierd.service)
+grep -qx 'ExecStart=/usr/bin/kvtierd --config /etc/kvtier/kvtierd.toml' <<<"$packaged_unit" || fail "the packaged unit's ExecStart"
 conffiles=$(dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./conffiles)
 grep -qx /etc/kvtier/kvtierd.toml <<<"$conffiles" || fail "the config is not a conffile"
 dpkg-deb -f "$deb" Depends | grep -q systemd || fail "the .deb does not depend on systemd"
