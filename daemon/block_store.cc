@@ -112,6 +112,7 @@ absl::Status BlockStore::LeaseRoomFor(const SessionHoldings& s, size_t blocks) {
 void BlockStore::ChainHits::Append(ChainHits&& more) {
   hit = more.hit;
   below_host += more.below_host;
+  in_shared += more.in_shared;
   cut_for_cost = more.cut_for_cost;
   pinned.insert(pinned.end(), more.pinned.begin(), more.pinned.end());
   host_touch.insert(host_touch.end(), more.host_touch.begin(), more.host_touch.end());
@@ -153,6 +154,7 @@ BlockStore::ChainHits BlockStore::ProbeChain(SessionHoldings& s, std::span<const
       out[i] = in_host ? BlockLocation{TierKind::kHost, r->arena_offset(), false}
                        : BlockLocation{books_.LaneOf(r).tier->kind(), 0, false};
       if (!in_host) ++h.below_host;
+      if (!in_host && shared_lane_ && r->lower == *shared_lane_) ++h.in_shared;
       if (lease) {
         if (r->pins++ == 0) t.pinned.fetch_add(1, std::memory_order_relaxed);
         h.pinned.push_back(r);
@@ -233,7 +235,8 @@ absl::StatusOr<uint32_t> BlockStore::Lookup(SessionHoldings& s, std::span<const 
   if (h.hit == 0) return 0u;
   books_.stats->lookup_hits.Add();
   books_.stats->blocks_hit.Add(h.hit);
-  books_.stats->blocks_hit_nvme.Add(h.below_host);
+  books_.stats->blocks_hit_nvme.Add(h.below_host - h.in_shared);
+  books_.stats->blocks_hit_remote.Add(h.in_shared);
   books_.stats->tokens_hit.Add(uint64_t{h.hit} * s.ns.block_tokens);
   TouchHits(*books_.tenants[s.ns.tenant], h);
   *lease_id = s.next_id++;

@@ -354,6 +354,7 @@ class BlockStore {
   // each hit is pinned and listed for TouchHits.
   struct ChainHits {
     uint32_t hit = 0, below_host = 0;
+    uint32_t in_shared = 0;  // of below_host: the copy is in the shared tier
     bool cut_for_cost = false;  // the prefix ends at a block cheaper to recompute than to load
     std::vector<BlockRecord*> pinned;
     std::vector<SlotHandle> host_touch;

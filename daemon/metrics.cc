@@ -119,8 +119,10 @@ std::string PrometheusText(const StatusSnapshot& s) {
   w.Family("kvtier_lookup_hits_total", "counter", "Leased lookups that hit at least one block.");
   w.Sample("kvtier_lookup_hits_total", "", double(st.lookup_hits.Get()));
   w.Family("kvtier_blocks_hit_total", "counter", "Blocks found by leased lookups, by the tier they were in.");
-  w.Sample("kvtier_blocks_hit_total", "tier=\"host\"", double(st.blocks_hit.Get() - st.blocks_hit_nvme.Get()));
+  w.Sample("kvtier_blocks_hit_total", "tier=\"host\"",
+           double(st.blocks_hit.Get() - st.blocks_hit_nvme.Get() - st.blocks_hit_remote.Get()));
   w.Sample("kvtier_blocks_hit_total", "tier=\"nvme\"", double(st.blocks_hit_nvme.Get()));
+  w.Sample("kvtier_blocks_hit_total", "tier=\"remote\"", double(st.blocks_hit_remote.Get()));
   w.Family("kvtier_blocks_missed_total", "counter", "Blocks leased lookups asked for and did not find.");
   w.Sample("kvtier_blocks_missed_total", "", double(st.blocks_queried.Get() - st.blocks_hit.Get()));
   w.Family("kvtier_tokens_queried_total", "counter", "Tokens covered by the blocks leased lookups asked for.");
@@ -284,8 +286,10 @@ std::string PrometheusText(const StatusSnapshot& s) {
     w.Sample("kvtier_remote_redirections_total", "kind=\"ask\"", double(r.ask));
     w.Sample("kvtier_remote_redirections_total", "kind=\"tryagain\"", double(r.tryagain));
     w.Sample("kvtier_remote_redirections_total", "kind=\"clusterdown\"", double(r.clusterdown));
-    w.Family("kvtier_remote_node_up", "gauge", "1 while every tenant's connection to the cluster node is up.");
+    w.Family("kvtier_remote_node_up", "gauge",
+             "1 while every tenant's connection to the cluster node is up; nodes that serve slots (primaries).");
     for (const RemoteStatus::Node& n : r.nodes) {
+      if (n.slots == 0) continue;  // a replica, or a node out of the map: nothing is sent to it
       w.Sample("kvtier_remote_node_up", "node=\"" + Esc(n.address) + "\"", n.connected ? 1 : 0);
     }
     w.Family("kvtier_remote_node_errors_total", "counter", "Commands to the cluster node that failed.");

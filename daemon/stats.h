@@ -102,6 +102,7 @@ struct DaemonStats {
   // repeat) are counted apart and change nothing.
   Counter lookups, lookup_hits, probes;
   Counter blocks_queried, blocks_hit, blocks_hit_nvme, tokens_queried, tokens_hit;
+  Counter blocks_hit_remote;  // of blocks_hit: their copy was in the shared tier (not in blocks_hit_nvme)
   Counter stores, blocks_stored, bytes_stored, store_aborts, blocks_already_present;
   Counter loads, blocks_loaded, bytes_loaded, load_failures;
   Counter evictions, invalidations, store_refused_no_space;

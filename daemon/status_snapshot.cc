@@ -132,6 +132,7 @@ json LowerJson(const StatusSnapshot::Lower& l, const DaemonStats& s) {
     tier["remote"] = json{
         {"write_policy", r->write_policy},
         {"probe_budget_us", r->probe_budget_us},
+        {"hits_loaded", s.blocks_hit_remote.Get()},
         {"probes", s.remote_probes.Get()},
         {"probe_blocks", s.remote_probe_blocks.Get()},
         {"probe_found", s.remote_probe_found.Get()},
@@ -212,8 +213,9 @@ json StatsJson(const DaemonStats& s) {
              {"probes", s.probes.Get()},
              {"blocks_queried", s.blocks_queried.Get()},
              {"blocks_hit", s.blocks_hit.Get()},
-             {"blocks_hit_host", s.blocks_hit.Get() - s.blocks_hit_nvme.Get()},
+             {"blocks_hit_host", s.blocks_hit.Get() - s.blocks_hit_nvme.Get() - s.blocks_hit_remote.Get()},
              {"blocks_hit_nvme", s.blocks_hit_nvme.Get()},
+             {"blocks_hit_remote", s.blocks_hit_remote.Get()},
              {"blocks_missed", s.blocks_queried.Get() - s.blocks_hit.Get()},
              {"block_hit_rate", Ratio(s.blocks_hit.Get(), s.blocks_queried.Get())},
              {"tokens_queried", s.tokens_queried.Get()},

@@ -7,11 +7,14 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <cstdio>
+#include <cstdlib>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
+#include <httplib.h>
 #include "kvtier/client.h"
 #include "tests/support/client_helpers.h"
 #include "tests/support/redis_cluster_process.h"
@@ -40,8 +43,9 @@ std::string PasswordFile(const testing::TempDir& dir, const std::string& tenant,
 
 // A node without NVMe: host memory, then the cluster. Our uid is `tenant`.
 std::string NodeConfig(const RedisClusterProcess& c, const testing::TempDir& dir, const std::string& tenant,
-                       const std::string& write_policy, uint32_t budget_us = 200000) {
-  return absl::StrCat("[tiers.host]\ncapacity = \"8MiB\"\n[tiers.remote]\nseeds = [", Seeds(c),
+                       const std::string& write_policy, uint32_t budget_us = 200000,
+                       const std::string& extra = "") {
+  return absl::StrCat(extra, "[tiers.host]\ncapacity = \"8MiB\"\n[tiers.remote]\nseeds = [", Seeds(c),
                       "]\nop_timeout_ms = 2000\nprobe_budget_us = ", budget_us, "\nwrite_policy = \"", write_policy,
                       "\"\n[[tenants]]\nname = \"", tenant, "\"\nuids = [", getuid(), "]\nremote_user = \"",
                       c.user(tenant), "\"\nremote_password_file = \"",
@@ -60,6 +64,25 @@ nlohmann::json Remote(const DaemonProcess& d) {
 uint64_t Remote(const DaemonProcess& d, const char* field) {
   const nlohmann::json r = Remote(d);
   return r.contains("remote") ? r["remote"].value(field, uint64_t{0}) : 0;
+}
+
+// What a command line prints on stdout.
+std::string Output(const std::string& cmd) {
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  pclose(p);
+  return out;
+}
+
+// The value of a sample line "name{labels} value" (-1: none).
+double Sample(const std::string& text, const std::string& series) {
+  const size_t at = text.find("\n" + series + " ");
+  if (at == std::string::npos) return -1;
+  return std::stod(text.substr(at + series.size() + 2));
 }
 
 // How many of keys a leased lookup hits, and how many of those load with
@@ -81,7 +104,7 @@ TEST(RemoteSharingTest, NodeBReusesWhatNodeAComputedByteExactAndNothingElse) {
   if (cluster == nullptr) GTEST_SKIP() << "redis-server is not installed (scripts/install-deps installs it)";
   testing::TempDir secrets;
   DaemonProcess a(NodeConfig(*cluster, secrets, "alice", "committed"));
-  DaemonProcess b(NodeConfig(*cluster, secrets, "alice", "demoted"));
+  DaemonProcess b(NodeConfig(*cluster, secrets, "alice", "demoted", 200000, "[metrics]\nport = 0\n"));
   ASSERT_TRUE(a.Start().ok()) << a.Log();
   ASSERT_TRUE(b.Start().ok()) << b.Log();
   ASSERT_NE(a.socket_path(), b.socket_path());
@@ -100,9 +123,56 @@ TEST(RemoteSharingTest, NodeBReusesWhatNodeAComputedByteExactAndNothingElse) {
   auto cb = testing::AttachTo(b.socket_path(), testing::TestNamespace(kBlock, "remote/share"));
   EXPECT_EQ(HitAndLoad(*cb, keys), (std::pair<uint32_t, uint32_t>{24, 24}));
   EXPECT_EQ(Remote(b, "probe_found"), 24u);
+  EXPECT_EQ(Remote(b, "hits_loaded"), 24u);
+  {
+    auto st = b.Status();
+    ASSERT_TRUE(st.ok());
+    EXPECT_EQ((*st)["stats"]["blocks_hit_remote"], 24);
+    EXPECT_EQ((*st)["stats"]["blocks_hit_nvme"], 0) << "B has no NVMe tier: every lower hit was the cluster's";
+  }
   const nlohmann::json rb = Remote(b);
   EXPECT_GE(rb.value("reads", 0), 24) << rb.dump();
   EXPECT_EQ(rb.value("checksum_failures", -1), 0);
+  // Prometheus shows it, in a form promtool accepts.
+  {
+    auto st = b.Status();
+    ASSERT_TRUE(st.ok());
+    httplib::Client http("127.0.0.1", (*st)["metrics"]["port"].get<int>());
+    auto res = http.Get("/metrics");
+    ASSERT_TRUE(res && res->status == 200);
+    const std::string& text = res->body;
+    EXPECT_EQ(Sample(text, "kvtier_blocks_hit_total{tier=\"remote\"}"), 24);
+    EXPECT_EQ(Sample(text, "kvtier_blocks_hit_total{tier=\"nvme\"}"), 0);
+    EXPECT_EQ(Sample(text, "kvtier_remote_probe_blocks_total{result=\"found\"}"), 24);
+    EXPECT_EQ(Sample(text, "kvtier_remote_slots_covered"), 16384);
+    size_t up = 0;
+    for (const std::string& node : cluster->seeds()) {
+      up += Sample(text, "kvtier_remote_node_up{node=\"" + node + "\"}") == 1;
+    }
+    EXPECT_EQ(up, 3u) << "one series per primary, each up\n" << text;
+    EXPECT_EQ(text.find(cluster->password("alice")), std::string::npos);
+    if (system("command -v promtool >/dev/null 2>&1") == 0) {
+      testing::TempDir scratch;
+      const std::string file = scratch.File("metrics.txt");
+      std::ofstream(file) << text;
+      const std::string checked = Output("promtool check metrics < " + file + " 2>&1");
+      EXPECT_EQ(checked.find("error"), std::string::npos) << checked;
+    }
+  }
+  // kvtierctl shows it: the remote tier's probes found the 24, per node.
+  const std::string ctl =
+      absl::StrCat(std::getenv("KVTIER_BUILD_DIR") ? std::getenv("KVTIER_BUILD_DIR") : ".",
+                   "/tools/kvtierctl --socket ", b.admin_socket_path());
+  for (const char* command : {" tiers", " status"}) {
+    const std::string shown = Output(ctl + command);
+    EXPECT_NE(shown.find("remote tier: write policy demoted, probe budget 200000 us, 16384 of 16384 slots covered"),
+              std::string::npos)
+        << command << "\n" << shown;
+    EXPECT_NE(shown.find("found 24, late 0"), std::string::npos) << command << "\n" << shown;
+    size_t rows = 0;
+    for (const std::string& node : cluster->seeds()) rows += shown.find(node + " ") != std::string::npos;
+    EXPECT_GE(rows, 3u) << "a row per primary at least\n" << shown;
+  }
   // Now in B's host memory: a second lookup hits locally, asking nothing more.
   const uint64_t probes = Remote(b, "probes");
   EXPECT_EQ(HitAndLoad(*cb, first), (std::pair<uint32_t, uint32_t>{24, 24}));

@@ -121,6 +121,67 @@ void PrintSessions(const json& s) {
   }
 }
 
+// A histogram of the status JSON ({bounds_s, counts, count}): the bound of
+// the bucket that holds quantile q, as text ("-" when empty).
+std::string HistogramQuantile(const json& h, double q) {
+  const uint64_t count = U64(At(h, "count"));
+  if (count == 0) return "-";
+  const json& bounds = List(At(h, "bounds_s"));
+  const json& counts = List(At(h, "counts"));
+  if (bounds.empty()) return "-";
+  uint64_t seen = 0;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    seen += U64(counts[i]);
+    if (double(seen) >= q * double(count)) {
+      return i < bounds.size() ? "<= " + Fixed(Dbl(bounds[i]) * 1e3, 3) + " ms" : "> " + Fixed(Dbl(bounds.back()) * 1e3, 3) + " ms";
+    }
+  }
+  return "-";
+}
+
+// The shared tier's own figures (a tier object with a "remote" member):
+// its cluster as this daemon sees it, per node; probes, publishes and
+// misses by cause.
+void PrintRemote(const json& t, bool nodes = true) {
+  const json& r = At(t, "remote");
+  if (!r.is_object()) return;
+  const json& c = At(r, "cluster");
+  const json& m = At(r, "misses");
+  std::cout << "remote tier: write policy " << Str(r, "write_policy") << ", probe budget "
+            << Num(r, "probe_budget_us") << " us, " << Num(c, "slots_covered") << " of 16384 slots covered, "
+            << Str(t, "health") << "\n"
+            << "  probes " << Num(r, "probes") << " (blocks asked " << Num(r, "probe_blocks") << ", found "
+            << Num(r, "probe_found") << ", late " << Num(r, "probes_late") << ", median "
+            << HistogramQuantile(At(r, "probe_latency"), 0.5) << ")  hits loaded " << Num(r, "hits_loaded")
+            << ", reads " << Num(t, "reads") << " (median "
+            << HistogramQuantile(At(r, "read_latency"), 0.5) << ")\n"
+            << "  published " << Num(r, "publishes") << " (skipped " << Num(r, "publishes_skipped") << ", failed "
+            << Num(r, "publishes_failed") << "), writes avoided (already there) " << Num(r, "writes_avoided") << "\n"
+            << "  misses: not found " << Num(m, "not_found") << ", bad value " << Num(m, "bad_value")
+            << ", unavailable " << Num(m, "unavailable") << ", past deadline " << Num(m, "deadline") << ", other "
+            << Num(m, "other") << "\n"
+            << "  redirections: MOVED " << Num(c, "moved") << ", ASK " << Num(c, "ask") << ", TRYAGAIN "
+            << Num(c, "tryagain") << ", CLUSTERDOWN " << Num(c, "clusterdown") << "; slot map refreshes "
+            << Num(c, "refreshes") << " (failed " << Num(c, "refresh_failures") << ")\n";
+  if (!nodes) return;
+  Table n({"NODE", "UP", "SLOTS", "COMMANDS", "ERRORS", "CONNECTS"});
+  for (const json& x : List(At(r, "nodes"))) {
+    // "-": it serves no slots (a replica, or out of the map), so nothing goes to it.
+    const bool idle = U64(At(x, "slots")) == 0 && !Bool(At(x, "connected"));
+    n.AddRow({Str(x, "address"), idle ? "-" : Bool(At(x, "connected")) ? "yes" : "no", Num(x, "slots"), Num(x, "commands"),
+              Num(x, "errors"), Num(x, "connects")});
+  }
+  n.Print(std::cout);
+}
+
+void PrintRemotes(const json& s, bool nodes = true) {
+  for (const json& t : List(At(s, "tiers"))) {
+    if (!At(t, "remote").is_object()) continue;
+    std::cout << "\n";
+    PrintRemote(t, nodes);
+  }
+}
+
 void PrintStatus(const json& s) {
   std::cout << "kvtierd " << Str(s, "version") << "  pid " << Num(s, "pid") << "  up "
             << kvtier::tools::Duration(Dbl(At(s, "uptime_s"))) << "  device " << Str(s, "device") << "  hash "
@@ -132,6 +193,7 @@ void PrintStatus(const json& s) {
                   Num(t, "pinned_blocks"), Num(t, "evictions"), Str(t, "health")});
   }
   tiers.Print(std::cout);
+  PrintRemotes(s);
   std::cout << "\n";
   PrintTenants(s);
   std::cout << "\n";
@@ -158,7 +220,8 @@ void PrintStatus(const json& s) {
             << " of the tokens in full blocks, block hit rate "
             << Fixed(Dbl(At(st, "block_hit_rate")), 3) << ")  probes " << n("probes") << "\n"
             << "blocks hit " << n("blocks_hit") << " (host " << n("blocks_hit_host") << ", nvme "
-            << n("blocks_hit_nvme") << ")  missed " << n("blocks_missed") << "  tokens reused "
+            << n("blocks_hit_nvme") << (At(st, "blocks_hit_remote").is_number() ? ", remote " + n("blocks_hit_remote") : "")
+            << ")  missed " << n("blocks_missed") << "  tokens reused "
             << n("tokens_hit") << " of " << n("tokens_queried") << "\n"
             << "stored " << n("blocks_stored") << " blocks (" << Bytes(st, "bytes_stored") << ")  loaded "
             << n("blocks_loaded") << " blocks (" << Bytes(st, "bytes_loaded") << ")  evictions " << n("evictions")
@@ -192,12 +255,16 @@ void PrintTiers(const json& s) {
       d.AddRow({k, k.find("bytes") != std::string::npos && v.is_number() ? Bytes(v) : Num(v)});
     }
     for (const auto& [k, v] : t.items()) {
-      if (!v.is_object()) continue;
+      if (!v.is_object() || k == "remote") continue;
       for (const auto& [k2, v2] : v.items()) {
         d.AddRow({k + "." + k2, k2.find("bytes") != std::string::npos && v2.is_number_unsigned() ? Bytes(v2) : Num(v2)});
       }
     }
     d.Print(std::cout);
+    if (At(t, "remote").is_object()) {
+      std::cout << "\n";
+      PrintRemote(t);
+    }
     std::cout << "\n";
   }
 }
@@ -221,6 +288,7 @@ void PrintTop(const json& s, const json* prev, double interval_s) {
                   Bar(cap > 0 ? double(U64(At(t, "used_bytes"))) / cap : 0), Num(t, "blocks"), Str(t, "health")});
   }
   tiers.Print(std::cout);
+  PrintRemotes(s, /*nodes=*/false);
   std::cout << "\n";
   auto rate = [&](const char* key) {
     if (prev == nullptr || interval_s <= 0) return std::string("-");
