@@ -543,6 +543,56 @@ TEST(ToolsTest, ReplayOfAHandMadeTraceGivesTheHandComputedRates) {
   EXPECT_EQ((*s)["stats"]["lookups"], 3);
 }
 
+// Two daemons, no shared tier: requests go round-robin (request i to daemon
+// i mod 2) and each daemon sees only its own, so the hand-made trace's
+// request 2 misses on daemon B what request 1 stored on daemon A.
+TEST(ToolsTest, ReplayOverTwoDaemonsSpreadsRequestsRoundRobin) {
+  testing::DaemonProcess a, b;
+  ASSERT_TRUE(a.Start().ok()) << a.Log();
+  ASSERT_TRUE(b.Start().ok()) << b.Log();
+  testing::TempDir dir;
+  const std::string trace = dir.File("t.jsonl");
+  {
+    std::ofstream f(trace);
+    f << R"({"timestamp": 0, "input_length": 1546, "output_length": 5, "hash_ids": [1, 2, 3, 99]})" << "\n";
+    f << R"({"timestamp": 10, "input_length": 2048, "output_length": 5, "hash_ids": [1, 2, 4, 5]})" << "\n";
+    f << R"({"timestamp": 20, "input_length": 1546, "output_length": 5, "hash_ids": [1, 2, 3, 99]})" << "\n";
+  }
+  const std::string replay = Tool("kvtier-replay") + " --socket " + a.socket_path() + " --socket " + b.socket_path() +
+                             " --trace " + trace + " --block-bytes 8KiB";
+  Output o = RunCommand(replay + " --json");
+  ASSERT_EQ(o.exit_code, 0) << o.out;
+  nlohmann::json j = nlohmann::json::parse(o.out);
+  EXPECT_EQ(j["requests"], 3);
+  EXPECT_EQ(j["blocks_hit"], 3) << "one daemon alone would hit 5";
+  ASSERT_EQ(j["daemons"].size(), 2u);
+  EXPECT_EQ(j["daemons"][0]["socket"], a.socket_path());
+  EXPECT_EQ(j["daemons"][0]["requests"], 2);
+  EXPECT_EQ(j["daemons"][0]["blocks_requested"], 6);
+  EXPECT_EQ(j["daemons"][0]["blocks_hit"], 3);
+  EXPECT_EQ(j["daemons"][1]["requests"], 1);
+  EXPECT_EQ(j["daemons"][1]["blocks_requested"], 4);
+  EXPECT_EQ(j["daemons"][1]["blocks_hit"], 0);
+  EXPECT_EQ(j["verify_failures"], 0);
+  // Each daemon saw only its own share.
+  auto sa = a.Status(), sb = b.Status();
+  ASSERT_TRUE(sa.ok() && sb.ok());
+  EXPECT_EQ((*sa)["stats"]["lookups"], 2);
+  EXPECT_EQ((*sa)["stats"]["blocks_hit"], 3);
+  EXPECT_EQ((*sb)["stats"]["lookups"], 1);
+  EXPECT_EQ((*sb)["stats"]["blocks_hit"], 0);
+
+  // The table has a row per daemon; sessions that do not spread evenly are
+  // refused.
+  o = RunCommand(replay + " --model other");
+  ASSERT_EQ(o.exit_code, 0) << o.out;
+  EXPECT_NE(o.out.find("per daemon"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find(b.socket_path()), std::string::npos) << o.out;
+  o = RunCommand(replay + " --sessions 3 2>&1");
+  EXPECT_EQ(o.exit_code, 2) << o.out;
+  EXPECT_NE(o.out.find("multiple of 2"), std::string::npos) << o.out;
+}
+
 TEST(ToolsTest, ReplayWithHostAndNvmeReportsHitsPerTier) {
   testing::TempDir dir;
   // 16 host slots of 64 KiB; an NVMe tier behind them.
@@ -639,6 +689,44 @@ TEST(ToolsTest, SimulateComparesPoliciesSideBySideWithoutADaemon) {
   for (const char* bad : {"--tier disk=3M", "--tier nvme=3M", "--tier host=lots", "--tier host=10",
                           "--tier host=1M --gpus 0", "--tier host=1M --model-config /nonexistent", ""}) {
     Output b = RunCommand(Tool("kvtier-replay") + " --simulate " + bad);
+    EXPECT_EQ(b.exit_code, 2) << bad << ": " << b.out;
+  }
+}
+
+// N simulated nodes, local tiers alone and pooled over a shared remote tier.
+TEST(ToolsTest, SimulateNodesComparesLocalAndPooledPerRouting) {
+  // The synthetic chat; each node holds 8,000 tokens (125 blocks) of host memory.
+  Output o = RunCommand(Tool("kvtier-replay") +
+                        " --simulate --tier host=8K --tier remote=1M --nodes 2,4 --write-policy committed --json");
+  ASSERT_EQ(o.exit_code, 0) << o.out;
+  std::vector<nlohmann::json> rows;
+  std::istringstream lines(o.out);
+  for (std::string line; std::getline(lines, line);) rows.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(rows.size(), 6u) << "2 node counts x 3 routings";
+  for (const auto& r : rows) {
+    const double local = r["local"]["token_hit_rate"], pooled = r["pooled"]["token_hit_rate"];
+    EXPECT_FALSE(r["local"]["pooled"].get<bool>());
+    EXPECT_TRUE(r["pooled"]["pooled"].get<bool>());
+    EXPECT_EQ(r["local"]["token_hit_rate_remote"], 0.0);
+    EXPECT_GT(pooled, local) << r.dump() << ": every block goes up, and conversations outgrow a node";
+    EXPECT_GT(r["pooled"]["bytes_written_remote"].get<double>(), 0);
+    EXPECT_EQ(r["pooled"]["requests"], 288) << "48 conversations x 6 turns";
+  }
+  EXPECT_EQ(rows[0]["routing"], "round-robin");
+  EXPECT_EQ(rows[4]["nodes"], 4);
+  // A conversation on one node (affinity) reuses more locally than turns
+  // spread round-robin.
+  EXPECT_GT(rows[1]["local"]["token_hit_rate"].get<double>(), rows[0]["local"]["token_hit_rate"].get<double>());
+
+  Output human = RunCommand(Tool("kvtier-replay") + " --simulate --tier host=8K --tier remote=1M --nodes 2");
+  EXPECT_EQ(human.exit_code, 0);
+  EXPECT_NE(human.out.find("TOKEN HIT LOCAL"), std::string::npos) << human.out;
+  EXPECT_NE(human.out.find("affinity"), std::string::npos) << human.out;
+  for (const char* bad : {"--nodes 2 --tier host=2K", "--nodes 0 --tier host=2K --tier remote=1M",
+                          "--nodes 2 --tier host=2K --tier remote=1M --routing random",
+                          "--nodes 2 --tier host=2K --tier remote=1M --write-policy always",
+                          "--tier host=2K --tier remote=1M", "--nodes 2 --tier host=2K,4K --tier remote=1M"}) {
+    Output b = RunCommand(Tool("kvtier-replay") + " --simulate " + bad + " 2>/dev/null");
     EXPECT_EQ(b.exit_code, 2) << bad << ": " << b.out;
   }
 }

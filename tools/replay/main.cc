@@ -13,6 +13,7 @@
 #include "core/units.h"
 #include "tools/common/table.h"
 #include "tools/common/trace.h"
+#include "tools/replay/nodes_sim.h"
 #include "tools/replay/replayer.h"
 #include "tools/replay/simulate.h"
 #include "tools/replay/workload.h"
@@ -49,7 +50,69 @@ struct SimFlags {
   std::string nvme_policy = "lru";
   double prefill_tflops = 300, host_gbps = 25, nvme_gbps = 3, nvme_latency_us = 100;
   uint32_t gpus = 4;
+  // --nodes: N nodes, each as above, over a shared remote tier.
+  std::vector<uint32_t> nodes;
+  std::vector<std::string> routings;
+  std::string write_policy = "demoted";
+  double remote_gbps = 3.1, remote_latency_us = 200;
 };
+
+// --simulate --nodes: for each node count and routing, the local tiers alone
+// and pooled over the remote tier, side by side.
+int RunNodes(const kvtier::tools::Workload& workload, const SimFlags& f, const kvtier::tools::SimOptions& base,
+             uint64_t remote_blocks, bool as_json) {
+  const std::vector<std::string> routings =
+      f.routings.empty() ? std::vector<std::string>(std::begin(kvtier::tools::kRoutings),
+                                                    std::end(kvtier::tools::kRoutings))
+                         : f.routings;
+  const uint64_t bt = workload.block_tokens;
+  kvtier::tools::Table t({"NODES", "ROUTING", "TOKEN HIT LOCAL", "POOLED", "FROM REMOTE", "TTFT P50 LOCAL", "POOLED",
+                          "TTFT P95 LOCAL", "POOLED", "REMOTE WRITTEN"});
+  for (uint32_t n : f.nodes) {
+    for (const std::string& routing : routings) {
+      kvtier::tools::NodesSimOptions o;
+      o.node = base;
+      o.nodes = n;
+      o.routing = routing;
+      o.write_policy = f.write_policy;
+      o.remote = kvtier::TierSpeed{f.remote_gbps * 1e9, f.remote_latency_us * 1e-6};
+      if (!as_json) std::cerr << "kvtier-replay: simulating " << n << " nodes, " << routing << " routing\n";
+      auto local = kvtier::tools::SimulateNodes(workload, o);
+      o.remote_blocks = remote_blocks;
+      auto pooled = local.ok() ? kvtier::tools::SimulateNodes(workload, o) : local;
+      if (!pooled.ok()) {
+        std::cerr << "kvtier-replay: " << pooled.status().message() << "\n";
+        return 2;
+      }
+      if (as_json) {
+        std::cout << nlohmann::json{{"nodes", n}, {"routing", routing}, {"write_policy", f.write_policy},
+                                    {"host_tokens", base.capacity_blocks * bt}, {"nvme_tokens", base.nvme_blocks * bt},
+                                    {"remote_tokens", remote_blocks * bt}, {"local", local->ToJson()},
+                                    {"pooled", pooled->ToJson()}}
+                         .dump()
+                  << "\n";
+        continue;
+      }
+      const double req = pooled->blocks_requested ? double(pooled->blocks_requested) : 1;
+      t.AddRow({std::to_string(n), routing, Fixed(local->token_hit_rate(), 3), Fixed(pooled->token_hit_rate(), 3),
+                Fixed(double(pooled->blocks_hit_remote) / req, 3), kvtier::tools::Duration(local->TtftPercentile(50)),
+                kvtier::tools::Duration(pooled->TtftPercentile(50)), kvtier::tools::Duration(local->TtftPercentile(95)),
+                kvtier::tools::Duration(pooled->TtftPercentile(95)), kvtier::FormatBytes(pooled->bytes_written_remote)});
+    }
+  }
+  if (as_json) return 0;
+  std::cout << "kvtier-replay --simulate --nodes: " << workload.description << "\n"
+            << "per node: host " << base.capacity_blocks * bt << " tokens"
+            << (base.nvme_blocks ? ", NVMe " + std::to_string(base.nvme_blocks * bt) + " tokens" : std::string())
+            << ", " << base.gpus << " GPU(s) at " << f.prefill_tflops << " TFLOP/s; shared remote tier "
+            << remote_blocks * bt << " tokens at " << f.remote_gbps << " GB/s + " << f.remote_latency_us
+            << " us, write policy " << f.write_policy << "\n";
+  t.Print(std::cout);
+  std::cout << "token hit = hit blocks / requested full blocks (prefix hits only); LOCAL: each node's own tiers;\n"
+               "POOLED: the same nodes over the shared remote tier (FROM REMOTE: the share it served); TTFT\n"
+               "on the simulated GPUs, queueing included\n";
+  return 0;
+}
 
 int RunSimulation(const kvtier::tools::Workload& workload, const SimFlags& f, uint64_t block_bytes, bool as_json) {
   kvtier::tools::SimOptions base;
@@ -78,11 +141,12 @@ int RunSimulation(const kvtier::tools::Workload& workload, const SimFlags& f, ui
   if (!f.policies.empty()) base.policies = f.policies;
   base.nvme_policy = f.nvme_policy;
   std::vector<uint64_t> capacities;
+  uint64_t remote_blocks = 0;
   for (const std::string& t : f.tiers) {
     const size_t eq = t.find('=');
     const std::string name = eq == std::string::npos ? "" : t.substr(0, eq);
-    if (name != "host" && name != "nvme") {
-      std::cerr << "kvtier-replay: --tier " << t << ": expected host=CAPACITY or nvme=CAPACITY\n";
+    if (name != "host" && name != "nvme" && name != "remote") {
+      std::cerr << "kvtier-replay: --tier " << t << ": expected host=CAPACITY, nvme=CAPACITY or remote=CAPACITY\n";
       return 2;
     }
     std::vector<uint64_t> caps;
@@ -98,11 +162,30 @@ int RunSimulation(const kvtier::tools::Workload& workload, const SimFlags& f, ui
     if (name == "host") {
       capacities.insert(capacities.end(), caps.begin(), caps.end());
     } else if (caps.size() != 1) {
-      std::cerr << "kvtier-replay: --tier " << t << ": one NVMe capacity per run\n";
+      std::cerr << "kvtier-replay: --tier " << t << ": one " << name << " capacity per run\n";
       return 2;
-    } else {
+    } else if (name == "nvme") {
       base.nvme_blocks = caps[0];
+    } else {
+      remote_blocks = caps[0];
     }
+  }
+  if (!f.nodes.empty()) {
+    if (capacities.size() != 1 || f.infinite || remote_blocks == 0) {
+      std::cerr << "kvtier-replay: --nodes needs one --tier host=CAPACITY (per node) and --tier remote=CAPACITY "
+                   "(the shared tier), and no --infinite\n";
+      return 2;
+    }
+    if (f.remote_gbps <= 0 || f.remote_latency_us < 0) {
+      std::cerr << "kvtier-replay: --remote-gbps must be positive and --remote-latency-us not negative\n";
+      return 2;
+    }
+    base.capacity_blocks = capacities[0];
+    return RunNodes(workload, f, base, remote_blocks, as_json);
+  }
+  if (remote_blocks != 0) {
+    std::cerr << "kvtier-replay: --tier remote=CAPACITY is for --nodes (a shared tier under several nodes)\n";
+    return 2;
   }
   if (capacities.empty() && !f.infinite) {
     std::cerr << "kvtier-replay: --simulate needs --tier host=CAPACITY (e.g. host=3M) or --infinite\n";
@@ -161,14 +244,18 @@ int main(int argc, char** argv) {
   CLI::App app{"kvtier-replay: replay a request trace (Mooncake JSONL) or a built-in multi-turn chat\n"
                "through a running kvtierd, storing real payloads and verifying every loaded byte."};
   app.set_version_flag("--version", KVTIER_VERSION);
-  std::string socket, trace, model = "kvtier-replay/synthetic", block_bytes_text = "64KiB";
+  std::vector<std::string> sockets;
+  std::string trace, model = "kvtier-replay/synthetic", block_bytes_text = "64KiB";
   uint32_t block_tokens = 0, sessions = 1;
   size_t limit = 0;
   double speed = 0;
   bool as_json = false, quiet = false, simulate = false;
   SimFlags sim;
   kvtier::tools::ChatOptions chat;
-  app.add_option("-s,--socket", socket, "kvtierd's socket (default: $KVTIER_SOCKET or the default run dir)");
+  app.add_option("-s,--socket", sockets,
+                 "kvtierd's socket (default: $KVTIER_SOCKET or the default run dir); repeat it to drive several "
+                 "daemons, e.g. nodes sharing a remote tier: session i uses the (i mod N)-th, so conversations "
+                 "are spread round-robin");
   app.add_option("-t,--trace", trace,
                  std::string("Mooncake-format JSONL trace (") + kvtier::tools::kTraceLimitsText +
                      "); without it, the synthetic chat workload")
@@ -203,6 +290,25 @@ int main(int argc, char** argv) {
   app.add_option("--host-gbps", sim.host_gbps, "simulate: host -> GPU bandwidth, GB/s")->capture_default_str();
   app.add_option("--nvme-gbps", sim.nvme_gbps, "simulate: NVMe read bandwidth, GB/s")->capture_default_str();
   app.add_option("--nvme-latency-us", sim.nvme_latency_us, "simulate: NVMe read latency")->capture_default_str();
+  app.add_option("--nodes", sim.nodes,
+                 "simulate: N kvtierd nodes (a comma list: one set of rows each), each with the --tier host= and "
+                 "nvme= capacities and --gpus GPUs, local-only and pooled over --tier remote=CAPACITY")
+      ->delimiter(',')
+      ->check(CLI::Range(1u, 1024u));
+  app.add_option("--routing", sim.routings,
+                 "simulate --nodes: round-robin, affinity (a conversation to one node), prefix (the node holding the "
+                 "longest prefix); a comma list (default all three)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"round-robin", "affinity", "prefix"}));
+  app.add_option("--write-policy", sim.write_policy,
+                 "simulate --nodes: what goes to the remote tier: demoted (what leaves the last local tier) or "
+                 "committed (every computed block)")
+      ->check(CLI::IsMember({"demoted", "committed"}))
+      ->capture_default_str();
+  app.add_option("--remote-gbps", sim.remote_gbps, "simulate --nodes: remote tier -> host bandwidth, GB/s")
+      ->capture_default_str();
+  app.add_option("--remote-latency-us", sim.remote_latency_us, "simulate --nodes: a remote round trip")
+      ->capture_default_str();
   app.add_flag("--drop", sim.drop, "simulate: drop host evictions instead of demoting them to NVMe");
   app.add_flag("--always-load", sim.always_load,
                "simulate: load every NVMe hit, even when recomputing it would be faster");
@@ -212,10 +318,20 @@ int main(int argc, char** argv) {
              "  kvtier-replay --trace conversation_trace.jsonl --block-bytes 32KiB\n"
              "  kvtier-replay --sessions 2 --json | jq .token_hit_rate\n"
              "  kvtier-replay --simulate --trace conversation_trace.jsonl --tier host=1M,3M,10M --infinite\n"
+             "  kvtier-replay --simulate --trace conversation_trace.jsonl --tier host=3M --tier nvme=10M "
+             "--tier remote=100M --nodes 2,4,8,16\n"
              "Exit codes: 0 ok, 1 a session failed or a loaded byte was wrong, 2 usage error, 4 the trace or "
              "--model-config is unreadable or wrong");
   KVTIER_CLI_PARSE(app, argc, argv);
 
+  if (sockets.size() > 1) {
+    if (app.count("--sessions") == 0) sessions = static_cast<uint32_t>(sockets.size());
+    if (sessions % sockets.size() != 0) {
+      std::cerr << "kvtier-replay: --sessions " << sessions << " does not spread evenly over " << sockets.size()
+                << " daemons (--socket): give a multiple of " << sockets.size() << "\n";
+      return 2;
+    }
+  }
   auto block_bytes = kvtier::ParseBytes(block_bytes_text);
   if (!block_bytes.ok() || *block_bytes == 0) {
     std::cerr << "kvtier-replay: --block-bytes: " << block_bytes.status().message() << "\n";
@@ -244,7 +360,7 @@ int main(int argc, char** argv) {
   }
 
   kvtier::tools::ReplayOptions opts;
-  opts.socket_path = socket;
+  opts.socket_paths = sockets;
   opts.sessions = sessions;
   opts.speed = speed;
   opts.progress = !quiet && !as_json;
@@ -256,7 +372,9 @@ int main(int argc, char** argv) {
   opts.ns.block_bytes = *block_bytes;
   if (opts.progress) {
     std::cerr << "kvtier-replay: " << workload.description << ", " << kvtier::FormatBytes(*block_bytes)
-              << " per block, " << sessions << " session(s)\n";
+              << " per block, " << sessions << " session(s)";
+    if (sockets.size() > 1) std::cerr << " over " << sockets.size() << " daemons";
+    std::cerr << "\n";
   }
   kvtier::tools::ReplayResult r = kvtier::tools::Replay(workload, opts);
 
@@ -282,6 +400,16 @@ int main(int argc, char** argv) {
     t.AddRow({"load p50 / p99", Fixed(r.load.PercentileUs(50), 1) + " / " + Fixed(r.load.PercentileUs(99), 1) + " us", "load + reading every byte"});
     t.AddRow({"store p50 / p99", Fixed(r.store.PercentileUs(50), 1) + " / " + Fixed(r.store.PercentileUs(99), 1) + " us", "reserve + fill + commit"});
     t.Print(std::cout);
+    if (r.per_socket.size() > 1) {
+      std::cout << "\nper daemon\n";
+      kvtier::tools::Table d({"SOCKET", "REQUESTS", "BLOCKS REQUESTED", "BLOCKS HIT", "TOKEN HIT RATE"});
+      for (const auto& p : r.per_socket) {
+        d.AddRow({kvtier::tools::Printable(p.socket), std::to_string(p.requests), std::to_string(p.blocks_requested),
+                  std::to_string(p.blocks_hit),
+                  Fixed(p.blocks_requested ? double(p.blocks_hit) / double(p.blocks_requested) : 0.0, 3)});
+      }
+      d.Print(std::cout);
+    }
   }
   if (!r.error.empty()) {
     std::cerr << "kvtier-replay: a session stopped: " << r.error << "\n";

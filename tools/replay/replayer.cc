@@ -22,12 +22,14 @@ struct Progress {
 // One engine session: its requests in arrival order.
 class SessionWorker {
  public:
-  SessionWorker(const ReplayOptions& opts, std::vector<Request*> requests, Progress* progress, uint64_t start_ns)
-      : opts_(opts), requests_(std::move(requests)), progress_(progress), start_ns_(start_ns) {}
+  SessionWorker(const ReplayOptions& opts, std::string socket, std::vector<Request*> requests, Progress* progress,
+                uint64_t start_ns)
+      : opts_(opts), socket_(std::move(socket)), requests_(std::move(requests)), progress_(progress),
+        start_ns_(start_ns) {}
 
   void Run() {
     AttachOptions ao;
-    ao.socket_path = opts_.socket_path;
+    ao.socket_path = socket_;
     ao.ns = opts_.ns;
     ao.client_name = "kvtier-replay";
     auto client = Client::Attach(ao);
@@ -132,6 +134,7 @@ class SessionWorker {
   }
 
   const ReplayOptions& opts_;
+  std::string socket_;
   std::vector<Request*> requests_;
   Progress* progress_;
   uint64_t start_ns_;
@@ -167,7 +170,16 @@ double ReplayResult::reused_token_ratio() const {
 }
 
 nlohmann::json ReplayResult::ToJson() {
+  nlohmann::json daemons = nlohmann::json::array();
+  for (const PerSocket& p : per_socket) {
+    daemons.push_back({{"socket", p.socket},
+                       {"requests", p.requests},
+                       {"blocks_requested", p.blocks_requested},
+                       {"blocks_hit", p.blocks_hit},
+                       {"token_hit_rate", p.blocks_requested ? double(p.blocks_hit) / double(p.blocks_requested) : 0.0}});
+  }
   return nlohmann::json{{"requests", requests},
+                        {"daemons", daemons},
                         {"prompt_tokens", prompt_tokens},
                         {"blocks_requested", blocks_requested},
                         {"blocks_hit", blocks_hit},
@@ -203,7 +215,10 @@ ReplayResult Replay(Workload& workload, const ReplayOptions& opts) {
   Progress progress;
   const uint64_t start = MonotonicNanos();
   std::vector<std::unique_ptr<SessionWorker>> workers;
-  for (uint32_t i = 0; i < n; ++i) workers.push_back(std::make_unique<SessionWorker>(opts, split[i], &progress, start));
+  const std::vector<std::string> sockets = opts.socket_paths.empty() ? std::vector<std::string>{""} : opts.socket_paths;
+  for (uint32_t i = 0; i < n; ++i) {
+    workers.push_back(std::make_unique<SessionWorker>(opts, sockets[i % sockets.size()], split[i], &progress, start));
+  }
   std::vector<std::thread> threads;
   for (auto& w : workers) threads.emplace_back([&w] { w->Run(); });
   const bool tty = opts.progress && isatty(2);
@@ -227,8 +242,13 @@ ReplayResult Replay(Workload& workload, const ReplayOptions& opts) {
   ReplayResult out;
   out.block_tokens = workload.block_tokens;
   out.elapsed_s = static_cast<double>(MonotonicNanos() - start) / 1e9;
-  for (auto& w : workers) {
-    ReplayResult& r = w->result();
+  for (const std::string& s : sockets) out.per_socket.push_back({.socket = s});
+  for (size_t i = 0; i < workers.size(); ++i) {
+    ReplayResult& r = workers[i]->result();
+    ReplayResult::PerSocket& ps = out.per_socket[i % sockets.size()];
+    ps.requests += r.requests;
+    ps.blocks_requested += r.blocks_requested;
+    ps.blocks_hit += r.blocks_hit;
     out.requests += r.requests;
     out.prompt_tokens += r.prompt_tokens;
     out.blocks_requested += r.blocks_requested;

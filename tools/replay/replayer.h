@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "kvtier/types.h"
 #include "nlohmann/json.hpp"
@@ -15,7 +16,10 @@
 namespace kvtier::tools {
 
 struct ReplayOptions {
-  std::string socket_path;  // empty: the default
+  // The daemons to drive: session i attaches to socket_paths[i % size]
+  // (requests go to sessions by stream, so streams are spread round-robin
+  // over the daemons). Empty: the default socket.
+  std::vector<std::string> socket_paths;
   NamespaceDescriptor ns;   // block_tokens must match the workload's
   uint32_t sessions = 1;    // engine sessions (threads), each with its own client
   double speed = 0;         // 0: as fast as possible; else arrival times / speed
@@ -42,6 +46,11 @@ struct ReplayResult {
   double elapsed_s = 0;
   std::string error;  // the first failure that stopped a session
   Latencies lookup, load, store, request;
+  struct PerSocket {
+    std::string socket;
+    uint64_t requests = 0, blocks_requested = 0, blocks_hit = 0;
+  };
+  std::vector<PerSocket> per_socket;  // one per daemon, in socket_paths' order
 
   double token_hit_rate() const;      // hit blocks / requested full blocks
   double request_hit_rate() const;    // requests reusing at least one block

@@ -1,0 +1,105 @@
+// What the simulations (--simulate, --simulate --nodes) share: a workload's
+// blocks as dense ids, and one simulated tier over them.
+#ifndef KVTIER_TOOLS_REPLAY_SIM_TIER_H_
+#define KVTIER_TOOLS_REPLAY_SIM_TIER_H_
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "core/status.h"
+#include "policies/adaptive_policy.h"
+#include "policies/belady_policy.h"
+#include "policies/chain_guard.h"
+#include "policies/eviction_policy.h"
+#include "tools/replay/workload.h"
+
+namespace kvtier::tools {
+
+struct Prepared {
+  // Per request, the dense id of each of its blocks.
+  std::vector<std::vector<uint32_t>> ids;
+  // Per request and block, the index of the next request that uses the block
+  // (BeladyPolicy::kNever: none).
+  std::vector<std::vector<uint64_t>> next_use;
+  uint32_t distinct = 0;
+  // Per block, its parent's id (UINT32_MAX: the first block of a prompt).
+  std::vector<uint32_t> parent;
+};
+
+struct KeyHash {
+  size_t operator()(const BlockKey& k) const {
+    uint64_t h;
+    std::memcpy(&h, k.bytes.data(), sizeof(h));
+    return h;
+  }
+};
+struct KeyEq {
+  bool operator()(const BlockKey& a, const BlockKey& b) const { return a.bytes == b.bytes; }
+};
+
+// with_next_use: fill next_use (for Belady).
+Prepared Prepare(const Workload& w, bool with_next_use);
+
+// One simulated tier: a policy over dense block ids and who is resident.
+struct SimTier {
+  std::unique_ptr<EvictionPolicy> owned;
+  EvictionPolicy* pol = nullptr;
+  BeladyPolicy* bel = nullptr;
+  AdaptivePolicy* adaptive = nullptr;
+  ChainGuard* guard = nullptr;  // every online policy: leaves before parents
+  const std::vector<uint32_t>* parent = nullptr;
+  std::vector<uint8_t> resident;
+  uint64_t count = 0;
+  uint64_t capacity = 0;
+
+  absl::Status Init(const std::string& policy, uint32_t distinct, uint64_t cap, const std::vector<uint32_t>& parents) {
+    parent = &parents;
+    if (policy == "belady") {
+      // No guard: a parent is used whenever its child is, so it is never
+      // needed later than the child, and ties go to the deeper block.
+      auto b = std::make_unique<BeladyPolicy>();
+      bel = b.get();
+      owned = std::move(b);
+    } else {
+      ASSIGN_OR_RETURN(std::unique_ptr<EvictionPolicy> inner, MakeEvictionPolicy(policy));
+      adaptive = dynamic_cast<AdaptivePolicy*>(inner.get());
+      if (adaptive != nullptr) adaptive->SetCapacityBlocks(cap);
+      auto g = std::make_unique<ChainGuard>(std::move(inner));
+      guard = g.get();
+      owned = std::move(g);
+    }
+    pol = owned.get();
+    resident.assign(distinct, 0);
+    capacity = cap;
+    return absl::OkStatus();
+  }
+  bool Has(uint32_t id) const { return resident[id] != 0; }
+  // position: tokens before the block in the chain it is stored with.
+  void Access(uint32_t id, uint64_t position) {
+    if (resident[id]) {
+      pol->Touch(id);
+      return;
+    }
+    if (guard != nullptr) {
+      const uint32_t par = (*parent)[id];
+      guard->InsertInChain(id, uint64_t{id} + 1, par == UINT32_MAX ? 0 : uint64_t{par} + 1, position);
+    } else {
+      pol->InsertAt(id, uint64_t{id} + 1, position);
+    }
+    resident[id] = 1;
+    ++count;
+  }
+  void Drop(uint32_t id) {
+    pol->Remove(id);
+    resident[id] = 0;
+    --count;
+  }
+};
+
+}  // namespace kvtier::tools
+
+#endif  // KVTIER_TOOLS_REPLAY_SIM_TIER_H_
