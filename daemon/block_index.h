@@ -43,7 +43,7 @@ enum class LowerState : uint8_t {
 };
 
 // Block tiers below host memory, in a chain: 0 (NVMe in the daemon) first.
-inline constexpr size_t kMaxLowerTiers = 8;
+inline constexpr size_t kMaxLowerTiers = 8;  // BlockRecord::lower has 4 bits
 
 // The most I/O references client requests (prefetches) may hold on one
 // block at once; more prefetches of it while these are in flight skip it.
@@ -71,11 +71,14 @@ struct BlockRecord {
   // Which lower tier holds lower_slot (an index into the store's chain);
   // meaningful while lower_state is not kNone. Shares a byte with `removed`
   // to keep the record at 60 bytes.
-  uint8_t lower : 6 = 0;
+  uint8_t lower : 4 = 0;
   // This node has written the block's bytes to the shared tier once
   // (write_policy "reused" or "committed"): it is not written there again.
   // Not a promise that the tier still holds it (its own eviction decides).
   bool published : 1 = false;
+  // A write of the block to the shared tier is queued or in flight: no
+  // second one is queued meanwhile (another hit, another session).
+  bool publishing : 1 = false;
   // Blocks before this one in its chain, when known (a store that follows a
   // lookup of the chain), saturating at kUnknownDepth - 1. Prices recomputation.
   uint16_t depth = kUnknownDepth;

@@ -68,6 +68,10 @@ uint32_t BlockStore::ProbeShared(SessionHoldings& s, std::span<const BlockKey> k
   // Index the run as copies in the shared lane. A key indexed meanwhile (a
   // store of another session) is left to its record: the probe after this
   // one sees whichever copy it has.
+  // No more than the lane holds: a run longer than that would evict its
+  // own first blocks to make room for its last, and a prefix needs the first.
+  const uint64_t slot_bytes = std::max<uint64_t>(lane.tier->SlotBytesFor(s.ns.block_bytes), 1);
+  run = std::min<size_t>(run, lane.tier->BlockStats().capacity_bytes / slot_bytes);
   uint32_t adopted = 0;
   MutexLock ll(&lane.mu);
   for (size_t i = 0; i < run; ++i) {
@@ -84,18 +88,23 @@ uint32_t BlockStore::ProbeShared(SessionHoldings& s, std::span<const BlockKey> k
       break;
     }
     r->lower_slot = *slot;
-    bool indexed = false;
+    bool indexed = false, other_visible = false;
     {
       BlockIndex::Shard& sh = books_.index.ShardFor(r);
       MutexLock sl(&sh.mu);
-      if (BlockIndex::Find(sh, r->ns, r->key) == nullptr) {
+      if (const BlockRecord* other = BlockIndex::Find(sh, r->ns, r->key); other == nullptr) {
         books_.index.Insert(sh, r);
         indexed = true;
+      } else {
+        other_visible = other->visible();
       }
     }
     if (!indexed) {
       books_.FreeLowerSlotLocked(lane, r, *slot);
       books_.index.FreeRecord(r);
+      // A store still being written ends the prefix a lookup can see:
+      // blocks past it would be handles no lookup reaches.
+      if (!other_visible) break;
       continue;
     }
     books_.CountRecords(r->ns, +1);
@@ -109,12 +118,14 @@ uint32_t BlockStore::ProbeShared(SessionHoldings& s, std::span<const BlockKey> k
 
 void BlockStore::QueuePublishLocked(SessionHoldings& s, BlockRecord* r) {
   // One of the shared lane's own copies is there already.
-  if (r->published || (r->lower_state != LowerState::kNone && r->lower == *shared_lane_)) return;
-  if (r->io_refs >= kMaxClientIoRefs || s.publish_pending.size() >= opts_.shared_probe_max_blocks) {
+  if (r->published || r->publishing || (r->lower_state != LowerState::kNone && r->lower == *shared_lane_)) return;
+  if (r->io_refs >= kMaxClientIoRefs || s.publish_pending.size() >= opts_.shared_probe_max_blocks ||
+      migrator_.PublishPaused()) {
     books_.stats->remote_publishes_skipped.Add();
     return;
   }
   ++r->io_refs;  // Publish takes it over
+  r->publishing = true;
   s.publish_pending.push_back(r);
 }
 

@@ -445,6 +445,21 @@ absl::StatusOr<uint32_t> BlockStore::InvalidateNamespace(SessionHoldings& s) {
 void BlockStore::CloseSession(SessionHoldings& s) {
   while (!s.tickets.empty()) (void)StoreAbort(s, s.tickets.begin()->first);
   while (!s.leases.empty()) (void)Release(s, s.leases.begin()->first);
+  // Publishes queued by the session's last reply that never went out (its
+  // completion could not be posted): their io_refs go back, or the blocks
+  // could never be evicted or freed.
+  if (!s.publish_pending.empty()) {
+    HostResidency& t = *books_.tenants[s.ns.tenant];
+    for (BlockRecord* r : s.publish_pending) {
+      {
+        BlockIndex::Shard& sh = books_.index.ShardFor(r);
+        MutexLock sl(&sh.mu);
+        r->publishing = false;
+      }
+      books_.ReleaseIoRef(t, r);
+    }
+    s.publish_pending.clear();
+  }
 }
 
 void BlockStore::Prefetch(SessionHoldings& s, std::span<const BlockKey> keys, CountCallback done) {

@@ -100,8 +100,14 @@ class Migrator {
   // how long it stays); marks r published once it landed. Takes over the
   // io_ref the caller took on r. Skipped (counted) when r is no longer a
   // ready host block, was published already, or too many such writes are
-  // in flight.
+  // in flight. Clears r->publishing.
   void Publish(HostResidency& t, BlockRecord* r, LowerLane& lane);
+  // Thread-safe. Whether publishes are paused: one failed (the cluster down,
+  // full, or refusing) within the last second, so hits do not queue copies
+  // of blocks that would fail too.
+  bool PublishPaused() const {
+    return MonotonicNanos() < publish_paused_until_ns_.load(std::memory_order_relaxed);
+  }
 
   // --- promotion (migrator_promotion.cc)
   // Brings r's lower copy into a host slot; `done(ok)` when it is there or
@@ -210,6 +216,9 @@ class Migrator {
   // host slot and a copy of its bytes in a write command).
   static constexpr uint32_t kMaxPublishing = 256;
   std::atomic<uint32_t> publishing_{0};
+  void PausePublishes();
+  std::atomic<uint64_t> publish_paused_until_ns_{0};  // MonotonicNanos
+  static constexpr uint64_t kPublishPauseNs = 1'000'000'000;
   // Last: stopped first, before anything its passes touch goes.
   Cascade cascade_;
 };

@@ -15,7 +15,15 @@ void Migrator::Publish(HostResidency& t, BlockRecord* r, LowerLane& lane) {
     MutexLock sl(&sh.mu);
     go = !r->removed && r->state == BlockState::kReady && !r->published;
     offset = r->arena_offset();
+    if (!go) r->publishing = false;
   }
+  // Clears r->publishing after a write that did not start or ended.
+  auto done_with = [this](BlockRecord* r, bool published) {
+    BlockIndex::Shard& sh = books_.index.ShardFor(r);
+    MutexLock sl(&sh.mu);
+    r->publishing = false;
+    if (published) r->published = true;
+  };
   const BlockMeta meta = books_.MetaOf(r);
   if (go && meta.payload_bytes > lane.tier->max_block_bytes()) go = false;
   if (go && publishing_.fetch_add(1, std::memory_order_relaxed) >= kMaxPublishing) {
@@ -23,15 +31,19 @@ void Migrator::Publish(HostResidency& t, BlockRecord* r, LowerLane& lane) {
     go = false;
   }
   if (!go) {
+    done_with(r, false);
     books_.stats->remote_publishes_skipped.Add();
     books_.ReleaseIoRef(t, r);
     return;
   }
-  // A handle only for the write: the tier counts it while the write is in
-  // flight and forgets it after (the value stays in the cluster).
-  absl::StatusOr<SlotHandle> slot = lane.tier->Allocate(meta.payload_bytes);
+  // A handle only for the write, not counted against the lane's capacity
+  // (which its own copies fill, evicting only on demand): the tier forgets
+  // it after the write, and the value stays in the cluster.
+  absl::StatusOr<SlotHandle> slot = lane.tier->AllocateTransient(meta.payload_bytes);
   if (!slot.ok()) {
     publishing_.fetch_sub(1, std::memory_order_relaxed);
+    done_with(r, false);
+    PausePublishes();
     books_.stats->remote_publishes_failed.Add();
     books_.ReleaseIoRef(t, r);
     return;
@@ -39,17 +51,18 @@ void Migrator::Publish(HostResidency& t, BlockRecord* r, LowerLane& lane) {
   // The io_ref keeps the host slot (and so the bytes at offset) until the
   // write has copied them; RemoteTier copies them before Write returns.
   lane.tier->Write(*slot, meta, {t.host->arena_base() + offset, meta.payload_bytes}, IoOptions{IoPriority::kDemote},
-                   [this, &t, r, &lane, slot = *slot](absl::Status s) {
+                   [this, &t, r, &lane, slot = *slot, done_with](absl::Status s) {
                      (void)lane.tier->Free(slot);
-                     if (s.ok()) {
-                       BlockIndex::Shard& sh = books_.index.ShardFor(r);
-                       MutexLock sl(&sh.mu);
-                       r->published = true;
-                     }
+                     done_with(r, s.ok());
+                     if (!s.ok()) PausePublishes();
                      (s.ok() ? books_.stats->remote_publishes : books_.stats->remote_publishes_failed).Add();
                      publishing_.fetch_sub(1, std::memory_order_relaxed);
                      books_.ReleaseIoRef(t, r);
                    });
+}
+
+void Migrator::PausePublishes() {
+  publish_paused_until_ns_.store(MonotonicNanos() + kPublishPauseNs, std::memory_order_relaxed);
 }
 
 }  // namespace kvtier

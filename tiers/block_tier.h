@@ -105,6 +105,13 @@ class BlockTier : public Tier {
   // asks it (Exists) where its own books end a lookup's hit prefix, and a
   // block it already holds is not written again.
   virtual bool shared() const { return false; }
+  // Thread-safe. A handle for one write whose value the tier keeps on its
+  // own after the write (a shared tier's value belongs to the cluster, not to
+  // this node): the caller Frees it once the write is done, and a shared
+  // tier does not count it against its capacity, so writes for other nodes
+  // never wait for this node's own handles to be evicted. Other tiers: an
+  // Allocate.
+  virtual absl::StatusOr<SlotHandle> AllocateTransient(uint64_t bytes) { return Allocate(bytes); }
   // Thread-safe. Which of `metas` the tier holds now; `done` runs once, at
   // once or on a tier thread, by deadline_ns (MonotonicNanos; 0: the
   // tier's own timeout), and an unanswered one counts as absent. A tier

@@ -171,6 +171,9 @@ absl::Status MemoryBlockTier::Execute(Op& op) {
   const bool same = LiveLocked(op.slot) && slots_[op.slot].generation == op.generation;
   if (op.write) {
     if (!same) return absl::CancelledError(absl::StrCat(opts_.name, " slot was freed during the write"));
+    if (fail_writes_.load(std::memory_order_relaxed)) {
+      return absl::UnavailableError(absl::StrCat(opts_.name, " refuses writes (a test's FailWrites)"));
+    }
     Slot& s = slots_[op.slot];
     s.data = std::move(op.src);
     s.meta = op.meta;
@@ -244,6 +247,25 @@ absl::Status MemoryBlockTier::CorruptPayload(SlotHandle slot, uint64_t offset) {
   }
   slots_[slot].data[offset] ^= std::byte{0x5a};
   return absl::OkStatus();
+}
+
+void MemoryBlockTier::Exists(std::span<const BlockMeta> metas, absl::AnyInvocable<void(std::vector<bool>) &&> done,
+                             uint64_t deadline_ns) {
+  (void)deadline_ns;
+  std::vector<bool> present(metas.size(), false);
+  if (opts_.shared) {
+    MutexLock l(&mu_);
+    for (size_t i = 0; i < metas.size(); ++i) {
+      for (const Slot& s : slots_) {
+        if (s.allocated && s.written && s.meta.ns == metas[i].ns && s.meta.key == metas[i].key &&
+            s.meta.tenant_hash == metas[i].tenant_hash && s.meta.payload_bytes == metas[i].payload_bytes) {
+          present[i] = true;
+          break;
+        }
+      }
+    }
+  }
+  std::move(done)(std::move(present));
 }
 
 void MemoryBlockTier::Pause() {

@@ -31,6 +31,10 @@ struct MemoryBlockTierOptions {
   TierKind kind = TierKind::kNvme;
   std::string name = "memory";
   uint64_t op_latency_ns = 0;   // each op takes at least this long
+  // Stands for a tier other nodes write too (shared(): the store asks it
+  // past its local prefix and publishes to it). Exists answers from the
+  // values written and not freed; a freed value is gone, unlike a cluster's.
+  bool shared = false;
 };
 
 class MemoryBlockTier final : public BlockTier {
@@ -67,6 +71,12 @@ class MemoryBlockTier final : public BlockTier {
 
   // For tests. Flips one byte of the payload in `slot` (a damaged copy).
   absl::Status CorruptPayload(SlotHandle slot, uint64_t offset);
+  // For tests. While set, every write fails (Unavailable), as a cluster
+  // that is down or full answers.
+  void FailWrites(bool fail) { fail_writes_.store(fail, std::memory_order_relaxed); }
+  bool shared() const override { return opts_.shared; }
+  void Exists(std::span<const BlockMeta> metas, absl::AnyInvocable<void(std::vector<bool>) &&> done,
+              uint64_t deadline_ns) override;
   // For tests. While paused, ops queue and do not run (deadlines pass).
   void Pause();
   void Resume();
@@ -118,6 +128,7 @@ class MemoryBlockTier final : public BlockTier {
   bool running_ ABSL_GUARDED_BY(mu_) = false;  // the worker holds an op (until its callback returned)
 
   // Counted on the tier thread, read by BlockStats without the lock.
+  std::atomic<bool> fail_writes_{false};
   std::atomic<uint64_t> reads_{0}, writes_{0}, bytes_read_{0}, bytes_written_{0}, checksum_failures_{0},
       abandoned_{0}, in_flight_{0};
   std::thread worker_;  // last: started once everything above is built

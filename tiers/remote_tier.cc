@@ -116,13 +116,22 @@ const RemoteTier::TenantLink* RemoteTier::LinkFor(uint64_t tenant_hash) const {
 }
 
 absl::StatusOr<SlotHandle> RemoteTier::Allocate(uint64_t bytes) {
+  MutexLock l(&mu_);
+  return AllocateLocked(bytes, false);
+}
+
+absl::StatusOr<SlotHandle> RemoteTier::AllocateTransient(uint64_t bytes) {
+  MutexLock l(&mu_);
+  return AllocateLocked(bytes, true);
+}
+
+absl::StatusOr<SlotHandle> RemoteTier::AllocateLocked(uint64_t bytes, bool transient) {
   if (bytes == 0 || bytes > opts_.max_block_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("a block of ", bytes, " bytes does not fit the ", opts_.name,
                                                    " tier (1 to ", opts_.max_block_bytes, " bytes)"));
   }
   const uint64_t cost = SlotBytesFor(bytes);
-  MutexLock l(&mu_);
-  if (used_bytes_ + cost > opts_.capacity_bytes) {
+  if (!transient && used_bytes_ + cost > opts_.capacity_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat("the ", opts_.name, " tier's handles are full (",
                                                      FormatBytes(opts_.capacity_bytes), ")"));
   }
@@ -135,6 +144,10 @@ absl::StatusOr<SlotHandle> RemoteTier::Allocate(uint64_t bytes) {
     s = static_cast<SlotHandle>(slot_bytes_.size());
     slot_bytes_.push_back(0);
   }
+  if (transient) {
+    slot_bytes_[s] = cost | kTransientSlot;
+    return s;
+  }
   slot_bytes_[s] = cost;
   used_bytes_ += cost;
   ++used_slots_;
@@ -146,8 +159,10 @@ absl::Status RemoteTier::Free(SlotHandle slot) {
   if (slot >= slot_bytes_.size() || slot_bytes_[slot] == 0) {
     return absl::InvalidArgumentError(absl::StrCat("slot ", slot, " of the ", opts_.name, " tier is not allocated"));
   }
-  used_bytes_ -= slot_bytes_[slot];
-  --used_slots_;
+  if ((slot_bytes_[slot] & kTransientSlot) == 0) {
+    used_bytes_ -= slot_bytes_[slot];
+    --used_slots_;
+  }
   slot_bytes_[slot] = 0;
   free_slots_.push_back(slot);
   return absl::OkStatus();
@@ -155,7 +170,7 @@ absl::Status RemoteTier::Free(SlotHandle slot) {
 
 uint64_t RemoteTier::SlotBytes(SlotHandle slot) const {
   MutexLock l(&mu_);
-  return slot < slot_bytes_.size() ? slot_bytes_[slot] : 0;
+  return slot < slot_bytes_.size() ? slot_bytes_[slot] & ~kTransientSlot : 0;
 }
 
 void RemoteTier::Began(bool write) {

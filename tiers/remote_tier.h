@@ -86,6 +86,7 @@ class RemoteTier final : public BlockTier {
   TierKind kind() const override { return opts_.kind; }
   absl::StatusOr<SlotHandle> Allocate(uint64_t bytes) override;
   absl::Status Free(SlotHandle slot) override;
+  absl::StatusOr<SlotHandle> AllocateTransient(uint64_t bytes) override;
   uint64_t SlotBytes(SlotHandle slot) const override;
   uint64_t SlotBytesFor(uint64_t payload_bytes) const override { return payload_bytes + sizeof(RemoteValueHeader); }
   using BlockTier::Read;
@@ -143,7 +144,9 @@ class RemoteTier final : public BlockTier {
   std::vector<TenantLink> tenants_;  // fixed after Create
 
   mutable Mutex mu_;
-  std::vector<uint64_t> slot_bytes_ ABSL_GUARDED_BY(mu_);  // 0: free
+  std::vector<uint64_t> slot_bytes_ ABSL_GUARDED_BY(mu_);  // 0: free; kTransientSlot: not counted
+  static constexpr uint64_t kTransientSlot = uint64_t{1} << 63;
+  absl::StatusOr<SlotHandle> AllocateLocked(uint64_t bytes, bool transient) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<SlotHandle> free_slots_ ABSL_GUARDED_BY(mu_);
   uint64_t used_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t used_slots_ ABSL_GUARDED_BY(mu_) = 0;

@@ -41,9 +41,11 @@ class BlockStoreNvmeTest : public ::testing::Test {
                                   i < quotas.size() ? quotas[i] : TenantQuota{})
                       .ok());
     }
-    if (lower_ == "memory") {
-      // The same place in the store, taken by another kind of block tier.
-      auto mem = MemoryBlockTier::Create({.capacity_bytes = 4 << 20, .max_block_bytes = 1 << 20});
+    if (lower_ == "memory" || lower_ == "shared") {
+      // The same place in the store, taken by another kind of block tier
+      // ("shared": one that stands for a tier other nodes write too).
+      auto mem = MemoryBlockTier::Create(
+          {.capacity_bytes = 4 << 20, .max_block_bytes = 1 << 20, .shared = lower_ == "shared"});
       ASSERT_TRUE(mem.ok()) << mem.status();
       memory_ = mem->get();
       auto n = store_->AttachLowerTier(std::move(*mem), {}, &namespaces_);
@@ -183,7 +185,7 @@ class BlockStoreNvmeTest : public ::testing::Test {
   std::shared_ptr<IoFaults> faults_ = std::make_shared<IoFaults>();
   std::unique_ptr<BlockStore> store_;
   uint64_t recovered_ = 0, indexed_ = 0;
-  std::string lower_ = "nvme";            // the block tier the next Open attaches: "nvme" or "memory"
+  std::string lower_ = "nvme";            // the block tier the next Open attaches: "nvme", "memory" or "shared"
   MemoryBlockTier* memory_ = nullptr;     // when lower_ is "memory", or below_
   bool below_ = false;                    // the next Open attaches a memory tier below NVMe
 };
@@ -915,6 +917,60 @@ TEST_F(BlockStoreNvmeTest, AFlushWaitsForStagingInsteadOfFailingBlocks) {
   EXPECT_EQ(OnNvme(*s, 0, 200), 0u) << "host copies stay: probes see host";
   EXPECT_EQ(store_->nvme_blocks(), 200u);
   EXPECT_EQ(stats_.writes_through.Get(), 200u) << "a write staging refused, tried again, counts once";
+}
+
+// Write policy "reused" queues a write to the shared tier for each host hit
+// of a leased lookup, holding the block until the write starts after the
+// reply. A session that ends before that (its reply could not be posted)
+// gives the blocks back: they can be evicted again.
+TEST_F(BlockStoreNvmeTest, ASessionClosedWithPublishesQueuedGivesTheirBlocksBack) {
+  lower_ = "shared";
+  Open(8);
+  store_->SetSharedPolicy(2000, SharedWrites::kReused);
+  auto s = Session();
+  Store(*s, 0, 8);
+  EXPECT_EQ(LoadVerified(*s, 0, 8), 8u);
+  store_->CloseSession(*s);  // no AfterReply: nothing went up
+  EXPECT_EQ(stats_.remote_publishes.Get() + stats_.remote_publishes_failed.Get(), 0u);
+  // The 8 blocks fill host memory; a store of 8 more must evict them all.
+  auto s2 = Session();
+  Store(*s2, 100, 8);
+  EXPECT_EQ(LoadVerified(*s2, 100, 8), 8u);
+}
+
+// Writes to the shared tier that fail (a cluster down or full) pause the
+// policy's writes for a second instead of being queued again on every hit,
+// and a block is queued once however often it is hit before its write.
+TEST_F(BlockStoreNvmeTest, FailedPublishesPauseAndABlockIsQueuedOnce) {
+  lower_ = "shared";
+  Open(8);
+  store_->SetSharedPolicy(2000, SharedWrites::kReused);
+  memory_->FailWrites(true);
+  auto s = Session();
+  Store(*s, 0, 4);
+  EXPECT_EQ(LoadVerified(*s, 0, 4), 4u);
+  EXPECT_EQ(LoadVerified(*s, 0, 4), 4u);  // hit again before the reply
+  store_->AfterReply(*s);
+  ASSERT_TRUE(testing::Eventually([&] { return stats_.remote_publishes_failed.Get() >= 4; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(stats_.remote_publishes_failed.Get(), 4u) << "each block once";
+  // Paused: hits now queue nothing.
+  const uint64_t skipped = stats_.remote_publishes_skipped.Get();
+  EXPECT_EQ(LoadVerified(*s, 0, 4), 4u);
+  store_->AfterReply(*s);
+  EXPECT_EQ(stats_.remote_publishes_skipped.Get(), skipped + 4);
+  EXPECT_EQ(stats_.remote_publishes_failed.Get(), 4u);
+  // A second later, with the tier back, the next hits write them.
+  memory_->FailWrites(false);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  EXPECT_EQ(LoadVerified(*s, 0, 4), 4u);
+  store_->AfterReply(*s);
+  ASSERT_TRUE(testing::Eventually([&] { return stats_.remote_publishes.Get() >= 4; }));
+  EXPECT_EQ(LoadVerified(*s, 0, 4), 4u);
+  store_->AfterReply(*s);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(stats_.remote_publishes.Get(), 4u) << "published blocks are not written again";
+  EXPECT_EQ(stats_.remote_publishes_failed.Get(), 4u);
 }
 
 }  // namespace

@@ -44,10 +44,10 @@ std::string PasswordFile(const testing::TempDir& dir, const std::string& tenant,
 // A node without NVMe: host memory, then the cluster. Our uid is `tenant`.
 std::string NodeConfig(const RedisClusterProcess& c, const testing::TempDir& dir, const std::string& tenant,
                        const std::string& write_policy, uint32_t budget_us = 200000,
-                       const std::string& extra = "") {
+                       const std::string& extra = "", const std::string& remote_extra = "") {
   return absl::StrCat(extra, "[tiers.host]\ncapacity = \"8MiB\"\n[tiers.remote]\nseeds = [", Seeds(c),
                       "]\nop_timeout_ms = 2000\nprobe_budget_us = ", budget_us, "\nwrite_policy = \"", write_policy,
-                      "\"\n[[tenants]]\nname = \"", tenant, "\"\nuids = [", getuid(), "]\nremote_user = \"",
+                      "\"\n", remote_extra, "[[tenants]]\nname = \"", tenant, "\"\nuids = [", getuid(), "]\nremote_user = \"",
                       c.user(tenant), "\"\nremote_password_file = \"",
                       PasswordFile(dir, tenant, c.password(tenant)), "\"\n");
 }
@@ -261,6 +261,43 @@ TEST(RemoteSharingTest, SighupChangesTheProbeBudgetAndTheWritePolicy) {
                                   std::chrono::seconds(10)))
       << b.Log();
   EXPECT_EQ(HitAndLoad(*cb, keys), (std::pair<uint32_t, uint32_t>{8, 8}));
+}
+
+// The handles a node keeps on the cluster's blocks (tiers.remote.capacity)
+// fill with what its lookups found there and are evicted only on demand;
+// writes for other nodes must not wait for them. Node B's handles hold 4
+// blocks; it finds A's 12 in the cluster, then commits 10 of its own with
+// "committed": all 10 go up, once each, and A loads them.
+TEST(RemoteSharingTest, PublishesDoNotWaitForTheNodesOwnHandles) {
+  auto cluster = RedisClusterProcess::Start({"alice"});
+  if (cluster == nullptr) GTEST_SKIP() << "redis-server is not installed";
+  testing::TempDir secrets;
+  DaemonProcess a(NodeConfig(*cluster, secrets, "alice", "committed"));
+  DaemonProcess b(NodeConfig(*cluster, secrets, "alice", "committed", 200000, "", "capacity = \"300KiB\"\n"));
+  ASSERT_TRUE(a.Start().ok()) << a.Log();
+  ASSERT_TRUE(b.Start().ok()) << b.Log();
+  auto ca = testing::AttachTo(a.socket_path(), testing::TestNamespace(kBlock, "remote/handles"));
+  auto cb = testing::AttachTo(b.socket_path(), testing::TestNamespace(kBlock, "remote/handles"));
+  const std::vector<BlockKey> from_a = testing::SeededKeys(*ca, 21, 12);
+  ASSERT_TRUE(testing::StoreFilled(*ca, from_a).ok());
+  ASSERT_TRUE(testing::Eventually([&] { return Remote(a, "publishes") >= 12; }, std::chrono::seconds(20)))
+      << Remote(a).dump();
+  // B probes A's chain: its handles fill with what it found.
+  auto found = cb->Lookup(from_a);
+  ASSERT_TRUE(found.ok());
+  EXPECT_GE(found->hit_blocks, 3u);
+  const nlohmann::json before = Remote(b);
+  EXPECT_GE(before.value("used_bytes", uint64_t{0}) * 4 / 3, before.value("capacity_bytes", uint64_t{1}))
+      << "B's handles are (nearly) full: " << before.dump();
+
+  const std::vector<BlockKey> from_b = testing::SeededKeys(*cb, 22, 10);
+  ASSERT_TRUE(testing::StoreFilled(*cb, from_b).ok());
+  ASSERT_TRUE(testing::Eventually([&] { return Remote(b, "publishes") >= 10; }, std::chrono::seconds(20)))
+      << Remote(b).dump();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(Remote(b, "publishes"), 10u) << "once each";
+  EXPECT_EQ(Remote(b, "publishes_failed"), 0u) << Remote(b).dump();
+  EXPECT_EQ(HitAndLoad(*ca, from_b), (std::pair<uint32_t, uint32_t>{10, 10}));
 }
 
 }  // namespace
