@@ -19,7 +19,17 @@ uint32_t BlockStore::ProbeShared(SessionHoldings& s, std::span<const BlockKey> k
   if (s.ns.block_bytes == 0 || s.ns.block_bytes > lane.tier->max_block_bytes()) return 0;
   const size_t n = std::min<size_t>(keys.size() - from, opts_.shared_probe_max_blocks);
   if (n == 0) return 0;
-  const uint64_t tenant_hash = books_.tenants[s.ns.tenant]->hash;
+  HostResidency& tenant = *books_.tenants[s.ns.tenant];
+  if (tenant.shared_probes.fetch_add(1, std::memory_order_relaxed) >= HostResidency::kMaxSharedProbesPerTenant) {
+    tenant.shared_probes.fetch_sub(1, std::memory_order_relaxed);
+    books_.stats->remote_probes_busy.Add();
+    return 0;  // a miss past the local prefix, as if the cluster were slow
+  }
+  struct Done {
+    std::atomic<uint32_t>& n;
+    ~Done() { n.fetch_sub(1, std::memory_order_relaxed); }
+  } done_probing{tenant.shared_probes};
+  const uint64_t tenant_hash = tenant.hash;
   std::vector<BlockMeta> metas(n);
   for (size_t i = 0; i < n; ++i) {
     metas[i] = BlockMeta{.ns = s.ns.id, .key = keys[from + i], .payload_bytes = s.ns.block_bytes,

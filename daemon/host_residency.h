@@ -103,6 +103,11 @@ class HostResidency {
   absl::flat_hash_map<BlockRecord*, std::vector<absl::AnyInvocable<void(bool) &&>>> loading ABSL_GUARDED_BY(mu);
   std::atomic<uint64_t> pinned{0};
   std::atomic<uint64_t> evictions{0};
+  // Lookups of this tenant waiting on the shared tier now (BlockStore::
+  // ProbeShared): at most kMaxSharedProbesPerTenant, so one tenant's
+  // sessions cannot flood the cluster every node shares.
+  std::atomic<uint32_t> shared_probes{0};
+  static constexpr uint32_t kMaxSharedProbesPerTenant = 8;
 
  private:
   const std::string policy_;

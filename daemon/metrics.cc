@@ -268,10 +268,12 @@ std::string PrometheusText(const StatusSnapshot& s) {
     w.Sample("kvtier_remote_probe_blocks_total", "result=\"asked\"", double(st.remote_probe_blocks.Get()));
     w.Sample("kvtier_remote_probe_blocks_total", "result=\"found\"", double(st.remote_probe_found.Get()));
     w.Family("kvtier_remote_probes_total", "counter",
-             "Lookups that asked the shared tier (late: no answer within tiers.remote.probe_budget_us).");
+             "Lookups that asked the shared tier (late: no answer within tiers.remote.probe_budget_us; busy: not "
+             "asked, the tenant had 8 lookups waiting on it already).");
     w.Sample("kvtier_remote_probes_total", "result=\"answered\"",
              double(st.remote_probes.Get() - std::min(st.remote_probes.Get(), st.remote_probes_late.Get())));
     w.Sample("kvtier_remote_probes_total", "result=\"late\"", double(st.remote_probes_late.Get()));
+    w.Sample("kvtier_remote_probes_total", "result=\"busy\"", double(st.remote_probes_busy.Get()));
     w.Family("kvtier_remote_publishes_total", "counter",
              "Blocks written to the shared tier on its write policy (skipped: published already or too many in "
              "flight), and cascade moves into it that found the block there already (avoided).");

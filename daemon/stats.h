@@ -146,6 +146,7 @@ struct DaemonStats {
   // published, or too many in flight) and failed; cascade moves into it
   // that found the block already there and wrote nothing.
   Counter remote_probes, remote_probe_blocks, remote_probe_found, remote_probes_late;
+  Counter remote_probes_busy;  // not asked: the tenant had kMaxSharedProbesPerTenant waiting
   Counter remote_publishes, remote_publishes_skipped, remote_publishes_failed, remote_writes_avoided;
   // Engine KV caches: registrations (and refusals), daemon-driven gathers
   // (stores) and scatters (loads) with them, and device work that failed.

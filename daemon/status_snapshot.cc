@@ -137,6 +137,7 @@ json LowerJson(const StatusSnapshot::Lower& l, const DaemonStats& s) {
         {"probe_blocks", s.remote_probe_blocks.Get()},
         {"probe_found", s.remote_probe_found.Get()},
         {"probes_late", s.remote_probes_late.Get()},
+        {"probes_busy", s.remote_probes_busy.Get()},
         {"probe_latency", HistogramJson(s.remote_probe_latency.Get())},
         {"publishes", s.remote_publishes.Get()},
         {"publishes_skipped", s.remote_publishes_skipped.Get()},

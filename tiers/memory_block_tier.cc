@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "core/units.h"
@@ -252,6 +253,8 @@ absl::Status MemoryBlockTier::CorruptPayload(SlotHandle slot, uint64_t offset) {
 void MemoryBlockTier::Exists(std::span<const BlockMeta> metas, absl::AnyInvocable<void(std::vector<bool>) &&> done,
                              uint64_t deadline_ns) {
   (void)deadline_ns;
+  // A round trip of op_latency_ns, taken on the caller's thread.
+  if (opts_.op_latency_ns > 0) std::this_thread::sleep_for(std::chrono::nanoseconds(opts_.op_latency_ns));
   std::vector<bool> present(metas.size(), false);
   if (opts_.shared) {
     MutexLock l(&mu_);

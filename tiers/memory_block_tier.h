@@ -33,7 +33,8 @@ struct MemoryBlockTierOptions {
   uint64_t op_latency_ns = 0;   // each op takes at least this long
   // Stands for a tier other nodes write too (shared(): the store asks it
   // past its local prefix and publishes to it). Exists answers from the
-  // values written and not freed; a freed value is gone, unlike a cluster's.
+  // values written and not freed (after op_latency_ns, on the caller's
+  // thread); a freed value is gone, unlike a cluster's.
   bool shared = false;
 };
 

@@ -44,8 +44,10 @@ class BlockStoreNvmeTest : public ::testing::Test {
     if (lower_ == "memory" || lower_ == "shared") {
       // The same place in the store, taken by another kind of block tier
       // ("shared": one that stands for a tier other nodes write too).
-      auto mem = MemoryBlockTier::Create(
-          {.capacity_bytes = 4 << 20, .max_block_bytes = 1 << 20, .shared = lower_ == "shared"});
+      auto mem = MemoryBlockTier::Create({.capacity_bytes = 4 << 20,
+                                          .max_block_bytes = 1 << 20,
+                                          .op_latency_ns = memory_latency_ns_,
+                                          .shared = lower_ == "shared"});
       ASSERT_TRUE(mem.ok()) << mem.status();
       memory_ = mem->get();
       auto n = store_->AttachLowerTier(std::move(*mem), {}, &namespaces_);
@@ -188,6 +190,7 @@ class BlockStoreNvmeTest : public ::testing::Test {
   std::string lower_ = "nvme";            // the block tier the next Open attaches: "nvme", "memory" or "shared"
   MemoryBlockTier* memory_ = nullptr;     // when lower_ is "memory", or below_
   bool below_ = false;                    // the next Open attaches a memory tier below NVMe
+  uint64_t memory_latency_ns_ = 0;        // the "memory"/"shared" tier's op latency
 };
 
 // The NVMe tier is shared; a tenant's nvme_bytes quota bounds its share.
@@ -917,6 +920,41 @@ TEST_F(BlockStoreNvmeTest, AFlushWaitsForStagingInsteadOfFailingBlocks) {
   EXPECT_EQ(OnNvme(*s, 0, 200), 0u) << "host copies stay: probes see host";
   EXPECT_EQ(store_->nvme_blocks(), 200u);
   EXPECT_EQ(stats_.writes_through.Get(), 200u) << "a write staging refused, tried again, counts once";
+}
+
+// One tenant's lookups wait on the shared tier 8 at a time at most: the
+// rest answer from the local tiers at once (a counted "busy"), so a tenant's
+// sessions cannot flood the cluster all nodes share.
+TEST_F(BlockStoreNvmeTest, ATenantHasAtMostEightLookupsWaitingOnTheSharedTier) {
+  lower_ = "shared";
+  memory_latency_ns_ = 400'000'000;  // each probe's round trip
+  Open(8);
+  store_->SetSharedPolicy(2'000'000, SharedWrites::kDemoted);
+  constexpr int kSessions = 12;
+  std::vector<std::unique_ptr<SessionHoldings>> sessions;
+  for (int i = 0; i < kSessions; ++i) sessions.push_back(Session());
+  std::atomic<int> ready{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kSessions; ++i) {
+    threads.emplace_back([&, i] {
+      ready.fetch_add(1);
+      while (ready.load() < kSessions) std::this_thread::yield();
+      std::vector<BlockKey> keys{KeyOf(1000 + i), KeyOf(2000 + i)};
+      std::vector<BlockLocation> out(keys.size());
+      uint64_t lease;
+      auto hit = store_->Lookup(*sessions[i], keys, false, &lease, std::span(out));
+      EXPECT_TRUE(hit.ok() && *hit == 0);
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(stats_.remote_probes.Get(), 8u);
+  EXPECT_EQ(stats_.remote_probes_busy.Get(), uint64_t{kSessions - 8});
+  // Once they are answered, the next lookup asks again.
+  std::vector<BlockKey> keys{KeyOf(3000)};
+  std::vector<BlockLocation> out(1);
+  uint64_t lease;
+  ASSERT_TRUE(store_->Lookup(*sessions[0], keys, false, &lease, std::span(out)).ok());
+  EXPECT_EQ(stats_.remote_probes.Get(), 9u);
 }
 
 // Write policy "reused" queues a write to the shared tier for each host hit

@@ -151,7 +151,7 @@ void PrintRemote(const json& t, bool nodes = true) {
             << Num(r, "probe_budget_us") << " us, " << Num(c, "slots_covered") << " of 16384 slots covered, "
             << Str(t, "health") << "\n"
             << "  probes " << Num(r, "probes") << " (blocks asked " << Num(r, "probe_blocks") << ", found "
-            << Num(r, "probe_found") << ", late " << Num(r, "probes_late") << ", median "
+            << Num(r, "probe_found") << ", late " << Num(r, "probes_late") << ", busy " << Num(r, "probes_busy") << ", median "
             << HistogramQuantile(At(r, "probe_latency"), 0.5) << ")  hits loaded " << Num(r, "hits_loaded")
             << ", reads " << Num(t, "reads") << " (median "
             << HistogramQuantile(At(r, "read_latency"), 0.5) << ")\n"
