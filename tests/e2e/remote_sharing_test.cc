@@ -15,6 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 #include <httplib.h>
+#include "core/units.h"
 #include "kvtier/client.h"
 #include "tests/support/client_helpers.h"
 #include "tests/support/redis_cluster_process.h"
@@ -261,6 +262,100 @@ TEST(RemoteSharingTest, SighupChangesTheProbeBudgetAndTheWritePolicy) {
                                   std::chrono::seconds(10)))
       << b.Log();
   EXPECT_EQ(HitAndLoad(*cb, keys), (std::pair<uint32_t, uint32_t>{8, 8}));
+}
+
+// A primary killed under traffic, seen from a node: while the cluster fails
+// over, node B's lookups of what node A computed are misses within the probe
+// budget and its loads fail within the op deadline, its own blocks keep
+// being served from its host tier at local speed, and no loaded byte is
+// wrong; after the failover the cluster's blocks are hits again.
+TEST(RemoteSharingTest, APrimaryKilledUnderTrafficCostsMissesNeverWrongBytesAndLocalTiersServe) {
+  auto cluster = RedisClusterProcess::Start({"alice"});
+  if (cluster == nullptr) GTEST_SKIP() << "redis-server is not installed";
+  testing::TempDir secrets;
+  constexpr uint32_t kBudgetUs = 100000;
+  DaemonProcess a(NodeConfig(*cluster, secrets, "alice", "committed"));
+  DaemonProcess b(NodeConfig(*cluster, secrets, "alice", "demoted", kBudgetUs));
+  ASSERT_TRUE(a.Start().ok()) << a.Log();
+  ASSERT_TRUE(b.Start().ok()) << b.Log();
+  auto ca = testing::AttachTo(a.socket_path(), testing::TestNamespace(kBlock, "remote/failover"));
+  auto cb = testing::AttachTo(b.socket_path(), testing::TestNamespace(kBlock, "remote/failover"));
+  // A computes 60 chains of 3 blocks; B its own 16.
+  constexpr int kChains = 60;
+  std::vector<std::vector<BlockKey>> chains;
+  for (int i = 0; i < kChains; ++i) {
+    chains.push_back(testing::SeededKeys(*ca, 100 + i, 3));
+    ASSERT_TRUE(testing::StoreFilled(*ca, chains.back()).ok());
+  }
+  ASSERT_TRUE(testing::Eventually([&] { return Remote(a, "publishes") >= 3 * kChains; }, std::chrono::seconds(30)))
+      << Remote(a).dump();
+  const std::vector<BlockKey> own = testing::SeededKeys(*cb, 99, 16);
+  ASSERT_TRUE(testing::StoreFilled(*cb, own).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the replicas copy
+
+  // Hit, loaded, loaded with their own bytes; the lookup's and the load's times.
+  struct Got {
+    uint32_t hit = 0, loaded = 0, correct = 0;
+    uint64_t lookup_ns = 0, load_ns = 0;
+  };
+  auto get = [](Client& c, std::span<const BlockKey> keys) {
+    Got g;
+    uint64_t t0 = MonotonicNanos();
+    auto r = c.Lookup(keys, {.lease = true});
+    g.lookup_ns = MonotonicNanos() - t0;
+    if (!r.ok() || r->hit_blocks == 0) return g;
+    g.hit = r->hit_blocks;
+    t0 = MonotonicNanos();
+    auto v = c.Load(r->lease, keys.first(r->hit_blocks));
+    g.load_ns = MonotonicNanos() - t0;
+    if (v.ok()) {
+      g.loaded = static_cast<uint32_t>(v->size());
+      for (size_t i = 0; i < v->size(); ++i) g.correct += testing::MatchesKey(keys[i], {(*v)[i].data, (*v)[i].size});
+    }
+    (void)c.Release(r->lease);
+    return g;
+  };
+
+  ASSERT_TRUE(cluster->Kill(0));
+  uint32_t missed = 0, fully_hit = 0;
+  uint64_t slowest_lookup = 0, slowest_load = 0, slowest_local = 0;
+  int next = 0;
+  const uint64_t start = MonotonicNanos();
+  while (next < kChains - 10 && MonotonicNanos() - start < 8'000'000'000ull) {
+    const Got local = get(*cb, own);
+    EXPECT_EQ(local.hit, 16u);
+    EXPECT_EQ(local.correct, 16u) << "B's own blocks are served from its host tier throughout";
+    slowest_local = std::max(slowest_local, local.lookup_ns + local.load_ns);
+    const Got g = get(*cb, chains[next++]);
+    EXPECT_EQ(g.correct, g.loaded) << "a wrong byte was served";
+    (g.loaded == 3 ? fully_hit : missed) += 1;
+    slowest_lookup = std::max(slowest_lookup, g.lookup_ns);
+    slowest_load = std::max(slowest_load, g.load_ns);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_GT(missed, 0u) << "the dead primary's slots missed while it failed over";
+  // A probe waits at most its budget; a load at most the op deadline and one
+  // reply timeout (plus scheduling on a busy machine).
+  EXPECT_LT(slowest_lookup, uint64_t{kBudgetUs} * 1000 + 400'000'000ull);
+  EXPECT_LT(slowest_load, 4'000'000'000ull);
+  EXPECT_LT(slowest_local, 200'000'000ull) << "local hits never wait on the cluster";
+  // After the failover, the chains not asked for yet are hits again.
+  bool healed = false;
+  const uint64_t heal_start = MonotonicNanos();
+  while (!healed && next < kChains && MonotonicNanos() - heal_start < 20'000'000'000ull) {
+    const Got g = get(*cb, chains[next++]);
+    EXPECT_EQ(g.correct, g.loaded) << "a wrong byte was served";
+    healed = g.loaded == 3;
+    if (!healed) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  }
+  ASSERT_TRUE(healed) << Remote(b).dump();
+  for (; next < kChains; ++next) {
+    const Got g = get(*cb, chains[next]);
+    EXPECT_EQ(g.correct, 3u) << "chain " << next << " after the failover\n" << Remote(b).dump();
+  }
+  std::cerr << "failover on node B: " << fully_hit << " chains hit, " << missed << " missed; slowest lookup "
+            << slowest_lookup / 1000000 << " ms, load " << slowest_load / 1000000 << " ms, local "
+            << slowest_local / 1000000 << " ms\n";
 }
 
 // The handles a node keeps on the cluster's blocks (tiers.remote.capacity)
