@@ -508,20 +508,23 @@ TEST(ToolsTest, TheAdminSocketRefusesAnotherUser) {
   EXPECT_NE(d.Log().find("event=admin_refused uid=65534"), std::string::npos) << d.Log();
 }
 
+// Request 1: 3 full blocks (+10 tokens); request 2 shares blocks 1, 2;
+// request 3 repeats request 1 exactly; hash_ids beyond the full blocks (the
+// partial tail) are never cached. Returns the file's path.
+std::string HandMadeTrace(const testing::TempDir& dir) {
+  const std::string trace = dir.File("t.jsonl");
+  std::ofstream f(trace);
+  f << R"({"timestamp": 0, "input_length": 1546, "output_length": 5, "hash_ids": [1, 2, 3, 99]})" << "\n";
+  f << R"({"timestamp": 10, "input_length": 2048, "output_length": 5, "hash_ids": [1, 2, 4, 5]})" << "\n";
+  f << R"({"timestamp": 20, "input_length": 1546, "output_length": 5, "hash_ids": [1, 2, 3, 99]})" << "\n";
+  return trace;
+}
+
 TEST(ToolsTest, ReplayOfAHandMadeTraceGivesTheHandComputedRates) {
   testing::DaemonProcess d;
   ASSERT_TRUE(d.Start().ok());
   testing::TempDir dir;
-  const std::string trace = dir.File("t.jsonl");
-  {
-    std::ofstream f(trace);
-    // Request 1: 3 full blocks (+10 tokens); request 2 shares blocks 1, 2;
-    // request 3 repeats request 1 exactly; hash_ids beyond the full blocks
-    // (the partial tail) are never cached.
-    f << R"({"timestamp": 0, "input_length": 1546, "output_length": 5, "hash_ids": [1, 2, 3, 99]})" << "\n";
-    f << R"({"timestamp": 10, "input_length": 2048, "output_length": 5, "hash_ids": [1, 2, 4, 5]})" << "\n";
-    f << R"({"timestamp": 20, "input_length": 1546, "output_length": 5, "hash_ids": [1, 2, 3, 99]})" << "\n";
-  }
+  const std::string trace = HandMadeTrace(dir);
   Output o = RunCommand(Tool("kvtier-replay") + " --socket " + d.socket_path() + " --trace " + trace +
                  " --block-bytes 8KiB --json");
   ASSERT_EQ(o.exit_code, 0) << o.out;
@@ -551,13 +554,7 @@ TEST(ToolsTest, ReplayOverTwoDaemonsSpreadsRequestsRoundRobin) {
   ASSERT_TRUE(a.Start().ok()) << a.Log();
   ASSERT_TRUE(b.Start().ok()) << b.Log();
   testing::TempDir dir;
-  const std::string trace = dir.File("t.jsonl");
-  {
-    std::ofstream f(trace);
-    f << R"({"timestamp": 0, "input_length": 1546, "output_length": 5, "hash_ids": [1, 2, 3, 99]})" << "\n";
-    f << R"({"timestamp": 10, "input_length": 2048, "output_length": 5, "hash_ids": [1, 2, 4, 5]})" << "\n";
-    f << R"({"timestamp": 20, "input_length": 1546, "output_length": 5, "hash_ids": [1, 2, 3, 99]})" << "\n";
-  }
+  const std::string trace = HandMadeTrace(dir);
   const std::string replay = Tool("kvtier-replay") + " --socket " + a.socket_path() + " --socket " + b.socket_path() +
                              " --trace " + trace + " --block-bytes 8KiB";
   Output o = RunCommand(replay + " --json");

@@ -13,11 +13,7 @@
 namespace kvtier::tools {
 
 double NodesSimRow::TtftPercentile(double pct) const {
-  if (ttft_s.empty()) return 0;
-  std::vector<double> v = ttft_s;
-  const size_t k = std::min(v.size() - 1, static_cast<size_t>(pct / 100.0 * double(v.size())));
-  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), v.end());
-  return v[k];
+  return TtftPercentileOf(ttft_s, pct);
 }
 
 nlohmann::json NodesSimRow::ToJson() const {

@@ -3,6 +3,7 @@
 #ifndef KVTIER_TOOLS_REPLAY_SIM_TIER_H_
 #define KVTIER_TOOLS_REPLAY_SIM_TIER_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -18,6 +19,14 @@
 #include "tools/replay/workload.h"
 
 namespace kvtier::tools {
+
+// The pct-th percentile of a simulation's TTFTs (0 for none).
+inline double TtftPercentileOf(std::vector<double> v, double pct) {
+  if (v.empty()) return 0;
+  const size_t k = std::min(v.size() - 1, static_cast<size_t>(pct / 100.0 * double(v.size())));
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), v.end());
+  return v[k];
+}
 
 struct Prepared {
   // Per request, the dense id of each of its blocks.

@@ -45,11 +45,7 @@ Prepared Prepare(const Workload& w, bool with_next_use) {
 
 
 double SimRow::TtftPercentile(double pct) const {
-  if (ttft_s.empty()) return 0;
-  std::vector<double> v = ttft_s;
-  const size_t k = std::min(v.size() - 1, static_cast<size_t>(pct / 100.0 * double(v.size())));
-  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), v.end());
-  return v[k];
+  return TtftPercentileOf(ttft_s, pct);
 }
 
 nlohmann::json SimRow::ToJson() const {
