@@ -7,20 +7,14 @@
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "tests/support/test_support.h"
 
 namespace kvtier {
 namespace {
 
 using std::chrono::milliseconds;
 
-template <typename Pred>
-bool Eventually(Pred pred) {
-  for (int i = 0; i < 500; ++i) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(milliseconds(10));
-  }
-  return pred();
-}
+using testing::Eventually;
 
 TEST(BackgroundLoopTest, AWakeRunsAPassLongBeforeThePeriod) {
   BackgroundLoop loop;

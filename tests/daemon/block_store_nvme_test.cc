@@ -431,9 +431,7 @@ TEST_F(BlockStoreNvmeTest, BackgroundReclaimDemotesAndTheBytesComeBack) {
   // Victims are counted when chosen; their slots go once their demotion
   // copies are done (outside the lock), so wait for both (a CI run under
   // ASan once looked in between).
-  for (int i = 0; i < 500 && (stats_.evictions_background.Get() < 4 || store_->Usage()[0].blocks > 4); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  testing::Eventually([&] { return stats_.evictions_background.Get() >= 4 && store_->Usage()[0].blocks <= 4; });
   SyncNvme();
   EXPECT_EQ(stats_.evictions_background.Get(), 4u);
   EXPECT_EQ(stats_.demotions.Get(), 4u);
@@ -444,9 +442,7 @@ TEST_F(BlockStoreNvmeTest, BackgroundReclaimDemotesAndTheBytesComeBack) {
   EXPECT_EQ(tiers, std::vector<TierKind>(4, TierKind::kNvme));
   // Fill it to the brim in one go, repeatedly: stores and the reclaimer race.
   for (uint64_t i = 0; i < 20; ++i) Store(*s, 100 + 5 * i, 5);
-  for (int i = 0; i < 500 && store_->Usage()[0].blocks > 7; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  testing::Eventually([&] { return store_->Usage()[0].blocks <= 7; });
   SyncNvme();
   EXPECT_LE(store_->Usage()[0].blocks, 7u) << "at or below the high mark once stores stop";
   EXPECT_EQ(stats_.evictions_dropped.Get(), 0u) << "every eviction was demoted";

@@ -30,15 +30,6 @@ class BlockStoreTest : public ::testing::Test {
     }
     store_->StartBackgroundReclaim();
   }
-  // Waits up to 5 s for pred.
-  template <typename Pred>
-  bool Eventually(Pred pred) {
-    for (int i = 0; i < 500; ++i) {
-      if (pred()) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    return pred();
-  }
   std::unique_ptr<SessionHoldings> Session(uint32_t ns_handle = 0, uint16_t tenant = 0) {
     auto s = std::make_unique<SessionHoldings>();
     s->ns.handle = ns_handle;
@@ -416,7 +407,7 @@ TEST_F(BlockStoreTest, BackgroundReclaimKeepsRoomBetweenTheWatermarks) {
   std::this_thread::sleep_for(std::chrono::milliseconds(250));                  // two polls of the thread
   EXPECT_EQ(stats_.evictions.Get(), 0u);
   ASSERT_TRUE(Store(*s, Keys(15, 2)).ok());  // 85%
-  ASSERT_TRUE(Eventually([&] { return store_->Usage()[0].blocks <= 10; })) << store_->Usage()[0].blocks;
+  ASSERT_TRUE(testing::Eventually([&] { return store_->Usage()[0].blocks <= 10; })) << store_->Usage()[0].blocks;
   EXPECT_EQ(store_->Usage()[0].blocks, 10u) << "down to the low mark, not further";
   EXPECT_EQ(stats_.evictions_background.Get(), 7u);
   EXPECT_EQ(stats_.evictions.Get(), 7u);
@@ -437,7 +428,7 @@ TEST_F(BlockStoreTest, BackgroundReclaimSkipsPinnedBlocks) {
   uint64_t lease;
   ASSERT_EQ(Hit(*s, Keys(0, 4), true, &lease), 4u);
   ASSERT_TRUE(Store(*s, Keys(10, 4)).ok());  // 80%
-  ASSERT_TRUE(Eventually([&] { return stats_.evictions_background.Get() == 4; }));
+  ASSERT_TRUE(testing::Eventually([&] { return stats_.evictions_background.Get() == 4; }));
   std::this_thread::sleep_for(std::chrono::milliseconds(250));
   EXPECT_EQ(stats_.evictions_background.Get(), 4u) << "only the unpinned blocks could go";
   EXPECT_EQ(Hit(*s, Keys(0, 4)), 4u);
@@ -487,7 +478,7 @@ TEST_F(BlockStoreTest, ReloadedWatermarksAndQuotasTakeEffectWhileRunning) {
   EXPECT_FALSE(store_->SetWatermarks(0.5, 0.6).ok()) << "low above high";
   EXPECT_FALSE(store_->SetWatermarks(1.5, 0.6).ok());
   ASSERT_TRUE(store_->SetWatermarks(0.7, 0.5).ok());
-  ASSERT_TRUE(Eventually([&] { return store_->Usage()[0].blocks <= 10; })) << store_->Usage()[0].blocks;
+  ASSERT_TRUE(testing::Eventually([&] { return store_->Usage()[0].blocks <= 10; })) << store_->Usage()[0].blocks;
   EXPECT_EQ(stats_.evictions_background.Get(), 6u);
   // Watermarks apply to a token quota too: off again, so that the quota
   // below is what evicts.

@@ -148,17 +148,21 @@ TEST(CostTrackerTest, EachLowerTierIsPricedAtItsOwnMeasuredSpeed) {
 // prior, so the tier is tried again.
 TEST(CostTrackerTest, ALowerTierMeasuredSlowIsTriedAgainOnceItsFitIsStale) {
   const uint64_t block = 512 * kKvPerToken;
-  CostTracker c({.nvme_prior = TierSpeed{10e9, 100e-6}, .lower_fit_stale_ns = 50'000'000});
-  for (int i = 0; i < 50; ++i) c.RecordRead(1, block, 0.5);
+  // Stale after a second: far longer than a loaded machine takes between
+  // two lines of this test, so "just measured" is never already stale.
+  CostTracker c({.nvme_prior = TierSpeed{10e9, 100e-6}, .lower_fit_stale_ns = 1'000'000'000});
+  for (int i = 0; i < 50; ++i) {
+    c.RecordRead(1, block, 0.5);
+    c.RecordRead(0, block, 0.5);
+  }
   EXPECT_TRUE(c.RecomputeBeats(1, 0, 512, block, 1)) << "just measured slow";
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_TRUE(c.RecomputeBeats(0, 0, 512, block, 1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
   EXPECT_FALSE(c.RecomputeBeats(1, 0, 512, block, 1)) << "stale: priced at its prior again";
+  // NVMe's fit never goes stale: calibration reads keep it fresh instead.
+  EXPECT_TRUE(c.RecomputeBeats(0, 0, 512, block, 1));
   c.RecordRead(1, block, 0.5);
   EXPECT_TRUE(c.RecomputeBeats(1, 0, 512, block, 1)) << "a fresh read brings the fit back";
-  // NVMe's fit never goes stale: calibration reads keep it fresh instead.
-  for (int i = 0; i < 50; ++i) c.RecordRead(0, block, 0.5);
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  EXPECT_TRUE(c.RecomputeBeats(0, 0, 512, block, 1));
 }
 
 // The lock-out: measured slow once, the tier loses every decision, nothing

@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <future>
 #include <thread>
 
 #include <httplib.h>
@@ -143,6 +144,21 @@ uint64_t TenantNvmeBytes(const DaemonProcess& d, const std::string& tenant) {
     if (t["name"] == tenant) return t["nvme_bytes"].get<uint64_t>();
   }
   return 0;
+}
+
+// The NVMe tier has nothing left to write: no write queued or in flight,
+// and every block charged to a tenant there has landed (a block whose write
+// or journal commit is pending is busy: nobody may evict it yet).
+bool NvmeSettled(const DaemonProcess& d) {
+  auto s = d.Status();
+  if (!s.ok()) return false;
+  uint64_t charged = 0;
+  for (const auto& t : (*s)["tenants"]) charged += t["nvme_bytes"].get<uint64_t>();
+  for (const auto& t : (*s)["tiers"]) {
+    if (t["tier"] != "nvme") continue;
+    return t["queued"] == 0 && t["in_flight"] == 0 && t["blocks"].get<uint64_t>() * kBlockBytes >= charged;
+  }
+  return false;
 }
 
 // A raw attach on the documented protocol, bypassing libkvtier's checks:
@@ -591,42 +607,69 @@ TEST_F(AdversarialTest, Row09_AFloodingTenantCannotEvictAnotherBelowItsFairShare
   // waiting for a group commit, which batches up to a second when flushes
   // are slow) is busy, not evictable, so it would not make the flood's
   // refusals count against its fair share.
-  ASSERT_TRUE(testing::Eventually([&] {
-    const nlohmann::json nvme = TierStatus(*d_, "nvme");
-    return !nvme.is_null() && nvme["blocks"].get<uint64_t>() * kBlockBytes >= victim_nvme;
-  })) << d_->Status()->dump();
-  const int rc = AsAttacker([&] {
-    AttachOptions o;
-    o.socket_path = d_->socket_path();
-    o.ns = testing::TestNamespace(kBlockBytes, "flood");
-    auto c = Client::Attach(o);
-    if (!c.ok()) return 10;
-    // 1,500 blocks: the whole tier twice over.
-    const std::vector<BlockKey> flood = testing::SeededKeys(**c, 50, 1500);
-    for (size_t i = 0; i < flood.size(); i += 50) {
-      if (!testing::StoreFilled(**c, std::span(flood).subspan(i, 50)).ok()) return 11;
-    }
-    // Pin everything of it that is on NVMe, then store as much again.
-    std::vector<uint64_t> leases;
-    for (const BlockKey& k : flood) {
-      auto r = (*c)->Lookup({&k, 1}, {.lease = true});
-      if (!r.ok() || r->hit_blocks != 1) continue;
-      if (r->tiers[0] == TierKind::kNvme) {
-        leases.push_back(r->lease);
-      } else {
-        (void)(*c)->Release(r->lease);
-      }
-    }
-    if (leases.size() < 300) return 12;
-    const std::vector<BlockKey> again = testing::SeededKeys(**c, 51, 600);
-    for (size_t i = 0; i < again.size(); i += 50) {
-      if (!testing::StoreFilled(**c, std::span(again).subspan(i, 50)).ok()) return 13;
-    }
-    // Let its demotions land (or be refused) while the pins hold.
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
-    return 0;
+  ASSERT_TRUE(testing::Eventually([&] { return NvmeSettled(*d_); })) << d_->Status()->dump();
+  // The attacker's demotions run in the daemon's background; on a loaded
+  // machine they land later than its stores return. So after each batch
+  // the attacker asks the test (a byte up a pipe) to wait until the NVMe
+  // tier has settled (NvmeSettled), and goes on when it answers: the
+  // test waits on the condition, not on the clock.
+  int up[2], down[2];
+  ASSERT_EQ(pipe(up), 0);
+  ASSERT_EQ(pipe(down), 0);
+  const auto settle = [&] {
+    char c = 'w';
+    return write(up[1], &c, 1) == 1 && read(down[0], &c, 1) == 1;
+  };
+  auto attacker = std::async(std::launch::async, [&] {
+    return AsAttacker([&] {
+      const int result = [&] {
+        AttachOptions o;
+        o.socket_path = d_->socket_path();
+        o.ns = testing::TestNamespace(kBlockBytes, "flood");
+        auto c = Client::Attach(o);
+        if (!c.ok()) return 10;
+        // 1,500 blocks: the whole tier twice over.
+        const std::vector<BlockKey> flood = testing::SeededKeys(**c, 50, 1500);
+        for (size_t i = 0; i < flood.size(); i += 50) {
+          if (!testing::StoreFilled(**c, std::span(flood).subspan(i, 50)).ok()) return 11;
+          if (!settle()) return 14;
+        }
+        // Pin everything of it that is on NVMe, then store as much again.
+        std::vector<uint64_t> leases;
+        for (const BlockKey& k : flood) {
+          auto r = (*c)->Lookup({&k, 1}, {.lease = true});
+          if (!r.ok() || r->hit_blocks != 1) continue;
+          if (r->tiers[0] == TierKind::kNvme) {
+            leases.push_back(r->lease);
+          } else {
+            (void)(*c)->Release(r->lease);
+          }
+        }
+        if (leases.size() < 300) return 12;
+        const std::vector<BlockKey> again = testing::SeededKeys(**c, 51, 600);
+        for (size_t i = 0; i < again.size(); i += 50) {
+          if (!testing::StoreFilled(**c, std::span(again).subspan(i, 50)).ok()) return 13;
+          // Its demotions land (or are refused) while the pins hold.
+          if (!settle()) return 14;
+        }
+        return 0;
+      }();
+      const char done = 'e';
+      (void)!write(up[1], &done, 1);
+      return result;
+    });
   });
-  EXPECT_EQ(rc, 0) << "10: attach, 11/13: store, 12: too few blocks to pin";
+  // Answers each 'w' once the NVMe tier has settled, until the attacker is done
+  // (or silent for far longer than any wait: it died).
+  for (char what = 0;;) {
+    pollfd p{.fd = up[0], .events = POLLIN, .revents = 0};
+    if (poll(&p, 1, 4 * 1000 * testing::kPatience.count()) != 1 || read(up[0], &what, 1) != 1 || what != 'w') break;
+    EXPECT_TRUE(testing::Eventually([&] { return NvmeSettled(*d_); })) << d_->Status()->dump();
+    if (write(down[1], &what, 1) != 1) break;
+  }
+  const int rc = attacker.get();
+  for (int fd : {up[0], up[1], down[0], down[1]}) close(fd);
+  EXPECT_EQ(rc, 0) << "10: attach, 11/13: store, 12: too few blocks to pin, 14: the test stopped answering";
   EXPECT_EQ(TenantNvmeBytes(*d_, "victim"), victim_nvme) << "not one of the victim's NVMe blocks was evicted";
   const nlohmann::json nvme = TierStatus(*d_, "nvme");
   ASSERT_FALSE(nvme.is_null());

@@ -24,14 +24,14 @@ class Daemon:
         self.log = open(os.path.join(self.dir, "kvtierd.log"), "w")
         binary = os.environ.get("KVTIERD_BIN", "kvtierd")
         self.proc = subprocess.Popen([binary, "--config", cfg], stdout=subprocess.DEVNULL, stderr=self.log)
-        deadline = time.time() + 10
+        deadline = time.time() + 30
         while time.time() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError("kvtierd exited at start: " + open(self.log.name).read())
             if self._admin_answers():
                 return
             time.sleep(0.01)
-        raise RuntimeError("kvtierd did not answer in 10 s")
+        raise RuntimeError("kvtierd did not answer in 30 s")
 
     def _admin_answers(self):
         try:

@@ -204,7 +204,7 @@ def test_close_ends_the_session_and_views_say_what_they_are(daemon):
     assert len(daemon.status()["sessions"]) == 2
     del views
     gc.collect()
-    deadline = time.time() + 5
+    deadline = time.time() + 30
     while len(daemon.status()["sessions"]) != 1 and time.time() < deadline:
         time.sleep(0.01)
     assert len(daemon.status()["sessions"]) == 1, "the session ends with its last view"

@@ -51,6 +51,10 @@ class RedisClusterProcess {
   bool Kill(int node) { return Run(absl::StrCat(Script(), " kill ", dir_.path(), " ", node, " >/dev/null")); }
   bool Stop() { return Run(absl::StrCat(Script(), " stop ", dir_.path(), " >/dev/null")); }
   bool Restart() { return Run(absl::StrCat(Script(), " restart ", dir_.path(), " >/dev/null")); }
+  // True once every running primary's replicas have copied all it wrote:
+  // what a test waits for before it kills a primary and expects its blocks
+  // to survive the failover.
+  bool ReplicasSynced() { return Run(absl::StrCat(Script(), " synced ", dir_.path(), " >/dev/null 2>&1")); }
 
   // redis-cli's output for `args` against seed `node`, as `user` (the admin by default).
   std::string Cli(const std::string& args, size_t node = 0, const std::string& user = "kvtier-admin",

@@ -65,9 +65,28 @@ inline bool IsStopped(pid_t pid) {
   return any;
 }
 
+// How long a test waits for background work (demotions, reclaim, the
+// cascade, journal commits, reaping, a daemon's start) before it calls the
+// work lost. Tests wait on the condition, never on a fixed sleep, so a
+// passing test returns as soon as the work is done; the deadline only
+// bounds a failing one, and is long so that a machine under load (CI on a
+// busy host, sanitizers, scripts/test --under-load) is not a failure.
+inline constexpr std::chrono::seconds kPatience{30};
+
+// True while thread `tid` of this process sleeps in the kernel (state S in
+// /proc: a futex wait, a blocking read): how a test knows that a thread it
+// started has reached the wait it is about to test, without guessing a time.
+inline bool ThreadIsSleeping(pid_t tid) {
+  std::ifstream f("/proc/self/task/" + std::to_string(tid) + "/stat");
+  std::string line;
+  std::getline(f, line);
+  const size_t paren = line.rfind(')');
+  return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'S';
+}
+
 // Polls cond every 5 ms until true or timeout; returns cond().
 template <typename F>
-bool Eventually(F cond, std::chrono::milliseconds timeout = std::chrono::seconds(5)) {
+bool Eventually(F cond, std::chrono::milliseconds timeout = kPatience) {
   const auto end = std::chrono::steady_clock::now() + timeout;
   while (std::chrono::steady_clock::now() < end) {
     if (cond()) return true;

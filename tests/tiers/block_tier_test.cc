@@ -259,17 +259,19 @@ TEST(MemoryBlockTierTest, SyncWaitsForEarlierWritesOnly) {
   std::atomic<bool> synced{false}, b_saw_sync{false};
   tier->Pause();
   tier->Write(a, meta, data, IoOptions{.prio = IoPriority::kLoad}, [](absl::Status) {});
+  std::atomic<pid_t> syncer_tid{0};
   std::thread syncer([&] {
+    syncer_tid = gettid();
     EXPECT_TRUE(tier->Sync().ok());
     synced = true;
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  // The syncer asleep: in Sync's wait for `a` (the tier is paused).
+  ASSERT_TRUE(testing::Eventually([&] { return syncer_tid != 0 && testing::ThreadIsSleeping(syncer_tid); }));
   // Queued after Sync was called; its callback holds the tier's thread until
   // Sync has returned (or 5 s): a Sync that waited for it would never return.
   std::promise<void> b_done;
   tier->Write(b, meta, data, IoOptions{.prio = IoPriority::kDemote}, [&](absl::Status) {
-    for (int i = 0; i < 5000 && !synced.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    b_saw_sync = synced.load();
+    b_saw_sync = testing::Eventually([&] { return synced.load(); });
     b_done.set_value();
   });
   tier->Resume();

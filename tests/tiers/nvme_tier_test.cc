@@ -191,13 +191,10 @@ TEST_F(NvmeTierTest, ReadsAndCalibrationReadsReportTheDevicesTime) {
   faults_->delay_us = 2000;
   EXPECT_EQ(t->CalibrationRead(4), 4u);
   EXPECT_EQ(t->CalibrationRead(4), 4u) << "walks on, and round again";
-  for (int i = 0; i < 400; ++i) {
-    {
-      std::lock_guard<std::mutex> l(mu);
-      if (seen.size() == 8) break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  testing::Eventually([&] {
+    std::lock_guard<std::mutex> l(mu);
+    return seen.size() == 8;
+  });
   {
     std::lock_guard<std::mutex> l(mu);
     ASSERT_EQ(seen.size(), 8u);

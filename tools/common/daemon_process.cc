@@ -89,7 +89,9 @@ absl::Status DaemonProcess::Start() {
   posix_spawn_file_actions_destroy(&fa);
   posix_spawnattr_destroy(&attr);
   if (rc != 0) return absl::InternalError(absl::StrCat("posix_spawn ", bin, ": ", std::strerror(rc)));
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  // A start takes well under a second; 30 s is for a loaded machine or a
+  // sanitizer build recovering a large NVMe journal.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (std::chrono::steady_clock::now() < deadline) {
     int st;
     if (waitpid(pid_, &st, WNOHANG) == pid_) {
@@ -99,7 +101,7 @@ absl::Status DaemonProcess::Start() {
     if (Status().ok()) return absl::OkStatus();
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  return absl::DeadlineExceededError(absl::StrCat("kvtierd did not answer within 10 s:\n", Log()));
+  return absl::DeadlineExceededError(absl::StrCat("kvtierd did not answer within 30 s:\n", Log()));
 }
 
 int DaemonProcess::WaitExit(std::chrono::milliseconds timeout) {
