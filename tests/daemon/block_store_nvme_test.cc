@@ -620,7 +620,8 @@ TEST_F(BlockStoreNvmeTest, CascadeUnderConcurrentLoadsServesNoWrongByte) {
     }
   });
   for (uint64_t k = 0; k < 400; k += 4) Store(*s, k, 4);
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // The loads go on until the cascade has moved blocks under them.
+  testing::Eventually([&] { return stats_.cascades.Get() > 0 && loaded.load() > 0; });
   stop = true;
   loads.join();
   SyncNvme();
