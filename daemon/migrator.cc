@@ -146,7 +146,10 @@ void Migrator::FinishDemotion(HostResidency& t, const PendingDemotion& d) {
 // share rule (LowerLane::PickVictimLocked). A demotion that finds no block it
 // may evict is refused (the block is dropped) and counted:
 // demotions_refused_quota over the quota, demotions_refused_fair_share when
-// an evictable block was passed over to keep its tenant's share.
+// an evictable block was passed over to keep its tenant's share. A block
+// whose write (or its journal commit) is still pending is busy, not
+// evictable: a burst of demotions faster than the tier's writes finds the
+// tier full of busy blocks and drops what it cannot place.
 absl::StatusOr<SlotHandle> Migrator::AllocateLowerSlotLocked(LowerLane& lane, const BlockRecord* owner, uint64_t bytes) {
   const uint16_t tenant = owner->tenant;
   // The quotas ([[tenants]] nvme_bytes / nvme_tokens) are on the first tier.
