@@ -47,6 +47,7 @@ RemoteStatus RemoteStatusOf(const RemoteTier& tier, const Config& config) {
     r.clusterdown += c.clusterdown;
     r.refreshes += c.refreshes;
     r.refresh_failures += c.refresh_failures;
+    r.auth_failures += c.auth_failures;
     for (const RedisCluster::NodeStats& n : c.nodes) {
       auto [it, added] = node_at.emplace(n.address, r.nodes.size());
       if (added) r.nodes.push_back({.address = n.address, .connected = true});

@@ -38,11 +38,17 @@ absl::StatusOr<CostTracker::Options> CostOptionsFrom(const Config& c) {
 
 namespace {
 
-// A secret's file: ours, not readable by others, small; its first line.
-absl::StatusOr<std::string> ReadSecretFile(const std::string& path, const std::string& what) {
+// A secret's file: ours, not readable by others, small, not empty.
+absl::StatusOr<std::string> ReadSecretText(const std::string& path, const std::string& what) {
+  if (path.empty()) return absl::InvalidArgumentError(absl::StrCat(what, " is not set"));
   // O_NONBLOCK: a FIFO named here must not hang the start (fstat refuses it next).
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-  if (fd < 0) return absl::NotFoundError(absl::StrCat(what, ": cannot open ", path, ": ", std::strerror(errno)));
+  if (fd < 0) {
+    if (errno == ELOOP) {
+      return absl::PermissionDeniedError(absl::StrCat(what, ": ", path, " is a symbolic link; name the file itself"));
+    }
+    return absl::NotFoundError(absl::StrCat(what, ": cannot open ", path, ": ", std::strerror(errno)));
+  }
   struct stat st {};
   std::string text(4097, '\0');
   ssize_t n = -1;
@@ -56,12 +62,57 @@ absl::StatusOr<std::string> ReadSecretFile(const std::string& path, const std::s
   }
   if (n < 0 || n > 4096) return absl::InvalidArgumentError(absl::StrCat(what, ": ", path, " is unreadable or over 4 KiB"));
   text.resize(static_cast<size_t>(n));
+  if (text.find_first_not_of(" \t\r\n") == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", path, " is empty"));
+  }
+  return text;
+}
+
+// Its first line.
+absl::StatusOr<std::string> ReadSecretFile(const std::string& path, const std::string& what) {
+  ASSIGN_OR_RETURN(std::string text, ReadSecretText(path, what));
   if (const size_t nl = text.find_first_of("\r\n"); nl != std::string::npos) text.resize(nl);
-  if (text.empty()) return absl::InvalidArgumentError(absl::StrCat(what, ": ", path, " is empty"));
+  if (text.empty()) return absl::InvalidArgumentError(absl::StrCat(what, ": ", path, "'s first line is empty"));
   return text;
 }
 
 }  // namespace
+
+absl::StatusOr<std::vector<RemoteTenant>> RemoteTenantsFrom(const Config& c) {
+  std::vector<RemoteTenant> out;
+  for (const TenantConfig& t : c.tenants) {
+    const std::string who = absl::StrCat("tenant \"", t.name, "\"'s ");
+    ASSIGN_OR_RETURN(std::string password, ReadSecretFile(t.remote_password_file, who + "remote_password_file"));
+    ASSIGN_OR_RETURN(std::string key_text, ReadSecretText(t.remote_key_file, who + "remote_key_file"));
+    absl::StatusOr<std::vector<SealKey>> keys = ParseSealKeys(key_text);
+    if (!keys.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(who, "remote_key_file ", t.remote_key_file, ": ", keys.status().message()));
+    }
+    // The key must be worth more than the password: one who has the password
+    // (the cluster's admin, a node's config) must not have the key too.
+    if (absl::StatusOr<SealKey> as_key = ParseSealKey(password); as_key.ok()) {
+      for (const SealKey& k : *keys) {
+        if (k.id == as_key->id) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              who, "remote_key_file holds its remote password: the key must be a secret of its own (openssl rand -hex 32)"));
+        }
+      }
+    }
+    for (const RemoteTenant& other : out) {
+      for (const SealKey& k : *keys) {
+        for (const SealKey& o : other.keys) {
+          if (k.id == o.id) {
+            return absl::InvalidArgumentError(absl::StrCat(who, "remote_key_file holds a key of tenant \"", other.name,
+                                                           "\": each tenant needs its own (openssl rand -hex 32)"));
+          }
+        }
+      }
+    }
+    out.push_back({t.name, t.remote_user, std::move(password), *std::move(keys)});
+  }
+  return out;
+}
 
 absl::StatusOr<std::unique_ptr<RemoteTier>> OpenRemoteFrom(const Config& c) {
   if (c.remote_seeds.empty()) {
@@ -75,15 +126,19 @@ absl::StatusOr<std::unique_ptr<RemoteTier>> OpenRemoteFrom(const Config& c) {
   o.op_timeout_ms = c.remote_op_timeout_ms;
   o.connect_timeout_ms = c.remote_connect_timeout_ms;
   o.io_timeout_ms = c.remote_io_timeout_ms;
-  for (const TenantConfig& t : c.tenants) {
-    ASSIGN_OR_RETURN(std::string password,
-                     ReadSecretFile(t.remote_password_file, absl::StrCat("tenant \"", t.name, "\"'s remote_password_file")));
-    o.tenants.push_back({t.name, t.remote_user, std::move(password)});
-  }
+  o.encrypt = c.remote_encrypt;
+  o.on_auth_failure = [](const std::string& tenant, const std::string& why) {
+    spdlog::error("event=remote_auth_failed tenant=\"{}\" detail=\"{}\" hint=\"check this tenant's remote_user and "
+                  "remote_password_file against the cluster's ACL (ACL LIST); its blocks are not read or written "
+                  "there until AUTH succeeds\"",
+                  LogQuoted(tenant), LogQuoted(why));
+  };
+  ASSIGN_OR_RETURN(o.tenants, RemoteTenantsFrom(c));
   ASSIGN_OR_RETURN(std::unique_ptr<RemoteTier> tier, RemoteTier::Create(o));
-  spdlog::info("event=remote_tier state=on seeds={} tenants={} health={} detail=\"a Redis Cluster below NVMe; "
-               "misses there cost a recompute, never a wrong block\"",
-               c.remote_seeds.size(), c.tenants.size(), TierHealthName(tier->Health()));
+  spdlog::info("event=remote_tier state=on seeds={} tenants={} health={} payloads={} detail=\"a Redis Cluster below "
+               "NVMe; every value sealed with its tenant's key; misses there cost a recompute, never a wrong block\"",
+               c.remote_seeds.size(), c.tenants.size(), TierHealthName(tier->Health()),
+               c.remote_encrypt ? "encrypted" : "clear");
   return tier;
 }
 

@@ -21,9 +21,15 @@ namespace kvtier {
 // shape), the priors, and whether it decides.
 absl::StatusOr<CostTracker::Options> CostOptionsFrom(const Config& c);
 
+// Each tenant's remote credentials and sealing keys, read from their files
+// (each a regular file of kvtierd's user, not a link, mode 0600 or
+// stricter, at most 4 KiB, not empty; never logged). A key file holds 64
+// hex digits a line, the current key first; the key may not be the
+// password, nor another tenant's. --check-config runs this too.
+absl::StatusOr<std::vector<RemoteTenant>> RemoteTenantsFrom(const Config& c);
+
 // [tiers.remote]: a RemoteTier on the cluster the seeds name, each tenant
-// with its ACL user and the password read from its file (a regular file of
-// kvtierd's user, mode 0600 or stricter, at most 4 KiB; never logged).
+// with its ACL user, password and keys (RemoteTenantsFrom).
 // nullptr without seeds. The cluster need not be up: the tier starts
 // degraded and heals when it answers.
 absl::StatusOr<std::unique_ptr<RemoteTier>> OpenRemoteFrom(const Config& c);

@@ -35,6 +35,9 @@ struct TenantConfig {
   // password (mode 0600 or stricter; never logged).
   std::string remote_user;
   std::string remote_password_file;
+  // And a file of the keys that seal its values there (value_seal.h): one of
+  // 64 hex digits a line, the current first.
+  std::string remote_key_file;
 };
 
 struct Config {
@@ -99,6 +102,7 @@ struct Config {
   uint32_t remote_probe_budget_us = 2000;
   uint32_t remote_probe_max_blocks = 256;
   std::string remote_write_policy = "demoted";
+  bool remote_encrypt = false;  // encrypt payloads at rest in the cluster (always sealed)
   // Per tenant: device memory for the GPU tier (0: no GPU tier).
   uint64_t gpu_capacity = 0;
   // [metrics]: Prometheus text over HTTP (GET /metrics).
@@ -143,6 +147,9 @@ absl::StatusOr<Config> LoadConfigFile(const std::string& path);
 // Cross-field checks (tenants, hash choice, sizes). Reports every problem,
 // each with the file and line of its key where key_source knows them.
 absl::Status ValidateConfig(const Config& c);
+// A tenant name is 1..64 of [A-Za-z0-9_.-]: it becomes part of remote keys,
+// ACL key patterns, metric labels and log lines.
+bool TenantNameIsSafe(std::string_view name);
 
 // A commented TOML file with every key at its default.
 std::string DefaultConfigToml();

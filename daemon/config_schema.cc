@@ -106,6 +106,8 @@ const ConfigKey kKeys[] = {
      "how long a lookup waits for the cluster past its local hit prefix; 0: never asks"},
     {"tiers.remote", "probe_max_blocks", T::kInt, &Config::remote_probe_max_blocks, 1, 65536, false,
      "blocks one lookup asks the cluster about"},
+    {"tiers.remote", "encrypt", T::kBool, &Config::remote_encrypt, 0, 0, false,
+     "encrypt payloads at rest in the cluster (AES-256-GCM); values are sealed either way"},
     {"tiers.remote", "write_policy", T::kString, &Config::remote_write_policy, 0, 0, true,
      "demoted (what leaves the last local tier), reused (also host blocks once hit), committed (every block)"},
     // [cost_model]
@@ -139,7 +141,8 @@ const ConfigSection kSections[] = {
     {"tiers.nvme", ""},
     {"tiers.remote",
      "# A shared Redis Cluster below NVMe; each tenant reads and writes it as its own\n"
-     "# ACL user ([[tenants]] remote_user, remote_password_file).\n"},
+     "# ACL user ([[tenants]] remote_user, remote_password_file) and seals its values with a\n"
+     "# key of its own ([[tenants]] remote_key_file).\n"},
     {"cost_model",
      "# What a block is worth: prefill time of its tokens at its position, for this\n"
      "# model shape, at a throughput fitted to the engines' report_prefill calls.\n"},
@@ -158,6 +161,8 @@ const TenantKey kTenantKeys[] = {
     {"remote_user", T::kString, &TenantConfig::remote_user, "\"\"", false, "its ACL user on the remote tier's cluster"},
     {"remote_password_file", T::kString, &TenantConfig::remote_password_file, "\"\"", false,
      "a file (mode 0600) holding that user's password; never logged"},
+    {"remote_key_file", T::kString, &TenantConfig::remote_key_file, "\"\"", false,
+     "a file (mode 0600) of keys sealing its remote values: openssl rand -hex 32, current first; never logged"},
 };
 
 std::string Quoted(std::string_view s) {

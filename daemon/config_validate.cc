@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -34,7 +36,8 @@ void ValidateRemote(const Config& c, Fail& fail) {
   }
   if (c.remote_seeds.empty()) {
     for (size_t i = 0; i < c.tenants.size(); ++i) {
-      if (!c.tenants[i].remote_user.empty() || !c.tenants[i].remote_password_file.empty()) {
+      if (!c.tenants[i].remote_user.empty() || !c.tenants[i].remote_password_file.empty() ||
+          !c.tenants[i].remote_key_file.empty()) {
         fail(Cat("tenants[", i, "].remote_user"),
              Cat("tenant \"", c.tenants[i].name, "\" has remote credentials but tiers.remote.seeds is empty"));
       }
@@ -54,18 +57,24 @@ void ValidateRemote(const Config& c, Fail& fail) {
   }
   for (size_t i = 0; i < c.tenants.size(); ++i) {
     const TenantConfig& t = c.tenants[i];
-    if (t.remote_user.empty() || t.remote_password_file.empty()) {
-      fail(Cat("tenants[", i, "]"), Cat("tenant \"", t.name, "\" needs remote_user and remote_password_file: with "
-                                        "tiers.remote.seeds each tenant reads and writes the cluster as its own ACL "
-                                        "user (docs/remote-tier.md)"));
-    }
-    if (t.name.find_first_of(":{} \t\r\n") != std::string::npos) {
-      fail(Cat("tenants[", i, "].name"), Cat("tenant \"", t.name, "\" cannot name remote keys: no ':', '{', '}' or spaces"));
+    if (t.remote_user.empty() || t.remote_password_file.empty() || t.remote_key_file.empty()) {
+      fail(Cat("tenants[", i, "]"), Cat("tenant \"", t.name, "\" needs remote_user, remote_password_file and "
+                                        "remote_key_file: with tiers.remote.seeds each tenant reads and writes the "
+                                        "cluster as its own ACL user and seals its values with its own key "
+                                        "(docs/remote-tier.md)"));
     }
   }
 }
 
 }  // namespace
+
+bool TenantNameIsSafe(std::string_view name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (char ch : name) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(ch)) && ch != '_' && ch != '-' && ch != '.') return false;
+  }
+  return true;
+}
 
 absl::Status ValidateConfig(const Config& c) {
   std::vector<std::string> errors;
@@ -99,6 +108,11 @@ absl::Status ValidateConfig(const Config& c) {
     const std::string at = Cat("tenants[", i, "]");
     if (t.name.empty() || t.name.size() > 64) {
       fail(at, "every [[tenants]] entry needs a name of 1..64 characters");
+    } else if (!TenantNameIsSafe(t.name)) {
+      // A name becomes part of keys, ACL patterns ("~kvtier:al*:*" would be
+      // every tenant whose name starts "al"), metric labels and logs.
+      fail(at + ".name", Cat("tenant name \"", absl::CHexEscape(t.name.substr(0, 64)),
+                             "\" may hold only letters, digits, '_', '-' and '.' (no glob, separator or space)"));
     } else if (!names.insert(t.name).second) {
       fail(at + ".name", Cat("tenant \"", t.name, "\" is defined twice"));
     }

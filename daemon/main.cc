@@ -7,6 +7,7 @@
 #include "core/checked.h"
 #include "core/cli_parse.h"
 #include "core/status.h"
+#include "daemon/assembly.h"
 #include "daemon/config.h"
 #include "daemon/daemon.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
@@ -52,6 +53,13 @@ int CheckOnly(const kvtier::Config& config) {
     if (absl::Status s = kvtier::CheckNvmeSpace(config.NvmeDirs(), config.nvme_capacity, config.nvme_segment_bytes);
         !s.ok()) {
       spdlog::critical("event=config_error detail=\"{}\"", kvtier::LogQuoted(s.message()));
+      return 2;
+    }
+  }
+  // The remote tier's secret files, by the rules the start applies.
+  if (!config.remote_seeds.empty()) {
+    if (absl::StatusOr<std::vector<kvtier::RemoteTenant>> t = kvtier::RemoteTenantsFrom(config); !t.ok()) {
+      spdlog::critical("event=config_error detail=\"{}\"", kvtier::LogQuoted(t.status().message()));
       return 2;
     }
   }

@@ -263,6 +263,14 @@ std::string PrometheusText(const StatusSnapshot& s) {
                                                        {"deadline", r.misses.deadline},
                                                        {"other", r.misses.other}};
     for (const auto& [cause, n] : causes) w.Sample("kvtier_remote_misses_total", absl::StrCat("cause=\"", cause, "\""), double(n));
+    w.Family("kvtier_remote_auth_failures_total", "counter",
+             "Connections to the shared tier's nodes refused at AUTH: a wrong password or a revoked user "
+             "(the log says which tenant's user).");
+    w.Sample("kvtier_remote_auth_failures_total", "", double(r.auth_failures));
+    w.Family("kvtier_remote_forged_values_total", "counter",
+             "Of the bad_value misses, values whose checksum held but whose seal did not: written by someone "
+             "without the tenant's key (remote_key_file), or sealed by a key no longer configured.");
+    w.Sample("kvtier_remote_forged_values_total", "", double(r.misses.forged));
     w.Family("kvtier_remote_probe_blocks_total", "counter",
              "Blocks lookups asked the shared tier about past their local hit prefix, and those it held.");
     w.Sample("kvtier_remote_probe_blocks_total", "result=\"asked\"", double(st.remote_probe_blocks.Get()));

@@ -145,6 +145,7 @@ json LowerJson(const StatusSnapshot::Lower& l, const DaemonStats& s) {
         {"writes_avoided", s.remote_writes_avoided.Get()},
         {"misses", json{{"not_found", r->misses.not_found},
                         {"bad_value", r->misses.bad_value},
+                        {"forged", r->misses.forged},
                         {"unavailable", r->misses.unavailable},
                         {"deadline", r->misses.deadline},
                         {"other", r->misses.other}}},
@@ -155,7 +156,8 @@ json LowerJson(const StatusSnapshot::Lower& l, const DaemonStats& s) {
                          {"tryagain", r->tryagain},
                          {"clusterdown", r->clusterdown},
                          {"refreshes", r->refreshes},
-                         {"refresh_failures", r->refresh_failures}}},
+                         {"refresh_failures", r->refresh_failures},
+                         {"auth_failures", r->auth_failures}}},
         {"nodes", std::move(nodes)}};
   }
   if (l.chain_position != 0) return tier;

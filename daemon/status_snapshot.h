@@ -36,6 +36,7 @@ struct RemoteStatus {
   RemoteTier::Misses misses;
   uint64_t slots_covered = 0;  // the least any tenant's map covers, of 16384
   uint64_t moved = 0, ask = 0, tryagain = 0, clusterdown = 0, refreshes = 0, refresh_failures = 0;
+  uint64_t auth_failures = 0;  // connections a node refused to authenticate (wrong password, revoked user)
   struct Node {
     std::string address;
     bool connected = false;  // every tenant's connection to it is up

@@ -416,6 +416,7 @@ struct RedisCluster::Impl {
   std::atomic<uint64_t> commands{0}, moved{0}, ask{0}, tryagain{0}, clusterdown{0};
   std::atomic<uint64_t> unavailable{0}, deadline{0}, cancelled{0}, errors{0};
   std::atomic<uint64_t> refreshes{0}, refresh_failures{0};
+  mutable std::atomic<uint64_t> auth_failures{0}, auth_reported_ns{0};
   std::atomic<bool> last_refresh_ok{false};
   std::atomic<bool> shutting_down{false};  // no node is started from now on
 
@@ -541,6 +542,17 @@ redisContext* RedisCluster::Impl::Connect(const std::string& host, int port, std
       // The server's words (WRONGPASS ...) name no secret; ours neither.
       *why = r == nullptr ? absl::StrCat("AUTH: ", c->errstr)
                           : absl::StrCat("AUTH as user \"", opts.user, "\": ", absl::string_view(r->str, r->len).substr(0, 120));
+      if (r != nullptr) {
+        // Refused, not lost: said (rate-limited) and counted, or a wrong
+        // password would look like a cluster that is merely down.
+        auth_failures.fetch_add(1, std::memory_order_relaxed);
+        const uint64_t now = MonotonicNanos();
+        uint64_t last = auth_reported_ns.load(std::memory_order_relaxed);
+        if (opts.on_auth_failure && (last == 0 || now - last > 10'000'000'000ull) &&
+            auth_reported_ns.compare_exchange_strong(last, now)) {
+          opts.on_auth_failure(absl::StrCat("node ", host, ":", port, " refused ", *why));
+        }
+      }
       redisFree(c);
       return nullptr;
     }
@@ -1170,6 +1182,7 @@ RedisCluster::Stats RedisCluster::GetStats() const {
   s.errors = i.errors.load(std::memory_order_relaxed);
   s.refreshes = i.refreshes.load(std::memory_order_relaxed);
   s.refresh_failures = i.refresh_failures.load(std::memory_order_relaxed);
+  s.auth_failures = i.auth_failures.load(std::memory_order_relaxed);
   MutexLock l(&i.map_mu);
   s.slots_covered = i.slots_covered;
   std::vector<uint64_t> slots(i.nodes.size(), 0);

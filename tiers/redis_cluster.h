@@ -21,6 +21,7 @@
 #define KVTIER_TIERS_REDIS_CLUSTER_H_
 
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <span>
@@ -104,6 +105,10 @@ struct RedisClusterOptions {
   // The largest reply a node may send (a value of the largest block, and
   // room): one larger breaks the connection instead of filling memory.
   uint64_t max_reply_bytes = 80ull << 20;
+  // Called when a node refuses AUTH (a wrong password, a user revoked or
+  // disabled), with the node's words and never the password: at most once
+  // every 10 s, on a cluster thread, so it may log but must not block.
+  std::function<void(const std::string& why)> on_auth_failure;
 };
 
 // Decoders of what a node sends (fuzzed: tests/fuzz/redis_reply_fuzz.cc).
@@ -173,6 +178,7 @@ class RedisCluster {
     uint64_t moved = 0, ask = 0, tryagain = 0, clusterdown = 0;
     uint64_t unavailable = 0, deadline = 0, cancelled = 0, errors = 0;  // how commands failed
     uint64_t refreshes = 0, refresh_failures = 0;
+    uint64_t auth_failures = 0;  // connections a node refused to authenticate
     uint64_t slots_covered = 0;  // of 16384
     std::vector<NodeStats> nodes;
   };

@@ -29,9 +29,9 @@ RemoteValueHeader HeaderFor(const BlockMeta& meta, uint64_t payload_bytes) {
   return h;
 }
 
-// With `payload`, v is the header alone and the payload is there.
 // With `payload`, v is the header alone and the payload is there (whose
-// XXH3 is `payload_xxh3`, when known).
+// XXH3 is `payload_xxh3`, when known). The shape and checksum only: the
+// seal is checked by OpenSealed.
 std::string WhyNotTheBlock(absl::string_view v, const BlockMeta& meta,
                            std::optional<std::span<const std::byte>> payload = std::nullopt,
                            std::optional<uint64_t> payload_xxh3 = std::nullopt) {
@@ -42,6 +42,7 @@ std::string WhyNotTheBlock(absl::string_view v, const BlockMeta& meta,
   if (h.version != RemoteValueHeader::kVersion || h.header_bytes != sizeof(RemoteValueHeader)) {
     return absl::StrCat("header version ", h.version, " / ", h.header_bytes, " bytes is not this kvtier's");
   }
+  if ((h.flags & ~RemoteValueHeader::kEncrypted) != 0) return "unknown header flags";
   if (std::memcmp(h.ns, meta.ns.bytes.data(), sizeof(h.ns)) != 0) return "another namespace's block";
   if (std::memcmp(h.key, meta.key.bytes.data(), sizeof(h.key)) != 0) return "another block's value";
   if (h.tenant_hash != meta.tenant_hash) return "another tenant's block";
@@ -56,15 +57,65 @@ std::string WhyNotTheBlock(absl::string_view v, const BlockMeta& meta,
   return "";
 }
 
+// The header as the seal binds it: its checksum, nonce and tag zeroed.
+RemoteValueHeader AadOf(const RemoteValueHeader& h) {
+  RemoteValueHeader a = h;
+  a.checksum = 0;
+  std::memset(a.nonce, 0, sizeof(a.nonce));
+  std::memset(a.tag, 0, sizeof(a.tag));
+  return a;
+}
+
+absl::string_view Bytes(const RemoteValueHeader& h) { return {reinterpret_cast<const char*>(&h), sizeof(h)}; }
+
+// Opens (and decrypts in place) a payload whose header WhyNotTheBlock passed.
+absl::Status OpenSealed(const RemoteValueHeader& h, const ValueSealer& sealer, std::span<std::byte> payload) {
+  SealFields f;
+  f.key_id = h.key_id;
+  f.encrypted = (h.flags & RemoteValueHeader::kEncrypted) != 0;
+  std::memcpy(f.nonce.data(), h.nonce, f.nonce.size());
+  std::memcpy(f.tag.data(), h.tag, f.tag.size());
+  const RemoteValueHeader aad = AadOf(h);
+  return sealer.Open(f, Bytes(aad), payload);
+}
+
+// Seals `payload` in place (encrypting it when the sealer does) and fills
+// h's key id, flags, nonce, tag and checksum.
+absl::Status SealInto(RemoteValueHeader& h, const ValueSealer& sealer, std::span<std::byte> payload) {
+  h.key_id = sealer.current_key_id();
+  h.flags = sealer.encrypt() ? RemoteValueHeader::kEncrypted : 0;
+  const RemoteValueHeader aad = AadOf(h);
+  ASSIGN_OR_RETURN(SealFields f, sealer.Seal(Bytes(aad), payload));
+  std::memcpy(h.nonce, f.nonce.data(), sizeof(h.nonce));
+  std::memcpy(h.tag, f.tag.data(), sizeof(h.tag));
+  h.checksum = XXH3_64bits(payload.data(), payload.size());
+  return absl::OkStatus();
+}
+
 uint64_t DeadlineOf(const IoOptions& io, uint64_t timeout_ms) {
   return io.deadline_ns != 0 ? io.deadline_ns : MonotonicNanos() + timeout_ms * 1'000'000;
 }
 
 }  // namespace
 
-absl::Status CheckRemoteValue(absl::string_view value, const BlockMeta& meta) {
-  const std::string why = WhyNotTheBlock(value, meta);
-  return why.empty() ? absl::OkStatus() : absl::DataLossError(why);
+absl::Status CheckRemoteValue(absl::string_view value, const BlockMeta& meta, const ValueSealer* sealer) {
+  if (const std::string why = WhyNotTheBlock(value, meta); !why.empty()) return absl::DataLossError(why);
+  if (sealer == nullptr) return absl::OkStatus();
+  RemoteValueHeader h;
+  std::memcpy(&h, value.data(), sizeof(h));
+  std::vector<std::byte> payload(value.size() - sizeof(h));
+  std::memcpy(payload.data(), value.data() + sizeof(h), payload.size());
+  return OpenSealed(h, *sealer, payload);
+}
+
+absl::StatusOr<std::string> MakeRemoteValue(const BlockMeta& meta, std::span<const std::byte> payload,
+                                            const ValueSealer& sealer) {
+  RemoteValueHeader h = HeaderFor(meta, payload.size());
+  std::string v(sizeof(h) + payload.size(), '\0');
+  std::memcpy(v.data() + sizeof(h), payload.data(), payload.size());
+  RETURN_IF_ERROR(SealInto(h, sealer, {reinterpret_cast<std::byte*>(v.data() + sizeof(h)), payload.size()}));
+  std::memcpy(v.data(), &h, sizeof(h));
+  return v;
 }
 
 RemoteTier::RemoteTier(const RemoteTierOptions& opts) : opts_(opts) {}
@@ -92,8 +143,16 @@ absl::StatusOr<std::unique_ptr<RemoteTier>> RemoteTier::Create(const RemoteTierO
     c.io_timeout_ms = opts.io_timeout_ms;
     c.max_pipeline = opts.max_pipeline;
     c.max_reply_bytes = opts.max_block_bytes + sizeof(RemoteValueHeader) + (64 << 10);
+    if (opts.on_auth_failure) {
+      c.on_auth_failure = [report = opts.on_auth_failure, name = t.name](const std::string& why) { report(name, why); };
+    }
+    if (t.keys.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("remote tier: tenant \"", t.name,
+                                                     "\" needs a key to seal its values (remote_key_file)"));
+    }
+    ASSIGN_OR_RETURN(std::unique_ptr<ValueSealer> sealer, ValueSealer::Create(t.keys, opts.encrypt));
     ASSIGN_OR_RETURN(std::unique_ptr<RedisCluster> cluster, RedisCluster::Create(c));
-    tier->tenants_.push_back({t.name, TenantHash(t.name), std::move(cluster)});
+    tier->tenants_.push_back({t.name, TenantHash(t.name), std::move(cluster), std::move(sealer)});
   }
   return tier;
 }
@@ -226,7 +285,13 @@ void RemoteTier::Write(SlotHandle slot, const BlockMeta& meta, std::span<const s
         absl::string_view(reinterpret_cast<const char*>(src.data()), src.size())}},
       1);
   const std::span<char> value = cmd.arg(2);
-  h.checksum = XXH3_64bits(value.data() + sizeof(h), src.size());
+  if (absl::Status sealed =
+          SealInto(h, *link->sealer, {reinterpret_cast<std::byte*>(value.data() + sizeof(h)), src.size()});
+      !sealed.ok()) {
+    writes_refused_.fetch_add(1, std::memory_order_relaxed);
+    std::move(done)(std::move(sealed));
+    return;
+  }
   std::memcpy(value.data(), &h, sizeof(h));
   Began(true);
   link->cluster->Submit(
@@ -286,6 +351,13 @@ void RemoteTier::Read(SlotHandle slot, const BlockMeta& meta, std::span<std::byt
           if (const std::string why = WhyNotTheBlock(header, meta, dst.first(meta.payload_bytes), *digest);
               !why.empty()) {
             s = absl::DataLossError(absl::StrCat("the ", opts_.name, " tier's copy is not the block: ", why));
+          } else {
+            RemoteValueHeader h;
+            std::memcpy(&h, header.data(), sizeof(h));
+            if (absl::Status open = OpenSealed(h, *link->sealer, dst.first(meta.payload_bytes)); !open.ok()) {
+              seal_failures_.fetch_add(1, std::memory_order_relaxed);
+              s = absl::DataLossError(absl::StrCat("the ", opts_.name, " tier's copy is not the block: ", open.message()));
+            }
           }
         } else {
           // A value of another length: never the block (WhyNotTheBlock says why).
@@ -410,9 +482,12 @@ BlockTierStats RemoteTier::BlockStats() const {
 }
 
 RemoteTier::Misses RemoteTier::misses() const {
-  return {miss_not_found_.load(std::memory_order_relaxed), checksum_failures_.load(std::memory_order_relaxed),
-          miss_unavailable_.load(std::memory_order_relaxed), miss_deadline_.load(std::memory_order_relaxed),
-          miss_other_.load(std::memory_order_relaxed)};
+  return {.not_found = miss_not_found_.load(std::memory_order_relaxed),
+          .bad_value = checksum_failures_.load(std::memory_order_relaxed),
+          .forged = seal_failures_.load(std::memory_order_relaxed),
+          .unavailable = miss_unavailable_.load(std::memory_order_relaxed),
+          .deadline = miss_deadline_.load(std::memory_order_relaxed),
+          .other = miss_other_.load(std::memory_order_relaxed)};
 }
 
 RedisCluster::Stats RemoteTier::ClusterStats(const std::string& tenant) const {

@@ -6,8 +6,12 @@
 // itself keeps tenants apart: a tenant's connections cannot name another
 // tenant's keys even if kvtier had a bug. The value is a header (magic,
 // version, namespace id, block key, payload length, XXH3 of the payload,
-// tenant) and the payload, checked on every read: a value that does not
-// prove itself is a miss (DataLoss, counted), never served, and is deleted.
+// tenant, key id, nonce, AES-GCM tag) and the payload, checked on every
+// read: a value that does not prove itself is a miss (DataLoss, counted),
+// never served, and is deleted. The tag is under a key of the tenant's own
+// (value_seal.h), not the cluster password: whoever can write the key in
+// the cluster (another tenant's bug, an administrator, a stolen password, a
+// process squatting a dead node's port) cannot make a block that opens.
 //
 // The cluster is the one eviction authority (maxmemory with an LRU or LFU
 // policy): a block written here may be gone at the next read (NotFound, a
@@ -31,32 +35,46 @@
 #include "core/mutex.h"
 #include "tiers/block_tier.h"
 #include "tiers/redis_cluster.h"
+#include "tiers/value_seal.h"
 
 namespace kvtier {
 
 // The value's header, little-endian, in front of the payload.
 struct RemoteValueHeader {
   static constexpr uint32_t kMagic = 0x4252564b;  // "KVRB"
-  static constexpr uint16_t kVersion = 1;
+  static constexpr uint16_t kVersion = 2;         // 2: sealed (value_seal.h)
+  static constexpr uint8_t kEncrypted = 1;        // flags: the payload is AES-GCM ciphertext
   uint32_t magic = kMagic;
   uint16_t version = kVersion;
   uint16_t header_bytes = sizeof(RemoteValueHeader);
   uint8_t ns[32] = {};
   uint8_t key[32] = {};
   uint64_t payload_bytes = 0;
-  uint64_t checksum = 0;  // XXH3-64 of the payload
+  uint64_t checksum = 0;  // XXH3-64 of the payload as stored: catches accidents; the seal proves the rest
   uint64_t tenant_hash = 0;
+  uint32_t key_id = 0;  // which of the tenant's keys sealed it
+  uint8_t flags = 0;
+  uint8_t reserved[3] = {};
+  uint8_t nonce[12] = {};
+  uint8_t tag[16] = {};  // AES-GCM over this header (checksum, nonce, tag zeroed) and the payload
+  uint8_t reserved2[4] = {};
 };
-static_assert(sizeof(RemoteValueHeader) == 96, "the remote value header is 96 bytes on the wire");
+static_assert(sizeof(RemoteValueHeader) == 136, "the remote value header is 136 bytes on the wire");
 
-// Whether a stored value is the block `meta` names, intact: OK, or DataLoss
-// saying why not (fuzzed: tests/fuzz/redis_reply_fuzz.cc).
-absl::Status CheckRemoteValue(absl::string_view value, const BlockMeta& meta);
+// Whether a stored value is the block `meta` names, intact and sealed by
+// one of `sealer`'s keys: OK, or DataLoss saying why not (fuzzed:
+// tests/fuzz/redis_reply_fuzz.cc). Without a sealer, only the shape and
+// checksum are checked.
+absl::Status CheckRemoteValue(absl::string_view value, const BlockMeta& meta, const ValueSealer* sealer = nullptr);
+// A sealed value of `payload` for `meta`, as the tier writes it (for tools and tests).
+absl::StatusOr<std::string> MakeRemoteValue(const BlockMeta& meta, std::span<const std::byte> payload,
+                                            const ValueSealer& sealer);
 
 struct RemoteTenant {
   std::string name;      // as in kvtierd's [[tenants]]: its keys are kvtier:<name>:...
   std::string user;      // its ACL user
   std::string password;  // never logged
+  std::vector<SealKey> keys;  // seal its values: [0] seals, all open (rotation); never logged
 };
 
 struct RemoteTierOptions {
@@ -71,6 +89,9 @@ struct RemoteTierOptions {
   uint64_t connect_timeout_ms = 500;
   uint64_t io_timeout_ms = 1000;  // a reply slower than this breaks its connection
   uint32_t max_pipeline = 64;
+  bool encrypt = false;  // encrypt payloads at rest (always sealed)
+  // A node refused a tenant's AUTH (rate-limited per tenant; never the password).
+  std::function<void(const std::string& tenant, const std::string& why)> on_auth_failure;
 };
 
 class RemoteTier final : public BlockTier {
@@ -121,6 +142,7 @@ class RemoteTier final : public BlockTier {
   struct Misses {
     uint64_t not_found = 0;   // evicted by the cluster, or never there
     uint64_t bad_value = 0;   // failed its checks (deleted)
+    uint64_t forged = 0;      // of those, passed the checksum but not the seal: written without the key
     uint64_t unavailable = 0;  // node down, connection broken, cluster down
     uint64_t deadline = 0;    // not answered in time
     uint64_t other = 0;       // refused (NOPERM, OOM, ...)
@@ -134,6 +156,7 @@ class RemoteTier final : public BlockTier {
     std::string name;
     uint64_t hash;
     std::unique_ptr<RedisCluster> cluster;
+    std::unique_ptr<ValueSealer> sealer;
   };
   const TenantLink* LinkFor(uint64_t tenant_hash) const;
   void CountMiss(const absl::Status& s);
@@ -155,7 +178,7 @@ class RemoteTier final : public BlockTier {
 
   ReadObserver read_observer_;  // set before the first read
   std::atomic<uint64_t> reads_{0}, writes_{0}, bytes_read_{0}, bytes_written_{0};
-  std::atomic<uint64_t> io_errors_{0}, writes_refused_{0}, abandoned_{0}, checksum_failures_{0};
+  std::atomic<uint64_t> io_errors_{0}, writes_refused_{0}, abandoned_{0}, checksum_failures_{0}, seal_failures_{0};
   std::atomic<uint64_t> miss_not_found_{0}, miss_unavailable_{0}, miss_deadline_{0}, miss_other_{0};
 };
 

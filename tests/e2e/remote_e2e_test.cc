@@ -2,11 +2,16 @@
 // leave host memory and then NVMe (the cascade) land in the cluster under
 // the tenant's keys and come back from it with their bytes; a daemon whose
 // cluster is down starts anyway, reports the tier failed, and serves from
-// its local tiers; a password file others can read is refused.
+// its local tiers; a password file others can read is refused; a wrong
+// password is logged and counted; --check-config applies the secret-file
+// rules; tenant names hold no glob.
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <fstream>
+#include <thread>
+#include <tuple>
 
 #include "absl/strings/str_split.h"
 
@@ -32,7 +37,8 @@ std::string Config(const std::string& nvme_dir, const RedisClusterProcess& c, co
          "\"]\ncapacity = \"4MiB\"\nsegment_bytes = \"1MiB\"\nstaging_bytes = \"4MiB\"\n"
          "[tiers.remote]\nseeds = [" + seeds + "]\nop_timeout_ms = 2000\n"
          "[[tenants]]\nname = \"alice\"\nuids = [" + std::to_string(getuid()) + "]\nremote_user = \"" +
-         c.user("alice") + "\"\nremote_password_file = \"" + password_file + "\"\n";
+         c.user("alice") + "\"\nremote_password_file = \"" + password_file + "\"\nremote_key_file = \"" +
+         c.key_file("alice") + "\"\n";
 }
 
 std::string PasswordFile(const testing::TempDir& dir, const std::string& password, mode_t mode = 0600) {
@@ -137,6 +143,113 @@ TEST(RemoteE2eTest, APasswordFileOthersCanReadIsRefused) {
   EXPECT_FALSE(d.Start().ok());
   EXPECT_NE(d.Log().find("mode 0600"), std::string::npos) << d.Log();
   EXPECT_EQ(d.Log().find(cluster->password("alice")), std::string::npos);
+}
+
+// A wrong password was silent: the tier just said "failed". It is now a
+// log line that names the tenant and what to check (never the password),
+// and a counter.
+TEST(RemoteE2eTest, AWrongPasswordIsLoggedAndCountedNeverQuoted) {
+  auto cluster = RedisClusterProcess::Start({"alice"});
+  if (cluster == nullptr) GTEST_SKIP() << "redis-server is not installed";
+  testing::TempDir data;
+  const std::string wrong = "not-alices-password-" + cluster->password("alice").substr(0, 6);
+  DaemonProcess d(Config(data.File("nvme"), *cluster, PasswordFile(data, wrong)));
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  EXPECT_TRUE(testing::Eventually([&] { return d.Log().find("event=remote_auth_failed") != std::string::npos; }))
+      << d.Log();
+  const std::string log = d.Log();
+  EXPECT_NE(log.find("tenant=\"alice\""), std::string::npos) << log;
+  EXPECT_NE(log.find("WRONGPASS"), std::string::npos) << log;
+  EXPECT_EQ(log.find(wrong), std::string::npos) << "the password is never logged";
+  const nlohmann::json t = Tier(d, "remote");
+  EXPECT_GT(t["remote"]["cluster"].value("auth_failures", uint64_t{0}), 0u) << t.dump();
+  // Rate-limited: the daemon keeps retrying, the log does not fill.
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  size_t lines = 0;
+  for (size_t at = 0; (at = d.Log().find("event=remote_auth_failed", at)) != std::string::npos; ++at) ++lines;
+  EXPECT_LE(lines, 2u);
+}
+
+// --check-config said "config OK" to password files the start refused.
+// It applies the start's rules now, to the password and the key files.
+TEST(RemoteE2eTest, CheckConfigAppliesTheSecretFileRules) {
+  auto cluster = RedisClusterProcess::Start({"alice"});
+  if (cluster == nullptr) GTEST_SKIP() << "redis-server is not installed";
+  testing::TempDir data;
+  const std::string kvtierd = tools::FindKvtierd();
+  const std::string pass = PasswordFile(data, cluster->password("alice"));
+  auto check = [&](const std::string& password_file, const std::string& key_file) {
+    std::string config = Config(data.File("nvme"), *cluster, password_file);
+    config.replace(config.find(cluster->key_file("alice")), cluster->key_file("alice").size(), key_file);
+    std::ofstream(data.File("k.toml")) << config;
+    const std::string cmd = kvtierd + " --config " + data.File("k.toml") + " --check-config 2>&1";
+    std::string out;
+    FILE* p = popen(cmd.c_str(), "r");
+    char buf[4096];
+    for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+    const int rc = pclose(p);
+    EXPECT_EQ(out.find(cluster->password("alice")), std::string::npos) << "never quoted";
+    return std::make_pair(WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, out);
+  };
+  auto [rc, out] = check(pass, cluster->key_file("alice"));
+  EXPECT_EQ(rc, 0) << out;
+  // Each bad password file the start refuses.
+  const std::string loose = data.File("loose.pass");
+  std::ofstream(loose) << "pw\n";
+  chmod(loose.c_str(), 0644);
+  const std::string link = data.File("link.pass");
+  symlink(pass.c_str(), link.c_str());
+  const std::string fifo = data.File("fifo.pass");
+  mkfifo(fifo.c_str(), 0600);
+  const std::string empty = data.File("empty.pass");
+  std::ofstream(empty).close();
+  chmod(empty.c_str(), 0600);
+  const std::string big = data.File("big.pass");
+  std::ofstream(big) << std::string(10000, 'p');
+  chmod(big.c_str(), 0600);
+  for (const std::string& bad : {loose, link, fifo, std::string("/dev/zero"), empty, big, data.File("missing")}) {
+    std::tie(rc, out) = check(bad, cluster->key_file("alice"));
+    EXPECT_EQ(rc, 2) << bad << ": " << out;
+    EXPECT_NE(out.find("remote_password_file"), std::string::npos) << out;
+  }
+  // Bad key files: not a key, loose, the password itself.
+  const std::string notkey = data.File("not.key");
+  std::ofstream(notkey) << "hunter2\n";
+  chmod(notkey.c_str(), 0600);
+  const std::string loose_key = data.File("loose.key");
+  std::ofstream(loose_key) << std::string(64, 'a').replace(0, 2, "01") << "\n";
+  chmod(loose_key.c_str(), 0644);
+  const std::string same = data.File("same.pass");
+  const std::string hex_pass = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdee";
+  std::ofstream(same) << hex_pass << "\n";
+  chmod(same.c_str(), 0600);
+  const std::string same_key = data.File("same.key");
+  std::ofstream(same_key) << hex_pass << "\n";
+  chmod(same_key.c_str(), 0600);
+  for (const auto& [p, k] : std::vector<std::pair<std::string, std::string>>{
+           {pass, notkey}, {pass, loose_key}, {same, same_key}, {pass, data.File("missing.key")}}) {
+    std::tie(rc, out) = check(p, k);
+    EXPECT_EQ(rc, 2) << k << ": " << out;
+    EXPECT_NE(out.find("remote_key_file"), std::string::npos) << out;
+    EXPECT_EQ(out.find(hex_pass), std::string::npos) << "a key is never quoted";
+  }
+}
+
+// A tenant named "al*" got the ACL pattern ~kvtier:al*:*, which is alice's
+// keys too. Tenant names are a safe alphabet now.
+TEST(RemoteE2eTest, ATenantNameWithAGlobIsRefused) {
+  testing::TempDir data;
+  for (const std::string name : {"al*", "a?", "a[b]", "a:b", "a{b}", "a b", "a/b", "a\\\\b"}) {
+    std::ofstream(data.File("k.toml")) << "[[tenants]]\nname = \"" << name << "\"\nuids = [" << getuid() << "]\n";
+    const std::string cmd = tools::FindKvtierd() + " --config " + data.File("k.toml") + " --check-config 2>&1";
+    std::string out;
+    FILE* p = popen(cmd.c_str(), "r");
+    char buf[4096];
+    for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+    const int rc = pclose(p);
+    EXPECT_EQ(WEXITSTATUS(rc), 2) << name << ": " << out;
+    EXPECT_NE(out.find("letters, digits"), std::string::npos) << out;
+  }
 }
 
 }  // namespace

@@ -52,7 +52,8 @@ std::string NodeConfig(const RedisClusterProcess& c, const testing::TempDir& dir
                       "]\nop_timeout_ms = 2000\nprobe_budget_us = ", budget_us, "\nwrite_policy = \"", write_policy,
                       "\"\n", remote_extra, "[[tenants]]\nname = \"", tenant, "\"\nuids = [", getuid(), "]\nremote_user = \"",
                       c.user(tenant), "\"\nremote_password_file = \"",
-                      PasswordFile(dir, tenant, c.password(tenant)), "\"\n");
+                      PasswordFile(dir, tenant, c.password(tenant)), "\"\nremote_key_file = \"", c.key_file(tenant),
+                      "\"\n");
 }
 
 nlohmann::json Remote(const DaemonProcess& d) {
@@ -202,7 +203,7 @@ TEST(RemoteSharingTest, NodeBReusesWhatNodeAComputedByteExactAndNothingElse) {
     }
   }
   ASSERT_FALSE(alice_key.empty());
-  const std::string as_bob = cluster->Cli("-c get " + alice_key, 0, cluster->user("bob"), cluster->password("bob"));
+  const std::string as_bob = cluster->Cli("-c get " + alice_key, 0, "bob");
   EXPECT_NE(as_bob.find("NOPERM"), std::string::npos) << as_bob;
   for (const DaemonProcess* d : {&a, &b, &c}) {
     EXPECT_EQ(d->Log().find(cluster->password("alice")), std::string::npos) << "a password is never logged";

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "tiers/value_seal.h"
 #include "tools/common/daemon_process.h"
 
 namespace kvtier::testing {
@@ -34,6 +35,11 @@ class RedisClusterProcess {
       if (line.rfind("SEEDS=", 0) == 0) c->seeds_ = absl::StrSplit(line.substr(6), ',');
     }
     c->admin_pass_ = ReadLine(absl::StrCat(c->dir_.path(), "/admin.pass"));
+    // Each tenant's sealing key: kvtierd's secret, not the cluster's.
+    if (!c->Run(absl::StrCat("umask 077; mkdir -p ", c->dir_.path(), "/keys")) ) return nullptr;
+    for (const std::string& t : tenants) {
+      if (!c->Run(absl::StrCat("umask 077; od -An -N32 -tx1 /dev/urandom | tr -d ' \\n' >", c->key_file(t)))) return nullptr;
+    }
     c->up_ = !c->seeds_.empty();
     return c->up_ ? std::move(c) : nullptr;
   }
@@ -56,14 +62,17 @@ class RedisClusterProcess {
   // to survive the failover.
   bool ReplicasSynced() { return Run(absl::StrCat(Script(), " synced ", dir_.path(), " >/dev/null 2>&1")); }
 
-  // redis-cli's output for `args` against seed `node`, as `user` (the admin by default).
-  std::string Cli(const std::string& args, size_t node = 0, const std::string& user = "kvtier-admin",
-                  const std::string& pass = "") const {
+  // redis-cli's output for `args` against seed `node`, as `tenant`'s ACL
+  // user (the admin when empty). The password goes through stdin
+  // (--askpass), never the command line: other local users read those.
+  std::string Cli(const std::string& args, size_t node = 0, const std::string& tenant = "") const {
     const std::string& seed = seeds_.at(node);
     const size_t colon = seed.rfind(':');
-    const std::string cmd = absl::StrCat("redis-cli -h ", seed.substr(0, colon), " -p ", seed.substr(colon + 1),
-                                         " --user ", user, " --pass ", pass.empty() ? admin_pass_ : pass,
-                                         " --no-auth-warning ", args, " 2>&1");
+    const std::string pass_file = tenant.empty() ? absl::StrCat(dir_.path(), "/admin.pass")
+                                                 : absl::StrCat(dir_.path(), "/tenants/", tenant, ".pass");
+    const std::string cmd =
+        absl::StrCat("redis-cli -h ", seed.substr(0, colon), " -p ", seed.substr(colon + 1), " --user ",
+                     tenant.empty() ? "kvtier-admin" : user(tenant), " --askpass ", args, " <", pass_file, " 2>&1");
     std::string out;
     if (FILE* p = popen(cmd.c_str(), "r")) {
       char buf[4096];
@@ -71,7 +80,16 @@ class RedisClusterProcess {
       while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
       pclose(p);
     }
+    // --askpass prompts on stdout ("Please input password: ").
+    if (out.rfind("Please input password: ", 0) == 0) out.erase(0, 23);
     return out;
+  }
+  // A file of keys that seal tenant's values (64 hex digits, mode 0600),
+  // made at Start; and the keys.
+  std::string key_file(const std::string& tenant) const { return absl::StrCat(dir_.path(), "/keys/", tenant, ".key"); }
+  std::vector<SealKey> keys(const std::string& tenant) const {
+    absl::StatusOr<std::vector<SealKey>> k = ParseSealKeys(ReadLine(key_file(tenant)));
+    return k.ok() ? *k : std::vector<SealKey>{};
   }
   const std::string& admin_password() const { return admin_pass_; }
 

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 #include <hiredis/hiredis.h>
+#include <xxhash.h>
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -41,6 +42,13 @@ std::vector<std::byte> BytesFor(const BlockMeta& m) {
   std::vector<std::byte> b(m.payload_bytes);
   testing::FillFromKey(m.key, b);
   return b;
+}
+
+// A sealing key made of `seed` (tests only: real keys come from openssl rand).
+SealKey TestKey(uint8_t seed) {
+  std::string hex;
+  for (int i = 0; i < 32; ++i) absl::StrAppend(&hex, absl::Hex(static_cast<uint8_t>(seed * 31 + i * 7), absl::kZeroPad2));
+  return *ParseSealKey(hex);
 }
 
 absl::Status Wait(auto&& start) {
@@ -84,7 +92,7 @@ class RemoteTierTest : public ::testing::Test {
   static RemoteTierOptions Options(const RedisClusterProcess& c, std::vector<std::string> tenants = {"alice", "bob"}) {
     RemoteTierOptions o;
     o.seeds = c.seeds();
-    for (const std::string& t : tenants) o.tenants.push_back({t, c.user(t), c.password(t)});
+    for (const std::string& t : tenants) o.tenants.push_back({t, c.user(t), c.password(t), c.keys(t)});
     o.op_timeout_ms = 2000;
     return o;
   }
@@ -202,7 +210,7 @@ TEST(RedisClusterTest, AHostileNodeCannotHandTheTierABlock) {
     HostileNode node({"+OK\r\n", reply}, close_after);
     RemoteTierOptions o;
     o.seeds = {node.address()};
-    o.tenants = {{"alice", "kvtier-alice", "pw"}};
+    o.tenants = {{"alice", "kvtier-alice", "pw", {TestKey(1)}}};
     o.op_timeout_ms = 1000;
     o.io_timeout_ms = 500;
     Tier t{std::move(RemoteTier::Create(o)).value()};
@@ -298,7 +306,7 @@ TEST_F(RemoteTierTest, TheServerKeepsTenantsApart) {
   r = bob->Call(RedisCommand::Make({{"SET"}, {key}, {"overwritten"}}, 1), 2000);
   EXPECT_TRUE(absl::IsPermissionDenied(r.status())) << r.status();
   // And as redis-cli would, with bob's password.
-  EXPECT_NE(cluster_->Cli("-c get " + key, 0, cluster_->user("bob"), cluster_->password("bob")).find("NOPERM"),
+  EXPECT_NE(cluster_->Cli("-c get " + key, 0, "bob").find("NOPERM"),
             std::string::npos);
   // A wrong password never connects.
   o.password = "wrong";
@@ -318,8 +326,9 @@ TEST_F(RemoteTierTest, AValueThatDoesNotProveItselfIsNeverServedAndIsDeleted) {
   SlotHandle slot;
   ASSERT_TRUE(t.Put(m, BytesFor(m), &slot).ok());
   const std::string key = t.tier->KeyFor("alice", m);
+  const std::string value_len = absl::StrCat(sizeof(RemoteValueHeader) + 8192);
   // One payload byte changed in place.
-  EXPECT_NE(cluster_->Cli("-c setrange " + key + " 500 X").find("8288"), std::string::npos);
+  EXPECT_NE(cluster_->Cli("-c setrange " + key + " 500 X").find(value_len), std::string::npos);
   std::vector<std::byte> got;
   EXPECT_TRUE(absl::IsDataLoss(t.Get(slot, m, got)));
   EXPECT_EQ(t.tier->BlockStats().checksum_failures, 1u);
@@ -328,7 +337,9 @@ TEST_F(RemoteTierTest, AValueThatDoesNotProveItselfIsNeverServedAndIsDeleted) {
   EXPECT_TRUE(absl::IsNotFound(t.Get(slot, m, got))) << "then it is simply absent";
   // A value of the wrong length (the header's payload is longer than what follows).
   ASSERT_TRUE(t.Put(m, BytesFor(m)).ok());
-  EXPECT_NE(cluster_->Cli("-c setrange " + key + " 8290 tail").find("8294"), std::string::npos);
+  EXPECT_NE(cluster_->Cli(absl::StrCat("-c setrange ", key, " ", sizeof(RemoteValueHeader) + 8194, " tail"))
+                .find(absl::StrCat(sizeof(RemoteValueHeader) + 8198)),
+            std::string::npos);
   EXPECT_TRUE(absl::IsDataLoss(t.Get(slot, m, got)));
   // A value that is not kvtier's at all.
   EXPECT_NE(cluster_->Cli("-c set " + key + " hello").find("OK"), std::string::npos);
@@ -348,6 +359,73 @@ TEST_F(RemoteTierTest, AValueThatDoesNotProveItselfIsNeverServedAndIsDeleted) {
   EXPECT_EQ(other_got, BytesFor(other));
   EXPECT_EQ(t.tier->BlockStats().checksum_failures, 4u);
   EXPECT_EQ(t.tier->misses().bad_value, 4u);
+  EXPECT_EQ(t.tier->misses().forged, 0u) << "each of those failed its checksum or shape first";
+}
+
+// The attack that once served a wrong block: someone who can write alice's
+// key (the cluster's admin here; a port squatter or a stolen password
+// alike) changes the payload and recomputes the XXH3 in the header. The
+// seal, under a key the cluster never sees, refuses it.
+TEST_F(RemoteTierTest, AValueForgedWithARecomputedChecksumIsAMissNeverServed) {
+  Tier t = Make(Options(*cluster_));
+  const BlockMeta m = MetaFor("alice", 950, 8192);
+  SlotHandle slot;
+  ASSERT_TRUE(t.Put(m, BytesFor(m), &slot).ok());
+  const std::string key = t.tier->KeyFor("alice", m);
+  auto admin = std::move(RedisCluster::Create({.seeds = cluster_->seeds(), .user = "kvtier-admin",
+                                                .password = cluster_->admin_password()}))
+                   .value();
+  absl::StatusOr<RedisReply> v = admin->Call(RedisCommand::Make({{"GET"}, {key}}, 1), 2000);
+  ASSERT_TRUE(v.ok() && (*v)->type == REDIS_REPLY_STRING) << v.status();
+  std::string forged((*v)->str, (*v)->len);
+  ASSERT_TRUE(CheckRemoteValue(forged, m).ok());
+  for (size_t i = sizeof(RemoteValueHeader); i < forged.size(); i += 64) forged[i] = 'F';
+  RemoteValueHeader h;
+  std::memcpy(&h, forged.data(), sizeof(h));
+  h.checksum = XXH3_64bits(forged.data() + sizeof(h), 8192);
+  std::memcpy(forged.data(), &h, sizeof(h));
+  ASSERT_TRUE(CheckRemoteValue(forged, m).ok()) << "shape and checksum hold: only the seal can tell";
+  ASSERT_TRUE(admin->Call(RedisCommand::Make({{"SET"}, {key}, {forged}}, 1), 2000).ok());
+  std::vector<std::byte> got;
+  const absl::Status s = t.Get(slot, m, got);
+  EXPECT_TRUE(absl::IsDataLoss(s)) << s;
+  EXPECT_EQ(t.tier->misses().forged, 1u);
+  EXPECT_TRUE(testing::Eventually([&] { return cluster_->Cli("-c exists " + key).find('0') != std::string::npos; }))
+      << "the forgery is deleted";
+  // A tier that names the same tenant with another key cannot pass its
+  // values off as alice's either.
+  RemoteTierOptions other = Options(*cluster_, {"alice"});
+  other.tenants[0].keys = {TestKey(9)};
+  Tier impostor = Make(other);
+  ASSERT_TRUE(impostor.Put(m, BytesFor(m)).ok());
+  EXPECT_TRUE(absl::IsDataLoss(t.Get(slot, m, got)));
+  EXPECT_EQ(t.tier->misses().forged, 2u);
+}
+
+// Keys rotate: a node with the new key first and the old one after reads
+// what the old key sealed; a node that dropped the old key does not.
+// Encrypted values hold no plaintext in the cluster and read back exact.
+TEST_F(RemoteTierTest, KeysRotateAndEncryptedValuesHoldNoPlaintext) {
+  RemoteTierOptions old_opts = Options(*cluster_, {"alice"});
+  old_opts.tenants[0].keys = {TestKey(1)};
+  old_opts.encrypt = true;
+  RemoteTierOptions rotated = old_opts;
+  rotated.tenants[0].keys = {TestKey(2), TestKey(1)};
+  RemoteTierOptions dropped = old_opts;
+  dropped.tenants[0].keys = {TestKey(2)};
+  Tier a = Make(old_opts), b = Make(rotated), c = Make(dropped);
+  const BlockMeta m = MetaFor("alice", 960, 16384);
+  std::vector<std::byte> payload(16384, std::byte{'P'});
+  SlotHandle slot;
+  ASSERT_TRUE(a.Put(m, payload, &slot).ok());
+  const std::string stored = cluster_->Cli("-c get " + a.tier->KeyFor("alice", m));
+  EXPECT_EQ(stored.find(std::string(32, 'P')), std::string::npos) << "no run of the plaintext in the cluster";
+  std::vector<std::byte> got;
+  SlotHandle bslot = *b.tier->Allocate(16384), cslot = *c.tier->Allocate(16384);
+  ASSERT_TRUE(b.Get(bslot, m, got).ok());
+  EXPECT_EQ(got, payload);
+  EXPECT_TRUE(absl::IsDataLoss(c.Get(cslot, m, got)));
+  EXPECT_EQ(c.tier->misses().forged, 1u);
 }
 
 TEST_F(RemoteTierTest, APrimaryKilledUnderTrafficCostsMissesNeverWrongBytes) {

@@ -157,12 +157,14 @@ void PrintRemote(const json& t, bool nodes = true) {
             << HistogramQuantile(At(r, "read_latency"), 0.5) << ")\n"
             << "  published " << Num(r, "publishes") << " (skipped " << Num(r, "publishes_skipped") << ", failed "
             << Num(r, "publishes_failed") << "), writes avoided (already there) " << Num(r, "writes_avoided") << "\n"
-            << "  misses: not found " << Num(m, "not_found") << ", bad value " << Num(m, "bad_value")
+            << "  misses: not found " << Num(m, "not_found") << ", bad value " << Num(m, "bad_value") << " (forged "
+            << Num(m, "forged") << ")"
             << ", unavailable " << Num(m, "unavailable") << ", past deadline " << Num(m, "deadline") << ", other "
             << Num(m, "other") << "\n"
             << "  redirections: MOVED " << Num(c, "moved") << ", ASK " << Num(c, "ask") << ", TRYAGAIN "
             << Num(c, "tryagain") << ", CLUSTERDOWN " << Num(c, "clusterdown") << "; slot map refreshes "
-            << Num(c, "refreshes") << " (failed " << Num(c, "refresh_failures") << ")\n";
+            << Num(c, "refreshes") << " (failed " << Num(c, "refresh_failures") << "); AUTH refused "
+            << Num(c, "auth_failures") << "\n";
   if (!nodes) return;
   Table n({"NODE", "UP", "SLOTS", "COMMANDS", "ERRORS", "CONNECTS"});
   for (const json& x : List(At(r, "nodes"))) {
