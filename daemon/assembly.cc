@@ -127,6 +127,15 @@ absl::StatusOr<std::unique_ptr<RemoteTier>> OpenRemoteFrom(const Config& c) {
   o.connect_timeout_ms = c.remote_connect_timeout_ms;
   o.io_timeout_ms = c.remote_io_timeout_ms;
   o.encrypt = c.remote_encrypt;
+  o.tls = {.enabled = c.remote_tls,
+           .ca_file = c.remote_tls_ca_file,
+           .cert_file = c.remote_tls_cert_file,
+           .key_file = c.remote_tls_key_file,
+           .server_name = c.remote_tls_server_name};
+  if (c.remote_tls && !c.remote_tls_key_file.empty()) {
+    // The client key is a secret like the password: same file rules.
+    RETURN_IF_ERROR(ReadSecretText(c.remote_tls_key_file, "tiers.remote.tls_key_file").status());
+  }
   o.on_auth_failure = [](const std::string& tenant, const std::string& why) {
     spdlog::error("event=remote_auth_failed tenant=\"{}\" detail=\"{}\" hint=\"check this tenant's remote_user and "
                   "remote_password_file against the cluster's ACL (ACL LIST); its blocks are not read or written "
@@ -135,10 +144,16 @@ absl::StatusOr<std::unique_ptr<RemoteTier>> OpenRemoteFrom(const Config& c) {
   };
   ASSIGN_OR_RETURN(o.tenants, RemoteTenantsFrom(c));
   ASSIGN_OR_RETURN(std::unique_ptr<RemoteTier> tier, RemoteTier::Create(o));
-  spdlog::info("event=remote_tier state=on seeds={} tenants={} health={} payloads={} detail=\"a Redis Cluster below "
-               "NVMe; every value sealed with its tenant's key; misses there cost a recompute, never a wrong block\"",
+  spdlog::info("event=remote_tier state=on seeds={} tenants={} health={} payloads={} tls={} detail=\"a Redis Cluster "
+               "below NVMe; every value sealed with its tenant's key; misses there cost a recompute, never a wrong "
+               "block\"",
                c.remote_seeds.size(), c.tenants.size(), TierHealthName(tier->Health()),
-               c.remote_encrypt ? "encrypted" : "clear");
+               c.remote_encrypt ? "encrypted" : "clear", c.remote_tls ? "on" : "off");
+  if (!c.remote_tls) {
+    spdlog::warn("event=remote_tier_clear_text detail=\"tiers.remote.tls is off: passwords and blocks cross the "
+                 "network in clear, and a process that takes a node's port gets every tenant's AUTH\" hint=\"set "
+                 "tiers.remote.tls = true with tls_ca_file (docs/remote-tier.md)\"");
+  }
   return tier;
 }
 

@@ -103,6 +103,10 @@ struct Config {
   uint32_t remote_probe_max_blocks = 256;
   std::string remote_write_policy = "demoted";
   bool remote_encrypt = false;  // encrypt payloads at rest in the cluster (always sealed)
+  // TLS to the cluster's nodes: their certificates chain to the CA file and
+  // name the node (or tls_server_name); a client certificate when given.
+  bool remote_tls = false;
+  std::string remote_tls_ca_file, remote_tls_cert_file, remote_tls_key_file, remote_tls_server_name;
   // Per tenant: device memory for the GPU tier (0: no GPU tier).
   uint64_t gpu_capacity = 0;
   // [metrics]: Prometheus text over HTTP (GET /metrics).

@@ -55,6 +55,15 @@ void ValidateRemote(const Config& c, Fail& fail) {
   if (c.remote_key_prefix.empty() || c.remote_key_prefix.find_first_of(":{} \t\r\n") != std::string::npos) {
     fail("tiers.remote.key_prefix", "tiers.remote.key_prefix must be a non-empty word (no ':', '{', '}' or spaces)");
   }
+  if (c.remote_tls && c.remote_tls_ca_file.empty()) {
+    fail("tiers.remote.tls", "tiers.remote.tls needs tls_ca_file: the CA the nodes' certificates chain to");
+  }
+  if (c.remote_tls_cert_file.empty() != c.remote_tls_key_file.empty()) {
+    fail("tiers.remote.tls_cert_file", "tiers.remote.tls_cert_file and tls_key_file go together");
+  }
+  if (!c.remote_tls && !(c.remote_tls_ca_file.empty() && c.remote_tls_cert_file.empty())) {
+    fail("tiers.remote.tls", "tiers.remote has TLS files but tls = false: set tls = true, or remove them");
+  }
   for (size_t i = 0; i < c.tenants.size(); ++i) {
     const TenantConfig& t = c.tenants[i];
     if (t.remote_user.empty() || t.remote_password_file.empty() || t.remote_key_file.empty()) {

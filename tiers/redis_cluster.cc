@@ -45,6 +45,7 @@ extern "C" {
 #include "absl/strings/str_cat.h"
 #include "core/mutex.h"
 #include "core/units.h"
+#include "tiers/redis_link.h"
 
 namespace kvtier {
 
@@ -203,35 +204,16 @@ void* CreateInteger(const redisReadTask* task, long long value) {
 void* CreateNil(const redisReadTask* task) { return NewReply(task, REDIS_REPLY_NIL); }
 redisReplyObjectFunctions kBoundedReplies = {CreateString, CreateArray, CreateInteger, CreateNil, freeReplyObject};
 
-// Waits until c's socket has bytes, at most until deadline_ns (a whole
-// reply's time, not each read's: a node that drips a byte per read timeout
-// would hold its thread forever otherwise).
-bool WaitReadable(redisContext* c, uint64_t deadline_ns) {
-  for (;;) {
-    const uint64_t now = MonotonicNanos();
-    const int ms = now >= deadline_ns ? 0 : static_cast<int>(std::min<uint64_t>((deadline_ns - now) / 1'000'000 + 1, 60000));
-    pollfd p{c->fd, POLLIN, 0};
-    const int n = poll(&p, 1, ms);
-    if (n > 0) return true;
-    if (n < 0 && errno == EINTR) continue;
-    c->err = REDIS_ERR_IO;
-    std::snprintf(c->errstr, sizeof(c->errstr), "%s", n == 0 ? "reply not complete in time" : std::strerror(errno));
-    return false;
-  }
-}
-
 // redisGetReply, with bounds on what one reply may buffer and allocate, and
 // on how long it may take in all (timeout_ms).
-int GetReplyBounded(redisContext* c, void** reply, uint64_t max_bytes, uint64_t timeout_ms) {
+int GetReplyBounded(RedisLink& link, void** reply, uint64_t max_bytes, uint64_t timeout_ms) {
+  redisContext* c = link.ctx;
   const uint64_t deadline = MonotonicNanos() + timeout_ms * 1'000'000;
   ReplyBudget budget(max_bytes + (64 << 10));
   void* aux = nullptr;
   if (redisGetReplyFromReader(c, &aux) == REDIS_ERR) return REDIS_ERR;
   if (aux == nullptr) {
-    int done = 0;
-    do {
-      if (redisBufferWrite(c, &done) == REDIS_ERR) return REDIS_ERR;
-    } while (done == 0);
+    if (!LinkFlush(link)) return REDIS_ERR;
     do {
       if (c->reader->len - c->reader->pos > max_bytes) {
         c->err = REDIS_ERR_PROTOCOL;
@@ -239,7 +221,7 @@ int GetReplyBounded(redisContext* c, void** reply, uint64_t max_bytes, uint64_t 
                       static_cast<unsigned long long>(max_bytes));
         return REDIS_ERR;
       }
-      if (!WaitReadable(c, deadline) || redisBufferRead(c) == REDIS_ERR) return REDIS_ERR;
+      if (!LinkWaitReadable(link, deadline) || !LinkFill(link)) return REDIS_ERR;
       if (redisGetReplyFromReader(c, &aux) == REDIS_ERR) return REDIS_ERR;
     } while (aux == nullptr);
   }
@@ -248,7 +230,7 @@ int GetReplyBounded(redisContext* c, void** reply, uint64_t max_bytes, uint64_t 
 }
 
 // A command and its reply on a fresh connection (AUTH, CLUSTER SLOTS).
-RedisReply CommandBounded(redisContext* c, std::initializer_list<absl::string_view> args, uint64_t max_bytes,
+RedisReply CommandBounded(RedisLink& link, std::initializer_list<absl::string_view> args, uint64_t max_bytes,
                           uint64_t timeout_ms) {
   std::vector<const char*> argv;
   std::vector<size_t> len;
@@ -256,9 +238,9 @@ RedisReply CommandBounded(redisContext* c, std::initializer_list<absl::string_vi
     argv.push_back(a.data());
     len.push_back(a.size());
   }
-  if (redisAppendCommandArgv(c, static_cast<int>(argv.size()), argv.data(), len.data()) != REDIS_OK) return nullptr;
+  if (redisAppendCommandArgv(link.ctx, static_cast<int>(argv.size()), argv.data(), len.data()) != REDIS_OK) return nullptr;
   void* raw = nullptr;
-  if (GetReplyBounded(c, &raw, max_bytes, timeout_ms) != REDIS_OK) return nullptr;
+  if (GetReplyBounded(link, &raw, max_bytes, timeout_ms) != REDIS_OK) return nullptr;
   return RedisReply(static_cast<redisReply*>(raw));
 }
 
@@ -432,8 +414,10 @@ struct RedisCluster::Impl {
   // its node is back (and the tier's health with it).
   void ProbeDownNodes();
   void AskRefresh();
-  // A connection to host:port, authenticated; nullptr (and *why) when not.
-  redisContext* Connect(const std::string& host, int port, std::string* why) const;
+  // A connection to host:port (over TLS when configured), authenticated;
+  // an empty link (and *why) when not.
+  RedisLink Connect(const std::string& host, int port, std::string* why) const;
+  std::unique_ptr<RedisTls> tls;  // set by Create when opts.tls.enabled
 };
 
 struct RedisCluster::Impl::Node {
@@ -442,7 +426,7 @@ struct RedisCluster::Impl::Node {
   }
   ~Node() {
     StopAndJoin();
-    if (ctx != nullptr) redisFree(ctx);
+    CloseLink(link);
   }
   // What is queued fails with Cancelled; the thread ends.
   void StopAndJoin() {
@@ -512,7 +496,7 @@ struct RedisCluster::Impl::Node {
   bool stop ABSL_GUARDED_BY(mu) = false;
 
   // The link thread's alone.
-  redisContext* ctx = nullptr;
+  RedisLink link;
   uint64_t backoff_ns = 0, retry_at_ns = 0;
   std::string last_error;
 
@@ -522,22 +506,29 @@ struct RedisCluster::Impl::Node {
   std::thread thread;
 };
 
-redisContext* RedisCluster::Impl::Connect(const std::string& host, int port, std::string* why) const {
+RedisLink RedisCluster::Impl::Connect(const std::string& host, int port, std::string* why) const {
+  RedisLink link;
   redisContext* c = redisConnectWithTimeout(host.c_str(), port, ToTimeval(opts.connect_timeout_ms));
   if (c == nullptr || c->err != 0) {
     *why = c == nullptr ? "out of memory" : std::string(c->errstr);
     if (c != nullptr) redisFree(c);
-    return nullptr;
+    return {};
   }
+  link.ctx = c;
   if (redisSetTimeout(c, ToTimeval(opts.io_timeout_ms)) != REDIS_OK) {
     *why = "cannot set the socket timeout";
-    redisFree(c);
-    return nullptr;
+    CloseLink(link);
+    return {};
   }
   BoundReplyObjects(c->reader);
+  // The node proves itself before it hears a password.
+  if (tls != nullptr && !tls->Handshake(link, host, why)) {
+    CloseLink(link);
+    return {};
+  }
   if (!opts.password.empty() || !opts.user.empty()) {
-    RedisReply r = opts.user.empty() ? CommandBounded(c, {"AUTH", opts.password}, 4096, opts.io_timeout_ms)
-                                     : CommandBounded(c, {"AUTH", opts.user, opts.password}, 4096, opts.io_timeout_ms);
+    RedisReply r = opts.user.empty() ? CommandBounded(link, {"AUTH", opts.password}, 4096, opts.io_timeout_ms)
+                                     : CommandBounded(link, {"AUTH", opts.user, opts.password}, 4096, opts.io_timeout_ms);
     if (r == nullptr || r->type == REDIS_REPLY_ERROR) {
       // The server's words (WRONGPASS ...) name no secret; ours neither.
       *why = r == nullptr ? absl::StrCat("AUTH: ", c->errstr)
@@ -553,24 +544,24 @@ redisContext* RedisCluster::Impl::Connect(const std::string& host, int port, std
           opts.on_auth_failure(absl::StrCat("node ", host, ":", port, " refused ", *why));
         }
       }
-      redisFree(c);
-      return nullptr;
+      CloseLink(link);
+      return {};
     }
   }
-  return c;
+  return link;
 }
 
 bool RedisCluster::Impl::Node::EnsureConnected(std::string* why) {
-  if (ctx != nullptr && ctx->err == 0) return true;
-  if (ctx != nullptr) Disconnect(ctx->errstr);
+  if (link.ctx != nullptr && link.ctx->err == 0) return true;
+  if (link.ctx != nullptr) Disconnect(link.ctx->errstr);
   const uint64_t now = MonotonicNanos();
   if (now < retry_at_ns) {
     *why = absl::StrCat("node ", address, " is unreachable (", last_error, "); trying again shortly");
     return false;
   }
   std::string err;
-  ctx = cluster->Connect(host, port, &err);
-  if (ctx == nullptr) {
+  link = cluster->Connect(host, port, &err);
+  if (link.ctx == nullptr) {
     last_error = err;
     backoff_ns = backoff_ns == 0 ? kMinBackoffNs : std::min(kMaxBackoffNs, backoff_ns * 2);
     retry_at_ns = now + backoff_ns;
@@ -588,8 +579,7 @@ bool RedisCluster::Impl::Node::EnsureConnected(std::string* why) {
 }
 
 void RedisCluster::Impl::Node::Disconnect(const std::string& why) {
-  if (ctx != nullptr) redisFree(ctx);
-  ctx = nullptr;
+  CloseLink(link);
   last_error = why;
   connected.store(false, std::memory_order_relaxed);
   // The next command connects at once; a failed connect backs off.
@@ -658,14 +648,14 @@ void RedisCluster::Impl::Node::Run() {
       inflight.insert(inflight.end(), send.begin(), send.end());
       if (!WriteAll(send)) {
         // Nothing more comes on a connection that broke mid-write.
-        fail_inflight(ctx->err != 0 ? std::string(ctx->errstr) : "write failed");
+        fail_inflight(link.ctx->err != 0 ? std::string(link.ctx->errstr) : "write failed");
         continue;
       }
     }
     if (inflight.empty()) continue;
     Op* op = inflight.front();
     if (!ReadReply(op)) {
-      fail_inflight(ctx->err != 0 ? std::string(ctx->errstr) : "no reply");
+      fail_inflight(link.ctx->err != 0 ? std::string(link.ctx->errstr) : "no reply");
       continue;
     }
     inflight.pop_front();
@@ -675,6 +665,7 @@ void RedisCluster::Impl::Node::Run() {
 
 int RedisCluster::Impl::Node::ReadSunkReply(const RedisCommand& cmd, void** raw) {
   const uint64_t deadline = MonotonicNanos() + cluster->opts.io_timeout_ms * 1'000'000;
+  redisContext* ctx = link.ctx;
   redisReader* r = ctx->reader;
   constexpr size_t kMaxLine = 24;  // "$" and 20 digits and CRLF
   const char* line;
@@ -686,7 +677,7 @@ int RedisCluster::Impl::Node::ReadSunkReply(const RedisCommand& cmd, void** raw)
     end = static_cast<const char*>(std::memchr(line, '\n', std::min(avail, kMaxLine)));
     if (end != nullptr) break;
     if (avail >= kMaxLine) return 0;
-    if (!WaitReadable(ctx, deadline) || redisBufferRead(ctx) != REDIS_OK) return -1;
+    if (!LinkWaitReadable(link, deadline) || !LinkFill(link)) return -1;
   }
   if (line[0] != '$' || end - line < 3 || end[-1] != '\r') return 0;
   uint64_t n = 0;
@@ -701,18 +692,10 @@ int RedisCluster::Impl::Node::ReadSunkReply(const RedisCommand& cmd, void** raw)
     std::memcpy(to, r->buf + r->pos, held);
     r->pos += held;
     for (size_t got = held; got < want;) {
-      if (!WaitReadable(ctx, deadline)) return false;
-      const ssize_t k = recv(ctx->fd, to + got, want - got, 0);
-      if (k > 0) {
-        got += static_cast<size_t>(k);
-      } else if (k < 0 && errno == EINTR) {
-        continue;
-      } else {
-        ctx->err = REDIS_ERR_IO;
-        std::snprintf(ctx->errstr, sizeof(ctx->errstr), "%s",
-                      k == 0 ? "server closed the connection" : errno == EAGAIN ? "read timed out" : std::strerror(errno));
-        return false;
-      }
+      if (!LinkWaitReadable(link, deadline)) return false;
+      const ssize_t k = LinkRead(link, to + got, want - got);
+      if (k < 0) return false;
+      got += static_cast<size_t>(k);
     }
     return true;
   };
@@ -764,7 +747,7 @@ int RedisCluster::Impl::Node::ReadSunkReply(const RedisCommand& cmd, void** raw)
 bool RedisCluster::Impl::Node::ReadReply(Op* op) {
   void* raw = nullptr;
   if (op->asking) {
-    if (GetReplyBounded(ctx, &raw, 4096, cluster->opts.io_timeout_ms) != REDIS_OK) return false;
+    if (GetReplyBounded(link, &raw, 4096, cluster->opts.io_timeout_ms) != REDIS_OK) return false;
     freeReplyObject(raw);  // +OK; a refusal shows in the command's own reply
     raw = nullptr;
     op->asking = false;
@@ -773,7 +756,7 @@ bool RedisCluster::Impl::Node::ReadReply(Op* op) {
   if (direct < 0) return false;
   if (direct == 0) {
     t_sink = &op->cmd;
-    const int got = GetReplyBounded(ctx, &raw, cluster->opts.max_reply_bytes, cluster->opts.io_timeout_ms);
+    const int got = GetReplyBounded(link, &raw, cluster->opts.max_reply_bytes, cluster->opts.io_timeout_ms);
     t_sink = nullptr;
     if (got != REDIS_OK) return false;
   }
@@ -789,29 +772,7 @@ bool RedisCluster::Impl::Node::WriteAll(const std::vector<Op*>& ops) {
     if (op->asking) iov.push_back({const_cast<char*>(kAsking.data()), kAsking.size()});
     iov.push_back({const_cast<char*>(op->cmd.wire().data()), op->cmd.wire().size()});
   }
-  size_t at = 0;
-  while (at < iov.size()) {
-    const int n = static_cast<int>(std::min<size_t>(iov.size() - at, IOV_MAX));
-    msghdr msg{};
-    msg.msg_iov = iov.data() + at;
-    msg.msg_iovlen = static_cast<size_t>(n);
-    const ssize_t w = sendmsg(ctx->fd, &msg, MSG_NOSIGNAL);  // a reset peer is an error, not SIGPIPE
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      ctx->err = REDIS_ERR_IO;
-      std::snprintf(ctx->errstr, sizeof(ctx->errstr), "%s",
-                    errno == EAGAIN ? "write timed out" : std::strerror(errno));
-      return false;
-    }
-    // Past what was written: whole iovecs, then into one.
-    size_t left = static_cast<size_t>(w);
-    while (at < iov.size() && left >= iov[at].iov_len) left -= iov[at++].iov_len;
-    if (left > 0) {
-      iov[at].iov_base = static_cast<char*>(iov[at].iov_base) + left;
-      iov[at].iov_len -= left;
-    }
-  }
-  return true;
+  return LinkWriteAll(link, iov.data(), static_cast<int>(iov.size()));
 }
 
 RedisCluster::Impl::Node* RedisCluster::Impl::NodeAt(absl::string_view host, int port) {
@@ -971,10 +932,10 @@ bool RedisCluster::Impl::Refresh() {
   for (size_t k = 0; k < ask_of.size() && k < kMaxAsked; ++k) {
     const auto& [host, port] = ask_of[k];
     std::string why;
-    redisContext* c = Connect(host, port, &why);
-    if (c == nullptr) continue;
-    RedisReply r = CommandBounded(c, {"CLUSTER", "SLOTS"}, opts.max_reply_bytes, opts.io_timeout_ms);
-    redisFree(c);
+    RedisLink link = Connect(host, port, &why);
+    if (link.ctx == nullptr) continue;
+    RedisReply r = CommandBounded(link, {"CLUSTER", "SLOTS"}, opts.max_reply_bytes, opts.io_timeout_ms);
+    CloseLink(link);
     if (r == nullptr || r->type != REDIS_REPLY_ARRAY) continue;
     absl::StatusOr<std::vector<SlotRange>> ranges = ParseClusterSlots(r.get(), host);
     // An empty map (a node reset, or cut off) would unmap every slot: ask the next.
@@ -1084,6 +1045,11 @@ absl::StatusOr<std::unique_ptr<RedisCluster>> RedisCluster::Create(const RedisCl
   if (opts.seeds.empty()) return absl::InvalidArgumentError(absl::StrCat(opts.name, ": no seed nodes (host:port)"));
   if (opts.max_pipeline == 0) return absl::InvalidArgumentError(absl::StrCat(opts.name, ": max_pipeline is 0"));
   auto impl = std::make_unique<Impl>(opts);
+  if (opts.tls.enabled) {
+    absl::StatusOr<std::unique_ptr<RedisTls>> tls = RedisTls::Create(opts.tls);
+    if (!tls.ok()) return absl::InvalidArgumentError(absl::StrCat(opts.name, ": ", tls.status().message()));
+    impl->tls = *std::move(tls);
+  }
   for (const std::string& s : opts.seeds) {
     std::string host;
     int port;

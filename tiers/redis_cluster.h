@@ -16,7 +16,8 @@
 //     then fails with DeadlineExceeded (or Cancelled), and a reply slower
 //     than io_timeout breaks its connection (Unavailable).
 // Every failure is a status, never a partial reply: callers (the remote
-// tier) treat it as a miss. Connections authenticate as one ACL user.
+// tier) treat it as a miss. Connections authenticate as one ACL user, over
+// TLS (OpenSSL on the connection's own socket) when RedisTlsOptions say so.
 #ifndef KVTIER_TIERS_REDIS_CLUSTER_H_
 #define KVTIER_TIERS_REDIS_CLUSTER_H_
 
@@ -92,6 +93,18 @@ class RedisCommand {
 // The full length of a string reply split by SinkReplyInto; 0 for a whole one.
 uint64_t SunkLength(const redisReply& r);
 
+// TLS to every node: the server's certificate must chain to ca_file and
+// name the node (its IP address or host name as the cluster announces it,
+// or server_name for all). A client certificate is sent when cert_file is
+// set. A node that fails the handshake gets nothing: no AUTH, no block.
+struct RedisTlsOptions {
+  bool enabled = false;
+  std::string ca_file;      // PEM: the CA(s) the nodes' certificates chain to
+  std::string cert_file;    // PEM: this client's certificate chain (optional)
+  std::string key_file;     // PEM: its private key (with cert_file)
+  std::string server_name;  // the name every node's certificate must carry ("" : the node's address)
+};
+
 struct RedisClusterOptions {
   std::vector<std::string> seeds;  // "host:port" of nodes to learn the cluster from
   std::string user;                // the ACL user ("" is the default user)
@@ -109,6 +122,7 @@ struct RedisClusterOptions {
   // disabled), with the node's words and never the password: at most once
   // every 10 s, on a cluster thread, so it may log but must not block.
   std::function<void(const std::string& why)> on_auth_failure;
+  RedisTlsOptions tls;
 };
 
 // Decoders of what a node sends (fuzzed: tests/fuzz/redis_reply_fuzz.cc).
@@ -140,7 +154,8 @@ void BoundReplyObjects(redisReader* reader);
 
 class RedisCluster {
  public:
-  // The seeds are parsed (InvalidArgument for one that is not host:port);
+  // The seeds are parsed (InvalidArgument for one that is not host:port)
+  // and the TLS files loaded (InvalidArgument for one that does not load);
   // the cluster need not be up: the first slot map comes when a node answers.
   static absl::StatusOr<std::unique_ptr<RedisCluster>> Create(const RedisClusterOptions& opts);
   // Fails what is still queued with Cancelled and joins every thread.

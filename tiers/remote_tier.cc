@@ -143,6 +143,7 @@ absl::StatusOr<std::unique_ptr<RemoteTier>> RemoteTier::Create(const RemoteTierO
     c.io_timeout_ms = opts.io_timeout_ms;
     c.max_pipeline = opts.max_pipeline;
     c.max_reply_bytes = opts.max_block_bytes + sizeof(RemoteValueHeader) + (64 << 10);
+    c.tls = opts.tls;
     if (opts.on_auth_failure) {
       c.on_auth_failure = [report = opts.on_auth_failure, name = t.name](const std::string& why) { report(name, why); };
     }

@@ -90,6 +90,7 @@ struct RemoteTierOptions {
   uint64_t io_timeout_ms = 1000;  // a reply slower than this breaks its connection
   uint32_t max_pipeline = 64;
   bool encrypt = false;  // encrypt payloads at rest (always sealed)
+  RedisTlsOptions tls;   // TLS to every node (redis_cluster.h)
   // A node refused a tenant's AUTH (rate-limited per tenant; never the password).
   std::function<void(const std::string& tenant, const std::string& why)> on_auth_failure;
 };

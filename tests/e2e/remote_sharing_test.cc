@@ -1,6 +1,7 @@
 // Two kvtierd nodes (separate sockets, data folders and host tiers) over one
-// real Redis Cluster: blocks node A computed are found and loaded on node B
-// byte-exact, through B's lookups asking the cluster past their local hit
+// real Redis Cluster, over TLS only (client certificates required): blocks
+// node A computed are found and loaded on node B byte-exact, through B's
+// lookups asking the cluster past their local hit
 // prefix; the same key bytes under another namespace, or as another tenant
 // (whose ACL user cannot even read the first tenant's keys), never hit; the
 // probe budget and the write policy change on SIGHUP.
@@ -44,13 +45,21 @@ std::string PasswordFile(const testing::TempDir& dir, const std::string& tenant,
   return path;
 }
 
-// A node without NVMe: host memory, then the cluster. Our uid is `tenant`.
+// [tiers.remote]'s TLS keys for a cluster started with --tls.
+std::string TlsConfig(const RedisClusterProcess& c) {
+  if (!c.tls().enabled) return "";
+  return absl::StrCat("tls = true\ntls_ca_file = \"", c.tls().ca_file, "\"\ntls_cert_file = \"", c.tls().cert_file,
+                      "\"\ntls_key_file = \"", c.tls().key_file, "\"\n");
+}
+
+// A node without NVMe: host memory, then the cluster (over TLS, as a
+// production cluster should be). Our uid is `tenant`.
 std::string NodeConfig(const RedisClusterProcess& c, const testing::TempDir& dir, const std::string& tenant,
                        const std::string& write_policy, uint32_t budget_us = 200000,
                        const std::string& extra = "", const std::string& remote_extra = "") {
   return absl::StrCat(extra, "[tiers.host]\ncapacity = \"8MiB\"\n[tiers.remote]\nseeds = [", Seeds(c),
                       "]\nop_timeout_ms = 2000\nprobe_budget_us = ", budget_us, "\nwrite_policy = \"", write_policy,
-                      "\"\n", remote_extra, "[[tenants]]\nname = \"", tenant, "\"\nuids = [", getuid(), "]\nremote_user = \"",
+                      "\"\n", TlsConfig(c), remote_extra, "[[tenants]]\nname = \"", tenant, "\"\nuids = [", getuid(), "]\nremote_user = \"",
                       c.user(tenant), "\"\nremote_password_file = \"",
                       PasswordFile(dir, tenant, c.password(tenant)), "\"\nremote_key_file = \"", c.key_file(tenant),
                       "\"\n");
@@ -104,7 +113,7 @@ std::pair<uint32_t, uint32_t> HitAndLoad(Client& c, std::span<const BlockKey> ke
 }
 
 TEST(RemoteSharingTest, NodeBReusesWhatNodeAComputedByteExactAndNothingElse) {
-  auto cluster = RedisClusterProcess::Start({"alice", "bob"});
+  auto cluster = RedisClusterProcess::Start({"alice", "bob"}, "--tls");
   if (cluster == nullptr) GTEST_SKIP() << "redis-server is not installed (scripts/install-deps installs it)";
   testing::TempDir secrets;
   DaemonProcess a(NodeConfig(*cluster, secrets, "alice", "committed"));
@@ -212,7 +221,7 @@ TEST(RemoteSharingTest, NodeBReusesWhatNodeAComputedByteExactAndNothingElse) {
 }
 
 TEST(RemoteSharingTest, SighupChangesTheProbeBudgetAndTheWritePolicy) {
-  auto cluster = RedisClusterProcess::Start({"alice"});
+  auto cluster = RedisClusterProcess::Start({"alice"}, "--tls");
   if (cluster == nullptr) GTEST_SKIP() << "redis-server is not installed";
   testing::TempDir secrets;
   DaemonProcess a(NodeConfig(*cluster, secrets, "alice", "demoted"));
@@ -273,7 +282,7 @@ TEST(RemoteSharingTest, SighupChangesTheProbeBudgetAndTheWritePolicy) {
 // being served from its host tier at local speed, and no loaded byte is
 // wrong; after the failover the cluster's blocks are hits again.
 TEST(RemoteSharingTest, APrimaryKilledUnderTrafficCostsMissesNeverWrongBytesAndLocalTiersServe) {
-  auto cluster = RedisClusterProcess::Start({"alice"});
+  auto cluster = RedisClusterProcess::Start({"alice"}, "--tls");
   if (cluster == nullptr) GTEST_SKIP() << "redis-server is not installed";
   testing::TempDir secrets;
   constexpr uint32_t kBudgetUs = 100000;
@@ -422,7 +431,7 @@ TEST(RemoteSharingTest, TheEndToEndBenchmarkShowsTwoNodesReusingThroughTheCluste
 // blocks; it finds A's 12 in the cluster, then commits 10 of its own with
 // "committed": all 10 go up, once each, and A loads them.
 TEST(RemoteSharingTest, PublishesDoNotWaitForTheNodesOwnHandles) {
-  auto cluster = RedisClusterProcess::Start({"alice"});
+  auto cluster = RedisClusterProcess::Start({"alice"}, "--tls");
   if (cluster == nullptr) GTEST_SKIP() << "redis-server is not installed";
   testing::TempDir secrets;
   DaemonProcess a(NodeConfig(*cluster, secrets, "alice", "committed"));

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "tiers/redis_cluster.h"
 #include "tiers/value_seal.h"
 #include "tools/common/daemon_process.h"
 
@@ -33,6 +34,10 @@ class RedisClusterProcess {
     std::string line;
     while (std::getline(env, line)) {
       if (line.rfind("SEEDS=", 0) == 0) c->seeds_ = absl::StrSplit(line.substr(6), ',');
+      if (line == "TLS=1") c->tls_.enabled = true;
+      if (line.rfind("TLS_CA_FILE=", 0) == 0) c->tls_.ca_file = line.substr(12);
+      if (line.rfind("TLS_CERT_FILE=", 0) == 0) c->tls_.cert_file = line.substr(14);
+      if (line.rfind("TLS_KEY_FILE=", 0) == 0) c->tls_.key_file = line.substr(13);
     }
     c->admin_pass_ = ReadLine(absl::StrCat(c->dir_.path(), "/admin.pass"));
     // Each tenant's sealing key: kvtierd's secret, not the cluster's.
@@ -71,7 +76,7 @@ class RedisClusterProcess {
     const std::string pass_file = tenant.empty() ? absl::StrCat(dir_.path(), "/admin.pass")
                                                  : absl::StrCat(dir_.path(), "/tenants/", tenant, ".pass");
     const std::string cmd =
-        absl::StrCat("redis-cli -h ", seed.substr(0, colon), " -p ", seed.substr(colon + 1), " --user ",
+        absl::StrCat("redis-cli ", TlsArgs(), "-h ", seed.substr(0, colon), " -p ", seed.substr(colon + 1), " --user ",
                      tenant.empty() ? "kvtier-admin" : user(tenant), " --askpass ", args, " <", pass_file, " 2>&1");
     std::string out;
     if (FILE* p = popen(cmd.c_str(), "r")) {
@@ -92,6 +97,13 @@ class RedisClusterProcess {
     return k.ok() ? *k : std::vector<SealKey>{};
   }
   const std::string& admin_password() const { return admin_pass_; }
+  // With --tls: the CA and the client certificate the nodes require.
+  const RedisTlsOptions& tls() const { return tls_; }
+  std::string TlsArgs() const {
+    return tls_.enabled ? absl::StrCat("--tls --cacert ", tls_.ca_file, " --cert ", tls_.cert_file, " --key ",
+                                       tls_.key_file, " ")
+                        : "";
+  }
 
  private:
   RedisClusterProcess() = default;
@@ -107,6 +119,7 @@ class RedisClusterProcess {
   tools::TempDir dir_;
   std::vector<std::string> seeds_;
   std::string admin_pass_;
+  RedisTlsOptions tls_;
   bool up_ = false;
 };
 

@@ -15,9 +15,12 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <fstream>
 #include <latch>
+#include <mutex>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "core/units.h"
 #include "tests/support/redis_cluster_process.h"
@@ -76,17 +79,28 @@ struct Tier {
   }
 };
 
-class RemoteTierTest : public ::testing::Test {
+// Each test runs against a cluster in clear text and one that speaks TLS
+// only (scripts/redis-cluster --tls: a throwaway CA, client certificates
+// required): the tier must behave the same over both.
+class RemoteTierTest : public ::testing::TestWithParam<bool> {
  protected:
   static void SetUpTestSuite() {
-    cluster_ = RedisClusterProcess::Start({"alice", "bob"}).release();
+    plain_ = RedisClusterProcess::Start({"alice", "bob"}).release();
+    tls_ = RedisClusterProcess::Start({"alice", "bob"}, "--tls").release();
   }
   static void TearDownTestSuite() {
-    delete cluster_;
-    cluster_ = nullptr;
+    delete plain_;
+    delete tls_;
+    plain_ = tls_ = nullptr;
   }
   void SetUp() override {
+    cluster_ = GetParam() ? tls_ : plain_;
     if (cluster_ == nullptr) GTEST_SKIP() << "redis-server is not installed (scripts/install-deps installs it)";
+  }
+  bool tls() const { return GetParam(); }
+  // A cluster of its own for a test that kills, stops or reshards it.
+  std::unique_ptr<RedisClusterProcess> OwnCluster(std::vector<std::string> tenants) const {
+    return RedisClusterProcess::Start(tenants, tls() ? "--tls" : "");
   }
 
   static RemoteTierOptions Options(const RedisClusterProcess& c, std::vector<std::string> tenants = {"alice", "bob"}) {
@@ -94,6 +108,7 @@ class RemoteTierTest : public ::testing::Test {
     o.seeds = c.seeds();
     for (const std::string& t : tenants) o.tenants.push_back({t, c.user(t), c.password(t), c.keys(t)});
     o.op_timeout_ms = 2000;
+    o.tls = c.tls();
     return o;
   }
   static Tier Make(const RemoteTierOptions& o) {
@@ -101,10 +116,22 @@ class RemoteTierTest : public ::testing::Test {
     EXPECT_TRUE(t.ok()) << t.status();
     return Tier{std::move(*t)};
   }
+  // The admin's own connection (to write what an attacker would).
+  static std::unique_ptr<RedisCluster> Admin(const RedisClusterProcess& c) {
+    return std::move(RedisCluster::Create(
+                         {.seeds = c.seeds(), .user = "kvtier-admin", .password = c.admin_password(), .tls = c.tls()}))
+        .value();
+  }
 
-  static RedisClusterProcess* cluster_;
+  RedisClusterProcess* cluster_ = nullptr;
+  static RedisClusterProcess* plain_;
+  static RedisClusterProcess* tls_;
 };
-RedisClusterProcess* RemoteTierTest::cluster_ = nullptr;
+RedisClusterProcess* RemoteTierTest::plain_ = nullptr;
+RedisClusterProcess* RemoteTierTest::tls_ = nullptr;
+
+INSTANTIATE_TEST_SUITE_P(ClearAndTls, RemoteTierTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Tls" : "Clear"; });
 
 TEST(RedisClusterTest, KeySlotsAreTheClusterSpecsCrc16) {
   EXPECT_EQ(RedisCluster::KeySlot("123456789"), 0x31C3 % RedisCluster::kSlots);  // the spec's check value
@@ -146,7 +173,12 @@ class HostileNode {
         const int c = accept(fd_, nullptr, nullptr);
         if (c < 0) return;
         char buf[4096];
-        for (size_t i = 0; read(c, buf, sizeof buf) > 0; ++i) {
+        ssize_t got;
+        for (size_t i = 0; (got = read(c, buf, sizeof buf)) > 0; ++i) {
+          {
+            std::lock_guard<std::mutex> l(mu_);
+            received_.append(buf, static_cast<size_t>(got));
+          }
           const std::string& reply = replies_[std::min(i, replies_.size() - 1)];
           if (drip_.count() > 0 && i > 0) {
             for (char ch : reply) {
@@ -169,8 +201,16 @@ class HostileNode {
     thread_.join();
   }
   std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+  int port() const { return port_; }
+  // Every byte a client sent it.
+  std::string received() const {
+    std::lock_guard<std::mutex> l(mu_);
+    return received_;
+  }
 
  private:
+  mutable std::mutex mu_;
+  std::string received_;
   std::vector<std::string> replies_;
   bool close_after_;
   std::chrono::milliseconds drip_;
@@ -234,7 +274,7 @@ TEST(RedisClusterTest, ANodeThatDripsItsReplyIsCutOffAtTheReplyTimeout) {
   EXPECT_LT(MonotonicNanos() - t0, 2'000'000'000ull) << "cut off near io_timeout, not after 50 s of drips";
 }
 
-TEST_F(RemoteTierTest, BlocksComeBackByteExactFromEveryNode) {
+TEST_P(RemoteTierTest, BlocksComeBackByteExactFromEveryNode) {
   Tier t = Make(Options(*cluster_));
   for (uint64_t bytes : {uint64_t{4096}, uint64_t{256} << 10, uint64_t{2} << 20}) {
     std::vector<std::pair<SlotHandle, BlockMeta>> put;
@@ -259,7 +299,7 @@ TEST_F(RemoteTierTest, BlocksComeBackByteExactFromEveryNode) {
   EXPECT_EQ(t.tier->BlockStats().checksum_failures, 0u);
 }
 
-TEST_F(RemoteTierTest, ABlockIsSharedBetweenTwoTiersOfOneTenantOnly) {
+TEST_P(RemoteTierTest, ABlockIsSharedBetweenTwoTiersOfOneTenantOnly) {
   Tier node_a = Make(Options(*cluster_));
   Tier node_b = Make(Options(*cluster_));
   const BlockMeta m = MetaFor("alice", 42, 64 << 10);
@@ -289,12 +329,13 @@ TEST_F(RemoteTierTest, ABlockIsSharedBetweenTwoTiersOfOneTenantOnly) {
   EXPECT_EQ(node_b.tier->misses().not_found, 2u);
 }
 
-TEST_F(RemoteTierTest, TheServerKeepsTenantsApart) {
+TEST_P(RemoteTierTest, TheServerKeepsTenantsApart) {
   // Bob's own connection asks for alice's key: the cluster refuses (NOPERM).
   RedisClusterOptions o;
   o.seeds = cluster_->seeds();
   o.user = cluster_->user("bob");
   o.password = cluster_->password("bob");
+  o.tls = cluster_->tls();
   auto bob = std::move(RedisCluster::Create(o)).value();
   ASSERT_TRUE(bob->WaitForMap(5000));
   Tier alice_tier = Make(Options(*cluster_, {"alice"}));
@@ -320,7 +361,90 @@ TEST_F(RemoteTierTest, TheServerKeepsTenantsApart) {
       Wait([&](auto cb) { bob_only.tier->Write(slot, m, BytesFor(m), IoPriority::kDemote, std::move(cb)); })));
 }
 
-TEST_F(RemoteTierTest, AValueThatDoesNotProveItselfIsNeverServedAndIsDeleted) {
+// The port-squat attack: a local process binds the port of a node that
+// died and waits for kvtierd to reconnect. In clear text it gets the
+// tenant's AUTH, password and all. Over TLS it gets a ClientHello and
+// nothing more: it cannot prove it is the node.
+TEST_P(RemoteTierTest, APortSquatterGetsNoPasswordOverTls) {
+  HostileNode squatter(std::vector<std::string>{"+OK\r\n", "$-1\r\n"});
+  RedisClusterOptions o{.seeds = {squatter.address()},
+                        .user = cluster_->user("alice"),
+                        .password = cluster_->password("alice"),
+                        .io_timeout_ms = 500,
+                        .tls = cluster_->tls()};
+  auto c = std::move(RedisCluster::Create(o)).value();
+  absl::StatusOr<RedisReply> r = c->Call(RedisCommand::Make({{"GET"}, {"kvtier:alice:x"}}, 1), 1500);
+  ASSERT_TRUE(testing::Eventually([&] { return !squatter.received().empty(); }));
+  const std::string got = squatter.received();
+  if (!tls()) {
+    EXPECT_NE(got.find(cluster_->password("alice")), std::string::npos)
+        << "in clear text the squatter reads the password: why production runs TLS";
+    return;
+  }
+  EXPECT_FALSE(r.ok()) << "a node that did not prove itself answers nothing";
+  EXPECT_EQ(got.find(cluster_->password("alice")), std::string::npos);
+  EXPECT_EQ(got.find("AUTH"), std::string::npos);
+  EXPECT_EQ(static_cast<uint8_t>(got[0]), 0x16) << "a TLS handshake record, and nothing after it";
+  EXPECT_FALSE(c->WaitForMap(200)) << "no slot map from a node that did not prove itself";
+}
+
+// A TLS squatter with a certificate of its own (not from the cluster's CA),
+// and the real cluster checked against another name: both fail the
+// handshake before any AUTH.
+TEST_P(RemoteTierTest, ANodeWhoseCertificateDoesNotProveItGetsNothing) {
+  if (!tls()) GTEST_SKIP() << "TLS only";
+  testing::TempDir d;
+  ASSERT_EQ(std::system(absl::StrCat("openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 "
+                                     "-subj /CN=squatter -addext subjectAltName=IP:127.0.0.1 -keyout ", d.File("k.pem"),
+                                     " -out ", d.File("c.pem"), " 2>/dev/null")
+                            .c_str()),
+            0);
+  // A free port, then openssl s_server on it, printing what it receives.
+  int port = 0;
+  {
+    HostileNode probe("");
+    port = probe.port();
+  }
+  const std::string out = d.File("received");
+  const std::string cmd = absl::StrCat("exec openssl s_server -accept 127.0.0.1:", port, " -cert ", d.File("c.pem"),
+                                       " -key ", d.File("k.pem"), " -quiet >", out, " 2>&1");
+  FILE* server = popen(cmd.c_str(), "w");
+  ASSERT_NE(server, nullptr);
+  RedisClusterOptions o{.seeds = {absl::StrCat("127.0.0.1:", port)},
+                        .user = cluster_->user("alice"),
+                        .password = cluster_->password("alice"),
+                        .io_timeout_ms = 500,
+                        .tls = cluster_->tls()};
+  auto c = std::move(RedisCluster::Create(o)).value();
+  absl::Status s;
+  EXPECT_TRUE(testing::Eventually([&] {
+    s = c->Call(RedisCommand::Make({{"GET"}, {"kvtier:alice:x"}}, 1), 1000).status();
+    return absl::StrContains(s.message(), "certificate");
+  })) << s;
+  c.reset();
+  std::system(absl::StrCat("pkill -f 'openssl s_server -accept 127.0.0.1:", port, "'").c_str());
+  pclose(server);
+  std::ifstream f(out);
+  const std::string heard((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(heard.find("AUTH"), std::string::npos) << heard;
+  EXPECT_EQ(heard.find(cluster_->password("alice")), std::string::npos);
+
+  // The real nodes, checked against a name their certificate does not carry.
+  o.seeds = cluster_->seeds();
+  o.tls.server_name = "redis.example.com";
+  auto wrong_name = std::move(RedisCluster::Create(o)).value();
+  s = wrong_name->Call(RedisCommand::Make({{"GET"}, {"kvtier:alice:x"}}, 1), 1000).status();
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("does not prove it is"), absl::string_view::npos) << s;
+  // And files that do not load are refused at Create, naming the file.
+  o.tls.server_name = "";
+  o.tls.ca_file = d.File("missing.pem");
+  absl::StatusOr<std::unique_ptr<RedisCluster>> bad = RedisCluster::Create(o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("missing.pem"), absl::string_view::npos) << bad.status();
+}
+
+TEST_P(RemoteTierTest, AValueThatDoesNotProveItselfIsNeverServedAndIsDeleted) {
   Tier t = Make(Options(*cluster_));
   const BlockMeta m = MetaFor("alice", 900, 8192);
   SlotHandle slot;
@@ -347,9 +471,7 @@ TEST_F(RemoteTierTest, AValueThatDoesNotProveItselfIsNeverServedAndIsDeleted) {
   // Another block's value under this key, header and all.
   const BlockMeta other = MetaFor("alice", 901, 8192);
   ASSERT_TRUE(t.Put(other, BytesFor(other)).ok());
-  auto admin = std::move(RedisCluster::Create({.seeds = cluster_->seeds(), .user = "kvtier-admin",
-                                                .password = cluster_->admin_password()}))
-                   .value();
+  auto admin = Admin(*cluster_);
   absl::StatusOr<RedisReply> v = admin->Call(RedisCommand::Make({{"GET"}, {t.tier->KeyFor("alice", other)}}, 1), 2000);
   ASSERT_TRUE(v.ok() && (*v)->type == REDIS_REPLY_STRING) << v.status();
   ASSERT_TRUE(admin->Call(RedisCommand::Make({{"SET"}, {key}, {absl::string_view((*v)->str, (*v)->len)}}, 1), 2000).ok());
@@ -366,15 +488,13 @@ TEST_F(RemoteTierTest, AValueThatDoesNotProveItselfIsNeverServedAndIsDeleted) {
 // key (the cluster's admin here; a port squatter or a stolen password
 // alike) changes the payload and recomputes the XXH3 in the header. The
 // seal, under a key the cluster never sees, refuses it.
-TEST_F(RemoteTierTest, AValueForgedWithARecomputedChecksumIsAMissNeverServed) {
+TEST_P(RemoteTierTest, AValueForgedWithARecomputedChecksumIsAMissNeverServed) {
   Tier t = Make(Options(*cluster_));
   const BlockMeta m = MetaFor("alice", 950, 8192);
   SlotHandle slot;
   ASSERT_TRUE(t.Put(m, BytesFor(m), &slot).ok());
   const std::string key = t.tier->KeyFor("alice", m);
-  auto admin = std::move(RedisCluster::Create({.seeds = cluster_->seeds(), .user = "kvtier-admin",
-                                                .password = cluster_->admin_password()}))
-                   .value();
+  auto admin = Admin(*cluster_);
   absl::StatusOr<RedisReply> v = admin->Call(RedisCommand::Make({{"GET"}, {key}}, 1), 2000);
   ASSERT_TRUE(v.ok() && (*v)->type == REDIS_REPLY_STRING) << v.status();
   std::string forged((*v)->str, (*v)->len);
@@ -405,7 +525,7 @@ TEST_F(RemoteTierTest, AValueForgedWithARecomputedChecksumIsAMissNeverServed) {
 // Keys rotate: a node with the new key first and the old one after reads
 // what the old key sealed; a node that dropped the old key does not.
 // Encrypted values hold no plaintext in the cluster and read back exact.
-TEST_F(RemoteTierTest, KeysRotateAndEncryptedValuesHoldNoPlaintext) {
+TEST_P(RemoteTierTest, KeysRotateAndEncryptedValuesHoldNoPlaintext) {
   RemoteTierOptions old_opts = Options(*cluster_, {"alice"});
   old_opts.tenants[0].keys = {TestKey(1)};
   old_opts.encrypt = true;
@@ -428,8 +548,8 @@ TEST_F(RemoteTierTest, KeysRotateAndEncryptedValuesHoldNoPlaintext) {
   EXPECT_EQ(c.tier->misses().forged, 1u);
 }
 
-TEST_F(RemoteTierTest, APrimaryKilledUnderTrafficCostsMissesNeverWrongBytes) {
-  auto c = RedisClusterProcess::Start({"alice"});
+TEST_P(RemoteTierTest, APrimaryKilledUnderTrafficCostsMissesNeverWrongBytes) {
+  auto c = OwnCluster({"alice"});
   ASSERT_NE(c, nullptr);
   RemoteTierOptions o = Options(*c, {"alice"});
   o.op_timeout_ms = 300;
@@ -479,8 +599,8 @@ TEST_F(RemoteTierTest, APrimaryKilledUnderTrafficCostsMissesNeverWrongBytes) {
             << " ms\n";
 }
 
-TEST_F(RemoteTierTest, AClusterDownAtStartIsDegradedAndHealsWhenItComesBack) {
-  auto c = RedisClusterProcess::Start({"alice"});
+TEST_P(RemoteTierTest, AClusterDownAtStartIsDegradedAndHealsWhenItComesBack) {
+  auto c = OwnCluster({"alice"});
   ASSERT_NE(c, nullptr);
   ASSERT_TRUE(c->Stop());
   RemoteTierOptions o = Options(*c, {"alice"});
@@ -500,8 +620,8 @@ TEST_F(RemoteTierTest, AClusterDownAtStartIsDegradedAndHealsWhenItComesBack) {
   EXPECT_EQ(got, BytesFor(m));
 }
 
-TEST_F(RemoteTierTest, SlotsReshardedUnderTrafficAreFollowed) {
-  auto c = RedisClusterProcess::Start({"alice"});
+TEST_P(RemoteTierTest, SlotsReshardedUnderTrafficAreFollowed) {
+  auto c = OwnCluster({"alice"});
   ASSERT_NE(c, nullptr);
   Tier t = Make(Options(*c, {"alice"}));
   std::vector<std::pair<SlotHandle, BlockMeta>> blocks;
