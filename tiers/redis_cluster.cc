@@ -497,6 +497,7 @@ struct RedisCluster::Impl::Node {
 
   // The link thread's alone.
   RedisLink link;
+  uint64_t oversized_value = 0;  // set by ReadSunkReply: the op's value was this large
   uint64_t backoff_ns = 0, retry_at_ns = 0;
   std::string last_error;
 
@@ -655,6 +656,12 @@ void RedisCluster::Impl::Node::Run() {
     if (inflight.empty()) continue;
     Op* op = inflight.front();
     if (!ReadReply(op)) {
+      if (oversized_value != 0) {
+        inflight.pop_front();
+        cluster->Finish(op, absl::DataLossError(absl::StrCat(cluster->opts.name, ": node ", address, " holds a value of ",
+                                                             oversized_value, " bytes under this key, not a block")));
+        oversized_value = 0;
+      }
       fail_inflight(link.ctx->err != 0 ? std::string(link.ctx->errstr) : "no reply");
       continue;
     }
@@ -684,6 +691,17 @@ int RedisCluster::Impl::Node::ReadSunkReply(const RedisCommand& cmd, void** raw)
   auto [p, ec] = std::from_chars(line + 1, end - 1, n);
   const size_t keep = cmd.sink_keep();
   const std::span<std::byte> dst = cmd.sink();
+  if (ec == std::errc() && p == end - 1 && n != keep + dst.size() && n > cluster->opts.max_reply_bytes) {
+    // A value larger than any block under a block's key: never the block,
+    // and too large to read. The connection cannot go on past it (its bytes
+    // are still coming); the op fails as a bad value, so its key is deleted
+    // rather than breaking this connection on every read.
+    oversized_value = n;
+    ctx->err = REDIS_ERR_PROTOCOL;
+    std::snprintf(ctx->errstr, sizeof(ctx->errstr), "a value of %llu bytes, larger than any block",
+                  static_cast<unsigned long long>(n));
+    return -1;
+  }
   if (ec != std::errc() || p != end - 1 || n != keep + dst.size()) return 0;
   r->pos += static_cast<size_t>(end + 1 - line);
   // Bytes of the value: first what the reader holds, then the socket's.

@@ -522,6 +522,30 @@ TEST_P(RemoteTierTest, AValueForgedWithARecomputedChecksumIsAMissNeverServed) {
   EXPECT_EQ(t.tier->misses().forged, 2u);
 }
 
+// A value larger than any block under a tenant's key (once: 70 MiB, never
+// deleted, and it broke that tenant's connection to the node on every
+// read): a bad value, deleted, and the connection serves the next read.
+TEST_P(RemoteTierTest, AnOversizedValueIsDeletedNotReadOverAndOver) {
+  RemoteTierOptions o = Options(*cluster_, {"alice"});
+  o.max_block_bytes = 1 << 20;
+  Tier t = Make(o);
+  const BlockMeta m = MetaFor("alice", 970, 8192), next = MetaFor("alice", 971, 8192);
+  SlotHandle slot, next_slot;
+  ASSERT_TRUE(t.Put(m, BytesFor(m), &slot).ok());
+  ASSERT_TRUE(t.Put(next, BytesFor(next), &next_slot).ok());
+  const std::string key = t.tier->KeyFor("alice", m);
+  auto admin = Admin(*cluster_);
+  ASSERT_TRUE(admin->Call(RedisCommand::Make({{"SET"}, {key}, {std::string(3 << 20, 'z')}}, 1), 5000).ok());
+  std::vector<std::byte> got;
+  const absl::Status s = t.Get(slot, m, got);
+  EXPECT_TRUE(absl::IsDataLoss(s)) << s;
+  EXPECT_TRUE(testing::Eventually([&] { return cluster_->Cli("-c exists " + key).find('0') != std::string::npos; }))
+      << "the oversized value is deleted";
+  EXPECT_TRUE(absl::IsNotFound(t.Get(slot, m, got)));
+  ASSERT_TRUE(t.Get(next_slot, next, got).ok()) << "and the tenant's reads go on";
+  EXPECT_EQ(got, BytesFor(next));
+}
+
 // Keys rotate: a node with the new key first and the old one after reads
 // what the old key sealed; a node that dropped the old key does not.
 // Encrypted values hold no plaintext in the cluster and read back exact.
