@@ -115,6 +115,9 @@ struct Config {
   uint32_t metrics_port = 9464;  // 0: any free port (kvtierctl status shows which)
   // A file holding a bearer token every scrape must send; empty: none.
   std::string metrics_token_file;
+  // Per-tenant series and node addresses without a token: every local user
+  // who can reach the endpoint sees them (docs/security.md).
+  bool metrics_per_tenant = false;
   // [cost_model]
   std::string cost_model_config;  // HF config.json; empty: ModelProfile::Default()
   double cost_prefill_tflops = 300;

@@ -30,6 +30,8 @@ const ConfigKey kKeys[] = {
     {"metrics", "port", T::kInt, &Config::metrics_port, 0, 65535, false, "0: any free port (kvtierctl status shows it)"},
     {"metrics", "token_file", T::kString, &Config::metrics_token_file, 0, 0, false,
      "a file with a bearer token scrapes must send; empty: any local user may scrape"},
+    {"metrics", "per_tenant", T::kBool, &Config::metrics_per_tenant, 0, 0, false,
+     "per-tenant series and cluster node addresses even without token_file (every local user sees them)"},
     // [ipc]
     {"ipc", "ring_entries", T::kInt, &Config::ring_entries, 2, 65536, false,
      "request/completion ring records per session"},

@@ -204,9 +204,12 @@ absl::Status Daemon::StartMetrics() {
     if (!config_.metrics_token_file.empty()) {
       ASSIGN_OR_RETURN(token, ReadMetricsToken(config_.metrics_token_file));
     }
+    // Per-tenant series and the cluster's addresses only for scrapers that
+    // prove themselves, or where the operator chose to show them to all.
+    const bool detailed = !token.empty() || config_.metrics_per_tenant;
     absl::StatusOr<std::unique_ptr<MetricsServer>> m =
         MetricsServer::Start(config_.metrics_address, static_cast<uint16_t>(config_.metrics_port),
-                             [this] { return StatusFromLoop(); }, std::move(token));
+                             [this] { return StatusFromLoop(); }, std::move(token), detailed);
     if (m.ok()) {
       metrics_ = std::move(*m);
       spdlog::info("event=metrics url=http://{}:{}/metrics", config_.metrics_address, metrics_->port());

@@ -1,5 +1,7 @@
 #include "daemon/metrics.h"
 
+#include <map>
+
 #include <httplib.h>
 #include <sys/socket.h>
 
@@ -91,7 +93,7 @@ double Ratio(uint64_t a, uint64_t b) { return b == 0 ? 0.0 : static_cast<double>
 
 }  // namespace
 
-std::string PrometheusText(const StatusSnapshot& s) {
+std::string PrometheusText(const StatusSnapshot& s, bool detailed) {
   Writer w;
   const DaemonStats& st = s.stats;
   w.Family("kvtier_build_info", "gauge", "kvtierd's version (always 1).");
@@ -178,16 +180,32 @@ std::string PrometheusText(const StatusSnapshot& s) {
            "(stranded), in free slots of empty segments any size may take back (idle).");
   w.Family("kvtier_host_stranded_bytes", "gauge",
            "Free host arena bytes per tenant that only one block size can use (summed over sizes).");
-  for (const StatusSnapshot::Tenant& t : s.tenants) {
-    const std::string tenant = "tenant=\"" + Esc(t.usage.name) + "\"";
-    w.Sample("kvtier_host_stranded_bytes", tenant, double(t.usage.stranded_bytes));
-    for (const SlotAllocator::ClassUsage& c : t.usage.classes) {
-      const std::string labels = tenant + ",slot_bytes=\"" + std::to_string(c.slot_bytes) + "\"";
-      const uint64_t free_bytes = c.free_bytes();
-      w.Sample("kvtier_host_block_size_bytes", labels + ",state=\"used\"", double(c.used_bytes));
-      w.Sample("kvtier_host_block_size_bytes", labels + ",state=\"stranded\"", double(c.stranded_bytes));
-      w.Sample("kvtier_host_block_size_bytes", labels + ",state=\"idle\"",
-               double(free_bytes - std::min(free_bytes, c.stranded_bytes)));
+  {
+    // Per tenant when detailed; else summed over tenants ("" label), so one
+    // tenant's stores do not show as a series of their own.
+    struct Sizes {
+      uint64_t used = 0, stranded = 0, idle = 0;
+    };
+    std::map<std::string, std::pair<uint64_t, std::map<uint64_t, Sizes>>> by_tenant;
+    for (const StatusSnapshot::Tenant& t : s.tenants) {
+      auto& [stranded, classes] = by_tenant[detailed ? "tenant=\"" + Esc(t.usage.name) + "\"" : ""];
+      stranded += t.usage.stranded_bytes;
+      for (const SlotAllocator::ClassUsage& c : t.usage.classes) {
+        const uint64_t free_bytes = c.free_bytes();
+        Sizes& z = classes[c.slot_bytes];
+        z.used += c.used_bytes;
+        z.stranded += c.stranded_bytes;
+        z.idle += free_bytes - std::min(free_bytes, c.stranded_bytes);
+      }
+    }
+    for (const auto& [tenant, usage] : by_tenant) {
+      w.Sample("kvtier_host_stranded_bytes", tenant, double(usage.first));
+      for (const auto& [slot_bytes, z] : usage.second) {
+        const std::string labels = (tenant.empty() ? "" : tenant + ",") + "slot_bytes=\"" + std::to_string(slot_bytes) + "\"";
+        w.Sample("kvtier_host_block_size_bytes", labels + ",state=\"used\"", double(z.used));
+        w.Sample("kvtier_host_block_size_bytes", labels + ",state=\"stranded\"", double(z.stranded));
+        w.Sample("kvtier_host_block_size_bytes", labels + ",state=\"idle\"", double(z.idle));
+      }
     }
   }
   w.Family("kvtier_host_segments_reclaimed_total", "counter",
@@ -296,15 +314,30 @@ std::string PrometheusText(const StatusSnapshot& s) {
     w.Sample("kvtier_remote_redirections_total", "kind=\"ask\"", double(r.ask));
     w.Sample("kvtier_remote_redirections_total", "kind=\"tryagain\"", double(r.tryagain));
     w.Sample("kvtier_remote_redirections_total", "kind=\"clusterdown\"", double(r.clusterdown));
-    w.Family("kvtier_remote_node_up", "gauge",
-             "1 while every tenant's connection to the cluster node is up; nodes that serve slots (primaries).");
-    for (const RemoteStatus::Node& n : r.nodes) {
-      if (n.slots == 0) continue;  // a replica, or a node out of the map: nothing is sent to it
-      w.Sample("kvtier_remote_node_up", "node=\"" + Esc(n.address) + "\"", n.connected ? 1 : 0);
-    }
-    w.Family("kvtier_remote_node_errors_total", "counter", "Commands to the cluster node that failed.");
-    for (const RemoteStatus::Node& n : r.nodes) {
-      w.Sample("kvtier_remote_node_errors_total", "node=\"" + Esc(n.address) + "\"", double(n.errors));
+    if (detailed) {
+      w.Family("kvtier_remote_node_up", "gauge",
+               "1 while every tenant's connection to the cluster node is up; nodes that serve slots (primaries).");
+      for (const RemoteStatus::Node& n : r.nodes) {
+        if (n.slots == 0) continue;  // a replica, or a node out of the map: nothing is sent to it
+        w.Sample("kvtier_remote_node_up", "node=\"" + Esc(n.address) + "\"", n.connected ? 1 : 0);
+      }
+      w.Family("kvtier_remote_node_errors_total", "counter", "Commands to the cluster node that failed.");
+      for (const RemoteStatus::Node& n : r.nodes) {
+        w.Sample("kvtier_remote_node_errors_total", "node=\"" + Esc(n.address) + "\"", double(n.errors));
+      }
+    } else {
+      // Without addresses (metrics.token_file or metrics.per_tenant shows them).
+      uint64_t up = 0, down = 0, errors = 0;
+      for (const RemoteStatus::Node& n : r.nodes) {
+        errors += n.errors;
+        if (n.slots != 0) ++(n.connected ? up : down);
+      }
+      w.Family("kvtier_remote_nodes", "gauge", "Cluster nodes that serve slots (primaries), by whether every "
+                                               "tenant's connection to them is up.");
+      w.Sample("kvtier_remote_nodes", "state=\"up\"", double(up));
+      w.Sample("kvtier_remote_nodes", "state=\"down\"", double(down));
+      w.Family("kvtier_remote_node_errors_total", "counter", "Commands to the cluster's nodes that failed.");
+      w.Sample("kvtier_remote_node_errors_total", "", double(errors));
     }
     w.Family("kvtier_remote_probe_latency_seconds", "histogram", "A lookup's wait for the shared tier's answer.");
     w.Histogram("kvtier_remote_probe_latency_seconds", "", st.remote_probe_latency);
@@ -316,11 +349,12 @@ std::string PrometheusText(const StatusSnapshot& s) {
 }
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& address, uint16_t port,
-                                                                    Snapshot snapshot, std::string bearer_token) {
+                                                                    Snapshot snapshot, std::string bearer_token,
+                                                                    bool detailed) {
   std::unique_ptr<MetricsServer> m(new MetricsServer());
   m->server_ = std::make_unique<httplib::Server>();
-  m->server_->Get("/metrics", [snapshot, token = std::move(bearer_token)](const httplib::Request& req,
-                                                                         httplib::Response& res) {
+  m->server_->Get("/metrics", [snapshot, detailed, token = std::move(bearer_token)](const httplib::Request& req,
+                                                                                   httplib::Response& res) {
     if (!token.empty()) {
       const std::string want = "Bearer " + token;
       const std::string got = req.get_header_value("Authorization");
@@ -340,7 +374,7 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
       res.set_content("kvtierd is busy (draining or stopping)\n", "text/plain");
       return;
     }
-    res.set_content(PrometheusText(*s), "text/plain; version=0.0.4; charset=utf-8");
+    res.set_content(PrometheusText(*s, detailed), "text/plain; version=0.0.4; charset=utf-8");
   });
   // SO_REUSEADDR only: httplib's default adds SO_REUSEPORT, with which a
   // second daemon would share the port instead of being told it is taken.

@@ -22,8 +22,11 @@ namespace kvtier {
 
 // The exposition text for a status snapshot (Daemon::Snapshot()). Never
 // contains block contents, keys, prompts or salts: only counts, sizes and
-// names of tiers, tenants and policies.
-std::string PrometheusText(const StatusSnapshot& status);
+// names of tiers and policies. With `detailed`, also series labelled by
+// tenant and the shared tier's node addresses; without, those are summed
+// (a local user who may scrape must not watch one tenant's stores, nor
+// learn where the cluster is).
+std::string PrometheusText(const StatusSnapshot& status, bool detailed = false);
 
 // Serves GET /metrics on address:port from its own thread. `snapshot`
 // returns the status (nullopt: the daemon is busy; the scrape gets 503).
@@ -35,8 +38,11 @@ class MetricsServer {
   // ("Authorization: Bearer <token>"; 401 otherwise): the metrics show
   // daemon-wide lookups as they happen, which a local user who is no
   // tenant could otherwise watch (docs/security.md).
+  // `detailed` (PrometheusText) when a token is required or the operator
+  // set metrics.per_tenant.
   static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(const std::string& address, uint16_t port,
-                                                              Snapshot snapshot, std::string bearer_token = "");
+                                                              Snapshot snapshot, std::string bearer_token = "",
+                                                              bool detailed = false);
   ~MetricsServer();
   uint16_t port() const { return port_; }
 

@@ -126,9 +126,13 @@ TEST(StatusSnapshotTest, TheJsonAndThePrometheusTextSayTheSame) {
   EXPECT_EQ(Sample(p, "kvtier_tier_healthy{tier=\"memory\"}"), 0);
   // Tenants and sessions; label values are escaped.
   EXPECT_EQ(j["tenants"][0]["name"], "team\"a");
-  EXPECT_EQ(Sample(p, "kvtier_host_block_size_bytes{tenant=\"team\\\"a\",slot_bytes=\"4096\",state=\"used\"}"), 8192);
-  EXPECT_EQ(Sample(p, "kvtier_host_block_size_bytes{tenant=\"team\\\"a\",slot_bytes=\"4096\",state=\"idle\"}"),
+  const std::string detailed = PrometheusText(s, true);
+  EXPECT_EQ(Sample(detailed, "kvtier_host_block_size_bytes{tenant=\"team\\\"a\",slot_bytes=\"4096\",state=\"used\"}"), 8192);
+  EXPECT_EQ(Sample(detailed, "kvtier_host_block_size_bytes{tenant=\"team\\\"a\",slot_bytes=\"4096\",state=\"idle\"}"),
             65536 - 8192 - 4096);
+  // Without detail (no token, no metrics.per_tenant): summed, no tenant named.
+  EXPECT_EQ(p.find("tenant=\""), std::string::npos) << p;
+  EXPECT_EQ(Sample(p, "kvtier_host_block_size_bytes{slot_bytes=\"4096\",state=\"used\"}"), 8192);
   EXPECT_EQ(j["sessions"][0]["id"], 42);
   EXPECT_EQ(Sample(p, "kvtier_leases"), 6);
   EXPECT_EQ(Sample(p, "kvtier_pinned_blocks"), 19);

@@ -790,7 +790,8 @@ TEST_F(AdversarialTest, Row11_UnauthenticatedConnectionsAreBounded) {
 }
 
 // Row 14: the metrics show daemon-wide lookups as they happen; with
-// metrics.token_file set, a scrape without the token gets 401.
+// metrics.token_file set, a scrape without the token gets 401. Series by
+// tenant appear only then (or with metrics.per_tenant).
 TEST_F(AdversarialTest, Row14_MetricsCanRequireABearerToken) {
   testing::TempDir secrets;
   const std::string token_file = secrets.File("metrics.token");
@@ -818,6 +819,7 @@ TEST_F(AdversarialTest, Row14_MetricsCanRequireABearerToken) {
   ASSERT_TRUE(ok);
   EXPECT_EQ(ok->status, 200);
   EXPECT_NE(ok->body.find("kvtier_lookups_total"), std::string::npos);
+  EXPECT_NE(ok->body.find("tenant=\""), std::string::npos) << "with the token, per-tenant series";
   ExpectAlive();
   // A token file every user can read keeps nobody out: refused at start.
   chmod(token_file.c_str(), 0644);
