@@ -13,6 +13,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/checked.h"
 #include "core/status.h"
 #include "core/fmt_absl.h"
@@ -167,7 +168,7 @@ absl::StatusOr<OpenedNvme> OpenNvmeFrom(const Config& c) {
   if (!c.nvme_capacity_explicit) {
     // The default must not fail a start on a small disk: take at most half of
     // what is free (counting slab files already ours), or go without.
-    uint64_t available = UINT64_MAX;
+    uint64_t available = UINT64_MAX, existing = UINT64_MAX;
     for (const std::string& d : dirs) {
       std::error_code ec;
       std::filesystem::create_directories(d, ec);
@@ -175,7 +176,11 @@ absl::StatusOr<OpenedNvme> OpenNvmeFrom(const Config& c) {
       if (ec) continue;
       const uint64_t ours = std::filesystem::file_size(d + "/kvtier-slab.kvt", ec);
       available = std::min<uint64_t>(available, (space.available + (ec ? 0 : ours)) / 2 * dirs.size());
+      existing = std::min<uint64_t>(existing, ec ? 0 : ours * dirs.size());
     }
+    // Slab files already there keep their size: a disk that filled up since
+    // must not shrink the tier (and drop its blocks) at the next start.
+    if (existing != UINT64_MAX) available = std::max(available, std::min(existing, capacity));
     if (available < capacity) {
       capacity = available / (c.nvme_segment_bytes * dirs.size()) * c.nvme_segment_bytes * dirs.size();
       spdlog::warn("event=nvme_tier detail=\"only {} free for the default NVMe tier; using {}\" hint=\"set "
@@ -230,6 +235,12 @@ absl::StatusOr<OpenedNvme> OpenNvmeFrom(const Config& c) {
 }
 
 void LogNvmeOpened(const Config& c, const OpenedNvme& opened, const NvmeStats& st, uint64_t indexed) {
+  if (st.recovery.read_only_full) {
+    spdlog::error("event=nvme_read_only dirs=\"{}\" detail=\"the NVMe tier's file system has no room for its "
+                  "journal: the tier serves the blocks it holds but stores nothing new (new blocks stay in host "
+                  "memory)\" hint=\"free space on that file system, then restart kvtierd\"",
+                  LogQuoted(absl::StrJoin(c.NvmeDirs(), ",")));
+  }
   if (st.recovery.resized_from_segments != 0) {
     spdlog::warn("event=nvme_resized segments_before={} blocks_dropped={} detail=\"tiers.nvme.capacity changed: "
                  "blocks in the segments both sizes have were kept, the slab files were resized to the new "

@@ -120,8 +120,22 @@ absl::Status NvmeTier::OpenFiles() {
     }
   }
   // Checked before anything is taken: a start that cannot have its space
-  // leaves the disk as it found it.
-  RETURN_IF_ERROR(CheckNvmeSpace(opts_.dirs, opts_.capacity_bytes, opts_.segment_bytes));
+  // leaves the disk as it found it. Except when the slab files are already
+  // whole (the disk filled up after they were made, e.g. before a kill -9):
+  // then the blocks on them are served read-only rather than lost to a
+  // daemon that will not start.
+  if (absl::Status space = CheckNvmeSpace(opts_.dirs, opts_.capacity_bytes, opts_.segment_bytes); !space.ok()) {
+    bool whole = true;
+    for (const std::string& dir : opts_.dirs) {
+      struct stat st;
+      whole = whole && stat(SlabPath(dir).c_str(), &st) == 0 && static_cast<uint64_t>(st.st_size) >= file_bytes;
+    }
+    struct stat journal;
+    whole = whole && stat((opts_.dirs[0] + "/kvtier.journal").c_str(), &journal) == 0 && journal.st_size > 0;
+    if (!whole || ToErrorCode(space) != KVTIER_ENOSPC) return space;
+    read_only_ = true;
+    recovery_.read_only_full = true;
+  }
   for (const std::string& dir : opts_.dirs) {
     const std::string path = SlabPath(dir);
     struct stat before;
@@ -565,7 +579,9 @@ absl::Status NvmeTier::SyncDirtyFiles() {
   return absl::OkStatus();
 }
 
-bool NvmeTier::DeviceFull() const { return MonotonicNanos() < full_until_ns_.load(std::memory_order_relaxed); }
+bool NvmeTier::DeviceFull() const {
+  return read_only_ || MonotonicNanos() < full_until_ns_.load(std::memory_order_relaxed);
+}
 
 absl::StatusOr<SlotHandle> NvmeTier::Allocate(uint64_t bytes) {
   const uint64_t need = SlotBytesFor(bytes);
@@ -573,6 +589,11 @@ absl::StatusOr<SlotHandle> NvmeTier::Allocate(uint64_t bytes) {
     return absl::InvalidArgumentError(absl::StrCat("a block of ", FormatBytes(bytes),
                                                    " does not fit an NVMe segment of ",
                                                    FormatBytes(opts_.segment_bytes), " (tiers.nvme.segment_bytes)"));
+  }
+  if (read_only_) {
+    writes_refused_.fetch_add(1, std::memory_order_relaxed);
+    return CodedStatus(KVTIER_ENOSPC, "the NVMe tier is read-only: its file system was full at start (free space "
+                                      "there and restart kvtierd)");
   }
   MutexLock l(&mu_);
   int32_t pick = -1;

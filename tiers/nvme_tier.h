@@ -69,6 +69,10 @@ struct NvmeRecovery {
   // that lay in segments the new capacity no longer has (gone). 0: unchanged.
   uint32_t resized_from_segments = 0;
   uint64_t dropped_by_resize = 0;
+  // The file system had no room for the journal's reserve at open, but
+  // the slab files were whole: the tier opened read-only (it serves what it
+  // holds and takes no new block) until a restart with free space.
+  bool read_only_full = false;
   double seconds = 0;
 };
 
@@ -213,6 +217,7 @@ class NvmeTier final : public BlockTier {
   ReadObserver read_observer_;
   uint64_t calibration_cursor_ ABSL_GUARDED_BY(mu_) = 0;  // segment << 32 | slot of the next to try
   std::atomic<uint64_t> full_until_ns_{0};  // device reported ENOSPC: no writes until then
+  bool read_only_ = false;  // set at open (recovery_.read_only_full): no writes at all
   std::atomic<bool> compacting_{false};
 };
 

@@ -170,6 +170,61 @@ TEST(NvmeE2eTest, DurableBlocksSurviveKillNineOfTheDaemon) {
   close(ready[1]);
 }
 
+// After kill -9, the disk filled up (another program's files): the daemon
+// refused to start until space was freed. It starts now with its NVMe tier
+// read-only: it serves the blocks it holds, stores new ones in host memory
+// only, and says so.
+TEST(NvmeE2eTest, AFullDiskAfterKillNineStartsWithTheNvmeTierReadOnly) {
+  testing::TempDir data;
+  const std::string mnt = data.File("small-fs");
+  std::filesystem::create_directories(mnt);
+  if (geteuid() != 0 || std::system(("mount -t tmpfs -o size=40m tmpfs " + mnt + " 2>/dev/null").c_str()) != 0) {
+    GTEST_SKIP() << "needs root to mount a small tmpfs to fill";
+  }
+  struct Unmount {
+    std::string at;
+    ~Unmount() { (void)!std::system(("umount -l " + at).c_str()); }
+  } unmount{mnt};
+  const std::string config = "[tiers.host]\ncapacity = \"1MiB\"\n[tiers.nvme]\ndirs = [\"" + mnt +
+                             "/nvme\"]\ncapacity = \"32MiB\"\nsegment_bytes = \"1MiB\"\nstaging_bytes = \"4MiB\"\n"
+                             "allow_buffered = true\n";
+  {
+    DaemonProcess d(config, "", data.File("state"));
+    ASSERT_TRUE(d.Start().ok()) << d.Log();
+    auto c = AttachTo(d);
+    auto keys = Keys(*c, 5, 48);
+    for (size_t i = 0; i < keys.size(); i += 4) ASSERT_TRUE(StoreAll(*c, std::span(keys).subspan(i, 4), true).ok());
+    ASSERT_TRUE(testing::Eventually([&] { return StatusInt(d, "nvme", "blocks") >= 32; })) << d.Log();
+    d.Kill(SIGKILL);
+    d.WaitExit(std::chrono::seconds(5));
+  }
+  // Another program fills the file system.
+  (void)!std::system(("dd if=/dev/zero of=" + mnt + "/filler bs=1M 2>/dev/null").c_str());
+  DaemonProcess d(config, "", data.File("state"));
+  ASSERT_TRUE(d.Start().ok()) << "the daemon must start on a full disk\n" << d.Log();
+  EXPECT_NE(d.Log().find("event=nvme_read_only"), std::string::npos) << d.Log();
+  auto c = AttachTo(d);
+  auto keys = Keys(*c, 5, 48);
+  Tally t = LoadEach(*c, keys);
+  EXPECT_GE(t.nvme, 32) << "what NVMe held is served";
+  EXPECT_EQ(t.correct, t.loaded);
+  EXPECT_EQ(t.loaded, t.hit);
+  // New blocks go to host memory; none is lost to a failed NVMe write.
+  auto fresh = Keys(*c, 6, 8);
+  ASSERT_TRUE(StoreAll(*c, fresh).ok());
+  Tally f = LoadEach(*c, fresh);
+  EXPECT_EQ(f.hit, 8);
+  EXPECT_EQ(f.correct, 8);
+  auto s = d.Status();
+  ASSERT_TRUE(s.ok());
+  for (const auto& tier : (*s)["tiers"]) {
+    if (tier["tier"] == "nvme") {
+      EXPECT_EQ(tier["health"], "degraded") << tier.dump();
+      EXPECT_EQ(tier["device_full"], true) << tier.dump();
+    }
+  }
+}
+
 TEST(NvmeE2eTest, WriteThroughBlocksSurviveAnOrderlyRestart) {
   testing::TempDir data;
   const std::string base = Config(data.File("nvme"), "write_through = true\n");
