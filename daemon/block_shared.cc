@@ -16,10 +16,19 @@ uint32_t BlockStore::ProbeShared(SessionHoldings& s, std::span<const BlockKey> k
   const uint32_t budget_us = shared_budget_us_.load(std::memory_order_relaxed);
   if (!shared_lane_ || budget_us == 0 || from >= keys.size()) return 0;
   LowerLane& lane = *books_.lanes[*shared_lane_];
-  if (s.ns.block_bytes == 0 || s.ns.block_bytes > lane.tier->max_block_bytes()) return 0;
+  if (s.ns.block_bytes == 0 || s.ns.block_bytes > lane.tier->max_block_bytes() ||
+      s.ns.block_bytes < opts_.shared_min_block_bytes) {
+    return 0;
+  }
   const size_t n = std::min<size_t>(keys.size() - from, opts_.shared_probe_max_blocks);
   if (n == 0) return 0;
   HostResidency& tenant = *books_.tenants[s.ns.tenant];
+  // A flood of probes costs the flooder: past its rate its lookups end at
+  // the local prefix, and the cluster every tenant shares never sees them.
+  if (!tenant.TakeProbeBlocks(static_cast<uint32_t>(n), opts_.shared_probe_blocks_per_s)) {
+    books_.stats->remote_probes_throttled.Add();
+    return 0;
+  }
   if (tenant.shared_probes.fetch_add(1, std::memory_order_relaxed) >= HostResidency::kMaxSharedProbesPerTenant) {
     tenant.shared_probes.fetch_sub(1, std::memory_order_relaxed);
     books_.stats->remote_probes_busy.Add();
@@ -85,6 +94,11 @@ uint32_t BlockStore::ProbeShared(SessionHoldings& s, std::span<const BlockKey> k
   uint32_t adopted = 0;
   MutexLock ll(&lane.mu);
   for (size_t i = 0; i < run; ++i) {
+    // Each record costs this node memory: a tenant indexes at most its bound.
+    if (lane.use(s.ns.tenant).blocks >= opts_.shared_records_per_tenant) {
+      books_.stats->remote_adoptions_refused.Add(run - i);
+      break;
+    }
     const BlockKey& key = keys[from + i];
     BlockRecord* r = books_.index.NewRecord(s.ns.handle, key);
     r->tenant = s.ns.tenant;
@@ -130,7 +144,7 @@ void BlockStore::QueuePublishLocked(SessionHoldings& s, BlockRecord* r) {
   // One of the shared lane's own copies is there already.
   if (r->published || r->publishing || (r->lower_state != LowerState::kNone && r->lower == *shared_lane_)) return;
   if (r->io_refs >= kMaxClientIoRefs || s.publish_pending.size() >= opts_.shared_probe_max_blocks ||
-      migrator_.PublishPaused()) {
+      s.ns.block_bytes < opts_.shared_min_block_bytes || Migrator::PublishPaused(*books_.tenants[s.ns.tenant])) {
     books_.stats->remote_publishes_skipped.Add();
     return;
   }

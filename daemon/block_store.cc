@@ -26,7 +26,10 @@ BlockStore::BlockStore(const Options& opts, DaemonStats* stats)
       books_(stats, opts.cost),
       shared_budget_us_(opts.shared_probe_budget_us),
       shared_writes_(opts.shared_writes),
-      migrator_(books_, {.cascade_high = opts.cascade_high, .cascade_low = opts.cascade_low},
+      migrator_(books_,
+                {.cascade_high = opts.cascade_high,
+                 .cascade_low = opts.cascade_low,
+                 .shared_min_block_bytes = opts.shared_min_block_bytes},
                 [this](HostResidency& t, uint64_t bytes, uint32_t tokens, BlockRecord* owner)
                     ABSL_NO_THREAD_SAFETY_ANALYSIS {  // the migrator calls it under t.mu
                       return AllocateSlotLocked(t, bytes, tokens, owner);

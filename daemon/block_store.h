@@ -155,6 +155,14 @@ class BlockStore {
     // its measured speed. Both reloadable (SetSharedPolicy).
     uint32_t shared_probe_budget_us = 2000;
     uint32_t shared_probe_max_blocks = 256;
+    // Fair shares of the shared tier: each tenant's lookups ask about at
+    // most shared_probe_blocks_per_s blocks a second (a token bucket, one
+    // second deep); each tenant has at most shared_records_per_tenant
+    // blocks indexed in the shared lane; blocks under shared_min_block_bytes
+    // never go there (a record costs this node memory whatever its size).
+    uint32_t shared_probe_blocks_per_s = 50000;
+    uint32_t shared_records_per_tenant = 262144;
+    uint64_t shared_min_block_bytes = 4096;
     SharedWrites shared_writes = SharedWrites::kDemoted;
   };
   // InvalidArgument for an unknown policy name.

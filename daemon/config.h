@@ -101,6 +101,10 @@ struct Config {
   uint32_t remote_io_timeout_ms = 1000;
   uint32_t remote_probe_budget_us = 2000;
   uint32_t remote_probe_max_blocks = 256;
+  // Fair shares of the cluster among tenants (docs/remote-tier.md).
+  uint32_t remote_probe_blocks_per_s = 50000;   // per tenant: blocks its lookups may ask about
+  uint32_t remote_records_per_tenant = 262144;  // per tenant: cluster blocks this node indexes
+  uint64_t remote_min_block_bytes = 4096;       // smaller blocks never go to the cluster
   std::string remote_write_policy = "demoted";
   bool remote_encrypt = false;  // encrypt payloads at rest in the cluster (always sealed)
   // TLS to the cluster's nodes: their certificates chain to the CA file and

@@ -112,6 +112,9 @@ absl::Status Daemon::Open() {
                                                    config_.limit_leased_blocks_per_session,
                                                .shared_probe_budget_us = config_.remote_probe_budget_us,
                                                .shared_probe_max_blocks = config_.remote_probe_max_blocks,
+                                               .shared_probe_blocks_per_s = config_.remote_probe_blocks_per_s,
+                                               .shared_records_per_tenant = config_.remote_records_per_tenant,
+                                               .shared_min_block_bytes = config_.remote_min_block_bytes,
                                                .shared_writes = SharedWritesNamed(config_.remote_write_policy).value_or(SharedWrites::kDemoted)},
                                               &stats_));
   for (const TenantConfig& t : config_.tenants) RETURN_IF_ERROR(OpenTenant(t));

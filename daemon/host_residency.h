@@ -11,6 +11,7 @@
 #ifndef KVTIER_DAEMON_HOST_RESIDENCY_H_
 #define KVTIER_DAEMON_HOST_RESIDENCY_H_
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -22,6 +23,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/functional/any_invocable.h"
 #include "core/mutex.h"
+#include "core/units.h"
 #include "daemon/gpu_cache.h"
 #include "daemon/host_slots.h"
 #include "policies/chain_guard.h"
@@ -108,9 +110,27 @@ class HostResidency {
   // sessions cannot flood the cluster every node shares.
   std::atomic<uint32_t> shared_probes{0};
   static constexpr uint32_t kMaxSharedProbesPerTenant = 8;
+  // And the blocks they may ask about: a token bucket of `per_s` blocks a
+  // second, one second deep. True (and taken) when `n` fit now.
+  bool TakeProbeBlocks(uint32_t n, uint32_t per_s) {
+    MutexLock l(&probe_mu_);
+    const uint64_t now = MonotonicNanos();
+    if (probe_refill_ns_ == 0) probe_tokens_ = per_s;
+    probe_tokens_ = std::min<double>(per_s, probe_tokens_ + double(now - std::min(now, probe_refill_ns_)) * 1e-9 * per_s);
+    probe_refill_ns_ = now;
+    if (probe_tokens_ < n) return false;
+    probe_tokens_ -= n;
+    return true;
+  }
+  // This tenant's writes to the shared tier failed (a wrong password, a
+  // revoked user, its keys refused): its publishes pause, nobody else's.
+  std::atomic<uint64_t> publish_paused_until_ns{0};
 
  private:
   const std::string policy_;
+  Mutex probe_mu_;
+  double probe_tokens_ ABSL_GUARDED_BY(probe_mu_) = 0;
+  uint64_t probe_refill_ns_ ABSL_GUARDED_BY(probe_mu_) = 0;
   // Quotas: SetQuota (a config reload) may change them while sessions run.
   std::atomic<uint64_t> quota_host_tokens{0}, quota_nvme_bytes{0}, quota_nvme_tokens{0};
 };

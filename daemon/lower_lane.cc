@@ -21,10 +21,12 @@ void LowerLane::ChargeLocked(uint16_t tenant, SlotHandle slot, uint64_t payload_
     u.bytes += payload_bytes;
     u.tokens += tokens;
     u.slot_bytes += slot_bytes;
+    ++u.blocks;
   } else {
     u.bytes -= std::min(u.bytes, payload_bytes);
     u.tokens -= std::min(u.tokens, tokens);
     u.slot_bytes -= std::min(u.slot_bytes, slot_bytes);
+    u.blocks -= std::min<uint64_t>(u.blocks, 1);
   }
 }
 

@@ -29,6 +29,7 @@ class LowerLane {
   struct Use {
     uint64_t bytes = 0, tokens = 0;  // payload, for quotas
     uint64_t slot_bytes = 0;         // slots as the tier spends them (header included), for fair shares
+    uint64_t blocks = 0;             // copies (records this node keeps on the lane)
   };
 
   // `tenants`: how many tenant indices the store hands out (use() is indexed

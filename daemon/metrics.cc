@@ -285,6 +285,9 @@ std::string PrometheusText(const StatusSnapshot& s, bool detailed) {
              "Connections to the shared tier's nodes refused at AUTH: a wrong password or a revoked user "
              "(the log says which tenant's user).");
     w.Sample("kvtier_remote_auth_failures_total", "", double(r.auth_failures));
+    w.Family("kvtier_remote_adoptions_refused_total", "counter",
+             "Blocks the cluster held that a lookup did not index: the tenant had tiers.remote.records_per_tenant.");
+    w.Sample("kvtier_remote_adoptions_refused_total", "", double(st.remote_adoptions_refused.Get()));
     w.Family("kvtier_remote_forged_values_total", "counter",
              "Of the bad_value misses, values whose checksum held but whose seal did not: written by someone "
              "without the tenant's key (remote_key_file), or sealed by a key no longer configured.");
@@ -295,11 +298,13 @@ std::string PrometheusText(const StatusSnapshot& s, bool detailed) {
     w.Sample("kvtier_remote_probe_blocks_total", "result=\"found\"", double(st.remote_probe_found.Get()));
     w.Family("kvtier_remote_probes_total", "counter",
              "Lookups that asked the shared tier (late: no answer within tiers.remote.probe_budget_us; busy: not "
-             "asked, the tenant had 8 lookups waiting on it already).");
+             "asked, the tenant had 8 lookups waiting on it already; throttled: not asked, the tenant's "
+             "tiers.remote.probe_blocks_per_s was spent).");
     w.Sample("kvtier_remote_probes_total", "result=\"answered\"",
              double(st.remote_probes.Get() - std::min(st.remote_probes.Get(), st.remote_probes_late.Get())));
     w.Sample("kvtier_remote_probes_total", "result=\"late\"", double(st.remote_probes_late.Get()));
     w.Sample("kvtier_remote_probes_total", "result=\"busy\"", double(st.remote_probes_busy.Get()));
+    w.Sample("kvtier_remote_probes_total", "result=\"throttled\"", double(st.remote_probes_throttled.Get()));
     w.Family("kvtier_remote_publishes_total", "counter",
              "Blocks written to the shared tier on its write policy (skipped: published already or too many in "
              "flight), and cascade moves into it that found the block there already (avoided).");

@@ -16,6 +16,7 @@ namespace kvtier {
 Migrator::Migrator(StoreBooks& books, const Options& opts, AllocateHostSlot allocate_host)
     : books_(books),
       allocate_host_(std::move(allocate_host)),
+      shared_min_block_bytes_(opts.shared_min_block_bytes),
       cascade_(opts.cascade_high, opts.cascade_low, CascadeHooks()) {}
 
 Migrator::~Migrator() { cascade_.Stop(); }

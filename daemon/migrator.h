@@ -56,6 +56,8 @@ class Migrator {
     // down until it is at cascade_low.
     double cascade_high = 0.9;
     double cascade_low = 0.8;
+    // Blocks smaller than this never go to a shared tier.
+    uint64_t shared_min_block_bytes = 0;
   };
   // A host slot of `bytes` for `owner`'s `tokens` in t, evicting there as
   // needed: the store's (BlockStore::AllocateSlotLocked). Called with t.mu held.
@@ -102,12 +104,14 @@ class Migrator {
   // ready host block, was published already, or too many such writes are
   // in flight. Clears r->publishing.
   void Publish(HostResidency& t, BlockRecord* r, LowerLane& lane);
-  // Thread-safe. Whether publishes are paused: one failed (the cluster down,
-  // full, or refusing) within the last second, so hits do not queue copies
-  // of blocks that would fail too.
-  bool PublishPaused() const {
-    return MonotonicNanos() < publish_paused_until_ns_.load(std::memory_order_relaxed);
+  // Thread-safe. Whether tenant t's publishes are paused: one of its
+  // writes failed (the cluster down or full, or t's user refused) within
+  // the last second, so its hits do not queue copies that would fail too.
+  // Per tenant: one tenant's wrong password pauses nobody else.
+  static bool PublishPaused(const HostResidency& t) {
+    return MonotonicNanos() < t.publish_paused_until_ns.load(std::memory_order_relaxed);
   }
+
 
   // --- promotion (migrator_promotion.cc)
   // Brings r's lower copy into a host slot; `done(ok)` when it is there or
@@ -216,9 +220,9 @@ class Migrator {
   // host slot and a copy of its bytes in a write command).
   static constexpr uint32_t kMaxPublishing = 256;
   std::atomic<uint32_t> publishing_{0};
-  void PausePublishes();
-  std::atomic<uint64_t> publish_paused_until_ns_{0};  // MonotonicNanos
+  static void PausePublishes(HostResidency& t);
   static constexpr uint64_t kPublishPauseNs = 1'000'000'000;
+  const uint64_t shared_min_block_bytes_;
   // Last: stopped first, before anything its passes touch goes.
   Cascade cascade_;
 };

@@ -68,7 +68,10 @@ std::vector<Migrator::CascadeMove> Migrator::PickCascadeMoves(LowerLane& from, c
   while (moves.size() < max) {
     std::optional<SlotHandle> v = from.policy->PickVictim([&](SlotHandle h) ABSL_NO_THREAD_SAFETY_ANALYSIS {
       BlockRecord* r = from.owner.at(h);
-      if (books_.MetaOf(r).payload_bytes > to.tier->max_block_bytes()) return false;  // stays; evicted in time
+      const uint64_t bytes = books_.MetaOf(r).payload_bytes;
+      if (bytes > to.tier->max_block_bytes() || (to.tier->shared() && bytes < shared_min_block_bytes_)) {
+        return false;  // stays; evicted in time
+      }
       BlockIndex::Shard& sh = books_.index.ShardFor(r);
       MutexLock sl(&sh.mu);
       return !r->removed && r->pins == 0 && r->io_refs == 0 && r->lower_state == LowerState::kReady &&

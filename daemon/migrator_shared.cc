@@ -25,7 +25,7 @@ void Migrator::Publish(HostResidency& t, BlockRecord* r, LowerLane& lane) {
     if (published) r->published = true;
   };
   const BlockMeta meta = books_.MetaOf(r);
-  if (go && meta.payload_bytes > lane.tier->max_block_bytes()) go = false;
+  if (go && (meta.payload_bytes > lane.tier->max_block_bytes() || meta.payload_bytes < shared_min_block_bytes_)) go = false;
   if (go && publishing_.fetch_add(1, std::memory_order_relaxed) >= kMaxPublishing) {
     publishing_.fetch_sub(1, std::memory_order_relaxed);
     go = false;
@@ -43,7 +43,7 @@ void Migrator::Publish(HostResidency& t, BlockRecord* r, LowerLane& lane) {
   if (!slot.ok()) {
     publishing_.fetch_sub(1, std::memory_order_relaxed);
     done_with(r, false);
-    PausePublishes();
+    PausePublishes(t);
     books_.stats->remote_publishes_failed.Add();
     books_.ReleaseIoRef(t, r);
     return;
@@ -54,15 +54,15 @@ void Migrator::Publish(HostResidency& t, BlockRecord* r, LowerLane& lane) {
                    [this, &t, r, &lane, slot = *slot, done_with](absl::Status s) {
                      (void)lane.tier->Free(slot);
                      done_with(r, s.ok());
-                     if (!s.ok()) PausePublishes();
+                     if (!s.ok()) PausePublishes(t);
                      (s.ok() ? books_.stats->remote_publishes : books_.stats->remote_publishes_failed).Add();
                      publishing_.fetch_sub(1, std::memory_order_relaxed);
                      books_.ReleaseIoRef(t, r);
                    });
 }
 
-void Migrator::PausePublishes() {
-  publish_paused_until_ns_.store(MonotonicNanos() + kPublishPauseNs, std::memory_order_relaxed);
+void Migrator::PausePublishes(HostResidency& t) {
+  t.publish_paused_until_ns.store(MonotonicNanos() + kPublishPauseNs, std::memory_order_relaxed);
 }
 
 }  // namespace kvtier

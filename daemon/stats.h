@@ -147,6 +147,8 @@ struct DaemonStats {
   // that found the block already there and wrote nothing.
   Counter remote_probes, remote_probe_blocks, remote_probe_found, remote_probes_late;
   Counter remote_probes_busy;  // not asked: the tenant had kMaxSharedProbesPerTenant waiting
+  Counter remote_probes_throttled;  // not asked: the tenant's probe_blocks_per_s was spent
+  Counter remote_adoptions_refused;  // found there, not indexed: the tenant's records_per_tenant were full
   Counter remote_publishes, remote_publishes_skipped, remote_publishes_failed, remote_writes_avoided;
   // Engine KV caches: registrations (and refusals), daemon-driven gathers
   // (stores) and scatters (loads) with them, and device work that failed.

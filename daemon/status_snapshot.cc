@@ -138,6 +138,8 @@ json LowerJson(const StatusSnapshot::Lower& l, const DaemonStats& s) {
         {"probe_found", s.remote_probe_found.Get()},
         {"probes_late", s.remote_probes_late.Get()},
         {"probes_busy", s.remote_probes_busy.Get()},
+        {"probes_throttled", s.remote_probes_throttled.Get()},
+        {"adoptions_refused", s.remote_adoptions_refused.Get()},
         {"probe_latency", HistogramJson(s.remote_probe_latency.Get())},
         {"publishes", s.remote_publishes.Get()},
         {"publishes_skipped", s.remote_publishes_skipped.Get()},

@@ -172,7 +172,8 @@ absl::Status MemoryBlockTier::Execute(Op& op) {
   const bool same = LiveLocked(op.slot) && slots_[op.slot].generation == op.generation;
   if (op.write) {
     if (!same) return absl::CancelledError(absl::StrCat(opts_.name, " slot was freed during the write"));
-    if (fail_writes_.load(std::memory_order_relaxed)) {
+    const uint64_t only = fail_writes_tenant_.load(std::memory_order_relaxed);
+    if (fail_writes_.load(std::memory_order_relaxed) && (only == 0 || only == op.meta.tenant_hash)) {
       return absl::UnavailableError(absl::StrCat(opts_.name, " refuses writes (a test's FailWrites)"));
     }
     Slot& s = slots_[op.slot];

@@ -73,8 +73,12 @@ class MemoryBlockTier final : public BlockTier {
   // For tests. Flips one byte of the payload in `slot` (a damaged copy).
   absl::Status CorruptPayload(SlotHandle slot, uint64_t offset);
   // For tests. While set, every write fails (Unavailable), as a cluster
-  // that is down or full answers.
-  void FailWrites(bool fail) { fail_writes_.store(fail, std::memory_order_relaxed); }
+  // that is down or full answers; with `tenant_hash`, only that tenant's
+  // (as a cluster answers a tenant whose user was revoked).
+  void FailWrites(bool fail, uint64_t tenant_hash = 0) {
+    fail_writes_tenant_.store(tenant_hash, std::memory_order_relaxed);
+    fail_writes_.store(fail, std::memory_order_relaxed);
+  }
   bool shared() const override { return opts_.shared; }
   void Exists(std::span<const BlockMeta> metas, absl::AnyInvocable<void(std::vector<bool>) &&> done,
               uint64_t deadline_ns) override;
@@ -130,6 +134,7 @@ class MemoryBlockTier final : public BlockTier {
 
   // Counted on the tier thread, read by BlockStats without the lock.
   std::atomic<bool> fail_writes_{false};
+  std::atomic<uint64_t> fail_writes_tenant_{0};  // 0: every tenant
   std::atomic<uint64_t> reads_{0}, writes_{0}, bytes_read_{0}, bytes_written_{0}, checksum_failures_{0},
       abandoned_{0}, in_flight_{0};
   std::thread worker_;  // last: started once everything above is built

@@ -32,7 +32,10 @@ class BlockStoreNvmeTest : public ::testing::Test {
                                            .write_through = write_through,
                                            .cost = cost_,
                                            .high_watermark = high_watermark,
-                                           .low_watermark = low_watermark},
+                                           .low_watermark = low_watermark,
+                                           .shared_probe_blocks_per_s = shared_probe_blocks_per_s_,
+                                           .shared_records_per_tenant = shared_records_per_tenant_,
+                                           .shared_min_block_bytes = shared_min_block_bytes_},
                                           &stats_))
                  .value();
     for (size_t i = 0; i < tenants.size(); ++i) {
@@ -191,6 +194,10 @@ class BlockStoreNvmeTest : public ::testing::Test {
   MemoryBlockTier* memory_ = nullptr;     // when lower_ is "memory", or below_
   bool below_ = false;                    // the next Open attaches a memory tier below NVMe
   uint64_t memory_latency_ns_ = 0;        // the "memory"/"shared" tier's op latency
+  // The shared tier's fair shares (BlockStore::Options).
+  uint32_t shared_probe_blocks_per_s_ = 50000;
+  uint32_t shared_records_per_tenant_ = 262144;
+  uint64_t shared_min_block_bytes_ = 4096;
 };
 
 // The NVMe tier is shared; a tenant's nvme_bytes quota bounds its share.
@@ -1006,6 +1013,98 @@ TEST_F(BlockStoreNvmeTest, FailedPublishesPauseAndABlockIsQueuedOnce) {
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   EXPECT_EQ(stats_.remote_publishes.Get(), 4u) << "published blocks are not written again";
   EXPECT_EQ(stats_.remote_publishes_failed.Get(), 4u);
+}
+
+// A tenant whose writes to the shared tier fail (its user revoked, a wrong
+// password) pauses its own publishes, nobody else's: they paused every
+// tenant's (alice published 16 of 128 while bob's writes failed).
+TEST_F(BlockStoreNvmeTest, OneTenantsFailingPublishesPauseOnlyItsOwn) {
+  lower_ = "shared";
+  Open(8, {"alice", "bob"});
+  store_->SetSharedPolicy(2000, SharedWrites::kCommitted);
+  memory_->FailWrites(true, TenantHash("bob"));
+  auto alice = Session(0), bob = Session(1);
+  for (int round = 0; round < 4; ++round) {
+    Store(*bob, 1000 + round * 4, 4);
+    store_->AfterReply(*bob);
+    ASSERT_TRUE(testing::Eventually([&] { return stats_.remote_publishes_failed.Get() >= 1; }));
+    Store(*alice, round * 4, 4);
+    store_->AfterReply(*alice);
+  }
+  ASSERT_TRUE(testing::Eventually([&] { return stats_.remote_publishes.Get() >= 16; }))
+      << stats_.remote_publishes.Get() << " of alice's 16 published";
+  EXPECT_EQ(stats_.remote_publishes.Get(), 16u);
+  EXPECT_LE(stats_.remote_publishes_failed.Get(), 8u) << "bob's paused after its first failures";
+}
+
+// A tenant's lookups ask the shared tier about at most probe_blocks_per_s
+// blocks a second: past that they answer from the local tiers (throttled),
+// and another tenant's lookups still ask.
+TEST_F(BlockStoreNvmeTest, AFloodOfProbesIsThrottledForTheFlooderOnly) {
+  lower_ = "shared";
+  shared_probe_blocks_per_s_ = 40;
+  Open(8, {"alice", "bob"});
+  store_->SetSharedPolicy(2'000'000, SharedWrites::kDemoted);
+  auto alice = Session(0), bob = Session(1);
+  auto lookup = [&](SessionHoldings& s, uint64_t first) {
+    std::vector<BlockKey> keys{KeyOf(first), KeyOf(first + 1), KeyOf(first + 2), KeyOf(first + 3)};
+    std::vector<BlockLocation> out(keys.size());
+    uint64_t lease;
+    ASSERT_TRUE(store_->Lookup(s, keys, false, &lease, std::span(out)).ok());
+  };
+  for (int i = 0; i < 100; ++i) lookup(*bob, 10000 + i * 4);
+  const uint64_t asked = stats_.remote_probes.Get();
+  EXPECT_LE(asked, 12u) << "about a second's worth of bob's (40 blocks, 4 a lookup), not 100";
+  EXPECT_GE(stats_.remote_probes_throttled.Get(), 88u);
+  for (int i = 0; i < 5; ++i) lookup(*alice, 50000 + i * 4);
+  EXPECT_EQ(stats_.remote_probes.Get(), asked + 5) << "alice's lookups still ask";
+  // The bucket refills.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  lookup(*bob, 90000);
+  EXPECT_EQ(stats_.remote_probes.Get(), asked + 6);
+}
+
+// Blocks the shared tier holds join a lookup's hit as records this node
+// keeps; a tenant has at most records_per_tenant of them, and blocks under
+// min_block_bytes never go there at all (1-byte blocks once made a node
+// index 164,672 records).
+TEST_F(BlockStoreNvmeTest, ATenantIndexesAtMostItsRecordsFromTheSharedTier) {
+  lower_ = "shared";
+  shared_records_per_tenant_ = 6;
+  Open(8, {"alice"});
+  store_->SetSharedPolicy(2'000'000, SharedWrites::kDemoted);
+  auto s = Session(0);
+  // Another node's blocks: 16 of alice's in the shared tier.
+  std::vector<BlockKey> keys;
+  for (uint64_t i = 0; i < 16; ++i) {
+    keys.push_back(KeyOf(700 + i));
+    const BlockMeta meta{.ns = s->ns.id, .key = keys.back(), .payload_bytes = kBlock,
+                         .tenant_hash = TenantHash("alice"), .block_tokens = s->ns.block_tokens};
+    std::vector<std::byte> bytes(kBlock);
+    testing::FillFromKey(keys.back(), bytes);
+    SlotHandle slot = *memory_->Allocate(kBlock);
+    std::promise<absl::Status> wrote;
+    memory_->Write(slot, meta, bytes, IoPriority::kDemote, [&](absl::Status st) { wrote.set_value(st); });
+    ASSERT_TRUE(wrote.get_future().get().ok());
+  }
+  std::vector<BlockLocation> out(keys.size());
+  uint64_t lease;
+  auto hit = store_->Lookup(*s, keys, false, &lease, std::span(out));
+  ASSERT_TRUE(hit.ok());
+  EXPECT_EQ(stats_.remote_probe_found.Get(), 16u);
+  EXPECT_EQ(*hit, 6u) << "the hit stops where the tenant's records end";
+  EXPECT_EQ(stats_.remote_adoptions_refused.Get(), 10u);
+
+  // A namespace of blocks under min_block_bytes never asks.
+  auto tiny = std::make_unique<SessionHoldings>();
+  NamespaceDescriptor d = testing::TestNamespace(1024);
+  tiny->ns = std::move(namespaces_.Register(ComputeNamespaceId(d, "alice", ""), 0, d)).value();
+  store_->RegisterNamespace(tiny->ns);
+  const uint64_t probes = stats_.remote_probes.Get();
+  std::vector<BlockLocation> out2(2);
+  std::vector<BlockKey> two{KeyOf(1), KeyOf(2)};
+  ASSERT_TRUE(store_->Lookup(*tiny, two, false, &lease, std::span(out2)).ok());
+  EXPECT_EQ(stats_.remote_probes.Get(), probes) << "1 KiB blocks are below min_block_bytes";
 }
 
 }  // namespace

@@ -151,12 +151,14 @@ void PrintRemote(const json& t, bool nodes = true) {
             << Num(r, "probe_budget_us") << " us, " << Num(c, "slots_covered") << " of 16384 slots covered, "
             << Str(t, "health") << "\n"
             << "  probes " << Num(r, "probes") << " (blocks asked " << Num(r, "probe_blocks") << ", found "
-            << Num(r, "probe_found") << ", late " << Num(r, "probes_late") << ", busy " << Num(r, "probes_busy") << ", median "
+            << Num(r, "probe_found") << ", late " << Num(r, "probes_late") << ", busy " << Num(r, "probes_busy")
+            << ", throttled " << Num(r, "probes_throttled") << ", median "
             << HistogramQuantile(At(r, "probe_latency"), 0.5) << ")  hits loaded " << Num(r, "hits_loaded")
             << ", reads " << Num(t, "reads") << " (median "
             << HistogramQuantile(At(r, "read_latency"), 0.5) << ")\n"
             << "  published " << Num(r, "publishes") << " (skipped " << Num(r, "publishes_skipped") << ", failed "
-            << Num(r, "publishes_failed") << "), writes avoided (already there) " << Num(r, "writes_avoided") << "\n"
+            << Num(r, "publishes_failed") << "), writes avoided (already there) " << Num(r, "writes_avoided")
+            << ", adoptions refused (records_per_tenant) " << Num(r, "adoptions_refused") << "\n"
             << "  misses: not found " << Num(m, "not_found") << ", bad value " << Num(m, "bad_value") << " (forged "
             << Num(m, "forged") << ")"
             << ", unavailable " << Num(m, "unavailable") << ", past deadline " << Num(m, "deadline") << ", other "
