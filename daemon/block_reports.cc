@@ -26,7 +26,11 @@ std::vector<BlockStore::BlockInfo> BlockStore::ListBlocks(std::optional<uint16_t
       b.on_host = r->state == BlockState::kReady;
       b.on_lower = r->lower_state == LowerState::kReady;
       b.lower = r->lower;
-      b.moving = r->lower_state == LowerState::kWriting || r->state != BlockState::kReady;
+      // In flight only: a demotion or write-through being written, a
+      // promotion being read. A block that is only on a lower tier (state
+      // kNone) is at rest there.
+      b.moving = r->lower_state == LowerState::kWriting || r->state == BlockState::kLoading ||
+                 r->state == BlockState::kEvicting;
       b.pins = r->pins;
       b.depth = r->depth;
       out.push_back(b);

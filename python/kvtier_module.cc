@@ -451,12 +451,14 @@ PYBIND11_MODULE(_kvtier, m) {
           },
           py::arg("model_id"), py::arg("block_tokens"), py::arg("block_bytes"), py::kw_only(),
           py::arg("socket") = "", py::arg("model_revision") = "", py::arg("tokenizer_revision") = "",
-          py::arg("adapter_id") = "", py::arg("attention_config_hash") = "", py::arg("kv_dtype") = "fp16",
-          py::arg("kv_layout") = "layer_major", py::arg("cache_salt") = "", py::arg("tp_rank") = 0,
+          py::arg("adapter_id") = "", py::arg("attention_config_hash") = "", py::arg("kv_dtype"),
+          py::arg("kv_layout"), py::arg("cache_salt") = "", py::arg("tp_rank") = 0,
           py::arg("tp_size") = 1, py::arg("client_name") = "",
           "Connects to kvtierd (socket: $KVTIER_SOCKET or the default run directory) and is admitted as one of "
           "its tenants. Everything that changes a block's bytes (model, revision, adapter, dtype, salt, ...) goes "
-          "into the namespace: blocks are shared only within one.")
+          "into the namespace: blocks are shared only within one. kv_dtype (\"bf16\", \"fp16\", \"fp8_e4m3\", ...) "
+          "and kv_layout (\"layer_major\", ...) are required, as in C and C++: a guessed dtype would share blocks "
+          "between engines whose bytes differ.")
       .def_property_readonly("session_id", [](PyClient& c) { return c.c().session_id(); })
       .def_property_readonly("block_bytes", [](PyClient& c) { return c.c().block_bytes(); })
       .def_property_readonly("block_tokens", [](PyClient& c) { return c.c().block_tokens(); })

@@ -45,7 +45,8 @@ class ToyConnector:
 
     def __init__(self, socket: str, model: str):
         self.client = kvtier.Client.attach(model, BLOCK_TOKENS, BLOCK_BYTES, socket=socket,
-                                           kv_dtype="fp16", client_name="connector-example")
+                                           kv_dtype="fp16", kv_layout="layer_major",
+                                           client_name="connector-example")
         self.leases: dict[str, int] = {}
 
     # --- scheduler side -----------------------------------------------------

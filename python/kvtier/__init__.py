@@ -2,7 +2,8 @@
 NVMe, shared between engine processes through the kvtierd daemon.
 
     import kvtier, numpy as np
-    with kvtier.Client.attach("my-model", block_tokens=16, block_bytes=c_bytes) as c:
+    with kvtier.Client.attach("my-model", block_tokens=16, block_bytes=c_bytes,
+                              kv_dtype="bf16", kv_layout="layer_major") as c:
         keys = c.compute_keys(prompt_tokens)
         hit = c.lookup(keys, lease=True)
         blocks = c.load(hit.lease, keys[:hit.hit_blocks])   # read-only views, in place

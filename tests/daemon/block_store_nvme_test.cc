@@ -533,6 +533,27 @@ std::vector<int> LowerTiersOf(BlockStore& cache, uint64_t from, uint64_t n) {
   return out;
 }
 
+// `kvtierctl blocks` said "nvme (moving)" for every block only on NVMe,
+// with nothing in flight. At rest, nothing is moving.
+TEST_F(BlockStoreNvmeTest, BlocksAtRestOnNvmeAreNotListedAsMoving) {
+  Open(4);
+  auto s = Session();
+  for (uint64_t i = 0; i < 12; i += 4) Store(*s, i, 4);  // 8 of them demoted
+  ASSERT_TRUE(store_->lower_tier(0)->Sync().ok());
+  ASSERT_TRUE(testing::Eventually([&] {
+    for (const BlockStore::BlockInfo& b : store_->ListBlocks(std::nullopt, 100, nullptr)) {
+      if (b.moving) return false;
+    }
+    return true;
+  }));
+  size_t only_lower = 0;
+  for (const BlockStore::BlockInfo& b : store_->ListBlocks(std::nullopt, 100, nullptr)) {
+    only_lower += b.on_lower && !b.on_host;
+    EXPECT_FALSE(b.moving);
+  }
+  EXPECT_GE(only_lower, 8u);
+}
+
 // A chain: NVMe, then a memory tier below it. Once NVMe is fuller than
 // cascade_high (90%), its coldest blocks are copied one tier down until it is
 // at cascade_low (80%); nothing is dropped while the tier below has room, and

@@ -18,6 +18,8 @@ BLOCK_BYTES = 4096
 def attach(d, **kw):
     kw.setdefault("block_tokens", BLOCK_TOKENS)
     kw.setdefault("block_bytes", BLOCK_BYTES)
+    kw.setdefault("kv_dtype", "fp16")
+    kw.setdefault("kv_layout", "layer_major")
     return kvtier.Client.attach(kw.pop("model_id", "py/test"), socket=d.socket, **kw)
 
 
@@ -110,7 +112,8 @@ def test_errors_carry_the_code_and_say_why(daemon):
     assert e.value.code == -2, "ENOENT: no such lease"
     assert "lease" in str(e.value)
     with pytest.raises(kvtier.KvtierError):
-        kvtier.Client.attach("m", 16, 4096, socket=daemon.dir + "/no-such.sock")
+        kvtier.Client.attach("m", 16, 4096, socket=daemon.dir + "/no-such.sock", kv_dtype="fp16",
+                             kv_layout="layer_major")
 
 
 def test_namespaces_never_share_blocks(daemon):
@@ -254,7 +257,8 @@ def test_registered_cache_moves_pages_layer_by_layer(daemon):
     layers, page_tokens, kv_heads, head_dim, pages = 3, 8, 2, 16, 32
     bb = kvtier.kv_block_bytes(layers, 8, kv_heads, head_dim, dtype="f32")
     assert bb == layers * 2 * 8 * kv_heads * head_dim * 4
-    c = kvtier.Client.attach("py/registered", block_tokens=8, block_bytes=bb, socket=daemon.socket, kv_dtype="f32")
+    c = kvtier.Client.attach("py/registered", block_tokens=8, block_bytes=bb, socket=daemon.socket, kv_dtype="f32",
+                             kv_layout="layer_major")
     cache, mem, fd, k_layers, v_layers, region = _paged_cache(layers, pages, page_tokens, kv_heads, head_dim)
     try:
         reg = c.register_kv_cache(layers, page_tokens, kv_heads, head_dim, pages, k_layers, v_layers, [region],
@@ -295,3 +299,14 @@ def test_kv_block_bytes_sizes_quantized_blocks_and_names_bad_input():
     with pytest.raises(kvtier.KvtierError) as e:
         kvtier.kv_block_bytes(2, 16, 2, 64, dtype="f17")
     assert "f17" in str(e.value)
+
+
+def test_a_namespace_without_kv_dtype_is_refused_as_in_c(daemon):
+    # It defaulted to "fp16": two engines whose KV bytes differ could share blocks.
+    with pytest.raises(TypeError, match="kv_dtype"):
+        kvtier.Client.attach("py/test", BLOCK_TOKENS, BLOCK_BYTES, socket=daemon.socket, kv_layout="layer_major")
+    with pytest.raises(TypeError, match="kv_layout"):
+        kvtier.Client.attach("py/test", BLOCK_TOKENS, BLOCK_BYTES, socket=daemon.socket, kv_dtype="fp16")
+    with pytest.raises(Exception, match="kv_dtype"):
+        kvtier.Client.attach("py/test", BLOCK_TOKENS, BLOCK_BYTES, socket=daemon.socket, kv_dtype="",
+                             kv_layout="layer_major")
