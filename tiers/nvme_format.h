@@ -11,6 +11,7 @@
 #include <xxhash.h>
 
 #include <cstddef>
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -82,6 +83,23 @@ bool Intact(const T& v) {
 inline uint64_t RoundUpSector(uint64_t n) { return (n + kSectorBytes - 1) / kSectorBytes * kSectorBytes; }
 // Bytes a slot needs for a payload: one header sector plus the payload.
 inline uint64_t SlotBytesFor(uint64_t payload) { return kSectorBytes + RoundUpSector(payload); }
+
+// A segment's slots are numbered in 16 bits.
+inline constexpr uint32_t kMaxSlotsPerSegment = 0xffff;
+// Slots of `slot_bytes` one segment is cut into.
+inline uint64_t NvmeSlotsPerSegment(uint64_t segment_bytes, uint64_t slot_bytes) {
+  return slot_bytes == 0 ? 0 : std::min<uint64_t>(segment_bytes / slot_bytes, kMaxSlotsPerSegment);
+}
+// Blocks of `payload` bytes an NVMe tier of `capacity` bytes over `dirs`
+// directories holds: whole segments in each directory, whole slots (header
+// sector included) in each segment. The tier and the planner (kvtierctl
+// capacity) both count with this: the planner once said 150 blocks of
+// 2 MiB fit where the tier held 126.
+inline uint64_t NvmeBlocksThatFit(uint64_t capacity, uint64_t segment_bytes, uint64_t dirs, uint64_t payload) {
+  if (segment_bytes == 0 || dirs == 0 || payload == 0) return 0;
+  const uint64_t segments = capacity / dirs / segment_bytes * dirs;
+  return segments * NvmeSlotsPerSegment(segment_bytes, SlotBytesFor(payload));
+}
 
 }  // namespace kvtier
 

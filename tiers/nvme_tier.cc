@@ -19,7 +19,6 @@ namespace kvtier {
 namespace {
 
 constexpr uint64_t kFullBackoffNs = 5'000'000'000;  // after ENOSPC, no demotion for 5 s
-constexpr uint32_t kMaxSlotsPerSegment = 0xffff;
 constexpr uint32_t kMaxSegments = 0xffff;
 
 std::string SlabPath(const std::string& dir) { return dir + "/kvtier-slab.kvt"; }
@@ -236,7 +235,7 @@ JournalRecord NvmeTier::RecordFor(JournalType type, uint32_t segment, uint32_t s
 
 void NvmeTier::CutSegment(Segment& seg, uint64_t slot_bytes) {
   seg.slot_bytes = slot_bytes;
-  const uint32_t n = slot_bytes == 0 ? 0 : static_cast<uint32_t>(std::min<uint64_t>(opts_.segment_bytes / slot_bytes, kMaxSlotsPerSegment));
+  const uint32_t n = static_cast<uint32_t>(NvmeSlotsPerSegment(opts_.segment_bytes, slot_bytes));
   seg.slots.assign(n, SlotState{});
   seg.free.clear();
   for (uint32_t i = n; i > 0; --i) seg.free.push_back(i - 1);
@@ -481,7 +480,7 @@ absl::Status NvmeTier::RecoverByScan(const JournalReplay& replay, std::vector<Re
         Probe* p = batch_probes[c];
         const JournalRecord& r = *p->rec;
         const uint64_t total = SlotBytesFor(r.payload_bytes);
-        const uint64_t slots = std::min<uint64_t>(opts_.segment_bytes / p->cut, kMaxSlotsPerSegment);
+        const uint64_t slots = NvmeSlotsPerSegment(opts_.segment_bytes, p->cut);
         if (r.slot >= slots || total > p->cut) continue;
         uint32_t file;
         uint64_t off;

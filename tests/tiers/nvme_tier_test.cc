@@ -256,6 +256,24 @@ TEST_F(NvmeTierTest, SlotsAreReusedAfterFreeAndTheTierFillsUp) {
   EXPECT_TRUE(small.ok()) << small.status();
 }
 
+// The planner (kvtierctl capacity) counts NVMe blocks with the function
+// the tier cuts its segments by: for each size, as many as the tier takes.
+TEST_F(NvmeTierTest, ThePlannersCountIsWhatTheTierHolds) {
+  for (uint64_t bytes : {uint64_t{4096}, uint64_t{64} << 10, uint64_t{1} << 20, uint64_t{2} << 20,
+                         (uint64_t{3} << 20) + 17}) {
+    NvmeTierOptions o = Options();
+    o.capacity_bytes = (36 << 20) + 12345;  // not a whole number of segments
+    testing::TempDir fresh;
+    o.dirs = {fresh.File("d0"), fresh.File("d1")};
+    auto t = Open(nullptr, o);
+    ASSERT_NE(t, nullptr);
+    uint64_t held = 0;
+    while (t->Allocate(bytes).ok()) ++held;
+    EXPECT_EQ(held, NvmeBlocksThatFit(o.capacity_bytes, o.segment_bytes, o.dirs.size(), bytes)) << bytes;
+    EXPECT_LT(held, o.capacity_bytes / bytes) << "headers and whole segments cost room";
+  }
+}
+
 TEST_F(NvmeTierTest, AStaleSlotIsNeverReadAsANewerBlock) {
   auto t = Open();
   auto s = Put(*t, 1, 64 << 10);

@@ -121,6 +121,18 @@ TEST(ToolsTest, CapacityPlannerGivesBytesPerTokenAndTheLogicalCache) {
   EXPECT_EQ(tokens["host"], 512u);   // 32 blocks of 2 MiB
   EXPECT_EQ(tokens["gpu"], 8192u);   // 512 blocks
   EXPECT_EQ(tokens["nvme"], 0u);
+  // NVMe as the tier cuts it: 150 MiB over 2 directories in 16 MiB
+  // segments is 8 segments of 7 slots of 2 MiB (a header sector each): 56
+  // blocks, not 75 (the planner once counted capacity / block size).
+  const std::string nvme = WriteFile("nvme.toml", "[tiers.nvme]\ndirs = [\"/a\", \"/b\"]\ncapacity = \"150MiB\"\n"
+                                                  "segment_bytes = \"16MiB\"\n");
+  js = RunCommand(ctl + " --json capacity -m " + gqa + " --seq 4096 -c " + nvme);
+  ASSERT_EQ(js.exit_code, 0) << js.out;
+  for (const auto& t : nlohmann::json::parse(js.out)["tiers"]) {
+    if (t["tier"] == "nvme") {
+      EXPECT_EQ(t["blocks"], 56u) << t.dump();
+    }
+  }
 
   // A trace: its prompt lengths, and the distinct prefix blocks it reuses.
   const std::string trace = WriteFile("trace.jsonl",

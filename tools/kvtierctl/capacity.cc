@@ -1,5 +1,7 @@
 #include "tools/kvtierctl/capacity.h"
 
+#include "tiers/nvme_format.h"
+
 #include <sys/stat.h>
 
 #include <ostream>
@@ -108,7 +110,10 @@ absl::StatusOr<CapacityPlan> PlanCapacity(const CapacityInput& in) {
     TierPlan t;
     t.tier = name;
     t.capacity_bytes = bytes;
-    t.blocks = bytes / p.block_bytes;
+    // NVMe as the tier cuts it (whole segments, a header sector a slot).
+    t.blocks = std::string_view(name) == "nvme"
+                   ? NvmeBlocksThatFit(bytes, config.nvme_segment_bytes, config.NvmeDirs().size(), p.block_bytes)
+                   : bytes / p.block_bytes;
     t.tokens = t.blocks * in.block_tokens;
     t.share_of_logical = p.logical_tokens == 0 ? 0 : double(t.tokens) / double(p.logical_tokens);
     p.tiers.push_back(t);
