@@ -47,6 +47,12 @@ absl::Status CodedStatus(int kvtier_code, absl::string_view message) {
   return s;
 }
 
+bool CarriesCode(const absl::Status& status, int kvtier_code) {
+  const absl::optional<absl::Cord> p = status.GetPayload(kCodePayload);
+  int code = 0;
+  return p && absl::SimpleAtoi(std::string(*p), &code) && code == kvtier_code;
+}
+
 int ToErrorCode(const absl::Status& status) {
   if (status.ok()) return KVTIER_OK;
   if (absl::optional<absl::Cord> p = status.GetPayload(kCodePayload)) {

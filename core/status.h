@@ -38,6 +38,10 @@ absl::Status ErrnoStatus(int err, absl::string_view what);
 // that absl's canonical codes cannot tell apart.
 absl::Status CodedStatus(int kvtier_code, absl::string_view message);
 
+// Whether `status` was made by CodedStatus(kvtier_code, ...): not merely of
+// the canonical code it maps to (every ResourceExhausted maps to ENOSPC).
+bool CarriesCode(const absl::Status& status, int kvtier_code);
+
 // The kvtier error code (<= 0) for an internal status.
 int ToErrorCode(const absl::Status& status);
 

@@ -173,6 +173,17 @@ std::string PrometheusText(const StatusSnapshot& s, bool detailed) {
   w.Sample("kvtier_evictions_total", "tier=\"host\",reason=\"dropped\"", double(dropped - std::min(dropped, by_cost)));
   w.Sample("kvtier_evictions_total", "tier=\"host\",reason=\"dropped_by_cost\"", double(by_cost));
   w.Sample("kvtier_evictions_total", "tier=\"nvme\",reason=\"dropped\"", double(st.nvme_evictions.Get()));
+  w.Family("kvtier_evictions_dropped_total", "counter",
+           "Host evictions dropped rather than demoted, by why (they sum to kvtier_evictions_total's dropped and "
+           "dropped_by_cost).");
+  const std::pair<const char*, uint64_t> why[] = {{"cost", by_cost},
+                                                  {"no_lower_tier", st.dropped_no_lower_tier.Get()},
+                                                  {"too_large", st.dropped_too_large.Get()},
+                                                  {"no_room", st.dropped_no_room.Get()},
+                                                  {"tier_unwritable", st.dropped_tier_unwritable.Get()}};
+  for (const auto& [reason, n] : why) {
+    w.Sample("kvtier_evictions_dropped_total", absl::StrCat("reason=\"", reason, "\""), double(n));
+  }
   // Host memory per block size: one size cannot use another's segments
   // until they are empty, so a shifting mix of sizes shows here first.
   w.Family("kvtier_host_block_size_bytes", "gauge",

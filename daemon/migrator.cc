@@ -5,6 +5,9 @@
 // the cascade in migrator_cascade.cc.
 #include "daemon/migrator.h"
 
+#include "core/status.h"
+#include "spdlog/spdlog.h"
+
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
@@ -50,7 +53,8 @@ Migrator::EvictResult Migrator::EvictHostCopyLocked(HostResidency& t, BlockRecor
   }
   const BlockMeta meta = books_.MetaOf(r);
   const bool by_cost = DropForCost(r, meta);
-  if (!by_cost && DemoteLocked(t, r, host_slot, offset, meta, deferred)) return EvictResult::kEvicted;
+  Counter* why_not = nullptr;
+  if (!by_cost && DemoteLocked(t, r, host_slot, offset, meta, deferred, &why_not)) return EvictResult::kEvicted;
   // No NVMe tier, no room there, or too large: the block is dropped. It was
   // invisible since the first check, so nobody took a pin or an io_ref.
   bool destroy;
@@ -64,10 +68,29 @@ Migrator::EvictResult Migrator::EvictHostCopyLocked(HostResidency& t, BlockRecor
     destroy = r->pins == 0 && r->io_refs == 0;
   }
   books_.stats->evictions_dropped.Add();
-  if (by_cost) books_.stats->evictions_dropped_by_cost.Add();
+  if (by_cost) {
+    books_.stats->evictions_dropped_by_cost.Add();
+  } else if (why_not != nullptr) {
+    why_not->Add();
+    if (why_not != &books_.stats->dropped_no_lower_tier) SayDropped();
+  }
   t.FreeSlotLocked(host_slot);
   if (destroy) books_.DestroyDetached(r);
   return EvictResult::kEvicted;
+}
+
+void Migrator::SayDropped() {
+  const uint64_t now = MonotonicNanos();
+  uint64_t last = drops_said_ns_.load(std::memory_order_relaxed);
+  if (last != 0 && now - last < 10'000'000'000ull) return;
+  if (!drops_said_ns_.compare_exchange_strong(last, now)) return;
+  const DaemonStats& st = *books_.stats;
+  spdlog::warn("event=evictions_dropped dropped={} too_large={} no_room={} tier_unwritable={} detail=\"host "
+               "evictions found no place below host memory: those blocks are gone and will be recomputed\" "
+               "hint=\"kvtierctl status shows the NVMe tier's use, quotas and pins; a larger tiers.nvme.capacity, "
+               "a larger tiers.nvme.segment_bytes (for large blocks) or fewer pins keeps them\"",
+               st.evictions_dropped.Get(), st.dropped_too_large.Get(), st.dropped_no_room.Get(),
+               st.dropped_tier_unwritable.Get());
 }
 
 bool Migrator::DropForCost(const BlockRecord* r, const BlockMeta& meta) {
@@ -88,9 +111,16 @@ bool Migrator::DropForCost(const BlockRecord* r, const BlockMeta& meta) {
 }
 
 bool Migrator::DemoteLocked(HostResidency& t, BlockRecord* r, SlotHandle host_slot, uint64_t offset,
-                              const BlockMeta& meta, std::vector<PendingDemotion>* deferred) {
+                              const BlockMeta& meta, std::vector<PendingDemotion>* deferred, Counter** why_not) {
   LowerLane* const first = books_.lanes.empty() ? nullptr : books_.lanes[0].get();
-  if (first == nullptr || meta.payload_bytes > first->tier->max_block_bytes()) return false;
+  if (first == nullptr) {
+    *why_not = &books_.stats->dropped_no_lower_tier;
+    return false;
+  }
+  if (meta.payload_bytes > first->tier->max_block_bytes()) {
+    *why_not = &books_.stats->dropped_too_large;
+    return false;
+  }
   absl::StatusOr<SlotHandle> nslot;
   {
     MutexLock nl(&first->mu);
@@ -99,6 +129,10 @@ bool Migrator::DemoteLocked(HostResidency& t, BlockRecord* r, SlotHandle host_sl
   }
   if (!nslot.ok()) {
     books_.stats->demotions_failed.Add();
+    // The tier's own ENOSPC (its disk full, or read-only), or no room the
+    // books allow (quota, fair share, every block busy).
+    *why_not = CarriesCode(nslot.status(), KVTIER_ENOSPC) ? &books_.stats->dropped_tier_unwritable
+                                                            : &books_.stats->dropped_no_room;
     return false;
   }
   {
@@ -168,7 +202,11 @@ absl::StatusOr<SlotHandle> Migrator::AllocateLowerSlotLocked(LowerLane& lane, co
     if (!over_quota) {
       absl::StatusOr<SlotHandle> slot = lane.tier->Allocate(bytes);
       if (slot.ok()) books_.ChargeLocked(lane, owner, *slot, +1);
-      if (slot.ok() || !absl::IsResourceExhausted(slot.status())) return slot;
+      // A tier that cannot write at all (its disk full, read-only) gets no
+      // eviction for room: nothing would land in it.
+      if (slot.ok() || !absl::IsResourceExhausted(slot.status()) || CarriesCode(slot.status(), KVTIER_ENOSPC)) {
+        return slot;
+      }
     }
     const LowerLane::Victim pick = lane.PickVictimLocked(tenant, bytes, over_quota, [&](BlockRecord* v) {
       BlockIndex::Shard& sh = books_.index.ShardFor(v);

@@ -156,9 +156,14 @@ class Migrator {
   // in kCalibrationDemotionEvery is demoted anyway).
   bool DropForCost(const BlockRecord* r, const BlockMeta& meta);
   // Demotes r (kEvicting, with the eviction's io_ref) into the first lower
-  // tier; false (r untouched) without one, too large for it, or no room.
+  // tier; false (r untouched, *why_not the counter of the reason) without
+  // one, too large for it, or no room.
   bool DemoteLocked(HostResidency& t, BlockRecord* r, SlotHandle host_slot, uint64_t offset, const BlockMeta& meta,
-                    std::vector<PendingDemotion>* deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
+                    std::vector<PendingDemotion>* deferred, Counter** why_not) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
+  // A warning at most every 10 s while host evictions are dropped for want
+  // of a place below (not by the cost model), with the counts by reason.
+  void SayDropped();
+  std::atomic<uint64_t> drops_said_ns_{0};
   // Starts the write of a demotion into lane 0 from host memory at `offset`.
   void WriteDemotion(HostResidency& t, BlockRecord* r, SlotHandle lower_slot, uint64_t offset, const BlockMeta& meta);
   void OnFirstTierWritten(BlockRecord* r, absl::Status s);

@@ -109,6 +109,12 @@ struct DaemonStats {
   // Movement between tiers. Host evictions end as kept (an NVMe copy already
   // existed), demoted (written to NVMe) or dropped.
   Counter evictions_kept_on_nvme, demotions, demotions_failed, evictions_dropped;
+  // Why host evictions were dropped rather than demoted (with
+  // evictions_dropped_by_cost, they sum to evictions_dropped): no tier below
+  // host memory; a block larger than that tier takes; no room there (its
+  // quota, a fair share, every block busy); the tier refused writes (its
+  // disk full or read-only).
+  Counter dropped_no_lower_tier, dropped_too_large, dropped_no_room, dropped_tier_unwritable;
   // Why host evictions happened, besides a full arena: the background
   // reclaimer (above the high watermark), a tenant's host_tokens quota.
   Counter evictions_background, evictions_for_quota;

@@ -224,6 +224,7 @@ TEST_F(BlockStoreNvmeTest, NvmeQuotasBoundEachTenantsShare) {
   EXPECT_EQ(stats_.nvme_evictions.Get(), 8u) << "the tier itself had room";
   EXPECT_EQ(stats_.demotions_refused_quota.Get(), 4u);
   EXPECT_EQ(stats_.evictions_dropped.Get(), 4u);
+  EXPECT_EQ(stats_.dropped_no_room.Get(), 4u) << "each drop counted by its reason";
   // b lost nothing to a's pressure; a keeps its 8 most recent demotions.
   EXPECT_EQ(OnNvme(*a, 100, 8), 0u) << "a's coldest went to keep it within its quota";
   EXPECT_EQ(OnNvme(*a, 108, 8), 8u);
@@ -418,6 +419,8 @@ TEST_F(BlockStoreNvmeTest, ADemotionThatWouldBreakAFairShareIsRefused) {
   EXPECT_EQ(stats_.demotions_refused_fair_share.Get(), 4u);
   EXPECT_EQ(stats_.demotions_refused_quota.Get(), 0u);
   EXPECT_EQ(stats_.evictions_dropped.Get(), 4u);
+  EXPECT_EQ(stats_.dropped_no_room.Get(), 4u);
+  EXPECT_EQ(stats_.dropped_too_large.Get() + stats_.dropped_tier_unwritable.Get() + stats_.dropped_no_lower_tier.Get(), 0u);
   EXPECT_EQ(stats_.nvme_evictions.Get(), 0u);
   EXPECT_EQ(OnNvme(*b, 1000, 36), 36u);
   EXPECT_EQ(store_->Usage()[1].nvme_bytes, 40 * kBlock);

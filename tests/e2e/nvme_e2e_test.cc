@@ -215,6 +215,10 @@ TEST(NvmeE2eTest, AFullDiskAfterKillNineStartsWithTheNvmeTierReadOnly) {
   Tally f = LoadEach(*c, fresh);
   EXPECT_EQ(f.hit, 8);
   EXPECT_EQ(f.correct, 8);
+  // More than host memory holds: what it evicts is dropped, counted by
+  // reason, and said (once, rate-limited) in the log.
+  auto more = Keys(*c, 7, 32);
+  for (size_t i = 0; i < more.size(); i += 4) ASSERT_TRUE(StoreAll(*c, std::span(more).subspan(i, 4)).ok());
   auto s = d.Status();
   ASSERT_TRUE(s.ok());
   for (const auto& tier : (*s)["tiers"]) {
@@ -222,7 +226,12 @@ TEST(NvmeE2eTest, AFullDiskAfterKillNineStartsWithTheNvmeTierReadOnly) {
       EXPECT_EQ(tier["health"], "degraded") << tier.dump();
       EXPECT_EQ(tier["device_full"], true) << tier.dump();
     }
+    if (tier["tier"] == "host") {
+      EXPECT_GT(tier["evictions_dropped_by_reason"]["tier_unwritable"].get<int>(), 0) << tier.dump();
+    }
   }
+  EXPECT_TRUE(testing::Eventually([&] { return d.Log().find("event=evictions_dropped") != std::string::npos; }))
+      << d.Log();
 }
 
 TEST(NvmeE2eTest, WriteThroughBlocksSurviveAnOrderlyRestart) {
