@@ -26,11 +26,18 @@ std::optional<SlotHandle> BlockStore::PickHostVictimLocked(HostResidency& t, Cha
   });
 }
 
-bool BlockStore::EvictColdestLocked(HostResidency& t, std::vector<PendingDemotion>* deferred) {
+bool BlockStore::EvictColdestLocked(HostResidency& t, std::vector<PendingDemotion>* deferred, bool give_segments) {
   // Largest holder first, then the others, until one has a block that may go.
   for (ChainGuard* policy : t.PoliciesByBytesLocked()) {
     std::optional<SlotHandle> victim = PickHostVictimLocked(t, policy);
     if (!victim) continue;
+    if (give_segments) {
+      const uint64_t slot_bytes = t.host->SlotBytes(*victim);
+      if (++t.background_room_evictions >= t.host->SlotsPerSegment(slot_bytes)) {
+        t.background_room_evictions = 0;
+        if (ReclaimSegmentLocked(t, slot_bytes, t.slots.age(*victim))) return true;
+      }
+    }
     if (migrator_.EvictHostCopyLocked(t, t.slots.owner(*victim), deferred) == EvictResult::kEvicted) {
       t.evictions.fetch_add(1, std::memory_order_relaxed);
       books_.stats->evictions.Add();
@@ -142,7 +149,7 @@ void BlockStore::ReclaimPass() {
             break;
           }
           const size_t before = pending.size();
-          if (!EvictColdestLocked(t, &pending)) break;  // everything left is pinned or moving
+          if (!EvictColdestLocked(t, &pending, /*give_segments=*/true)) break;  // everything left is pinned or moving
           for (size_t i = before; i < pending.size(); ++i) {
             freeing_bytes += t.host->SlotBytes(pending[i].host_slot);
             freeing_tokens += t.slots.tokens(pending[i].host_slot);

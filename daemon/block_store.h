@@ -346,9 +346,14 @@ class BlockStore {
   bool ReclaimSegmentLocked(HostResidency& t, uint64_t slot_bytes, std::optional<uint32_t> min_age)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
   // Evicts one block, from the block size that holds the most bytes; false
-  // when nothing can go.
-  bool EvictColdestLocked(HostResidency& t, std::vector<PendingDemotion>* deferred = nullptr)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
+  // when nothing can go. With `give_segments` (the background reclaimer),
+  // once per segment's worth of evictions of a size, a whole segment of
+  // another size whose blocks are all colder than that size's coldest goes
+  // instead (ReclaimSegmentLocked), as stores that need room do: else the
+  // reclaimer keeps a new size's own slots free, its stores never need
+  // room, and a cold size's segments are never given back.
+  bool EvictColdestLocked(HostResidency& t, std::vector<PendingDemotion>* deferred = nullptr,
+                          bool give_segments = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
   // One pass of the reclaimer: every tenant above the high mark, down to the low.
   void ReclaimPass();
 

@@ -96,6 +96,8 @@ class HostResidency {
   HostSlotTable slots ABSL_GUARDED_BY(mu);  // each host slot's owner, tokens and age
   // Evictions for room since the last look at other sizes' segments.
   uint64_t room_evictions ABSL_GUARDED_BY(mu) = 0;
+  // The same, for the background reclaimer's evictions.
+  uint64_t background_room_evictions ABSL_GUARDED_BY(mu) = 0;
   // Background demotions chosen but not yet copied out (their slots are
   // still allocated); a store that finds the tier full waits for them
   // rather than evicting a hotter block.

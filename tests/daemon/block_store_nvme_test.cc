@@ -1044,7 +1044,7 @@ TEST_F(BlockStoreNvmeTest, FailedPublishesPauseAndABlockIsQueuedOnce) {
 // tenant's (alice published 16 of 128 while bob's writes failed).
 TEST_F(BlockStoreNvmeTest, OneTenantsFailingPublishesPauseOnlyItsOwn) {
   lower_ = "shared";
-  Open(8, {"alice", "bob"});
+  Open(32, {"alice", "bob"});  // room for all of alice's blocks while their publishes hold them
   store_->SetSharedPolicy(2000, SharedWrites::kCommitted);
   memory_->FailWrites(true, TenantHash("bob"));
   auto alice = Session(0), bob = Session(1);

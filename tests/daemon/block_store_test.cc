@@ -306,6 +306,37 @@ TEST_F(BlockStoreTest, ASizeThatNeedsRoomTakesWholeSegmentsFromAColdSize) {
   EXPECT_EQ(stats_.store_refused_no_space.Get(), 0u);
 }
 
+// The same with the daemon's default watermarks: the background reclaimer
+// kept the new size's own slots free, so its stores never needed room and
+// the cold size's segments stayed (45% of a tier, never read, segments
+// reclaimed 0). The reclaimer now gives a cold size's whole segments to
+// the size it evicts for.
+TEST_F(BlockStoreTest, TheBackgroundReclaimerGivesAColdSizesSegmentsBack) {
+  SetUpCache(512, 1, "lru", {.high_watermark = 0.95, .low_watermark = 0.9});
+  auto big = Session(1);
+  big->ns.block_bytes = 8192;
+  auto small = Session(2);
+  for (uint64_t i = 0; i < 256; ++i) ASSERT_TRUE(Store(*big, {KeyOf(i)}).ok()) << i;
+  auto class_bytes = [&](uint64_t slot_bytes) {
+    uint64_t used = 0;
+    const TenantUsage u = store_->Usage()[0];  // a copy: the loop must not outlive the vector
+    for (const SlotAllocator::ClassUsage& c : u.classes) {
+      if (c.slot_bytes == slot_bytes) used += c.used_bytes;
+    }
+    return used;
+  };
+  const uint64_t cold = class_bytes(8192);
+  ASSERT_GE(cold, store_->Usage()[0].capacity_bytes * 85 / 100);
+  for (uint64_t i = 0; i < 3000; ++i) {
+    ASSERT_TRUE(Store(*small, {KeyOf(10000 + i)}).ok()) << i;
+    if (i % 64 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));  // the reclaimer runs between
+  }
+  ASSERT_TRUE(testing::Eventually([&] { return class_bytes(8192) <= cold / 10; }))
+      << class_bytes(8192) << " of " << cold << " bytes of never-read 8 KiB blocks are still held";
+  EXPECT_GT(stats_.host_segments_reclaimed.Get(), 0u);
+  EXPECT_EQ(stats_.store_refused_no_space.Get(), 0u);
+}
+
 // ... but a size in use keeps its segments: its blocks are hotter than the
 // other size's coldest, so the other size evicts its own.
 TEST_F(BlockStoreTest, ASizeInUseKeepsItsSegments) {
