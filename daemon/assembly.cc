@@ -110,7 +110,7 @@ absl::StatusOr<std::vector<RemoteTenant>> RemoteTenantsFrom(const Config& c) {
         }
       }
     }
-    out.push_back({t.name, t.remote_user, std::move(password), *std::move(keys)});
+    out.push_back({t.name, t.remote_user, std::move(password), *std::move(keys), t.remote_seeds});
   }
   return out;
 }

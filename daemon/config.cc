@@ -254,6 +254,10 @@ void ReadTenants(const toml::array& arr, std::string_view origin, Config* c, std
         case ConfigType::kIntList:
           KVTIER_KEEP_ERROR(*errors, r.IntList(k.name, &(tc.*std::get<std::vector<uint32_t> TenantConfig::*>(k.field))));
           break;
+        case ConfigType::kStringList:
+          KVTIER_KEEP_ERROR(*errors,
+                            r.StringList(k.name, &(tc.*std::get<std::vector<std::string> TenantConfig::*>(k.field))));
+          break;
         case ConfigType::kBytes:
           KVTIER_KEEP_ERROR(*errors, r.Bytes(k.name, &(tc.*std::get<uint64_t TenantConfig::*>(k.field))));
           break;

@@ -38,6 +38,9 @@ struct TenantConfig {
   // And a file of the keys that seal its values there (value_seal.h): one of
   // 64 hex digits a line, the current first.
   std::string remote_key_file;
+  // Its own cluster (host:port seeds), where tenants must not share one's
+  // memory; empty: tiers.remote.seeds.
+  std::vector<std::string> remote_seeds;
 };
 
 struct Config {

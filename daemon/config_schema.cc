@@ -179,6 +179,8 @@ const TenantKey kTenantKeys[] = {
     {"remote_user", T::kString, &TenantConfig::remote_user, "\"\"", false, "its ACL user on the remote tier's cluster"},
     {"remote_password_file", T::kString, &TenantConfig::remote_password_file, "\"\"", false,
      "a file (mode 0600) holding that user's password; never logged"},
+    {"remote_seeds", T::kStringList, &TenantConfig::remote_seeds, "[]", false,
+     "its own cluster (host:port), isolated from the others' memory; empty: tiers.remote.seeds"},
     {"remote_key_file", T::kString, &TenantConfig::remote_key_file, "\"\"", false,
      "a file (mode 0600) of keys sealing its remote values: openssl rand -hex 32, current first; never logged"},
 };

@@ -68,10 +68,10 @@ bool ConfigValuesDiffer(const ConfigKey& k, const Config& a, const Config& b);
 // The keys of a [[tenants]] entry. Quotas (host_tokens, nvme_bytes,
 // nvme_tokens) are reloadable; the rest need a restart.
 using TenantField = std::variant<std::string TenantConfig::*, std::vector<uint32_t> TenantConfig::*,
-                                 uint64_t TenantConfig::*>;
+                                 uint64_t TenantConfig::*, std::vector<std::string> TenantConfig::*>;
 struct TenantKey {
   std::string_view name;
-  ConfigType type;  // kString, kIntList, kBytes or kInt
+  ConfigType type;  // kString, kIntList, kStringList, kBytes or kInt
   TenantField field;
   std::string_view default_toml;  // as --print-default-config writes it ("" for name: the default tenant's)
   bool reloadable;                // SIGHUP applies it

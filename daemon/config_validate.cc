@@ -37,21 +37,25 @@ void ValidateRemote(const Config& c, Fail& fail) {
   if (c.remote_seeds.empty()) {
     for (size_t i = 0; i < c.tenants.size(); ++i) {
       if (!c.tenants[i].remote_user.empty() || !c.tenants[i].remote_password_file.empty() ||
-          !c.tenants[i].remote_key_file.empty()) {
+          !c.tenants[i].remote_key_file.empty() || !c.tenants[i].remote_seeds.empty()) {
         fail(Cat("tenants[", i, "].remote_user"),
              Cat("tenant \"", c.tenants[i].name, "\" has remote credentials but tiers.remote.seeds is empty"));
       }
     }
     return;
   }
-  for (const std::string& seed : c.remote_seeds) {
-    const size_t colon = seed.rfind(':');
-    uint64_t port = 0;
-    if (colon == std::string::npos || colon == 0 || !absl::SimpleAtoi(seed.substr(colon + 1), &port) || port == 0 ||
-        port > 65535) {
-      fail("tiers.remote.seeds", Cat("tiers.remote.seeds: \"", seed.substr(0, 80), "\" is not host:port"));
+  auto check_seeds = [&](const std::vector<std::string>& seeds, const std::string& key) {
+    for (const std::string& seed : seeds) {
+      const size_t colon = seed.rfind(':');
+      uint64_t port = 0;
+      if (colon == std::string::npos || colon == 0 || !absl::SimpleAtoi(seed.substr(colon + 1), &port) || port == 0 ||
+          port > 65535) {
+        fail(key, Cat(key, ": \"", seed.substr(0, 80), "\" is not host:port"));
+      }
     }
-  }
+  };
+  check_seeds(c.remote_seeds, "tiers.remote.seeds");
+  for (size_t i = 0; i < c.tenants.size(); ++i) check_seeds(c.tenants[i].remote_seeds, Cat("tenants[", i, "].remote_seeds"));
   if (c.remote_key_prefix.empty() || c.remote_key_prefix.find_first_of(":{} \t\r\n") != std::string::npos) {
     fail("tiers.remote.key_prefix", "tiers.remote.key_prefix must be a non-empty word (no ':', '{', '}' or spaces)");
   }

@@ -135,7 +135,8 @@ absl::StatusOr<std::unique_ptr<RemoteTier>> RemoteTier::Create(const RemoteTierO
       if (other.name == t.name) return absl::InvalidArgumentError(absl::StrCat("remote tier: tenant \"", t.name, "\" twice"));
     }
     RedisClusterOptions c;
-    c.seeds = opts.seeds;
+    // A tenant with a cluster of its own shares no memory with the others.
+    c.seeds = t.seeds.empty() ? opts.seeds : t.seeds;
     c.user = t.user;
     c.password = t.password;
     c.name = absl::StrCat(opts.name, " (tenant \"", t.name, "\")");

@@ -75,6 +75,7 @@ struct RemoteTenant {
   std::string user;      // its ACL user
   std::string password;  // never logged
   std::vector<SealKey> keys;  // seal its values: [0] seals, all open (rotation); never logged
+  std::vector<std::string> seeds;  // its own cluster; empty: RemoteTierOptions::seeds
 };
 
 struct RemoteTierOptions {

@@ -546,6 +546,30 @@ TEST_P(RemoteTierTest, AnOversizedValueIsDeletedNotReadOverAndOver) {
   EXPECT_EQ(got, BytesFor(next));
 }
 
+// Where tenants must not share a cluster's memory (allkeys-lru evicts
+// across every tenant's keys), a tenant gets a cluster of its own: its
+// blocks go there and only there; the others' stay on the shared one.
+TEST_P(RemoteTierTest, ATenantWithAClusterOfItsOwnSharesNoMemory) {
+  if (tls()) GTEST_SKIP() << "one transport is enough: the seeds are what differs";
+  auto own = OwnCluster({"alice", "bob"});
+  ASSERT_NE(own, nullptr);
+  RemoteTierOptions o = Options(*cluster_);
+  o.tenants[1].seeds = own->seeds();  // bob
+  o.tenants[1].password = own->password("bob");
+  Tier t = Make(o);
+  const BlockMeta a = MetaFor("alice", 980, 4096), b = MetaFor("bob", 981, 4096);
+  SlotHandle sa, sb;
+  ASSERT_TRUE(t.Put(a, BytesFor(a), &sa).ok());
+  ASSERT_TRUE(t.Put(b, BytesFor(b), &sb).ok());
+  EXPECT_NE(cluster_->Cli("-c exists " + t.tier->KeyFor("alice", a)).find('1'), std::string::npos);
+  EXPECT_NE(cluster_->Cli("-c exists " + t.tier->KeyFor("bob", b)).find('0'), std::string::npos)
+      << "bob's block is not in the shared cluster";
+  EXPECT_NE(own->Cli("-c exists " + t.tier->KeyFor("bob", b)).find('1'), std::string::npos) << "but in his own";
+  std::vector<std::byte> got;
+  ASSERT_TRUE(t.Get(sb, b, got).ok());
+  EXPECT_EQ(got, BytesFor(b));
+}
+
 // Keys rotate: a node with the new key first and the old one after reads
 // what the old key sealed; a node that dropped the old key does not.
 // Encrypted values hold no plaintext in the cluster and read back exact.

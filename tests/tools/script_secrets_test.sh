@@ -89,4 +89,22 @@ for f in "${secrets[@]}"; do
   if grep -qF -- "$pw" "$scratch/scan.log"; then fail "$(basename "$f")'s password was on a command line or in an environment in /proc"; fi
   if grep -qF -- "$pw" "$scratch/shim.log"; then fail "$(basename "$f")'s password was passed to redis-cli or redis-server: $(grep -F -- "$pw" "$scratch/shim.log" | sed "s/$pw/<secret>/g" | head -3)"; fi
 done
+# A folder another user made beforehand: start must refuse it (it once
+# wrote the passwords into that user's files, and status sourced the
+# cluster.env they could rewrite, as root).
+if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null; then
+  chmod 711 "$scratch"  # nobody may pass through to the shared folder, as through /tmp
+  mkdir -m 1777 "$scratch/shared"
+  trap_dir="$scratch/shared/cluster"
+  setpriv --reuid=65534 --regid=65534 --clear-groups sh -c \
+    "mkdir -m 777 $trap_dir $trap_dir/tenants && touch $trap_dir/admin.pass && chmod 666 $trap_dir/admin.pass"
+  if out=$("$rc" start "$trap_dir" --tenant alice 2>&1); then fail "start accepted a folder of another user: $out"; fi
+  grep -q "another user" <<<"$out" || fail "start refused the folder without saying why: $out"
+  [ ! -s "$trap_dir/admin.pass" ] || fail "start wrote a password into another user's file"
+  # And status never sources a cluster.env someone else could write.
+  setpriv --reuid=65534 --regid=65534 --clear-groups sh -c "echo 'touch $scratch/shared/pwned' > $trap_dir/cluster.env"
+  "$rc" status "$trap_dir" >/dev/null 2>&1 && fail "status read another user's folder"
+  [ ! -e "$scratch/shared/pwned" ] || fail "status ran another user's cluster.env"
+  echo "ok: a folder of another user is refused by start and status"
+fi
 echo "ok: $calls redis-cli calls and $(head -1 "$scratch/scan.log" | cut -d' ' -f2) sweeps of /proc saw no password"
