@@ -2,8 +2,9 @@
 // same Redis Cluster node, the same keys, sizes and depth, in the same run.
 //
 //   - put/get of 256 KiB and 2 MiB blocks, 8 in flight: RemoteTier::Write
-//     and Read (header, checksum, ACL user, the cluster client's routing and
-//     node thread) against SET/GET pipelined 8 deep on one hiredis context;
+//     and Read (header, checksum, the AES-GCM seal under a throwaway key,
+//     ACL user, the cluster client's routing and node thread) against
+//     SET/GET pipelined 8 deep on one hiredis context;
 //   - a 64-block probe (RemoteTier::Exists) against one pipelined round trip
 //     of 64 EXISTS to one node.
 // Every key is chosen to hash to one primary, so both sides talk to the
