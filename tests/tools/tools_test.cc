@@ -128,7 +128,8 @@ TEST(ToolsTest, CapacityPlannerGivesBytesPerTokenAndTheLogicalCache) {
                                                   "segment_bytes = \"16MiB\"\n");
   js = RunCommand(ctl + " --json capacity -m " + gqa + " --seq 4096 -c " + nvme);
   ASSERT_EQ(js.exit_code, 0) << js.out;
-  for (const auto& t : nlohmann::json::parse(js.out)["tiers"]) {
+  const nlohmann::json planned = nlohmann::json::parse(js.out);  // kept: the loop must not outlive it
+  for (const auto& t : planned["tiers"]) {
     if (t["tier"] == "nvme") {
       EXPECT_EQ(t["blocks"], 56u) << t.dump();
     }
