@@ -721,7 +721,10 @@ int RedisCluster::Impl::Node::ReadSunkReply(const RedisCommand& cmd, void** raw)
   if (head == nullptr) return -1;
   head[keep] = '\0';
   bool ok = take(head, keep);
-  // The payload in pieces, each hashed while it is in cache.
+  SinkObserver* const observer = cmd.sink_observer();
+  if (ok && observer != nullptr) observer->Head(absl::string_view(head, keep));
+  // The payload in pieces, each hashed (and shown to the observer) while it
+  // is in cache.
   XXH3_state_t st;
   XXH3_64bits_reset(&st);
   constexpr size_t kPiece = 256 << 10;
@@ -729,6 +732,7 @@ int RedisCluster::Impl::Node::ReadSunkReply(const RedisCommand& cmd, void** raw)
     const size_t m = std::min(kPiece, dst.size() - at);
     ok = take(reinterpret_cast<char*>(dst.data() + at), m);
     if (ok && cmd.sink_xxh3() != nullptr) XXH3_64bits_update(&st, dst.data() + at, m);
+    if (ok && observer != nullptr) observer->Piece(dst.subspan(at, m));
   }
   char crlf[2];
   ok = ok && take(crlf, 2);

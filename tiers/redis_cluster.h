@@ -47,6 +47,17 @@ struct RedisReplyFree {
 // those arrive as a status).
 using RedisReply = std::unique_ptr<redisReply, RedisReplyFree>;
 
+// Sees a sunk reply (RedisCommand::SinkReplyInto) as it is read, on the
+// node's thread: its kept head once, then each piece of the sink as it
+// lands (after the XXH3 saw it), while it is in cache. It may change a
+// piece in place (decrypt it). Must not block.
+class SinkObserver {
+ public:
+  virtual ~SinkObserver() = default;
+  virtual void Head(absl::string_view head) = 0;
+  virtual void Piece(std::span<std::byte> piece) = 0;
+};
+
 // A command, formatted for the wire once, when it is made (a block's bytes
 // are copied into it once), with the key that routes it.
 class RedisCommand {
@@ -68,11 +79,14 @@ class RedisCommand {
   // (SunkLength); any other reply is whole. With xxh3_out, the XXH3-64 of
   // what went into dst is written there, computed as it is copied (while it
   // is in cache). dst and xxh3_out must outlive the command.
-  void SinkReplyInto(std::span<std::byte> dst, size_t keep, uint64_t* xxh3_out = nullptr) {
+  void SinkReplyInto(std::span<std::byte> dst, size_t keep, uint64_t* xxh3_out = nullptr,
+                     SinkObserver* observer = nullptr) {
     sink_ = dst;
     sink_keep_ = keep;
     sink_xxh3_ = xxh3_out;
+    sink_observer_ = observer;
   }
+  SinkObserver* sink_observer() const { return sink_observer_; }
   std::span<std::byte> sink() const { return sink_; }
   size_t sink_keep() const { return sink_keep_; }
   uint64_t* sink_xxh3() const { return sink_xxh3_; }
@@ -88,6 +102,7 @@ class RedisCommand {
   std::span<std::byte> sink_;
   size_t sink_keep_ = 0;
   uint64_t* sink_xxh3_ = nullptr;
+  SinkObserver* sink_observer_ = nullptr;
 };
 
 // The full length of a string reply split by SinkReplyInto; 0 for a whole one.

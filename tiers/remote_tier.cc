@@ -68,15 +68,54 @@ RemoteValueHeader AadOf(const RemoteValueHeader& h) {
 
 absl::string_view Bytes(const RemoteValueHeader& h) { return {reinterpret_cast<const char*>(&h), sizeof(h)}; }
 
-// Opens (and decrypts in place) a payload whose header WhyNotTheBlock passed.
-absl::Status OpenSealed(const RemoteValueHeader& h, const ValueSealer& sealer, std::span<std::byte> payload) {
+SealFields FieldsOf(const RemoteValueHeader& h) {
   SealFields f;
   f.key_id = h.key_id;
   f.encrypted = (h.flags & RemoteValueHeader::kEncrypted) != 0;
   std::memcpy(f.nonce.data(), h.nonce, f.nonce.size());
   std::memcpy(f.tag.data(), h.tag, f.tag.size());
+  return f;
+}
+
+// Opens a value's seal as its payload is read from the socket, piece by
+// piece while each is in cache, on the node's thread: the header comes
+// first, so the check can start before the payload. Finish says whether
+// the value opened.
+class StreamingOpen final : public SinkObserver {
+ public:
+  explicit StreamingOpen(const ValueSealer& sealer) : sealer_(sealer) {}
+  void Head(absl::string_view head) override {
+    if (head.size() != sizeof(RemoteValueHeader)) return;  // the reply's checks refuse it
+    std::memcpy(&header_, head.data(), sizeof(header_));
+    const RemoteValueHeader aad = AadOf(header_);
+    absl::StatusOr<std::unique_ptr<SealStream>> s = sealer_.StartOpen(FieldsOf(header_), Bytes(aad));
+    if (s.ok()) {
+      stream_ = *std::move(s);
+    } else {
+      why_ = s.status();
+    }
+  }
+  void Piece(std::span<std::byte> piece) override {
+    if (stream_ != nullptr) stream_->Update(piece);
+  }
+  // `header` is the one the reply kept: the one the stream was started on.
+  absl::Status Finish(const RemoteValueHeader& header) {
+    if (stream_ == nullptr) return why_.ok() ? absl::DataLossError("the value's header never arrived") : why_;
+    if (std::memcmp(&header, &header_, sizeof(header)) != 0) return absl::DataLossError("header changed while read");
+    return stream_->Finish();
+  }
+
+ private:
+  const ValueSealer& sealer_;
+  RemoteValueHeader header_;
+  std::unique_ptr<SealStream> stream_;
+  absl::Status why_;
+};
+
+// Opens (and decrypts in place) a payload whose header WhyNotTheBlock passed.
+absl::Status OpenSealed(const RemoteValueHeader& h, const ValueSealer& sealer, std::span<std::byte> payload) {
   const RemoteValueHeader aad = AadOf(h);
-  return sealer.Open(f, Bytes(aad), payload);
+  return sealer.Open(FieldsOf(h), Bytes(aad), payload);
 }
 
 // Seals `payload` in place (encrypting it when the sealer does) and fills
@@ -333,12 +372,13 @@ void RemoteTier::Read(SlotHandle slot, const BlockMeta& meta, std::span<std::byt
   RedisCommand cmd = RedisCommand::Make({{"GET"}, {key}}, 1);
   // The payload lands in dst as it is read; the header stays in the reply.
   auto digest = std::make_unique<uint64_t>(0);
-  cmd.SinkReplyInto(dst.first(meta.payload_bytes), sizeof(RemoteValueHeader), digest.get());
+  auto opening = std::make_unique<StreamingOpen>(*link->sealer);
+  cmd.SinkReplyInto(dst.first(meta.payload_bytes), sizeof(RemoteValueHeader), digest.get(), opening.get());
   Began(false);
   const uint64_t start = MonotonicNanos();
   link->cluster->Submit(
       std::move(cmd),
-      [this, link, meta, dst, start, key = std::move(key), digest = std::move(digest),
+      [this, link, meta, dst, start, key = std::move(key), digest = std::move(digest), opening = std::move(opening),
        done = std::move(done)](absl::StatusOr<RedisReply> r) mutable {
         absl::Status s;
         if (!r.ok()) {
@@ -356,7 +396,8 @@ void RemoteTier::Read(SlotHandle slot, const BlockMeta& meta, std::span<std::byt
           } else {
             RemoteValueHeader h;
             std::memcpy(&h, header.data(), sizeof(h));
-            if (absl::Status open = OpenSealed(h, *link->sealer, dst.first(meta.payload_bytes)); !open.ok()) {
+            // Opened as it was read (StreamingOpen); only the tag is left.
+            if (absl::Status open = opening->Finish(h); !open.ok()) {
               seal_failures_.fetch_add(1, std::memory_order_relaxed);
               s = absl::DataLossError(absl::StrCat("the ", opts_.name, " tier's copy is not the block: ", open.message()));
             }

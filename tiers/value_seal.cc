@@ -10,6 +10,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "core/status.h"
 
 namespace kvtier {
 
@@ -47,27 +48,30 @@ uint32_t KeyIdOf(const std::array<uint8_t, 32>& key) {
   return id;
 }
 
-// Feeds `aad`, the domain and the flag, then the payload (as data to
-// en/decrypt in place when `crypt`, else as more authenticated data).
-bool Feed(EVP_CIPHER_CTX* ctx, bool seal, bool crypt, absl::string_view aad, std::span<std::byte> payload) {
-  auto update = [&](unsigned char* out, const unsigned char* in, size_t n) {
-    for (size_t at = 0; at < n; at += kChunk) {
-      const int m = static_cast<int>(std::min(kChunk, n - at));
-      int got = 0;
-      const int ok = seal ? EVP_EncryptUpdate(ctx, out == nullptr ? nullptr : out + at, &got, in + at, m)
-                          : EVP_DecryptUpdate(ctx, out == nullptr ? nullptr : out + at, &got, in + at, m);
-      if (ok != 1) return false;
-    }
-    return true;
-  };
-  const unsigned char flag = crypt ? 1 : 0;
-  if (!update(nullptr, reinterpret_cast<const unsigned char*>(kDomain.data()), kDomain.size()) ||
-      !update(nullptr, &flag, 1) ||
-      !update(nullptr, reinterpret_cast<const unsigned char*>(aad.data()), aad.size())) {
-    return false;
+bool Update(EVP_CIPHER_CTX* ctx, bool seal, unsigned char* out, const unsigned char* in, size_t n) {
+  for (size_t at = 0; at < n; at += kChunk) {
+    const int m = static_cast<int>(std::min(kChunk, n - at));
+    int got = 0;
+    const int ok = seal ? EVP_EncryptUpdate(ctx, out == nullptr ? nullptr : out + at, &got, in + at, m)
+                        : EVP_DecryptUpdate(ctx, out == nullptr ? nullptr : out + at, &got, in + at, m);
+    if (ok != 1) return false;
   }
+  return true;
+}
+
+// Feeds the domain, the flag and `aad` (all authenticated only).
+bool FeedHeader(EVP_CIPHER_CTX* ctx, bool seal, bool crypt, absl::string_view aad) {
+  const unsigned char flag = crypt ? 1 : 0;
+  return Update(ctx, seal, nullptr, reinterpret_cast<const unsigned char*>(kDomain.data()), kDomain.size()) &&
+         Update(ctx, seal, nullptr, &flag, 1) &&
+         Update(ctx, seal, nullptr, reinterpret_cast<const unsigned char*>(aad.data()), aad.size());
+}
+
+// Feeds a piece of the payload: en/decrypted in place when `crypt`, else
+// authenticated only.
+bool FeedPayload(EVP_CIPHER_CTX* ctx, bool seal, bool crypt, std::span<std::byte> payload) {
   auto* p = reinterpret_cast<unsigned char*>(payload.data());
-  return update(crypt ? p : nullptr, p, payload.size());
+  return Update(ctx, seal, crypt ? p : nullptr, p, payload.size());
 }
 
 }  // namespace
@@ -131,14 +135,15 @@ absl::StatusOr<SealFields> ValueSealer::Seal(absl::string_view aad, std::span<st
   int n = 0;
   if (ctx == nullptr ||
       EVP_EncryptInit_ex(ctx.get(), EVP_aes_256_gcm(), nullptr, keys_.front().bytes.data(), f.nonce.data()) != 1 ||
-      !Feed(ctx.get(), true, encrypt_, aad, payload) || EVP_EncryptFinal_ex(ctx.get(), tail, &n) != 1 ||
+      !FeedHeader(ctx.get(), true, encrypt_, aad) || !FeedPayload(ctx.get(), true, encrypt_, payload) ||
+      EVP_EncryptFinal_ex(ctx.get(), tail, &n) != 1 ||
       EVP_CIPHER_CTX_ctrl(ctx.get(), EVP_CTRL_GCM_GET_TAG, static_cast<int>(f.tag.size()), f.tag.data()) != 1) {
     return absl::InternalError("AES-GCM failed in OpenSSL: cannot seal a value");
   }
   return f;
 }
 
-absl::Status ValueSealer::Open(const SealFields& f, absl::string_view aad, std::span<std::byte> payload) const {
+absl::StatusOr<std::unique_ptr<SealStream>> ValueSealer::StartOpen(const SealFields& f, absl::string_view aad) const {
   const SealKey* key = nullptr;
   for (const SealKey& k : keys_) {
     if (k.id == f.key_id) key = &k;
@@ -148,18 +153,38 @@ absl::Status ValueSealer::Open(const SealFields& f, absl::string_view aad, std::
                                             "; configured ", keys_.size(), ")"));
   }
   Ctx ctx(EVP_CIPHER_CTX_new());
-  unsigned char tail[32];  // GCM writes nothing here
-  int n = 0;
   if (ctx == nullptr || EVP_DecryptInit_ex(ctx.get(), EVP_aes_256_gcm(), nullptr, key->bytes.data(), f.nonce.data()) != 1 ||
-      !Feed(ctx.get(), false, f.encrypted, aad, payload) ||
-      EVP_CIPHER_CTX_ctrl(ctx.get(), EVP_CTRL_GCM_SET_TAG, static_cast<int>(f.tag.size()),
-                          const_cast<uint8_t*>(f.tag.data())) != 1) {
+      !FeedHeader(ctx.get(), false, f.encrypted, aad)) {
     return absl::DataLossError("AES-GCM failed in OpenSSL while opening a value");
   }
-  if (EVP_DecryptFinal_ex(ctx.get(), tail, &n) != 1) {
+  return std::unique_ptr<SealStream>(new SealStream(ctx.release(), f.encrypted, f.tag));
+}
+
+SealStream::~SealStream() { EVP_CIPHER_CTX_free(static_cast<EVP_CIPHER_CTX*>(ctx_)); }
+
+bool SealStream::Update(std::span<std::byte> piece) {
+  if (!failed_ && !FeedPayload(static_cast<EVP_CIPHER_CTX*>(ctx_), false, crypt_, piece)) failed_ = true;
+  return !failed_;
+}
+
+absl::Status SealStream::Finish() {
+  auto* ctx = static_cast<EVP_CIPHER_CTX*>(ctx_);
+  unsigned char tail[32];  // GCM writes nothing here
+  int n = 0;
+  if (failed_ || EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_SET_TAG, static_cast<int>(tag_.size()),
+                                     const_cast<uint8_t*>(tag_.data())) != 1) {
+    return absl::DataLossError("AES-GCM failed in OpenSSL while opening a value");
+  }
+  if (EVP_DecryptFinal_ex(ctx, tail, &n) != 1) {
     return absl::DataLossError("the value's seal does not match (forged, altered, or another block's)");
   }
   return absl::OkStatus();
+}
+
+absl::Status ValueSealer::Open(const SealFields& f, absl::string_view aad, std::span<std::byte> payload) const {
+  ASSIGN_OR_RETURN(std::unique_ptr<SealStream> stream, StartOpen(f, aad));
+  stream->Update(payload);
+  return stream->Finish();
 }
 
 }  // namespace kvtier

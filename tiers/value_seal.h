@@ -52,6 +52,29 @@ struct SealFields {
   std::array<uint8_t, 16> tag{};
 };
 
+// An opening in progress, for a payload that arrives in pieces (a value
+// read from a socket): the tag is checked at Finish. Not thread-safe; one
+// per value.
+class SealStream {
+ public:
+  ~SealStream();
+  SealStream(const SealStream&) = delete;
+  SealStream& operator=(const SealStream&) = delete;
+  // The next piece of the payload, decrypted in place when it was encrypted.
+  // False on an OpenSSL failure (Finish then says DataLoss).
+  bool Update(std::span<std::byte> piece);
+  // OK when every piece together is what the key sealed; DataLoss otherwise.
+  absl::Status Finish();
+
+ private:
+  friend class ValueSealer;
+  SealStream(void* ctx, bool crypt, const std::array<uint8_t, 16>& tag) : ctx_(ctx), crypt_(crypt), tag_(tag) {}
+  void* ctx_;  // EVP_CIPHER_CTX
+  const bool crypt_;
+  const std::array<uint8_t, 16> tag_;
+  bool failed_ = false;
+};
+
 class ValueSealer {
  public:
   // keys[0] seals; every key opens. InvalidArgument with no key or two keys
@@ -66,6 +89,9 @@ class ValueSealer {
   // open (forged, altered, another block's or tenant's, sealed by a key not
   // configured): the caller must not serve the payload then.
   absl::Status Open(const SealFields& f, absl::string_view aad, std::span<std::byte> payload) const;
+  // The same, for a payload that arrives in pieces. DataLoss at once for a
+  // key this tenant does not have.
+  absl::StatusOr<std::unique_ptr<SealStream>> StartOpen(const SealFields& f, absl::string_view aad) const;
 
   bool encrypt() const { return encrypt_; }
   uint32_t current_key_id() const { return keys_.front().id; }

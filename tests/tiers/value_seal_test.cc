@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -134,6 +135,35 @@ TEST_P(SealTest, NoncesAreFresh) {
   const SealFields fa = *sealer->Seal("h", a), fb = *sealer->Seal("h", b);
   EXPECT_NE(fa.nonce, fb.nonce);
   EXPECT_NE(fa.tag, fb.tag);
+}
+
+// A value read from a socket is opened piece by piece as it lands: the
+// same answer as opening it whole, for any cut into pieces.
+TEST_P(SealTest, OpeningInPiecesIsOpeningWhole) {
+  auto sealer = SealerOf({kKeyA}, GetParam());
+  const std::vector<std::byte> clear = Payload(300000);
+  std::vector<std::byte> stored = clear;
+  const SealFields f = *sealer->Seal("h", stored);
+  for (size_t piece : {size_t{1} << 10, size_t{256} << 10, size_t{7777}}) {
+    std::vector<std::byte> v = stored;
+    auto stream = sealer->StartOpen(f, "h");
+    ASSERT_TRUE(stream.ok()) << stream.status();
+    for (size_t at = 0; at < v.size(); at += piece) {
+      (*stream)->Update(std::span(v).subspan(at, std::min(piece, v.size() - at)));
+    }
+    EXPECT_TRUE((*stream)->Finish().ok()) << piece;
+    EXPECT_EQ(v, clear) << piece;
+  }
+  std::vector<std::byte> v = stored;
+  v[123456] ^= std::byte{4};
+  auto stream = sealer->StartOpen(f, "h");
+  ASSERT_TRUE(stream.ok());
+  (*stream)->Update(std::span(v).first(200000));
+  (*stream)->Update(std::span(v).subspan(200000));
+  EXPECT_TRUE(absl::IsDataLoss((*stream)->Finish()));
+  SealFields unknown = f;
+  unknown.key_id ^= 1;
+  EXPECT_TRUE(absl::IsDataLoss(sealer->StartOpen(unknown, "h").status())) << "an unknown key fails at once";
 }
 
 INSTANTIATE_TEST_SUITE_P(ClearAndEncrypted, SealTest, ::testing::Bool(),
