@@ -372,9 +372,22 @@ absl::Status NvmeTier::RecoverFromJournal(const JournalReplay& replay, std::vect
   }
   std::atomic<uint64_t> checked{0};
   const uint64_t batch = std::max<uint32_t>(opts_.queue_depth, 1) * std::max<uint32_t>(opts_.io_workers, 1);
-  for (size_t begin = 0; begin < checks.size(); begin += batch) {
-    const size_t end = std::min(checks.size(), begin + batch);
+  // A window of reads kept in flight, refilled as each completes: draining
+  // after every batch let the device's queue run dry 3,125 times for 100k
+  // blocks, and a restart ran at 0.72x of fio reading the same headers.
+  Mutex window_mu;
+  std::condition_variable_any window_cv;
+  uint64_t in_flight = 0;
+  const uint64_t window = 4 * batch;
+  const uint64_t report_every = 64 * batch;
+  for (size_t begin = 0; begin < checks.size(); begin += report_every) {
+    const size_t end = std::min(checks.size(), begin + report_every);
     for (size_t c = begin; c < end; ++c) {
+      {
+        MutexLock w(&window_mu);
+        window_mu.Await(window_cv, [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return in_flight < window; });
+        ++in_flight;
+      }
       Check* chk = &checks[c];
       SlotState expect;
       uint32_t file;
@@ -388,7 +401,7 @@ absl::Status NvmeTier::RecoverFromJournal(const JournalReplay& replay, std::vect
       }
       std::byte* buf = staging_->Acquire(kSectorBytes);
       engine_->Submit(IoOp{false, file, off, buf, static_cast<uint32_t>(kSectorBytes), IoPriority::kLoad,
-                           [this, chk, expect, buf, &checked](int32_t res) {
+                           [this, chk, expect, buf, &checked, &window_mu, &window_cv, &in_flight](int32_t res) {
                              SlotHeader h;
                              std::memcpy(&h, buf, sizeof(h));
                              chk->ok = res == static_cast<int32_t>(kSectorBytes) && h.magic == kSlotHeaderMagic &&
@@ -399,11 +412,15 @@ absl::Status NvmeTier::RecoverFromJournal(const JournalReplay& replay, std::vect
                                        std::memcmp(h.key, expect.meta.key.bytes.data(), 32) == 0;
                              staging_->Release(buf);
                              checked.fetch_add(1, std::memory_order_relaxed);
+                             MutexLock w(&window_mu);
+                             --in_flight;
+                             window_cv.notify_one();
                            }});
     }
-    engine_->Drain();
     if (opts_.progress) opts_.progress(checked.load(), checks.size());
   }
+  engine_->Drain();
+  if (opts_.progress) opts_.progress(checked.load(), checks.size());
   {
     MutexLock l(&mu_);
     for (const Check& c : checks) {
