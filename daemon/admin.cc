@@ -38,8 +38,18 @@ RemoteStatus RemoteStatusOf(const RemoteTier& tier, const Config& config) {
                  .misses = tier.misses(),
                  .slots_covered = RedisCluster::kSlots};
   absl::flat_hash_map<std::string, size_t> node_at;
+  size_t counted = 0;
   for (const TenantConfig& t : config.tenants) {
     const RedisCluster::Stats c = tier.ClusterStats(t.name);
+    r.auth_failures += c.auth_failures;
+    // A tenant whose user the cluster refuses (a wrong password, a revoked
+    // user) has no slot map and no connection: counted apart, so the tier
+    // does not read as down for the tenants it serves.
+    if (c.auth_failures > 0 && c.slots_covered == 0) {
+      ++r.tenants_refused;
+      continue;
+    }
+    ++counted;
     r.slots_covered = std::min(r.slots_covered, c.slots_covered);
     r.moved += c.moved;
     r.ask += c.ask;
@@ -47,7 +57,6 @@ RemoteStatus RemoteStatusOf(const RemoteTier& tier, const Config& config) {
     r.clusterdown += c.clusterdown;
     r.refreshes += c.refreshes;
     r.refresh_failures += c.refresh_failures;
-    r.auth_failures += c.auth_failures;
     for (const RedisCluster::NodeStats& n : c.nodes) {
       auto [it, added] = node_at.emplace(n.address, r.nodes.size());
       if (added) r.nodes.push_back({.address = n.address, .connected = true});
@@ -59,7 +68,7 @@ RemoteStatus RemoteStatusOf(const RemoteTier& tier, const Config& config) {
       out.connects += n.connects;
     }
   }
-  if (config.tenants.empty()) r.slots_covered = 0;
+  if (counted == 0) r.slots_covered = 0;
   return r;
 }
 

@@ -296,6 +296,9 @@ std::string PrometheusText(const StatusSnapshot& s, bool detailed) {
              "Connections to the shared tier's nodes refused at AUTH: a wrong password or a revoked user "
              "(the log says which tenant's user).");
     w.Sample("kvtier_remote_auth_failures_total", "", double(r.auth_failures));
+    w.Family("kvtier_remote_tenants_refused", "gauge",
+             "Tenants whose ACL user the cluster refuses now (no slot map): left out of the slot and node figures.");
+    w.Sample("kvtier_remote_tenants_refused", "", double(r.tenants_refused));
     w.Family("kvtier_remote_adoptions_refused_total", "counter",
              "Blocks the cluster held that a lookup did not index: the tenant had tiers.remote.records_per_tenant.");
     w.Sample("kvtier_remote_adoptions_refused_total", "", double(st.remote_adoptions_refused.Get()));

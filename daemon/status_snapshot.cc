@@ -164,7 +164,8 @@ json LowerJson(const StatusSnapshot::Lower& l, const DaemonStats& s) {
                          {"clusterdown", r->clusterdown},
                          {"refreshes", r->refreshes},
                          {"refresh_failures", r->refresh_failures},
-                         {"auth_failures", r->auth_failures}}},
+                         {"auth_failures", r->auth_failures},
+                         {"tenants_refused", r->tenants_refused}}},
         {"nodes", std::move(nodes)}};
   }
   if (l.chain_position != 0) return tier;

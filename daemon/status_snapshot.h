@@ -37,6 +37,7 @@ struct RemoteStatus {
   uint64_t slots_covered = 0;  // the least any tenant's map covers, of 16384
   uint64_t moved = 0, ask = 0, tryagain = 0, clusterdown = 0, refreshes = 0, refresh_failures = 0;
   uint64_t auth_failures = 0;  // connections a node refused to authenticate (wrong password, revoked user)
+  uint64_t tenants_refused = 0;  // tenants the cluster refuses now (left out of slots_covered and nodes)
   struct Node {
     std::string address;
     bool connected = false;  // every tenant's connection to it is up

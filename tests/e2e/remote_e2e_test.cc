@@ -163,6 +163,7 @@ TEST(RemoteE2eTest, AWrongPasswordIsLoggedAndCountedNeverQuoted) {
   EXPECT_EQ(log.find(wrong), std::string::npos) << "the password is never logged";
   const nlohmann::json t = Tier(d, "remote");
   EXPECT_GT(t["remote"]["cluster"].value("auth_failures", uint64_t{0}), 0u) << t.dump();
+  EXPECT_EQ(t["remote"]["cluster"].value("tenants_refused", uint64_t{0}), 1u) << t.dump();
   // Rate-limited: the daemon keeps retrying, the log does not fill.
   std::this_thread::sleep_for(std::chrono::seconds(2));
   size_t lines = 0;

@@ -166,7 +166,7 @@ void PrintRemote(const json& t, bool nodes = true) {
             << "  redirections: MOVED " << Num(c, "moved") << ", ASK " << Num(c, "ask") << ", TRYAGAIN "
             << Num(c, "tryagain") << ", CLUSTERDOWN " << Num(c, "clusterdown") << "; slot map refreshes "
             << Num(c, "refreshes") << " (failed " << Num(c, "refresh_failures") << "); AUTH refused "
-            << Num(c, "auth_failures") << "\n";
+            << Num(c, "auth_failures") << " (tenants refused now: " << Num(c, "tenants_refused") << ")\n";
   if (!nodes) return;
   Table n({"NODE", "UP", "SLOTS", "COMMANDS", "ERRORS", "CONNECTS"});
   for (const json& x : List(At(r, "nodes"))) {
