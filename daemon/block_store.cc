@@ -117,6 +117,7 @@ void BlockStore::ChainHits::Append(ChainHits&& more) {
   below_host += more.below_host;
   in_shared += more.in_shared;
   cut_for_cost = more.cut_for_cost;
+  lower_pinned_bytes += more.lower_pinned_bytes;
   pinned.insert(pinned.end(), more.pinned.begin(), more.pinned.end());
   host_touch.insert(host_touch.end(), more.host_touch.begin(), more.host_touch.end());
   lower_touch.insert(lower_touch.end(), more.lower_touch.begin(), more.lower_touch.end());
@@ -154,8 +155,24 @@ BlockStore::ChainHits BlockStore::ProbeChain(SessionHoldings& s, std::span<const
         h.cut_for_cost = true;
         break;
       }
+      // A pin on a block only NVMe holds keeps it there: within the
+      // tenant's fair share of NVMe, so its pins cannot leave another
+      // tenant within its own share nothing to evict.
+      uint64_t lower_cost = 0;
+      if (lease && !in_host && r->lower == 0 && !books_.lanes.empty()) {
+        const LowerLane& lane = *books_.lanes[0];
+        if (!lane.tier->shared()) {
+          lower_cost = lane.tier->SlotBytesFor(s.ns.block_bytes);
+          if (t.lower_pinned_bytes.load(std::memory_order_relaxed) + h.lower_pinned_bytes + lower_cost >
+              lane.fair_share_bytes) {
+            books_.stats->pins_refused_fair_share.Add();
+            break;
+          }
+        }
+      }
       out[i] = in_host ? BlockLocation{TierKind::kHost, r->arena_offset(), false}
                        : BlockLocation{books_.LaneOf(r).tier->kind(), 0, false};
+      h.lower_pinned_bytes += lower_cost;
       if (!in_host) ++h.below_host;
       if (!in_host && shared_lane_ && r->lower == *shared_lane_) ++h.in_shared;
       if (lease) {
@@ -243,6 +260,10 @@ absl::StatusOr<uint32_t> BlockStore::Lookup(SessionHoldings& s, std::span<const 
   books_.stats->tokens_hit.Add(uint64_t{h.hit} * s.ns.block_tokens);
   TouchHits(*books_.tenants[s.ns.tenant], h);
   *lease_id = s.next_id++;
+  if (h.lower_pinned_bytes != 0) {
+    books_.tenants[s.ns.tenant]->lower_pinned_bytes.fetch_add(h.lower_pinned_bytes, std::memory_order_relaxed);
+    s.lease_lower_bytes[*lease_id] = h.lower_pinned_bytes;
+  }
   s.leases.emplace(*lease_id, std::move(h.pinned));
   s.lease_count.fetch_add(1, std::memory_order_relaxed);
   s.pinned_blocks.fetch_add(h.hit, std::memory_order_relaxed);
@@ -379,6 +400,10 @@ absl::Status BlockStore::Release(SessionHoldings& s, uint64_t lease_id) {
                                                    ": released already, or not taken by this session"));
   }
   Unpin(s, it->second);
+  if (auto lower = s.lease_lower_bytes.find(lease_id); lower != s.lease_lower_bytes.end()) {
+    books_.tenants[s.ns.tenant]->lower_pinned_bytes.fetch_sub(lower->second, std::memory_order_relaxed);
+    s.lease_lower_bytes.erase(lower);
+  }
   s.lease_count.fetch_sub(1, std::memory_order_relaxed);
   s.pinned_blocks.fetch_sub(it->second.size(), std::memory_order_relaxed);
   s.leases.erase(it);

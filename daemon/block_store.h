@@ -68,6 +68,9 @@ struct SessionHoldings {
   NamespaceInfo ns;
   uint64_t next_id = 1;
   absl::flat_hash_map<uint64_t, std::vector<BlockRecord*>> leases;
+  // Per lease, the bytes it pins of blocks whose only copy is on a local
+  // lower tier (HostResidency::lower_pinned_bytes), given back at Release.
+  absl::flat_hash_map<uint64_t, uint64_t> lease_lower_bytes;
   struct Ticket {
     std::vector<BlockRecord*> blocks;
     std::vector<uint64_t> parents;  // each block's parent identity (PolicyKeyOf); 0 unknown
@@ -369,6 +372,7 @@ class BlockStore {
     uint32_t hit = 0, below_host = 0;
     uint32_t in_shared = 0;  // of below_host: the copy is in the shared tier
     bool cut_for_cost = false;  // the prefix ends at a block cheaper to recompute than to load
+    uint64_t lower_pinned_bytes = 0;  // slot bytes pinned on the first lower tier (NVMe), for its fair share
     std::vector<BlockRecord*> pinned;
     std::vector<SlotHandle> host_touch;
     struct LowerTouch {

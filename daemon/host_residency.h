@@ -106,6 +106,11 @@ class HostResidency {
   // Promotions in flight and who else waits for them.
   absl::flat_hash_map<BlockRecord*, std::vector<absl::AnyInvocable<void(bool) &&>>> loading ABSL_GUARDED_BY(mu);
   std::atomic<uint64_t> pinned{0};
+  // Slot bytes of this tenant's blocks pinned by leases while their only
+  // copy is on the first lower tier (NVMe). At most the tenant's fair share
+  // there: a pinned block cannot be evicted, so a tenant that could pin
+  // more would make another tenant within its share drop new blocks.
+  std::atomic<uint64_t> lower_pinned_bytes{0};
   std::atomic<uint64_t> evictions{0};
   // Lookups of this tenant waiting on the shared tier now (BlockStore::
   // ProbeShared): at most kMaxSharedProbesPerTenant, so one tenant's

@@ -130,6 +130,9 @@ struct DaemonStats {
   // belong to other tenants at or under their fair share of the tier
   // (Migrator::AllocateLowerSlotLocked).
   Counter demotions_refused_fair_share;
+  // Leased lookups whose hit stopped at a block on NVMe because the tenant
+  // pinned its fair share of the tier already (its leases hold that much).
+  Counter pins_refused_fair_share;
   // Cost-model decisions: evictions dropped because an NVMe reload would be
   // slower than recomputing the block (a subset of evictions_dropped); blocks
   // a leased lookup found but reported as "recompute" for the same reason.

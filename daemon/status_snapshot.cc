@@ -175,6 +175,7 @@ json LowerJson(const StatusSnapshot::Lower& l, const DaemonStats& s) {
                    {"evictions_for_quota", s.nvme_evictions_for_quota.Get()},
                    {"demotions_refused_quota", s.demotions_refused_quota.Get()},
                    {"demotions_refused_fair_share", s.demotions_refused_fair_share.Get()},
+                   {"pins_refused_fair_share", s.pins_refused_fair_share.Get()},
                    {"promotions", s.promotions.Get()},
                    {"promotions_for_load", s.promotions_for_load.Get()},
                    {"promotions_failed", s.promotions_failed.Get()},

@@ -397,10 +397,13 @@ TEST_F(BlockStoreNvmeTest, ANvmeTierJudgedSlowIsUsedAgainOnceItRecovers) {
   EXPECT_EQ(LoadVerified(*s, 8, 8), 4u) << "loaded from NVMe again (4 at a time: the host tier)";
 }
 
-// When a tenant over its share could make room only by evicting another
-// tenant's protected blocks (its own are all pinned), its demotion is refused,
-// counted apart from quota refusals, and the block dropped.
-TEST_F(BlockStoreNvmeTest, ADemotionThatWouldBreakAFairShareIsRefused) {
+// A tenant's leases pin its NVMe-only blocks up to its fair share of the
+// tier, no further: a pinned block cannot be evicted, and a tenant that
+// pinned everything it had on NVMe (once: 164 blocks of a 204-slot tier)
+// left its own demotions, and any other tenant's, nothing to evict. Past
+// its share a leased lookup's hit stops (the engine recomputes the rest),
+// and the tenant's own unpinned blocks make room for its demotions.
+TEST_F(BlockStoreNvmeTest, ATenantPinsAtMostItsFairShareOfNvme) {
   Open(4, {"a", "b"});
   auto a = Session(0), b = Session(1);
   for (uint64_t i = 0; i < 10; ++i) {
@@ -413,20 +416,66 @@ TEST_F(BlockStoreNvmeTest, ADemotionThatWouldBreakAFairShareIsRefused) {
   }
   ASSERT_EQ(store_->lower_tier()->Usage().used_slots, 204u);
   ASSERT_EQ(stats_.nvme_evictions.Get(), 0u);
-  const std::vector<uint64_t> pins = Pin(*a, 100, 164);
-  Store(*a, 300, 4);  // evicts a's 4 host blocks: no room a may take
+  std::vector<uint64_t> leases;
+  uint64_t pinned = 0;
+  for (uint64_t k = 100; k < 264; k += 4) {
+    std::vector<BlockKey> keys{KeyOf(k), KeyOf(k + 1), KeyOf(k + 2), KeyOf(k + 3)};
+    std::vector<BlockLocation> out(keys.size());
+    uint64_t lease = 0;
+    auto hit = store_->Lookup(*a, keys, true, &lease, std::span(out));
+    ASSERT_TRUE(hit.ok());
+    pinned += *hit;
+    if (lease != 0) leases.push_back(lease);
+  }
+  const uint64_t share_blocks = store_->lower_tier()->Usage().capacity_bytes / 2 / SlotBytesFor(kBlock);
+  EXPECT_LE(pinned, share_blocks) << "no more than a's fair share pinned";
+  EXPECT_GE(pinned, share_blocks - 4);
+  EXPECT_GT(stats_.pins_refused_fair_share.Get(), 0u);
+  Store(*a, 300, 4);  // evicts a's 4 host blocks: a's own unpinned NVMe blocks make room
   SyncNvme();
-  EXPECT_EQ(stats_.demotions_refused_fair_share.Get(), 4u);
-  EXPECT_EQ(stats_.demotions_refused_quota.Get(), 0u);
-  EXPECT_EQ(stats_.evictions_dropped.Get(), 4u);
-  EXPECT_EQ(stats_.dropped_no_room.Get(), 4u);
-  EXPECT_EQ(stats_.dropped_too_large.Get() + stats_.dropped_tier_unwritable.Get() + stats_.dropped_no_lower_tier.Get(), 0u);
-  EXPECT_EQ(stats_.nvme_evictions.Get(), 0u);
-  EXPECT_EQ(OnNvme(*b, 1000, 36), 36u);
-  EXPECT_EQ(store_->Usage()[1].nvme_bytes, 40 * kBlock);
-  EXPECT_EQ(OnNvme(*a, 264, 4), 0u) << "dropped";
-  Unpin(*a, pins);
+  EXPECT_EQ(stats_.demotions_refused_fair_share.Get(), 0u);
+  EXPECT_EQ(stats_.evictions_dropped.Get(), 0u);
+  EXPECT_EQ(OnNvme(*b, 1000, 36), 36u) << "b's blocks, within its share, stay";
+  EXPECT_EQ(OnNvme(*a, 264, 4), 4u) << "a's demotions (its 4 host blocks) landed";
+  Unpin(*a, leases);
+  // Released leases give the pinned bytes back: a pins again.
+  std::vector<BlockLocation> out(1);
+  uint64_t lease = 0;
+  std::vector<BlockKey> one{KeyOf(300)};
+  ASSERT_TRUE(store_->Lookup(*a, one, true, &lease, std::span(out)).ok());
+  EXPECT_NE(lease, 0u);
+  ASSERT_TRUE(store_->Release(*a, lease).ok());
   for (uint64_t i = 0; i < 10; ++i) EXPECT_EQ(LoadVerified(*b, 1000 + 4 * i, 4), 4u) << i;
+}
+
+// The case that once dropped 31 of another tenant's 150 new blocks: a
+// fills NVMe and pins all it may; b, within its share, then demotes 146
+// blocks. Each finds room (a's unpinned blocks over its share, then b's
+// own oldest): none is dropped.
+TEST_F(BlockStoreNvmeTest, AnotherTenantsPinsCannotMakeATenantWithinItsShareDropBlocks) {
+  Open(4, {"a", "b"});
+  auto a = Session(0), b = Session(1);
+  for (uint64_t i = 0; i < 52; ++i) {  // a alone fills the tier (it may, while alone)
+    Store(*a, 100 + 4 * i, 4);
+    SyncNvme();
+  }
+  std::vector<uint64_t> leases;
+  for (uint64_t k = 100; k < 308; k += 4) {
+    std::vector<BlockKey> keys{KeyOf(k), KeyOf(k + 1), KeyOf(k + 2), KeyOf(k + 3)};
+    std::vector<BlockLocation> out(keys.size());
+    uint64_t lease = 0;
+    ASSERT_TRUE(store_->Lookup(*a, keys, true, &lease, std::span(out)).ok());
+    if (lease != 0) leases.push_back(lease);
+  }
+  const uint64_t dropped_before = stats_.evictions_dropped.Get();
+  for (uint64_t i = 0; i < 38; ++i) {  // 152 blocks of b's through its 4-block host tier
+    Store(*b, 5000 + 4 * i, 4);
+    SyncNvme();
+  }
+  EXPECT_EQ(stats_.evictions_dropped.Get(), dropped_before) << "none of b's demotions was dropped";
+  EXPECT_EQ(stats_.demotions_refused_fair_share.Get(), 0u);
+  EXPECT_GE(OnNvme(*b, 5000 + 152 - 40, 36), 36u) << "b's newest demotions are on NVMe";
+  Unpin(*a, leases);
 }
 
 // The background reclaimer demotes (its copies run outside the tier lock);
