@@ -4,6 +4,8 @@
 #ifndef KVTIER_TESTS_SUPPORT_REDIS_CLUSTER_PROCESS_H_
 #define KVTIER_TESTS_SUPPORT_REDIS_CLUSTER_PROCESS_H_
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -27,7 +29,8 @@ class RedisClusterProcess {
                                                     const std::string& extra = "") {
     if (std::system("command -v redis-server >/dev/null 2>&1") != 0) return nullptr;
     auto c = std::unique_ptr<RedisClusterProcess>(new RedisClusterProcess());
-    std::string cmd = absl::StrCat(Script(), " start ", c->dir_.path(), " ", extra);
+    // --owner: the nodes stop when this test process exits, even by abort.
+    std::string cmd = absl::StrCat(Script(), " start ", c->dir_.path(), " --owner ", getpid(), " ", extra);
     for (const std::string& t : tenants) absl::StrAppend(&cmd, " --tenant ", t);
     if (!c->Run(cmd + " >/dev/null")) return nullptr;
     std::ifstream env(absl::StrCat(c->dir_.path(), "/cluster.env"));

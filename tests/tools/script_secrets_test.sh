@@ -21,6 +21,7 @@ scanner=
 cleanup() {
   [ -n "$scanner" ] && kill "$scanner" 2>/dev/null || true
   "$src/scripts/redis-cluster" stop "$scratch/cluster" >/dev/null 2>&1 || true
+  "$src/scripts/redis-cluster" stop "$scratch/owned" >/dev/null 2>&1 || true
   rm -rf "$scratch"
 }
 trap cleanup EXIT
@@ -107,4 +108,14 @@ if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null; then
   [ ! -e "$scratch/shared/pwned" ] || fail "status ran another user's cluster.env"
   echo "ok: a folder of another user is refused by start and status"
 fi
+# --owner: a cluster whose owner dies (a test killed by a sanitizer) stops
+# on its own instead of running on.
+sleep 300 & owner=$!
+"$rc" start "$scratch/owned" --owner "$owner" >/dev/null
+node_pid=$(cat "$scratch/owned/node0/redis.pid")
+kill -0 "$node_pid" || fail "the owned cluster did not start"
+kill -9 "$owner"; wait "$owner" 2>/dev/null || true
+for _ in $(seq 100); do kill -0 "$node_pid" 2>/dev/null || break; sleep 0.1; done
+if kill -0 "$node_pid" 2>/dev/null; then fail "the cluster outlived its owner by 10 s"; fi
+echo "ok: a cluster stops when its owner dies"
 echo "ok: $calls redis-cli calls and $(head -1 "$scratch/scan.log" | cut -d' ' -f2) sweeps of /proc saw no password"
