@@ -36,6 +36,7 @@ RemoteStatus RemoteStatusOf(const RemoteTier& tier, const Config& config) {
   RemoteStatus r{.write_policy = config.remote_write_policy,
                  .probe_budget_us = config.remote_probe_budget_us,
                  .misses = tier.misses(),
+                 .budget = tier.budget(),
                  .slots_covered = RedisCluster::kSlots};
   absl::flat_hash_map<std::string, size_t> node_at;
   size_t counted = 0;

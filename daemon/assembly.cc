@@ -110,7 +110,8 @@ absl::StatusOr<std::vector<RemoteTenant>> RemoteTenantsFrom(const Config& c) {
         }
       }
     }
-    out.push_back({t.name, t.remote_user, std::move(password), *std::move(keys), t.remote_seeds});
+    out.push_back({t.name, t.remote_user, std::move(password), *std::move(keys), t.remote_seeds,
+                   t.remote_budget != 0 ? t.remote_budget : c.remote_tenant_budget});
   }
   return out;
 }
@@ -143,6 +144,12 @@ absl::StatusOr<std::unique_ptr<RemoteTier>> OpenRemoteFrom(const Config& c) {
                   "there until AUTH succeeds\"",
                   LogQuoted(tenant), LogQuoted(why));
   };
+  o.on_ledger_failure = [](const std::string& tenant, const std::string& why) {
+    spdlog::error("event=remote_budget_failed tenant=\"{}\" detail=\"{}\" hint=\"the tenant's writes to the cluster "
+                  "fail until its budget ledger works: its ACL user needs +eval +zadd +zscore +zpopmin +hmget +hset "
+                  "on its own keys (docs/remote-tier.md), and the node memory for the ledger\"",
+                  LogQuoted(tenant), LogQuoted(why));
+  };
   ASSIGN_OR_RETURN(o.tenants, RemoteTenantsFrom(c));
   ASSIGN_OR_RETURN(std::unique_ptr<RemoteTier> tier, RemoteTier::Create(o));
   spdlog::info("event=remote_tier state=on seeds={} tenants={} health={} payloads={} tls={} detail=\"a Redis Cluster "
@@ -150,6 +157,20 @@ absl::StatusOr<std::unique_ptr<RemoteTier>> OpenRemoteFrom(const Config& c) {
                "block\"",
                c.remote_seeds.size(), c.tenants.size(), TierHealthName(tier->Health()),
                c.remote_encrypt ? "encrypted" : "clear", c.remote_tls ? "on" : "off");
+  size_t sharing = 0, unbudgeted = 0;
+  for (const RemoteTenant& t : o.tenants) {
+    if (!t.seeds.empty()) continue;
+    ++sharing;
+    if (t.budget_bytes == 0) ++unbudgeted;
+  }
+  if (sharing >= 2 && unbudgeted > 0) {
+    spdlog::warn("event=remote_tier_unbudgeted tenants_sharing={} without_budget={} detail=\"tenants share one "
+                 "cluster and some have no budget: the cluster's maxmemory policy evicts across every tenant's "
+                 "keys, so one tenant's writes can push out the others' blocks\" hint=\"set tiers.remote.tenant_budget "
+                 "(or [[tenants]] remote_budget) so the budgets add up to less than the cluster's memory "
+                 "(docs/remote-tier.md)\"",
+                 sharing, unbudgeted);
+  }
   if (!c.remote_tls) {
     spdlog::warn("event=remote_tier_clear_text detail=\"tiers.remote.tls is off: passwords and blocks cross the "
                  "network in clear, and a process that takes a node's port gets every tenant's AUTH\" hint=\"set "

@@ -41,6 +41,9 @@ struct TenantConfig {
   // Its own cluster (host:port seeds), where tenants must not share one's
   // memory; empty: tiers.remote.seeds.
   std::vector<std::string> remote_seeds;
+  // What its blocks may take in the cluster, every node together (a ledger
+  // in the cluster); 0: tiers.remote.tenant_budget.
+  uint64_t remote_budget = 0;
 };
 
 struct Config {
@@ -108,6 +111,7 @@ struct Config {
   uint32_t remote_probe_blocks_per_s = 50000;   // per tenant: blocks its lookups may ask about
   uint32_t remote_records_per_tenant = 262144;  // per tenant: cluster blocks this node indexes
   uint64_t remote_min_block_bytes = 4096;       // smaller blocks never go to the cluster
+  uint64_t remote_tenant_budget = 0;            // per tenant: bytes its blocks may take there (0: none)
   std::string remote_write_policy = "demoted";
   bool remote_encrypt = false;  // encrypt payloads at rest in the cluster (always sealed)
   // TLS to the cluster's nodes: their certificates chain to the CA file and

@@ -114,6 +114,8 @@ const ConfigKey kKeys[] = {
      "per tenant: blocks in the cluster this node indexes (each costs memory here)"},
     {"tiers.remote", "min_block_bytes", T::kBytes, &Config::remote_min_block_bytes, 0, 0, false,
      "blocks smaller than this are never probed, published or moved to the cluster"},
+    {"tiers.remote", "tenant_budget", T::kBytes, &Config::remote_tenant_budget, 0, 0, false,
+     "per tenant: bytes its blocks may take in the cluster, all nodes together; past it its own oldest go (0: none)"},
     {"tiers.remote", "encrypt", T::kBool, &Config::remote_encrypt, 0, 0, false,
      "encrypt payloads at rest in the cluster (AES-256-GCM); values are sealed either way"},
     {"tiers.remote", "tls", T::kBool, &Config::remote_tls, 0, 0, false,
@@ -181,6 +183,8 @@ const TenantKey kTenantKeys[] = {
      "a file (mode 0600) holding that user's password; never logged"},
     {"remote_seeds", T::kStringList, &TenantConfig::remote_seeds, "[]", false,
      "its own cluster (host:port), isolated from the others' memory; empty: tiers.remote.seeds"},
+    {"remote_budget", T::kBytes, &TenantConfig::remote_budget, "0", false,
+     "bytes its blocks may take in the shared cluster, all nodes together; 0: tiers.remote.tenant_budget"},
     {"remote_key_file", T::kString, &TenantConfig::remote_key_file, "\"\"", false,
      "a file (mode 0600) of keys sealing its remote values: openssl rand -hex 32, current first; never logged"},
 };

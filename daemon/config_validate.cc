@@ -37,7 +37,8 @@ void ValidateRemote(const Config& c, Fail& fail) {
   if (c.remote_seeds.empty()) {
     for (size_t i = 0; i < c.tenants.size(); ++i) {
       if (!c.tenants[i].remote_user.empty() || !c.tenants[i].remote_password_file.empty() ||
-          !c.tenants[i].remote_key_file.empty() || !c.tenants[i].remote_seeds.empty()) {
+          !c.tenants[i].remote_key_file.empty() || !c.tenants[i].remote_seeds.empty() ||
+          c.tenants[i].remote_budget != 0) {
         fail(Cat("tenants[", i, "].remote_user"),
              Cat("tenant \"", c.tenants[i].name, "\" has remote credentials but tiers.remote.seeds is empty"));
       }

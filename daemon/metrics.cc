@@ -306,6 +306,16 @@ std::string PrometheusText(const StatusSnapshot& s, bool detailed) {
              "Of the bad_value misses, values whose checksum held but whose seal did not: written by someone "
              "without the tenant's key (remote_key_file), or sealed by a key no longer configured.");
     w.Sample("kvtier_remote_forged_values_total", "", double(r.misses.forged));
+    w.Family("kvtier_remote_budget_evictions_total", "counter",
+             "Blocks deleted from the shared tier to keep their tenant within its budget (tiers.remote.tenant_budget, "
+             "[[tenants]] remote_budget): the tenant's own least recently used.");
+    w.Sample("kvtier_remote_budget_evictions_total", "", double(r.budget.evictions));
+    w.Family("kvtier_remote_budget_writes_total", "counter",
+             "Budget ledger updates in the shared tier (refused: a block alone past its tenant's budget, not "
+             "written; failed: the ledger script failed, and the write with it, e.g. a user without +eval).");
+    w.Sample("kvtier_remote_budget_writes_total", "result=\"counted\"", double(r.budget.updates));
+    w.Sample("kvtier_remote_budget_writes_total", "result=\"refused\"", double(r.budget.refused));
+    w.Sample("kvtier_remote_budget_writes_total", "result=\"failed\"", double(r.budget.failures));
     w.Family("kvtier_remote_probe_blocks_total", "counter",
              "Blocks lookups asked the shared tier about past their local hit prefix, and those it held.");
     w.Sample("kvtier_remote_probe_blocks_total", "result=\"asked\"", double(st.remote_probe_blocks.Get()));

@@ -34,6 +34,7 @@ struct RemoteStatus {
   std::string write_policy;
   uint32_t probe_budget_us = 0;
   RemoteTier::Misses misses;
+  RemoteTier::Budget budget;
   uint64_t slots_covered = 0;  // the least any tenant's map covers, of 16384
   uint64_t moved = 0, ask = 0, tryagain = 0, clusterdown = 0, refreshes = 0, refresh_failures = 0;
   uint64_t auth_failures = 0;  // connections a node refused to authenticate (wrong password, revoked user)

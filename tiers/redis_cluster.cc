@@ -280,6 +280,19 @@ RedisCommand RedisCommand::Make(std::initializer_list<std::initializer_list<absl
   return c;
 }
 
+RedisCommand RedisCommand::MakeList(std::span<const absl::string_view> args, size_t key_index) {
+  RedisCommand c;
+  size_t bytes = 16;
+  for (absl::string_view a : args) bytes += a.size() + 26;
+  c.wire_.reserve(bytes);
+  absl::StrAppend(&c.wire_, "*", args.size(), "\r\n");
+  for (size_t i = 0; i < args.size(); ++i) {
+    c.args_.emplace_back(AppendBulk(c.wire_, {args[i]}), args[i].size());
+    if (i == key_index) c.key_.assign(args[i].data(), args[i].size());
+  }
+  return c;
+}
+
 RedisCommand RedisCommand::Keyless(std::initializer_list<absl::string_view> args) {
   RedisCommand c;
   absl::StrAppend(&c.wire_, "*", args.size(), "\r\n");

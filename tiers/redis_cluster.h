@@ -65,6 +65,8 @@ class RedisCommand {
   // A command of `args` whose key is args[key_index]. Each argument may be
   // given in parts, sent as one argument (a value's header and payload).
   static RedisCommand Make(std::initializer_list<std::initializer_list<absl::string_view>> args, size_t key_index);
+  // The same of as many whole arguments as a caller has (a script's).
+  static RedisCommand MakeList(std::span<const absl::string_view> args, size_t key_index);
   // A command with no key (PING, CLUSTER SLOTS): any node answers it.
   static RedisCommand Keyless(std::initializer_list<absl::string_view> args);
 

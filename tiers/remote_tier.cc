@@ -135,7 +135,72 @@ uint64_t DeadlineOf(const IoOptions& io, uint64_t timeout_ms) {
   return io.deadline_ns != 0 ? io.deadline_ns : MonotonicNanos() + timeout_ms * 1'000'000;
 }
 
+// Whether a ledger entry from the cluster is one we write:
+// "<bytes>:<64 hex>:<64 hex>" (the cluster's bytes are not trusted).
+bool IsLedgerMember(absl::string_view m) {
+  const size_t colon = m.find(':');
+  if (colon == 0 || colon == absl::string_view::npos || colon > 20) return false;
+  for (size_t i = 0; i < colon; ++i) {
+    if (m[i] < '0' || m[i] > '9') return false;
+  }
+  if (m.size() != colon + 1 + 64 + 1 + 64 || m[colon + 65] != ':') return false;
+  for (size_t i = colon + 1; i < m.size(); ++i) {
+    if (i == colon + 65) continue;
+    const char c = m[i];
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
+}
+
 }  // namespace
+
+// KEYS[1]: the ledger, a sorted set of "<bytes>:<namespace>:<block>" by a
+// sequence number (the oldest first); KEYS[2]: a hash of the bytes those
+// add up to ("used") and the last sequence number ("seq").
+// ARGV[1]: the budget; ARGV[2]: n; ARGV[3..2+n]: entries written now
+// (counted once, moved to the young end); the rest: entries read now
+// (moved to the young end if still there). Pops the oldest entries until
+// the tenant is within its budget (at most 1024 a call) and returns them:
+// the caller deletes their blocks. An entry whose block the cluster evicted
+// on its own still counts until it is popped; the count never goes below 0.
+// An entry of another shape (written by someone else with the tenant's
+// password) counts 0 bytes: it can neither inflate nor drain the count.
+const char* const kLedgerScript = R"lua(
+local hex = string.rep('%x', 64)
+local shape = '^(%d%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?):' .. hex .. ':' .. hex .. '$'
+local function size(m) return tonumber(string.match(m, shape)) or 0 end
+local budget = tonumber(ARGV[1]) or 0
+local n = tonumber(ARGV[2]) or 0
+local h = redis.call('HMGET', KEYS[2], 'used', 'seq')
+local used = tonumber(h[1]) or 0
+local seq = tonumber(h[2]) or 0
+for i = 3, 2 + n do
+  seq = seq + 1
+  if not redis.call('ZSCORE', KEYS[1], ARGV[i]) then used = used + size(ARGV[i]) end
+  redis.call('ZADD', KEYS[1], seq, ARGV[i])
+end
+for i = 3 + n, #ARGV do
+  seq = seq + 1
+  redis.call('ZADD', KEYS[1], 'XX', seq, ARGV[i])
+end
+local out = {}
+while used > budget and #out < 1024 do
+  local p = redis.call('ZPOPMIN', KEYS[1])
+  if #p == 0 then used = 0 break end
+  used = used - size(p[1])
+  out[#out + 1] = p[1]
+end
+if used < 0 then used = 0 end
+redis.call('HSET', KEYS[2], 'used', used, 'seq', seq)
+return out
+)lua";
+
+std::string LedgerKey(const std::string& prefix, const std::string& tenant) {
+  return absl::StrCat(prefix, ":", tenant, ":{", tenant, "}:ledger");
+}
+std::string LedgerUsedKey(const std::string& prefix, const std::string& tenant) {
+  return absl::StrCat(prefix, ":", tenant, ":{", tenant, "}:used");
+}
 
 absl::Status CheckRemoteValue(absl::string_view value, const BlockMeta& meta, const ValueSealer* sealer) {
   if (const std::string why = WhyNotTheBlock(value, meta); !why.empty()) return absl::DataLossError(why);
@@ -193,7 +258,9 @@ absl::StatusOr<std::unique_ptr<RemoteTier>> RemoteTier::Create(const RemoteTierO
     }
     ASSIGN_OR_RETURN(std::unique_ptr<ValueSealer> sealer, ValueSealer::Create(t.keys, opts.encrypt));
     ASSIGN_OR_RETURN(std::unique_ptr<RedisCluster> cluster, RedisCluster::Create(c));
-    tier->tenants_.push_back({t.name, TenantHash(t.name), std::move(cluster), std::move(sealer)});
+    tier->tenants_.push_back({t.name, TenantHash(t.name), std::move(cluster), std::move(sealer), t.budget_bytes,
+                              LedgerKey(opts.key_prefix, t.name), LedgerUsedKey(opts.key_prefix, t.name),
+                              std::make_unique<Touches>()});
   }
   return tier;
 }
@@ -334,10 +401,129 @@ void RemoteTier::Write(SlotHandle slot, const BlockMeta& meta, std::span<const s
     return;
   }
   std::memcpy(value.data(), &h, sizeof(h));
+  const uint64_t deadline = DeadlineOf(io, opts_.op_timeout_ms);
   Began(true);
+  if (link->budget_bytes == 0) {
+    SubmitSet(*link, std::move(cmd), src.size(), deadline, io.cancel, std::move(done));
+    return;
+  }
+  // The ledger first: the block is counted (and the tenant's oldest blocks
+  // evicted) before it is there to be read, so the tenant's bytes never
+  // pass its budget by more than the writes in flight.
+  std::string member = LedgerMember(meta);
+  RedisCommand ledger = LedgerCommand(*link, {member});
   link->cluster->Submit(
+      std::move(ledger),
+      [this, link, member = std::move(member), cmd = std::move(cmd), bytes = src.size(), deadline,
+       cancel = io.cancel, done = std::move(done)](absl::StatusOr<RedisReply> r) mutable {
+        if (!r.ok() || (*r)->type != REDIS_REPLY_ARRAY) {
+          if (r.ok()) r = absl::UnknownError(absl::StrCat(opts_.name, ": the ledger script answered with reply type ", (*r)->type));
+          LedgerFailed(*link, r.status());
+          if (!absl::IsDeadlineExceeded(r.status()) && !absl::IsCancelled(r.status())) {
+            io_errors_.fetch_add(1, std::memory_order_relaxed);
+          } else {
+            abandoned_.fetch_add(1, std::memory_order_relaxed);
+          }
+          std::move(done)(absl::Status(r.status().code(),
+                                       absl::StrCat("tenant \"", link->name, "\"'s budget ledger: ", r.status().message())));
+          Ended(true);
+          return;
+        }
+        ledger_updates_.fetch_add(1, std::memory_order_relaxed);
+        if (DeleteEvicted(*link, *r, member)) {
+          budget_refused_.fetch_add(1, std::memory_order_relaxed);
+          writes_refused_.fetch_add(1, std::memory_order_relaxed);
+          std::move(done)(absl::ResourceExhaustedError(absl::StrCat(
+              "a block of ", FormatBytes(bytes), " does not fit tenant \"", link->name, "\"'s budget of ",
+              FormatBytes(link->budget_bytes), " in the ", opts_.name, " tier")));
+          Ended(true);
+          return;
+        }
+        SubmitSet(*link, std::move(cmd), bytes, deadline, std::move(cancel), std::move(done));
+      },
+      deadline, io.cancel);
+}
+
+void RemoteTier::Touch(const TenantLink& link, const BlockMeta& meta) {
+  {
+    MutexLock l(&link.touches->mu);
+    if (link.touches->members.size() >= kMaxTouches) {
+      touches_dropped_.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+    link.touches->members.push_back(LedgerMember(meta));
+    if (link.touches->members.size() < kTouchBatch) return;
+  }
+  // Enough reads waiting: their own script (no write to carry them).
+  Began(false);  // Drain waits for it
+  link.cluster->Submit(LedgerCommand(link, {}), [this, &link](absl::StatusOr<RedisReply> r) {
+    if (!r.ok() || (*r)->type != REDIS_REPLY_ARRAY) {
+      LedgerFailed(link, r.ok() ? absl::UnknownError("the ledger script answered with another reply type") : r.status());
+    } else {
+      ledger_updates_.fetch_add(1, std::memory_order_relaxed);
+      DeleteEvicted(link, *r, "");
+    }
+    Ended(false);
+  });
+}
+
+void RemoteTier::LedgerFailed(const TenantLink& link, const absl::Status& why) {
+  ledger_failures_.fetch_add(1, std::memory_order_relaxed);
+  if (!opts_.on_ledger_failure || absl::IsDeadlineExceeded(why) || absl::IsCancelled(why)) return;
+  const uint64_t now = MonotonicNanos();
+  uint64_t last = ledger_failure_reported_ns_.load(std::memory_order_relaxed);
+  if (last != 0 && now - last < 10'000'000'000ull) return;
+  if (!ledger_failure_reported_ns_.compare_exchange_strong(last, now, std::memory_order_relaxed)) return;
+  opts_.on_ledger_failure(link.name, std::string(why.message()));
+}
+
+std::string RemoteTier::LedgerMember(const BlockMeta& meta) const {
+  return absl::StrCat(SlotBytesFor(meta.payload_bytes) + kLedgerEntryBytes, ":", meta.ns.Hex(), ":", meta.key.Hex());
+}
+
+RedisCommand RemoteTier::LedgerCommand(const TenantLink& link, const std::vector<std::string>& added) {
+  std::vector<std::string> touched;
+  {
+    MutexLock l(&link.touches->mu);
+    touched.swap(link.touches->members);
+  }
+  const std::string budget = absl::StrCat(link.budget_bytes), n = absl::StrCat(added.size());
+  std::vector<absl::string_view> args = {"EVAL", kLedgerScript, "2", link.ledger_key, link.ledger_used_key, budget, n};
+  for (const std::string& m : added) args.push_back(m);
+  for (const std::string& m : touched) args.push_back(m);
+  touches_.fetch_add(touched.size(), std::memory_order_relaxed);
+  return RedisCommand::MakeList(args, 3);
+}
+
+bool RemoteTier::DeleteEvicted(const TenantLink& link, const RedisReply& reply, const std::string& self) {
+  bool evicted_self = false;
+  std::vector<std::pair<RedisCommand, RedisCluster::Callback>> dels;
+  for (size_t i = 0; i < reply->elements; ++i) {
+    const redisReply* e = reply->element[i];
+    if (e == nullptr || e->type != REDIS_REPLY_STRING || !IsLedgerMember({e->str, e->len})) {
+      ledger_bad_entries_.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
+    const absl::string_view m(e->str, e->len);
+    // The block being written may be its own victim (it alone is past the
+    // budget): not written, and any older copy of it deleted too.
+    if (m == self) evicted_self = true;
+    // "<prefix>:<tenant>:" and the entry's "<namespace>:<block>".
+    const std::string key = absl::StrCat(opts_.key_prefix, ":", link.name, ":", m.substr(m.find(':') + 1));
+    dels.emplace_back(RedisCommand::Make({{"DEL"}, {key}}, 1), [](absl::StatusOr<RedisReply>) {});
+  }
+  if (!dels.empty()) {
+    budget_evictions_.fetch_add(dels.size(), std::memory_order_relaxed);
+    link.cluster->SubmitAll(std::move(dels));
+  }
+  return evicted_self;
+}
+
+void RemoteTier::SubmitSet(const TenantLink& link, RedisCommand cmd, uint64_t bytes, uint64_t deadline_ns,
+                           CancelToken cancel, IoCallback done) {
+  link.cluster->Submit(
       std::move(cmd),
-      [this, bytes = src.size(), done = std::move(done)](absl::StatusOr<RedisReply> r) mutable {
+      [this, bytes, done = std::move(done)](absl::StatusOr<RedisReply> r) mutable {
         absl::Status s;
         if (!r.ok()) {
           s = r.status();
@@ -355,7 +541,7 @@ void RemoteTier::Write(SlotHandle slot, const BlockMeta& meta, std::span<const s
         std::move(done)(std::move(s));
         Ended(true);
       },
-      DeadlineOf(io, opts_.op_timeout_ms), io.cancel);
+      deadline_ns, std::move(cancel));
 }
 
 void RemoteTier::Read(SlotHandle slot, const BlockMeta& meta, std::span<std::byte> dst, const IoOptions& io,
@@ -415,6 +601,7 @@ void RemoteTier::Read(SlotHandle slot, const BlockMeta& meta, std::span<std::byt
           link->cluster->Submit(RedisCommand::Make({{"DEL"}, {key}}, 1), [](absl::StatusOr<RedisReply>) {});
         }
         if (s.ok()) {
+          if (link->budget_bytes != 0) Touch(*link, meta);
           reads_.fetch_add(1, std::memory_order_relaxed);
           bytes_read_.fetch_add(meta.payload_bytes, std::memory_order_relaxed);
           if (read_observer_) read_observer_(meta.payload_bytes, IoTiming{MonotonicNanos() - start, 1});
@@ -531,6 +718,16 @@ RemoteTier::Misses RemoteTier::misses() const {
           .unavailable = miss_unavailable_.load(std::memory_order_relaxed),
           .deadline = miss_deadline_.load(std::memory_order_relaxed),
           .other = miss_other_.load(std::memory_order_relaxed)};
+}
+
+RemoteTier::Budget RemoteTier::budget() const {
+  return {.updates = ledger_updates_.load(std::memory_order_relaxed),
+          .evictions = budget_evictions_.load(std::memory_order_relaxed),
+          .refused = budget_refused_.load(std::memory_order_relaxed),
+          .failures = ledger_failures_.load(std::memory_order_relaxed),
+          .touches = touches_.load(std::memory_order_relaxed),
+          .touches_dropped = touches_dropped_.load(std::memory_order_relaxed),
+          .bad_entries = ledger_bad_entries_.load(std::memory_order_relaxed)};
 }
 
 RedisCluster::Stats RemoteTier::ClusterStats(const std::string& tenant) const {

@@ -13,9 +13,15 @@
 // the cluster (another tenant's bug, an administrator, a stolen password, a
 // process squatting a dead node's port) cannot make a block that opens.
 //
-// The cluster is the one eviction authority (maxmemory with an LRU or LFU
-// policy): a block written here may be gone at the next read (NotFound, a
-// miss). The tier's slots are only kvtier's handles on what it wrote, bounded
+// A tenant with a budget (RemoteTenant::budget_bytes) keeps a ledger in
+// the cluster, next to its blocks: a sorted set of what every node wrote
+// for it, oldest first, and the bytes that adds up to, changed only by one
+// Lua script per write (atomic on the ledger's node). A write that takes
+// the tenant past its budget deletes the tenant's own least recently used
+// blocks (a read moves a block to the young end), never another tenant's:
+// one tenant's flood costs itself. Without budgets the cluster's maxmemory
+// policy evicts across every tenant's keys; a block written here may be
+// gone at the next read (NotFound, a miss) either way. The tier's slots are only kvtier's handles on what it wrote, bounded
 // by capacity_bytes; Free forgets a handle and leaves the value to the
 // cluster, where other nodes may still read it. Not durable. Every read and
 // write has a deadline (op_timeout_ms unless the caller gives one); any
@@ -76,7 +82,23 @@ struct RemoteTenant {
   std::string password;  // never logged
   std::vector<SealKey> keys;  // seal its values: [0] seals, all open (rotation); never logged
   std::vector<std::string> seeds;  // its own cluster; empty: RemoteTierOptions::seeds
+  // What its blocks may take in the cluster, from every node together
+  // (each counts its value's bytes and kLedgerEntryBytes); 0: no ledger,
+  // the cluster's own eviction alone.
+  uint64_t budget_bytes = 0;
 };
+
+// What one block costs a tenant's budget besides its value: its key and its
+// ledger entry in the cluster's memory.
+inline constexpr uint64_t kLedgerEntryBytes = 384;
+// The ledger's two keys for `tenant` (a sorted set and a hash), in one slot
+// by their {hash tag}, under the tenant's own key pattern (its ACL user may
+// name them, no other tenant's may).
+std::string LedgerKey(const std::string& prefix, const std::string& tenant);
+std::string LedgerUsedKey(const std::string& prefix, const std::string& tenant);
+// The Lua script that keeps a ledger (the tenant's ACL user needs +eval and
+// the commands it calls: docs/remote-tier.md).
+extern const char* const kLedgerScript;
 
 struct RemoteTierOptions {
   std::vector<std::string> seeds;  // "host:port" of cluster nodes
@@ -94,6 +116,10 @@ struct RemoteTierOptions {
   RedisTlsOptions tls;   // TLS to every node (redis_cluster.h)
   // A node refused a tenant's AUTH (rate-limited per tenant; never the password).
   std::function<void(const std::string& tenant, const std::string& why)> on_auth_failure;
+  // A tenant's budget ledger refused an update (a user without +eval, the
+  // node out of memory): its writes fail until it works. At most once every
+  // 10 s, on a cluster thread; never a key or a block.
+  std::function<void(const std::string& tenant, const std::string& why)> on_ledger_failure;
 };
 
 class RemoteTier final : public BlockTier {
@@ -150,16 +176,47 @@ class RemoteTier final : public BlockTier {
     uint64_t other = 0;       // refused (NOPERM, OOM, ...)
   };
   Misses misses() const;
+  // The tenants' budgets (ledger), summed over tenants.
+  struct Budget {
+    uint64_t updates = 0;         // ledger scripts that answered
+    uint64_t evictions = 0;       // blocks deleted to keep a tenant within its budget
+    uint64_t refused = 0;         // writes refused: the block alone is past its tenant's budget
+    uint64_t failures = 0;        // ledger scripts that failed (the write failed with them)
+    uint64_t touches = 0;         // reads that moved a block to the young end
+    uint64_t touches_dropped = 0;  // reads whose touch was dropped (too many pending)
+    uint64_t bad_entries = 0;     // ledger entries that named no block of ours (ignored)
+  };
+  Budget budget() const;
   RedisCluster::Stats ClusterStats(const std::string& tenant) const;
 
  private:
   explicit RemoteTier(const RemoteTierOptions& opts);
+  // Reads waiting to move their blocks to the young end of the ledger:
+  // sent with the next write's script, or alone when kTouchBatch wait.
+  struct Touches {
+    Mutex mu;
+    std::vector<std::string> members ABSL_GUARDED_BY(mu);
+  };
   struct TenantLink {
     std::string name;
     uint64_t hash;
     std::unique_ptr<RedisCluster> cluster;
     std::unique_ptr<ValueSealer> sealer;
+    uint64_t budget_bytes = 0;
+    std::string ledger_key, ledger_used_key;
+    std::unique_ptr<Touches> touches;
   };
+  static constexpr size_t kTouchBatch = 256, kMaxTouches = 4096;
+  std::string LedgerMember(const BlockMeta& meta) const;
+  // A read hit `meta`: it moves to the young end of its tenant's ledger.
+  void Touch(const TenantLink& link, const BlockMeta& meta);
+  // The ledger script's command: `added` enter (or move to the young end),
+  // the link's pending touches move to the young end.
+  RedisCommand LedgerCommand(const TenantLink& link, const std::vector<std::string>& added);
+  // Deletes the blocks a ledger script evicted; whether `self` was one.
+  bool DeleteEvicted(const TenantLink& link, const RedisReply& reply, const std::string& self);
+  void SubmitSet(const TenantLink& link, RedisCommand cmd, uint64_t bytes, uint64_t deadline_ns, CancelToken cancel,
+                 IoCallback done);
   const TenantLink* LinkFor(uint64_t tenant_hash) const;
   void CountMiss(const absl::Status& s);
   void Began(bool write);
@@ -182,6 +239,10 @@ class RemoteTier final : public BlockTier {
   std::atomic<uint64_t> reads_{0}, writes_{0}, bytes_read_{0}, bytes_written_{0};
   std::atomic<uint64_t> io_errors_{0}, writes_refused_{0}, abandoned_{0}, checksum_failures_{0}, seal_failures_{0};
   std::atomic<uint64_t> miss_not_found_{0}, miss_unavailable_{0}, miss_deadline_{0}, miss_other_{0};
+  std::atomic<uint64_t> ledger_updates_{0}, budget_evictions_{0}, budget_refused_{0}, ledger_failures_{0};
+  std::atomic<uint64_t> touches_{0}, touches_dropped_{0}, ledger_bad_entries_{0};
+  std::atomic<uint64_t> ledger_failure_reported_ns_{0};
+  void LedgerFailed(const TenantLink& link, const absl::Status& why);
 };
 
 }  // namespace kvtier
