@@ -544,5 +544,56 @@ TEST(RemoteSharingTest, AFloodingTenantCostsItselfNotTheOthers) {
               static_cast<unsigned long long>(rb.value("probes_throttled", uint64_t{0})), hits, p99);
 }
 
+// Bytes, not probes: bob writes 100 MiB into a cluster of 3 x 32 MiB
+// primaries (allkeys-lru) that alice's 300 blocks share. With a budget of
+// 24 MiB each (tiers.remote.tenant_budget), bob's writes evict bob's own
+// oldest blocks through the ledger, and alice, on another node, still finds
+// >= 90% of hers. (Without budgets the cluster's LRU takes alice's: 22 of
+// 300 were left when this was written.)
+TEST(RemoteSharingTest, ABudgetKeepsAFloodingTenantsBytesOffTheOthersBlocks) {
+  auto cluster = RedisClusterProcess::Start({"alice", "bob"}, "--tls --maxmemory 32mb");
+  if (cluster == nullptr) GTEST_SKIP() << "redis-server is not installed";
+  testing::TempDir secrets;
+  const std::string budget = "tenant_budget = \"24MiB\"\n";
+  DaemonProcess a(NodeConfig(*cluster, secrets, "alice", "committed", 200000, "", budget));
+  DaemonProcess b(NodeConfig(*cluster, secrets, "bob", "committed", 200000, "", budget));
+  DaemonProcess c(NodeConfig(*cluster, secrets, "alice", "demoted", 200000, "", budget));
+  for (DaemonProcess* d : {&a, &b, &c}) ASSERT_TRUE(d->Start().ok()) << d->Log();
+  const NamespaceDescriptor ns = testing::TestNamespace(kBlock, "remote/budget");
+  std::vector<std::vector<BlockKey>> prompts;
+  {
+    auto ca = testing::AttachTo(a.socket_path(), ns);
+    ASSERT_NE(ca, nullptr);
+    for (uint32_t p = 0; p < 30; ++p) {
+      prompts.push_back(testing::SeededKeys(*ca, 100 + p, 10));
+      ASSERT_TRUE(testing::Eventually([&] { return testing::StoreFilled(*ca, prompts.back()).ok(); }));
+    }
+    ASSERT_TRUE(testing::Eventually([&] { return Remote(a, "publishes") >= 300; })) << Remote(a).dump();
+  }
+  {
+    auto cb = testing::AttachTo(b.socket_path(), ns);
+    ASSERT_NE(cb, nullptr);
+    for (uint32_t p = 0; p < 16; ++p) {
+      const std::vector<BlockKey> keys = testing::SeededKeys(*cb, 900 + p, 100);
+      for (size_t i = 0; i < keys.size(); i += 25) {
+        ASSERT_TRUE(testing::Eventually([&] { return testing::StoreFilled(*cb, std::span(keys).subspan(i, 25)).ok(); }));
+      }
+    }
+    ASSERT_TRUE(testing::Eventually([&] { return Remote(b, "publishes") >= 1600; }, std::chrono::seconds(60)))
+        << Remote(b).dump();
+  }
+  auto cc = testing::AttachTo(c.socket_path(), ns);
+  ASSERT_NE(cc, nullptr);
+  uint32_t hits = 0;
+  for (const std::vector<BlockKey>& keys : prompts) hits += HitAndLoad(*cc, keys).second;
+  const nlohmann::json rb = Remote(b)["remote"];
+  EXPECT_GE(hits, 270u) << "alice keeps 90% of her remote hits after bob's 100 MiB";
+  EXPECT_GT(rb["budget"].value("evictions", 0), 1000) << rb.dump();
+  EXPECT_EQ(rb["budget"].value("failures", 1), 0) << rb.dump();
+  std::printf("budget: bob published %llu blocks, %llu evicted by his budget; alice %u of 300 hits, byte-exact\n",
+              static_cast<unsigned long long>(rb.value("publishes", uint64_t{0})),
+              static_cast<unsigned long long>(rb["budget"].value("evictions", uint64_t{0})), hits);
+}
+
 }  // namespace
 }  // namespace kvtier
