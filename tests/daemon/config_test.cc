@@ -87,6 +87,39 @@ gids = [2000]
   EXPECT_EQ(c->tenants[1].gids, std::vector<gid_t>{2000});
 }
 
+TEST(ConfigTest, RemoteBudgetsAreReadAndNeedACluster) {
+  auto c = ParseConfig(R"(
+[tiers.remote]
+seeds = ["127.0.0.1:7000"]
+tenant_budget = "64GiB"
+[[tenants]]
+name = "a"
+uids = [1000]
+remote_user = "kvtier-a"
+remote_password_file = "/etc/kvtier/a.pass"
+remote_key_file = "/etc/kvtier/a.key"
+remote_budget = "2GiB"
+[[tenants]]
+name = "b"
+uids = [1001]
+remote_user = "kvtier-b"
+remote_password_file = "/etc/kvtier/b.pass"
+remote_key_file = "/etc/kvtier/b.key"
+)", "t.toml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->remote_tenant_budget, 64ull << 30);
+  EXPECT_EQ(c->tenants[0].remote_budget, 2ull << 30);
+  EXPECT_EQ(c->tenants[1].remote_budget, 0u) << "0: tiers.remote.tenant_budget applies";
+  auto no_cluster = ParseConfig(R"(
+[[tenants]]
+name = "a"
+uids = [1000]
+remote_budget = "2GiB"
+)", "t.toml");
+  ASSERT_FALSE(no_cluster.ok());
+  EXPECT_NE(no_cluster.status().message().find("tiers.remote.seeds is empty"), std::string::npos) << no_cluster.status();
+}
+
 TEST(ConfigTest, UnknownKeysAreRefusedWithTheirNameAndLine) {
   auto c = ParseConfig("[ipc]\nring_entries = 64\nring_entires = 3\n", "k.toml");
   ASSERT_FALSE(c.ok());

@@ -5,6 +5,7 @@
 //     and Read (header, checksum, the AES-GCM seal under a throwaway key,
 //     ACL user, the cluster client's routing and node thread) against
 //     SET/GET pipelined 8 deep on one hiredis context;
+//   - put with the tenant's budget on (the ledger script before each SET);
 //   - a 64-block probe (RemoteTier::Exists) against one pipelined round trip
 //     of 64 EXISTS to one node.
 // Every key is chosen to hash to one primary, so both sides talk to the
@@ -114,6 +115,13 @@ std::vector<Metric> RunRemoteSuite(const Context& ctx) {
   auto tier_or = RemoteTier::Create(setup->opts);
   if (!tier_or.ok()) return {};
   RemoteTier& tier = **tier_or;
+  // The same tenant with a budget (no evictions: the keys repeat): each
+  // write first runs the ledger script on the ledger's node.
+  RemoteTierOptions budget_opts = setup->opts;
+  budget_opts.tenants[0].budget_bytes = uint64_t{1} << 40;
+  auto budget_or = RemoteTier::Create(budget_opts);
+  if (!budget_or.ok()) return {};
+  RemoteTier& budget_tier = **budget_or;
   Node base;
   base.c = redisConnect(setup->host.c_str(), setup->port);
   if (base.c == nullptr || base.c->err || !Auth(base.c, "kvtier-bench", setup->opts.tenants[0].password)) {
@@ -129,7 +137,7 @@ std::vector<Metric> RunRemoteSuite(const Context& ctx) {
     const int ops = ctx.quick ? 16 : (bytes == (256u << 10) ? 512 : 96);
     std::vector<BlockMeta> metas;
     std::vector<std::string> keys;
-    std::vector<SlotHandle> slots;
+    std::vector<SlotHandle> slots, budget_slots;
     for (uint64_t i = 0; metas.size() < kKeys; ++i) {
       BlockMeta m;
       m.ns.bytes.fill(0x42);
@@ -142,6 +150,7 @@ std::vector<Metric> RunRemoteSuite(const Context& ctx) {
       metas.push_back(m);
       keys.push_back(key);
       slots.push_back(*tier.Allocate(bytes));
+      budget_slots.push_back(*budget_tier.Allocate(bytes));
     }
     std::vector<std::byte> payload(bytes);
     for (uint64_t i = 0; i < bytes; ++i) payload[i] = std::byte(i * 131 + 7);
@@ -150,7 +159,9 @@ std::vector<Metric> RunRemoteSuite(const Context& ctx) {
     std::vector<std::byte> dst(bytes * kDepth);
 
     // kDepth of the tier's writes (or reads) in flight at once.
-    auto ours = [&](bool put) {
+    auto ours = [&](bool put, bool budgeted = false) {
+      RemoteTier& t = budgeted ? budget_tier : tier;
+      const std::vector<SlotHandle>& ts = budgeted ? budget_slots : slots;
       std::counting_semaphore<kDepth> room(kDepth);
       std::atomic<int> failed{0};
       std::latch done(ops);
@@ -163,10 +174,10 @@ std::vector<Metric> RunRemoteSuite(const Context& ctx) {
       for (int i = 0; i < ops; ++i) {
         room.acquire();
         if (put) {
-          tier.Write(slots[i % kKeys], metas[i % kKeys], payload, IoPriority::kDemote, finished);
+          t.Write(ts[i % kKeys], metas[i % kKeys], payload, IoPriority::kDemote, finished);
         } else {
           std::span<std::byte> d(dst.data() + (i % kDepth) * bytes, bytes);
-          tier.Read(slots[i % kKeys], metas[i % kKeys], d, IoPriority::kLoad, finished);
+          t.Read(ts[i % kKeys], metas[i % kKeys], d, IoPriority::kLoad, finished);
         }
       }
       done.wait();
@@ -206,14 +217,15 @@ std::vector<Metric> RunRemoteSuite(const Context& ctx) {
     };
     // Warm both paths (connections, the keys' values) once.
     (void)ours(true);
+    (void)ours(true, true);
     (void)base_loop(true);
-    std::vector<double> put_ratio, get_ratio, put_ours, put_base, get_ours, get_base;
+    std::vector<double> put_ratio, get_ratio, put_ours, put_base, get_ours, get_base, budget_ours, budget_ratio;
     for (int p = 0; p < pairs; ++p) {
-      const double bp = base_loop(true), op = ours(true);
+      const double bp = base_loop(true), op = ours(true), bup = ours(true, true);
       (void)ours(true);  // our values back under the keys the reads check
       const double bg = base_loop(false);
       const double og = ours(false);
-      if (bp == 0 || op == 0 || bg == 0 || og == 0) {
+      if (bp == 0 || op == 0 || bg == 0 || og == 0 || bup == 0) {
         std::fprintf(stderr, "kvtier-bench remote: a %s run failed\n", size.c_str());
         return {};
       }
@@ -223,18 +235,24 @@ std::vector<Metric> RunRemoteSuite(const Context& ctx) {
       get_base.push_back(bg);
       put_ratio.push_back(op / bp);
       get_ratio.push_back(og / bg);
+      budget_ours.push_back(bup);
+      budget_ratio.push_back(bup / bp);
       if (!ctx.json) {
-        std::printf("remote %s pair %d: put %.2f GB/s (hiredis %.2f), get %.2f GB/s (hiredis %.2f)\n", size.c_str(),
-                    p + 1, op, bp, og, bg);
+        std::printf("remote %s pair %d: put %.2f GB/s (with a budget %.2f; hiredis %.2f), get %.2f GB/s (hiredis %.2f)\n",
+                    size.c_str(), p + 1, op, bup, bp, og, bg);
       }
     }
     const std::string note = absl::StrCat(ops, " blocks of ", size, ", ", kDepth, " in flight, on one primary; median of ",
                                           pairs, " pairs");
     out.push_back(Metric{"remote", "put_GBps_" + size, Median(put_ours), "hiredis_pipelined_set", Median(put_base),
                          "GB/s", Median(put_ratio), 0.9, note});
+    out.push_back(Metric{"remote", "put_budget_GBps_" + size, Median(budget_ours), "hiredis_pipelined_set",
+                         Median(put_base), "GB/s", Median(budget_ratio), 0.8,
+                         note + "; each write runs the tenant's ledger script first"});
     out.push_back(Metric{"remote", "get_GBps_" + size, Median(get_ours), "hiredis_pipelined_get", Median(get_base),
                          "GB/s", Median(get_ratio), 0.9, note});
     for (SlotHandle s : slots) (void)tier.Free(s);
+    for (SlotHandle s : budget_slots) (void)budget_tier.Free(s);
   }
   // A 64-block probe against one pipelined round trip of 64 EXISTS.
   std::vector<BlockMeta> chain;

@@ -163,6 +163,9 @@ void PrintRemote(const json& t, bool nodes = true) {
             << Num(m, "forged") << ")"
             << ", unavailable " << Num(m, "unavailable") << ", past deadline " << Num(m, "deadline") << ", other "
             << Num(m, "other") << "\n"
+            << "  budgets: evicted " << Num(At(r, "budget"), "evictions") << " (tenants' own, least recently used), "
+            << "refused " << Num(At(r, "budget"), "refused") << ", ledger failures " << Num(At(r, "budget"), "failures")
+            << "\n"
             << "  redirections: MOVED " << Num(c, "moved") << ", ASK " << Num(c, "ask") << ", TRYAGAIN "
             << Num(c, "tryagain") << ", CLUSTERDOWN " << Num(c, "clusterdown") << "; slot map refreshes "
             << Num(c, "refreshes") << " (failed " << Num(c, "refresh_failures") << "); AUTH refused "
