@@ -370,54 +370,88 @@ absl::Status NvmeTier::RecoverFromJournal(const JournalReplay& replay, std::vect
       }
     }
   }
+  // One read per run of neighbouring small slots (headers and payloads
+  // together, up to kRunBytes), one header sector per large slot: for 100k
+  // blocks of 4 KiB a header read each cost more in per-I/O work than the
+  // device took to stream the whole slab (0.80x of fio's 4 KiB random
+  // reads of the same headers).
+  constexpr uint64_t kMaxRunBytes = 1ull << 20, kSmallSlotBytes = 64ull << 10;
+  const uint64_t run_limit = std::max<uint64_t>(kSectorBytes, std::min(kMaxRunBytes, staging_->size() / 4));
+  struct Run {
+    size_t first = 0, count = 0;  // checks[first, first + count)
+    uint32_t file = 0;
+    uint64_t offset = 0, slot_bytes = 0, read_bytes = 0;
+    std::vector<SlotState> expect;
+  };
+  std::vector<Run> runs;
+  {
+    MutexLock l(&mu_);
+    for (size_t c = 0; c < checks.size(); ++c) {
+      const Segment& seg = segments_[checks[c].segment];
+      const bool small = seg.slot_bytes <= kSmallSlotBytes && seg.slot_bytes <= run_limit;
+      if (small && !runs.empty()) {
+        Run& r = runs.back();
+        const Check& prev = checks[r.first + r.count - 1];
+        if (prev.segment == checks[c].segment && prev.slot + 1 == checks[c].slot &&
+            r.read_bytes + seg.slot_bytes <= run_limit && r.slot_bytes == seg.slot_bytes) {
+          ++r.count;
+          r.read_bytes += seg.slot_bytes;
+          r.expect.push_back(seg.slots[checks[c].slot]);
+          continue;
+        }
+      }
+      runs.push_back(Run{c, 1, seg.file, seg.file_offset + checks[c].slot * seg.slot_bytes, seg.slot_bytes,
+                         small ? seg.slot_bytes : kSectorBytes, {seg.slots[checks[c].slot]}});
+    }
+  }
   std::atomic<uint64_t> checked{0};
   const uint64_t batch = std::max<uint32_t>(opts_.queue_depth, 1) * std::max<uint32_t>(opts_.io_workers, 1);
-  // A window of reads kept in flight, refilled as each completes: draining
-  // after every batch let the device's queue run dry 3,125 times for 100k
-  // blocks, and a restart ran at 0.72x of fio reading the same headers.
+  // A window of reads kept in flight, refilled as each completes (draining
+  // after every batch let the device's queue run dry), bounded in bytes too.
   Mutex window_mu;
   std::condition_variable_any window_cv;
-  uint64_t in_flight = 0;
+  uint64_t in_flight = 0, in_flight_bytes = 0;
   const uint64_t window = 4 * batch;
+  const uint64_t window_bytes = std::max<uint64_t>(run_limit, staging_->size() / 2);
   const uint64_t report_every = 64 * batch;
-  for (size_t begin = 0; begin < checks.size(); begin += report_every) {
-    const size_t end = std::min(checks.size(), begin + report_every);
-    for (size_t c = begin; c < end; ++c) {
-      {
-        MutexLock w(&window_mu);
-        window_mu.Await(window_cv, [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return in_flight < window; });
-        ++in_flight;
-      }
-      Check* chk = &checks[c];
-      SlotState expect;
-      uint32_t file;
-      uint64_t off;
-      {
-        MutexLock l(&mu_);
-        const Segment& seg = segments_[chk->segment];
-        expect = seg.slots[chk->slot];
-        file = seg.file;
-        off = seg.file_offset + chk->slot * seg.slot_bytes;
-      }
-      std::byte* buf = staging_->Acquire(kSectorBytes);
-      engine_->Submit(IoOp{false, file, off, buf, static_cast<uint32_t>(kSectorBytes), IoPriority::kLoad,
-                           [this, chk, expect, buf, &checked, &window_mu, &window_cv, &in_flight](int32_t res) {
+  uint64_t next_report = report_every;
+  for (Run& run : runs) {
+    {
+      MutexLock w(&window_mu);
+      window_mu.Await(window_cv, [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return in_flight < window && (in_flight == 0 || in_flight_bytes + run.read_bytes <= window_bytes);
+      });
+      ++in_flight;
+      in_flight_bytes += run.read_bytes;
+    }
+    std::byte* buf = staging_->Acquire(run.read_bytes);
+    Run* r = &run;
+    engine_->Submit(IoOp{false, run.file, run.offset, buf, static_cast<uint32_t>(run.read_bytes), IoPriority::kLoad,
+                         [this, r, buf, &checks, &checked, &window_mu, &window_cv, &in_flight,
+                          &in_flight_bytes](int32_t res) {
+                           for (size_t i = 0; i < r->count; ++i) {
+                             Check* chk = &checks[r->first + i];
+                             const SlotState& expect = r->expect[i];
                              SlotHeader h;
-                             std::memcpy(&h, buf, sizeof(h));
-                             chk->ok = res == static_cast<int32_t>(kSectorBytes) && h.magic == kSlotHeaderMagic &&
+                             std::memcpy(&h, buf + i * r->slot_bytes, sizeof(h));
+                             chk->ok = res == static_cast<int32_t>(r->read_bytes) && h.magic == kSlotHeaderMagic &&
                                        Intact(h) && h.generation == expect.generation &&
                                        h.segment == chk->segment && h.slot == chk->slot &&
                                        h.payload_bytes == expect.meta.payload_bytes &&
                                        std::memcmp(h.ns, expect.meta.ns.bytes.data(), 32) == 0 &&
                                        std::memcmp(h.key, expect.meta.key.bytes.data(), 32) == 0;
-                             staging_->Release(buf);
-                             checked.fetch_add(1, std::memory_order_relaxed);
-                             MutexLock w(&window_mu);
-                             --in_flight;
-                             window_cv.notify_one();
-                           }});
+                           }
+                           staging_->Release(buf);
+                           checked.fetch_add(r->count, std::memory_order_relaxed);
+                           MutexLock w(&window_mu);
+                           --in_flight;
+                           in_flight_bytes -= r->read_bytes;
+                           window_cv.notify_one();
+                         }});
+    if (opts_.progress && checked.load(std::memory_order_relaxed) >= next_report) {
+      opts_.progress(checked.load(), checks.size());
+      next_report += report_every;
     }
-    if (opts_.progress) opts_.progress(checked.load(), checks.size());
   }
   engine_->Drain();
   if (opts_.progress) opts_.progress(checked.load(), checks.size());
