@@ -226,6 +226,29 @@ TEST_F(RemoteBudgetTest, AHostileOrStaleLedgerCostsNothingOutsideTheTenant) {
   EXPECT_EQ(t->budget().bad_entries, 4u);
 }
 
+// Another tenant cannot change a tenant's ledger: it is under the tenant's
+// own key pattern, so bob's ACL user may neither run the script on it nor
+// pop it directly (which would make alice's next writes evict her blocks).
+TEST_F(RemoteBudgetTest, AnotherTenantCannotTouchATenantsLedger) {
+  auto t = Make(Options(10 * kEntry));
+  ASSERT_NE(t, nullptr);
+  ASSERT_TRUE(Put(*t, MetaFor("alice", 800)).ok());
+  auto bob = std::move(RedisCluster::Create({.seeds = cluster_->seeds(), .user = cluster_->user("bob"),
+                                             .password = cluster_->password("bob")})
+                           .value());
+  ASSERT_TRUE(bob->WaitForMap(5000));
+  const std::string ledger = LedgerKey("kvtier", "alice"), used = LedgerUsedKey("kvtier", "alice");
+  const std::vector<absl::string_view> eval = {"EVAL", kLedgerScript, "2", ledger, used, "0", "0"};
+  absl::StatusOr<RedisReply> r = bob->Call(RedisCommand::MakeList(eval, 3), 2000);
+  EXPECT_TRUE(absl::IsPermissionDenied(r.status())) << r.status();
+  r = bob->Call(RedisCommand::Make({{"ZPOPMIN"}, {ledger}}, 1), 2000);
+  EXPECT_TRUE(absl::IsPermissionDenied(r.status())) << r.status();
+  r = bob->Call(RedisCommand::Make({{"HSET"}, {used}, {"used"}, {"999999999"}}, 1), 2000);
+  EXPECT_TRUE(absl::IsPermissionDenied(r.status())) << r.status();
+  EXPECT_EQ(LedgerEntries("alice"), 1);
+  EXPECT_EQ(LedgerUsed("alice"), static_cast<int64_t>(kEntry));
+}
+
 // A user that may not run the ledger script: the tenant's writes fail (a
 // budget is never skipped silently), counted and reported once, and its
 // reads go on.
