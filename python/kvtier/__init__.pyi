@@ -57,7 +57,7 @@ class Client:
     @staticmethod
     def attach(model_id: str, block_tokens: int, block_bytes: int, *, socket: str = "",
                model_revision: str = "", tokenizer_revision: str = "", adapter_id: str = "",
-               attention_config_hash: str = "", kv_dtype: str = "fp16", kv_layout: str = "layer_major",
+               attention_config_hash: str = "", kv_dtype: str, kv_layout: str,
                cache_salt: str = "", tp_rank: int = 0, tp_size: int = 1, client_name: str = "") -> "Client": ...
     @property
     def session_id(self) -> int: ...
