@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/units.h"
+#include "tiers/remote_tier.h"
 #include "core/block_key.h"
 #include "core/fmt_absl.h"
 #include "daemon/config.h"
@@ -56,6 +57,16 @@ void ValidateRemote(const Config& c, Fail& fail) {
     }
   };
   check_seeds(c.remote_seeds, "tiers.remote.seeds");
+  // A budget under one block of min_block_bytes refuses every write.
+  const uint64_t least = std::max<uint64_t>(c.remote_min_block_bytes, 1) + sizeof(RemoteValueHeader) + kLedgerEntryBytes;
+  auto check_budget = [&](uint64_t budget, const std::string& key) {
+    if (budget != 0 && budget < least) {
+      fail(key, Cat(key, " = ", budget, " is smaller than one block of tiers.remote.min_block_bytes (", least,
+                    " bytes with its header and ledger entry): every write would be refused"));
+    }
+  };
+  check_budget(c.remote_tenant_budget, "tiers.remote.tenant_budget");
+  for (size_t i = 0; i < c.tenants.size(); ++i) check_budget(c.tenants[i].remote_budget, Cat("tenants[", i, "].remote_budget"));
   for (size_t i = 0; i < c.tenants.size(); ++i) check_seeds(c.tenants[i].remote_seeds, Cat("tenants[", i, "].remote_seeds"));
   if (c.remote_key_prefix.empty() || c.remote_key_prefix.find_first_of(":{} \t\r\n") != std::string::npos) {
     fail("tiers.remote.key_prefix", "tiers.remote.key_prefix must be a non-empty word (no ':', '{', '}' or spaces)");

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <iostream>
 
+#include "tiers/remote_tier.h"
 #include "core/checked.h"
 #include "core/cli_parse.h"
 #include "core/status.h"
@@ -22,7 +23,7 @@ struct Flags {
   std::string config_path = "/etc/kvtier/kvtierd.toml";
   bool config_given = false;
   std::string run_dir, data_dir, log_level;
-  bool print_default = false, check_only = false, defaults = false;
+  bool print_default = false, check_only = false, defaults = false, print_ledger = false;
 
   // The overrides, on a config from the file or the defaults (and on every
   // SIGHUP's reread).
@@ -83,6 +84,9 @@ int main(int argc, char** argv) {
   app.add_flag("--defaults", f.defaults, "ignore config files: run on the embedded defaults");
   app.add_flag("--print-default-config", f.print_default, "print every config key with its default and exit");
   app.add_flag("--check-config", f.check_only, "validate the config and exit");
+  app.add_flag("--print-ledger-function", f.print_ledger,
+               "print the Redis Functions library that keeps tenants' remote budgets (load it on every primary: "
+               "docs/remote-tier.md) and exit");
   app.footer("Examples:\n  kvtierd                      # embedded defaults\n"
              "  kvtierd -c ./kvtierd.toml --check-config\n"
              "  kvtierd --run-dir /tmp/kv --log-level debug");
@@ -90,6 +94,10 @@ int main(int argc, char** argv) {
 
   if (f.print_default) {
     std::cout << kvtier::DefaultConfigToml();
+    return 0;
+  }
+  if (f.print_ledger) {
+    std::cout << kvtier::LedgerLibrary();
     return 0;
   }
   auto logger = spdlog::stderr_color_mt("kvtierd");

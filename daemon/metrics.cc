@@ -312,7 +312,7 @@ std::string PrometheusText(const StatusSnapshot& s, bool detailed) {
     w.Sample("kvtier_remote_budget_evictions_total", "", double(r.budget.evictions));
     w.Family("kvtier_remote_budget_writes_total", "counter",
              "Budget ledger updates in the shared tier (refused: a block alone past its tenant's budget, not "
-             "written; failed: the ledger script failed, and the write with it, e.g. a user without +eval).");
+             "written; failed: the ledger call failed, and the write with it, e.g. the ledger library not loaded or a user without +fcall).");
     w.Sample("kvtier_remote_budget_writes_total", "result=\"counted\"", double(r.budget.updates));
     w.Sample("kvtier_remote_budget_writes_total", "result=\"refused\"", double(r.budget.refused));
     w.Sample("kvtier_remote_budget_writes_total", "result=\"failed\"", double(r.budget.failures));

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "core/units.h"
+#include "tiers/ledger_lua.h"
 
 namespace kvtier {
 
@@ -154,46 +155,8 @@ bool IsLedgerMember(absl::string_view m) {
 
 }  // namespace
 
-// KEYS[1]: the ledger, a sorted set of "<bytes>:<namespace>:<block>" by a
-// sequence number (the oldest first); KEYS[2]: a hash of the bytes those
-// add up to ("used") and the last sequence number ("seq").
-// ARGV[1]: the budget; ARGV[2]: n; ARGV[3..2+n]: entries written now
-// (counted once, moved to the young end); the rest: entries read now
-// (moved to the young end if still there). Pops the oldest entries until
-// the tenant is within its budget (at most 1024 a call) and returns them:
-// the caller deletes their blocks. An entry whose block the cluster evicted
-// on its own still counts until it is popped; the count never goes below 0.
-// An entry of another shape (written by someone else with the tenant's
-// password) counts 0 bytes: it can neither inflate nor drain the count.
-const char* const kLedgerScript = R"lua(
-local hex = string.rep('%x', 64)
-local shape = '^(%d%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?):' .. hex .. ':' .. hex .. '$'
-local function size(m) return tonumber(string.match(m, shape)) or 0 end
-local budget = tonumber(ARGV[1]) or 0
-local n = tonumber(ARGV[2]) or 0
-local h = redis.call('HMGET', KEYS[2], 'used', 'seq')
-local used = tonumber(h[1]) or 0
-local seq = tonumber(h[2]) or 0
-for i = 3, 2 + n do
-  seq = seq + 1
-  if not redis.call('ZSCORE', KEYS[1], ARGV[i]) then used = used + size(ARGV[i]) end
-  redis.call('ZADD', KEYS[1], seq, ARGV[i])
-end
-for i = 3 + n, #ARGV do
-  seq = seq + 1
-  redis.call('ZADD', KEYS[1], 'XX', seq, ARGV[i])
-end
-local out = {}
-while used > budget and #out < 1024 do
-  local p = redis.call('ZPOPMIN', KEYS[1])
-  if #p == 0 then used = 0 break end
-  used = used - size(p[1])
-  out[#out + 1] = p[1]
-end
-if used < 0 then used = 0 end
-redis.call('HSET', KEYS[2], 'used', used, 'seq', seq)
-return out
-)lua";
+const char* const kLedgerFunction = "kvtier_ledger_v1";
+const char* LedgerLibrary() { return kLedgerLibraryText; }
 
 std::string LedgerKey(const std::string& prefix, const std::string& tenant) {
   return absl::StrCat(prefix, ":", tenant, ":{", tenant, "}:ledger");
@@ -417,7 +380,7 @@ void RemoteTier::Write(SlotHandle slot, const BlockMeta& meta, std::span<const s
       [this, link, member = std::move(member), cmd = std::move(cmd), bytes = src.size(), deadline,
        cancel = io.cancel, done = std::move(done)](absl::StatusOr<RedisReply> r) mutable {
         if (!r.ok() || (*r)->type != REDIS_REPLY_ARRAY) {
-          if (r.ok()) r = absl::UnknownError(absl::StrCat(opts_.name, ": the ledger script answered with reply type ", (*r)->type));
+          if (r.ok()) r = absl::UnknownError(absl::StrCat(opts_.name, ": the ledger function answered with reply type ", (*r)->type));
           LedgerFailed(*link, r.status());
           if (!absl::IsDeadlineExceeded(r.status()) && !absl::IsCancelled(r.status())) {
             io_errors_.fetch_add(1, std::memory_order_relaxed);
@@ -458,7 +421,7 @@ void RemoteTier::Touch(const TenantLink& link, const BlockMeta& meta) {
   Began(false);  // Drain waits for it
   link.cluster->Submit(LedgerCommand(link, {}), [this, &link](absl::StatusOr<RedisReply> r) {
     if (!r.ok() || (*r)->type != REDIS_REPLY_ARRAY) {
-      LedgerFailed(link, r.ok() ? absl::UnknownError("the ledger script answered with another reply type") : r.status());
+      LedgerFailed(link, r.ok() ? absl::UnknownError("the ledger function answered with another reply type") : r.status());
     } else {
       ledger_updates_.fetch_add(1, std::memory_order_relaxed);
       DeleteEvicted(link, *r, "");
@@ -488,7 +451,7 @@ RedisCommand RemoteTier::LedgerCommand(const TenantLink& link, const std::vector
     touched.swap(link.touches->members);
   }
   const std::string budget = absl::StrCat(link.budget_bytes), n = absl::StrCat(added.size());
-  std::vector<absl::string_view> args = {"EVAL", kLedgerScript, "2", link.ledger_key, link.ledger_used_key, budget, n};
+  std::vector<absl::string_view> args = {"FCALL", kLedgerFunction, "2", link.ledger_key, link.ledger_used_key, budget, n};
   for (const std::string& m : added) args.push_back(m);
   for (const std::string& m : touched) args.push_back(m);
   touches_.fetch_add(touched.size(), std::memory_order_relaxed);

@@ -16,7 +16,8 @@
 // A tenant with a budget (RemoteTenant::budget_bytes) keeps a ledger in
 // the cluster, next to its blocks: a sorted set of what every node wrote
 // for it, oldest first, and the bytes that adds up to, changed only by one
-// Lua script per write (atomic on the ledger's node). A write that takes
+// call of a Redis function per write (atomic on the ledger's node; loaded
+// by the cluster's administrator, tiers/ledger.lua). A write that takes
 // the tenant past its budget deletes the tenant's own least recently used
 // blocks (a read moves a block to the young end), never another tenant's:
 // one tenant's flood costs itself. Without budgets the cluster's maxmemory
@@ -96,9 +97,12 @@ inline constexpr uint64_t kLedgerEntryBytes = 384;
 // name them, no other tenant's may).
 std::string LedgerKey(const std::string& prefix, const std::string& tenant);
 std::string LedgerUsedKey(const std::string& prefix, const std::string& tenant);
-// The Lua script that keeps a ledger (the tenant's ACL user needs +eval and
-// the commands it calls: docs/remote-tier.md).
-extern const char* const kLedgerScript;
+// The function that keeps a ledger, and the Redis Functions library that
+// defines it (tiers/ledger.lua): an administrator loads the library on every
+// primary (FUNCTION LOAD REPLACE); a tenant's ACL user needs +fcall and the
+// commands it calls, never +eval (docs/remote-tier.md).
+extern const char* const kLedgerFunction;
+const char* LedgerLibrary();
 
 struct RemoteTierOptions {
   std::vector<std::string> seeds;  // "host:port" of cluster nodes
@@ -116,7 +120,7 @@ struct RemoteTierOptions {
   RedisTlsOptions tls;   // TLS to every node (redis_cluster.h)
   // A node refused a tenant's AUTH (rate-limited per tenant; never the password).
   std::function<void(const std::string& tenant, const std::string& why)> on_auth_failure;
-  // A tenant's budget ledger refused an update (a user without +eval, the
+  // A tenant's budget ledger refused an update (a user without +fcall, the library not loaded, the
   // node out of memory): its writes fail until it works. At most once every
   // 10 s, on a cluster thread; never a key or a block.
   std::function<void(const std::string& tenant, const std::string& why)> on_ledger_failure;
@@ -178,10 +182,10 @@ class RemoteTier final : public BlockTier {
   Misses misses() const;
   // The tenants' budgets (ledger), summed over tenants.
   struct Budget {
-    uint64_t updates = 0;         // ledger scripts that answered
+    uint64_t updates = 0;         // ledger calls that answered
     uint64_t evictions = 0;       // blocks deleted to keep a tenant within its budget
     uint64_t refused = 0;         // writes refused: the block alone is past its tenant's budget
-    uint64_t failures = 0;        // ledger scripts that failed (the write failed with them)
+    uint64_t failures = 0;        // ledger calls that failed (the write failed with them)
     uint64_t touches = 0;         // reads that moved a block to the young end
     uint64_t touches_dropped = 0;  // reads whose touch was dropped (too many pending)
     uint64_t bad_entries = 0;     // ledger entries that named no block of ours (ignored)
@@ -210,10 +214,10 @@ class RemoteTier final : public BlockTier {
   std::string LedgerMember(const BlockMeta& meta) const;
   // A read hit `meta`: it moves to the young end of its tenant's ledger.
   void Touch(const TenantLink& link, const BlockMeta& meta);
-  // The ledger script's command: `added` enter (or move to the young end),
+  // The ledger call: `added` enter (or move to the young end),
   // the link's pending touches move to the young end.
   RedisCommand LedgerCommand(const TenantLink& link, const std::vector<std::string>& added);
-  // Deletes the blocks a ledger script evicted; whether `self` was one.
+  // Deletes the blocks a ledger call evicted; whether `self` was one.
   bool DeleteEvicted(const TenantLink& link, const RedisReply& reply, const std::string& self);
   void SubmitSet(const TenantLink& link, RedisCommand cmd, uint64_t bytes, uint64_t deadline_ns, CancelToken cancel,
                  IoCallback done);

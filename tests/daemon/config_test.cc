@@ -118,6 +118,13 @@ remote_budget = "2GiB"
 )", "t.toml");
   ASSERT_FALSE(no_cluster.ok());
   EXPECT_NE(no_cluster.status().message().find("tiers.remote.seeds is empty"), std::string::npos) << no_cluster.status();
+  auto tiny = ParseConfig(R"(
+[tiers.remote]
+seeds = ["127.0.0.1:7000"]
+tenant_budget = "1KiB"
+)", "t.toml");
+  ASSERT_FALSE(tiny.ok());
+  EXPECT_NE(tiny.status().message().find("smaller than one block"), std::string::npos) << tiny.status();
 }
 
 TEST(ConfigTest, UnknownKeysAreRefusedWithTheirNameAndLine) {

@@ -238,8 +238,8 @@ TEST_F(RemoteBudgetTest, AnotherTenantCannotTouchATenantsLedger) {
                            .value());
   ASSERT_TRUE(bob->WaitForMap(5000));
   const std::string ledger = LedgerKey("kvtier", "alice"), used = LedgerUsedKey("kvtier", "alice");
-  const std::vector<absl::string_view> eval = {"EVAL", kLedgerScript, "2", ledger, used, "0", "0"};
-  absl::StatusOr<RedisReply> r = bob->Call(RedisCommand::MakeList(eval, 3), 2000);
+  const std::vector<absl::string_view> fcall = {"FCALL", kLedgerFunction, "2", ledger, used, "0", "0"};
+  absl::StatusOr<RedisReply> r = bob->Call(RedisCommand::MakeList(fcall, 3), 2000);
   EXPECT_TRUE(absl::IsPermissionDenied(r.status())) << r.status();
   r = bob->Call(RedisCommand::Make({{"ZPOPMIN"}, {ledger}}, 1), 2000);
   EXPECT_TRUE(absl::IsPermissionDenied(r.status())) << r.status();
@@ -247,6 +247,70 @@ TEST_F(RemoteBudgetTest, AnotherTenantCannotTouchATenantsLedger) {
   EXPECT_TRUE(absl::IsPermissionDenied(r.status())) << r.status();
   EXPECT_EQ(LedgerEntries("alice"), 1);
   EXPECT_EQ(LedgerUsed("alice"), static_cast<int64_t>(kEntry));
+}
+
+// A tenant's user calls the administrator's function; it can run no Lua of
+// its own (a script runs outside maxmemory and can keep a node busy for
+// every tenant) and cannot replace the function.
+TEST_F(RemoteBudgetTest, ATenantRunsNoScriptOfItsOwn) {
+  auto bob = std::move(RedisCluster::Create({.seeds = cluster_->seeds(), .user = cluster_->user("bob"),
+                                             .password = cluster_->password("bob")})
+                           .value());
+  ASSERT_TRUE(bob->WaitForMap(5000));
+  const std::string mine = "kvtier:bob:x";
+  absl::StatusOr<RedisReply> r =
+      bob->Call(RedisCommand::Make({{"EVAL"}, {"while true do end"}, {"1"}, {mine}}, 3), 2000);
+  EXPECT_TRUE(absl::IsPermissionDenied(r.status())) << r.status();
+  r = bob->Call(RedisCommand::Keyless({"FUNCTION", "LOAD", "REPLACE", "#!lua name=kvtier\nredis.register_function('kvtier_ledger_v1', function() return {} end)"}), 2000);
+  EXPECT_FALSE(r.ok()) << "a tenant cannot replace the ledger";
+  r = bob->Call(RedisCommand::Keyless({"SCRIPT", "LOAD", "return 1"}), 2000);
+  EXPECT_FALSE(r.ok());
+  // The real function still answers (as alice, on her own ledger).
+  auto t = Make(Options(4 * kEntry));
+  ASSERT_NE(t, nullptr);
+  EXPECT_TRUE(Put(*t, MetaFor("alice", 850)).ok());
+  EXPECT_EQ(LedgerEntries("alice"), 1);
+}
+
+// A cluster without the ledger library (a node added later, a library
+// flushed): budgeted writes fail, counted and reported, never written
+// uncounted.
+TEST_F(RemoteBudgetTest, ACLusterWithoutTheLedgerLibraryFailsBudgetedWritesLoudly) {
+  auto own = RedisClusterProcess::Start({"alice"});
+  ASSERT_NE(own, nullptr);
+  for (size_t node = 0; node < own->seeds().size(); ++node) (void)own->Cli("function flush", node);
+  RemoteTierOptions o;
+  o.seeds = own->seeds();
+  o.tenants.push_back({"alice", own->user("alice"), own->password("alice"), own->keys("alice"), {}, 4 * kEntry});
+  o.op_timeout_ms = 2000;
+  std::string why;
+  o.on_ledger_failure = [&](const std::string&, const std::string& w) { why = w; };
+  auto t = Make(o);
+  ASSERT_NE(t, nullptr);
+  const BlockMeta m = MetaFor("alice", 860);
+  EXPECT_FALSE(Put(*t, m).ok());
+  EXPECT_EQ(t->budget().failures, 1u);
+  EXPECT_NE(why.find("unction"), std::string::npos) << why;
+  EXPECT_NE(own->Cli("-c exists " + t->KeyFor("alice", m)).find('0'), std::string::npos) << "not written uncounted";
+}
+
+// A count that is not a number (someone with alice's password wrote it)
+// starts again from 0 instead of turning the budget off.
+TEST_F(RemoteBudgetTest, ALedgerCountThatIsNotANumberStartsAgain) {
+  auto t = Make(Options(2 * kEntry));
+  ASSERT_NE(t, nullptr);
+  uint64_t next = 870;
+  for (const char* bad : {"nan", "inf", "-inf", "1e300"}) {
+    ASSERT_TRUE(admin_->Call(RedisCommand::Make({{"HSET"}, {LedgerUsedKey("kvtier", "alice")}, {"used"}, {bad}}, 1), 2000).ok());
+    ASSERT_TRUE(Put(*t, MetaFor("alice", next++)).ok()) << bad;
+    const int64_t used = LedgerUsed("alice");
+    EXPECT_GE(used, 0) << bad;
+    EXPECT_LE(used, static_cast<int64_t>(2 * kEntry)) << bad;
+  }
+  const std::vector<BlockMeta> more = Metas("alice", 880, 4);
+  for (const BlockMeta& m : more) ASSERT_TRUE(Put(*t, m).ok());
+  EXPECT_EQ(LedgerEntries("alice"), 2) << "the budget holds again";
+  EXPECT_EQ(LedgerUsed("alice"), static_cast<int64_t>(2 * kEntry));
 }
 
 // A user that may not run the ledger script: the tenant's writes fail (a
@@ -266,7 +330,7 @@ TEST_F(RemoteBudgetTest, ATenantWhoseUserMayNotKeepTheLedgerFailsItsWritesAndSay
   SlotHandle old_slot = 0;
   ASSERT_TRUE(Put(*plain, old, &old_slot).ok());
   for (size_t node = 0; node < own->seeds().size(); ++node) {
-    ASSERT_NE(own->Cli("acl setuser kvtier-alice -eval", node).find("OK"), std::string::npos);
+    ASSERT_NE(own->Cli("acl setuser kvtier-alice -fcall", node).find("OK"), std::string::npos);
   }
   std::atomic<int> reported{0};
   std::string why;
@@ -283,7 +347,7 @@ TEST_F(RemoteBudgetTest, ATenantWhoseUserMayNotKeepTheLedgerFailsItsWritesAndSay
   }
   EXPECT_EQ(t->budget().failures, 3u);
   EXPECT_EQ(reported.load(), 1) << "reported once, not per write";
-  EXPECT_NE(why.find("eval"), std::string::npos) << why;
+  EXPECT_NE(why.find("fcall"), std::string::npos) << why;
   const SlotHandle slot = *t->Allocate(kBytes);
   EXPECT_TRUE(Get(*t, slot, old).ok()) << "reads need no ledger";
 }

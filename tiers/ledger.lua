@@ -1,0 +1,83 @@
+#!lua name=kvtier
+-- kvtier's per-tenant budget ledger, a Redis Functions library
+-- (Redis 7 or Valkey 7.2+). An administrator loads it on every primary
+-- (FUNCTION LOAD REPLACE; replicas get it by replication); tenants' ACL users
+-- may call it (+fcall) but not run scripts of their own (no +eval): a script
+-- runs outside maxmemory and can hold a node busy for every tenant.
+--
+-- keys[1]: the ledger, a sorted set of "<bytes>:<namespace>:<block>" entries
+-- (64 lowercase hex digits each) by a sequence number, the oldest first;
+-- keys[2]: a hash of the bytes those add up to ("used") and the last
+-- sequence number ("seq"). Both under the tenant's own key pattern, in one
+-- slot ({<tenant>}), so every command below is checked against the caller's
+-- ACL: a tenant can only ever change its own ledger.
+-- args[1]: the budget; args[2]: n; args[3 .. 2+n]: entries written now
+-- (counted once, moved to the young end); the rest: entries read now (moved
+-- to the young end if still there). Pops the oldest entries while the tenant
+-- is past its budget (at most 1024 a call) and returns them: the caller
+-- deletes their blocks. An entry of another shape counts 0 bytes; a count
+-- that is not a number in range is added up again (recount).
+-- (The library's top level may only register functions: the standard
+-- libraries are there when a function runs, so the pattern is made then.)
+local shape = nil
+local function size(m)
+  if shape == nil then
+    local hex = string.rep('[0-9a-f]', 64)
+    shape = '^(%d%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?):' .. hex .. ':' .. hex .. '$'
+  end
+  return tonumber(string.match(m, shape)) or 0
+end
+-- A number in [0, 1e15], or nil.
+local function sane(v)
+  v = tonumber(v)
+  if v == nil or v ~= v or v < 0 or v > 1e15 then return nil end
+  return v
+end
+-- A count that is missing or not a number (written by someone with the
+-- tenant's password): added up again from the entries, or, past 65536 of
+-- them, taken as "over any budget" so the pops below drain the ledger to
+-- an exact 0. Never less than the bytes the entries hold.
+local function recount(ledger_key)
+  if redis.call('ZCARD', ledger_key) > 65536 then return 1e15 end
+  local total = 0
+  for _, m in ipairs(redis.call('ZRANGE', ledger_key, 0, -1)) do total = total + size(m) end
+  return total
+end
+local function last_seq(ledger_key)
+  local top = redis.call('ZRANGE', ledger_key, -1, -1, 'WITHSCORES')
+  return sane(top[2]) or 0
+end
+
+local function ledger(keys, args)
+  local budget = sane(args[1]) or 0
+  local n = sane(args[2]) or 0
+  local h = redis.call('HMGET', keys[2], 'used', 'seq')
+  local used = sane(h[1])
+  if used == nil then used = recount(keys[1]) end
+  local seq = sane(h[2])
+  if seq == nil then seq = last_seq(keys[1]) end
+  for i = 3, 2 + n do
+    seq = seq + 1
+    if not redis.call('ZSCORE', keys[1], args[i]) then used = used + size(args[i]) end
+    redis.call('ZADD', keys[1], seq, args[i])
+  end
+  for i = 3 + n, #args do
+    seq = seq + 1
+    redis.call('ZADD', keys[1], 'XX', seq, args[i])
+  end
+  local out = {}
+  while used > budget and #out < 1024 do
+    local p = redis.call('ZPOPMIN', keys[1])
+    if #p == 0 then
+      used = 0
+      break
+    end
+    used = used - size(p[1])
+    out[#out + 1] = p[1]
+  end
+  if used < 0 then used = 0 end
+  redis.call('HSET', keys[2], 'used', used, 'seq', seq)
+  return out
+end
+
+redis.register_function('kvtier_ledger_v1', ledger)
