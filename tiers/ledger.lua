@@ -25,7 +25,11 @@ local function size(m)
     local hex = string.rep('[0-9a-f]', 64)
     shape = '^(%d%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?):' .. hex .. ':' .. hex .. '$'
   end
-  return tonumber(string.match(m, shape)) or 0
+  local v = tonumber(string.match(m, shape)) or 0
+  -- No block is near 4 GiB (max_block_bytes is 64 MiB by default): a larger
+  -- size is no entry of ours and could drain the count when popped.
+  if v > 4294967296 then return 0 end
+  return v
 end
 -- A number in [0, 1e15], or nil.
 local function sane(v)

@@ -209,15 +209,18 @@ TEST_F(RemoteBudgetTest, AHostileOrStaleLedgerCostsNothingOutsideTheTenant) {
   ASSERT_TRUE(Put(*t, bobs).ok());
   const std::string ledger = LedgerKey("kvtier", "alice");
   const std::string bob_key = t->KeyFor("bob", bobs);
-  for (const std::string& bad : {std::string("garbage"), absl::StrCat("4616:", bob_key),
-                                 absl::StrCat("99999999999999999999999:", std::string(64, 'a'), ":", std::string(64, 'b')),
-                                 absl::StrCat("-5:", std::string(64, 'a'), ":", std::string(64, 'b'))}) {
-    ASSERT_TRUE(admin_->Call(RedisCommand::Make({{"ZADD"}, {ledger}, {"0"}, {bad}}, 1), 2000).ok());
-  }
-  // As if the cluster's LRU had taken them: entries whose blocks are gone.
+  // Two blocks counted first (the count exists), then gone as if the
+  // cluster's LRU had taken them: entries whose blocks are not there.
   const std::vector<BlockMeta> stale = Metas("alice", 610, 2), fresh = Metas("alice", 620, 6);
   for (const BlockMeta& m : stale) ASSERT_TRUE(Put(*t, m).ok());
   for (const BlockMeta& m : stale) ASSERT_TRUE(admin_->Call(RedisCommand::Make({{"DEL"}, {t->KeyFor("alice", m)}}, 1), 2000).ok());
+  // Then entries nobody counted, the oldest of all: popped first.
+  for (const std::string& bad : {std::string("garbage"), absl::StrCat("4616:", bob_key),
+                                 absl::StrCat("99999999999999999999999:", std::string(64, 'a'), ":", std::string(64, 'b')),
+                                 absl::StrCat("-5:", std::string(64, 'a'), ":", std::string(64, 'b')),
+                                 absl::StrCat("999999999999:", std::string(64, 'c'), ":", std::string(64, 'd'))}) {
+    ASSERT_TRUE(admin_->Call(RedisCommand::Make({{"ZADD"}, {ledger}, {"0"}, {bad}}, 1), 2000).ok());
+  }
   for (const BlockMeta& m : fresh) ASSERT_TRUE(Put(*t, m).ok()) << "alice's writes go on";
   ASSERT_TRUE(testing::Eventually([&] { return CountPresent(*t, "alice", fresh) == 3; }));
   EXPECT_EQ(CountPresent(*t, "bob", {bobs}), 1u) << "bob's block is untouched";
