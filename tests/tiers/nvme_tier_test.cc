@@ -82,6 +82,19 @@ class NvmeTierTest : public ::testing::Test {
     if (!testing::MatchesKey(KeyOf(i), out)) return absl::InternalError("wrong bytes served");
     return absl::OkStatus();
   }
+  // Flips one bit of the byte `at` bytes into slot `victim` (of blocks of
+  // `payload_bytes`), as the tier lays slots out (2 dirs, 4 MiB segments).
+  void DamageSlot(SlotHandle victim, uint64_t payload_bytes, uint64_t at, char bit) {
+    const uint32_t seg = victim >> 16, idx = victim & 0xffff;
+    const std::string file = dir_.File(seg % 2 == 0 ? "d0" : "d1") + "/kvtier-slab.kvt";
+    const off_t off = static_cast<off_t>((seg / 2) * (4 << 20) + idx * SlotBytesFor(payload_bytes) + at);
+    const int fd = open(file.c_str(), O_RDWR);
+    char c;
+    ASSERT_EQ(pread(fd, &c, 1, off), 1);
+    c ^= bit;
+    ASSERT_EQ(pwrite(fd, &c, 1, off), 1);
+    close(fd);
+  }
 
   testing::TempDir dir_;
   std::shared_ptr<IoFaults> faults_ = std::make_shared<IoFaults>();
@@ -323,16 +336,7 @@ TEST_F(NvmeTierTest, ADamagedHeaderIsDroppedAtRecovery) {
       if (i == 4) victim = *s;
     }
   }
-  // Segment/slot -> file offset, as the tier lays them out (2 dirs).
-  const uint32_t seg = victim >> 16, idx = victim & 0xffff;
-  const std::string file = dir_.File(seg % 2 == 0 ? "d0" : "d1") + "/kvtier-slab.kvt";
-  const off_t off = static_cast<off_t>((seg / 2) * (4 << 20) + idx * SlotBytesFor(48 << 10) + 50);
-  const int fd = open(file.c_str(), O_RDWR);
-  char c;
-  ASSERT_EQ(pread(fd, &c, 1, off), 1);
-  c ^= 1;
-  ASSERT_EQ(pwrite(fd, &c, 1, off), 1);
-  close(fd);
+  DamageSlot(victim, 48 << 10, 50, 1);
   std::vector<RecoveredBlock> rec;
   auto t = Open(&rec);
   EXPECT_EQ(rec.size(), 9u);
@@ -351,20 +355,9 @@ TEST_F(NvmeTierTest, RestartChecksLargeAndSmallSlotsAlike) {
     ASSERT_TRUE(t->Free(small[20]).ok());
     ASSERT_TRUE(t->Sync().ok());
   }
-  auto damage = [&](SlotHandle victim, uint64_t payload_bytes) {
-    const uint32_t seg = victim >> 16, idx = victim & 0xffff;
-    const std::string file = dir_.File(seg % 2 == 0 ? "d0" : "d1") + "/kvtier-slab.kvt";
-    const off_t off = static_cast<off_t>((seg / 2) * (4 << 20) + idx * SlotBytesFor(payload_bytes) + 40);
-    const int fd = open(file.c_str(), O_RDWR);
-    char c;
-    ASSERT_EQ(pread(fd, &c, 1, off), 1);
-    c ^= 0x10;
-    ASSERT_EQ(pwrite(fd, &c, 1, off), 1);
-    close(fd);
-  };
-  damage(large[3], 256 << 10);
-  damage(small[21], 4 << 10);  // just past the gap
-  damage(small[39], 4 << 10);  // the last of its run
+  DamageSlot(large[3], 256 << 10, 40, 0x10);
+  DamageSlot(small[21], 4 << 10, 40, 0x10);  // just past the gap
+  DamageSlot(small[39], 4 << 10, 40, 0x10);  // the last of its run
   std::vector<RecoveredBlock> rec;
   auto t = Open(&rec);
   EXPECT_EQ(rec.size(), 6u + 40u - 1u - 3u);

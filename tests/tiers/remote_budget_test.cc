@@ -13,6 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "tests/support/redis_cluster_process.h"
+#include "tests/support/remote_blocks.h"
 #include "tests/support/test_support.h"
 #include "tiers/remote_tier.h"
 
@@ -26,31 +27,12 @@ constexpr uint64_t kBytes = 4096;
 constexpr uint64_t kEntry = kBytes + sizeof(RemoteValueHeader) + kLedgerEntryBytes;
 
 BlockMeta MetaFor(const std::string& tenant, uint64_t i, uint8_t ns = 9) {
-  BlockMeta m;
-  m.ns.bytes.fill(ns);
-  m.key = testing::KeyOf(i);
-  m.payload_bytes = kBytes;
-  m.tenant_hash = TenantHash(tenant);
-  m.block_tokens = 16;
-  return m;
+  return testing::RemoteMetaFor(tenant, i, kBytes, ns);
 }
 
-std::vector<std::byte> BytesFor(const BlockMeta& m) {
-  std::vector<std::byte> b(m.payload_bytes);
-  testing::FillFromKey(m.key, b);
-  return b;
-}
+using testing::BytesFor;
 
-absl::Status Wait(auto&& start) {
-  std::latch done(1);
-  absl::Status out;
-  start([&](absl::Status s) {
-    out = std::move(s);
-    done.count_down();
-  });
-  done.wait();
-  return out;
-}
+absl::Status Wait(auto&& start) { return testing::WaitForStatus(start); }
 
 class RemoteBudgetTest : public ::testing::Test {
  protected:

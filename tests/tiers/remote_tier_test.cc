@@ -24,6 +24,7 @@
 #include "absl/strings/str_split.h"
 #include "core/units.h"
 #include "tests/support/redis_cluster_process.h"
+#include "tests/support/remote_blocks.h"
 #include "tests/support/test_support.h"
 
 namespace kvtier {
@@ -32,20 +33,10 @@ namespace {
 using testing::RedisClusterProcess;
 
 BlockMeta MetaFor(const std::string& tenant, uint64_t i, uint64_t bytes, uint8_t ns = 7) {
-  BlockMeta m;
-  m.ns.bytes.fill(ns);
-  m.key = testing::KeyOf(i);
-  m.payload_bytes = bytes;
-  m.tenant_hash = TenantHash(tenant);
-  m.block_tokens = 16;
-  return m;
+  return testing::RemoteMetaFor(tenant, i, bytes, ns);
 }
 
-std::vector<std::byte> BytesFor(const BlockMeta& m) {
-  std::vector<std::byte> b(m.payload_bytes);
-  testing::FillFromKey(m.key, b);
-  return b;
-}
+using testing::BytesFor;
 
 // A sealing key made of `seed` (tests only: real keys come from openssl rand).
 SealKey TestKey(uint8_t seed) {
@@ -54,16 +45,7 @@ SealKey TestKey(uint8_t seed) {
   return *ParseSealKey(hex);
 }
 
-absl::Status Wait(auto&& start) {
-  std::latch done(1);
-  absl::Status out;
-  start([&](absl::Status s) {
-    out = std::move(s);
-    done.count_down();
-  });
-  done.wait();
-  return out;
-}
+absl::Status Wait(auto&& start) { return testing::WaitForStatus(start); }
 
 struct Tier {
   std::unique_ptr<RemoteTier> tier;
