@@ -146,7 +146,7 @@ absl::StatusOr<std::unique_ptr<RemoteTier>> OpenRemoteFrom(const Config& c) {
   };
   o.on_ledger_failure = [](const std::string& tenant, const std::string& why) {
     spdlog::error("event=remote_budget_failed tenant=\"{}\" detail=\"{}\" hint=\"the tenant's writes to the cluster "
-                  "fail until its budget ledger works: the cluster needs kvtier's ledger library loaded (kvtierd --print-ledger-function) and its ACL user +fcall +zadd +zscore +zpopmin +zcard +zrange +hmget +hset "
+                  "fail until its budget ledger works: the cluster needs kvtier's ledger library loaded (kvtierd --print-ledger-function) and its ACL user +fcall +zadd +zscore +zpopmin +hmget +hset "
                   "on its own keys (docs/remote-tier.md), and the node memory for the ledger\"",
                   LogQuoted(tenant), LogQuoted(why));
   };

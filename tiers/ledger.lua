@@ -14,9 +14,9 @@
 -- args[1]: the budget; args[2]: n; args[3 .. 2+n]: entries written now
 -- (counted once, moved to the young end); the rest: entries read now (moved
 -- to the young end if still there). Pops the oldest entries while the tenant
--- is past its budget (at most 1024 a call) and returns them: the caller
+-- is past its budget (at most 2048 a call) and returns them: the caller
 -- deletes their blocks. An entry of another shape counts 0 bytes; a count
--- that is not a number in range is added up again (recount).
+-- that is missing or not a number drains the ledger (below).
 -- (The library's top level may only register functions: the standard
 -- libraries are there when a function runs, so the pattern is made then.)
 local shape = nil
@@ -37,29 +37,29 @@ local function sane(v)
   if v == nil or v ~= v or v < 0 or v > 1e15 then return nil end
   return v
 end
--- A count that is missing or not a number (written by someone with the
--- tenant's password): added up again from the entries, or, past 65536 of
--- them, taken as "over any budget" so the pops below drain the ledger to
--- an exact 0. Never less than the bytes the entries hold.
-local function recount(ledger_key)
-  if redis.call('ZCARD', ledger_key) > 65536 then return 1e15 end
-  local total = 0
-  for _, m in ipairs(redis.call('ZRANGE', ledger_key, 0, -1)) do total = total + size(m) end
-  return total
-end
-local function last_seq(ledger_key)
-  local top = redis.call('ZRANGE', ledger_key, -1, -1, 'WITHSCORES')
-  return sane(top[2]) or 0
-end
-
 local function ledger(keys, args)
+  -- kvtierd sends at most 1 + 4096 entries; more would hold the node.
+  if #args > 8194 then return redis.error_reply('ERR kvtier ledger: too many entries in one call') end
   local budget = sane(args[1]) or 0
   local n = sane(args[2]) or 0
   local h = redis.call('HMGET', keys[2], 'used', 'seq')
+  local out = {}
   local used = sane(h[1])
-  if used == nil then used = recount(keys[1]) end
-  local seq = sane(h[2])
-  if seq == nil then seq = last_seq(keys[1]) end
+  if used == nil then
+    -- No count, or one that is not a number (the hash lost, or written by
+    -- someone with the tenant's password): the ledger's entries cannot be
+    -- trusted to add up, so they go (1024 a call), the tenant's blocks with
+    -- them, and the count starts again from an empty ledger. Never fewer
+    -- bytes counted than the entries hold; no command that walks the set.
+    while #out < 1024 do
+      local p = redis.call('ZPOPMIN', keys[1])
+      if #p == 0 then break end
+      out[#out + 1] = p[1]
+    end
+    if #out < 1024 then used = 0 else used = 1e15 end
+  end
+  -- A sequence number out of range restarts above any that was handed out.
+  local seq = sane(h[2]) or 9e14
   for i = 3, 2 + n do
     seq = seq + 1
     if not redis.call('ZSCORE', keys[1], args[i]) then used = used + size(args[i]) end
@@ -69,8 +69,7 @@ local function ledger(keys, args)
     seq = seq + 1
     redis.call('ZADD', keys[1], 'XX', seq, args[i])
   end
-  local out = {}
-  while used > budget and #out < 1024 do
+  while used > budget and #out < 2048 do
     local p = redis.call('ZPOPMIN', keys[1])
     if #p == 0 then
       used = 0

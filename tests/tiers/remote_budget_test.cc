@@ -280,22 +280,37 @@ TEST_F(RemoteBudgetTest, ACLusterWithoutTheLedgerLibraryFailsBudgetedWritesLoudl
 }
 
 // A count that is not a number (someone with alice's password wrote it)
-// starts again from 0 instead of turning the budget off.
-TEST_F(RemoteBudgetTest, ALedgerCountThatIsNotANumberStartsAgain) {
+// drains alice's ledger and starts again from 0 instead of turning the
+// budget off; a call with more entries than kvtierd ever sends is refused.
+TEST_F(RemoteBudgetTest, ALedgerCountThatIsNotANumberDrainsAndStartsAgain) {
   auto t = Make(Options(2 * kEntry));
   ASSERT_NE(t, nullptr);
   uint64_t next = 870;
-  for (const char* bad : {"nan", "inf", "-inf", "1e300"}) {
+  for (const char* bad : {"nan", "inf", "-inf", "1e300", "x"}) {
+    ASSERT_TRUE(Put(*t, MetaFor("alice", next++)).ok());
+    ASSERT_TRUE(Put(*t, MetaFor("alice", next++)).ok());
     ASSERT_TRUE(admin_->Call(RedisCommand::Make({{"HSET"}, {LedgerUsedKey("kvtier", "alice")}, {"used"}, {bad}}, 1), 2000).ok());
     ASSERT_TRUE(Put(*t, MetaFor("alice", next++)).ok()) << bad;
-    const int64_t used = LedgerUsed("alice");
-    EXPECT_GE(used, 0) << bad;
-    EXPECT_LE(used, static_cast<int64_t>(2 * kEntry)) << bad;
+    EXPECT_EQ(LedgerEntries("alice"), 1) << bad << ": the untrusted entries went";
+    EXPECT_EQ(LedgerUsed("alice"), static_cast<int64_t>(kEntry)) << bad;
   }
   const std::vector<BlockMeta> more = Metas("alice", 880, 4);
   for (const BlockMeta& m : more) ASSERT_TRUE(Put(*t, m).ok());
   EXPECT_EQ(LedgerEntries("alice"), 2) << "the budget holds again";
   EXPECT_EQ(LedgerUsed("alice"), static_cast<int64_t>(2 * kEntry));
+  ASSERT_TRUE(testing::Eventually([&] { return CountPresent(*t, "alice", more) == 2; }));
+  // 9,000 entries in one call: refused before it touches anything.
+  std::vector<std::string> many;
+  for (int i = 0; i < 9000; ++i) {
+    many.push_back(absl::StrCat(kEntry, ":", std::string(64, 'a'), ":", std::string(56, 'b'), absl::Hex(i, absl::kZeroPad8)));
+  }
+  const std::string ledger = LedgerKey("kvtier", "alice"), used = LedgerUsedKey("kvtier", "alice");
+  std::vector<absl::string_view> args = {"FCALL", kLedgerFunction, "2", ledger, used, "1000000000", "9000"};
+  for (const std::string& m : many) args.push_back(m);
+  absl::StatusOr<RedisReply> r = admin_->Call(RedisCommand::MakeList(args, 3), 5000);
+  EXPECT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("too many"), std::string::npos) << r.status();
+  EXPECT_EQ(LedgerEntries("alice"), 2);
 }
 
 // A user that may not run the ledger script: the tenant's writes fail (a
