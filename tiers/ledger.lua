@@ -1,7 +1,8 @@
 #!lua name=kvtier
--- kvtier's per-tenant budget ledger, a Redis Functions library
--- (Redis 7 or Valkey 7.2+). An administrator loads it on every primary
--- (FUNCTION LOAD REPLACE; replicas get it by replication); tenants' ACL users
+-- kvtier's per-tenant budget ledger, a Redis Functions library (Redis 7.0
+-- and later; the tests run it on Debian's redis-server 7.0.15, Valkey is not
+-- run here). An administrator loads it on every primary (FUNCTION LOAD
+-- REPLACE; replicas get it by replication); tenants' ACL users
 -- may call it (+fcall) but not run scripts of their own (no +eval): a script
 -- runs outside maxmemory and can hold a node busy for every tenant.
 --

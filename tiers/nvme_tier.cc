@@ -371,7 +371,7 @@ absl::Status NvmeTier::RecoverFromJournal(const JournalReplay& replay, std::vect
     }
   }
   // One read per run of neighbouring small slots (headers and payloads
-  // together, up to kRunBytes), one header sector per large slot: for 100k
+  // together, up to kMaxRunBytes), one header sector per large slot: for 100k
   // blocks of 4 KiB a header read each cost more in per-I/O work than the
   // device took to stream the whole slab (0.80x of fio's 4 KiB random
   // reads of the same headers).

@@ -417,7 +417,7 @@ void RemoteTier::Touch(const TenantLink& link, const BlockMeta& meta) {
     link.touches->members.push_back(LedgerMember(meta));
     if (link.touches->members.size() < kTouchBatch) return;
   }
-  // Enough reads waiting: their own script (no write to carry them).
+  // Enough reads waiting: a ledger call of their own (no write to carry them).
   Began(false);  // Drain waits for it
   link.cluster->Submit(LedgerCommand(link, {}), [this, &link](absl::StatusOr<RedisReply> r) {
     if (!r.ok() || (*r)->type != REDIS_REPLY_ARRAY) {

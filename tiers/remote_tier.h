@@ -22,7 +22,8 @@
 // blocks (a read moves a block to the young end), never another tenant's:
 // one tenant's flood costs itself. Without budgets the cluster's maxmemory
 // policy evicts across every tenant's keys; a block written here may be
-// gone at the next read (NotFound, a miss) either way. The tier's slots are only kvtier's handles on what it wrote, bounded
+// gone at the next read (NotFound, a miss) either way. The tier's slots
+// are only kvtier's handles on what it wrote, bounded
 // by capacity_bytes; Free forgets a handle and leaves the value to the
 // cluster, where other nodes may still read it. Not durable. Every read and
 // write has a deadline (op_timeout_ms unless the caller gives one); any
@@ -120,8 +121,9 @@ struct RemoteTierOptions {
   RedisTlsOptions tls;   // TLS to every node (redis_cluster.h)
   // A node refused a tenant's AUTH (rate-limited per tenant; never the password).
   std::function<void(const std::string& tenant, const std::string& why)> on_auth_failure;
-  // A tenant's budget ledger refused an update (a user without +fcall, the library not loaded, the
-  // node out of memory): its writes fail until it works. At most once every
+  // A tenant's budget ledger refused an update (a user without +fcall, the
+  // library not loaded, the node out of memory): its writes fail until it
+  // works. At most once every
   // 10 s, on a cluster thread; never a key or a block.
   std::function<void(const std::string& tenant, const std::string& why)> on_ledger_failure;
 };
@@ -196,7 +198,7 @@ class RemoteTier final : public BlockTier {
  private:
   explicit RemoteTier(const RemoteTierOptions& opts);
   // Reads waiting to move their blocks to the young end of the ledger:
-  // sent with the next write's script, or alone when kTouchBatch wait.
+  // sent with the next write's ledger call, or alone when kTouchBatch wait.
   struct Touches {
     Mutex mu;
     std::vector<std::string> members ABSL_GUARDED_BY(mu);
