@@ -414,6 +414,37 @@ PYBIND11_MODULE(_kvtier, m) {
       .def("finish", &PyDeviceLoad::Finish, py::arg("timeout") = py::none(),
            "Waits for the whole load and ends it; returns the blocks loaded.");
 
+  // The vLLM / SGLang connectors move a block between the engine's cache
+  // tensors and the arena as a list of byte runs (a layer's K and V of one
+  // page lie apart); one call copies them all without the GIL, where a
+  // Python loop of tensor copies would spend more time in the interpreter
+  // than in memcpy. The addresses are the caller's own memory: this is
+  // ctypes.memmove for many runs at once, no wider than that.
+  m.def(
+      "_copy_runs",
+      [](py::array_t<uint64_t, py::array::c_style> dst, py::array_t<uint64_t, py::array::c_style> src,
+         py::array_t<uint64_t, py::array::c_style> lengths) {
+        if (dst.ndim() != 1 || src.ndim() != 1 || lengths.ndim() != 1 || dst.shape(0) != src.shape(0) ||
+            dst.shape(0) != lengths.shape(0))
+          throw py::value_error("_copy_runs: dst, src and lengths are 1-D and of one length");
+        const uint64_t* d = dst.data();
+        const uint64_t* s = src.data();
+        const uint64_t* n = lengths.data();
+        const py::ssize_t count = dst.shape(0);
+        uint64_t total = 0;
+        {
+          py::gil_scoped_release unlocked;
+          for (py::ssize_t i = 0; i < count; ++i) {
+            std::memcpy(reinterpret_cast<void*>(d[i]), reinterpret_cast<const void*>(s[i]), n[i]);
+            total += n[i];
+          }
+        }
+        return total;
+      },
+      py::arg("dst"), py::arg("src"), py::arg("lengths"),
+      "Copies lengths[i] bytes from address src[i] to address dst[i] (uint64 arrays); returns the bytes copied. "
+      "Internal to the connectors.");
+
   m.def(
       "kv_block_bytes",
       [](uint32_t layers, uint32_t block_tokens, uint32_t kv_heads, uint32_t head_dim, const std::string& dtype,

@@ -1,0 +1,932 @@
+"""kvtier.vllm: a KV connector for vLLM's v1 engine.
+
+Turn it on with one flag (see docs/integration.md):
+
+    vllm serve MODEL --kv-transfer-config '{"kv_connector": "KvtierConnector",
+        "kv_connector_module_path": "kvtier.vllm", "kv_role": "kv_both",
+        "kv_connector_extra_config": {"socket": "/run/kvtier/kvtierd.sock"}}'
+
+It follows the KVConnectorBase_V1 interface of vLLM's sources at commit
+003df2961dd8 of vllm-project/vllm (the three-argument constructor,
+`resumed_req_ids`, `get_block_ids_with_load_errors`, `handle_preemptions`
+taking the metadata); it also reads `resumed_from_preemption`, which older
+releases pass instead of `resumed_req_ids`.
+
+What it does:
+- Identity: vLLM's own block hashes (`request.block_hashes`, which already
+  carry `cache_salt`, the LoRA name and multimodal hashes) are the kvtier
+  keys, so lookups agree with what vLLM and routers compute. Each KV-cache
+  group (full attention, sliding window) and each tensor-parallel rank is
+  its own kvtier namespace.
+- The scheduler side offers a prefix only when every rank holds it and
+  kvtier's cost model says it is cheaper to load than to recompute
+  (`always_load` turns the model off), a sliding-window group only over its
+  window. Loads from a slow tier (NVMe, remote) are asynchronous.
+- The worker side copies blocks between vLLM's paged cache and kvtier's
+  shared host arena, layer by layer (`wait_for_layer_load`), and stores
+  every block a step completes (`save_kv_layer` / `wait_for_save`).
+- A block that does not load (a checksum or tier error, an eviction since
+  the lookup, the daemon gone) is reported by
+  `get_block_ids_with_load_errors` and recomputed by vLLM; its pages are
+  never written, and a step that read such pages stores nothing.
+
+vLLM is not needed to import this module: without it the connector derives
+from same-shaped stand-ins, so the tests can drive it exactly as vLLM does.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import logging
+import math
+import os
+import time
+from typing import Any, Iterable
+
+import numpy as np
+
+from . import _kvtier
+from ._kvtier import Client, KvtierError
+
+logger = logging.getLogger("kvtier.vllm")
+
+try:  # the real base classes when vLLM is importable
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # type: ignore
+        KVConnectorBase_V1,
+        KVConnectorMetadata,
+        KVConnectorRole,
+    )
+
+    try:
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import SupportsHMA  # type: ignore
+    except ImportError:  # a release before hybrid-model connectors
+        class SupportsHMA:  # type: ignore[no-redef]
+            pass
+
+    VLLM_AVAILABLE = True
+except ImportError:
+    VLLM_AVAILABLE = False
+
+    class KVConnectorRole(enum.Enum):  # type: ignore[no-redef]
+        SCHEDULER = 0
+        WORKER = 1
+
+    class KVConnectorMetadata:  # type: ignore[no-redef]
+        pass
+
+    class SupportsHMA:  # type: ignore[no-redef]
+        pass
+
+    class KVConnectorBase_V1:  # type: ignore[no-redef]
+        """The parts of vLLM's base class a connector relies on."""
+
+        def __init__(self, vllm_config, role, kv_cache_config=None):
+            if vllm_config.kv_transfer_config is None:
+                raise ValueError("kv_transfer_config must be set for KVConnectorBase_V1")
+            self._connector_metadata = None
+            self._vllm_config = vllm_config
+            self._kv_transfer_config = vllm_config.kv_transfer_config
+            self._kv_cache_config = kv_cache_config
+            self._role = role
+
+        @property
+        def role(self):
+            return self._role
+
+        def bind_connector_metadata(self, connector_metadata) -> None:
+            self._connector_metadata = connector_metadata
+
+        def clear_connector_metadata(self) -> None:
+            self._connector_metadata = None
+
+        def _get_connector_metadata(self):
+            assert self._connector_metadata is not None
+            return self._connector_metadata
+
+        def has_connector_metadata(self) -> bool:
+            return self._connector_metadata is not None
+
+
+NULL_BLOCK = 0  # vLLM's null block: pages that hold nothing (sliding-window gaps)
+
+
+def block_key(block_hash: Any) -> bytes:
+    """vLLM block hash -> 32-byte kvtier key. SHA-256 hashes (vLLM's default,
+    32 bytes) are the key itself; shorter ones (xxhash) and the int hashes of
+    old releases are widened with SHA-256."""
+    if isinstance(block_hash, int):
+        block_hash = block_hash.to_bytes(32, "big", signed=False) if block_hash >= 0 else str(block_hash).encode()
+    h = bytes(block_hash)
+    if len(h) == 32:
+        return h
+    return hashlib.sha256(b"kvtier.vllm.block\0" + h).digest()
+
+
+# --- the KV-cache groups, as both sides see them -----------------------------
+
+@dataclasses.dataclass
+class GroupInfo:
+    index: int
+    kind: str              # "full", "sliding_window", or what kvtier does not serve
+    block_size: int
+    window: int            # sliding window in tokens (0: none)
+    block_bytes: int       # one kvtier block: this rank's bytes of every layer of the group
+    layer_names: list
+    signature: str         # what else changes the bytes: spec, dtype, layers
+
+    @property
+    def served(self) -> bool:
+        return self.kind in ("full", "sliding_window")
+
+
+def _spec_kind(spec) -> tuple[str, int]:
+    name = type(spec).__name__
+    window = getattr(spec, "sliding_window", None) or 0
+    if name in ("FullAttentionSpec", "MLAAttentionSpec") and not window:
+        return "full", 0
+    if name == "SlidingWindowSpec" or (name == "FullAttentionSpec" and window):
+        return "sliding_window", int(window)
+    return name, 0  # Mamba state, chunked-local, cross attention: not served
+
+
+def groups_from_config(kv_cache_config) -> list[GroupInfo]:
+    groups = []
+    for i, g in enumerate(kv_cache_config.kv_cache_groups):
+        spec = g.kv_cache_spec
+        kind, window = _spec_kind(spec)
+        page = int(spec.page_size_bytes)
+        dtype = str(getattr(spec, "dtype", "")).replace("torch.", "")
+        sig = "|".join([type(spec).__name__, kind, str(spec.block_size), str(window),
+                        str(getattr(spec, "num_kv_heads", "")), str(getattr(spec, "head_size", "")),
+                        dtype, str(page), ",".join(g.layer_names)])
+        groups.append(GroupInfo(i, kind, int(spec.block_size), window, page * len(g.layer_names),
+                                list(g.layer_names), sig))
+    return groups
+
+
+# --- metadata: scheduler -> workers (pickled; plain data only) ---------------
+
+@dataclasses.dataclass
+class BlockRange:
+    """Blocks of one KV-cache group: kvtier keys and the engine pages they go
+    to or come from (same length)."""
+    group: int
+    keys: list
+    block_ids: list
+
+
+@dataclasses.dataclass
+class LoadSpec:
+    req_id: str
+    ranges: list           # [BlockRange]
+    is_async: bool
+    tokens: int            # tokens the load covers
+
+
+@dataclasses.dataclass
+class SaveSpec:
+    req_id: str
+    ranges: list           # [BlockRange]
+
+
+@dataclasses.dataclass
+class KvtierConnectorMetadata(KVConnectorMetadata):
+    loads: list = dataclasses.field(default_factory=list)
+    saves: list = dataclasses.field(default_factory=list)
+    # tokens the engine computes and loads this step (the daemon fits its
+    # prefill speed, which prices recomputation, to these reports)
+    computed_tokens: int = 0
+    loaded_tokens: int = 0
+
+
+@dataclasses.dataclass
+class _ReqState:
+    request: Any
+    block_ids: list        # per group
+    saved_upto: int        # blocks [0, saved_upto) are in kvtier or on their way
+    loaded: tuple = (0, 0)  # block positions [a, b) loaded from kvtier
+
+
+@dataclasses.dataclass
+class _Plan:
+    start: int             # first block to load
+    end: int               # one past the last
+    is_async: bool
+
+
+class _Options:
+    def __init__(self, vllm_config):
+        extra = dict(getattr(vllm_config.kv_transfer_config, "kv_connector_extra_config", None) or {})
+        known = {"socket", "model_id", "model_revision", "cache_salt", "always_load", "load_mode", "save",
+                 "client_name"}
+        unknown = sorted(set(extra) - known)
+        if unknown:
+            raise ValueError(f"kvtier.vllm: unknown kv_connector_extra_config keys {unknown}; known: {sorted(known)}")
+        model_config = getattr(vllm_config, "model_config", None)
+        self.socket = str(extra.get("socket", ""))
+        self.model_id = str(extra.get("model_id") or getattr(model_config, "model", "") or "")
+        if not self.model_id:
+            raise ValueError("kvtier.vllm: no model name (vllm_config.model_config.model or extra config model_id)")
+        self.model_revision = str(extra.get("model_revision") or getattr(model_config, "revision", "") or "")
+        self.cache_salt = str(extra.get("cache_salt", ""))
+        self.always_load = bool(extra.get("always_load", False))
+        self.load_mode = str(extra.get("load_mode", "auto"))
+        if self.load_mode not in ("auto", "sync", "async"):
+            raise ValueError(f"kvtier.vllm: load_mode is auto, sync or async, not {self.load_mode!r}")
+        self.save = str(extra.get("save", "all"))
+        if self.save not in ("all", "prompt", "none"):
+            raise ValueError(f"kvtier.vllm: save is all, prompt or none, not {self.save!r}")
+        self.client_name = str(extra.get("client_name", "vllm"))
+        parallel = getattr(vllm_config, "parallel_config", None)
+        self.tp_size = int(getattr(parallel, "tensor_parallel_size", 1) or 1)
+        cache_config = getattr(vllm_config, "cache_config", None)
+        self.hash_block_size = int(getattr(cache_config, "block_size", 0) or 0)
+
+
+def _tp_rank(vllm_config, tp_size: int) -> int:
+    if VLLM_AVAILABLE:
+        try:
+            from vllm.distributed.parallel_state import get_tensor_model_parallel_rank  # type: ignore
+            return int(get_tensor_model_parallel_rank())
+        except Exception:  # no process group: a single worker
+            pass
+    rank = int(getattr(getattr(vllm_config, "parallel_config", None), "rank", 0) or 0)
+    return rank % tp_size
+
+
+def _attach(opts: _Options, group: GroupInfo, tp_rank: int, role: str) -> Client:
+    return Client.attach(
+        opts.model_id, group.block_size, group.block_bytes, socket=opts.socket,
+        model_revision=opts.model_revision,
+        attention_config_hash=hashlib.sha256(group.signature.encode()).hexdigest()[:32],
+        kv_dtype=group.signature.split("|")[6] or "auto", kv_layout="vllm-paged",
+        cache_salt=opts.cache_salt, tp_rank=tp_rank, tp_size=opts.tp_size,
+        client_name=f"{opts.client_name}-{role}-g{group.index}-r{tp_rank}")
+
+
+def _window_start(group: GroupInfo, end_tokens: int) -> int:
+    """First block a sliding-window group needs to continue after end_tokens
+    tokens (vLLM frees the blocks before it: they are its null block)."""
+    if group.kind != "sliding_window":
+        return 0
+    return max(0, end_tokens - group.window + 1) // group.block_size
+
+
+class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
+    """vLLM KV connector backed by kvtierd (one instance per scheduler and
+    per worker process)."""
+
+    def __init__(self, vllm_config, role, kv_cache_config=None):
+        super().__init__(vllm_config, role, kv_cache_config)
+        self._opts = _Options(vllm_config)
+        if kv_cache_config is None:
+            raise ValueError("kvtier.vllm needs the KV-cache config (vLLM with the three-argument connector "
+                             "constructor)")
+        self._groups = groups_from_config(kv_cache_config)
+        bs = self._opts.hash_block_size or self._groups[0].block_size
+        self._block_size = bs
+        # Blocks are keyed by vLLM's hashes, which are taken every block_size
+        # tokens: a group with another block size cannot be keyed by them.
+        self._servable = all(g.served and g.block_size == bs for g in self._groups)
+        if not self._servable:
+            logger.warning("kvtier.vllm: KV-cache groups %s are not all full or sliding-window attention of block "
+                           "size %d; kvtier offers nothing for this model (requests compute as without it)",
+                           [(g.kind, g.block_size) for g in self._groups], bs)
+        if os.environ.get("PYTHONHASHSEED") is None:
+            logger.warning("kvtier.vllm: PYTHONHASHSEED is not set: vLLM seeds its block hashes at random in each "
+                           "process, so no other engine (and no restart) can reuse what this one stores; set the "
+                           "same PYTHONHASHSEED on every engine that shares kvtier")
+        self._is_scheduler = getattr(role, "name", str(role)).endswith("SCHEDULER")
+        if self._is_scheduler:
+            self._init_scheduler()
+        else:
+            self._init_worker()
+
+    # ======================================================================
+    # Scheduler side
+    # ======================================================================
+    def _init_scheduler(self) -> None:
+        self._lookup_clients: list | None = None   # [group][rank], attached at first use
+        self._retry_at = 0.0
+        self._plans: dict[str, _Plan] = {}          # provisional: get_num_new_matched_tokens
+        self._reqs: dict[str, _ReqState] = {}
+        self._loads: list[LoadSpec] = []
+        self.stats = {"lookups": 0, "offered_tokens": 0, "declined_by_cost_tokens": 0, "daemon_errors": 0,
+                      "loads_planned": 0, "async_loads": 0, "saves_planned_blocks": 0}
+
+    def _clients(self):
+        if self._lookup_clients is not None:
+            return self._lookup_clients
+        if time.monotonic() < self._retry_at:
+            return None
+        try:
+            self._lookup_clients = [[_attach(self._opts, g, r, "sched") for r in range(self._opts.tp_size)]
+                                    for g in self._groups]
+        except KvtierError as e:
+            self._retry_at = time.monotonic() + 1.0
+            self.stats["daemon_errors"] += 1
+            logger.warning("kvtier.vllm: cannot reach kvtierd (%s); requests compute without it, retrying in 1 s", e)
+            return None
+        return self._lookup_clients
+
+    def _drop_clients(self, error: Exception) -> None:
+        self.stats["daemon_errors"] += 1
+        logger.warning("kvtier.vllm: kvtierd call failed (%s); offering nothing until it answers again", error)
+        for row in self._lookup_clients or []:
+            for c in row:
+                try:
+                    c.close()
+                except Exception:
+                    pass
+        self._lookup_clients = None
+        self._retry_at = time.monotonic() + 1.0
+
+    def _present(self, clients, keys: list, cost: bool) -> tuple[int, bool, int]:
+        """Blocks of `keys` every rank holds (a prefix): (count, any below the
+        host tier, blocks the cost model declined)."""
+        n = len(keys)
+        slow = False
+        declined = 0
+        for c in clients:
+            r = c.lookup(keys)
+            hit = r.hit_blocks
+            if cost and not self._opts.always_load:
+                declined = max(declined, min(n, hit + r.recompute_blocks) - hit)
+            else:
+                hit = min(n, hit + r.recompute_blocks)
+            n = min(n, hit)
+            slow = slow or any(t not in ("host", "gpu") for t in r.tiers[:n])
+        return n, slow, declined
+
+    def _plan(self, request, num_computed_tokens: int) -> _Plan | None:
+        if not self._servable:
+            return None
+        bs = self._block_size
+        hashes = request.block_hashes
+        publishable = getattr(request, "num_publishable_block_hashes", None)
+        limit = len(hashes) if publishable is None else min(len(hashes), int(publishable))
+        # vLLM computes at least one token of a prompt: never offer the last one.
+        limit = min(limit, (request.num_tokens - 1) // bs)
+        if num_computed_tokens % bs:
+            return None
+        start = num_computed_tokens // bs
+        if limit <= start:
+            return None
+        clients = self._clients()
+        if clients is None:
+            return None
+        keys = [block_key(h) for h in hashes[start:limit]]
+        self.stats["lookups"] += 1
+        try:
+            end = limit
+            slow = False
+            for g, group in enumerate(self._groups):
+                if group.kind == "full":
+                    n, s, declined = self._present(clients[g], keys[: end - start], cost=True)
+                    self.stats["declined_by_cost_tokens"] += declined * bs
+                    end = start + n
+                    slow = slow or s
+            # Sliding-window groups need only the blocks in the window of the
+            # offered end; move the end back until every one is there.
+            for g, group in enumerate(self._groups):
+                if group.kind != "sliding_window":
+                    continue
+                for _ in range(4):
+                    if end <= start:
+                        break
+                    lo = max(start, _window_start(group, end * bs))
+                    n, s, _ = self._present(clients[g], keys[lo - start: end - start], cost=False)
+                    if n == end - lo:
+                        slow = slow or s
+                        break
+                    end = lo + n
+                else:
+                    end = start
+        except KvtierError as e:
+            self._drop_clients(e)
+            return None
+        if end <= start:
+            return None
+        mode = self._opts.load_mode
+        is_async = mode == "async" or (mode == "auto" and slow)
+        return _Plan(start, end, is_async)
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        """Tokens kvtier can supply after the engine's own prefix hit. Called
+        repeatedly, also for requests never allocated: it pins nothing."""
+        plan = self._plan(request, num_computed_tokens)
+        if plan is None:
+            self._plans.pop(request.request_id, None)
+            return 0, False
+        self._plans[request.request_id] = plan
+        tokens = (plan.end - plan.start) * self._block_size
+        return tokens, plan.is_async
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens: int):
+        req_id = request.request_id
+        block_ids = [list(ids) for ids in blocks.get_block_ids()]
+        plan = self._plans.pop(req_id, None)
+        st = self._reqs.get(req_id)
+        if st is None:
+            st = self._reqs[req_id] = _ReqState(request, block_ids, 0)
+        else:
+            st.request = request
+            st.block_ids = block_ids
+        if num_external_tokens <= 0:
+            if st.saved_upto == 0:
+                st.saved_upto = request.num_computed_tokens // self._block_size
+            return
+        bs = self._block_size
+        if plan is None or (plan.end - plan.start) * bs != num_external_tokens:
+            # Not what this connector offered: load nothing and let vLLM
+            # recompute (the blocks would otherwise be left unwritten).
+            logger.error("kvtier.vllm: request %s: %d external tokens allocated, %s offered", req_id,
+                         num_external_tokens, None if plan is None else (plan.end - plan.start) * bs)
+            return
+        ranges = []
+        for g, group in enumerate(self._groups):
+            first = max(plan.start, _window_start(group, plan.end * bs))
+            ids = block_ids[g][first:plan.end]
+            keys = [block_key(h) for h in request.block_hashes[first:plan.end]]
+            keep = [(k, b) for k, b in zip(keys, ids) if b != NULL_BLOCK]
+            ranges.append(BlockRange(g, [k for k, _ in keep], [b for _, b in keep]))
+        self._loads.append(LoadSpec(req_id, ranges, plan.is_async, num_external_tokens))
+        st.loaded = (plan.start, plan.end)
+        st.saved_upto = max(st.saved_upto, plan.end)
+        self.stats["loads_planned"] += 1
+        self.stats["async_loads"] += int(plan.is_async)
+        self.stats["offered_tokens"] += num_external_tokens
+
+    def _save_ranges(self, st: _ReqState, end: int) -> list:
+        ranges = []
+        request = st.request
+        for g, group in enumerate(self._groups):
+            # a sliding-window group's blocks are stored too while vLLM still
+            # has them (a shorter prefix needs them in its window)
+            first = st.saved_upto
+            ids = st.block_ids[g][first:end] if g < len(st.block_ids) else []
+            keys = [block_key(h) for h in request.block_hashes[first:first + len(ids)]]
+            keep = [(k, b) for k, b in zip(keys, ids) if b != NULL_BLOCK]
+            ranges.append(BlockRange(g, [k for k, _ in keep], [b for _, b in keep]))
+        return ranges
+
+    def build_connector_meta(self, scheduler_output) -> KvtierConnectorMetadata:
+        meta = KvtierConnectorMetadata(loads=self._loads)
+        self._loads = []
+        for req_id in getattr(scheduler_output, "preempted_req_ids", None) or ():
+            st = self._reqs.get(req_id)
+            if st is not None:
+                st.block_ids = [[] for _ in self._groups]  # its pages are gone; resumed with new ones
+        scheduled = scheduler_output.num_scheduled_tokens
+        spec = getattr(scheduler_output, "scheduled_spec_decode_tokens", None) or {}
+        computed_now: dict[str, int] = {}
+        for new in scheduler_output.scheduled_new_reqs:
+            st = self._reqs.get(new.req_id)
+            if st is None:
+                continue
+            st.block_ids = [list(ids) for ids in new.block_ids]
+            computed_now[new.req_id] = new.num_computed_tokens
+        cached = scheduler_output.scheduled_cached_reqs
+        resumed_ids = getattr(cached, "resumed_req_ids", None)
+        resumed_flags = getattr(cached, "resumed_from_preemption", None)
+        for i, req_id in enumerate(cached.req_ids):
+            st = self._reqs.get(req_id)
+            if st is None:
+                continue
+            resumed = (req_id in resumed_ids) if resumed_ids is not None else bool(resumed_flags and resumed_flags[i])
+            new_ids = cached.new_block_ids[i]
+            if resumed:
+                st.block_ids = [list(ids) for ids in new_ids] if new_ids is not None else [[] for _ in self._groups]
+            elif new_ids is not None:
+                for g, ids in enumerate(new_ids):
+                    st.block_ids[g].extend(ids)
+            computed_now[req_id] = cached.num_computed_tokens[i]
+        if self._opts.save != "none":
+            for req_id, before in computed_now.items():
+                st = self._reqs[req_id]
+                request = st.request
+                n = scheduled.get(req_id, 0) - len(spec.get(req_id, ()))
+                after = before + max(0, n)
+                publishable = getattr(request, "num_publishable_block_hashes", None)
+                end = min(after // self._block_size, len(request.block_hashes),
+                          len(st.block_ids[0]) if st.block_ids else 0)
+                if publishable is not None:
+                    end = min(end, int(publishable))
+                if self._opts.save == "prompt":
+                    end = min(end, request.num_prompt_tokens // self._block_size)
+                if end > st.saved_upto:
+                    ranges = self._save_ranges(st, end)
+                    meta.saves.append(SaveSpec(req_id, ranges))
+                    self.stats["saves_planned_blocks"] += sum(len(r.keys) for r in ranges)
+                    st.saved_upto = end
+                meta.computed_tokens += max(0, n)
+        meta.loaded_tokens = sum(load.tokens for load in meta.loads if not load.is_async)
+        return meta
+
+    def update_connector_output(self, connector_output) -> None:
+        """Blocks that failed to load are recomputed by vLLM: save them again
+        once they are."""
+        bad = set(getattr(connector_output, "invalid_block_ids", None) or ())
+        if not bad:
+            return
+        for st in self._reqs.values():
+            for pos in range(*st.loaded):
+                if any(g < len(st.block_ids) and pos < len(st.block_ids[g]) and st.block_ids[g][pos] in bad
+                       for g in range(len(self._groups))):
+                    st.saved_upto = min(st.saved_upto, pos)
+                    st.loaded = (st.loaded[0], pos)
+                    break
+
+    def request_finished(self, request, block_ids) -> tuple[bool, dict | None]:
+        """Every save of a step is copied out of the engine's pages before the
+        step ends (wait_for_save), so the pages can be freed at once."""
+        self._reqs.pop(request.request_id, None)
+        self._plans.pop(request.request_id, None)
+        return False, None
+
+    def request_finished_all_groups(self, request, block_ids) -> tuple[bool, dict | None]:
+        return self.request_finished(request, block_ids[0] if block_ids else [])
+
+    def take_events(self) -> Iterable[Any]:
+        """Routers learn what kvtier holds from kvtierd's own events (which
+        say what was stored and removed in every tier), not from here."""
+        return ()
+
+    # ======================================================================
+    # Worker side
+    # ======================================================================
+    def _init_worker(self) -> None:
+        self._tp_rank = _tp_rank(self._vllm_config, self._opts.tp_size)
+        self._clients_w: list[Client | None] = [None] * len(self._groups)
+        self._layer_group: dict[str, int] = {}
+        self._layers: dict[str, list] = {}       # layer -> [_TensorRuns]
+        self._errors: set[int] = set()
+        self._step_loads: list[_LoadInFlight] = []
+        self._async_loads: dict[str, _LoadInFlight] = {}
+        self._step_saves: list[_SaveInFlight] = []
+        self._failed_reqs: set[str] = set()
+        self._step_started = 0.0
+        self.stats = {"loaded_blocks": 0, "load_errors": 0, "saved_blocks": 0, "saves_dropped": 0,
+                      "bytes_loaded": 0, "bytes_saved": 0}
+
+    def register_kv_caches(self, kv_caches: dict) -> None:
+        for g, group in enumerate(self._groups):
+            for name in group.layer_names:
+                self._layer_group[name] = g
+        num_blocks = int(self._kv_cache_config.num_blocks)
+        for name, cache in kv_caches.items():
+            if name not in self._layer_group:
+                continue
+            tensors = list(cache) if isinstance(cache, (list, tuple)) else [cache]
+            self._layers[name] = [_TensorRuns(t, num_blocks, name) for t in tensors]
+        for g, group in enumerate(self._groups):
+            if not group.served:
+                continue
+            have = [n for n in group.layer_names if n in self._layers]
+            if len(have) != len(group.layer_names):
+                raise ValueError(f"kvtier.vllm: register_kv_caches lacks layers "
+                                 f"{sorted(set(group.layer_names) - set(have))} of KV-cache group {g}")
+            per_block = sum(tr.block_bytes for n in have for tr in self._layers[n])
+            if per_block != group.block_bytes:
+                raise ValueError(f"kvtier.vllm: KV-cache group {g} holds {per_block} bytes a block in its tensors, "
+                                 f"its spec says {group.block_bytes}: the scheduler and the workers would key "
+                                 f"different blocks")
+
+    def _client(self, g: int) -> Client:
+        c = self._clients_w[g]
+        if c is None or not c.connected:
+            c = self._clients_w[g] = _attach(self._opts, self._groups[g], self._tp_rank, "worker")
+        return c
+
+    def handle_preemptions(self, kv_connector_metadata=None) -> None:
+        """Saves are copied out within the step that computed them, so a
+        preempted request's pages hold nothing kvtier still needs."""
+        return None
+
+    def _start_load(self, spec: LoadSpec) -> "_LoadInFlight":
+        lf = _LoadInFlight(spec)
+        for rng in spec.ranges:
+            if not rng.keys:
+                continue
+            part = _PartLoad(rng)
+            lf.parts.append(part)
+            try:
+                client = self._client(rng.group)
+                hit = client.lookup(rng.keys, lease=True)
+                part.client = client
+                part.lease = hit.lease
+                part.hit = min(hit.hit_blocks + hit.recompute_blocks, len(rng.keys))
+                if part.hit:
+                    part.op = client.load_async(hit.lease, rng.keys[:part.hit])
+            except KvtierError as e:
+                part.error = e
+        return lf
+
+    def start_load_kv(self, forward_context, **kwargs: Any) -> None:
+        self._step_started = time.perf_counter()
+        meta = self._connector_metadata
+        if not isinstance(meta, KvtierConnectorMetadata):
+            return
+        for spec in meta.loads:
+            lf = self._start_load(spec)
+            if spec.is_async:
+                self._async_loads[spec.req_id] = lf
+            else:
+                self._step_loads.append(lf)
+
+    def _settle(self, lf: "_LoadInFlight") -> None:
+        """Waits for the load's blocks; everything that did not come is a load
+        error (its pages are never written)."""
+        if lf.settled:
+            return
+        lf.settled = True
+        failed = False
+        for part in lf.parts:
+            views = None
+            if part.error is None and part.op is not None:
+                try:
+                    views = part.op.wait()
+                except KvtierError as e:
+                    part.error = e
+            part.views = list(views or [])
+            if len(part.views) < len(part.range.keys):
+                failed = True
+                bad = part.range.block_ids[len(part.views):]
+                self._errors.update(bad)
+                self.stats["load_errors"] += len(bad)
+        if failed:
+            self._failed_reqs.add(lf.spec.req_id)
+            first = [p for p in lf.parts if p.error is not None]
+            logger.warning("kvtier.vllm: request %s: %d of %d blocks did not load (%s); vLLM recomputes them",
+                           lf.spec.req_id, sum(len(p.range.keys) - len(p.views) for p in lf.parts),
+                           sum(len(p.range.keys) for p in lf.parts),
+                           first[0].error if first else "not in kvtier any more")
+        for part in lf.parts:
+            if part.views:
+                part.src = np.array([v.__array_interface__["data"][0] for v in part.views], dtype=np.uint64)
+
+    def _copy_in(self, lf: "_LoadInFlight", layer: str) -> None:
+        g = self._layer_group.get(layer)
+        for part in lf.parts:
+            if part.range.group != g or not part.views or layer in part.done_layers:
+                continue
+            part.done_layers.add(layer)
+            offset = self._layer_offset(g, layer)
+            ids = np.asarray(part.range.block_ids[:len(part.views)], dtype=np.int64)
+            for tr in self._layers[layer]:
+                self.stats["bytes_loaded"] += tr.copy(ids, part.src + np.uint64(offset), to_cache=True)
+                offset += tr.block_bytes
+
+    def _layer_offset(self, g: int, layer: str) -> int:
+        off = 0
+        for name in self._groups[g].layer_names:
+            if name == layer:
+                return off
+            off += sum(tr.block_bytes for tr in self._layers[name])
+        raise KeyError(layer)
+
+    def _finish_load(self, lf: "_LoadInFlight") -> None:
+        self._settle(lf)
+        for part in lf.parts:
+            for layer in self._groups[part.range.group].layer_names:
+                self._copy_in(lf, layer)
+            self.stats["loaded_blocks"] += len(part.views)
+            part.views = []
+            if part.lease and part.client is not None:
+                try:
+                    part.client.release(part.lease)
+                except KvtierError:
+                    pass
+                part.lease = 0
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        for lf in self._step_loads:
+            self._settle(lf)
+            self._copy_in(lf, layer_name)
+
+    def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs: Any) -> None:
+        meta = self._connector_metadata
+        if not isinstance(meta, KvtierConnectorMetadata) or not meta.saves:
+            return
+        if not self._step_saves:
+            self._begin_saves(meta)
+        g = self._layer_group.get(layer_name)
+        for sv in self._step_saves:
+            sv.copy_layer(self, g, layer_name)
+
+    def _begin_saves(self, meta: KvtierConnectorMetadata) -> None:
+        for spec in meta.saves:
+            for rng in spec.ranges:
+                if not rng.keys:
+                    continue
+                sv = _SaveInFlight(spec.req_id, rng)
+                try:
+                    sv.ticket = self._client(rng.group).store_begin(rng.keys)
+                    sv.prepare()
+                except KvtierError as e:
+                    self.stats["saves_dropped"] += len(rng.keys)
+                    logger.info("kvtier.vllm: %d blocks of request %s not stored (%s)", len(rng.keys),
+                                spec.req_id, e)
+                    continue
+                self._step_saves.append(sv)
+        if not self._step_saves:
+            self._step_saves.append(_SaveInFlight("", BlockRange(-1, [], [])))  # nothing: do not begin again
+
+    def wait_for_save(self) -> None:
+        # Loads whose layers no attention layer asked for land now.
+        for lf in self._step_loads:
+            self._finish_load(lf)
+        meta = self._connector_metadata
+        if isinstance(meta, KvtierConnectorMetadata) and meta.saves and not self._step_saves:
+            self._begin_saves(meta)
+        for sv in self._step_saves:
+            if sv.ticket is None:
+                continue
+            try:
+                if sv.req_id in self._failed_reqs:
+                    # This step computed after pages that did not load: what
+                    # it wrote is not the prefix's KV. Store none of it.
+                    sv.ticket.abort()
+                    self.stats["saves_dropped"] += len(sv.range.keys)
+                    continue
+                for layer in self._groups[sv.range.group].layer_names:
+                    sv.copy_layer(self, sv.range.group, layer)
+                sv.ticket.commit()
+                self.stats["saved_blocks"] += sv.ticket.needed
+                self.stats["bytes_saved"] += sv.ticket.needed * self._groups[sv.range.group].block_bytes
+            except KvtierError as e:
+                self.stats["saves_dropped"] += len(sv.range.keys)
+                logger.info("kvtier.vllm: blocks of request %s not stored (%s)", sv.req_id, e)
+        if isinstance(meta, KvtierConnectorMetadata) and meta.computed_tokens and not self._failed_reqs:
+            try:
+                self._client(0).report_prefill(meta.loaded_tokens, meta.computed_tokens,
+                                               time.perf_counter() - self._step_started)
+            except KvtierError:
+                pass
+        self._step_loads = []
+        self._step_saves = []
+        self._failed_reqs = set()
+
+    def get_finished(self, finished_req_ids: set) -> tuple[set | None, set | None]:
+        done = set()
+        for req_id, lf in list(self._async_loads.items()):
+            if all(p.op is None or p.error is not None or p.op.poll() for p in lf.parts):
+                self._finish_load(lf)
+                del self._async_loads[req_id]
+                done.add(req_id)
+        return None, (done or None)
+
+    def get_block_ids_with_load_errors(self) -> set:
+        errors, self._errors = self._errors, set()
+        return errors
+
+    def shutdown(self) -> None:
+        for lf in list(getattr(self, "_async_loads", {}).values()) + getattr(self, "_step_loads", []):
+            for part in lf.parts:
+                if part.lease and part.client is not None:
+                    try:
+                        part.client.release(part.lease)
+                    except KvtierError:
+                        pass
+        getattr(self, "_async_loads", {}).clear()
+        for c in getattr(self, "_clients_w", []) + [x for row in (getattr(self, "_lookup_clients", None) or [])
+                                                     for x in row]:
+            if c is not None:
+                try:
+                    c.close()
+                except Exception:
+                    pass
+
+
+# --- moving bytes between the engine's tensors and the arena -----------------
+
+class _TensorRuns:
+    """Where block b of one cache tensor lies: `lead` contiguous runs of
+    `run` bytes (e.g. K and V of FlashAttention's (2, num_blocks, ...)), at
+    base + lead_offsets + b * block_stride."""
+
+    def __init__(self, t, num_blocks: int, name: str):
+        import torch  # vLLM's tensors
+
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"kvtier.vllm: layer {name}: a KV cache is a torch.Tensor, not {type(t).__name__}")
+        shape = list(t.shape)
+        if len(shape) >= 2 and shape[0] == 2 and shape[1] == num_blocks:
+            dim = 1
+        elif shape and shape[0] == num_blocks:
+            dim = 0
+        else:
+            raise ValueError(f"kvtier.vllm: layer {name}: no dimension of shape {shape} is the {num_blocks} blocks")
+        es = t.element_size()
+        stride = list(t.stride())
+        inner = shape[dim + 1:]
+        expect = 1
+        for size, st in zip(reversed(inner), reversed(stride[dim + 1:])):
+            if size != 1 and st != expect:
+                raise ValueError(f"kvtier.vllm: layer {name}: a block's pages are not contiguous (shape {shape}, "
+                                 f"stride {stride}); use a contiguous (NHD) KV-cache layout")
+            expect *= size
+        self.tensor = t
+        self.is_cpu = t.device.type == "cpu"
+        self.dim = dim
+        self.run = int(math.prod(inner)) * es
+        lead = np.zeros(1, dtype=np.int64)
+        for size, st in zip(shape[:dim], stride[:dim]):
+            lead = (lead[:, None] + np.arange(size, dtype=np.int64)[None, :] * st * es).reshape(-1)
+        self.lead = lead.astype(np.uint64)
+        self.block_stride = stride[dim] * es
+        self.block_bytes = self.run * len(lead)
+
+    def copy(self, block_ids: np.ndarray, src_or_dst_blocks: np.ndarray, to_cache: bool) -> int:
+        """Copies this tensor's part of each block between the cache pages
+        `block_ids` and the arena blocks at the addresses given (the tensor's
+        part already added). Returns bytes copied."""
+        n = len(block_ids)
+        if n == 0:
+            return 0
+        runs = len(self.lead)
+        arena = (src_or_dst_blocks[:, None] + (np.arange(runs, dtype=np.uint64) * np.uint64(self.run))[None, :])
+        if self.is_cpu:
+            base = np.uint64(self.tensor.data_ptr())
+            cache = base + (block_ids.astype(np.uint64) * np.uint64(self.block_stride))[:, None] + self.lead[None, :]
+            lengths = np.full(n * runs, self.run, dtype=np.uint64)
+            if to_cache:
+                return _kvtier._copy_runs(cache.reshape(-1), arena.reshape(-1), lengths)
+            return _kvtier._copy_runs(arena.reshape(-1), cache.reshape(-1), lengths)
+        return self._copy_device(block_ids, arena, to_cache)
+
+    def _copy_device(self, block_ids, arena, to_cache: bool) -> int:
+        """A device tensor: gather or scatter its blocks through one host
+        tensor of the same layout (the registered-cache path that lets the
+        daemon move GPU pages itself is for a later change)."""
+        import torch
+
+        idx = torch.as_tensor(block_ids, device=self.tensor.device)
+        shape = list(self.tensor.shape)
+        shape[self.dim] = len(block_ids)
+        host = torch.empty(shape, dtype=self.tensor.dtype).contiguous()
+        hs = list(host.stride())
+        es = host.element_size()
+        base = np.uint64(host.data_ptr())
+        lead = np.zeros(1, dtype=np.int64)
+        for size, st in zip(shape[:self.dim], hs[:self.dim]):
+            lead = (lead[:, None] + np.arange(size, dtype=np.int64)[None, :] * st * es).reshape(-1)
+        hostaddr = base + (np.arange(len(block_ids), dtype=np.uint64) * np.uint64(hs[self.dim] * es))[:, None] \
+            + lead.astype(np.uint64)[None, :]
+        lengths = np.full(arena.size, self.run, dtype=np.uint64)
+        if to_cache:
+            _kvtier._copy_runs(hostaddr.reshape(-1), arena.reshape(-1), lengths)
+            self.tensor.index_copy_(self.dim, idx, host.to(self.tensor.device))
+        else:
+            host.copy_(self.tensor.index_select(self.dim, idx).cpu())
+            _kvtier._copy_runs(arena.reshape(-1), hostaddr.reshape(-1), lengths)
+        return int(lengths.sum())
+
+
+class _PartLoad:
+    def __init__(self, rng: BlockRange):
+        self.range = rng
+        self.client: Client | None = None
+        self.lease = 0
+        self.hit = 0
+        self.op = None
+        self.error: Exception | None = None
+        self.views: list = []
+        self.src: np.ndarray | None = None
+        self.done_layers: set = set()
+
+
+class _LoadInFlight:
+    def __init__(self, spec: LoadSpec):
+        self.spec = spec
+        self.parts: list[_PartLoad] = []
+        self.settled = False
+
+
+class _SaveInFlight:
+    def __init__(self, req_id: str, rng: BlockRange):
+        self.req_id = req_id
+        self.range = rng
+        self.ticket = None
+        self.ids: np.ndarray | None = None
+        self.dst: np.ndarray | None = None
+        self.done_layers: set = set()
+
+    def prepare(self) -> None:
+        mask = list(self.ticket.needed_mask)
+        views = self.ticket.blocks
+        self.ids = np.asarray([b for b, m in zip(self.range.block_ids, mask) if m], dtype=np.int64)
+        self.dst = np.asarray([v.__array_interface__["data"][0] for v, m in zip(views, mask) if m],
+                              dtype=np.uint64)
+
+    def copy_layer(self, conn: KvtierConnector, g: int | None, layer: str) -> None:
+        if self.ticket is None or g != self.range.group or layer in self.done_layers or self.ids is None:
+            return
+        self.done_layers.add(layer)
+        if len(self.ids) == 0:
+            return
+        offset = conn._layer_offset(g, layer)
+        for tr in conn._layers[layer]:
+            tr.copy(self.ids, self.dst + np.uint64(offset), to_cache=False)
+            offset += tr.block_bytes
