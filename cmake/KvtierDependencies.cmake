@@ -15,6 +15,12 @@ pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)  # libxxhash-dev
 pkg_check_modules(SYSTEMD REQUIRED IMPORTED_TARGET libsystemd)  # libsystemd-dev (sd_notify)
 pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)  # libcpp-httplib-dev (metrics endpoint)
 pkg_check_modules(HIREDIS REQUIRED IMPORTED_TARGET hiredis)    # libhiredis-dev (the remote tier's protocol)
+pkg_check_modules(ZMQ REQUIRED IMPORTED_TARGET libzmq)          # libzmq3-dev; cppzmq-dev's zmq.hpp (KV events)
+find_path(KVTIER_CPPZMQ_INCLUDE zmq.hpp)        # cppzmq-dev (header-only)
+find_path(KVTIER_MSGPACK_INCLUDE msgpack.hpp)   # libmsgpack-cxx-dev (header-only)
+if(NOT KVTIER_CPPZMQ_INCLUDE OR NOT KVTIER_MSGPACK_INCLUDE)
+  message(FATAL_ERROR "kvtier: KV events need cppzmq-dev and libmsgpack-cxx-dev (scripts/install-deps installs them)")
+endif()
 if(KVTIER_BUILD_TESTS)
   find_package(GTest REQUIRED)            # libgtest-dev, libgmock-dev
 endif()

@@ -415,6 +415,17 @@ StatusSnapshot Daemon::Snapshot() const {
     }
   }
   out.cost_model = store_->cost().report();
+  if (events_) {
+    StatusSnapshot::Events e;
+    e.stats = events_->stats();
+    for (size_t i = 0; i < config_.tenants.size(); ++i) {
+      const auto t = static_cast<uint16_t>(i);
+      if (events_->Publishes(t)) {
+        e.tenants.emplace_back(config_.tenants[i].name, events_->EndpointOf(t), events_->ReplayEndpointOf(t));
+      }
+    }
+    out.events = std::move(e);
+  }
   if (metrics_) {
     out.metrics_url = absl::StrCat("http://", config_.metrics_address, ":", metrics_->port(), "/metrics");
     out.metrics_port = metrics_->port();

@@ -66,6 +66,16 @@ BlockStore::~BlockStore() {
   }
 }
 
+void BlockStore::SetEvents(KvEvents* events) {
+  books_.events = events;
+  for (size_t i = 0; i < books_.tenants.size(); ++i) {
+    HostResidency& t = *books_.tenants[i];
+    MutexLock l(&t.mu);
+    t.events = events;
+    t.index = static_cast<uint16_t>(i);
+  }
+}
+
 absl::StatusOr<uint16_t> BlockStore::AddTenant(std::string name, std::unique_ptr<HostTier> host, TenantQuota quota,
                                                std::unique_ptr<GpuCache> gpu) {
   if (books_.tenants.size() >= UINT16_MAX) return absl::ResourceExhaustedError("too many tenants");

@@ -201,6 +201,9 @@ class BlockStore {
   // already over a lowered quota are evicted as stores need room.
   absl::Status SetQuota(const std::string& tenant, TenantQuota quota);
   absl::Status SetWatermarks(double high, double low);  // main thread (may start the reclaimer)
+  // KV events (daemon/kv_events.h): after every AddTenant, before the lower
+  // tiers attach (their recovered blocks are announced) and sessions start.
+  void SetEvents(KvEvents* events);
   // A config reload of the shared tier's probe budget and write policy. Thread-safe.
   void SetSharedPolicy(uint32_t probe_budget_us, SharedWrites writes) {
     shared_budget_us_.store(probe_budget_us, std::memory_order_relaxed);

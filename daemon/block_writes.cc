@@ -159,6 +159,7 @@ void BlockStore::StoreCommit(SessionHoldings& s, uint64_t ticket, bool durable, 
       t.PolicyForLocked(t.host->SlotBytes(r->host_slot))
           ->InsertInChain(r->host_slot, PolicyKeyOf(*r), parents[j], PositionOf(*r, s.ns.block_tokens));
     }
+    for (BlockRecord* r : blocks) t.AnnounceLocked(r->host_slot);  // KV events: root first, as engines send
   }
   books_.stats->blocks_stored.Add(blocks.size());
   books_.stats->bytes_stored.Add(blocks.size() * s.ns.block_bytes);

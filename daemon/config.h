@@ -135,6 +135,17 @@ struct Config {
   double cost_nvme_read_gbps = 3.0;
   double cost_nvme_read_latency_us = 100;
   bool cost_decide = true;
+  // [events]: KV events for cache-aware routers, per tenant, in vLLM's
+  // format (daemon/kv_events.h). Off by default.
+  bool events_enabled = false;
+  std::string events_endpoint;         // "{tenant}" expands; empty: ipc sockets in run_dir
+  std::string events_replay_endpoint;  // likewise; "off": no replay socket
+  std::vector<std::string> events_tenants;  // which tenants publish; empty: all
+  std::string events_topic;
+  std::string events_block_hash = "int64";  // "int64" (vLLM's default) or "bytes"
+  uint32_t events_batch_ms = 10;
+  uint32_t events_buffer_batches = 10000;
+  uint32_t events_max_pending = 100000;
   // [sim]
   uint64_t sim_bandwidth = 0;  // bytes/s; 0 = unlimited
   // [[tenants]]; empty in a file means the default tenant.

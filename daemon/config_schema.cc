@@ -141,6 +141,22 @@ const ConfigKey kKeys[] = {
      "NVMe read latency, likewise"},
     {"cost_model", "decide", T::kBool, &Config::cost_decide, 0, 0, true,
      "report NVMe hits slower than recompute as recompute; drop such evictions"},
+    // [events]
+    {"events", "enabled", T::kBool, &Config::events_enabled, 0, 0, false,
+     "publish which blocks each tenant holds, in vLLM's KV-event format (ZeroMQ + msgpack)"},
+    {"events", "endpoint", T::kString, &Config::events_endpoint, 0, 0, false,
+     "PUB endpoint per tenant, {tenant} expands; empty: ipc://<run_dir>/kvtier-events-{tenant}.sock"},
+    {"events", "replay_endpoint", T::kString, &Config::events_replay_endpoint, 0, 0, false,
+     "ROUTER endpoint for missed batches; empty: ipc://<run_dir>/kvtier-events-{tenant}-replay.sock; off: none"},
+    {"events", "tenants", T::kStringList, &Config::events_tenants, 0, 0, false, "tenants that publish; []: all"},
+    {"events", "topic", T::kString, &Config::events_topic, 0, 0, false, "first frame of every message (vLLM's topic)"},
+    {"events", "block_hash", T::kString, &Config::events_block_hash, 0, 0, false,
+     "int64 (a key's low 64 bits, as vLLM sends by default) or bytes (all 32)"},
+    {"events", "batch_ms", T::kInt, &Config::events_batch_ms, 1, 10000, false, "events gathered this long form a batch"},
+    {"events", "buffer_batches", T::kInt, &Config::events_buffer_batches, 1, 1000000, false,
+     "batches kept per tenant for replay"},
+    {"events", "max_pending", T::kInt, &Config::events_max_pending, 1, 100000000, false,
+     "events waiting to be sent; past it they are dropped and counted"},
     // [sim]
     {"sim", "bandwidth", T::kBytes, &Config::sim_bandwidth, 0, 0, false,
      "simulated device copy bandwidth, bytes/s (0: unlimited)"},
@@ -166,6 +182,9 @@ const ConfigSection kSections[] = {
     {"cost_model",
      "# What a block is worth: prefill time of its tokens at its position, for this\n"
      "# model shape, at a throughput fitted to the engines' report_prefill calls.\n"},
+    {"events",
+     "# KV events for cache-aware routers (vLLM's format): off by default. Each tenant's\n"
+     "# events go to its own endpoint; an ipc socket only the tenant's uid/gid may open.\n"},
     {"sim", ""},
 };
 

@@ -3,6 +3,7 @@
 // credentials). config.cc parses and prints.
 #include <sys/types.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/units.h"
@@ -124,6 +126,38 @@ absl::Status ValidateConfig(const Config& c) {
     fail("daemon.hash", Cat("daemon.hash = \"xxh3-128\" is only for a single trusted tenant, and this config has ",
                             c.tenants.size(), " tenants: keys that collide would hand one tenant's K/V to another; "
                             "use hash = \"sha256\""));
+  }
+  if (c.events_block_hash != "int64" && c.events_block_hash != "bytes") {
+    fail("events.block_hash", Cat("events.block_hash = \"", c.events_block_hash, "\"; use \"int64\" or \"bytes\""));
+  }
+  if (c.events_enabled) {
+    size_t publishing = 0;
+    for (const TenantConfig& t : c.tenants) {
+      if (c.events_tenants.empty() ||
+          std::find(c.events_tenants.begin(), c.events_tenants.end(), t.name) != c.events_tenants.end()) {
+        ++publishing;
+      }
+    }
+    for (const std::string& name : c.events_tenants) {
+      if (std::none_of(c.tenants.begin(), c.tenants.end(), [&](const TenantConfig& t) { return t.name == name; })) {
+        fail("events.tenants", Cat("events.tenants names \"", name, "\", which is no [[tenants]] entry"));
+      }
+    }
+    // Events say which prefixes a tenant holds: one endpoint per tenant.
+    for (const auto& [key, ep] : {std::pair<std::string_view, const std::string*>{"events.endpoint", &c.events_endpoint},
+                                  {"events.replay_endpoint", &c.events_replay_endpoint}}) {
+      if (ep->empty() || *ep == "off" || publishing < 2 || ep->find("{tenant}") != std::string::npos) continue;
+      fail(key, Cat(key, " = \"", *ep, "\" is one endpoint for ", publishing,
+                    " publishing tenants: put {tenant} in it (each tenant's events go to its own endpoint), or list "
+                    "one tenant in events.tenants"));
+    }
+    for (const auto& [key, ep] : {std::pair<std::string_view, const std::string*>{"events.endpoint", &c.events_endpoint},
+                                  {"events.replay_endpoint", &c.events_replay_endpoint}}) {
+      if (ep->empty() || *ep == "off") continue;
+      if (!absl::StartsWith(*ep, "ipc://") && !absl::StartsWith(*ep, "tcp://")) {
+        fail(key, Cat(key, " = \"", *ep, "\"; use ipc://PATH or tcp://ADDRESS:PORT"));
+      }
+    }
   }
   absl::flat_hash_set<std::string> names;
   absl::flat_hash_set<uid_t> uids;

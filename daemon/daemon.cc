@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <filesystem>
 #include <thread>
@@ -118,6 +119,7 @@ absl::Status Daemon::Open() {
                                                .shared_writes = SharedWritesNamed(config_.remote_write_policy).value_or(SharedWrites::kDemoted)},
                                               &stats_));
   for (const TenantConfig& t : config_.tenants) RETURN_IF_ERROR(OpenTenant(t));
+  RETURN_IF_ERROR(OpenEvents());
 
   RETURN_IF_ERROR(OpenNvme());
   RETURN_IF_ERROR(OpenRemote());
@@ -125,6 +127,27 @@ absl::Status Daemon::Open() {
 
   RETURN_IF_ERROR(OpenSockets());
   return StartMetrics();
+}
+
+absl::Status Daemon::OpenEvents() {
+  if (!config_.events_enabled) return absl::OkStatus();
+  std::vector<KvEventTenant> tenants;
+  for (const TenantConfig& t : config_.tenants) {
+    const bool publish = config_.events_tenants.empty() ||
+                         std::find(config_.events_tenants.begin(), config_.events_tenants.end(), t.name) !=
+                             config_.events_tenants.end();
+    tenants.push_back(KvEventTenant{t.name, publish, t.uids, t.gids});
+  }
+  ASSIGN_OR_RETURN(events_, KvEvents::Start({.endpoint = config_.events_endpoint,
+                                             .replay_endpoint = config_.events_replay_endpoint,
+                                             .topic = config_.events_topic,
+                                             .bytes_hashes = config_.events_block_hash == "bytes",
+                                             .batch_ms = config_.events_batch_ms,
+                                             .buffer_batches = config_.events_buffer_batches,
+                                             .max_pending = config_.events_max_pending},
+                                            tenants, config_.run_dir));
+  store_->SetEvents(events_.get());
+  return absl::OkStatus();
 }
 
 absl::Status Daemon::OpenTenant(const TenantConfig& t) {

@@ -21,6 +21,7 @@
 #include "core/mutex.h"
 #include "core/unique_fd.h"
 #include "daemon/block_store.h"
+#include "daemon/kv_events.h"
 #include "daemon/config.h"
 #include "daemon/gpu_cache.h"
 #include "daemon/log_limiter.h"
@@ -89,6 +90,7 @@ class Daemon {
   // is logged, not fatal: serving engines matters more than being scraped;
   // an unreadable token file is fatal).
   absl::Status OpenTenant(const TenantConfig& t);
+  absl::Status OpenEvents();
   absl::Status OpenSockets();
   absl::Status StartMetrics();
 
@@ -162,6 +164,9 @@ class Daemon {
   absl::flat_hash_set<std::string> arena_registered_;  // tenants whose host arena the device can reach
   // Tenants with a GPU tier; the store owns each (BlockStore::AddTenant).
   absl::flat_hash_map<std::string, GpuCache*> gpu_;
+  // KV events for routers ([events]); declared before store_, which calls
+  // it from its threads, so that it outlives the store.
+  std::unique_ptr<KvEvents> events_;
   std::unique_ptr<BlockStore> store_;
   // Per tenant: its registered KV caches, across sessions. Declared before
   // sessions_, so it outlives them.

@@ -4,6 +4,8 @@
 #include <climits>
 #include <utility>
 
+#include "daemon/block_index.h"
+#include "daemon/kv_events.h"
 #include "policies/adaptive_policy.h"
 
 namespace kvtier {
@@ -26,7 +28,15 @@ ChainGuard* HostResidency::PolicyForLocked(uint64_t slot_bytes) {
   return policy_by_size.emplace(slot_bytes, std::move(guard)).first->second.get();
 }
 
+void HostResidency::AnnounceLocked(SlotHandle slot) {
+  if (events == nullptr || !events->Publishes(index) || !slots.MarkAnnounced(slot)) return;
+  if (const BlockRecord* r = slots.owner(slot)) events->Stored(index, r->key, slots.tokens(slot), KvMedium::kCpu);
+}
+
 void HostResidency::FreeSlotLocked(SlotHandle slot) {
+  if (events != nullptr && slots.announced(slot)) {
+    if (const BlockRecord* r = slots.owner(slot)) events->Removed(index, r->key, KvMedium::kCpu);
+  }
   PolicyForLocked(host->SlotBytes(slot))->Remove(slot);
   // Cannot fail: the slot was allocated for one record and is freed once.
   (void)host->Free(slot);

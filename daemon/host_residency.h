@@ -31,6 +31,8 @@
 
 namespace kvtier {
 
+class KvEvents;
+
 struct BlockRecord;
 
 // A tenant's quotas; 0 = none beyond the tier's size. Counted in resident
@@ -84,6 +86,13 @@ class HostResidency {
     quota_nvme_bytes.store(q.nvme_bytes, std::memory_order_relaxed);
     quota_nvme_tokens.store(q.nvme_tokens, std::memory_order_relaxed);
   }
+
+  // KV events (daemon/kv_events.h), set before sessions start; the tenant's
+  // index in the store. Announces a host copy that became visible (a commit,
+  // a promotion); FreeSlotLocked announces its removal.
+  KvEvents* events = nullptr;
+  uint16_t index = 0;
+  void AnnounceLocked(SlotHandle slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   const std::string name;
   const uint64_t hash;

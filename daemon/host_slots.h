@@ -34,6 +34,7 @@ class HostSlotTable {
     }
     if (owner_[slot] != nullptr) return false;
     owner_[slot] = owner;
+    if (announced_.size() > slot) announced_[slot] = false;
     if (tokens >= kBigTokens) {
       tokens_[slot] = kBigTokens;
       big_tokens_[slot] = tokens;
@@ -48,10 +49,21 @@ class HostSlotTable {
   void Release(SlotHandle slot) {
     if (slot >= owner_.size() || owner_[slot] == nullptr) return;
     owner_[slot] = nullptr;
+    if (announced_.size() > slot) announced_[slot] = false;
     tokens_held_ -= tokens(slot);
     if (tokens_[slot] == kBigTokens) big_tokens_.erase(slot);
     tokens_[slot] = 0;
   }
+  // KV events (daemon/kv_events.h): `slot`'s block was announced as held in
+  // host memory. True the first time, so each copy is announced once.
+  bool MarkAnnounced(SlotHandle slot) {
+    if (slot >= owner_.size() || owner_[slot] == nullptr) return false;
+    if (announced_.size() <= slot) announced_.resize(owner_.size(), false);
+    if (announced_[slot]) return false;
+    announced_[slot] = true;
+    return true;
+  }
+  bool announced(SlotHandle slot) const { return slot < announced_.size() && announced_[slot]; }
   // `slot`'s block was hit.
   void Touch(SlotHandle slot) {
     if (slot < tick_.size()) tick_[slot] = ++clock_;
@@ -87,6 +99,7 @@ class HostSlotTable {
   std::vector<uint16_t> tokens_;     // by slot; kBigTokens: in big_tokens_
   absl::flat_hash_map<SlotHandle, uint32_t> big_tokens_;
   std::vector<uint32_t> tick_;       // by slot
+  std::vector<bool> announced_;      // by slot, only while KV events are on
   uint32_t clock_ = 0;
   uint64_t tokens_held_ = 0;
 };

@@ -145,6 +145,17 @@ std::string PrometheusText(const StatusSnapshot& s, bool detailed) {
     w.Sample("kvtier_refused_total", absl::StrCat("reason=\"", kRefusalNames[i], "\""), double(st.refused[i].Get()));
   }
 
+  if (s.events) {
+    w.Family("kvtier_events_total", "counter",
+             "KV events for routers ([events]): events sent, and dropped because the publisher fell behind "
+             "(max_pending); a router that saw a drop should replay or resynchronize.");
+    w.Sample("kvtier_events_total", "result=\"sent\"", double(s.events->stats.events));
+    w.Sample("kvtier_events_total", "result=\"dropped\"", double(s.events->stats.dropped));
+    w.Family("kvtier_events_replays_total", "counter", "Replay requests served, and refused as malformed.");
+    w.Sample("kvtier_events_replays_total", "result=\"served\"", double(s.events->stats.replays));
+    w.Sample("kvtier_events_replays_total", "result=\"malformed\"", double(s.events->stats.bad_replays));
+  }
+
   w.Family("kvtier_log_lines_suppressed_total", "counter",
            "Log lines peers would have caused beyond limits.log_lines_per_s (dropped).");
   w.Sample("kvtier_log_lines_suppressed_total", "", double(st.log_lines_suppressed.Get()));

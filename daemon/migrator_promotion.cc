@@ -134,6 +134,7 @@ void Migrator::FinishPromotion(HostResidency& t, BlockRecord* r, const Promotion
     if (ok) {
       t.PolicyForLocked(t.host->SlotBytes(p.host_slot))
           ->InsertInChain(p.host_slot, PolicyKeyOf(*r), parent_key, PositionOf(*r, block_tokens));
+      t.AnnounceLocked(p.host_slot);
     } else {
       t.FreeSlotLocked(p.host_slot);
     }

@@ -225,6 +225,22 @@ json GpuJson(const StatusSnapshot::Gpu& g) {
               {"health", std::string(TierHealthName(g.health))}};
 }
 
+json EventsJson(const std::optional<StatusSnapshot::Events>& e) {
+  if (!e) return json{{"enabled", false}};
+  json tenants = json::array();
+  for (const auto& [name, endpoint, replay] : e->tenants) {
+    tenants.push_back(json{{"tenant", name}, {"endpoint", endpoint}, {"replay_endpoint", replay}});
+  }
+  return json{{"enabled", true},
+              {"publishing", tenants},
+              {"events", e->stats.events},
+              {"batches", e->stats.batches},
+              {"dropped", e->stats.dropped},
+              {"replays", e->stats.replays},
+              {"bad_replays", e->stats.bad_replays},
+              {"send_errors", e->stats.send_errors}};
+}
+
 json StatsJson(const DaemonStats& s) {
   json stats{{"lookups", s.lookups.Get()},
              {"lookup_hits", s.lookup_hits.Get()},
@@ -321,6 +337,7 @@ json StatusJson(const StatusSnapshot& s) {
               {"cost_model", CostTracker::ReportJson(s.cost_model)},
               {"metrics", s.metrics_url ? json{{"enabled", true}, {"url", *s.metrics_url}, {"port", s.metrics_port}}
                                         : json{{"enabled", false}}},
+              {"events", EventsJson(s.events)},
               {"latency", LatencyJson(s.stats)},
               {"stats", StatsJson(s.stats)}};
 }

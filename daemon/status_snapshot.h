@@ -13,11 +13,13 @@
 
 #include <cstdint>
 #include <optional>
+#include <tuple>
 #include <string>
 #include <vector>
 
 #include "daemon/block_store.h"
 #include "daemon/cost_tracker.h"
+#include "daemon/kv_events.h"
 #include "daemon/gpu_cache.h"
 #include "daemon/session.h"
 #include "daemon/stats.h"
@@ -97,6 +99,12 @@ struct StatusSnapshot {
   std::vector<Lower> lower;
   std::optional<Gpu> gpu;
   CostTracker::Report cost_model;
+  // KV events ([events] enabled): the counters and each tenant's endpoints.
+  struct Events {
+    KvEventStats stats;
+    std::vector<std::tuple<std::string, std::string, std::string>> tenants;  // name, endpoint, replay
+  };
+  std::optional<Events> events;
   std::optional<std::string> metrics_url;  // set when the metrics endpoint listens
   uint16_t metrics_port = 0;
   DaemonStats stats;  // a copy: the counters' values when the snapshot was taken

@@ -2,6 +2,8 @@
 // (store_books.h).
 #include "daemon/store_books.h"
 
+#include "daemon/kv_events.h"
+
 #include "core/checked.h"
 #include "spdlog/spdlog.h"
 
@@ -129,14 +131,26 @@ void StoreBooks::ReleaseIoRef(HostResidency& t, BlockRecord* r) {
   }
 }
 
+namespace {
+KvMedium MediumOf(const LowerLane& lane) { return lane.tier->shared() ? KvMedium::kRemote : KvMedium::kDisk; }
+}  // namespace
+
 void StoreBooks::ChargeLocked(LowerLane& lane, const BlockRecord* r, SlotHandle slot, int sign) {
   const BlockMeta meta = MetaOf(r);
   lane.ChargeLocked(r->tenant, slot, meta.payload_bytes, meta.block_tokens, sign);
+  if (events != nullptr && events->Publishes(r->tenant)) {
+    if (sign > 0) {
+      events->Stored(r->tenant, r->key, meta.block_tokens, MediumOf(lane));
+    } else {
+      events->Removed(r->tenant, r->key, MediumOf(lane));
+    }
+  }
 }
 
 void StoreBooks::FreeLowerSlotLocked(LowerLane& lane, const BlockRecord* r, SlotHandle slot) {
   const BlockMeta meta = MetaOf(r);
   lane.FreeSlotLocked(r->tenant, slot, meta.payload_bytes, meta.block_tokens);
+  if (events != nullptr) events->Removed(r->tenant, r->key, MediumOf(lane));
 }
 
 }  // namespace kvtier

@@ -39,6 +39,8 @@
 
 namespace kvtier {
 
+class KvEvents;
+
 // The members are the store's shared state, not an interface: each part
 // of the store reads and changes them under the locks their comments name.
 // Filled before sessions start (tenants and lanes are not resized after).
@@ -54,6 +56,10 @@ class StoreBooks {
   std::vector<std::unique_ptr<HostResidency>> tenants;  // by tenant index
   absl::flat_hash_map<uint64_t, uint16_t> tenant_by_hash;
   std::vector<std::unique_ptr<LowerLane>> lanes;  // the chain below host memory, lane 0 first
+  // KV events (daemon/kv_events.h), or nullptr; set before sessions start.
+  // A lower copy is announced when its slot is charged and withdrawn when
+  // the slot is freed (ChargeLocked, FreeLowerSlotLocked).
+  KvEvents* events = nullptr;
 
   LowerLane& LaneOf(const BlockRecord* r) const { return *lanes[r->lower]; }
 
