@@ -842,7 +842,9 @@ def main() -> int:
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     args = ap.parse_args()
     ktc = {"kv_connector": "KvtierConnector", "kv_connector_module_path": "kvtier.vllm", "kv_role": "kv_both",
-           "kv_connector_extra_config": {"socket": args.socket, "always_load": True}}
+           "kv_connector_extra_config": {"socket": args.socket}}
+    if not args.json:
+        print("--kv-transfer-config '" + json.dumps(ktc) + "'")
     prefix = [(i * 31 + 7) % VOCAB for i in range(args.prompt_tokens)]
     rows = []
     for run, suffix in (("first", [1, 2, 3]), ("second", [4, 5, 6])):

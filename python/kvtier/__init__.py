@@ -21,8 +21,10 @@ DeviceLoad says when each layer has landed (wait_layers), so layer 0 can run
 while later layers arrive.
 
 Errors raise kvtier.KvtierError (.code: the negative errno of kvtier.h).
-See examples/python/connector_example.py for where a vLLM or SGLang KV
-connector calls each function.
+
+Engines: kvtier.vllm is a KV connector for vLLM (KvtierConnector) and
+kvtier.sglang a HiCache storage backend for SGLang (KvtierStorage); see
+docs/integration.md for the one line that turns each on.
 """
 from ._kvtier import Client, DeviceLoad, KvtierError, LookupResult, Operation, StoreTicket, kv_block_bytes
 

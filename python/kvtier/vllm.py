@@ -109,6 +109,7 @@ except ImportError:
 
 
 NULL_BLOCK = 0  # vLLM's null block: pages that hold nothing (sliding-window gaps)
+_FAST_TIERS = frozenset(("host", "gpu"))
 
 
 def block_key(block_hash: Any) -> bytes:
@@ -219,7 +220,7 @@ class _Options:
     def __init__(self, vllm_config):
         extra = dict(getattr(vllm_config.kv_transfer_config, "kv_connector_extra_config", None) or {})
         known = {"socket", "model_id", "model_revision", "cache_salt", "always_load", "load_mode", "save",
-                 "client_name"}
+                 "client_name", "load_timeout_s"}
         unknown = sorted(set(extra) - known)
         if unknown:
             raise ValueError(f"kvtier.vllm: unknown kv_connector_extra_config keys {unknown}; known: {sorted(known)}")
@@ -238,6 +239,11 @@ class _Options:
         if self.save not in ("all", "prompt", "none"):
             raise ValueError(f"kvtier.vllm: save is all, prompt or none, not {self.save!r}")
         self.client_name = str(extra.get("client_name", "vllm"))
+        # A load kvtierd has not finished in this long is a failed load (the
+        # engine recomputes) rather than a stalled step.
+        self.load_timeout_s = float(extra.get("load_timeout_s", 10.0))
+        if not 0 < self.load_timeout_s <= 3600:
+            raise ValueError(f"kvtier.vllm: load_timeout_s is in (0, 3600], not {self.load_timeout_s}")
         parallel = getattr(vllm_config, "parallel_config", None)
         self.tp_size = int(getattr(parallel, "tensor_parallel_size", 1) or 1)
         cache_config = getattr(vllm_config, "cache_config", None)
@@ -356,7 +362,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             else:
                 hit = min(n, hit + r.recompute_blocks)
             n = min(n, hit)
-            slow = slow or any(t not in ("host", "gpu") for t in r.tiers[:n])
+            slow = slow or not _FAST_TIERS.issuperset(r.tiers[:n])
         return n, slow, declined
 
     def _plan(self, request, num_computed_tokens: int) -> _Plan | None:
@@ -376,33 +382,17 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         clients = self._clients()
         if clients is None:
             return None
-        keys = [block_key(h) for h in hashes[start:limit]]
         self.stats["lookups"] += 1
         try:
-            end = limit
-            slow = False
-            for g, group in enumerate(self._groups):
-                if group.kind == "full":
-                    n, s, declined = self._present(clients[g], keys[: end - start], cost=True)
-                    self.stats["declined_by_cost_tokens"] += declined * bs
-                    end = start + n
-                    slow = slow or s
-            # Sliding-window groups need only the blocks in the window of the
-            # offered end; move the end back until every one is there.
-            for g, group in enumerate(self._groups):
-                if group.kind != "sliding_window":
-                    continue
-                for _ in range(4):
-                    if end <= start:
-                        break
-                    lo = max(start, _window_start(group, end * bs))
-                    n, s, _ = self._present(clients[g], keys[lo - start: end - start], cost=False)
-                    if n == end - lo:
-                        slow = slow or s
-                        break
-                    end = lo + n
-                else:
-                    end = start
+            # vLLM's SHA-256 hashes are the keys as they are; the client
+            # refuses anything that is not 32 bytes, and then they are widened.
+            keys = hashes[start:limit]
+            try:
+                end, slow = self._present_all(clients, keys, start, limit)
+            except (ValueError, TypeError, RuntimeError) as e:
+                if isinstance(e, KvtierError):
+                    raise
+                end, slow = self._present_all(clients, [block_key(h) for h in keys], start, limit)
         except KvtierError as e:
             self._drop_clients(e)
             return None
@@ -411,6 +401,36 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         mode = self._opts.load_mode
         is_async = mode == "async" or (mode == "auto" and slow)
         return _Plan(start, end, is_async)
+
+    def _present_all(self, clients, keys: list, start: int, limit: int) -> tuple[int, bool]:
+        """The end (in blocks) of the prefix every group and rank holds, and
+        whether a block of it is below host memory."""
+        bs = self._block_size
+        end = limit
+        slow = False
+        for g, group in enumerate(self._groups):
+            if group.kind == "full":
+                n, s, declined = self._present(clients[g], keys[: end - start], cost=True)
+                self.stats["declined_by_cost_tokens"] += declined * bs
+                end = start + n
+                slow = slow or s
+        # Sliding-window groups need only the blocks in the window of the
+        # offered end; move the end back until every one is there.
+        for g, group in enumerate(self._groups):
+            if group.kind != "sliding_window":
+                continue
+            for _ in range(4):
+                if end <= start:
+                    break
+                lo = max(start, _window_start(group, end * bs))
+                n, s, _ = self._present(clients[g], keys[lo - start: end - start], cost=False)
+                if n == end - lo:
+                    slow = slow or s
+                    break
+                end = lo + n
+            else:
+                end = start
+        return end, slow
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int | None, bool]:
         """Tokens kvtier can supply after the engine's own prefix hit. Called
@@ -438,12 +458,19 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                 st.saved_upto = request.num_computed_tokens // self._block_size
             return
         bs = self._block_size
-        if plan is None or (plan.end - plan.start) * bs != num_external_tokens:
-            # Not what this connector offered: load nothing and let vLLM
-            # recompute (the blocks would otherwise be left unwritten).
-            logger.error("kvtier.vllm: request %s: %d external tokens allocated, %s offered", req_id,
-                         num_external_tokens, None if plan is None else (plan.end - plan.start) * bs)
+        if plan is None or num_external_tokens % bs or plan.start + num_external_tokens // bs > plan.end:
+            # Not what this connector offered (vLLM asks before it allocates,
+            # and uses the last answer): the pages it allocated for these
+            # tokens are reported as failed loads, so vLLM computes them
+            # rather than reading pages nothing wrote.
+            logger.error("kvtier.vllm: request %s: %d external tokens allocated, %s offered; they are recomputed",
+                         req_id, num_external_tokens, None if plan is None else (plan.end - plan.start) * bs)
+            start = plan.start if plan is not None else 0
+            n = -(-num_external_tokens // bs)
+            self._loads.append(LoadSpec(req_id, [BlockRange(g, [], [b for b in ids[start:start + n] if b != NULL_BLOCK])
+                                                 for g, ids in enumerate(block_ids)], False, num_external_tokens))
             return
+        plan = _Plan(plan.start, plan.start + num_external_tokens // bs, plan.is_async)
         ranges = []
         for g, group in enumerate(self._groups):
             first = max(plan.start, _window_start(group, plan.end * bs))
@@ -607,9 +634,12 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
     def _start_load(self, spec: LoadSpec) -> "_LoadInFlight":
         lf = _LoadInFlight(spec)
         for rng in spec.ranges:
-            if not rng.keys:
+            if not rng.keys and not rng.block_ids:
                 continue
             part = _PartLoad(rng)
+            if not rng.keys:  # pages the scheduler could not fill: failed loads
+                lf.parts.append(part)
+                continue
             lf.parts.append(part)
             try:
                 client = self._client(rng.group)
@@ -646,11 +676,11 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             views = None
             if part.error is None and part.op is not None:
                 try:
-                    views = part.op.wait()
+                    views = part.op.wait(self._opts.load_timeout_s)
                 except KvtierError as e:
                     part.error = e
             part.views = list(views or [])
-            if len(part.views) < len(part.range.keys):
+            if len(part.views) < len(part.range.block_ids):
                 failed = True
                 bad = part.range.block_ids[len(part.views):]
                 self._errors.update(bad)
@@ -659,8 +689,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             self._failed_reqs.add(lf.spec.req_id)
             first = [p for p in lf.parts if p.error is not None]
             logger.warning("kvtier.vllm: request %s: %d of %d blocks did not load (%s); vLLM recomputes them",
-                           lf.spec.req_id, sum(len(p.range.keys) - len(p.views) for p in lf.parts),
-                           sum(len(p.range.keys) for p in lf.parts),
+                           lf.spec.req_id, sum(len(p.range.block_ids) - len(p.views) for p in lf.parts),
+                           sum(len(p.range.block_ids) for p in lf.parts),
                            first[0].error if first else "not in kvtier any more")
         for part in lf.parts:
             if part.views:
@@ -770,7 +800,13 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
 
     def get_finished(self, finished_req_ids: set) -> tuple[set | None, set | None]:
         done = set()
+        now = time.monotonic()
         for req_id, lf in list(self._async_loads.items()):
+            if now - lf.started > self._opts.load_timeout_s:
+                for p in lf.parts:  # kvtierd did not finish it in time: a failed load
+                    if p.op is not None and p.error is None and not p.op.poll():
+                        p.error = TimeoutError(f"not loaded in {self._opts.load_timeout_s} s")
+                        p.op = None
             if all(p.op is None or p.error is not None or p.op.poll() for p in lf.parts):
                 self._finish_load(lf)
                 del self._async_loads[req_id]
@@ -900,6 +936,7 @@ class _PartLoad:
 class _LoadInFlight:
     def __init__(self, spec: LoadSpec):
         self.spec = spec
+        self.started = time.monotonic()
         self.parts: list[_PartLoad] = []
         self.settled = False
 

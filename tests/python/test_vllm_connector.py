@@ -132,9 +132,10 @@ def test_abort_mid_prefill_and_mid_async_load(daemon):
         eng.before_execute = abort_while_loading
         eng.step()
         assert held == [6], "d's pages (the 96 loaded tokens) were freed while the load wrote them"
-        for _ in range(3):
-            eng.step()
-        assert len(eng.free) == total_free, "the load's report freed them"
+        deadline = time.time() + 20
+        while len(eng.free) != total_free and time.time() < deadline:
+            eng.step()        # the load finishes on a worker; its report frees them
+        assert len(eng.free) == total_free, "the load's report never freed them"
         assert eng.generate({"e": prompt(22, 96) + [6]}) == reference_outputs({"e": prompt(22, 96) + [6]})
         assert eng.mismatches == 0
 
