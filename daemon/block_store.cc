@@ -73,6 +73,7 @@ void BlockStore::SetEvents(KvEvents* events) {
     MutexLock l(&t.mu);
     t.events = events;
     t.index = static_cast<uint16_t>(i);
+    if (t.gpu) t.gpu->SetEvents(events, static_cast<uint16_t>(i));
   }
 }
 

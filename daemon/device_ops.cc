@@ -105,7 +105,7 @@ absl::Status DeviceOps::Gather(const EngineCache& reg, std::span<const uint32_t>
   for (size_t i = 0; i < keys.size(); ++i) {
     if (!locs[i].needed) continue;
     std::byte* host = ctx_.arena_base + locs[i].arena_offset;
-    std::optional<GpuCache::Pin> pin = gpu ? gpu->Reserve(ns.handle, keys[i], ns.block_bytes) : std::nullopt;
+    std::optional<GpuCache::Pin> pin = gpu ? gpu->Reserve(ns.handle, keys[i], ns.block_bytes, ns.block_tokens) : std::nullopt;
     if (pin) {
       dst.push_back(reinterpret_cast<uint64_t>(pin->data));
       demote.push_back({host, pin->data});
@@ -138,7 +138,7 @@ void DeviceOps::PromoteToGpu(const std::vector<BlockKey>& keys, const LoadOutcom
   std::vector<const BlockKey*> reserved;
   for (uint32_t i = 0; i < lo.loaded; ++i) {
     if (from_gpu[i]) continue;
-    std::optional<GpuCache::Pin> pin = gpu->Reserve(ns.handle, keys[i], ns.block_bytes);
+    std::optional<GpuCache::Pin> pin = gpu->Reserve(ns.handle, keys[i], ns.block_bytes, ns.block_tokens);
     if (!pin) continue;  // no room: every copy is pinned
     copies.push_back({pin->data, ctx_.arena_base + lo.locations[i].arena_offset});
     reserved.push_back(&keys[i]);

@@ -2,6 +2,8 @@
 
 #include <vector>
 
+#include "daemon/kv_events.h"
+
 namespace kvtier {
 
 std::optional<GpuCache::Pin> GpuCache::Acquire(uint32_t ns, const BlockKey& key, bool count_hit) {
@@ -14,7 +16,7 @@ std::optional<GpuCache::Pin> GpuCache::Acquire(uint32_t ns, const BlockKey& key,
   return Pin{it->second->slot, tier_->SlotData(it->second->slot)};
 }
 
-std::optional<GpuCache::Pin> GpuCache::Reserve(uint32_t ns, const BlockKey& key, uint64_t bytes) {
+std::optional<GpuCache::Pin> GpuCache::Reserve(uint32_t ns, const BlockKey& key, uint64_t bytes, uint32_t tokens) {
   MutexLock l(&mu_);
   if (index_.contains(Id{ns, key})) return std::nullopt;
   absl::StatusOr<SlotHandle> slot = tier_->Allocate(bytes);
@@ -29,7 +31,7 @@ std::optional<GpuCache::Pin> GpuCache::Reserve(uint32_t ns, const BlockKey& key,
     slot = tier_->Allocate(bytes);
   }
   if (!slot.ok()) return std::nullopt;
-  lru_.push_front(Entry{Id{ns, key}, *slot, 1, false, false});
+  lru_.push_front(Entry{Id{ns, key}, *slot, 1, false, false, false, tokens});
   index_[Id{ns, key}] = lru_.begin();
   return Pin{*slot, tier_->SlotData(*slot)};
 }
@@ -37,7 +39,19 @@ std::optional<GpuCache::Pin> GpuCache::Reserve(uint32_t ns, const BlockKey& key,
 void GpuCache::Publish(uint32_t ns, const BlockKey& key) {
   MutexLock l(&mu_);
   auto it = index_.find(Id{ns, key});
-  if (it != index_.end()) it->second->visible = true;
+  if (it == index_.end()) return;
+  Entry& e = *it->second;
+  e.visible = true;
+  if (events_ != nullptr && !e.dropped && !e.announced) {
+    e.announced = true;
+    events_->Stored(tenant_, key, e.tokens, KvMedium::kGpu);
+  }
+}
+
+void GpuCache::WithdrawLocked(Entry& e) {
+  if (!e.announced) return;
+  e.announced = false;
+  if (events_ != nullptr) events_->Removed(tenant_, e.id.key, KvMedium::kGpu);
 }
 
 void GpuCache::Release(uint32_t ns, const BlockKey& key) {
@@ -63,6 +77,7 @@ void GpuCache::Drop(uint32_t ns, const BlockKey& key) {
     EraseLocked(it->second);
   } else {
     it->second->dropped = true;
+    WithdrawLocked(*it->second);
   }
 }
 
@@ -75,11 +90,13 @@ void GpuCache::DropNamespace(uint32_t ns) {
       EraseLocked(cur);
     } else {
       cur->dropped = true;
+      WithdrawLocked(*cur);
     }
   }
 }
 
 void GpuCache::EraseLocked(List::iterator it) {
+  WithdrawLocked(*it);
   (void)tier_->Free(it->slot);
   index_.erase(it->id);
   lru_.erase(it);

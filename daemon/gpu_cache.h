@@ -27,6 +27,8 @@
 
 namespace kvtier {
 
+class KvEvents;
+
 class GpuCache {
  public:
   explicit GpuCache(std::unique_ptr<GpuTier> tier) : tier_(std::move(tier)) {}
@@ -43,7 +45,15 @@ class GpuCache {
   // Thread-safe. A new slot for a block that has no copy yet, pinned and not
   // yet visible; evicts unpinned copies to make room. nullopt when the block
   // already has a copy (or one in the making) or nothing can be evicted.
-  std::optional<Pin> Reserve(uint32_t ns, const BlockKey& key, uint64_t bytes);
+  // `tokens`: the block's, for KV events (SetEvents).
+  std::optional<Pin> Reserve(uint32_t ns, const BlockKey& key, uint64_t bytes, uint32_t tokens = 0);
+  // KV events (daemon/kv_events.h): a copy is announced (medium GPU) when it
+  // is published and withdrawn when it stops being visible. Before sessions.
+  void SetEvents(KvEvents* events, uint16_t tenant) {
+    MutexLock l(&mu_);
+    events_ = events;
+    tenant_ = tenant;
+  }
   // Thread-safe. A reserved copy whose bytes are in place becomes visible.
   void Publish(uint32_t ns, const BlockKey& key);
   // Thread-safe. Unpins; a reserved copy that was never published, or one
@@ -88,16 +98,22 @@ class GpuCache {
     uint32_t pins = 0;
     bool visible = false;
     bool dropped = false;
+    bool announced = false;  // a KV event said it is here
+    uint32_t tokens = 0;
   };
   using List = std::list<Entry>;  // most recent at the front
 
   void EraseLocked(List::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The copy stops being visible: withdraw its announcement.
+  void WithdrawLocked(Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::unique_ptr<GpuTier> tier_;
   mutable Mutex mu_;
   List lru_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<Id, List::iterator> index_ ABSL_GUARDED_BY(mu_);
   Counter hits_, promotions_, demotions_, evictions_;
+  KvEvents* events_ ABSL_GUARDED_BY(mu_) = nullptr;
+  uint16_t tenant_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace kvtier

@@ -220,3 +220,38 @@ def test_one_endpoint_for_two_tenants_is_refused(make_daemon):
     with pytest.raises(RuntimeError, match=r"put \{tenant\} in it"):
         make_daemon(events_config('endpoint = "ipc:///tmp/kvtier-one-for-all.sock"\n') +
                     '[[tenants]]\nname = "a"\nuids = [1]\n[[tenants]]\nname = "b"\nuids = [2]\n')
+
+
+def test_gpu_tier_copies_are_announced_as_gpu(make_daemon):
+    """The GPU tier (on the host-simulated device here) keeps copies of blocks
+    an engine stores from its registered cache: medium GPU, withdrawn when
+    the block goes."""
+    from test_client import _paged_cache
+
+    d = make_daemon(events_config() + '[tiers.gpu]\ncapacity = "4MiB"\n')
+    sub = Subscriber(d.status()["events"]["publishing"][0]["endpoint"])
+    time.sleep(0.3)
+    layers, page_tokens, kv_heads, head_dim, pages = 2, 8, 2, 16, 16
+    bb = kvtier.kv_block_bytes(layers, 8, kv_heads, head_dim, dtype="f32")
+    c = kvtier.Client.attach("py/registered", block_tokens=8, block_bytes=bb, socket=d.socket, kv_dtype="f32",
+                             kv_layout="layer_major")
+    cache, mem, fd, k_layers, v_layers, region = _paged_cache(layers, pages, page_tokens, kv_heads, head_dim)
+    try:
+        reg = c.register_kv_cache(layers, page_tokens, kv_heads, head_dim, pages, k_layers, v_layers, [region],
+                                  dtype="f32")
+        keys = c.compute_keys(np.arange(24, dtype=np.uint32))
+        assert c.store_from_cache(reg, keys, [1, 2, 3]) == 3
+        want = [int_hash(k) for k in keys]
+        sub.drain(3, until=lambda evs: len(stored(evs, "GPU")) >= 3 and len(stored(evs, "CPU")) >= 3)
+        assert stored(sub.events(), "GPU") == want
+        assert stored(sub.events(), "CPU") == want
+        assert c.invalidate(keys) == 3
+        sub.drain(3, until=lambda evs: len(removed(evs, "GPU")) >= 3)
+        assert sorted(removed(sub.events(), "GPU")) == sorted(want)
+        c.unregister_kv_cache(reg)
+    finally:
+        c.close()
+        del cache
+        mem.close()
+        os.close(fd)
+        sub.close()
