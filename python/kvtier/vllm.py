@@ -220,7 +220,7 @@ class _Options:
     def __init__(self, vllm_config):
         extra = dict(getattr(vllm_config.kv_transfer_config, "kv_connector_extra_config", None) or {})
         known = {"socket", "model_id", "model_revision", "cache_salt", "always_load", "load_mode", "save",
-                 "client_name", "load_timeout_s"}
+                 "client_name", "load_timeout_s", "report_prefill"}
         unknown = sorted(set(extra) - known)
         if unknown:
             raise ValueError(f"kvtier.vllm: unknown kv_connector_extra_config keys {unknown}; known: {sorted(known)}")
@@ -242,6 +242,8 @@ class _Options:
         # A load kvtierd has not finished in this long is a failed load (the
         # engine recomputes) rather than a stalled step.
         self.load_timeout_s = float(extra.get("load_timeout_s", 10.0))
+        # Each step's time goes to kvtierd's cost model as a prefill report.
+        self.report_prefill = bool(extra.get("report_prefill", True))
         if not 0 < self.load_timeout_s <= 3600:
             raise ValueError(f"kvtier.vllm: load_timeout_s is in (0, 3600], not {self.load_timeout_s}")
         parallel = getattr(vllm_config, "parallel_config", None)
@@ -317,6 +319,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         self._retry_at = 0.0
         self._plans: dict[str, _Plan] = {}          # provisional: get_num_new_matched_tokens
         self._reqs: dict[str, _ReqState] = {}
+        self._failed_at: dict[str, int] = {}       # request -> first block that failed to load
         self._loads: list[LoadSpec] = []
         self.stats = {"lookups": 0, "offered_tokens": 0, "declined_by_cost_tokens": 0, "daemon_errors": 0,
                       "loads_planned": 0, "async_loads": 0, "saves_planned_blocks": 0}
@@ -373,7 +376,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         publishable = getattr(request, "num_publishable_block_hashes", None)
         limit = len(hashes) if publishable is None else min(len(hashes), int(publishable))
         # vLLM computes at least one token of a prompt: never offer the last one.
-        limit = min(limit, (request.num_tokens - 1) // bs)
+        limit = min(limit, (request.num_tokens - 1) // bs, self._failed_at.get(request.request_id, limit))
         if num_computed_tokens % bs:
             return None
         start = num_computed_tokens // bs
@@ -557,12 +560,16 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         bad = set(getattr(connector_output, "invalid_block_ids", None) or ())
         if not bad:
             return
-        for st in self._reqs.values():
+        for req_id, st in self._reqs.items():
             for pos in range(*st.loaded):
                 if any(g < len(st.block_ids) and pos < len(st.block_ids[g]) and st.block_ids[g][pos] in bad
                        for g in range(len(self._groups))):
                     st.saved_upto = min(st.saved_upto, pos)
                     st.loaded = (st.loaded[0], pos)
+                    # vLLM asks again for this request (an asynchronous load
+                    # that failed starts over): offering the same blocks
+                    # again could fail again, forever. Never past this one.
+                    self._failed_at[req_id] = min(self._failed_at.get(req_id, pos), pos)
                     break
 
     def request_finished(self, request, block_ids) -> tuple[bool, dict | None]:
@@ -570,6 +577,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         step ends (wait_for_save), so the pages can be freed at once."""
         self._reqs.pop(request.request_id, None)
         self._plans.pop(request.request_id, None)
+        self._failed_at.pop(request.request_id, None)
         return False, None
 
     def request_finished_all_groups(self, request, block_ids) -> tuple[bool, dict | None]:
@@ -641,17 +649,52 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                 lf.parts.append(part)
                 continue
             lf.parts.append(part)
-            try:
-                client = self._client(rng.group)
-                hit = client.lookup(rng.keys, lease=True)
-                part.client = client
-                part.lease = hit.lease
-                part.hit = min(hit.hit_blocks + hit.recompute_blocks, len(rng.keys))
-                if part.hit:
-                    part.op = client.load_async(hit.lease, rng.keys[:part.hit])
-            except KvtierError as e:
-                part.error = e
+            self._begin_part(part)
         return lf
+
+    def _begin_part(self, part: "_PartLoad") -> None:
+        """A leased lookup and an asynchronous load of what it pins. Blocks
+        kvtierd holds but prices "recompute" (the scheduler offered them:
+        always_load, or a price that changed since) are not in a lease: they
+        are brought into host memory first (prefetch), then leased."""
+        rng = part.range
+        try:
+            client = part.client = self._client(rng.group)
+            hit = client.lookup(rng.keys, lease=True)
+            part.lease = hit.lease
+            if hit.hit_blocks < len(rng.keys) and hit.recompute_blocks and part.prefetch_op is None \
+                    and not part.prefetched:
+                if hit.lease:
+                    client.release(hit.lease)
+                    part.lease = 0
+                part.prefetched = True
+                part.prefetch_op = client.prefetch_async(rng.keys)
+                return
+            part.hit = min(hit.hit_blocks, len(rng.keys))
+            if part.hit:
+                part.op = client.load_async(hit.lease, rng.keys[:part.hit])
+        except KvtierError as e:
+            part.error = e
+
+    def _part_ready(self, part: "_PartLoad") -> bool:
+        """True once nothing more is in flight for the part (never blocks)."""
+        if part.error is not None:
+            return True
+        if part.prefetch_op is not None:
+            if not part.prefetch_op.poll():
+                return False
+            self._after_prefetch(part, 0.0)
+            return self._part_ready(part)
+        return part.op is None or part.op.poll()
+
+    def _after_prefetch(self, part: "_PartLoad", timeout: float) -> None:
+        op, part.prefetch_op = part.prefetch_op, None
+        try:
+            op.wait(timeout)
+        except KvtierError as e:
+            part.error = e
+            return
+        self._begin_part(part)
 
     def start_load_kv(self, forward_context, **kwargs: Any) -> None:
         self._step_started = time.perf_counter()
@@ -674,6 +717,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         failed = False
         for part in lf.parts:
             views = None
+            if part.error is None and part.prefetch_op is not None:
+                self._after_prefetch(part, self._opts.load_timeout_s)
             if part.error is None and part.op is not None:
                 try:
                     views = part.op.wait(self._opts.load_timeout_s)
@@ -788,7 +833,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             except KvtierError as e:
                 self.stats["saves_dropped"] += len(sv.range.keys)
                 logger.info("kvtier.vllm: blocks of request %s not stored (%s)", sv.req_id, e)
-        if isinstance(meta, KvtierConnectorMetadata) and meta.computed_tokens and not self._failed_reqs:
+        if (self._opts.report_prefill and isinstance(meta, KvtierConnectorMetadata) and meta.computed_tokens
+                and not self._failed_reqs):
             try:
                 self._client(0).report_prefill(meta.loaded_tokens, meta.computed_tokens,
                                                time.perf_counter() - self._step_started)
@@ -804,10 +850,10 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         for req_id, lf in list(self._async_loads.items()):
             if now - lf.started > self._opts.load_timeout_s:
                 for p in lf.parts:  # kvtierd did not finish it in time: a failed load
-                    if p.op is not None and p.error is None and not p.op.poll():
+                    if p.error is None and not self._part_ready(p):
                         p.error = TimeoutError(f"not loaded in {self._opts.load_timeout_s} s")
-                        p.op = None
-            if all(p.op is None or p.error is not None or p.op.poll() for p in lf.parts):
+                        p.op = p.prefetch_op = None
+            if all([self._part_ready(p) for p in lf.parts]):
                 self._finish_load(lf)
                 del self._async_loads[req_id]
                 done.add(req_id)
@@ -927,6 +973,8 @@ class _PartLoad:
         self.lease = 0
         self.hit = 0
         self.op = None
+        self.prefetch_op = None
+        self.prefetched = False
         self.error: Exception | None = None
         self.views: list = []
         self.src: np.ndarray | None = None

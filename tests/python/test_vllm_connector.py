@@ -2,6 +2,7 @@
 a scheduler and worker processes around a tiny PyTorch model), checking the
 engine's KV pages bit for bit against recomputing them from scratch."""
 import glob
+import json
 import os
 import signal
 import sys
@@ -92,6 +93,25 @@ def test_lookups_are_side_effect_free_and_salted(daemon):
         assert eng.connector.build_connector_meta(
             tiny_vllm.SchedulerOutput([], tiny_vllm.CachedRequestData([], set(), [], {}, [], [], []), {}, 0, {},
                                       {}, [], set(), [])).loads == []
+
+
+def test_blocks_that_failed_to_load_are_not_offered_again_to_that_request(daemon):
+    """vLLM asks again for a request whose load failed; offering the same
+    blocks again could fail again, forever."""
+    p = prompt(5, 100)
+    with tiny_vllm.TinyEngine(kv_transfer_config=ktc(daemon)) as eng:
+        eng.generate({"a": p})
+    with tiny_vllm.TinyEngine(kv_transfer_config=ktc(daemon)) as eng:
+        c = eng.connector
+        r = tiny_vllm.Request("x", p + [1], 4, BS)
+        assert c.get_num_new_matched_tokens(r, 0) == (96, False)
+        c.update_state_after_alloc(r, tiny_vllm.KVCacheBlocks(([11, 12, 13, 14, 15, 16, 17],)), 96)
+        c.update_connector_output(tiny_vllm.KVConnectorOutput(None, None, {13}))  # the third block failed
+        assert c.get_num_new_matched_tokens(r, 0) == (32, False), "only the blocks before the failed one"
+        other = tiny_vllm.Request("y", p + [2], 4, BS)
+        assert c.get_num_new_matched_tokens(other, 0) == (96, False), "another request is not held back"
+        c.request_finished(r, [])
+        assert c.get_num_new_matched_tokens(r, 0) == (96, False), "forgotten with the request"
 
 
 def test_preemption_and_resume_reload_what_was_saved(daemon):
@@ -230,6 +250,38 @@ def test_a_corrupted_block_is_recomputed_never_used(make_daemon):
         assert eng.invalid_reported, "the corrupted blocks were not reported"
         assert eng.worker_stats[0]["load_errors"] > 0
         assert eng.mismatches == 0, "a corrupted block reached the engine's pages"
+
+
+def test_the_cost_model_declines_blocks_slower_to_load_than_to_recompute(make_daemon, tmp_path):
+    # The daemon prices blocks of the tiny model's shape (its config.json);
+    # recomputing is made nearly free and NVMe very slow: NVMe blocks are
+    # "recompute" in every lookup, whatever the daemon measures of the disk.
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"num_hidden_layers": 4, "hidden_size": 128, "num_attention_heads": 2,
+                               "num_key_value_heads": 2, "head_dim": 64, "intermediate_size": 256,
+                               "torch_dtype": "float32"}))
+    d = make_daemon('[tiers.host]\ncapacity = "1MiB"\n[tiers.nvme]\ncapacity = "64MiB"\nsegment_bytes = "4MiB"\n'
+                    f'[cost_model]\nmodel_config = "{cfg}"\nprefill_tflops = 1000000\nnvme_read_gbps = 0.001\n'
+                    'nvme_read_latency_us = 10000000\n')
+    kw = dict(head_dim=64)
+    p = prompt(55, 96)
+    # The tiny engine is slow: its steps, fitted, would make recomputing dear.
+    quiet = dict(report_prefill=False)
+    with tiny_vllm.TinyEngine(kv_transfer_config=ktc(d, **quiet), num_blocks=256, max_batched_tokens=256, **kw) as eng:
+        eng.generate({"a": p})
+        eng.generate({f"f{i}": prompt(65 + i, 160) for i in range(4)})  # a's blocks: NVMe only
+    ref = reference_outputs({"x": p + [1]}, **kw)
+    r = tiny_vllm.Request("x", p + [1], 4, BS)
+    with tiny_vllm.TinyEngine(kv_transfer_config=ktc(d, **quiet), **kw) as eng:
+        assert eng.connector.get_num_new_matched_tokens(r, 0) == (0, False), "slower to load: not offered"
+        assert eng.connector.stats["declined_by_cost_tokens"] >= 96
+        assert eng.generate({"x": p + [1]}) == ref
+        assert eng.worker_stats[0]["loaded_blocks"] == 0
+    with tiny_vllm.TinyEngine(kv_transfer_config=ktc(d, always_load=True, **quiet), **kw) as eng:
+        assert eng.connector.get_num_new_matched_tokens(r, 0) == (96, True), "always_load overrides the model"
+        assert eng.generate({"x": p + [1]}) == ref
+        assert eng.worker_stats[0]["loaded_blocks"] == 6
+        assert eng.mismatches == 0
 
 
 def test_hybrid_model_keeps_a_sliding_window_group_apart_and_within_its_window(daemon):
