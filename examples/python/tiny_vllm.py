@@ -177,6 +177,58 @@ class KVConnectorOutput:
     invalid_block_ids: set = dataclasses.field(default_factory=set)
 
 
+# The classes a run uses: the stand-ins above, or vLLM's own when it is
+# importable and asked for (TinyEngine(real_vllm=True); the tests run every
+# scenario both ways). Always built by keyword, as vLLM's fields are named.
+USE_REAL_VLLM = False
+
+
+def vllm_available() -> bool:
+    try:
+        import vllm.v1.core.sched.output  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+def types(real: bool | None = None) -> SimpleNamespace:
+    real = USE_REAL_VLLM if real is None else real
+    if not real:
+        return SimpleNamespace(
+            FullAttentionSpec=FullAttentionSpec, SlidingWindowSpec=SlidingWindowSpec,
+            KVCacheGroupSpec=KVCacheGroupSpec, KVCacheConfig=KVCacheConfig,
+            KVCacheBlocks=lambda ids: KVCacheBlocks(block_ids=tuple(list(g) for g in ids)),
+            SchedulerOutput=SchedulerOutput, CachedRequestData=CachedRequestData, NewRequestData=NewRequestData,
+            KVConnectorOutput=KVConnectorOutput, real=False)
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks as VBlocks  # type: ignore
+    from vllm.v1.core.kv_cache_utils import KVCacheBlock  # type: ignore
+    from vllm.v1.core.sched.output import CachedRequestData as VCached  # type: ignore
+    from vllm.v1.core.sched.output import NewRequestData as VNew  # type: ignore
+    from vllm.v1.core.sched.output import SchedulerOutput as VOut  # type: ignore
+    from vllm.v1.kv_cache_interface import FullAttentionSpec as VFull  # type: ignore
+    from vllm.v1.kv_cache_interface import KVCacheConfig as VConfig  # type: ignore
+    from vllm.v1.kv_cache_interface import KVCacheGroupSpec as VGroup  # type: ignore
+    from vllm.v1.kv_cache_interface import SlidingWindowSpec as VSW  # type: ignore
+    from vllm.v1.outputs import KVConnectorOutput as VConnOut  # type: ignore
+    return SimpleNamespace(
+        FullAttentionSpec=VFull, SlidingWindowSpec=VSW, KVCacheGroupSpec=VGroup, KVCacheConfig=VConfig,
+        KVCacheBlocks=lambda ids: VBlocks(tuple([KVCacheBlock(block_id=b) for b in g] for g in ids)),
+        SchedulerOutput=VOut, CachedRequestData=VCached, NewRequestData=VNew, KVConnectorOutput=VConnOut, real=True)
+
+
+def empty_cached(T) -> Any:
+    return T.CachedRequestData(req_ids=[], resumed_req_ids=set(), new_token_ids=[], all_token_ids={},
+                               new_block_ids=[], num_computed_tokens=[], num_output_tokens=[])
+
+
+def scheduler_output(T, new_reqs, cached, num_sched, finished, preempted) -> Any:
+    return T.SchedulerOutput(scheduled_new_reqs=new_reqs, scheduled_cached_reqs=cached,
+                             num_scheduled_tokens=num_sched, total_num_scheduled_tokens=sum(num_sched.values()),
+                             scheduled_spec_decode_tokens={}, scheduled_encoder_inputs={},
+                             num_common_prefix_blocks=[], finished_req_ids=finished, free_encoder_mm_hashes=[],
+                             preempted_req_ids=preempted)
+
+
 # --- vLLM's block hashes -------------------------------------------------------
 
 def _sha256(obj) -> bytes:
@@ -306,8 +358,13 @@ class Reference:
 
 # --- worker process -----------------------------------------------------------------
 
-def _load_connector(vllm_config, role, kv_cache_config):
-    """As vLLM's KVConnectorFactory loads a connector it has no entry for."""
+def _load_connector(vllm_config, role, kv_cache_config, real: bool = False):
+    """As vLLM's KVConnectorFactory loads a connector it has no entry for
+    (with vLLM: by that factory)."""
+    if real:
+        from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # type: ignore
+
+        return KVConnectorFactory.create_connector(vllm_config, role, kv_cache_config)
     tc = vllm_config.kv_transfer_config
     module = importlib.import_module(tc.kv_connector_module_path)
     cls = getattr(module, tc.kv_connector)
@@ -315,9 +372,10 @@ def _load_connector(vllm_config, role, kv_cache_config):
 
 
 class Worker:
-    def __init__(self, vllm_config, kv_cache_config, layers, heads, head_dim, windows, use_connector):
+    def __init__(self, vllm_config, kv_cache_config, layers, heads, head_dim, windows, use_connector, real=False):
         from kvtier.vllm import KVConnectorRole
 
+        self.T = types(real)
         self.cfg = vllm_config
         self.kcc = kv_cache_config
         self.rank = vllm_config.parallel_config.rank
@@ -335,7 +393,7 @@ class Worker:
         self.refs: dict = {}
         self.connector = None
         if use_connector:
-            self.connector = _load_connector(vllm_config, KVConnectorRole.WORKER, kv_cache_config)
+            self.connector = _load_connector(vllm_config, KVConnectorRole.WORKER, kv_cache_config, real)
             self.connector.register_kv_caches(self.caches)
 
     def _slot(self, req, layer: int, pos: int):
@@ -412,7 +470,8 @@ class Worker:
             sending, recving = c.get_finished(so.finished_req_ids)
             invalid = c.get_block_ids_with_load_errors()
             c.clear_connector_metadata()
-            out["kv"] = KVConnectorOutput(sending, recving, set(invalid or ()))
+            out["kv"] = self.T.KVConnectorOutput(finished_sending=sending, finished_recving=recving,
+                                                 invalid_block_ids=set(invalid or ()))
             out["stats"] = dict(c.stats)
         for st, a, b in work:
             if b == len(st.tokens):
@@ -483,20 +542,23 @@ class TinyEngine:
     def __init__(self, *, socket: str = "", kv_transfer_config: dict | None = None, tp: int = 1, layers: int = 4,
                  heads: int = 2, head_dim: int = 8, block_size: int = 16, num_blocks: int = 128,
                  max_batched_tokens: int = 64, sliding_window: int = 0, model: str = "tiny-vllm",
-                 verify: bool = True, hash_seed: str = "0"):
+                 verify: bool = True, hash_seed: str = "0", real_vllm: bool | None = None):
         os.environ["PYTHONHASHSEED"] = os.environ.get("PYTHONHASHSEED", hash_seed)
+        self.real = USE_REAL_VLLM if real_vllm is None else real_vllm
+        T = self.T = types(self.real)
         self.bs = block_size
         self.verify = verify
         windows = [sliding_window if (sliding_window and i % 2 == 1) else 0 for i in range(layers)]
         names = [f"model.layers.{i}.self_attn.attn" for i in range(layers)]
-        spec = FullAttentionSpec(block_size, heads, head_dim, torch.float32)
-        groups = [KVCacheGroupSpec([n for n, w in zip(names, windows) if not w], spec)]
+        spec = T.FullAttentionSpec(block_size=block_size, num_kv_heads=heads, head_size=head_dim, dtype=torch.float32)
+        groups = [T.KVCacheGroupSpec(layer_names=[n for n, w in zip(names, windows) if not w], kv_cache_spec=spec)]
         if sliding_window:
-            groups.append(KVCacheGroupSpec([n for n, w in zip(names, windows) if w],
-                                           SlidingWindowSpec(block_size, heads, head_dim, torch.float32,
-                                                             sliding_window=sliding_window)))
+            groups.append(T.KVCacheGroupSpec(
+                layer_names=[n for n, w in zip(names, windows) if w],
+                kv_cache_spec=T.SlidingWindowSpec(block_size=block_size, num_kv_heads=heads, head_size=head_dim,
+                                                  dtype=torch.float32, sliding_window=sliding_window)))
         self.windows = windows
-        self.kv_cache_config = KVCacheConfig(num_blocks, [], groups)
+        self.kv_cache_config = T.KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
         self.use_connector = kv_transfer_config is not None
         ktc = KVTransferConfig(**(kv_transfer_config or {}))
         if self.use_connector and "socket" not in ktc.kv_connector_extra_config and socket:
@@ -530,14 +592,15 @@ class TinyEngine:
         self.connector = None
         if self.use_connector:
             from kvtier.vllm import KVConnectorRole
-            self.connector = _load_connector(config(0), KVConnectorRole.SCHEDULER, self.kv_cache_config)
+            self.connector = _load_connector(config(0), KVConnectorRole.SCHEDULER, self.kv_cache_config, self.real)
         ctx = mp.get_context("spawn")
         self.workers = []
         for rank in range(tp):
             parent, child = ctx.Pipe()
             p = ctx.Process(target=_worker_main, args=(child, {
                 "hash_seed": os.environ["PYTHONHASHSEED"],
-                "worker": (config(rank), self.kv_cache_config, layers, heads, head_dim, windows, self.use_connector)}),
+                "worker": (config(rank), self.kv_cache_config, layers, heads, head_dim, windows, self.use_connector,
+                           self.real)}),
                 daemon=True)
             p.start()
             self.workers.append((p, parent))
@@ -628,7 +691,7 @@ class TinyEngine:
     def schedule(self) -> SchedulerOutput:
         budget = self.max_batched
         new_reqs, num_sched = [], {}
-        cached = CachedRequestData([], set(), [], {}, [], [], [])
+        cached = empty_cached(self.T)
         preempted: set = set()
         for r in list(self.running):
             if r not in self.running:
@@ -685,7 +748,7 @@ class TinyEngine:
             if not self._allocate(r, computed + n):
                 break
             if self.connector is not None:
-                self.connector.update_state_after_alloc(r, KVCacheBlocks(self._block_list(r)), ext)
+                self.connector.update_state_after_alloc(r, self.T.KVCacheBlocks(self._block_list(r)), ext)
             if load_async:
                 r.status = RequestStatus.WAITING_FOR_REMOTE_KVS
                 r._pending_computed = computed
@@ -702,8 +765,10 @@ class TinyEngine:
                 cached.num_computed_tokens.append(computed)
                 cached.num_output_tokens.append(len(r.output_token_ids))
             else:
-                new_reqs.append(NewRequestData(r.request_id, list(r.prompt_token_ids), [], None, None,
-                                               self._block_list(r), computed, None))
+                new_reqs.append(self.T.NewRequestData(req_id=r.request_id, prompt_token_ids=list(r.prompt_token_ids),
+                                                      mm_features=[], sampling_params=None, pooling_params=None,
+                                                      block_ids=self._block_list(r), num_computed_tokens=computed,
+                                                      lora_request=None))
             r._sent_tokens = r.num_tokens
             r.status = RequestStatus.RUNNING
             r.num_computed_tokens = computed
@@ -713,8 +778,7 @@ class TinyEngine:
             budget -= n
         for r in reversed(skipped):
             self.waiting.appendleft(r)
-        so = SchedulerOutput(new_reqs, cached, num_sched, sum(num_sched.values()), {}, {}, [],
-                             self.finished_req_ids, [], preempted)
+        so = scheduler_output(self.T, new_reqs, cached, num_sched, self.finished_req_ids, preempted)
         if self.connector is not None:
             so.kv_connector_metadata = self.connector.build_connector_meta(so)
         for req_id, n in num_sched.items():
@@ -757,7 +821,7 @@ class TinyEngine:
                 raise RuntimeError("worker failed:\n" + str(res))
             results.append(res)
         self.steps += 1
-        kv = KVConnectorOutput(set(), set(), set())
+        kv = self.T.KVConnectorOutput(finished_sending=set(), finished_recving=set(), invalid_block_ids=set())
         for rank, res in enumerate(results):
             self.mismatches += res["mismatches"]
             if "kv" in res:

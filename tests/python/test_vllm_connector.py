@@ -20,6 +20,20 @@ import tiny_vllm  # noqa: E402
 BS = 16
 
 
+@pytest.fixture(autouse=True, params=["stand-ins", "vllm"])
+def engine_classes(request):
+    """Every scenario runs on same-shaped stand-ins of vLLM's classes and,
+    where vLLM is importable, on vLLM's own (its data types and its
+    KVConnectorFactory loading the connector)."""
+    real = request.param == "vllm"
+    if real and not tiny_vllm.vllm_available():
+        pytest.skip("vLLM is not importable here (not a Debian package): the scenario ran on stand-ins of its "
+                    "classes; install vLLM to run it against vLLM's own")
+    tiny_vllm.USE_REAL_VLLM = real
+    yield request.param
+    tiny_vllm.USE_REAL_VLLM = False
+
+
 def ktc(daemon, **extra):
     return {"kv_connector": "KvtierConnector", "kv_connector_module_path": "kvtier.vllm", "kv_role": "kv_both",
             "kv_connector_extra_config": dict({"socket": daemon.socket}, **extra)}
@@ -90,9 +104,9 @@ def test_lookups_are_side_effect_free_and_salted(daemon):
         assert eng.connector.get_num_new_matched_tokens(salted, 0) == (0, False), \
             "vLLM puts cache_salt in the first block's hash: another salt shares nothing"
         # never allocated: no update_state_after_alloc, and nothing pinned or planned
+        T = tiny_vllm.types()
         assert eng.connector.build_connector_meta(
-            tiny_vllm.SchedulerOutput([], tiny_vllm.CachedRequestData([], set(), [], {}, [], [], []), {}, 0, {},
-                                      {}, [], set(), [])).loads == []
+            tiny_vllm.scheduler_output(T, [], tiny_vllm.empty_cached(T), {}, set(), set())).loads == []
 
 
 def test_blocks_that_failed_to_load_are_not_offered_again_to_that_request(daemon):
@@ -105,8 +119,10 @@ def test_blocks_that_failed_to_load_are_not_offered_again_to_that_request(daemon
         c = eng.connector
         r = tiny_vllm.Request("x", p + [1], 4, BS)
         assert c.get_num_new_matched_tokens(r, 0) == (96, False)
-        c.update_state_after_alloc(r, tiny_vllm.KVCacheBlocks(([11, 12, 13, 14, 15, 16, 17],)), 96)
-        c.update_connector_output(tiny_vllm.KVConnectorOutput(None, None, {13}))  # the third block failed
+        T = tiny_vllm.types()
+        c.update_state_after_alloc(r, T.KVCacheBlocks(([11, 12, 13, 14, 15, 16, 17],)), 96)
+        c.update_connector_output(T.KVConnectorOutput(finished_sending=None, finished_recving=None,
+                                                      invalid_block_ids={13}))  # the third block failed
         assert c.get_num_new_matched_tokens(r, 0) == (32, False), "only the blocks before the failed one"
         other = tiny_vllm.Request("y", p + [2], 4, BS)
         assert c.get_num_new_matched_tokens(other, 0) == (96, False), "another request is not held back"

@@ -58,8 +58,10 @@ def config(sock: str, layers: int, heads: int, head_dim: int, bs: int, num_block
     from types import SimpleNamespace
 
     names = [f"model.layers.{i}.self_attn.attn" for i in range(layers)]
-    spec = tiny_vllm.FullAttentionSpec(bs, heads, head_dim, dtype)
-    kcc = tiny_vllm.KVCacheConfig(num_blocks, [], [tiny_vllm.KVCacheGroupSpec(names, spec)])
+    T = tiny_vllm.types(False)
+    spec = T.FullAttentionSpec(block_size=bs, num_kv_heads=heads, head_size=head_dim, dtype=dtype)
+    kcc = T.KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
+                          kv_cache_groups=[T.KVCacheGroupSpec(layer_names=names, kv_cache_spec=spec)])
     ktc = tiny_vllm.KVTransferConfig("KvtierConnector", "kvtier.vllm", "kv_both", {"socket": sock})
     vc = SimpleNamespace(model_config=SimpleNamespace(model="bench-model", revision=None),
                          cache_config=SimpleNamespace(block_size=bs),
