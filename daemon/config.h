@@ -145,7 +145,12 @@ struct Config {
   std::string events_block_hash = "int64";  // "int64" (vLLM's default) or "bytes"
   uint32_t events_batch_ms = 10;
   uint32_t events_buffer_batches = 10000;
-  uint32_t events_max_pending = 100000;
+  uint64_t events_buffer_bytes = 64ull << 20;
+  uint32_t events_max_pending = 100000;  // per tenant
+  uint32_t events_max_connections = 256;  // per tenant's publisher process
+  uint64_t events_publisher_memory = 1ull << 30;
+  uint32_t events_replays_per_s = 10;
+  uint32_t events_replay_max_batches = 1000;
   // [sim]
   uint64_t sim_bandwidth = 0;  // bytes/s; 0 = unlimited
   // [[tenants]]; empty in a file means the default tenant.

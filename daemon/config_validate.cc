@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
@@ -14,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "core/units.h"
 #include "tiers/remote_tier.h"
 #include "core/block_key.h"
@@ -154,9 +156,38 @@ absl::Status ValidateConfig(const Config& c) {
     for (const auto& [key, ep] : {std::pair<std::string_view, const std::string*>{"events.endpoint", &c.events_endpoint},
                                   {"events.replay_endpoint", &c.events_replay_endpoint}}) {
       if (ep->empty() || *ep == "off") continue;
-      if (!absl::StartsWith(*ep, "ipc://") && !absl::StartsWith(*ep, "tcp://")) {
-        fail(key, Cat(key, " = \"", *ep, "\"; use ipc://PATH or tcp://ADDRESS:PORT"));
+      if (!absl::StartsWith(*ep, "ipc:///") && !absl::StartsWith(*ep, "tcp://")) {
+        // ipc://@name would be an abstract socket: no file, so no permissions.
+        fail(key, Cat(key, " = \"", *ep, "\"; use ipc:///ABSOLUTE/PATH or tcp://ADDRESS:PORT"));
       }
+    }
+    // Every publishing tenant's endpoints, expanded, are its own.
+    absl::flat_hash_set<std::string> seen;
+    for (const TenantConfig& t : c.tenants) {
+      if (!c.events_tenants.empty() &&
+          std::find(c.events_tenants.begin(), c.events_tenants.end(), t.name) == c.events_tenants.end()) {
+        continue;
+      }
+      for (const auto& [key, pattern, fallback] :
+           {std::tuple<std::string_view, const std::string*, std::string>{"events.endpoint", &c.events_endpoint,
+                                                                          "ipc:///kvtier-events-{tenant}.sock"},
+            {"events.replay_endpoint", &c.events_replay_endpoint, "ipc:///kvtier-replay-{tenant}.sock"}}) {
+        if (*pattern == "off") continue;
+        const std::string p = pattern->empty() ? fallback : *pattern;
+        if (p.find("{tenant}") != std::string::npos && (t.name == "." || t.name == "..")) {
+          fail(key, Cat(key, ": tenant \"", t.name, "\" cannot name a file; rename the tenant"));
+        }
+        const std::string expanded = absl::StrReplaceAll(p, {{"{tenant}", t.name}});
+        if (!seen.insert(expanded).second) {
+          fail(key, Cat(key, " gives tenant \"", t.name, "\" the endpoint ", expanded,
+                        ", which another socket has; each tenant's event and replay sockets are its own"));
+        }
+      }
+    }
+    if (c.events_publisher_memory < (64ull << 20)) {
+      fail("events.publisher_memory", "events.publisher_memory must be at least 64MiB");
+    } else if (c.events_buffer_bytes > c.events_publisher_memory / 2) {
+      fail("events.buffer_bytes", "events.buffer_bytes must be at most half of events.publisher_memory");
     }
   }
   absl::flat_hash_set<std::string> names;

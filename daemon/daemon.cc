@@ -126,6 +126,9 @@ absl::Status Daemon::Open() {
   store_->StartBackgroundReclaim();
 
   RETURN_IF_ERROR(OpenSockets());
+  // The event sockets once this daemon owns the run directory: a second
+  // kvtierd on it stops at OpenSockets before touching them.
+  if (events_) RETURN_IF_ERROR(events_->StartPublishers());
   return StartMetrics();
 }
 
@@ -138,14 +141,19 @@ absl::Status Daemon::OpenEvents() {
                              config_.events_tenants.end();
     tenants.push_back(KvEventTenant{t.name, publish, t.uids, t.gids});
   }
-  ASSIGN_OR_RETURN(events_, KvEvents::Start({.endpoint = config_.events_endpoint,
-                                             .replay_endpoint = config_.events_replay_endpoint,
-                                             .topic = config_.events_topic,
-                                             .bytes_hashes = config_.events_block_hash == "bytes",
-                                             .batch_ms = config_.events_batch_ms,
-                                             .buffer_batches = config_.events_buffer_batches,
-                                             .max_pending = config_.events_max_pending},
-                                            tenants, config_.run_dir));
+  ASSIGN_OR_RETURN(events_, KvEvents::Create({.endpoint = config_.events_endpoint,
+                                              .replay_endpoint = config_.events_replay_endpoint,
+                                              .topic = config_.events_topic,
+                                              .bytes_hashes = config_.events_block_hash == "bytes",
+                                              .batch_ms = config_.events_batch_ms,
+                                              .buffer_batches = config_.events_buffer_batches,
+                                              .buffer_bytes = config_.events_buffer_bytes,
+                                              .max_pending = config_.events_max_pending,
+                                              .max_connections = config_.events_max_connections,
+                                              .publisher_memory = config_.events_publisher_memory,
+                                              .replays_per_s = config_.events_replays_per_s,
+                                              .replay_max_batches = config_.events_replay_max_batches},
+                                             tenants, config_.run_dir));
   store_->SetEvents(events_.get());
   return absl::OkStatus();
 }

@@ -1,29 +1,43 @@
+// The daemon's side of KV events: per-tenant queues, the encoder thread,
+// and the publisher processes it feeds and restarts (kv_events.h).
 #include "daemon/kv_events.h"
 
-#include <sys/stat.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <deque>
-#include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
-#include "absl/strings/match.h"
+#include "core/fmt_absl.h"
+#include "core/units.h"
+#include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
 
 #define MSGPACK_NO_BOOST 1
 #include <msgpack.hpp>
-#include <zmq.hpp>
-#include <zmq_addon.hpp>
+
+extern char** environ;
 
 namespace kvtier {
 namespace {
 
-constexpr size_t kMaxEventsPerBatch = 4096;
+constexpr int64_t kSecond = 1'000'000'000;
+constexpr int64_t kMaxBackoff = 30 * kSecond;
+constexpr size_t kMaxQueued = 256;             // batches waiting for a publisher
+constexpr size_t kMaxQueuedBytes = 32u << 20;  // and their bytes
+
+int64_t NowNs() { return static_cast<int64_t>(MonotonicNanos()); }
 
 void PackStr(msgpack::packer<msgpack::sbuffer>& pk, std::string_view s) {
   pk.pack_str(static_cast<uint32_t>(s.size()));
@@ -42,14 +56,7 @@ void PackHash(msgpack::packer<msgpack::sbuffer>& pk, const BlockKey& key, bool b
   pk.pack_uint64(v);
 }
 
-std::string BigEndian(int64_t v) {
-  std::string s(8, '\0');
-  const uint64_t u = static_cast<uint64_t>(v);
-  for (int i = 0; i < 8; ++i) s[static_cast<size_t>(i)] = static_cast<char>((u >> (56 - 8 * i)) & 0xff);
-  return s;
-}
-
-std::string Expand(std::string pattern, const std::string& tenant) {
+std::string Expand(const std::string& pattern, const std::string& tenant) {
   return absl::StrReplaceAll(pattern, {{"{tenant}", tenant}});
 }
 
@@ -69,132 +76,224 @@ std::string_view KvMediumName(KvMedium m) {
   return "CPU";
 }
 
-struct KvEvents::Sockets {
-  zmq::context_t ctx{1};
-  struct Tenant {
-    std::string endpoint, replay_endpoint;
-    std::unique_ptr<zmq::socket_t> pub, replay;
-    int64_t seq = 0;
-    std::deque<std::pair<int64_t, std::string>> buffer;
-  };
-  std::vector<Tenant> tenants;
+struct KvEvents::Tenant {
+  std::string name;
+  bool publish = false;
+  std::vector<uid_t> uids;
+  std::vector<gid_t> gids;
+  std::string endpoint, replay_endpoint;
+
+  Mutex mu;
+  std::vector<Event> pending ABSL_GUARDED_BY(mu);
+  bool lost ABSL_GUARDED_BY(mu) = false;  // events dropped since the last batch went out
+
+  // The encoder thread's (and StartPublishers', before it runs).
+  int fd = -1;
+  pid_t pid = -1;
+  int64_t seq = 0;
+  int64_t up_since_ns = 0, restart_at_ns = 0, backoff_ns = kSecond;
+  bool gap = false;  // skip a sequence number before the next batch
+  // Batches the publisher has not taken yet (its socket buffer full): sent
+  // as it reads, dropped (with a gap) past kMaxQueued.
+  std::deque<std::pair<std::string, size_t>> outq;  // message, events in it
+  size_t outq_bytes = 0;
+  std::atomic<uint64_t> replays{0}, bad_replays{0}, throttled{0};
+  std::atomic<bool> up{false};
+  std::atomic<pid_t> pid_seen{-1};  // pid, for other threads
 };
 
-KvEvents::KvEvents(const KvEventOptions& opts, std::vector<bool> publish)
-    : opts_(opts), publish_(std::move(publish)), sockets_(std::make_unique<Sockets>()) {}
+KvEvents::KvEvents(const KvEventOptions& opts) : opts_(opts) {}
 
-absl::StatusOr<std::unique_ptr<KvEvents>> KvEvents::Start(const KvEventOptions& opts,
-                                                         const std::vector<KvEventTenant>& tenants,
-                                                         const std::string& run_dir) {
-  std::vector<bool> publish;
-  for (const KvEventTenant& t : tenants) publish.push_back(t.publish);
-  std::unique_ptr<KvEvents> ev(new KvEvents(opts, publish));
-  ev->sockets_->tenants.resize(tenants.size());
-  for (size_t i = 0; i < tenants.size(); ++i) {
-    const KvEventTenant& t = tenants[i];
-    if (!t.publish) continue;
-    Sockets::Tenant& s = ev->sockets_->tenants[i];
-    s.endpoint = Expand(opts.endpoint.empty() ? absl::StrCat("ipc://", run_dir, "/kvtier-events-{tenant}.sock")
-                                              : opts.endpoint,
-                        t.name);
-    if (opts.replay_endpoint != "off") {
-      s.replay_endpoint =
-          Expand(opts.replay_endpoint.empty() ? absl::StrCat("ipc://", run_dir, "/kvtier-events-{tenant}-replay.sock")
-                                              : opts.replay_endpoint,
-                 t.name);
-    }
-    for (auto [endpoint, sock, type] :
-         {std::tuple{&s.endpoint, &s.pub, zmq::socket_type::pub},
-          std::tuple{&s.replay_endpoint, &s.replay, zmq::socket_type::router}}) {
-      if (endpoint->empty()) continue;
-      try {
-        *sock = std::make_unique<zmq::socket_t>(ev->sockets_->ctx, type);
-        (*sock)->set(zmq::sockopt::linger, 0);
-        if (type == zmq::socket_type::pub) {
-          (*sock)->set(zmq::sockopt::sndhwm, 100000);
-        } else {
-          // A replay request is three short frames; anything longer is not
-          // one (the peer is cut off instead of buffered).
-          (*sock)->set(zmq::sockopt::maxmsgsize, int64_t{64});
-          (*sock)->set(zmq::sockopt::sndhwm, static_cast<int>(opts.buffer_batches) + 16);
-        }
-        // The socket file appears owner-only, then is given to the tenant.
-        const mode_t old_mask = umask(0177);
-        (*sock)->bind(*endpoint);
-        umask(old_mask);
-      } catch (const zmq::error_t& e) {
-        return absl::FailedPreconditionError(absl::StrCat("events: cannot bind ", *endpoint, " for tenant \"", t.name,
-                                                          "\": ", e.what(), "; check [events] endpoint"));
-      }
-      if (absl::StartsWith(*endpoint, "ipc://")) {
-        const std::string path = endpoint->substr(6);
-        mode_t mode = 0600;
-        if (t.uids.empty() && t.gids.empty()) {
-          mode = 0666;  // a tenant every local user belongs to
-        } else {
-          const uid_t uid = t.uids.empty() ? static_cast<uid_t>(-1) : t.uids.front();
-          const gid_t gid = t.gids.empty() ? static_cast<gid_t>(-1) : t.gids.front();
-          if (!t.gids.empty()) mode = 0660;
-          // Not root: the group alone, when kvtierd's user is in it.
-          if (chown(path.c_str(), uid, gid) != 0 && (t.gids.empty() || chown(path.c_str(), -1, gid) != 0)) {
-            spdlog::warn("event=kv_events_chown_failed tenant={} path={} errno={} hint=\"give the tenant a gid kvtierd's user "
-                       "belongs to ([[tenants]] gids), or run kvtierd as root, so the tenant's router can open its "
-                       "event socket; only kvtierd's user can now\"",
-                       t.name, path, errno);
-          }
-        }
-        chmod(path.c_str(), mode);
-      } else {
-        spdlog::warn("event=kv_events_unprotected tenant={} endpoint={} hint=\"whoever reaches this endpoint sees which "
-                   "prefixes the tenant holds; prefer an ipc:// endpoint (docs/security.md)\"",
-                   t.name, *endpoint);
+absl::StatusOr<std::unique_ptr<KvEvents>> KvEvents::Create(const KvEventOptions& opts,
+                                                          const std::vector<KvEventTenant>& tenants,
+                                                          const std::string& run_dir) {
+  std::unique_ptr<KvEvents> ev(new KvEvents(opts));
+  for (const KvEventTenant& kt : tenants) {
+    auto t = std::make_unique<Tenant>();
+    t->name = kt.name;
+    t->publish = kt.publish;
+    t->uids = kt.uids;
+    t->gids = kt.gids;
+    if (kt.publish) {
+      t->endpoint = Expand(opts.endpoint.empty() ? absl::StrCat("ipc://", run_dir, "/kvtier-events-{tenant}.sock")
+                                                 : opts.endpoint,
+                           kt.name);
+      if (opts.replay_endpoint != "off") {
+        t->replay_endpoint = Expand(opts.replay_endpoint.empty()
+                                        ? absl::StrCat("ipc://", run_dir, "/kvtier-replay-{tenant}.sock")
+                                        : opts.replay_endpoint,
+                                    kt.name);
       }
     }
-    spdlog::info("event=kv_events_publishing tenant={} endpoint={} replay={}", t.name, s.endpoint,
-               s.replay_endpoint.empty() ? "off" : s.replay_endpoint);
+    ev->publish_.push_back(kt.publish);
+    ev->tenants_.push_back(std::move(t));
   }
-  ev->thread_ = std::thread([p = ev.get()] { p->Run(); });
+  ev->exe_ = opts.publisher_exe;
+  if (ev->exe_.empty()) {
+    char buf[4096];
+    const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+    if (n <= 0) return absl::InternalError("events: cannot find kvtierd's own binary (/proc/self/exe)");
+    ev->exe_.assign(buf, static_cast<size_t>(n));
+  }
   return ev;
+}
+
+absl::Status KvEvents::Spawn(Tenant& t, bool wait_ready) {
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
+    return absl::InternalError(absl::StrCat("events: socketpair: ", strerror(errno)));
+  }
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, sv[1], 3);  // dup2 clears close-on-exec
+  std::string name = absl::StrCat("tenant=", t.name);
+  char arg0[] = "kvtierd-events";
+  char arg1[] = "--events-publisher";
+  char arg2[] = "3";
+  char* argv[] = {arg0, arg1, arg2, name.data(), nullptr};
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, exe_.c_str(), &fa, nullptr, argv, environ);
+  posix_spawn_file_actions_destroy(&fa);
+  close(sv[1]);
+  if (rc != 0) {
+    close(sv[0]);
+    return absl::InternalError(absl::StrCat("events: cannot start the publisher of tenant \"", t.name, "\" (", exe_,
+                                            "): ", strerror(rc)));
+  }
+  uid_t uid = static_cast<uid_t>(-1);
+  gid_t gid = static_cast<gid_t>(-1);
+  if (!t.uids.empty()) uid = t.uids.front();
+  if (!t.gids.empty()) gid = t.gids.front();
+  const nlohmann::json cfg{{"tenant", t.name},
+                           {"endpoint", t.endpoint},
+                           {"replay_endpoint", t.replay_endpoint},
+                           {"topic", opts_.topic},
+                           {"uid", t.uids.empty() ? -1 : int64_t{uid}},
+                           {"gid", t.gids.empty() ? -1 : int64_t{gid}},
+                           {"buffer_batches", opts_.buffer_batches},
+                           {"buffer_bytes", opts_.buffer_bytes},
+                           {"max_connections", opts_.max_connections},
+                           {"memory", opts_.publisher_memory},
+                           {"replays_per_s", opts_.replays_per_s},
+                           {"replay_max_batches", opts_.replay_max_batches}};
+  const std::string msg = "C" + cfg.dump();
+  if (send(sv[0], msg.data(), msg.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(msg.size())) {
+    close(sv[0]);
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    return absl::InternalError(absl::StrCat("events: the publisher of tenant \"", t.name, "\" did not take its config"));
+  }
+  t.fd = sv[0];
+  t.pid = pid;
+  t.pid_seen.store(pid, std::memory_order_relaxed);
+  t.up_since_ns = NowNs();
+  if (!wait_ready) return absl::OkStatus();
+  // Its sockets are bound (or why not) within 10 s.
+  pollfd p{t.fd, POLLIN, 0};
+  char buf[4096];
+  ssize_t n = -1;
+  if (poll(&p, 1, 10000) == 1) n = recv(t.fd, buf, sizeof(buf), 0);
+  std::string error = "it did not answer in 10 s";
+  if (n > 1 && buf[0] == 'R') {
+    nlohmann::json r = nlohmann::json::parse(std::string_view(buf + 1, static_cast<size_t>(n - 1)), nullptr, false);
+    if (!r.is_discarded() && r.value("ok", false)) {
+      t.up.store(true, std::memory_order_relaxed);
+      return absl::OkStatus();
+    }
+    if (!r.is_discarded()) error = r.value("error", std::string("unknown"));
+  }
+  close(t.fd);
+  t.fd = -1;
+  kill(t.pid, SIGKILL);
+  waitpid(t.pid, nullptr, 0);
+  t.pid = -1;
+  t.pid_seen.store(-1, std::memory_order_relaxed);
+  return absl::FailedPreconditionError(absl::StrCat("events: tenant \"", t.name, "\": ", error,
+                                                    "; check [events] endpoint and replay_endpoint"));
+}
+
+absl::Status KvEvents::StartPublishers() {
+  for (auto& t : tenants_) {
+    if (!t->publish) continue;
+    if (absl::Status s = Spawn(*t, /*wait_ready=*/true); !s.ok()) {
+      for (auto& u : tenants_) {
+        if (u->pid > 0) {
+          close(u->fd);
+          kill(u->pid, SIGKILL);
+          waitpid(u->pid, nullptr, 0);
+          u->pid = -1;
+          u->pid_seen.store(-1, std::memory_order_relaxed);
+          u->fd = -1;
+        }
+      }
+      return s;
+    }
+    spdlog::info("event=kv_events_publishing tenant={} endpoint={} replay={} pid={}", t->name, t->endpoint,
+                 t->replay_endpoint.empty() ? "off" : t->replay_endpoint, t->pid);
+    if (!absl::StartsWith(t->endpoint, "ipc://")) {
+      spdlog::warn("event=kv_events_unprotected tenant={} endpoint={} hint=\"whoever reaches this endpoint sees which "
+                   "prefixes the tenant holds; prefer an ipc:// endpoint (docs/security.md)\"",
+                   t->name, t->endpoint);
+    }
+  }
+  started_.store(true, std::memory_order_release);
+  thread_ = std::thread([this] { Run(); });
+  return absl::OkStatus();
 }
 
 KvEvents::~KvEvents() {
   stop_.store(true, std::memory_order_release);
   if (thread_.joinable()) thread_.join();
-  for (Sockets::Tenant& s : sockets_->tenants) {
-    for (const std::string* ep : {&s.endpoint, &s.replay_endpoint}) {
-      if (absl::StartsWith(*ep, "ipc://")) unlink(ep->substr(6).c_str());
+  // A publisher ends when its socket to the daemon closes; it removes its
+  // socket files. One that does not within a second is killed.
+  for (auto& t : tenants_) {
+    if (t->fd >= 0) close(t->fd);
+    t->fd = -1;
+  }
+  const int64_t deadline = NowNs() + kSecond;
+  for (auto& t : tenants_) {
+    if (t->pid <= 0) continue;
+    while (waitpid(t->pid, nullptr, WNOHANG) == 0) {
+      if (NowNs() > deadline) {
+        kill(t->pid, SIGKILL);
+        waitpid(t->pid, nullptr, 0);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
-    s.pub.reset();
-    s.replay.reset();
+    t->pid = -1;
+    t->pid_seen.store(-1, std::memory_order_relaxed);
   }
 }
 
-void KvEvents::Push(const Event& e) {
-  MutexLock l(&mu_);
-  if (pending_.size() >= opts_.max_pending) {
+void KvEvents::Push(uint16_t tenant, const Event& e) {
+  Tenant& t = *tenants_[tenant];
+  MutexLock l(&t.mu);
+  if (t.pending.size() >= opts_.max_pending) {
     dropped_.fetch_add(1, std::memory_order_relaxed);
+    t.lost = true;
     return;
   }
-  pending_.push_back(e);
+  t.pending.push_back(e);
 }
 
 void KvEvents::Stored(uint16_t tenant, const BlockKey& key, uint32_t block_tokens, KvMedium medium) {
   if (!Publishes(tenant)) return;
-  Push(Event{key, block_tokens, tenant, 0, medium});
+  Push(tenant, Event{key, block_tokens, 0, medium});
 }
 
 void KvEvents::Removed(uint16_t tenant, const BlockKey& key, KvMedium medium) {
   if (!Publishes(tenant)) return;
-  Push(Event{key, 0, tenant, 1, medium});
+  Push(tenant, Event{key, 0, 1, medium});
 }
 
 void KvEvents::Cleared(uint16_t tenant) {
   if (!Publishes(tenant)) return;
-  Push(Event{BlockKey{}, 0, tenant, 2, KvMedium::kCpu});
+  Push(tenant, Event{BlockKey{}, 0, 2, KvMedium::kCpu});
 }
 
 std::string KvEvents::EncodeBatch(double ts, const std::vector<Event>& events, bool bytes_hashes) {
-  // Group: one BlockStored per block (kvtierd knows no parent), consecutive
+  // One BlockStored per block (kvtierd knows no parent), consecutive
   // removals of one medium in one BlockRemoved.
   struct Out {
     uint8_t kind;
@@ -257,106 +356,172 @@ std::string KvEvents::EncodeBatch(double ts, const std::vector<Event>& events, b
   return std::string(buf.data(), buf.size());
 }
 
+void KvEvents::Supervise(Tenant& t, int64_t now_ns) {
+  if (t.pid > 0) {
+    int status = 0;
+    const pid_t r = waitpid(t.pid, &status, WNOHANG);
+    if (r == 0 && t.fd >= 0) {
+      if (now_ns - t.up_since_ns > 60 * kSecond) t.backoff_ns = kSecond;
+      return;
+    }
+    if (r == 0) {  // its socket broke, it lives on: end it
+      kill(t.pid, SIGKILL);
+      waitpid(t.pid, &status, 0);
+    }
+    spdlog::warn("event=kv_events_publisher_exited tenant={} status={} restart_in_s={} hint=\"a publisher ends when "
+                 "a peer on the tenant's event sockets exhausts its limits ([events] max_connections, "
+                 "publisher_memory); the tenant's subscribers reconnect and see a sequence gap\"",
+                 t.name, WIFSIGNALED(status) ? absl::StrCat("signal ", WTERMSIG(status))
+                                             : absl::StrCat("exit ", WEXITSTATUS(status)),
+                 t.backoff_ns / kSecond);
+    if (t.fd >= 0) close(t.fd);
+    t.fd = -1;
+    t.pid = -1;
+    t.pid_seen.store(-1, std::memory_order_relaxed);
+    t.up.store(false, std::memory_order_relaxed);
+    t.gap = true;
+    for (const auto& [msg, events] : t.outq) dropped_.fetch_add(events, std::memory_order_relaxed);
+    t.outq.clear();
+    t.outq_bytes = 0;
+    t.restart_at_ns = now_ns + t.backoff_ns;
+    t.backoff_ns = std::min(kMaxBackoff, t.backoff_ns * 2);
+    return;
+  }
+  if (now_ns < t.restart_at_ns) return;
+  if (absl::Status s = Spawn(t, /*wait_ready=*/false); !s.ok()) {
+    spdlog::warn("event=kv_events_publisher_restart_failed tenant={} detail=\"{}\"", t.name, s.message());
+    t.restart_at_ns = now_ns + t.backoff_ns;
+    t.backoff_ns = std::min(kMaxBackoff, t.backoff_ns * 2);
+    return;
+  }
+  restarts_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void KvEvents::Send(Tenant& t, std::vector<Event>& events, double ts) {
+  for (size_t first = 0; first < events.size(); first += kMaxEventsPerBatch) {
+    const size_t n = std::min(events.size() - first, kMaxEventsPerBatch);
+    if (t.fd < 0) {
+      dropped_.fetch_add(n, std::memory_order_relaxed);
+      t.gap = true;
+      continue;
+    }
+    const std::vector<Event> part(events.begin() + static_cast<ptrdiff_t>(first),
+                                  events.begin() + static_cast<ptrdiff_t>(first + n));
+    if (t.gap) {
+      ++t.seq;  // subscribers see the loss as a missing sequence number
+      t.gap = false;
+    }
+    std::string msg(9, '\0');
+    msg[0] = 'B';
+    const uint64_t seq = static_cast<uint64_t>(t.seq);
+    for (int i = 0; i < 8; ++i) msg[static_cast<size_t>(1 + i)] = static_cast<char>((seq >> (56 - 8 * i)) & 0xff);
+    msg += EncodeBatch(ts, part, opts_.bytes_hashes);
+    if (t.outq.size() >= kMaxQueued || t.outq_bytes + msg.size() > kMaxQueuedBytes) {
+      // The publisher is far behind: the batch is lost, never waited for.
+      dropped_.fetch_add(n, std::memory_order_relaxed);
+      t.gap = true;
+      continue;
+    }
+    ++t.seq;
+    t.outq_bytes += msg.size();
+    t.outq.emplace_back(std::move(msg), n);
+  }
+  Flush(t);
+}
+
+void KvEvents::Flush(Tenant& t) {
+  while (!t.outq.empty() && t.fd >= 0) {
+    const std::string& msg = t.outq.front().first;
+    if (send(t.fd, msg.data(), msg.size(), MSG_DONTWAIT | MSG_NOSIGNAL) != static_cast<ssize_t>(msg.size())) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return;  // it reads, then more
+      return;  // gone: Supervise ends and restarts it
+    }
+    batches_.fetch_add(1, std::memory_order_relaxed);
+    events_.fetch_add(t.outq.front().second, std::memory_order_relaxed);
+    t.outq_bytes -= msg.size();
+    t.outq.pop_front();
+  }
+}
+
 void KvEvents::Run() {
   std::vector<Event> batch;
-  std::vector<std::vector<Event>> per_tenant(sockets_->tenants.size());
-  std::vector<zmq::pollitem_t> items;
-  std::vector<size_t> item_tenant;
-  for (size_t i = 0; i < sockets_->tenants.size(); ++i) {
-    if (sockets_->tenants[i].replay) {
-      items.push_back(zmq::pollitem_t{sockets_->tenants[i].replay->handle(), 0, ZMQ_POLLIN, 0});
-      item_tenant.push_back(i);
-    }
-  }
   auto next = std::chrono::steady_clock::now();
   for (;;) {
     const bool stopping = stop_.load(std::memory_order_acquire);
-    // Replay requests, then the batch due.
-    const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(next - std::chrono::steady_clock::now());
-    // At most 100 ms, so that a stop is seen soon whatever batch_ms is.
-    const long timeout = stopping ? 0 : std::clamp<long>(static_cast<long>(wait.count()), 0, 100);
-    try {
-      if (!items.empty()) {
-        zmq::poll(items.data(), items.size(), std::chrono::milliseconds(timeout));
-      } else if (timeout > 0) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(timeout));
+    // Stats and readiness from the publishers while the batch gathers.
+    std::vector<pollfd> fds;
+    std::vector<Tenant*> who;
+    for (auto& t : tenants_) {
+      if (t->fd >= 0) {
+        fds.push_back(pollfd{t->fd, static_cast<short>(POLLIN | (t->outq.empty() ? 0 : POLLOUT)), 0});
+        who.push_back(t.get());
       }
-    } catch (const zmq::error_t&) {
     }
-    for (size_t k = 0; k < items.size(); ++k) {
-      if (!(items[k].revents & ZMQ_POLLIN)) continue;
-      Sockets::Tenant& s = sockets_->tenants[item_tenant[k]];
-      for (int served = 0; served < 16; ++served) {
-        std::vector<zmq::message_t> frames;
-        try {
-          if (!zmq::recv_multipart(*s.replay, std::back_inserter(frames), zmq::recv_flags::dontwait)) break;
-        } catch (const zmq::error_t&) {
-          break;
-        }
-        if (frames.size() != 3 || frames[1].size() != 0 || frames[2].size() != 8) {
-          bad_replays_.fetch_add(1, std::memory_order_relaxed);
-          continue;
-        }
-        int64_t start = 0;
-        const auto* p = static_cast<const uint8_t*>(frames[2].data());
-        for (int i = 0; i < 8; ++i) start = static_cast<int64_t>((static_cast<uint64_t>(start) << 8) | p[i]);
-        replays_.fetch_add(1, std::memory_order_relaxed);
-        const std::string id(static_cast<const char*>(frames[0].data()), frames[0].size());
-        try {
-          for (const auto& [seq, payload] : s.buffer) {
-            if (seq < start) continue;
-            const std::string seq_bytes = BigEndian(seq);
-            std::array<zmq::const_buffer, 4> reply{zmq::buffer(id), zmq::const_buffer(), zmq::buffer(seq_bytes),
-                                                   zmq::buffer(payload)};
-            if (!zmq::send_multipart(*s.replay, reply, zmq::send_flags::dontwait)) break;
+    const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(next - std::chrono::steady_clock::now());
+    const int timeout = stopping ? 0 : static_cast<int>(std::clamp<int64_t>(wait.count(), 0, 100));
+    if (fds.empty()) {
+      if (timeout > 0) std::this_thread::sleep_for(std::chrono::milliseconds(timeout));
+    } else if (poll(fds.data(), fds.size(), timeout) > 0) {
+      for (size_t i = 0; i < fds.size(); ++i) {
+        if (fds[i].revents & POLLOUT) Flush(*who[i]);
+        if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        char buf[1024];
+        for (int k = 0; k < 8; ++k) {
+          const ssize_t n = recv(fds[i].fd, buf, sizeof(buf), MSG_DONTWAIT);
+          if (n <= 0) break;
+          if (buf[0] == 'R') {
+            nlohmann::json r = nlohmann::json::parse(std::string_view(buf + 1, static_cast<size_t>(n - 1)), nullptr,
+                                                     false);
+            const bool ok = !r.is_discarded() && r.value("ok", false);
+            who[i]->up.store(ok, std::memory_order_relaxed);
+            if (!ok) {
+              spdlog::warn("event=kv_events_publisher_failed tenant={} detail=\"{}\"", who[i]->name,
+                           r.is_discarded() ? std::string("bad answer") : r.value("error", std::string("unknown")));
+            }
+          } else if (buf[0] == 'S') {
+            nlohmann::json s = nlohmann::json::parse(std::string_view(buf + 1, static_cast<size_t>(n - 1)), nullptr,
+                                                     false);
+            if (s.is_discarded() || !s.is_object()) continue;
+            who[i]->replays.store(s.value("replays", uint64_t{0}), std::memory_order_relaxed);
+            who[i]->bad_replays.store(s.value("bad_replays", uint64_t{0}), std::memory_order_relaxed);
+            who[i]->throttled.store(s.value("throttled", uint64_t{0}), std::memory_order_relaxed);
           }
-          const std::string end = BigEndian(-1);
-          std::array<zmq::const_buffer, 4> fin{zmq::buffer(id), zmq::const_buffer(), zmq::buffer(end),
-                                               zmq::const_buffer()};
-          zmq::send_multipart(*s.replay, fin, zmq::send_flags::dontwait);
-        } catch (const zmq::error_t&) {
-          send_errors_.fetch_add(1, std::memory_order_relaxed);
         }
+      }
+    }
+    const int64_t now_ns = NowNs();
+    if (!stopping) {
+      for (auto& t : tenants_) {
+        if (t->publish) Supervise(*t, now_ns);
       }
     }
     if (!stopping && std::chrono::steady_clock::now() < next) continue;
     next = std::chrono::steady_clock::now() + std::chrono::milliseconds(opts_.batch_ms);
-    {
-      MutexLock l(&mu_);
-      batch.swap(pending_);
-    }
-    if (!batch.empty()) {
-      for (const Event& e : batch) per_tenant[e.tenant].push_back(e);
-      batch.clear();
-      const double ts = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
-      for (size_t t = 0; t < per_tenant.size(); ++t) {
-        std::vector<Event>& evs = per_tenant[t];
-        Sockets::Tenant& s = sockets_->tenants[t];
-        for (size_t first = 0; first < evs.size() && s.pub; first += kMaxEventsPerBatch) {
-          const std::vector<Event> part(evs.begin() + static_cast<ptrdiff_t>(first),
-                                        evs.begin() + static_cast<ptrdiff_t>(std::min(evs.size(), first + kMaxEventsPerBatch)));
-          std::string payload = EncodeBatch(ts, part, opts_.bytes_hashes);
-          const int64_t seq = s.seq++;
-          const std::string seq_bytes = BigEndian(seq);
-          try {
-            std::array<zmq::const_buffer, 3> msg{zmq::buffer(opts_.topic), zmq::buffer(seq_bytes), zmq::buffer(payload)};
-            zmq::send_multipart(*s.pub, msg, zmq::send_flags::dontwait);
-            batches_.fetch_add(1, std::memory_order_relaxed);
-            events_.fetch_add(part.size(), std::memory_order_relaxed);
-          } catch (const zmq::error_t&) {
-            send_errors_.fetch_add(1, std::memory_order_relaxed);
-          }
-          if (s.replay) {
-            s.buffer.emplace_back(seq, std::move(payload));
-            while (s.buffer.size() > opts_.buffer_batches) s.buffer.pop_front();
-          }
-        }
-        evs.clear();
+    const double ts = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
+    bool left = false;
+    for (auto& t : tenants_) {
+      if (!t->publish) continue;
+      {
+        MutexLock l(&t->mu);
+        batch.swap(t->pending);
+        if (t->lost) t->gap = true;
+        t->lost = false;
       }
+      if (!batch.empty()) Send(*t, batch, ts);
+      batch.clear();
+      MutexLock l(&t->mu);
+      left = left || !t->pending.empty();
     }
     if (stopping) {
-      MutexLock l(&mu_);
-      if (pending_.empty()) return;
+      // What is queued for the publishers goes before the sockets close.
+      const int64_t until = NowNs() + kSecond;
+      for (auto& t : tenants_) {
+        while (!t->outq.empty() && t->fd >= 0 && NowNs() < until) {
+          Flush(*t);
+          if (!t->outq.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+      }
+      if (!left) return;
     }
   }
 }
@@ -366,18 +531,24 @@ KvEventStats KvEvents::stats() const {
   s.events = events_.load(std::memory_order_relaxed);
   s.batches = batches_.load(std::memory_order_relaxed);
   s.dropped = dropped_.load(std::memory_order_relaxed);
-  s.replays = replays_.load(std::memory_order_relaxed);
-  s.bad_replays = bad_replays_.load(std::memory_order_relaxed);
-  s.send_errors = send_errors_.load(std::memory_order_relaxed);
+  s.publisher_restarts = restarts_.load(std::memory_order_relaxed);
+  for (const auto& t : tenants_) {
+    s.replays += t->replays.load(std::memory_order_relaxed);
+    s.bad_replays += t->bad_replays.load(std::memory_order_relaxed);
+    s.replays_throttled += t->throttled.load(std::memory_order_relaxed);
+    s.publishers_up += t->up.load(std::memory_order_relaxed) ? 1 : 0;
+  }
   return s;
 }
 
-std::string KvEvents::EndpointOf(uint16_t t) const {
-  return t < sockets_->tenants.size() ? sockets_->tenants[t].endpoint : std::string();
+std::string KvEvents::EndpointOf(uint16_t t) const { return t < tenants_.size() ? tenants_[t]->endpoint : ""; }
+
+pid_t KvEvents::PublisherPidOf(uint16_t t) const {
+  return t < tenants_.size() ? tenants_[t]->pid_seen.load(std::memory_order_relaxed) : -1;
 }
 
 std::string KvEvents::ReplayEndpointOf(uint16_t t) const {
-  return t < sockets_->tenants.size() ? sockets_->tenants[t].replay_endpoint : std::string();
+  return t < tenants_.size() ? tenants_[t]->replay_endpoint : "";
 }
 
 }  // namespace kvtier

@@ -11,6 +11,8 @@
 #include "daemon/assembly.h"
 #include "daemon/config.h"
 #include "daemon/daemon.h"
+#include "daemon/kv_events.h"
+#include "absl/strings/numbers.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "tiers/nvme_tier.h"
 #include "core/fmt_absl.h"
@@ -71,6 +73,13 @@ int CheckOnly(const kvtier::Config& config) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A tenant's KV-event publisher (daemon/kv_events.h), started by kvtierd
+  // itself with its end of a socket pair as the descriptor named.
+  if (argc >= 3 && std::string_view(argv[1]) == "--events-publisher") {
+    int fd = -1;
+    if (!absl::SimpleAtoi(argv[2], &fd) || fd < 3) return 2;
+    return kvtier::RunEventsPublisher(fd);
+  }
   kvtier::Daemon::BlockSignals();
   CLI::App app{"kvtierd: keeps LLM KV-cache blocks across GPU, host memory and NVMe.\n"
                "Runs on its embedded defaults when no config file exists."};

@@ -154,6 +154,10 @@ std::string PrometheusText(const StatusSnapshot& s, bool detailed) {
     w.Family("kvtier_events_replays_total", "counter", "Replay requests served, and refused as malformed.");
     w.Sample("kvtier_events_replays_total", "result=\"served\"", double(s.events->stats.replays));
     w.Sample("kvtier_events_replays_total", "result=\"malformed\"", double(s.events->stats.bad_replays));
+    w.Sample("kvtier_events_replays_total", "result=\"throttled\"", double(s.events->stats.replays_throttled));
+    w.Family("kvtier_events_publisher_restarts_total", "counter",
+             "Tenants' event publisher processes restarted after they ended (a peer exhausted their limits).");
+    w.Sample("kvtier_events_publisher_restarts_total", "", double(s.events->stats.publisher_restarts));
   }
 
   w.Family("kvtier_log_lines_suppressed_total", "counter",

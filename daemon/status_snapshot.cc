@@ -238,7 +238,9 @@ json EventsJson(const std::optional<StatusSnapshot::Events>& e) {
               {"dropped", e->stats.dropped},
               {"replays", e->stats.replays},
               {"bad_replays", e->stats.bad_replays},
-              {"send_errors", e->stats.send_errors}};
+              {"replays_throttled", e->stats.replays_throttled},
+              {"publisher_restarts", e->stats.publisher_restarts},
+              {"publishers_up", e->stats.publishers_up}};
 }
 
 json StatsJson(const DaemonStats& s) {

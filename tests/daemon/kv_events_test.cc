@@ -4,11 +4,13 @@
 #include "daemon/kv_events.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/stat.h>
 
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <set>
 #include <thread>
 
@@ -49,6 +51,16 @@ const msgpack::object* Field(const msgpack::object& map, std::string_view name) 
 
 class KvEventsTest : public ::testing::Test {
  protected:
+  // Queues, encoder and publisher processes (kvtierd --events-publisher).
+  std::unique_ptr<KvEvents> Start(KvEventOptions opts, const std::vector<KvEventTenant>& tenants) {
+    opts.publisher_exe = KVTIERD_PATH;
+    auto ev = KvEvents::Create(opts, tenants, dir_.string());
+    EXPECT_TRUE(ev.ok()) << ev.status();
+    if (!ev.ok()) return nullptr;
+    absl::Status s = (*ev)->StartPublishers();
+    EXPECT_TRUE(s.ok()) << s;
+    return s.ok() ? std::move(*ev) : nullptr;
+  }
   void SetUp() override {
     dir_ = std::filesystem::temp_directory_path() / ("kvtier-events-" + std::to_string(getpid()) + "-" +
                                                      ::testing::UnitTest::GetInstance()->current_test_info()->name());
@@ -60,11 +72,11 @@ class KvEventsTest : public ::testing::Test {
 
 TEST_F(KvEventsTest, EncodesVllmsTaggedMaps) {
   std::vector<KvEvents::Event> evs;
-  evs.push_back({Key(1), 16, 0, 0, KvMedium::kCpu});
-  evs.push_back({Key(2), 0, 0, 1, KvMedium::kDisk});
-  evs.push_back({Key(3), 0, 0, 1, KvMedium::kDisk});  // one BlockRemoved with both
-  evs.push_back({Key(4), 0, 0, 1, KvMedium::kCpu});   // another medium: another event
-  evs.push_back({BlockKey{}, 0, 0, 2, KvMedium::kCpu});
+  evs.push_back({Key(1), 16, 0, KvMedium::kCpu});
+  evs.push_back({Key(2), 0, 1, KvMedium::kDisk});
+  evs.push_back({Key(3), 0, 1, KvMedium::kDisk});  // one BlockRemoved with both
+  evs.push_back({Key(4), 0, 1, KvMedium::kCpu});   // another medium: another event
+  evs.push_back({BlockKey{}, 0, 2, KvMedium::kCpu});
   const std::string payload = KvEvents::EncodeBatch(1234.5, evs, /*bytes_hashes=*/false);
   msgpack::object_handle oh = msgpack::unpack(payload.data(), payload.size());
   const msgpack::object& batch = oh.get();
@@ -106,21 +118,21 @@ TEST_F(KvEventsTest, EncodesVllmsTaggedMaps) {
 TEST_F(KvEventsTest, ManyProducersOneSubscriber) {
   KvEventOptions opts;
   opts.batch_ms = 2;
-  auto ev = KvEvents::Start(opts, {{"t0", true, {}, {}}, {"t1", false, {}, {}}}, dir_.string());
-  ASSERT_TRUE(ev.ok()) << ev.status();
-  EXPECT_EQ((*ev)->EndpointOf(1), "") << "a tenant that does not publish has no socket";
+  auto ev = Start(opts, {{"t0", true, {}, {}}, {"t1", false, {}, {}}});
+  ASSERT_NE(ev, nullptr);
+  EXPECT_EQ(ev->EndpointOf(1), "") << "a tenant that does not publish has no socket";
   zmq::context_t ctx;
   zmq::socket_t sub(ctx, zmq::socket_type::sub);
   sub.set(zmq::sockopt::subscribe, "");
-  sub.connect((*ev)->EndpointOf(0));
+  sub.connect(ev->EndpointOf(0));
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   constexpr uint32_t kThreads = 4, kEach = 2000;
   std::vector<std::thread> producers;
   for (uint32_t t = 0; t < kThreads; ++t) {
     producers.emplace_back([&, t] {
       for (uint32_t i = 0; i < kEach; ++i) {
-        (*ev)->Stored(0, Key(t * kEach + i), 16, KvMedium::kCpu);
-        (*ev)->Stored(1, Key(t * kEach + i), 16, KvMedium::kCpu);  // not published
+        ev->Stored(0, Key(t * kEach + i), 16, KvMedium::kCpu);
+        ev->Stored(1, Key(t * kEach + i), 16, KvMedium::kCpu);  // not published
       }
     });
   }
@@ -151,10 +163,10 @@ TEST_F(KvEventsTest, ManyProducersOneSubscriber) {
   EXPECT_EQ(seen.size(), size_t{kThreads} * kEach);
   // The publisher counts a batch after sending it: the subscriber may be first.
   const auto counted = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  while ((*ev)->stats().events < uint64_t{kThreads} * kEach && std::chrono::steady_clock::now() < counted) {
+  while (ev->stats().events < uint64_t{kThreads} * kEach && std::chrono::steady_clock::now() < counted) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  const KvEventStats s = (*ev)->stats();
+  const KvEventStats s = ev->stats();
   EXPECT_EQ(s.events, uint64_t{kThreads} * kEach);
   EXPECT_EQ(s.dropped, 0u);
 }
@@ -163,30 +175,30 @@ TEST_F(KvEventsTest, PastTheBoundEventsAreDroppedAndCounted) {
   KvEventOptions opts;
   opts.batch_ms = 10000;  // the thread does not drain while the test pushes
   opts.max_pending = 100;
-  auto ev = KvEvents::Start(opts, {{"t0", true, {}, {}}}, dir_.string());
-  ASSERT_TRUE(ev.ok()) << ev.status();
+  auto ev = Start(opts, {{"t0", true, {}, {}}});
+  ASSERT_NE(ev, nullptr);
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  for (uint32_t i = 0; i < 250; ++i) (*ev)->Removed(0, Key(i), KvMedium::kDisk);
-  EXPECT_EQ((*ev)->stats().dropped, 150u);
+  for (uint32_t i = 0; i < 250; ++i) ev->Removed(0, Key(i), KvMedium::kDisk);
+  EXPECT_EQ(ev->stats().dropped, 150u);
 }
 
 TEST_F(KvEventsTest, HostileReplayRequestsAreCountedAndAGoodOneIsServed) {
   KvEventOptions opts;
   opts.batch_ms = 2;
   opts.buffer_batches = 3;
-  auto ev = KvEvents::Start(opts, {{"t0", true, {}, {}}}, dir_.string());
-  ASSERT_TRUE(ev.ok()) << ev.status();
+  auto ev = Start(opts, {{"t0", true, {}, {}}});
+  ASSERT_NE(ev, nullptr);
   struct stat st {};
-  ASSERT_EQ(stat((*ev)->ReplayEndpointOf(0).substr(6).c_str(), &st), 0);
-  EXPECT_EQ(st.st_mode & 0777, 0666u) << "a tenant every local user belongs to";
+  ASSERT_EQ(stat(ev->ReplayEndpointOf(0).substr(6).c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u) << "a tenant without uids or gids: kvtierd's own user only";
   for (uint32_t i = 0; i < 5; ++i) {  // five batches; three kept
-    (*ev)->Stored(0, Key(i), 16, KvMedium::kCpu);
+    ev->Stored(0, Key(i), 16, KvMedium::kCpu);
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   zmq::context_t ctx;
   zmq::socket_t dealer(ctx, zmq::socket_type::dealer);
   dealer.set(zmq::sockopt::rcvtimeo, 3000);
-  dealer.connect((*ev)->ReplayEndpointOf(0));
+  dealer.connect(ev->ReplayEndpointOf(0));
   const std::string junk[] = {std::string("\x01\x02", 2), std::string(9, 'x')};
   for (const std::string& j : junk) {
     std::array<zmq::const_buffer, 2> m{zmq::const_buffer(), zmq::buffer(j)};
@@ -209,17 +221,95 @@ TEST_F(KvEventsTest, HostileReplayRequestsAreCountedAndAGoodOneIsServed) {
     seqs.push_back(seq);
   }
   EXPECT_EQ(seqs, (std::vector<int64_t>{2, 3, 4}));
-  EXPECT_EQ((*ev)->stats().bad_replays, 2u);
-  EXPECT_EQ((*ev)->stats().replays, 1u);
+  // The publisher reports its counters to the daemon within a second.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while ((ev->stats().bad_replays < 2 || ev->stats().replays < 1) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(ev->stats().bad_replays, 2u);
+  EXPECT_EQ(ev->stats().replays, 1u);
 }
 
 TEST_F(KvEventsTest, AnEndpointThatCannotBindIsAClearError) {
   KvEventOptions opts;
+  opts.publisher_exe = KVTIERD_PATH;
   opts.endpoint = "ipc://" + (dir_ / "no-such-dir" / "x.sock").string();
-  auto ev = KvEvents::Start(opts, {{"t0", true, {}, {}}}, dir_.string());
-  ASSERT_FALSE(ev.ok());
-  EXPECT_NE(ev.status().message().find("cannot bind"), std::string::npos) << ev.status();
-  EXPECT_NE(ev.status().message().find("[events] endpoint"), std::string::npos) << ev.status();
+  auto ev = KvEvents::Create(opts, {{"t0", true, {}, {}}}, dir_.string());
+  ASSERT_TRUE(ev.ok());
+  absl::Status s = (*ev)->StartPublishers();
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("cannot bind"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("[events] endpoint"), std::string::npos) << s;
+}
+
+// Never a file that is not a stale socket replaced; never a live socket
+// taken from another publisher.
+TEST_F(KvEventsTest, AFileOrALiveSocketAtThePathIsNotReplaced) {
+  const std::filesystem::path file = dir_ / "taken.sock";
+  { std::ofstream(file) << "not a socket"; }
+  KvEventOptions opts;
+  opts.publisher_exe = KVTIERD_PATH;
+  opts.endpoint = "ipc://" + file.string();
+  opts.replay_endpoint = "off";
+  auto ev = KvEvents::Create(opts, {{"t0", true, {}, {}}}, dir_.string());
+  ASSERT_TRUE(ev.ok());
+  absl::Status s = (*ev)->StartPublishers();
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("is not a socket"), std::string::npos) << s;
+  std::ifstream in(file);
+  std::string content;
+  std::getline(in, content);
+  EXPECT_EQ(content, "not a socket");
+
+  KvEventOptions live;
+  auto first = Start(live, {{"t0", true, {}, {}}});
+  ASSERT_NE(first, nullptr);
+  live.publisher_exe = KVTIERD_PATH;
+  auto second = KvEvents::Create(live, {{"t0", true, {}, {}}}, dir_.string());
+  ASSERT_TRUE(second.ok());
+  s = (*second)->StartPublishers();
+  ASSERT_FALSE(s.ok()) << "a second publisher took the first one's socket";
+  EXPECT_NE(s.message().find("in use"), std::string::npos) << s;
+}
+
+// A publisher that dies (here killed; in life a peer that exhausted its
+// descriptors or memory) is restarted; subscribers see a sequence gap for
+// what went missing, and the daemon side never blocks.
+TEST_F(KvEventsTest, ADeadPublisherIsRestartedAndTheLossIsAGap) {
+  KvEventOptions opts;
+  opts.batch_ms = 2;
+  auto ev = Start(opts, {{"t0", true, {}, {}}});
+  ASSERT_NE(ev, nullptr);
+  const pid_t pid = ev->PublisherPidOf(0);
+  ASSERT_GT(pid, 0);
+  ASSERT_EQ(kill(pid, SIGKILL), 0);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  uint32_t i = 0;
+  while ((ev->stats().publisher_restarts == 0 || ev->stats().publishers_up == 0) &&
+         std::chrono::steady_clock::now() < deadline) {
+    ev->Stored(0, Key(i++), 16, KvMedium::kCpu);  // some are lost while it is down
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_GE(ev->stats().publisher_restarts, 1u);
+  EXPECT_NE(ev->PublisherPidOf(0), pid);
+  zmq::context_t ctx;
+  zmq::socket_t sub(ctx, zmq::socket_type::sub);
+  sub.set(zmq::sockopt::subscribe, "");
+  sub.set(zmq::sockopt::rcvtimeo, 200);
+  sub.connect(ev->EndpointOf(0));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  std::vector<int64_t> seqs;
+  for (int round = 0; round < 50 && seqs.size() < 3; ++round) {
+    ev->Stored(0, Key(100000 + round), 16, KvMedium::kCpu);
+    std::vector<zmq::message_t> frames;
+    if (!zmq::recv_multipart(sub, std::back_inserter(frames))) continue;
+    int64_t seq = 0;
+    for (size_t b = 0; b < 8; ++b) seq = (seq << 8) | static_cast<const uint8_t*>(frames[1].data())[b];
+    seqs.push_back(seq);
+  }
+  ASSERT_GE(seqs.size(), 2u) << "the restarted publisher serves the same endpoint";
+  EXPECT_GT(ev->stats().dropped, 0u) << "events sent while it was down were lost, and counted";
+  EXPECT_GT(seqs.front(), 0) << "the sequence went on past the loss";
 }
 
 }  // namespace

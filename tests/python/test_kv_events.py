@@ -131,8 +131,11 @@ def test_stores_and_removals_arrive_in_vllms_format_and_replay(make_daemon):
     assert [s for s, _ in got] == seqs[1:]
     assert [b for _, b in got] == [b for _, b in sub.batches[1:]]
     assert sub.replay_first_as_vllm_example(seqs[0] + 1) == sub.batches[1]
+    deadline = time.time() + 5  # the publisher reports its counters every second
+    while d.status()["events"]["replays"] < 2 and time.time() < deadline:
+        time.sleep(0.05)
     st = d.status()["events"]
-    assert st["replays"] == 2 and st["dropped"] == 0 and st["events"] >= 6
+    assert st["replays"] == 2 and st["dropped"] == 0 and st["events"] >= 6 and st["publishers_up"] == 1
     sub.close()
 
 
@@ -204,6 +207,45 @@ def test_each_tenant_publishes_on_its_own_socket_only_it_may_open(make_daemon):
     b_sub.close()
 
 
+def test_a_peer_that_exhausts_one_tenants_publisher_harms_nobody_else(make_daemon):
+    """ZeroMQ aborts a process that runs out of descriptors on accept: a
+    tenant flooding its own event socket ends its own publisher process
+    (restarted), never kvtierd, and the other tenant's events flow on."""
+    uid = os.getuid()
+    d = make_daemon(events_config("max_connections = 16\n") + f'[[tenants]]\nname = "alice"\nuids = [{uid}]\n'
+                    '[[tenants]]\nname = "bob"\nuids = [65534]\n')
+    pubs = {p["tenant"]: p for p in d.status()["events"]["publishing"]}
+    a_sub = Subscriber(pubs["alice"]["endpoint"])
+    bob_path = pubs["bob"]["endpoint"][len("ipc://"):]
+    flood = []
+    for _ in range(200):  # root may connect to bob's socket; bob could too
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(bob_path)
+        except OSError:
+            s.close()
+            continue
+        flood.append(s)
+    deadline = time.time() + 10
+    while d.status()["events"]["publisher_restarts"] < 1 and time.time() < deadline:
+        time.sleep(0.05)
+    for s in flood:
+        s.close()
+    assert d.proc.poll() is None, "kvtierd died"
+    assert d.status()["events"]["publisher_restarts"] >= 1, "bob's publisher did not hit its descriptor limit"
+    time.sleep(0.3)
+    with attach(d) as c:  # alice's events, through it all
+        keys = c.compute_keys(np.arange(BT * 2, dtype=np.uint32))
+        c.store(keys, np.zeros((2, BB), dtype=np.uint8))
+    a_sub.drain(3, until=lambda evs: len(stored(evs, "CPU")) >= 2)
+    assert stored(a_sub.events(), "CPU") == [int_hash(k) for k in keys]
+    deadline = time.time() + 10
+    while d.status()["events"]["publishers_up"] < 2 and time.time() < deadline:
+        time.sleep(0.1)
+    assert d.status()["events"]["publishers_up"] == 2, "bob's publisher came back"
+    a_sub.close()
+
+
 def test_bytes_hashes_and_a_chosen_tenant(make_daemon):
     d = make_daemon(events_config('block_hash = "bytes"\ntenants = ["default"]\n'))
     sub = Subscriber(d.status()["events"]["publishing"][0]["endpoint"])
@@ -255,3 +297,11 @@ def test_gpu_tier_copies_are_announced_as_gpu(make_daemon):
         mem.close()
         os.close(fd)
         sub.close()
+
+
+def test_abstract_and_shared_endpoints_are_refused(make_daemon):
+    with pytest.raises(RuntimeError, match="ABSOLUTE/PATH"):
+        make_daemon(events_config('endpoint = "ipc://@kv-{tenant}"\n'))  # no file: no permissions
+    with pytest.raises(RuntimeError, match="which another socket has"):
+        make_daemon(events_config('endpoint = "ipc:///tmp/kvtier-ev-{tenant}.sock"\n'
+                                  'replay_endpoint = "ipc:///tmp/kvtier-ev-{tenant}.sock"\n'))
