@@ -301,7 +301,7 @@ def test_gpu_tier_copies_are_announced_as_gpu(make_daemon):
 
 def test_abstract_and_shared_endpoints_are_refused(make_daemon):
     with pytest.raises(RuntimeError, match="ABSOLUTE/PATH"):
-        make_daemon(events_config('endpoint = "ipc://@kv-{tenant}"\n'))  # no file: no permissions
+        make_daemon(events_config('endpoint = "ipc://@kv-{tenant}"\n'), sub="abstract")  # no file: no permissions
     with pytest.raises(RuntimeError, match="which another socket has"):
         make_daemon(events_config('endpoint = "ipc:///tmp/kvtier-ev-{tenant}.sock"\n'
-                                  'replay_endpoint = "ipc:///tmp/kvtier-ev-{tenant}.sock"\n'))
+                                  'replay_endpoint = "ipc:///tmp/kvtier-ev-{tenant}.sock"\n'), sub="shared")
