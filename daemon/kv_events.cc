@@ -128,13 +128,8 @@ absl::StatusOr<std::unique_ptr<KvEvents>> KvEvents::Create(const KvEventOptions&
     ev->publish_.push_back(kt.publish);
     ev->tenants_.push_back(std::move(t));
   }
-  ev->exe_ = opts.publisher_exe;
-  if (ev->exe_.empty()) {
-    char buf[4096];
-    const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-    if (n <= 0) return absl::InternalError("events: cannot find kvtierd's own binary (/proc/self/exe)");
-    ev->exe_.assign(buf, static_cast<size_t>(n));
-  }
+  // The running binary itself, even after an upgrade replaced the file.
+  ev->exe_ = opts.publisher_exe.empty() ? std::string("/proc/self/exe") : opts.publisher_exe;
   return ev;
 }
 

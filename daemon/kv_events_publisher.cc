@@ -152,6 +152,7 @@ void RemoveIfOurs(const Bound& b) {
 
 int RunEventsPublisher(int fd) {
   prctl(PR_SET_PDEATHSIG, SIGKILL);
+  (void)!nice(10);  // below kvtierd's own threads
   if (getppid() == 1) return 1;  // the daemon is gone already
   signal(SIGPIPE, SIG_IGN);
   std::string buf(1 << 20, '\0');
@@ -196,6 +197,7 @@ int RunEventsPublisher(int fd) {
     replay = std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::router);
     replay->set(zmq::sockopt::linger, 0);
     replay->set(zmq::sockopt::maxmsgsize, int64_t{64});  // a request is three short frames
+    replay->set(zmq::sockopt::rcvhwm, 1000);
     replay->set(zmq::sockopt::sndhwm, static_cast<int>(std::min<uint64_t>(replay_max + 16, 1 << 20)));
     err = BindSafely(*replay, replay_endpoint, uid, gid, &replay_bound);
   }
@@ -214,9 +216,23 @@ int RunEventsPublisher(int fd) {
   auto next_stats = last_refill;
   std::vector<zmq::pollitem_t> items{{nullptr, fd, ZMQ_POLLIN, 0}};
   if (replay) items.push_back({replay->handle(), 0, ZMQ_POLLIN, 0});
+  // Work a peer can cause is bounded: at most this many replay requests
+  // (well-formed or not) are read a second; the rest wait in ZeroMQ's
+  // queue (its high-water mark drops beyond) while the replay socket is
+  // not polled, so a flood costs this process little CPU, and kvtierd none.
+  const uint64_t reads_per_s = static_cast<uint64_t>(replays_per_s) * 4 + 256;
+  uint64_t reads_this_second = 0;
+  auto second_started = std::chrono::steady_clock::now();
   for (;;) {
+    const auto tick = std::chrono::steady_clock::now();
+    if (tick - second_started >= std::chrono::seconds(1)) {
+      second_started = tick;
+      reads_this_second = 0;
+    }
+    const size_t polled = (replay && reads_this_second < reads_per_s) ? items.size() : 1;
+    if (replay) items[1].revents = 0;
     try {
-      zmq::poll(items.data(), items.size(), std::chrono::milliseconds(100));
+      zmq::poll(items.data(), polled, std::chrono::milliseconds(100));
     } catch (const zmq::error_t&) {
     }
     if (items[0].revents & (ZMQ_POLLIN | ZMQ_POLLERR)) {
@@ -255,7 +271,8 @@ int RunEventsPublisher(int fd) {
       tokens = std::min(replays_per_s * 2,
                         tokens + replays_per_s * std::chrono::duration<double>(now - last_refill).count());
       last_refill = now;
-      for (int served = 0; served < 64; ++served) {
+      for (int served = 0; served < 64 && reads_this_second < reads_per_s; ++served) {
+        ++reads_this_second;
         std::vector<zmq::message_t> frames;
         try {
           if (!zmq::recv_multipart(*replay, std::back_inserter(frames), zmq::recv_flags::dontwait)) break;
