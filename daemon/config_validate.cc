@@ -178,14 +178,22 @@ absl::Status ValidateConfig(const Config& c) {
           fail(key, Cat(key, ": tenant \"", t.name, "\" cannot name a file; rename the tenant"));
         }
         const std::string expanded = absl::StrReplaceAll(p, {{"{tenant}", t.name}});
+        if (absl::StartsWith(expanded, "ipc:///") && expanded.size() - 6 > 107) {
+          fail(key, Cat(key, " gives tenant \"", t.name, "\" a socket path of ", expanded.size() - 6,
+                        " characters; a Unix socket path has at most 107"));
+        }
+        if (expanded == "ipc://" + c.DataSocketPath() || expanded == "ipc://" + c.AdminSocketPath()) {
+          fail(key, Cat(key, " gives tenant \"", t.name, "\" kvtierd's own socket ", expanded.substr(6)));
+        }
         if (!seen.insert(expanded).second) {
           fail(key, Cat(key, " gives tenant \"", t.name, "\" the endpoint ", expanded,
                         ", which another socket has; each tenant's event and replay sockets are its own"));
         }
       }
     }
-    if (c.events_publisher_memory < (64ull << 20)) {
-      fail("events.publisher_memory", "events.publisher_memory must be at least 64MiB");
+    if (c.events_publisher_memory < (256ull << 20)) {
+      fail("events.publisher_memory", "events.publisher_memory must be at least 256MiB (an idle publisher reserves "
+                                      "about 64 MiB of address space)");
     } else if (c.events_buffer_bytes > c.events_publisher_memory / 2) {
       fail("events.buffer_bytes", "events.buffer_bytes must be at most half of events.publisher_memory");
     }

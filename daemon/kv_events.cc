@@ -100,6 +100,8 @@ struct KvEvents::Tenant {
   std::atomic<uint64_t> replays{0}, bad_replays{0}, throttled{0};
   std::atomic<bool> up{false};
   std::atomic<pid_t> pid_seen{-1};  // pid, for other threads
+  int64_t heard_ns = 0;  // its last message (stats come every second)
+  bool broken = false;   // a send failed for another reason than a full buffer
 };
 
 KvEvents::KvEvents(const KvEventOptions& opts) : opts_(opts) {}
@@ -180,6 +182,8 @@ absl::Status KvEvents::Spawn(Tenant& t, bool wait_ready) {
   }
   t.fd = sv[0];
   t.pid = pid;
+  t.heard_ns = NowNs();
+  t.broken = false;
   t.pid_seen.store(pid, std::memory_order_relaxed);
   t.up_since_ns = NowNs();
   if (!wait_ready) return absl::OkStatus();
@@ -355,11 +359,12 @@ void KvEvents::Supervise(Tenant& t, int64_t now_ns) {
   if (t.pid > 0) {
     int status = 0;
     const pid_t r = waitpid(t.pid, &status, WNOHANG);
-    if (r == 0 && t.fd >= 0) {
+    const bool hung = now_ns - t.heard_ns > 10 * kSecond;  // stopped, or stuck: no stats for 10 s
+    if (r == 0 && t.fd >= 0 && !hung && !t.broken) {
       if (now_ns - t.up_since_ns > 60 * kSecond) t.backoff_ns = kSecond;
       return;
     }
-    if (r == 0) {  // its socket broke, it lives on: end it
+    if (r == 0) {  // hung, or its socket broke, and it lives on: end it
       kill(t.pid, SIGKILL);
       waitpid(t.pid, &status, 0);
     }
@@ -390,6 +395,7 @@ void KvEvents::Supervise(Tenant& t, int64_t now_ns) {
     return;
   }
   restarts_.fetch_add(1, std::memory_order_relaxed);
+  spdlog::info("event=kv_events_publisher_restarted tenant={} pid={}", t.name, t.pid);
 }
 
 void KvEvents::Send(Tenant& t, std::vector<Event>& events, double ts) {
@@ -429,7 +435,8 @@ void KvEvents::Flush(Tenant& t) {
     const std::string& msg = t.outq.front().first;
     if (send(t.fd, msg.data(), msg.size(), MSG_DONTWAIT | MSG_NOSIGNAL) != static_cast<ssize_t>(msg.size())) {
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return;  // it reads, then more
-      return;  // gone: Supervise ends and restarts it
+      t.broken = true;  // gone, or a message it cannot take: Supervise ends and restarts it
+      return;
     }
     batches_.fetch_add(1, std::memory_order_relaxed);
     events_.fetch_add(t.outq.front().second, std::memory_order_relaxed);
@@ -464,6 +471,7 @@ void KvEvents::Run() {
         for (int k = 0; k < 8; ++k) {
           const ssize_t n = recv(fds[i].fd, buf, sizeof(buf), MSG_DONTWAIT);
           if (n <= 0) break;
+          who[i]->heard_ns = NowNs();
           if (buf[0] == 'R') {
             nlohmann::json r = nlohmann::json::parse(std::string_view(buf + 1, static_cast<size_t>(n - 1)), nullptr,
                                                      false);

@@ -47,15 +47,21 @@ zmq::message_t Shared(const Payload& p) {
                         [](void*, void* hint) { delete static_cast<Payload*>(hint); }, hold);
 }
 
+// Something listens there (a publisher, kvtierd's own data socket, any
+// service): of whatever socket type.
 bool LiveUnixSocket(const std::string& path) {
-  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return false;
-  sockaddr_un a{};
-  a.sun_family = AF_UNIX;
-  std::strncpy(a.sun_path, path.c_str(), sizeof(a.sun_path) - 1);
-  const bool live = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
-  close(fd);
-  return live;
+  for (int type : {SOCK_STREAM, SOCK_SEQPACKET, SOCK_DGRAM}) {
+    const int fd = socket(AF_UNIX, type | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::strncpy(a.sun_path, path.c_str(), sizeof(a.sun_path) - 1);
+    const int rc = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+    const int err = errno;
+    close(fd);
+    if (rc == 0 || err == EPROTOTYPE || err == EAGAIN) return true;  // another type listens there
+  }
+  return false;
 }
 
 struct Bound {
@@ -90,7 +96,15 @@ std::string BindSafely(zmq::socket_t& sock, const std::string& endpoint, int64_t
   const std::string dir = path.substr(0, path.rfind('/'));
   std::string tmpl = (dir.empty() ? std::string("") : dir) + "/.kvtier-events-XXXXXX";
   if (mkdtemp(tmpl.data()) == nullptr) return absl::StrCat("cannot bind ", endpoint, ": mkdtemp in ", dir, ": ", strerror(errno));
-  const int dfd = open(tmpl.c_str(), O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  int dfd = open(tmpl.c_str(), O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  // The directory mkdtemp made: ours and private, whatever the parent lets
+  // others rename (one of theirs here would not be ours).
+  struct stat dst {};
+  if (dfd >= 0 && (fstat(dfd, &dst) != 0 || dst.st_uid != geteuid() || (dst.st_mode & 0777) != 0700)) {
+    close(dfd);
+    dfd = -1;
+    errno = EPERM;
+  }
   auto cleanup = [&] {
     if (dfd >= 0) {
       unlinkat(dfd, "s", 0);
@@ -104,7 +118,10 @@ std::string BindSafely(zmq::socket_t& sock, const std::string& endpoint, int64_t
   }
   const mode_t old_mask = umask(0177);
   try {
-    sock.bind("ipc://" + tmpl + "/s");
+    // A relative name, inside the directory verified above (no path an
+    // other user could swap; no length added to the endpoint's).
+    if (fchdir(dfd) != 0) throw zmq::error_t();
+    sock.bind("ipc://s");
   } catch (const zmq::error_t& e) {
     umask(old_mask);
     cleanup();
@@ -151,7 +168,11 @@ void RemoveIfOurs(const Bound& b) {
 }  // namespace
 
 int RunEventsPublisher(int fd) {
-  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  // It ends when its socket to kvtierd closes (kvtierd exited, however).
+  prctl(PR_SET_NAME, "kvtier-events");
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);  // kvtierd blocks its signals; this process takes them
   (void)!nice(10);  // below kvtierd's own threads
   if (getppid() == 1) return 1;  // the daemon is gone already
   signal(SIGPIPE, SIG_IGN);
