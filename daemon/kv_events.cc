@@ -3,6 +3,7 @@
 #include "daemon/kv_events.h"
 
 #include <fcntl.h>
+#include <netdb.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
@@ -56,6 +57,37 @@ void PackHash(msgpack::packer<msgpack::sbuffer>& pk, const BlockKey& key, bool b
   pk.pack_uint64(v);
 }
 
+// A tcp://HOST:PORT endpoint's listening socket ("*" for every address;
+// numeric IPv4 or [IPv6], or localhost).
+absl::StatusOr<int> ListenTcp(const std::string& endpoint) {
+  const std::string hostport = endpoint.substr(6);
+  const size_t colon = hostport.rfind(':');
+  if (colon == std::string::npos) return absl::InvalidArgumentError(absl::StrCat(endpoint, ": no port"));
+  std::string host = hostport.substr(0, colon);
+  const std::string port = hostport.substr(colon + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  if (host == "*") host = "0.0.0.0";
+  if (host == "localhost") host = "127.0.0.1";
+  addrinfo hints{};
+  hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV | AI_PASSIVE;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.c_str(), port.c_str(), &hints, &res) != 0 || res == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(endpoint, ": not a numeric address and port"));
+  }
+  const int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int one = 1;
+  const bool ok = fd >= 0 && setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) == 0 &&
+                  bind(fd, res->ai_addr, res->ai_addrlen) == 0 && listen(fd, 128) == 0;
+  const int err = errno;
+  freeaddrinfo(res);
+  if (!ok) {
+    if (fd >= 0) close(fd);
+    return absl::FailedPreconditionError(absl::StrCat("cannot bind ", endpoint, ": ", strerror(err)));
+  }
+  return fd;
+}
+
 std::string Expand(const std::string& pattern, const std::string& tenant) {
   return absl::StrReplaceAll(pattern, {{"{tenant}", tenant}});
 }
@@ -82,6 +114,10 @@ struct KvEvents::Tenant {
   std::vector<uid_t> uids;
   std::vector<gid_t> gids;
   std::string endpoint, replay_endpoint;
+  // tcp endpoints: listening sockets kvtierd holds for the tenant's whole
+  // life and hands to each publisher it starts, so that while one restarts
+  // nobody else can take the port and pose as the tenant's publisher.
+  int pub_listen = -1, replay_listen = -1;
 
   Mutex mu;
   std::vector<Event> pending ABSL_GUARDED_BY(mu);
@@ -142,7 +178,14 @@ absl::Status KvEvents::Spawn(Tenant& t, bool wait_ready) {
   }
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, sv[1], 3);  // dup2 clears close-on-exec
+  // The child gets them as 3, 4 and 5 (dup2 clears close-on-exec); from
+  // copies above those, so that no dup2 overwrites a source still to come.
+  const int src[3] = {fcntl(sv[1], F_DUPFD_CLOEXEC, 10),
+                      t.pub_listen >= 0 ? fcntl(t.pub_listen, F_DUPFD_CLOEXEC, 10) : -1,
+                      t.replay_listen >= 0 ? fcntl(t.replay_listen, F_DUPFD_CLOEXEC, 10) : -1};
+  for (int i = 0; i < 3; ++i) {
+    if (src[i] >= 0) posix_spawn_file_actions_adddup2(&fa, src[i], 3 + i);
+  }
   std::string name = absl::StrCat("tenant=", t.name);
   char arg0[] = "kvtierd-events";
   char arg1[] = "--events-publisher";
@@ -151,6 +194,9 @@ absl::Status KvEvents::Spawn(Tenant& t, bool wait_ready) {
   pid_t pid = -1;
   const int rc = posix_spawn(&pid, exe_.c_str(), &fa, nullptr, argv, environ);
   posix_spawn_file_actions_destroy(&fa);
+  for (int fd : src) {
+    if (fd >= 0) close(fd);
+  }
   close(sv[1]);
   if (rc != 0) {
     close(sv[0]);
@@ -165,6 +211,8 @@ absl::Status KvEvents::Spawn(Tenant& t, bool wait_ready) {
                            {"endpoint", t.endpoint},
                            {"replay_endpoint", t.replay_endpoint},
                            {"topic", opts_.topic},
+                           {"endpoint_fd", t.pub_listen >= 0 ? 4 : -1},
+                           {"replay_fd", t.replay_listen >= 0 ? 5 : -1},
                            {"uid", t.uids.empty() ? -1 : int64_t{uid}},
                            {"gid", t.gids.empty() ? -1 : int64_t{gid}},
                            {"buffer_batches", opts_.buffer_batches},
@@ -214,6 +262,15 @@ absl::Status KvEvents::Spawn(Tenant& t, bool wait_ready) {
 absl::Status KvEvents::StartPublishers() {
   for (auto& t : tenants_) {
     if (!t->publish) continue;
+    for (auto [endpoint, fd] : {std::pair{&t->endpoint, &t->pub_listen}, {&t->replay_endpoint, &t->replay_listen}}) {
+      if (!absl::StartsWith(*endpoint, "tcp://")) continue;
+      absl::StatusOr<int> l = ListenTcp(*endpoint);
+      if (!l.ok()) {
+        return absl::FailedPreconditionError(absl::StrCat("events: tenant \"", t->name, "\": ", l.status().message(),
+                                                          "; check [events] endpoint and replay_endpoint"));
+      }
+      *fd = *l;
+    }
     if (absl::Status s = Spawn(*t, /*wait_ready=*/true); !s.ok()) {
       for (auto& u : tenants_) {
         if (u->pid > 0) {
@@ -250,6 +307,12 @@ KvEvents::~KvEvents() {
     t->fd = -1;
   }
   const int64_t deadline = NowNs() + kSecond;
+  for (auto& t : tenants_) {
+    for (int* fd : {&t->pub_listen, &t->replay_listen}) {
+      if (*fd >= 0) close(*fd);
+      *fd = -1;
+    }
+  }
   for (auto& t : tenants_) {
     if (t->pid <= 0) continue;
     while (waitpid(t->pid, nullptr, WNOHANG) == 0) {

@@ -75,9 +75,12 @@ struct Bound {
 // file under the chown), then renamed into place: never a chown or chmod of
 // a path another user could have replaced, never a file that is not a
 // stale socket replaced.
-std::string BindSafely(zmq::socket_t& sock, const std::string& endpoint, int64_t uid, int64_t gid, Bound* out) {
+std::string BindSafely(zmq::socket_t& sock, const std::string& endpoint, int64_t uid, int64_t gid, int listen_fd,
+                       Bound* out) {
   if (!absl::StartsWith(endpoint, "ipc://")) {
     try {
+      // tcp: the socket kvtierd listens on for this tenant (kv_events.cc).
+      if (listen_fd >= 0) sock.set(zmq::sockopt::use_fd, listen_fd);
       sock.bind(endpoint);
     } catch (const zmq::error_t& e) {
       return absl::StrCat("cannot bind ", endpoint, ": ", e.what());
@@ -212,7 +215,8 @@ int RunEventsPublisher(int fd) {
   pub.set(zmq::sockopt::maxmsgsize, int64_t{256});  // subscriptions: short prefixes only
   std::unique_ptr<zmq::socket_t> replay;
   Bound pub_bound, replay_bound;
-  std::string err = BindSafely(pub, cfg.value("endpoint", std::string()), uid, gid, &pub_bound);
+  std::string err =
+      BindSafely(pub, cfg.value("endpoint", std::string()), uid, gid, cfg.value("endpoint_fd", -1), &pub_bound);
   const std::string replay_endpoint = cfg.value("replay_endpoint", std::string());
   if (err.empty() && !replay_endpoint.empty()) {
     replay = std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::router);
@@ -220,7 +224,7 @@ int RunEventsPublisher(int fd) {
     replay->set(zmq::sockopt::maxmsgsize, int64_t{64});  // a request is three short frames
     replay->set(zmq::sockopt::rcvhwm, 1000);
     replay->set(zmq::sockopt::sndhwm, static_cast<int>(std::min<uint64_t>(replay_max + 16, 1 << 20)));
-    err = BindSafely(*replay, replay_endpoint, uid, gid, &replay_bound);
+    err = BindSafely(*replay, replay_endpoint, uid, gid, cfg.value("replay_fd", -1), &replay_bound);
   }
   if (!err.empty()) {
     RemoveIfOurs(pub_bound);

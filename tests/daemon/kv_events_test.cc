@@ -5,6 +5,9 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 
 #include <atomic>
@@ -310,6 +313,67 @@ TEST_F(KvEventsTest, ADeadPublisherIsRestartedAndTheLossIsAGap) {
   ASSERT_GE(seqs.size(), 2u) << "the restarted publisher serves the same endpoint";
   EXPECT_GT(ev->stats().dropped, 0u) << "events sent while it was down were lost, and counted";
   EXPECT_GT(seqs.front(), 0) << "the sequence went on past the loss";
+}
+
+}  // namespace
+}  // namespace kvtier
+
+namespace kvtier {
+namespace {
+
+int FreeTcpPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+// A tcp endpoint is held by kvtierd itself: while a publisher restarts, no
+// one else can bind the port and pose as the tenant's publisher.
+TEST_F(KvEventsTest, ATcpPortStaysKvtierdsWhileItsPublisherRestarts) {
+  const int port = FreeTcpPort();
+  KvEventOptions opts;
+  opts.batch_ms = 2;
+  opts.endpoint = "tcp://127.0.0.1:" + std::to_string(port);
+  opts.replay_endpoint = "off";
+  auto ev = Start(opts, {{"t0", true, {}, {}}});
+  ASSERT_NE(ev, nullptr);
+  const pid_t pid = ev->PublisherPidOf(0);
+  ASSERT_EQ(kill(pid, SIGKILL), 0);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (ev->PublisherPidOf(0) > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  // Down: try to take the port.
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  EXPECT_NE(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0) << "the port was free for anyone to take";
+  close(fd);
+  while ((ev->stats().publisher_restarts == 0 || ev->stats().publishers_up == 0) &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  zmq::context_t ctx;
+  zmq::socket_t sub(ctx, zmq::socket_type::sub);
+  sub.set(zmq::sockopt::subscribe, "");
+  sub.set(zmq::sockopt::rcvtimeo, 200);
+  sub.connect(opts.endpoint);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  bool got = false;
+  for (int round = 0; round < 50 && !got; ++round) {
+    ev->Stored(0, Key(200000 + round), 16, KvMedium::kCpu);
+    std::vector<zmq::message_t> frames;
+    got = zmq::recv_multipart(sub, std::back_inserter(frames)).has_value();
+  }
+  EXPECT_TRUE(got) << "the restarted publisher serves the same port";
 }
 
 }  // namespace
