@@ -357,8 +357,10 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         n = len(keys)
         slow = False
         declined = 0
-        for c in clients:
-            r = c.lookup(keys)
+        # Every rank's lookup in flight at once: one round trip, not tp_size.
+        results = [clients[0].lookup(keys)] if len(clients) == 1 else \
+            [op.wait(self._opts.load_timeout_s) for op in [c.lookup_async(keys) for c in clients]]
+        for r in results:
             hit = r.hit_blocks
             if cost and not self._opts.always_load:
                 declined = max(declined, min(n, hit + r.recompute_blocks) - hit)
