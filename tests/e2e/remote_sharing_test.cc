@@ -536,7 +536,12 @@ TEST(RemoteSharingTest, AFloodingTenantCostsItselfNotTheOthers) {
   std::sort(ms.begin(), ms.end());
   const double p99 = ms[ms.size() * 99 / 100];
   EXPECT_GE(hits, 270u) << "alice keeps 90% of her remote hits while bob floods";
-  EXPECT_LE(p99, 2 * kBudgetUs / 1000.0) << "alice's lookups within twice the probe budget";
+#ifdef KVTIER_SANITIZER
+  constexpr double kSlack = 3;  // instrumented, and .ci/run builds the next suite beside it (p99 40.8 ms seen)
+#else
+  constexpr double kSlack = 2;
+#endif
+  EXPECT_LE(p99, kSlack * kBudgetUs / 1000.0) << "alice's lookups within " << kSlack << "x the probe budget";
   const nlohmann::json rb = Remote(b)["remote"];
   EXPECT_GT(rb.value("probes_throttled", 0), 0) << rb.dump();
   EXPECT_GT(bob_lookups.load(), 100u);
