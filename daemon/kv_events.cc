@@ -292,7 +292,6 @@ absl::Status KvEvents::StartPublishers() {
                    t->name, t->endpoint);
     }
   }
-  started_.store(true, std::memory_order_release);
   thread_ = std::thread([this] { Run(); });
   return absl::OkStatus();
 }

@@ -149,7 +149,6 @@ class KvEvents {
   std::vector<bool> publish_;  // by tenant, set at Create
   std::string exe_;
   std::atomic<bool> stop_{false};
-  std::atomic<bool> started_{false};
   std::atomic<uint64_t> events_{0}, batches_{0}, dropped_{0}, restarts_{0};
   std::thread thread_;
 };

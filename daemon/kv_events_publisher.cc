@@ -185,7 +185,6 @@ int RunEventsPublisher(int fd) {
   const nlohmann::json cfg = nlohmann::json::parse(std::string_view(buf.data() + 1, static_cast<size_t>(n - 1)),
                                                    nullptr, false);
   if (cfg.is_discarded() || !cfg.is_object()) return 2;
-  const std::string tenant = cfg.value("tenant", std::string());
   auto answer = [&](bool ok, const std::string& error) {
     const std::string msg = "R" + nlohmann::json{{"ok", ok}, {"error", error}}.dump();
     send(fd, msg.data(), msg.size(), MSG_NOSIGNAL);
@@ -353,7 +352,6 @@ int RunEventsPublisher(int fd) {
   send(fd, msg.data(), msg.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
   RemoveIfOurs(pub_bound);
   RemoveIfOurs(replay_bound);
-  (void)tenant;
   return 0;
 }
 

@@ -602,6 +602,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         self._step_loads: list[_LoadInFlight] = []
         self._async_loads: dict[str, _LoadInFlight] = {}
         self._step_saves: list[_SaveInFlight] = []
+        self._saves_begun = False  # this step's store_begin calls are made
         self._failed_reqs: set[str] = set()
         self._step_started = 0.0
         self.stats = {"loaded_blocks": 0, "load_errors": 0, "saved_blocks": 0, "saves_dropped": 0,
@@ -786,13 +787,14 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         meta = self._connector_metadata
         if not isinstance(meta, KvtierConnectorMetadata) or not meta.saves:
             return
-        if not self._step_saves:
+        if not self._saves_begun:
             self._begin_saves(meta)
         g = self._layer_group.get(layer_name)
         for sv in self._step_saves:
             sv.copy_layer(self, g, layer_name)
 
     def _begin_saves(self, meta: KvtierConnectorMetadata) -> None:
+        self._saves_begun = True
         for spec in meta.saves:
             for rng in spec.ranges:
                 if not rng.keys:
@@ -807,15 +809,13 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                                 spec.req_id, e)
                     continue
                 self._step_saves.append(sv)
-        if not self._step_saves:
-            self._step_saves.append(_SaveInFlight("", BlockRange(-1, [], [])))  # nothing: do not begin again
 
     def wait_for_save(self) -> None:
         # Loads whose layers no attention layer asked for land now.
         for lf in self._step_loads:
             self._finish_load(lf)
         meta = self._connector_metadata
-        if isinstance(meta, KvtierConnectorMetadata) and meta.saves and not self._step_saves:
+        if isinstance(meta, KvtierConnectorMetadata) and meta.saves and not self._saves_begun:
             self._begin_saves(meta)
         for sv in self._step_saves:
             if sv.ticket is None:
@@ -844,6 +844,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                 pass
         self._step_loads = []
         self._step_saves = []
+        self._saves_begun = False
         self._failed_reqs = set()
 
     def get_finished(self, finished_req_ids: set) -> tuple[set | None, set | None]:
