@@ -181,6 +181,13 @@ class KVConnectorOutput:
 # importable and asked for (TinyEngine(real_vllm=True); the tests run every
 # scenario both ways). Always built by keyword, as vLLM's fields are named.
 USE_REAL_VLLM = False
+# Where the workers' KV caches live: "tensor" (torch's allocator: the
+# connector copies blocks through kvtier's host arena) or "memfd" (memory
+# kvtierd can map: the connector registers the cache and the daemon moves
+# the pages itself, the path a CUDA cache takes on a GPU) or "cuda" (GPU
+# memory: registered with kvtierd through CUDA IPC; needs a GPU and a torch
+# built with CUDA).
+CACHE_MEMORY = "tensor"
 
 
 def vllm_available() -> bool:
@@ -372,7 +379,8 @@ def _load_connector(vllm_config, role, kv_cache_config, real: bool = False):
 
 
 class Worker:
-    def __init__(self, vllm_config, kv_cache_config, layers, heads, head_dim, windows, use_connector, real=False):
+    def __init__(self, vllm_config, kv_cache_config, layers, heads, head_dim, windows, use_connector, real=False,
+                 cache_memory="tensor"):
         from kvtier.vllm import KVConnectorRole
 
         self.T = types(real)
@@ -387,8 +395,28 @@ class Worker:
         for g, group in enumerate(kv_cache_config.kv_cache_groups):
             for name in group.layer_names:
                 self.layer_group[name] = g
-        self.caches = {name: torch.zeros(2, kv_cache_config.num_blocks, self.bs, heads, head_dim)
-                       for name in self.layer_names}
+        nb = kv_cache_config.num_blocks
+        if cache_memory == "memfd":
+            # The whole cache in one sealed memfd: memory kvtierd can map, so
+            # the connector registers it and the daemon moves pages itself
+            # (as it does with a CUDA cache on a GPU).
+            import fcntl
+            import mmap
+
+            per = 2 * nb * self.bs * heads * head_dim
+            nbytes = per * layers * 4
+            self._kv_fd = os.memfd_create("tiny-vllm-kv", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+            os.ftruncate(self._kv_fd, nbytes)
+            fcntl.fcntl(self._kv_fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+            self._kv_mem = mmap.mmap(self._kv_fd, nbytes)
+            flat = torch.frombuffer(self._kv_mem, dtype=torch.float32)
+            self.caches = {name: flat[i * per:(i + 1) * per].view(2, nb, self.bs, heads, head_dim)
+                           for i, name in enumerate(self.layer_names)}
+        else:
+            # "cuda": pages in GPU memory (the model still computes on the CPU)
+            device = "cuda" if cache_memory == "cuda" else "cpu"
+            self.caches = {name: torch.zeros(2, nb, self.bs, heads, head_dim, device=device)
+                           for name in self.layer_names}
         self.reqs: dict = {}          # req_id -> SimpleNamespace(tokens, block_ids per group, computed)
         self.refs: dict = {}
         self.connector = None
@@ -405,7 +433,7 @@ class Worker:
         ids = req.block_ids[self.layer_group[self.layer_names[layer]]]
         pos = torch.arange(lo, hi)
         blocks = torch.tensor([ids[p // self.bs] for p in range(lo, hi)], dtype=torch.long)
-        return cache[0, blocks, pos % self.bs], cache[1, blocks, pos % self.bs]
+        return cache[0, blocks, pos % self.bs].cpu(), cache[1, blocks, pos % self.bs].cpu()
 
     def execute(self, so: SchedulerOutput, verify: bool, corrupt: dict | None = None) -> dict:
         c = self.connector
@@ -542,9 +570,11 @@ class TinyEngine:
     def __init__(self, *, socket: str = "", kv_transfer_config: dict | None = None, tp: int = 1, layers: int = 4,
                  heads: int = 2, head_dim: int = 8, block_size: int = 16, num_blocks: int = 128,
                  max_batched_tokens: int = 64, sliding_window: int = 0, model: str = "tiny-vllm",
-                 verify: bool = True, hash_seed: str = "0", real_vllm: bool | None = None):
+                 verify: bool = True, hash_seed: str = "0", real_vllm: bool | None = None,
+                 cache_memory: str | None = None):
         os.environ["PYTHONHASHSEED"] = os.environ.get("PYTHONHASHSEED", hash_seed)
         self.real = USE_REAL_VLLM if real_vllm is None else real_vllm
+        cache_memory = CACHE_MEMORY if cache_memory is None else cache_memory
         T = self.T = types(self.real)
         self.bs = block_size
         self.verify = verify
@@ -600,9 +630,10 @@ class TinyEngine:
             p = ctx.Process(target=_worker_main, args=(child, {
                 "hash_seed": os.environ["PYTHONHASHSEED"],
                 "worker": (config(rank), self.kv_cache_config, layers, heads, head_dim, windows, self.use_connector,
-                           self.real)}),
+                           self.real, cache_memory)}),
                 daemon=True)
             p.start()
+            child.close()  # the worker's end: a worker that exits is then EOF here, not a wait forever
             self.workers.append((p, parent))
         for p, conn in self.workers:
             kind, err = conn.recv()
@@ -882,7 +913,8 @@ class TinyEngine:
         for p, conn in self.workers:
             try:
                 conn.send(("stop",))
-                conn.recv()
+                if conn.poll(10):
+                    conn.recv()
             except (OSError, EOFError):
                 pass
             p.join(5)

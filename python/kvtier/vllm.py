@@ -22,9 +22,12 @@ What it does:
   kvtier's cost model says it is cheaper to load than to recompute
   (`always_load` turns the model off), a sliding-window group only over its
   window. Loads from a slow tier (NVMe, remote) are asynchronous.
-- The worker side copies blocks between vLLM's paged cache and kvtier's
-  shared host arena, layer by layer (`wait_for_layer_load`), and stores
-  every block a step completes (`save_kv_layer` / `wait_for_save`).
+- The worker side registers vLLM's paged cache with kvtierd where it can
+  (CUDA memory; host memory that lies in a memfd), so the daemon scatters
+  loads into the pages layer by layer and gathers saves from them itself;
+  otherwise it copies blocks between the cache and kvtier's shared host
+  arena, layer by layer (`wait_for_layer_load`). Either way it stores every
+  block a step completes (`save_kv_layer` / `wait_for_save`).
 - A block that does not load (a checksum or tier error, an eviction since
   the lookup, the daemon gone) is reported by
   `get_block_ids_with_load_errors` and recomputed by vLLM; its pages are
@@ -37,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import errno
 import hashlib
 import logging
 import math
@@ -220,7 +224,7 @@ class _Options:
     def __init__(self, vllm_config):
         extra = dict(getattr(vllm_config.kv_transfer_config, "kv_connector_extra_config", None) or {})
         known = {"socket", "model_id", "model_revision", "cache_salt", "always_load", "load_mode", "save",
-                 "client_name", "load_timeout_s", "report_prefill"}
+                 "client_name", "load_timeout_s", "report_prefill", "cache_registration"}
         unknown = sorted(set(extra) - known)
         if unknown:
             raise ValueError(f"kvtier.vllm: unknown kv_connector_extra_config keys {unknown}; known: {sorted(known)}")
@@ -244,6 +248,13 @@ class _Options:
         self.load_timeout_s = float(extra.get("load_timeout_s", 10.0))
         # Each step's time goes to kvtierd's cost model as a prefill report.
         self.report_prefill = bool(extra.get("report_prefill", True))
+        # "auto": register the cache with kvtierd where it can be (CUDA
+        # memory, a memfd), copy through the arena otherwise; "off": always
+        # copy; "required": refuse to start without a registration.
+        self.cache_registration = str(extra.get("cache_registration", "auto"))
+        if self.cache_registration not in ("auto", "off", "required"):
+            raise ValueError(f"kvtier.vllm: cache_registration is auto, off or required, not "
+                             f"{self.cache_registration!r}")
         if not 0 < self.load_timeout_s <= 3600:
             raise ValueError(f"kvtier.vllm: load_timeout_s is in (0, 3600], not {self.load_timeout_s}")
         parallel = getattr(vllm_config, "parallel_config", None)
@@ -605,8 +616,13 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         self._saves_begun = False  # this step's store_begin calls are made
         self._failed_reqs: set[str] = set()
         self._step_started = 0.0
+        # Groups whose pages kvtierd moves itself (a registered cache), and
+        # each one's registration in the current session of its client.
+        self._paged: dict[int, _PagedGroup] = {}
+        self._regs: list[int | None] = [None] * len(self._groups)
+        self._layer_index: dict[str, int] = {}
         self.stats = {"loaded_blocks": 0, "load_errors": 0, "saved_blocks": 0, "saves_dropped": 0,
-                      "bytes_loaded": 0, "bytes_saved": 0}
+                      "bytes_loaded": 0, "bytes_saved": 0, "registered_groups": 0}
 
     def register_kv_caches(self, kv_caches: dict) -> None:
         for g, group in enumerate(self._groups):
@@ -630,11 +646,63 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                 raise ValueError(f"kvtier.vllm: KV-cache group {g} holds {per_block} bytes a block in its tensors, "
                                  f"its spec says {group.block_bytes}: the scheduler and the workers would key "
                                  f"different blocks")
+            for i, name in enumerate(group.layer_names):
+                self._layer_index[name] = i
+            if self._opts.cache_registration != "off":
+                self._plan_registration(g, kv_caches, num_blocks)
+        for g in list(self._paged):
+            try:
+                self._client(g)  # registers now, so a refusal shows at start
+            except KvtierError as e:
+                c = self._clients_w[g]
+                if c is not None and c.connected and self._opts.cache_registration == "required":
+                    raise RuntimeError(f"kvtier.vllm: cache_registration is required and kvtierd refused KV-cache "
+                                       f"group {g}: {e}") from e
+                # kvtierd is not reachable yet: registered on first use
+
+    def _plan_registration(self, g: int, kv_caches: dict, num_blocks: int) -> None:
+        group = self._groups[g]
+        tensors = [kv_caches[n] for n in group.layer_names]
+        paged = "a layer's cache is a list of tensors" if any(isinstance(t, (list, tuple)) for t in tensors) \
+            else _paged_group(tensors, num_blocks, group.block_size)
+        if not isinstance(paged, str):
+            want = _kvtier.kv_block_bytes(len(tensors), group.block_size, paged.kv_heads, paged.head_dim,
+                                          paged.dtype)
+            if want != group.block_bytes:
+                paged = f"kvtier's block of this shape is {want} bytes, the group's {group.block_bytes}"
+        if isinstance(paged, str):
+            if self._opts.cache_registration == "required":
+                raise ValueError(f"kvtier.vllm: cache_registration is required, but KV-cache group {g} cannot be "
+                                 f"registered: {paged}")
+            logger.info("kvtier.vllm: KV-cache group %d is copied through the host arena: %s", g, paged)
+            return
+        self._paged[g] = paged
+
+    def _register(self, g: int, client: Client) -> None:
+        """Registers group g's cache in the client's session. A refusal
+        (e.g. CUDA memory and a daemon without a GPU) sends the group back to
+        copies, unless registration is required."""
+        p = self._paged[g]
+        try:
+            self._regs[g] = client.register_kv_cache(
+                len(p.k_layers), self._groups[g].block_size, p.kv_heads, p.head_dim,
+                int(self._kv_cache_config.num_blocks), p.k_layers, p.v_layers, p.regions, dtype=p.dtype,
+                page_stride=p.page_stride)
+            self.stats["registered_groups"] = sum(r is not None for r in self._regs)
+        except KvtierError as e:
+            if self._opts.cache_registration == "required" or not client.connected:
+                raise
+            del self._paged[g]
+            logger.warning("kvtier.vllm: kvtierd did not take KV-cache group %d's registration (%s); its blocks "
+                           "are copied through the host arena instead", g, e)
 
     def _client(self, g: int) -> Client:
         c = self._clients_w[g]
         if c is None or not c.connected:
+            self._regs[g] = None
             c = self._clients_w[g] = _attach(self._opts, self._groups[g], self._tp_rank, "worker")
+        if g in self._paged and self._regs[g] is None:
+            self._register(g, c)
         return c
 
     def handle_preemptions(self, kv_connector_metadata=None) -> None:
@@ -674,7 +742,11 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                 part.prefetch_op = client.prefetch_async(rng.keys)
                 return
             part.hit = min(hit.hit_blocks, len(rng.keys))
-            if part.hit:
+            if part.hit and self._regs[rng.group] is not None:
+                # kvtierd scatters the blocks into the pages itself, layer by layer.
+                part.dl = client.load_into_cache_async(self._regs[rng.group], hit.lease, rng.keys[:part.hit],
+                                                       rng.block_ids[:part.hit])
+            elif part.hit:
                 part.op = client.load_async(hit.lease, rng.keys[:part.hit])
         except KvtierError as e:
             part.error = e
@@ -688,6 +760,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                 return False
             self._after_prefetch(part, 0.0)
             return self._part_ready(part)
+        if part.dl is not None:
+            return part.dl.layers_ready() >= part.dl.layers or not part.client.connected
         return part.op is None or part.op.poll()
 
     def _after_prefetch(self, part: "_PartLoad", timeout: float) -> None:
@@ -717,37 +791,81 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         if lf.settled:
             return
         lf.settled = True
-        failed = False
         for part in lf.parts:
             views = None
             if part.error is None and part.prefetch_op is not None:
                 self._after_prefetch(part, self._opts.load_timeout_s)
+            if part.dl is not None:
+                continue  # its blocks are counted as its layers land
             if part.error is None and part.op is not None:
                 try:
                     views = part.op.wait(self._opts.load_timeout_s)
                 except KvtierError as e:
                     part.error = e
             part.views = list(views or [])
-            if len(part.views) < len(part.range.block_ids):
-                failed = True
-                bad = part.range.block_ids[len(part.views):]
-                self._errors.update(bad)
-                self.stats["load_errors"] += len(bad)
-        if failed:
-            self._failed_reqs.add(lf.spec.req_id)
-            first = [p for p in lf.parts if p.error is not None]
-            logger.warning("kvtier.vllm: request %s: %d of %d blocks did not load (%s); vLLM recomputes them",
-                           lf.spec.req_id, sum(len(p.range.block_ids) - len(p.views) for p in lf.parts),
-                           sum(len(p.range.block_ids) for p in lf.parts),
-                           first[0].error if first else "not in kvtier any more")
-        for part in lf.parts:
+            self._record(lf, part, len(part.views))
             if part.views:
                 part.src = np.array([v.__array_interface__["data"][0] for v in part.views], dtype=np.uint64)
+
+    def _record(self, lf: "_LoadInFlight", part: "_PartLoad", loaded: int) -> None:
+        """The part's first `loaded` blocks are in the pages (a prefix; it
+        only shrinks); the rest are load errors vLLM recomputes."""
+        n = len(part.range.block_ids)
+        before = n if part.loaded is None else part.loaded
+        part.loaded = min(before, loaded, n)
+        if part.loaded >= before:
+            return
+        self._errors.update(part.range.block_ids[part.loaded:])
+        self.stats["load_errors"] += before - part.loaded
+        self._failed_reqs.add(lf.spec.req_id)
+        logger.warning("kvtier.vllm: request %s: %d of %d blocks did not load (%s); vLLM recomputes them",
+                       lf.spec.req_id, n - part.loaded, n, part.error or "not in kvtier any more")
+
+    def _wait_layers(self, lf: "_LoadInFlight", part: "_PartLoad", layers: int) -> None:
+        """Until kvtierd's load has put the group's first `layers` layers in
+        the pages (a CUDA cache: until the engine's stream waits for them)."""
+        try:
+            if self._paged[part.range.group].cuda:
+                import torch
+
+                stream = torch.cuda.current_stream(self._paged[part.range.group].device).cuda_stream
+                n = part.dl.stream_wait_layers(layers, stream, self._opts.load_timeout_s)
+            else:
+                n = part.dl.wait_layers(layers, self._opts.load_timeout_s)
+        except KvtierError as e:
+            part.error = e
+            self._drain(part)
+            n = 0
+        self._record(lf, part, n)
+
+    def _drain(self, part: "_PartLoad") -> None:
+        """Ends a daemon-driven load. One that failed or is late is still
+        waited for to its end: vLLM recomputes its blocks into the same
+        pages, which kvtierd must not write after that. A daemon that dies
+        writes nothing more, so this ends when it does."""
+        dl, part.dl = part.dl, None
+        if dl is None:
+            return
+        while True:
+            try:
+                return dl.finish(self._opts.load_timeout_s)
+            except KvtierError as e:
+                if getattr(e, "code", None) != -errno.ETIMEDOUT or not part.client.connected:  # late: wait on
+                    part.error = part.error or e
+                    return 0
+                logger.warning("kvtier.vllm: kvtierd has not finished a load into the cache in %.0f s; waiting for "
+                               "it before its pages are used again", self._opts.load_timeout_s)
 
     def _copy_in(self, lf: "_LoadInFlight", layer: str) -> None:
         g = self._layer_group.get(layer)
         for part in lf.parts:
-            if part.range.group != g or not part.views or layer in part.done_layers:
+            if part.range.group != g or layer in part.done_layers:
+                continue
+            if part.dl is not None:
+                part.done_layers.add(layer)
+                self._wait_layers(lf, part, self._layer_index[layer] + 1)
+                continue
+            if not part.views:
                 continue
             part.done_layers.add(layer)
             offset = self._layer_offset(g, layer)
@@ -767,9 +885,15 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
     def _finish_load(self, lf: "_LoadInFlight") -> None:
         self._settle(lf)
         for part in lf.parts:
-            for layer in self._groups[part.range.group].layer_names:
-                self._copy_in(lf, layer)
-            self.stats["loaded_blocks"] += len(part.views)
+            if part.dl is not None:
+                done = self._drain(part)
+                self._record(lf, part, done or 0)
+                self.stats["loaded_blocks"] += part.loaded
+                self.stats["bytes_loaded"] += part.loaded * self._groups[part.range.group].block_bytes
+            else:
+                for layer in self._groups[part.range.group].layer_names:
+                    self._copy_in(lf, layer)
+                self.stats["loaded_blocks"] += len(part.views)
             part.views = []
             if part.lease and part.client is not None:
                 try:
@@ -801,7 +925,12 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                     continue
                 sv = _SaveInFlight(spec.req_id, rng)
                 try:
-                    sv.ticket = self._client(rng.group).store_begin(rng.keys)
+                    client = self._client(rng.group)
+                    if self._regs[rng.group] is not None:
+                        sv.registered = True  # kvtierd gathers the pages at the step's end
+                        self._step_saves.append(sv)
+                        continue
+                    sv.ticket = client.store_begin(rng.keys)
                     sv.prepare()
                 except KvtierError as e:
                     self.stats["saves_dropped"] += len(rng.keys)
@@ -817,7 +946,11 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         meta = self._connector_metadata
         if isinstance(meta, KvtierConnectorMetadata) and meta.saves and not self._saves_begun:
             self._begin_saves(meta)
+        synced = False
         for sv in self._step_saves:
+            if sv.registered:
+                synced = self._save_registered(sv, synced)
+                continue
             if sv.ticket is None:
                 continue
             try:
@@ -847,13 +980,39 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         self._saves_begun = False
         self._failed_reqs = set()
 
+    def _save_registered(self, sv: "_SaveInFlight", synced: bool) -> bool:
+        """kvtierd gathers the step's completed blocks from the registered
+        pages (a CUDA cache once the engine's stream has written them)."""
+        g = sv.range.group
+        if sv.req_id in self._failed_reqs:
+            self.stats["saves_dropped"] += len(sv.range.keys)
+            return synced
+        try:
+            if self._paged[g].cuda and not synced:
+                import torch
+
+                torch.cuda.current_stream(self._paged[g].device).synchronize()
+                synced = True
+            reg = self._regs[g]
+            client = self._client(g)
+            if reg is None or self._regs[g] != reg:
+                raise KvtierError("kvtierd restarted during the step")
+            n = client.store_from_cache(reg, sv.range.keys, sv.range.block_ids)
+            self.stats["saved_blocks"] += n
+            self.stats["bytes_saved"] += n * self._groups[g].block_bytes
+        except (KvtierError, KeyError) as e:
+            self.stats["saves_dropped"] += len(sv.range.keys)
+            logger.info("kvtier.vllm: blocks of request %s not stored (%s)", sv.req_id, e)
+        return synced
+
     def get_finished(self, finished_req_ids: set) -> tuple[set | None, set | None]:
         done = set()
         now = time.monotonic()
         for req_id, lf in list(self._async_loads.items()):
             if now - lf.started > self._opts.load_timeout_s:
                 for p in lf.parts:  # kvtierd did not finish it in time: a failed load
-                    if p.error is None and not self._part_ready(p):
+                    # (one kvtierd writes into the pages itself runs to its end)
+                    if p.error is None and p.dl is None and not self._part_ready(p):
                         p.error = TimeoutError(f"not loaded in {self._opts.load_timeout_s} s")
                         p.op = p.prefetch_op = None
             if all([self._part_ready(p) for p in lf.parts]):
@@ -869,6 +1028,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
     def shutdown(self) -> None:
         for lf in list(getattr(self, "_async_loads", {}).values()) + getattr(self, "_step_loads", []):
             for part in lf.parts:
+                self._drain(part)
                 if part.lease and part.client is not None:
                     try:
                         part.client.release(part.lease)
@@ -882,6 +1042,149 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                     c.close()
                 except Exception:
                     pass
+
+
+# --- registering the engine's cache with kvtierd -------------------------------
+
+# torch dtypes kvtierd's page kernels know (vLLM's fp8 caches are uint8
+# tensors: their format is not in the tensor, so they are copied instead).
+_KV_DTYPES = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "float8_e4m3fn": "fp8_e4m3", "int8": "int8"}
+
+
+@dataclasses.dataclass
+class _PagedGroup:
+    """One KV-cache group's layers as kvtierd's registered-cache kernels see
+    them: per layer the address of page 0 of K and of V, pages of
+    [block_size, kv_heads, head_dim] page_stride bytes apart, lying in
+    `regions` ((base, bytes, memfd); memfd -1 for CUDA memory)."""
+    k_layers: list
+    v_layers: list
+    page_stride: int
+    kv_heads: int
+    head_dim: int
+    dtype: str
+    regions: list
+    cuda: bool
+    device: Any = None
+
+
+def _kv_halves(t, num_blocks: int):
+    """K and V of one layer's cache tensor as [num_blocks, ...] views:
+    FlashAttention's (2, num_blocks, ...) or FlashInfer's (num_blocks, 2, ...)."""
+    shape = list(t.shape)
+    if len(shape) == 5 and shape[0] == 2 and shape[1] == num_blocks:
+        return t[0], t[1]
+    if len(shape) == 5 and shape[0] == num_blocks and shape[1] == 2:
+        return t[:, 0], t[:, 1]
+    return None
+
+
+def _paged_group(tensors: list, num_blocks: int, block_size: int) -> "_PagedGroup | str":
+    """The registration of a group's cache tensors (one per layer, in the
+    group's layer order), or why kvtierd cannot move its pages itself."""
+    k_layers, v_layers, spans = [], [], []
+    first = None
+    for t in tensors:
+        halves = _kv_halves(t, num_blocks)
+        if halves is None:
+            return f"a layer's cache of shape {list(t.shape)} is not K/V pages of {num_blocks} blocks"
+        dtype = _KV_DTYPES.get(str(t.dtype).replace("torch.", ""))
+        if dtype is None:
+            return f"cache dtype {t.dtype} is not one kvtierd's page kernels move"
+        es = t.element_size()
+        geo = None
+        for half in halves:
+            nb, bs, heads, dim = half.shape
+            if bs != block_size:
+                return f"a page holds {bs} tokens, not the block size {block_size}"
+            st = half.stride()
+            if st[3] != 1 or st[2] != dim or st[1] != heads * dim:
+                return f"a page's tokens are not contiguous (stride {list(st)}): kvtierd needs the NHD layout"
+            g = (st[0] * es, heads, dim)
+            if geo is not None and g != geo:
+                return "K and V pages differ in shape or stride"
+            geo = g
+        this = (geo, dtype, t.device)
+        if first is not None and this != first:
+            return "the group's layers differ in page shape, dtype or device"
+        first = this
+        k_layers.append(int(halves[0].data_ptr()))
+        v_layers.append(int(halves[1].data_ptr()))
+        lo = min(k_layers[-1], v_layers[-1])
+        hi = max(k_layers[-1], v_layers[-1]) + (num_blocks - 1) * geo[0] + block_size * geo[1] * geo[2] * es
+        spans.append((lo, hi))
+    if first is None:
+        return "the group has no layers"
+    (page_stride, heads, dim), dtype, device = first
+    cuda = device.type == "cuda"
+    regions = _cuda_regions(spans) if cuda else _memfd_regions(spans) if device.type == "cpu" else \
+        f"a cache on {device.type} memory"
+    if isinstance(regions, str):
+        return regions
+    return _PagedGroup(k_layers, v_layers, page_stride, heads, dim, dtype, regions, cuda, device)
+
+
+def _cuda_regions(spans: list) -> "list | str":
+    """The cudaMalloc allocations the spans lie in (the driver's
+    cuMemGetAddressRange): CUDA IPC shares whole allocations."""
+    import ctypes
+
+    try:
+        libcuda = ctypes.CDLL("libcuda.so.1")
+        get_range = libcuda.cuMemGetAddressRange_v2
+    except (OSError, AttributeError) as e:
+        return f"the CUDA driver library cannot be loaded ({e})"
+    get_range.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_size_t), ctypes.c_uint64]
+    regions: dict = {}
+    for lo, hi in spans:
+        base, size = ctypes.c_uint64(0), ctypes.c_size_t(0)
+        err = get_range(ctypes.byref(base), ctypes.byref(size), ctypes.c_uint64(lo))
+        if err != 0:
+            return f"cuMemGetAddressRange failed ({err}) for a cache tensor"
+        if hi > base.value + size.value:
+            return "a layer's cache spans two CUDA allocations"
+        regions[base.value] = (base.value, size.value, -1)
+    return _bounded(list(regions.values()))
+
+
+def _memfd_regions(spans: list) -> "list | str":
+    """Host memory the daemon can map: the memfds (open in this process)
+    the spans lie in, found through /proc/self/maps. Memory from malloc or
+    torch's allocator is in no memfd: it is copied instead."""
+    maps = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split(maxsplit=5)
+            if len(parts) < 6 or not parts[5].startswith("/memfd:"):
+                continue
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            maps.append((lo, hi, int(parts[2], 16), int(parts[4])))
+    fds: dict = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:"):
+                fds.setdefault(os.stat(f"/proc/self/fd/{fd}").st_ino, int(fd))
+        except OSError:
+            continue
+    regions: dict = {}
+    for lo, hi in spans:
+        m = next((m for m in maps if m[0] <= lo < m[1]), None)
+        if m is None:
+            return "the cache is not in CUDA memory or a memfd (copies through the host arena)"
+        if m[3] not in fds:
+            return "the memfd the cache lies in is not open in this process"
+        base = m[0] - m[2]
+        size = os.fstat(fds[m[3]]).st_size
+        if hi > base + size:
+            return "a layer's cache runs past the end of its memfd"
+        regions[m[3]] = (base, size, fds[m[3]])
+    return _bounded(list(regions.values()))
+
+
+def _bounded(regions: list) -> "list | str":
+    if len(regions) > 64:  # kvtier's limit on regions (and descriptors) per registration
+        return f"the cache lies in {len(regions)} memory regions, more than the 64 one registration takes"
+    return regions
 
 
 # --- moving bytes between the engine's tensors and the arena -----------------
@@ -979,6 +1282,8 @@ class _PartLoad:
         self.prefetch_op = None
         self.prefetched = False
         self.error: Exception | None = None
+        self.dl = None                    # kvtierd's own load into a registered cache
+        self.loaded: int | None = None    # blocks known to be in the pages (None: not yet known)
         self.views: list = []
         self.src: np.ndarray | None = None
         self.done_layers: set = set()
@@ -997,6 +1302,7 @@ class _SaveInFlight:
         self.req_id = req_id
         self.range = rng
         self.ticket = None
+        self.registered = False
         self.ids: np.ndarray | None = None
         self.dst: np.ndarray | None = None
         self.done_layers: set = set()

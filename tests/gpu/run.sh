@@ -49,6 +49,13 @@ else
   (cd build/release && ctest -L gpu --output-on-failure -V 2>&1) | log
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   (cd build/release && ctest -R 'kv_(math|kernels)_test' --output-on-failure 2>&1) | log
+  # The vLLM connector with the engine's cache in GPU memory, registered with
+  # kvtierd through CUDA IPC (skips where torch has no CUDA).
+  echo "== kvtier gpu: vLLM connector, CUDA cache" | log
+  (cd tests/python && KVTIER_TEST_DEVICE=cuda PYTHONPATH="$root/build/release/python" \
+     KVTIERD_BIN="$root/build/release/daemon/kvtierd" python3 -m pytest -q -rs test_vllm_connector.py \
+     -k "stand-ins and cuda" 2>&1) | log
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   bench=build/release/tools/kvtier-bench
   engine_bench=build/release/examples/tiny-engine/tiny-engine-bench
 fi

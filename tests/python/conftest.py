@@ -10,6 +10,11 @@ import time
 import pytest
 
 
+# The daemons' device backend: the host-simulated device, unless a GPU run
+# (tests/gpu/run.sh) asks for "cuda".
+DEVICE = os.environ.get("KVTIER_TEST_DEVICE", "sim")
+
+
 class Daemon:
     def __init__(self, tmp, extra=""):
         self.dir = str(tmp)
@@ -18,7 +23,7 @@ class Daemon:
         cfg = os.path.join(self.dir, "kvtierd.toml")
         with open(cfg, "w") as f:
             f.write(f'[daemon]\nrun_dir = "{self.dir}"\ndata_dir = "{self.dir}/data"\nlog_level = "debug"\n'
-                    f'device = "sim"\n[metrics]\nenabled = false\n{extra}')
+                    f'device = "{DEVICE}"\n[metrics]\nenabled = false\n{extra}')
             if "[tiers.nvme]" not in extra:
                 f.write("[tiers.nvme]\ncapacity = 0\n")
         self.log = open(os.path.join(self.dir, "kvtierd.log"), "w")

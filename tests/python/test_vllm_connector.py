@@ -34,9 +34,33 @@ def engine_classes(request):
     tiny_vllm.USE_REAL_VLLM = False
 
 
+@pytest.fixture(params=["copies", "registered", "cuda"])
+def cache_path(request):
+    """The scenarios that move pages run each way: the workers' caches in
+    torch's memory (the connector copies blocks through kvtier's host arena),
+    in a memfd (the connector registers the cache and kvtierd scatters and
+    gathers the pages itself), and in GPU memory (registered through CUDA
+    IPC: where a GPU and a CUDA-enabled torch are there)."""
+    if request.param == "cuda" and not (torch.cuda.is_available() and os.environ.get("KVTIER_TEST_DEVICE") == "cuda"):
+        pytest.skip("no GPU run (tests/gpu/run.sh sets KVTIER_TEST_DEVICE=cuda; torch must be built with CUDA, "
+                    "which Debian's python3-torch is not): the registered-cache path ran on a memfd cache instead")
+    tiny_vllm.CACHE_MEMORY = {"copies": "tensor", "registered": "memfd", "cuda": "cuda"}[request.param]
+    yield request.param
+    tiny_vllm.CACHE_MEMORY = "tensor"
+
+
+both_paths = pytest.mark.usefixtures("cache_path")
+
+
 def ktc(daemon, **extra):
+    if tiny_vllm.CACHE_MEMORY in ("memfd", "cuda"):
+        extra.setdefault("cache_registration", "required")
     return {"kv_connector": "KvtierConnector", "kv_connector_module_path": "kvtier.vllm", "kv_role": "kv_both",
             "kv_connector_extra_config": dict({"socket": daemon.socket}, **extra)}
+
+
+def registered_groups(eng):
+    return eng.worker_stats[0].get("registered_groups", 0)
 
 
 def prompt(seed, n):
@@ -49,6 +73,7 @@ def reference_outputs(prompts, max_tokens=4, **kw):
         return eng.generate(prompts, max_tokens)
 
 
+@both_paths
 def test_reuse_is_bit_exact_and_only_full_blocks_before_the_last_token(daemon):
     shared = prompt(1, 100)
     first, second = {"a": shared + [1, 2, 3]}, {"b": shared + [4, 5, 6, 7, 8]}
@@ -66,6 +91,7 @@ def test_reuse_is_bit_exact_and_only_full_blocks_before_the_last_token(daemon):
         assert eng.scheduler_stats["offered_tokens"] == 96
         assert eng.worker_stats[0]["loaded_blocks"] == 6
         assert eng.mismatches == 0, "the loaded pages are not what recomputing gives"
+        assert registered_groups(eng) == (0 if tiny_vllm.CACHE_MEMORY == "tensor" else 1)
 
 
 def test_a_prompt_wholly_cached_still_computes_its_last_token(daemon):
@@ -130,6 +156,7 @@ def test_blocks_that_failed_to_load_are_not_offered_again_to_that_request(daemon
         assert c.get_num_new_matched_tokens(r, 0) == (96, False), "forgotten with the request"
 
 
+@both_paths
 def test_preemption_and_resume_reload_what_was_saved(daemon):
     prompts = {f"r{i}": prompt(10 + i, 90) for i in range(4)}
     ref = reference_outputs(prompts, max_tokens=24, num_blocks=200)
@@ -142,6 +169,7 @@ def test_preemption_and_resume_reload_what_was_saved(daemon):
         assert eng.scheduler_stats["offered_tokens"] > 0, "a resumed request reloads its saved blocks"
 
 
+@both_paths
 def test_abort_mid_prefill_and_mid_async_load(daemon):
     with tiny_vllm.TinyEngine(kv_transfer_config=ktc(daemon), max_batched_tokens=32) as eng:
         total_free = len(eng.free)
@@ -176,6 +204,7 @@ def test_abort_mid_prefill_and_mid_async_load(daemon):
         assert eng.mismatches == 0
 
 
+@both_paths
 def test_asynchronous_loads_finish_through_get_finished(daemon):
     p = prompt(23, 70)
     with tiny_vllm.TinyEngine(kv_transfer_config=ktc(daemon)) as eng:
@@ -197,6 +226,7 @@ def test_two_engines_share_a_prefix_while_both_run(daemon):
         assert e1.mismatches == 0 and e2.mismatches == 0
 
 
+@both_paths
 def test_a_daemon_killed_mid_load_is_a_load_error_and_the_engine_recomputes(daemon):
     p1, p2 = prompt(40, 64), prompt(41, 64)
     with tiny_vllm.TinyEngine(kv_transfer_config=ktc(daemon)) as eng:
@@ -236,6 +266,7 @@ def _nvme_daemon(make_daemon):
                        'segment_bytes = "4MiB"\n[cost_model]\ndecide = false\n')
 
 
+@both_paths
 def test_a_corrupted_block_is_recomputed_never_used(make_daemon):
     d = _nvme_daemon(make_daemon)
     kw = dict(head_dim=64)  # blocks of 64 KiB: 16 fill the host tier
@@ -268,6 +299,7 @@ def test_a_corrupted_block_is_recomputed_never_used(make_daemon):
         assert eng.mismatches == 0, "a corrupted block reached the engine's pages"
 
 
+@both_paths
 def test_the_cost_model_declines_blocks_slower_to_load_than_to_recompute(make_daemon, tmp_path):
     # The daemon prices blocks of the tiny model's shape (its config.json);
     # recomputing is made nearly free and NVMe very slow: NVMe blocks are
@@ -300,6 +332,7 @@ def test_the_cost_model_declines_blocks_slower_to_load_than_to_recompute(make_da
         assert eng.mismatches == 0
 
 
+@both_paths
 def test_hybrid_model_keeps_a_sliding_window_group_apart_and_within_its_window(daemon):
     w = 32
     shared = prompt(70, 128)
@@ -314,6 +347,7 @@ def test_hybrid_model_keeps_a_sliding_window_group_apart_and_within_its_window(d
         # full attention loads 8 blocks; the window of 32 tokens after 128 needs blocks 6 and 7
         assert eng.worker_stats[0]["loaded_blocks"] == 8 + 2
         assert eng.mismatches == 0
+        assert registered_groups(eng) == (0 if tiny_vllm.CACHE_MEMORY == "tensor" else 2)
         sw = eng.connector._lookup_clients[1][0]
         keys = [kv_vllm.block_key(h) for h in tiny_vllm.Request("z", shared + [3], 4, BS).block_hashes]
         r = tiny_vllm.Request("z", shared + [3], 4, BS)
@@ -324,6 +358,7 @@ def test_hybrid_model_keeps_a_sliding_window_group_apart_and_within_its_window(d
         assert n < 128 and n % BS == 0, n
 
 
+@both_paths
 def test_tensor_parallel_offers_only_what_every_rank_holds(daemon):
     shared = prompt(80, 96)
     with tiny_vllm.TinyEngine(kv_transfer_config=ktc(daemon), tp=2) as eng:
@@ -344,6 +379,33 @@ def test_bad_configuration_is_refused_with_the_reason(daemon):
         tiny_vllm.TinyEngine(kv_transfer_config=ktc(daemon, sokcet="/x"))
     with pytest.raises(ValueError, match="load_mode"):
         tiny_vllm.TinyEngine(kv_transfer_config=ktc(daemon, load_mode="sometimes"))
+    with pytest.raises(ValueError, match="cache_registration"):
+        tiny_vllm.TinyEngine(kv_transfer_config=ktc(daemon, cache_registration="maybe"))
+    # torch's own memory is in no memfd: it cannot be registered, and
+    # "required" says so at start rather than copying behind the user's back
+    with pytest.raises(RuntimeError, match="not in CUDA memory or a memfd"):
+        tiny_vllm.TinyEngine(kv_transfer_config=ktc(daemon, cache_registration="required"), cache_memory="tensor")
+
+
+def test_a_registered_cache_is_moved_by_the_daemon_and_auto_falls_back_to_copies(daemon):
+    """cache_registration "auto" registers a cache kvtierd can map and copies
+    one it cannot; blocks are the same bytes either way, so engines on
+    either path share them."""
+    shared = prompt(95, 96)
+    with tiny_vllm.TinyEngine(kv_transfer_config=ktc(daemon), cache_memory="memfd") as eng:
+        assert eng.generate({"a": shared + [1]}) == reference_outputs({"a": shared + [1]})
+        assert registered_groups(eng) == 1
+        assert eng.worker_stats[0]["saved_blocks"] == 6
+    for memory in ("tensor", "memfd"):   # a copying engine and a registered one load what it stored
+        with tiny_vllm.TinyEngine(kv_transfer_config=ktc(daemon), cache_memory=memory) as eng:
+            out = eng.generate({"b": shared + [2]})
+            assert out == reference_outputs({"b": shared + [2]})
+            assert registered_groups(eng) == (1 if memory == "memfd" else 0)
+            assert eng.worker_stats[0]["loaded_blocks"] == 6
+            assert eng.mismatches == 0
+    with tiny_vllm.TinyEngine(kv_transfer_config=ktc(daemon, cache_registration="off"), cache_memory="memfd") as eng:
+        eng.generate({"c": shared + [3]})
+        assert registered_groups(eng) == 0 and eng.worker_stats[0]["loaded_blocks"] == 6
 
 
 def test_no_daemon_means_no_offer_not_a_crash(tmp_path):
