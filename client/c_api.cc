@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The C ABI (include/kvtier/kvtier.h) over the C++ client.
 #include <algorithm>
 #include <climits>

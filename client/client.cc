@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libkvtier's C++ API: operations on top of the session's rings.
 #include "kvtier/client.h"
 

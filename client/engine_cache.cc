@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libkvtier: engine KV caches — registration with the daemon, daemon-driven
 // stores and layer-by-layer loads, and client-driven copies on the engine's
 // own stream.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Every third-party dependency is found here, and only here. The Debian package
 # that provides each one is listed in scripts/packages.txt.
 find_package(Threads REQUIRED)

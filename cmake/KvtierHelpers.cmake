@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # kvtier_warnings(target): the warnings we hold our own code to.
 # KVTIER_WERROR=OFF (the fuzz preset: clang's thread-safety analysis finds
 # what gcc builds never checked) keeps them warnings, except in the fuzz

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Runs at install time (cmake --install, cpack): writes kvtierd.service with
 # the paths of the prefix being installed to, and puts the sysusers and
 # tmpfiles snippets and the default config in place. Expects

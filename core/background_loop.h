@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A background thread that runs a pass each time it is woken, and at least
 // once per period otherwise (a backstop: a wake may race with the end of a
 // pass), until it is stopped. The store's reclaimer and its cascade are two.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Block identity: chained block keys.
 //
 //   key_i = H(key_{i-1} || u32le(n_tokens) || tokens_i as u32le ||

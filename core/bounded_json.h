@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Parsing JSON that comes from outside (a file, a daemon's answer) with a
 // bound on nesting. nlohmann's parser keeps its stack on the heap, but
 // copying, comparing and dump()ing a value recurse once per level: a

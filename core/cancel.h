@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Cancellation for asynchronous work: the side that may give up holds a
 // CancelSource; work it started holds CancelTokens and checks them before it
 // starts anything costly. A default token is never cancelled.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Overflow-checked arithmetic for numbers that come from a peer (a client's
 // shared memory or socket message, a file, admin JSON). Every place where a
 // peer's size, count, offset or stride becomes an address or a length goes

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CLI11 parsing with the exit codes our tools document: 0 for --help and
 // --version, 2 for any usage error (CLI11's own codes are 100+).
 #ifndef KVTIER_CORE_CLI_PARSE_H_

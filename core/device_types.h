@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Names for device streams and events, shared by the device backends
 // (tiers/) and the KV kernels (kernels/). A CUDA stream or event travels as
 // its handle's bits; the host-simulated backend numbers its own.

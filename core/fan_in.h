@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Fan-in of asynchronous parts: a request that starts N tier operations
 // (promotions, NVMe writes) and answers once all of them completed, in any
 // order, on any thread. Each part may fold its outcome into a shared result

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Lets spdlog/fmt print absl::string_view (Debian's Abseil does not alias it
 // to std::string_view).
 #ifndef KVTIER_CORE_FMT_ABSL_H_

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // An annotated mutex for kvtier's own locking.
 //
 // Why not absl::Mutex: Debian's libabsl is not built with ThreadSanitizer, so

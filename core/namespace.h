@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Namespaces: the hash of everything outside the tokens that changes K/V, plus
 // the tenant's trust scope and salt.
 #ifndef KVTIER_CORE_NAMESPACE_H_

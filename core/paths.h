@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Where kvtierd puts its sockets and data when the config does not say, and
 // where clients look for it. One rule for both sides:
 //   run dir:  $KVTIER_RUN_DIR, else $RUNTIME_DIRECTORY (systemd), else

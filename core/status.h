@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // absl::Status helpers used everywhere inside kvtier, and the bridge to the
 // public kvtier::Status / error codes of the C ABI.
 #ifndef KVTIER_CORE_STATUS_H_

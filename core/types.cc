@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Out-of-line members of the public value types (include/kvtier/types.h).
 #include "kvtier/types.h"
 

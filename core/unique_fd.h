@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Owns a file descriptor and closes it once.
 #ifndef KVTIER_CORE_UNIQUE_FD_H_
 #define KVTIER_CORE_UNIQUE_FD_H_

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Byte and count quantities as people write them in configs and on command
 // lines: "64MiB", "1.5GiB", "4096", "3M" (tokens).
 #ifndef KVTIER_CORE_UNITS_H_

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The admin endpoint: JSON lines on the admin socket (see ipc/admin_client.h
 // for the protocol). Runs on the control-loop thread, so it reads the session table
 // without locks.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Admission: whether a peer may attach, and as what. An attach is checked in
 // order: the request itself (it decodes, its namespace descriptor is valid,
 // its strings are printable), the peer's tenant (by uid, then by primary

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvtierd's parts built from its config, apart from the control loop that
 // runs them: the cost model's options, and the tier below host memory (the
 // NVMe tier: sized, checked, opened and recovered). Daemon::Open calls these

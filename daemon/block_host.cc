@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // BlockStore: each tenant's host residency. Slot allocation (evicting while
 // the arena or the token quota is full), victim choice across block sizes,
 // segment reclaim, the background reclaimer's pass, and the admin changes to

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The block index: every block the daemon knows, sharded by key so sessions
 // rarely contend. A record's mutable fields are guarded by its shard's mutex.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The store's read-only reports for admin commands and status: blocks by
 // tenant or key (`kvtierctl blocks`), and each tenant's use of every tier.
 // They take each lock briefly, one at a time, so a report is a consistent

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The shared tier's part of the store's operations (tiers.remote): lookups
 // that ask it past their local hit prefix, and the writes a node's write
 // policy sends up after a reply. Moves into it (the cascade) and the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The store's operations: tenants and the chain's assembly (with the blocks a
 // lower tier recovered); lookups, leases, loads, prefetch and invalidation.
 // Stores are in block_writes.cc, each tenant's host slot allocation, eviction

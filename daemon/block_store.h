@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The daemon's data plane without the IPC: lookups, leases (pins), stores,
 // loads, invalidation, eviction and movement between each tenant's host tier
 // and a chain of shared block tiers below it (NVMe first in kvtierd).

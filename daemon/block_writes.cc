@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Stores: StoreBegin reserves host slots for the blocks not cached yet (all
 // or nothing) and indexes them as being written; StoreCommit makes them
 // visible (and, when durable, waits for their lower copy and its journal);

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The cascade's driver: a thread that, while a tier of the chain is fuller
 // than `high` of its capacity, has the store move that tier's coldest
 // blocks one tier down until it is at `low` (hysteresis: a tier between

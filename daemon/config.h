@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvtierd's configuration: TOML at /etc/kvtier/kvtierd.toml (or --config).
 // Every key has a default, so no file is needed; unknown keys and bad values
 // are refused with a message naming the key. docs/configuration.md lists

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvtierd's config keys, each stated once: its section and name, the Config
 // member it lands in, its type and bounds, whether SIGHUP may change it, and
 // a one-line doc. Parsing, `--print-default-config`, `kvtierctl config`

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Message text for kvtierd's config files (config.cc, config_validate.cc).
 #ifndef KVTIER_DAEMON_CONFIG_TEXT_H_
 #define KVTIER_DAEMON_CONFIG_TEXT_H_

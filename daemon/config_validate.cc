@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Config validation: what ParseConfig's types cannot say (names, ranges
 // that depend on other keys, the tenants' uids and gids, the remote tier's
 // credentials). config.cc parses and prints.

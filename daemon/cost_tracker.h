@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What the daemon knows about costs, and the decisions it takes from them:
 // the model's shape (config), the prefill throughput fitted to the engines'
 // report_prefill calls, and the NVMe tier's read speed measured on the

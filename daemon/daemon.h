@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvtierd's control plane: one epoll loop that accepts attaches (checking
 // SO_PEERCRED against the tenants), watches every session's socket and pidfd
 // for a dead client, serves the admin socket, handles signals, and reaps

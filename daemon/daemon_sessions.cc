@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The daemon's sessions: connections on the data socket, the hello that
 // attaches one (admission: peer -> tenant -> namespace -> session, in
 // daemon/admission.h), a session's socket events, its end, and the reaping

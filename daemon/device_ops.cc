@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "daemon/device_ops.h"
 
 #include <fcntl.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The device side of one session: the engine's KV-cache registrations and
 // the GPU tier's arena export, device stores (an engine's pages gathered into
 // GPU or host slots), device loads (scattered back layer by layer, then

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The KV caches engines registered with the daemon (one set per session):
 // their layout as the kernels see it, in the daemon's own addresses (the
 // engine's memory imported through the device backend), and the device work

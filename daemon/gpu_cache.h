@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The GPU tier as the daemon uses it: one tenant's device-memory arena
 // (tiers.gpu.capacity, 0 = off) holding copies of that tenant's blocks,
 // least recently used first out.

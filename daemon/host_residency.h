@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One tenant's host residency: its host tier (the arena the engine maps), an
 // eviction policy per block size behind a ChainGuard (leaves before
 // parents), each slot's owner, tokens and age (HostSlotTable), its quotas,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What the store knows about each slot of one tenant's host tier: the block
 // that owns it, the tokens it holds (summed for the tenant's token quota),
 // and when it was last stored or hit on the tenant's own clock (to compare

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The daemon's side of KV events: per-tenant queues, the encoder thread,
 // and the publisher processes it feeds and restarts (kv_events.h).
 #include "daemon/kv_events.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // KV events for cache-aware routers: which blocks each tenant holds in which
 // tier, published in vLLM's wire format so that consumers written for vLLM's
 // events (llm-d's KV indexer, Dynamo's KV router, vLLM's own subscriber)

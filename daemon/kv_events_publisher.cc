@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The publisher process of one tenant's KV events (kv_events.h): kvtierd
 // --events-publisher FD. It owns the tenant's ZeroMQ PUB and replay
 // sockets, so a peer that exhausts ZeroMQ (descriptors, memory) ends this

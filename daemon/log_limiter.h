@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Per-peer log rate limiting: the lines a tenant (or a local user who is
 // no tenant) can make kvtierd write — attaches, detaches, sessions ending,
 // KV-cache registrations, refusals — are a token bucket per key, so attach

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One block tier below host memory and what the store keeps about it: its
 // slots' owners, its eviction policy, each tenant's use of it (for quotas and
 // fair shares) and the loads waiting for a write to it to land. Lane 0 takes

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvtierd: the kvtier daemon.
 #include <unistd.h>
 

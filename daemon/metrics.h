@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Prometheus metrics: kvtierd's status snapshot rendered in the text exposition
 // format, served over HTTP on a local address (cpp-httplib). See
 // docs/operations.md for the families.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The migrator's moves between host memory and the first lower tier (host
 // eviction: keep, demote or drop; write-through; the landing of those
 // writes), lower-tier room and eviction, and dropping a damaged copy.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The migrator: every move of a block's copy between tiers.
 //
 //   - Host eviction (EvictHostCopyLocked): a victim's host copy is let go

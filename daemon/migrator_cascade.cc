@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The cascade between lower tiers: while a tier of the chain is fuller than
 // cascade_high of its capacity, a background thread copies its coldest
 // blocks one tier down until it is at cascade_low, the way host reclaim

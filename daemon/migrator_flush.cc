@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Migrator::Flush: the drain at shutdown (and the admin flush).
 // Every host block without a durable lower copy is written to the first
 // lower tier, with flow control: a write the staging memory cannot take now

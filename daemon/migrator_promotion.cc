@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Promotion: a block without a host copy is brought into a host slot from
 // whichever lower tier holds it, for a load or ahead of need (the store's
 // Load and Prefetch). The plan is decided under the tenant lock and acted on

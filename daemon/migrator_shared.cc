@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Writes to the shared tier (tiers.remote) that are not moves: a block's
 // host copy published for other nodes on the write policy ("reused",
 // "committed"). The node keeps no handle on such a value (the block's copy

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Namespaces the daemon has seen: id -> small handle, tenant and block size.
 // Namespaces outlive their sessions: blocks stay for the next engine. A
 // namespace with no session attached and no block left in any tier is

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The store's background reclaimer: a thread and its two marks. Above the
 // high mark (a share of a tenant's arena, or of its host_tokens quota) a
 // pass evicts the tenant's coldest blocks down to the low mark; between

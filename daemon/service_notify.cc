@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "daemon/service_notify.h"
 
 #include <systemd/sd-daemon.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvtierd under systemd (Type=notify): READY=1 once the tiers are open and
 // recovery is done, STATUS= with a one-line summary, watchdog pings from the
 // main loop (so a loop that stops turning stops pinging and systemd restarts

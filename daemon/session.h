@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One attached engine: its shared segment, its socket, and the thread that
 // serves its request ring. The thread spins briefly when idle, then sleeps on
 // the futex doorbell; it ends when asked (hang-up, shutdown) or when the

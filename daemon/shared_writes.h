@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What a node writes to the shared tier (tiers.remote write_policy) besides
 // what the cascade moves down into it (blocks that leave the last local
 // tier, always).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Daemon-wide counters. Relaxed atomics: each is an independent tally read
 // for reporting, never used to order other memory. A copy of a counter, a
 // histogram or a whole DaemonStats is a snapshot of its values (what the

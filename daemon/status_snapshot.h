@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvtierd's status as one typed value, taken on the control loop
 // (Daemon::Snapshot) and written two ways: the status JSON that
 // `kvtierctl status --json` and the admin endpoint return (StatusJson), and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // StoreBooks: what the store knows of each namespace, and a record's life
 // (store_books.h).
 #include "daemon/store_books.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The books the store's parts share, and a block record's life.
 //
 // The store is several objects over one set of books: the operations

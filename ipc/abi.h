@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The shared-memory ABI between libkvtier and kvtierd: segment header, ring
 // records and per-block results. Plain data with explicit layout, a magic and
 // an ABI version; offsets, never pointers. Any change to a layout here bumps

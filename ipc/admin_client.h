@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The admin protocol: one JSON request and one
 // JSON response per line on the daemon's admin socket (SOCK_STREAM, owner and
 // group only). Requests are {"cmd": "status", ...}; responses are

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The admin protocol's commands, stated once: kvtierd dispatches on this
 // table (Daemon::kAdminHandlers, in the same order) and kvtierctl takes its
 // subcommands' help from it. A request is {"cmd": NAME, ...fields}.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The attach handshake on the daemon's Unix socket (SOCK_SEQPACKET):
 //
 //   client -> daemon  AttachRequest (namespace descriptor, ABI version)

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "ipc/kv_registration.h"
 
 #include "absl/strings/str_cat.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Registering an engine's paged KV cache with the daemon, on the session's
 // Unix socket after attach (SOCK_SEQPACKET):
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Single-producer/single-consumer rings of fixed-size records in shared
 // memory. Indices are free-running uint32 counters; slot = index & (entries-1).
 // The producer owns tail, the consumer owns head; each keeps its own copy and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A session's shared segment: header, request ring, completion ring, scratch.
 // The daemon creates it (Create); the client maps the fd it received and
 // checks it (Open). Both then build ring views over the same memory.

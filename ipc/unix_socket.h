@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Unix-domain sockets: listening, connecting, passing descriptors
 // (SCM_RIGHTS) and reading the peer's credentials (SO_PEERCRED).
 #ifndef KVTIER_IPC_UNIX_SOCKET_H_

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Bounded little-endian byte readers and writers for socket messages.
 #ifndef KVTIER_IPC_WIRE_H_
 #define KVTIER_IPC_WIRE_H_

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The few CUDA runtime calls libkvtier makes for an engine's CUDA KV cache:
 // is there a device, the IPC handle of an allocation, pinning the host arena
 // so kernels on the engine's stream can read it in place, and opening the

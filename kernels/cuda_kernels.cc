@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CudaKvKernels: validation and launch splitting on the host; the kernels
 // themselves are in cuda_kernels.cu.
 #include "kernels/cuda_kernels.h"

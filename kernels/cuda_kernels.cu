@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The KV kernels on CUDA. Element arithmetic comes from kv_math.h, shared
 // with the CPU reference, so results are bit-identical to it (tests compare
 // them on a GPU: cuda_kernels_test). Nothing is allocated or copied before a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The CUDA implementation of KvKernels (built when the toolkit is found).
 // Addresses are device addresses (or host memory the device can reach:
 // registered or mapped); streams are cudaStream_t bits. Kernels run on the

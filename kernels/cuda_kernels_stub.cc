@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Without the CUDA toolkit there are no CUDA kernels.
 #include "kernels/cuda_kernels.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The boundary between host C++ and nvcc: plain parameter blocks and launch
 // functions, so cuda_kernels.cu includes no Abseil and cuda_kernels.cc no
 // CUDA headers. Work descriptors travel as kernel parameters

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The KV kernels: gather engine pages into layer-major
 // blocks (quantizing on the way when a codec asks), scatter blocks back into
 // pages, and checksum blocks the way the NVMe tier does. Two implementations

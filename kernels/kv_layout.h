@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Shapes and byte layouts shared by the KV kernels.
 //
 // An engine keeps its KV cache paged, per layer: K and V each

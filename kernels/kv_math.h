@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Element arithmetic shared, line for line, by the CPU reference and the CUDA
 // kernels: half / bfloat16 / FP8 E4M3 conversions, the quantizer, and XXH3-64
 // split so that a GPU can sum its stripes in parallel. Both sides compile this

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The CPU reference of the KV kernels. It is what the host-simulated device
 // runs, and what the CUDA kernels are tested against: element arithmetic comes
 // from kv_math.h, which both compile.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Futex doorbells on 32-bit words in shared memory (process-shared futexes:
 // no FUTEX_PRIVATE_FLAG).
 #ifndef KVTIER_OS_FUTEX_H_

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Events that live in shared memory, so another process can wait on them:
 // the host-simulated device's events (and so the simulated form of CUDA IPC
 // event handles). Each is two 32-bit counters in a memfd page: `recorded`

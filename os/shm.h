@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Anonymous shared memory: memfds (never names in /dev/shm) and mappings.
 #ifndef KVTIER_OS_SHM_H_
 #define KVTIER_OS_SHM_H_

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The adaptive policy: no single eviction policy wins on every workload and
 // capacity. On the Mooncake conversation trace (token hit rate with room for
 // 1M / 3M / 10M tokens) S3-FIFO that trusts depth ("s3fifo-deep") gets

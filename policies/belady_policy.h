@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Belady's offline-optimal eviction (MIN): evict the block whose next use is
 // furthest in the future. It needs the future, so it serves only as the
 // bound in simulations (kvtier-replay --simulate), never in the daemon.

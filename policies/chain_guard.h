@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Leaves before parents, whatever the policy. A block is only ever hit as
 // part of a prefix, so a block whose parent is gone is worth nothing while it
 // takes room: a tier wraps its policy in a ChainGuard and tells it each

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What a block is worth: the time to recompute it (prefill of its tokens at
 // its position) against the time to load it back from a tier.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Eviction policies order a tier's resident blocks by who goes first. Blocks
 // are named by the tier's dense slot handles (uint32), so a policy's memory is
 // a few words per slot and no pointers. Per-handle tables grow with

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // LRU as an intrusive doubly linked list over slot handles: two uint32 links
 // per slot, O(1) insert/touch/remove, victims from the cold end.
 #include <algorithm>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The policy factory: names (the config's tiers.host.policy and
 // tiers.nvme.policy) to policies. In its own file so that no policy's file
 // includes another's header (adaptive builds on the others through this).

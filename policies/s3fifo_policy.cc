@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // S3-FIFO (Yang et al., SOSP '23): a small FIFO that filters one-hit
 // wonders, a main FIFO with lazy reinsertion (CLOCK-like, 2-bit frequency),
 // and a ghost FIFO of keys recently evicted from the small queue. A new

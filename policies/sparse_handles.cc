@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Any policy over sparse handles (the NVMe tier's segment<<16|slot): the
 // adapter maps each tracked handle to a dense one (reused after Remove), so
 // policies that keep per-handle arrays stay a few words per tracked block

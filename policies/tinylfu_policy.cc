@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // W-TinyLFU (Einziger, Friedman, Manes, "TinyLFU: A Highly Efficient Cache
 // Admission Policy", 2017) over slot handles: a small LRU window takes new
 // blocks; a block leaving the window enters the main LRU only if it has been

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Python bindings of the libkvtier client API (pybind11): the module
 // `kvtier._kvtier`, re-exported by the `kvtier` package. Block keys are
 // 32-byte `bytes`; blocks are NumPy uint8 arrays (read-only views into the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The block-tier interface: a tier below host memory whose blocks are copied
 // in and out whole, asynchronously (NVMe now; a remote store next; an
 // in-memory tier for tests). The store holds its lower tiers through this

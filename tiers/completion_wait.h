@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Whether an I/O worker with one or two ops in flight should poll for their
 // completion or sleep until the kernel wakes it, learnt on the machine it runs
 // on rather than assumed.

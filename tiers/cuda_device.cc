@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The CUDA device backend: cudaMalloc'd memory,
 // non-blocking streams, events that can cross processes, cudaHostRegister,
 // CUDA IPC memory handles, and the CUDA KV kernels. Every call first makes

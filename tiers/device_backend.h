@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The device backend: what tiers/ needs from a GPU —
 // memory, ordered asynchronous copies on streams, events, host-memory
 // registration and IPC handles. Two implementations: CUDA (the real one) and

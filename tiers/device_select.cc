@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Choosing the device backend at start, and probing for CUDA devices.
 #include "absl/strings/str_cat.h"
 #include "tiers/device_backend.h"

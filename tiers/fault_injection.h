@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Faults for tests, injected below the NVMe tier's checks so they exercise
 // the real recovery paths: errors, a full device, torn writes, bit flips in
 // what is written or read, a slow device. Switches are atomics a test flips

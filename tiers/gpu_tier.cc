@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "tiers/gpu_tier.h"
 
 #include <chrono>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The GPU tier: a daemon-owned device-memory arena (one per GPU and tenant),
 // cut into fixed-size slots like the host arena, moved with copies on the
 // device backend's streams. Exported whole to engines by IPC handle, so an

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The host tier: one tenant's shared-memory arena (a sealed memfd, pinned with
 // cudaHostRegister where a GPU exists), mapped into the daemon and into every
 // engine of that tenant, cut into fixed-size slots. Engines read and write

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Block I/O for the NVMe tier: asynchronous reads and writes at offsets of a
 // fixed set of files, in three priorities.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A priority queue of I/O ops shared by the I/O engines: loads before
 // prefetches before demotions, FIFO within a priority.
 #ifndef KVTIER_TIERS_IO_QUEUE_H_

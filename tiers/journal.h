@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The NVMe tier's journal: an append-only, checksummed log of segment and slot
 // assignments and frees, made durable by group commit: one committing thread
 // takes every record appended since its last round, makes the data they

@@ -1,4 +1,5 @@
 #!lua name=kvtier
+-- SPDX-License-Identifier: Apache-2.0
 -- kvtier's per-tenant budget ledger, a Redis Functions library (Redis 7.0
 -- and later; the tests run it on Debian's redis-server 7.0.15, Valkey is not
 -- run here). An administrator loads it on every primary (FUNCTION LOAD

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "tiers/memory_block_tier.h"
 
 #include <xxhash.h>

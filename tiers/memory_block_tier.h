@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A block tier in process memory: what the store's chain of lower tiers is
 // tested with (a tier below NVMe, a stand-in for a remote store), and a model
 // of what a block tier must do. Blocks are copied in and out whole on one

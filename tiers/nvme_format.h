@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // On-disk formats of the NVMe tier. Plain data, little-endian, fixed sizes,
 // each with a magic, a version and an xxh3 checksum of its own bytes. Changing
 // a layout bumps kNvmeFormatVersion; a journal of another version is refused

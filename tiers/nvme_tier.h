@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The NVMe tier: preallocated slab files on one or more directories (one per
 // device), cut into segments; each segment is cut into fixed-size slots of
 // one size class the first time a block of that size needs room. A slot holds

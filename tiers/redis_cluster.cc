@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // RedisCluster (redis_cluster.h): the slot map, one thread and connection
 // per node, redirects, retries and the map's refresh.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A Redis Cluster client: hiredis speaks the protocol to each node; the
 // cluster logic is ours.
 //

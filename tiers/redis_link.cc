@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // RedisLink and RedisTls (redis_link.h): OpenSSL over the socket hiredis
 // connected, through a BIO of our own that sends with MSG_NOSIGNAL (a node
 // that resets the connection is an error, not SIGPIPE).

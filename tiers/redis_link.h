@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One connection to a Redis node, in clear or over TLS: RedisCluster's
 // transport. hiredis keeps the reader (reply parsing) and the error; the
 // bytes go through these functions, which use OpenSSL on the same socket

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // RemoteTier (remote_tier.h): blocks as self-checking values in a Redis
 // Cluster, one ACL user per tenant.
 #include "tiers/remote_tier.h"

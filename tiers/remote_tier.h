@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A block tier in a shared Redis Cluster (or Valkey cluster): blocks that
 // several kvtierd nodes can reuse.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The host-simulated device: device memory is host memory (memfds, so it can
 // be "exported" to another process), streams are worker threads that run
 // copies in order, events are counters in shared memfd pages (so another

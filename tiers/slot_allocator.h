@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Fixed-size slots carved from a byte range, by size class.
 //
 // Each namespace fixes its block size, and a tenant's arena serves several

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "tiers/staging_pool.h"
 
 #include <sys/mman.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Page-aligned staging memory for direct I/O: the NVMe tier copies a block
 // and its header into a staging run, writes it with O_DIRECT, and reads into
 // one before checking and copying out. One region, registered with io_uring

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The fallback I/O engine: pread/pwrite on a pool of threads.
 #include <sys/uio.h>
 #include <unistd.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The interface every tier implements: fixed-size
 // slots, asynchronous block reads and writes through a staging buffer,
 // capacity and usage, and a health state. Decorate with TierWrapper for

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The io_uring engine: one ring per worker thread, files registered as fixed
 // files, the staging region registered as a fixed buffer, and submissions
 // batched up to the queue depth. A worker sleeps in io_uring_submit_and_wait

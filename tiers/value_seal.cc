@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ValueSealer (value_seal.h): AES-256-GCM from OpenSSL's EVP interface.
 #include "tiers/value_seal.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Sealed values for shared tiers: what a tier that other nodes, other
 // tenants or a cluster administrator can write (the remote tier today, a
 // shared file system later) puts around a block so that nobody without the

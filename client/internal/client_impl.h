@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The state behind kvtier::Client: the session's rings, outstanding
 // operations, and the engine KV caches this client registered. client.cc
 // holds the block operations, engine_cache.cc the KV-cache ones.

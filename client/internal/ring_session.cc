@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "client/internal/ring_session.h"
 
 #include <poll.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The client's end of one session: the attach handshake, the mapped segment
 // and arena, submitting request records, reaping completions, waiting with
 // spin-then-futex, and noticing a daemon that went away. Knows records, not

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Where a vLLM or SGLang KV connector calls kvtier, written against the
 public `kvtier` package only.
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """A miniature SGLang HiCache around an L3 storage backend: the host KV pool,
 the page hashes and the HiCacheController's storage paths, so a backend can
 be driven exactly as SGLang drives it where SGLang cannot be installed.

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """A miniature vLLM: a scheduler and worker processes that drive a KV
 connector exactly as vLLM's v1 engine does, around a tiny attention model in
 PyTorch (Debian's python3-torch), so the connector can be run and checked

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The host side of the tiny engine's CUDA forward pass: weights and KV pages
 // in device memory, kernels queued on one stream (cuda_forward_kernels.cu).
 #include "cuda_forward.h"

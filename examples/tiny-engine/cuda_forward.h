@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The tiny engine's forward pass on a CUDA device: the same model and the
 // same paged KV cache layout as the CPU path, with weights and pages in
 // device memory. Each kernel does a token's arithmetic in a fixed order, so

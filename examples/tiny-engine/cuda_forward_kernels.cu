@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The tiny engine's kernels: one thread per output element (or per token and
 // head for attention), each summing in a fixed order, so results do not
 // depend on which tokens share a pass. Small and plain: the point is exact

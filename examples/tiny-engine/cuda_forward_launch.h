@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Launchers of the tiny engine's CUDA kernels (cuda_forward_kernels.cu).
 // Plain types only, so the .cu file needs nothing else of the project. Each
 // returns a cudaError_t (0: queued on `stream`). Row-major f32 throughout;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Built without the CUDA toolkit: the CUDA forward pass says so.
 #include "cuda_forward.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tiny-engine-bench: time to first token of the tiny engine on a 4096-token
 // prompt whose first 3584 tokens kvtier holds, against the same
 // prompt with no cache, per tier the prefix comes from:

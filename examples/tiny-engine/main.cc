@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tiny-engine: a multi-turn chat on the tiny transformer, with and without
 // kvtier, printing time to first token for each turn. Later turns reuse the
 // conversation so far from kvtier; the logits are checked to be bit-identical

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Weights from and to safetensors files: an 8-byte little-endian header
 // length, a JSON header naming each tensor's dtype, shape and byte range in
 // the data that follows, then the data.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A tiny decoder-only transformer on libkvtier: RMSNorm, rotary positions,
 // grouped-query attention, SwiGLU MLP, greedy decoding, on the CPU in f32,
 // with a paged KV cache (pages of block_tokens tokens, a block table per

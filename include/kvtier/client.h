@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvtier C++ client API (libkvtier): what an inference engine links to reuse
 // KV-cache blocks through kvtierd.
 //

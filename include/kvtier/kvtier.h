@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* kvtier C ABI: the engine-side client library (libkvtier).
  *
  * Every function returns a negative errno-style code (KVTIER_E*) on failure,

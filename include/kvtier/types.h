@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Value types of the kvtier C++ client API: keys, namespace descriptors,
 // status and result. Part of the public surface (include/kvtier/).
 #ifndef KVTIER_TYPES_H_

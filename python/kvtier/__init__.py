@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """kvtier: keep LLM KV-cache blocks across GPU memory, pinned host memory and
 NVMe, shared between engine processes through the kvtierd daemon.
 

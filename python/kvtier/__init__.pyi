@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Type hints of the kvtier package (the bindings live in kvtier._kvtier).
 from typing import Optional, Sequence, Union
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """kvtier.sglang: an L3 storage backend for SGLang's HiCache.
 
 Turn it on with one flag (next to --enable-hierarchical-cache):

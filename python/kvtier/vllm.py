@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """kvtier.vllm: a KV connector for vLLM's v1 engine.
 
 Turn it on with one flag (see docs/integration.md):

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The C++ API and the C ABI against a real kvtierd.
 #include "kvtier/client.h"
 

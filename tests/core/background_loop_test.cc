@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // BackgroundLoop: a pass per wake, a pass per period without one, a stop
 // that ends a long pass early and joins, and a restart after a stop.
 #include "core/background_loop.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Property tests of the checked arithmetic every peer number goes through:
 // against exact 128-bit arithmetic on random and edge values.
 #include "core/checked.h"

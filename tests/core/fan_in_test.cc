@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // FanIn: the last of N parts finishes, once, with every part's update, from
 // whichever thread arrives last.
 #include "core/fan_in.h"

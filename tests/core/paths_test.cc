@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Where clients look for kvtierd's sockets.
 #include "core/paths.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Admission's stateless checks: which tenant a peer belongs to, and which
 // attach requests are refused before any state is touched.
 #include "daemon/admission.h"

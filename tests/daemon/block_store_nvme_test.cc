@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The block store with a real NVMe tier: demotion on host eviction, promotion
 // on load and prefetch, durable commits, NVMe eviction, recovery, and what a
 // bad NVMe copy does (a miss, never wrong bytes).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Sessions on several threads store, look up with leases, load, release and
 // invalidate over a small host tier that is always evicting. Afterwards every
 // slot must be accounted for and every load must have pointed at a slot that

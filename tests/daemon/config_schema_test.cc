@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The config schema against what users read and run: the key tables of
 // docs/configuration.md (every key documented once, with the schema's
 // default, and "Reloadable" exactly where SIGHUP applies it), the printed

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The daemon's cost model: engine reports calibrate the prefill throughput,
 // its own NVMe reads measure the tier, and the two decide load or recompute.
 #include "daemon/cost_tracker.h"

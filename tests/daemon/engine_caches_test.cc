@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // EngineCaches::Register is where an engine's numbers (page counts, strides,
 // addresses, region sizes) become addresses the daemon's kernels write
 // through: a geometry that overflows 64 bits must be refused, and every

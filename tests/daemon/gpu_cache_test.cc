@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The GPU tier's block cache: reserve, publish, pin, least recently used
 // out, pinned copies never evicted, drops that wait for the last pin.
 #include "daemon/gpu_cache.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // KvEvents: the msgpack batches vLLM's subscribers decode, producers on many
 // threads (the store's) against the publisher thread, drops past the bound,
 // and the replay socket fed hostile requests.

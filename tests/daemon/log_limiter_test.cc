@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The per-peer log limiter holds its rate when many threads log for one key
 // at once (the control loop and session threads do).
 #include "daemon/log_limiter.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The lower lane's books and its fair-share rule, on an in-memory block tier
 // of 8 slots of 1 KiB shared by two configured tenants (a share of 4 each).
 #include "daemon/lower_lane.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The migrator on its own, over a store's books with one tenant (a 64 KiB
 // host arena) and one lower lane on an in-memory block tier: host eviction
 // demotes or drops, promotion brings a copy back byte-exact through the

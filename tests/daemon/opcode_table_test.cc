@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The request tables agree: every opcode the ABI lists (ipc::kOpcodes) has
 // one handler in the session's table, and names are unique.
 #include <set>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ServiceNotifier against a real datagram socket: what it sends and when
 // (the watchdog at half its interval, status only when it changed).
 #include "daemon/service_notify.h"

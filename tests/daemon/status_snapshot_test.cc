@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The status snapshot and its two writers: the status JSON and the
 // Prometheus text read the same typed fields, so the same fact has the same
 // value in both, and a snapshot does not move with the live counters.

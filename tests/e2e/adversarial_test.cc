@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The trust boundary, attacked as a hostile tenant would: kvtierd serves a
 // victim tenant (this test's uid, root) and an attacker tenant (uid 65534,
 // "nobody"), and the attacker runs in a forked child that switched to its

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The cost model end to end: a block on NVMe that is slower to read than to
 // recompute is reported as "recompute" at lookup and dropped rather than
 // demoted at eviction; engines' report_prefill calls move that line.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Engine KV caches end to end on the host-simulated device: an engine
 // registers its paged cache ("device" memory: a memfd the daemon maps), the
 // daemon gathers blocks straight from its pages and scatters them back layer

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // End-to-end with real processes: kvtierd, engine processes that attach,
 // crash and misbehave.
 #include <signal.h>

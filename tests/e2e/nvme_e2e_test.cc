@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvtierd with an NVMe tier, end to end: blocks that leave host memory come
 // back from NVMe with their bytes, durable blocks survive kill -9 of the
 // daemon, a corrupted block on disk is a miss, and the fallbacks show.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvtierd with a remote tier on a real Redis Cluster below NVMe: blocks that
 // leave host memory and then NVMe (the cascade) land in the cluster under
 // the tenant's keys and come back from it with their bytes; a daemon whose

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Two kvtierd nodes (separate sockets, data folders and host tiers) over one
 // real Redis Cluster, over TLS only (client certificates required): blocks
 // node A computed are found and loaded on node B byte-exact, through B's

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvtierd as systemd runs it: the notify protocol on a real datagram socket
 // set as $NOTIFY_SOCKET (READY=1 with a STATUS= line once the tiers are open,
 // watchdog pings from the main loop, STOPPING=1 on SIGTERM).

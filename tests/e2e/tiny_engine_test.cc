@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The tiny engine on a live kvtierd: greedy generation that reuses blocks
 // from kvtier (host memory, NVMe, the simulated GPU tier, another session or
 // process) gives logits bit-identical to recomputing everything, whether the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Admin request lines as kvtierd handles them: bytes from whoever may
 // connect to the admin socket, split into lines and answered by a real
 // Daemon (created once, never Run) through Daemon::AnswerAdminLine, the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvtierctl's side of the admin protocol: the answer line whatever listens
 // on the admin socket sends (ipc::DecodeAdminResponse, the decoding half of
 // AdminCall), and the bounded JSON parser under it (core/bounded_json.h).

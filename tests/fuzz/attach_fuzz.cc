@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The attach handshake decoders: arbitrary bytes from a socket peer.
 #include <cstring>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The TOML config: an operator's file is input too.
 #include "daemon/config.h"
 #include "tests/fuzz/fuzz_target.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Runs a fuzz target without libFuzzer: every seed (FuzzSeeds() and the
 // files of the target's checked-in corpus, tests/fuzz/corpus/<target>/),
 // then KVTIER_FUZZ_ITERS (default: the target's FuzzDefaultIterations)

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Linked into every target built for libFuzzer (KVTIER_FUZZ): before
 // fuzzing, each of the target's FuzzSeeds() runs once, so the seeds made at
 // run time (too large for the checked-in corpus, e.g. nesting 100,000 deep)

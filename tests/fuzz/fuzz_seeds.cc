@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // WriteFuzzSeeds, and KVTIER_FUZZ_WRITE_SEEDS for both kinds of build.
 #include <cstdio>
 #include <cstdlib>

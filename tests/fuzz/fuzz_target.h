@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Fuzz targets are libFuzzer entry points. Built with KVTIER_FUZZ (clang,
 // -fsanitize=fuzzer: the "fuzz" preset) they run under libFuzzer
 // (scripts/test --fuzz) from tests/fuzz/corpus/<target>/, after running

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The KV-cache registration decoders: arbitrary bytes from an attached client.
 #include <cstring>
 

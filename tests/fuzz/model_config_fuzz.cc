@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The Hugging Face config.json reader (ModelProfile::FromHfConfig): a model
 // file is whatever its publisher wrote; kvtierd (cost_model.model_config)
 // and kvtierctl capacity read it. Whatever it accepts:

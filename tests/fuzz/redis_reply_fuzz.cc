@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What a Redis node sends is a peer's bytes. The input is raw RESP, parsed
 // by hiredis's reader as the cluster client's connections do, then:
 //  - ParseClusterSlots accepts only ranges inside the 16384 slots owned by

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Request records as a hostile client writes them: the input is a sequence
 // of 64-byte records plus bytes for the scratch region, pushed through a live
 // session (its own thread, the real BlockStore). The session must answer or

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The tiny engine's safetensors reader: a weights file is input from
 // whoever made it. Whatever it accepts has every tensor at its shape.
 #include <cstdio>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The request trace reader (tools/common/trace.h): a Mooncake JSONL file is
 // whatever its author wrote. Through a memfd, read as kvtierctl capacity and
 // kvtier-replay read it:

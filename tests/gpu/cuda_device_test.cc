@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The CUDA device backend on a real GPU: ordered copies, events, registered
 // host memory (a memfd mapping, as the host arena is), IPC export to another
 // process, and device = "auto" choosing CUDA. Skips (77) where no GPU answers.

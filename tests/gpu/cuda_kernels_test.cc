@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The KV kernels on a real GPU, through the CUDA device backend: the same
 // naive-loop checks the CPU reference passes (kv_kernels_test), so lossless
 // results are bit-exact and quantized codes and scales bit-identical to the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // main() for the CUDA tests: exit 77 (CTest "skipped") with the reason when
 // no CUDA device answers, so machines without a GPU skip cleanly; run every
 // test otherwise.

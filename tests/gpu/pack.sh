@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Packs what tests/gpu/run.sh --pack needs into DIR (default .gpu-pack, which
 # git ignores): release builds of the CUDA tests, the kernel tests, the
 # tiny engine's CUDA test, kvtierd (which that test and tiny-engine-bench

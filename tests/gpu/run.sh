@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The GPU checks in one go, for a machine with an NVIDIA GPU: builds (release,
 # with tests), runs the CUDA tests (ctest label "gpu"), `kvtier-bench gpu` and
 # `tiny-engine-bench engine` (the tiny engine on the GPU),

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The tiny engine on a CUDA device (skipped, exit 77, where none answers):
 // its kernels agree with the CPU path within rounding, and with a daemon on
 // the same GPU (device = "cuda") reuse through the registered device cache

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Producer and consumer threads hammer one ring; every record must arrive
 // once, in order, intact. Run under --tsan for the memory-order check.
 #include <thread>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The CPU reference of the KV kernels against naive loops (the same checks
 // cuda_kernels_test runs on a GPU), a deliberately wrong-axis quantizer that
 // those checks must reject, and bad input.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "tests/kernels/kv_kernels_testlib.h"
 
 #include <xxhash.h>

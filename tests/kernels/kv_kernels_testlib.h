@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Checks every KvKernels implementation must pass, against naive loops over
 // explicit indices. kv_kernels_test runs them on the CPU reference and on the
 // host-simulated device; cuda_kernels_test on a GPU, with device memory.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The element arithmetic both kernel implementations share: conversions
 // against the compiler's own types and the format definitions, and the split
 // XXH3 the CUDA checksum runs against libxxhash itself.

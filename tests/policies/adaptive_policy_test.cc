@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The adaptive policy follows whichever expert would have served recent
 // requests best: on a workload where one expert clearly wins, it must hit
 // about as often as that expert alone, and it must change its mind when the

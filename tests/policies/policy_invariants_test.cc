@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Invariants every eviction policy keeps, under randomized operations, and
 // scan resistance where a policy claims it.
 #include <algorithm>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A policy behind the sparse-handle adapter decides exactly as the same
 // policy over dense handles: same victims, in the same order, for the same
 // random operations, whatever the handles look like.

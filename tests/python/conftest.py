@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Fixtures: a kvtierd child process with its config in a temp folder (as
 tools/common/daemon_process.cc runs one for the C++ tests)."""
 import json

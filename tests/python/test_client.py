@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The kvtier Python package against a live kvtierd: keys, lookups, loads
 into NumPy, stores from NumPy and raw pointers, async operations, errors,
 and namespace isolation."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """KV events for routers ([events]): a subscriber decodes them as vLLM's own
 example subscriber does (ZeroMQ SUB: topic, 8-byte big-endian sequence,
 msgpack EventBatch; REQ to the replay socket: a start sequence in, batches

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """kvtier.sglang driven as SGLang's HiCacheController drives an L3 storage
 backend (examples/python/tiny_sglang.py: SGLang's host pools, page hashes
 and prefetch/backup paths), checking host-pool pages bit for bit."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """kvtier.vllm driven as vLLM drives a KV connector (examples/python/tiny_vllm.py:
 a scheduler and worker processes around a tiny PyTorch model), checking the
 engine's KV pages bit for bit against recomputing them from scratch."""

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Helpers for tests that drive a daemon through the public client API.
 // Header-only: kvtier_testing does not link the client library.
 #ifndef KVTIER_TESTS_SUPPORT_CLIENT_HELPERS_H_

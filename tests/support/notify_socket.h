@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The receiving end of systemd's notify protocol: a datagram socket bound
 // in the test's temp folder and set as $NOTIFY_SOCKET (and unset again) for
 // the code under test and the daemons the test starts.

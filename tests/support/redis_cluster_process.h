@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A real Redis Cluster for a test: scripts/redis-cluster starts Debian's
 // redis-server nodes on free loopback ports in a temporary folder, with one
 // ACL user per tenant, and stops them by PID when the test ends.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Blocks for the remote-tier tests: a block's identity for a tenant, bytes
 // made from its key, and waiting for a tier's callback.
 #ifndef KVTIER_TESTS_SUPPORT_REMOTE_BLOCKS_H_

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Test helpers: temporary directories, a real kvtierd process, namespaces.
 #ifndef KVTIER_TESTS_SUPPORT_TEST_SUPPORT_H_
 #define KVTIER_TESTS_SUPPORT_TEST_SUPPORT_H_

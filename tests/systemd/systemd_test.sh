@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The systemd pieces as an operator gets them: `cmake --install` into a
 # scratch prefix, then systemd's own tools check the unit (systemd-analyze
 # verify: no warning allowed), create the user (systemd-sysusers) and the
@@ -49,7 +50,8 @@ echo "ok: kvtierd accepts the installed config"
 deb=$(ls "$scratch"/pkg/kvtier_*.deb)
 files=$(dpkg-deb -c "$deb" | awk '{print $6}')
 for f in ./usr/bin/kvtierd ./usr/bin/kvtierctl ./usr/lib/systemd/system/kvtierd.service \
-         ./usr/lib/sysusers.d/kvtier.conf ./usr/lib/tmpfiles.d/kvtier.conf ./etc/kvtier/kvtierd.toml; do
+         ./usr/lib/sysusers.d/kvtier.conf ./usr/lib/tmpfiles.d/kvtier.conf ./etc/kvtier/kvtierd.toml \
+         ./usr/share/doc/kvtier/copyright ./usr/share/doc/kvtier/LICENSE; do
   grep -qx "$f" <<<"$files" || fail "the .deb lacks $f"
 done
 # Read each whole before grep -q looks at it: grep -q stops at its first
@@ -59,4 +61,6 @@ grep -qx 'ExecStart=/usr/bin/kvtierd --config /etc/kvtier/kvtierd.toml' <<<"$pac
 conffiles=$(dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./conffiles)
 grep -qx /etc/kvtier/kvtierd.toml <<<"$conffiles" || fail "the config is not a conffile"
 dpkg-deb -f "$deb" Depends | grep -q systemd || fail "the .deb does not depend on systemd"
+copyright=$(dpkg-deb --fsys-tarfile "$deb" | tar -xO ./usr/share/doc/kvtier/copyright)
+grep -qx 'License: Apache-2.0' <<<"$copyright" || fail "the packaged copyright file does not name Apache-2.0"
 echo "ok: $(basename "$deb") holds the binaries, the unit, sysusers, tmpfiles and the config (a conffile)"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What every block tier must do, run against each one (the NVMe tier and the
 // in-memory tier): blocks come back byte-exact; a copy that is not the block
 // asked for, intact, is DataLoss; a freed or reused slot serves nothing;

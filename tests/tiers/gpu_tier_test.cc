@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The GPU tier on the host-simulated device (cuda_device_test runs it on a
 // GPU): slots, round trips, a slot read as another block is DataLoss,
 // concurrent writers and readers, and the arena exported to another mapping.

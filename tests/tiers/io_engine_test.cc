@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Both I/O engines against a real file opened with O_DIRECT.
 #include "tiers/io_engine.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Per-tenant budgets in a shared Redis Cluster (remote_tier.h): a ledger in
 // the cluster, kept by one Lua script per write, evicts a tenant's own
 // least recently used blocks once it passes its budget, counted across

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The remote tier and its cluster client against a real Redis Cluster (3
 // primaries + 3 replicas of Debian's redis-server on loopback, one ACL user
 // per tenant): byte-exact blocks, values that must prove themselves,

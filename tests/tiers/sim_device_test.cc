@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Sealed values (value_seal.h): what opens is exactly what the tenant's key
 // sealed, for exactly that header; everything else is DataLoss.
 #include "tiers/value_seal.h"

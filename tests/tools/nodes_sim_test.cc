@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvtier-replay --simulate --nodes on hand-made workloads whose answers are
 // worked out by hand below.
 #include "tools/replay/nodes_sim.h"

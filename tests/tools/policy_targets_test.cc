@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The eviction targets of the policies issue, checked on the production
 // trace (Mooncake conversation trace, 512-token blocks) when it is next to
 // the checkout (../shared/data/traces) or named by KVTIER_TRACE; skipped

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # No secret on a command line or in an environment: another local user reads
 # both from /proc (they once read the cluster's admin password from
 # `scripts/redis-cluster status` and rewrote a tenant's blocks with it).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The tools as a user runs them: real binaries against a real kvtierd,
 // checking what they print and how they exit.
 #include <sys/socket.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvtier-bench: Google Benchmark suites that each measure kvtier and a
 // baseline in the same run and report the ratio.
 #ifndef KVTIER_TOOLS_BENCH_BENCH_H_

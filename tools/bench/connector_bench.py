@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """kvtier.vllm's costs against baselines measured in the same run.
 
   scheduler   get_num_new_matched_tokens with N requests in flight, per call

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The command line shared by kvtier-bench and the example engine's benchmark
 // (tiny-engine-bench): flags, suite choice, and the figures as a table or as
 // JSON lines.

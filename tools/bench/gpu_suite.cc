@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpu: the device paths, each against a bare copy of the same bytes in the
 // same run.
 //  - pinned host <-> device: per-block copies through the device backend the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // host: store + load of 2 MiB blocks through the client API (fill an arena
 // slot in place, commit, look up with a lease, load, copy out, release)
 // against plain memcpy of the same bytes through a buffer pool of the same

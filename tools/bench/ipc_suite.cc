@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ipc: round trip of a 1-key lookup through the shared-memory rings, against
 // a Unix-domain-socket request/response carrying the same bytes (a 64-byte
 // request record plus a 32-byte key; a 32-byte completion plus a 16-byte

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // lookup: throughput of 64-key lookups against an index of 1M blocks, and the
 // daemon's resident memory per indexed block. Baselines from the same run: a
 // bare absl::flat_hash_map<key, offset> in this process (what an index costs

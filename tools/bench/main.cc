@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvtier-bench: microbenchmarks with a baseline measured in the same run.
 //
 //   kvtier-bench ipc|host|lookup|nvme|reclaim|gpu|remote|all [--json] [--quick] [--kvtierd PATH]

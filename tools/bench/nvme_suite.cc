@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // nvme: the NVMe tier against fio on the same file system, in the same run.
 //
 //  - sequential-slot write and random-slot read of 2 MiB and 256 KiB blocks at

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // reclaim: what background reclaim buys a store. An engine stores one 2 MiB
 // block at a time, with a pause between stores (its prefill), into a host
 // tier that is full, with an NVMe tier behind it. Without background

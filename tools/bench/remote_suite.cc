@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // remote: the remote tier against a plain pipelined hiredis loop on the
 // same Redis Cluster node, the same keys, sizes and depth, in the same run.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Runs kvtierd as a child process with a config in a temporary directory:
 // kvtier-bench measures a real daemon this way, and the tests drive one.
 #ifndef KVTIER_TOOLS_COMMON_DAEMON_PROCESS_H_

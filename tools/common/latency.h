@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Latency samples and their percentiles (nearest rank).
 #ifndef KVTIER_TOOLS_COMMON_LATENCY_H_
 #define KVTIER_TOOLS_COMMON_LATENCY_H_

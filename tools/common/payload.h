@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Block payloads derived from their key, so whoever loads a block can check
 // every byte without keeping a copy: kvtier-replay, kvtier-bench and tests.
 #ifndef KVTIER_TOOLS_COMMON_PAYLOAD_H_

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Human-readable aligned tables for the tools' default output.
 #ifndef KVTIER_TOOLS_COMMON_TABLE_H_
 #define KVTIER_TOOLS_COMMON_TABLE_H_

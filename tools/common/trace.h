@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Reading a request trace in the Mooncake JSONL format: one object per line
 // with timestamp (ms), input_length (tokens) and hash_ids (one id per
 // 512-token prefix block, already chained). kvtierctl capacity and

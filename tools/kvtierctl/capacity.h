@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvtierctl capacity: the KV-cache capacity planner. From a model's
 // config.json and a set of sequence lengths (or a request trace) it works out
 // bytes per token (2 x layers x kv_heads x head_dim x bytes per element), the

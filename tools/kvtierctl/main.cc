@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvtierctl: inspect a running kvtierd over its admin socket, and plan
 // capacity without one.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvtier-replay: drives a running kvtierd with a trace or a synthetic chat
 // workload, verifying every loaded byte, and reports hit rates and latencies.
 //

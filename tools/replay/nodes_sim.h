@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvtier-replay --simulate --nodes N: the trace served by N kvtierd nodes,
 // each with its own host and NVMe tiers and GPUs, with and without a shared
 // remote tier (a Redis Cluster) under them, no daemon, a simulated clock.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Drives a running kvtierd with a workload the way an engine would: for each
 // request a scheduling probe, a leased lookup, a load of the hit prefix with
 // every byte verified, a release, and a store of the blocks it computed.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What the simulations (--simulate, --simulate --nodes) share: a workload's
 // blocks as dense ids, and one simulated tier over them.
 #ifndef KVTIER_TOOLS_REPLAY_SIM_TIER_H_

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvtier-replay --simulate: the daemon's eviction policies on simulated
 // tiers, no daemon, no payloads, a simulated clock. Each request looks up its
 // prefix (host hits, then NVMe hits; the hit prefix is pinned while it runs),

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What kvtier-replay sends: requests with their cacheable block keys.
 //
 // Two sources: a trace in the Mooncake JSONL format (one object per line with
