@@ -78,6 +78,18 @@ TEST(ToolsTest, KvtierctlStatusInBothForms) {
   EXPECT_TRUE(j["stats"].contains("reused_token_ratio"));
   EXPECT_EQ(j["cost_model"]["prefill_reports"], 0);
   EXPECT_EQ(j["tiers"][0]["policy"], "adaptive");
+  // --json and --socket after the subcommand, as the docs write them, down
+  // to a nested one; the same answer as before it.
+  const std::string sock = " --socket " + d.admin_socket_path();
+  for (const std::string& cmd : {Tool("kvtierctl") + " status --json" + sock, Tool("kvtierctl") + " tiers --json" + sock,
+                                 Tool("kvtierctl") + " config show --json" + sock,
+                                 Tool("kvtierctl") + " top --json -n 1" + sock}) {
+    Output after = RunCommand(cmd);
+    ASSERT_EQ(after.exit_code, 0) << cmd << "\n" << after.out;
+    EXPECT_TRUE(nlohmann::json::parse(after.out, nullptr, false).is_object()) << cmd << "\n" << after.out;
+  }
+  EXPECT_TRUE(nlohmann::json::parse(RunCommand(Tool("kvtierctl") + " status" + sock + " --json").out)["stats"]
+                  .contains("hit_rate"));
   d.Stop();
   EXPECT_EQ(RunCommand(ctl + " status 2>/dev/null").exit_code, 1) << "unreachable daemon: exit 1";
   EXPECT_EQ(RunCommand(Tool("kvtierctl") + " frobnicate 2>/dev/null").exit_code, 2) << "usage error";

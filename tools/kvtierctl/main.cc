@@ -370,6 +370,10 @@ static int Main(int argc, char** argv) {
   app.add_option("-s,--socket", socket, "kvtierd's admin socket ($KVTIER_ADMIN_SOCKET)")->capture_default_str();
   app.add_flag("--json", as_json, "print the daemon's answer as one JSON object");
   app.require_subcommand(1);
+  // --json and --socket also after the subcommand (kvtierctl status --json):
+  // a subcommand hands options it does not know to its parent. Subcommands
+  // take this setting from the app when they are made, so it comes first.
+  app.fallthrough();
   CLI::App* status = app.add_subcommand("status", std::string(kvtier::ipc::AdminHelp("status")));
   CLI::App* tiers = app.add_subcommand("tiers", "every tier in detail: capacity, I/O, checksums, journal, recovery");
   CLI::App* capacity = app.add_subcommand(
