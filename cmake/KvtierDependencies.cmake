@@ -44,6 +44,15 @@ if(KVTIER_WITH_CUDA)
     set(CMAKE_CUDA_ARCHITECTURES ${KVTIER_CUDA_ARCHITECTURES})
     set(CMAKE_CUDA_STANDARD 17)  # CMake 3.25 does not know nvcc 13 takes C++20; the .cu needs 17
     set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+    # The CUDA runtime is linked in statically (CUDA::cudart_static, which
+    # NVIDIA's licence lets us ship): kvtierd and libkvtier then need no
+    # libcudart.so, which no Debian package provides, and start on nodes
+    # without the toolkit. The runtime finds the NVIDIA driver (libcuda.so.1)
+    # with dlopen at the first CUDA call; kvtier looks for it first itself so
+    # that its absence is a clear reason to fall back, not an error
+    # (tiers/device_select.cc). docs/decisions.md says why not a dlopen of
+    # libcudart.
+    set(CMAKE_CUDA_RUNTIME_LIBRARY Static)
     enable_language(CUDA)
     message(STATUS "kvtier: CUDA toolkit ${CUDAToolkit_VERSION} found; CUDA pieces are built for sm ${KVTIER_CUDA_ARCHITECTURES}")
   else()

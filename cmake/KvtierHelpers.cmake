@@ -78,5 +78,5 @@ function(kvtier_cuda_library name)
   set_target_properties(${name} PROPERTIES CUDA_ARCHITECTURES "${KVTIER_CUDA_ARCHITECTURES}"
                         POSITION_INDEPENDENT_CODE ON)
   target_compile_options(${name} PRIVATE "SHELL:-Werror all-warnings" --fmad=false)
-  target_link_libraries(${name} PUBLIC CUDA::cudart)
+  target_link_libraries(${name} PUBLIC CUDA::cudart_static)
 endfunction()

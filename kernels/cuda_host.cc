@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "kernels/cuda_host.h"
 
+#include <dlfcn.h>
+
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -11,8 +13,22 @@
 
 namespace kvtier::kernels {
 
+absl::Status CudaDriverPresent() {
+  // Loaded once and kept (the runtime holds it too); the answer does not
+  // change while the process runs.
+  static const absl::Status present = [] {
+    if (dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL) != nullptr) return absl::OkStatus();
+    const char* err = dlerror();
+    return absl::UnavailableError(absl::StrCat("the NVIDIA driver library libcuda.so.1 cannot be loaded (",
+                                               err != nullptr ? err : "not found",
+                                               "): install the NVIDIA driver for CUDA"));
+  }();
+  return present;
+}
+
 #ifdef KVTIER_HAVE_CUDA
 bool CudaDeviceAnswers() {
+  if (!CudaDriverPresent().ok()) return false;
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) {
     cudaGetLastError();
@@ -23,6 +39,7 @@ bool CudaDeviceAnswers() {
 
 absl::StatusOr<std::array<uint8_t, 64>> CudaIpcHandleOf(const void* base) {
   static_assert(sizeof(cudaIpcMemHandle_t) <= 64);
+  if (absl::Status s = CudaDriverPresent(); !s.ok()) return s;
   cudaIpcMemHandle_t h;
   const cudaError_t err = cudaIpcGetMemHandle(&h, const_cast<void*>(base));
   if (err != cudaSuccess) {

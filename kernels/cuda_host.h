@@ -15,6 +15,12 @@
 
 namespace kvtier::kernels {
 
+// The NVIDIA driver's library (libcuda.so.1), which the CUDA runtime
+// (linked in statically) opens with dlopen at its first call: OK once it is
+// loaded, else Unavailable with dlopen's reason. Checked before any runtime
+// call, so that a node without the driver gets this reason rather than the
+// runtime's "driver version is insufficient". Also in builds without CUDA.
+absl::Status CudaDriverPresent();
 bool CudaDeviceAnswers();
 // cudaIpcGetMemHandle of `base` (the start of a cudaMalloc allocation).
 absl::StatusOr<std::array<uint8_t, 64>> CudaIpcHandleOf(const void* base);

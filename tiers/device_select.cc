@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Choosing the device backend at start, and probing for CUDA devices.
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda_host.h"
 #include "tiers/device_backend.h"
 
 #ifdef KVTIER_HAVE_CUDA
@@ -11,6 +12,12 @@ namespace kvtier {
 
 int ProbeCudaDevices(std::string* why) {
 #ifdef KVTIER_HAVE_CUDA
+  // Without the driver the runtime would answer "driver version is
+  // insufficient"; say what is missing instead.
+  if (absl::Status driver = kernels::CudaDriverPresent(); !driver.ok()) {
+    *why = std::string(driver.message());
+    return 0;
+  }
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
