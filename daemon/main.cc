@@ -14,6 +14,10 @@
 #include "daemon/daemon.h"
 #include "daemon/kv_events.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "daemon/config_schema.h"
+#include "tools/common/man_page.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "tiers/nvme_tier.h"
 #include "core/fmt_absl.h"
@@ -71,6 +75,69 @@ int CheckOnly(const kvtier::Config& config) {
   return 0;
 }
 
+// kvtierd.toml(5), from the config schema: every key of every section with
+// its type, default, whether SIGHUP applies it, and its line of doc.
+std::string ConfigManPage() {
+  using kvtier::ConfigType;
+  auto type_name = [](ConfigType t) -> std::string {
+    switch (t) {
+      case ConfigType::kString: return "string";
+      case ConfigType::kBool: return "boolean";
+      case ConfigType::kInt: return "integer";
+      case ConfigType::kDouble: return "number";
+      case ConfigType::kBytes: return "size (bytes, or e.g. \"64MiB\")";
+      case ConfigType::kStringList: return "list of strings";
+      case ConfigType::kIntList: return "list of integers";
+      case ConfigType::kHash: return "hash name";
+    }
+    return "value";
+  };
+  const kvtier::Config d = kvtier::DefaultConfig();
+  kvtier::tools::ManPage p;
+  p.name = "kvtierd.toml";
+  p.section = 5;
+  p.summary = "configuration file of kvtierd";
+  p.synopsis = "/etc/kvtier/kvtierd.toml";
+  p.description =
+      "kvtierd reads one TOML file (kvtierd --config PATH, default /etc/kvtier/kvtierd.toml when it exists; "
+      "without one it runs on the embedded defaults). Every key is optional; an unknown key or section, a value "
+      "of the wrong type or out of range stops the daemon at start with the key named. kvtierd --check-config "
+      "validates a file; kvtierd --print-default-config prints every key with its default. SIGHUP re-reads the "
+      "file and applies the keys marked reloadable; the others need a restart.";
+  p.commands_title = "Keys";
+  for (const kvtier::ConfigSection& sec : kvtier::ConfigSections()) {
+    kvtier::tools::ManCommand c;
+    c.name = "[" + std::string(sec.name) + "]";
+    std::string pre;
+    for (absl::string_view line : absl::StrSplit(absl::string_view(sec.preamble.data(), sec.preamble.size()), '\n')) {
+      if (absl::ConsumePrefix(&line, "# ") || absl::ConsumePrefix(&line, "#")) pre += std::string(line) + " ";
+    }
+    c.doc = pre.empty() ? std::string("Keys of [") + std::string(sec.name) + "]." : pre;
+    for (const kvtier::ConfigKey& k : kvtier::ConfigSchema()) {
+      if (k.section != sec.name) continue;
+      c.options.push_back({std::string(k.name), "",
+                           std::string(k.doc) + " (" + type_name(k.type) + ", default " +
+                               kvtier::ConfigValueToml(k, d) + (k.reloadable ? "; reloadable" : "") + ")"});
+    }
+    p.commands.push_back(std::move(c));
+  }
+  kvtier::tools::ManCommand tenants;
+  tenants.name = "[[tenants]]";
+  tenants.doc = "One entry per tenant; peers are matched by uid, then by primary gid. Without any [[tenants]] the "
+                "daemon admits its own user as tenant \"default\".";
+  for (const kvtier::TenantKey& k : kvtier::TenantSchema()) {
+    tenants.options.push_back({std::string(k.name), "",
+                               std::string(k.doc) + " (" + type_name(k.type) +
+                                   (k.default_toml.empty() ? "" : ", default " + std::string(k.default_toml)) +
+                                   (k.reloadable ? "; reloadable" : "") + ")"});
+  }
+  p.commands.push_back(std::move(tenants));
+  p.sections.push_back({"Example", "  [tiers.host]\n  capacity = \"64GiB\"\n  [tiers.nvme]\n  dirs = [\"/var/lib/kvtier/nvme\"]\n"
+                                   "  capacity = \"2TiB\"\n  [[tenants]]\n  name = \"engine-a\"\n  uids = [1001]"});
+  p.sections.push_back({"See also", "kvtierd(8), kvtierctl(1)"});
+  return kvtier::tools::RenderMan(p);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -100,6 +167,23 @@ int main(int argc, char** argv) {
   app.footer("Examples:\n  kvtierd                      # embedded defaults\n"
              "  kvtierd -c ./kvtierd.toml --check-config\n"
              "  kvtierd --run-dir /tmp/kv --log-level debug");
+  if (argc == 2 && std::string_view(argv[1]) == "--config-man") {
+    std::cout << ConfigManPage();
+    return 0;
+  }
+  if (kvtier::tools::PrintDocsIfAsked(
+          argc, argv, app, "kvtierd", 8, "keeps LLM KV-cache blocks across GPU memory, host memory and NVMe",
+          {{"Signals", "SIGHUP: re-read the config file and apply its reloadable keys (kvtierd.toml(5)).\n"
+                       "SIGTERM, SIGINT: stop accepting engines, finish what is in flight, write the NVMe "
+                       "journal, and exit 0."},
+           {"Files", "/etc/kvtier/kvtierd.toml: the config (kvtierd.toml(5)).\n"
+                     "/run/kvtier/kvtierd.sock, /run/kvtier/kvtierd-admin.sock: the engines' and the "
+                     "administrators' sockets under the systemd unit."},
+           {"Exit status", "0: stopped cleanly, or --check-config found the config valid. 1: a failure at start "
+                           "(the log line says which and what to do). 2: a usage or config error."},
+           {"See also", "kvtierd.toml(5), kvtierctl(1), kvtier-replay(1), kvtier-bench(1)"}})) {
+    return 0;
+  }
   KVTIER_CLI_PARSE(app, argc, argv);
 
   if (f.print_default) {

@@ -5,12 +5,60 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_split.h"
 #include "tiers/device_backend.h"
+#include "tools/common/man_page.h"
 #include "tools/common/daemon_process.h"
 #include "tools/common/table.h"
 
 namespace kvtier::bench {
 namespace {
+
+// The options BenchMain parses (its usage line and the manual page).
+const std::vector<tools::ManOption>& Options() {
+  static const auto* options = new std::vector<tools::ManOption>{
+      {"--json", "", "print one JSON object per metric instead of the table"},
+      {"--quick", "", "fewer and shorter points (a smoke run; figures are not for quoting)"},
+      {"--kvtierd", "PATH", "the kvtierd binary the suites start (default: the one beside this program, else PATH)"},
+      {"--dir", "PATH", "nvme: put its files there (default: a temporary folder)"},
+      {"--pairs", "N", "nvme: runs of ours and of fio per point (default 5)"},
+      {"--only", "TEXT", "nvme: only points whose name contains TEXT (e.g. 256KiB_qd1, journal, restart)"},
+      {"--device", "cuda|sim", "gpu: the device backend (sim runs the suite on the simulated device)"},
+      {"--cluster", "DIR", "remote: a Redis Cluster scripts/redis-cluster started there (--tenant bench)"},
+      {"--benchmark_*", "", "passed to Google Benchmark (e.g. --benchmark_min_time=0.5)"},
+      {"-h, --help", "", "print the usage and exit"}};
+  return *options;
+}
+
+std::string ManOf(const std::string& program, const std::vector<Suite>& suites) {
+  tools::ManPage p;
+  p.name = program;
+  p.section = 1;
+  p.summary = "kvtier's microbenchmarks, each against a baseline measured in the same run";
+  std::string names;
+  for (const auto& s : suites) names += s.name + "|";
+  p.synopsis = program + " " + names + "all [OPTIONS]";
+  p.description =
+      "Runs one suite (or all) and prints, per metric, kvtier's figure, the baseline's (memcpy, a Unix-socket round "
+      "trip, fio, a hiredis loop, cudaMemcpyAsync), the speedup and the target where there is one. Suites that "
+      "need a CUDA device or a Redis Cluster are skipped in all without one, and exit 77 when asked for alone. "
+      "Build with the release preset for figures worth quoting.";
+  p.options = Options();
+  p.commands_title = "Suites";
+  for (const auto& s : suites) {
+    std::string help;
+    for (absl::string_view line : absl::StrSplit(s.help, '\n')) {
+      help += (help.empty() ? "" : " ") + std::string(absl::StripLeadingAsciiWhitespace(line));
+    }
+    p.commands.push_back({s.name, help, {}});
+  }
+  p.commands.push_back({"all", "every suite (CUDA-only ones where a CUDA device answers)", {}});
+  p.sections.push_back({"Exit status", "0: done, every target met. 1: a target was missed or a suite failed. "
+                                       "2: a usage error. 77: the suite asked for needs a CUDA device or a cluster."});
+  p.sections.push_back({"See also", "kvtierd(8), kvtier-replay(1)"});
+  return tools::RenderMan(p);
+}
 
 void Usage(const std::string& program, const std::vector<Suite>& suites) {
   std::string names;
@@ -25,6 +73,11 @@ void Usage(const std::string& program, const std::vector<Suite>& suites) {
   std::fprintf(stderr, "        all     every suite%s\n"
                        "--json prints one JSON object per metric; exit code 1 when a target is missed.\n",
                suites.size() > 1 ? " (CUDA-only ones where a CUDA device answers)" : "");
+  std::fprintf(stderr, "options:\n");
+  for (const tools::ManOption& o : Options()) {
+    const std::string flag = o.names + (o.arg.empty() ? "" : " " + o.arg);
+    std::fprintf(stderr, "  %-18s %s\n", flag.c_str(), o.doc.c_str());
+  }
 }
 
 void Print(const std::vector<Metric>& metrics, bool json) {
@@ -47,6 +100,10 @@ void Print(const std::vector<Metric>& metrics, bool json) {
 }  // namespace
 
 int BenchMain(int argc, char** argv, const std::string& program, const std::vector<Suite>& suites) {
+  if (argc == 2 && std::string(argv[1]) == "--man") {
+    std::cout << ManOf(program, suites);
+    return 0;
+  }
   Context ctx;
   std::string suite;
   std::vector<char*> bench_args = {argv[0]};

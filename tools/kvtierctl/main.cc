@@ -19,6 +19,7 @@
 #include "core/units.h"
 #include "ipc/admin_commands.h"
 #include "ipc/admin_client.h"
+#include "tools/common/man_page.h"
 #include "tools/common/table.h"
 #include "tools/kvtierctl/capacity.h"
 
@@ -439,6 +440,12 @@ static int Main(int argc, char** argv) {
   top->add_option("-i,--interval", top_interval, "seconds between refreshes")->capture_default_str()->check(CLI::Range(0.05, 3600.0));
   top->add_option("-n,--iterations", top_iterations, "stop after this many refreshes (0: until Ctrl-C)")
       ->capture_default_str();
+  if (kvtier::tools::PrintDocsIfAsked(
+          argc, argv, app, "kvtierctl", 1, "inspect and steer a running kvtierd",
+          {{"Environment", "KVTIER_ADMIN_SOCKET: the admin socket when --socket is not given."},
+           {"See also", "kvtierd(8), kvtierd.toml(5), kvtier-replay(1), kvtier-bench(1)"}})) {
+    return 0;
+  }
   KVTIER_CLI_PARSE(app, argc, argv);
   (void)config_show;
 

@@ -12,6 +12,7 @@
 #include "core/block_key.h"
 #include "core/cli_parse.h"
 #include "core/units.h"
+#include "tools/common/man_page.h"
 #include "tools/common/table.h"
 #include "tools/common/trace.h"
 #include "tools/replay/nodes_sim.h"
@@ -323,6 +324,11 @@ int main(int argc, char** argv) {
              "--tier remote=100M --nodes 2,4,8,16\n"
              "Exit codes: 0 ok, 1 a session failed or a loaded byte was wrong, 2 usage error, 4 the trace or "
              "--model-config is unreadable or wrong");
+  if (kvtier::tools::PrintDocsIfAsked(
+          argc, argv, app, "kvtier-replay", 1, "replay request traces through kvtierd, or simulate policies",
+          {{"See also", "kvtierd(8), kvtierctl(1), kvtier-bench(1)"}})) {
+    return 0;
+  }
   KVTIER_CLI_PARSE(app, argc, argv);
 
   if (sockets.size() > 1) {
