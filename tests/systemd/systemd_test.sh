@@ -46,15 +46,13 @@ echo "ok: the kvtier user and its folders are created"
   || fail "kvtierd refuses the installed config"
 echo "ok: kvtierd accepts the installed config"
 
+# The daemon's package (tests/packaging/deb_test.sh checks all five).
 (cd "$build" && cpack -G DEB -B "$scratch/pkg" >/dev/null) || fail "cpack -G DEB failed"
-deb=$(ls "$scratch"/pkg/kvtier_*.deb)
+deb=$(ls "$scratch"/pkg/kvtierd_*.deb)
 files=$(dpkg-deb -c "$deb" | awk '{print $6}')
-for f in ./usr/bin/kvtierd ./usr/bin/kvtierctl ./usr/lib/systemd/system/kvtierd.service \
+for f in ./usr/bin/kvtierd ./usr/lib/systemd/system/kvtierd.service \
          ./usr/lib/sysusers.d/kvtier.conf ./usr/lib/tmpfiles.d/kvtier.conf ./etc/kvtier/kvtierd.toml \
-         ./usr/share/doc/kvtier/copyright ./usr/share/doc/kvtier/LICENSE \
-         ./usr/share/man/man8/kvtierd.8.gz ./usr/share/man/man5/kvtierd.toml.5.gz ./usr/share/man/man1/kvtierctl.1.gz \
-         ./usr/share/man/man1/kvtier-replay.1.gz ./usr/share/man/man1/kvtier-bench.1.gz \
-         ./usr/share/bash-completion/completions/kvtierctl; do
+         ./usr/share/doc/kvtierd/copyright ./usr/share/man/man8/kvtierd.8.gz ./usr/share/man/man5/kvtierd.toml.5.gz; do
   grep -qx "$f" <<<"$files" || fail "the .deb lacks $f"
 done
 # Read each whole before grep -q looks at it: grep -q stops at its first
@@ -64,8 +62,4 @@ grep -qx 'ExecStart=/usr/bin/kvtierd --config /etc/kvtier/kvtierd.toml' <<<"$pac
 conffiles=$(dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./conffiles)
 grep -qx /etc/kvtier/kvtierd.toml <<<"$conffiles" || fail "the config is not a conffile"
 dpkg-deb -f "$deb" Depends | grep -q systemd || fail "the .deb does not depend on systemd"
-grep -q '/cmake/kvtier/kvtierConfig.cmake$' <<<"$files" || fail "the .deb lacks the CMake package (kvtierConfig.cmake)"
-grep -q '/pkgconfig/kvtier.pc$' <<<"$files" || fail "the .deb lacks kvtier.pc"
-copyright=$(dpkg-deb --fsys-tarfile "$deb" | tar -xO ./usr/share/doc/kvtier/copyright)
-grep -qx 'License: Apache-2.0' <<<"$copyright" || fail "the packaged copyright file does not name Apache-2.0"
 echo "ok: $(basename "$deb") holds the binaries, the unit, sysusers, tmpfiles and the config (a conffile)"
