@@ -21,8 +21,15 @@ struct kvtier_client {
     std::vector<kvtier::BlockView> views;
     kvtier_block* blocks_out = nullptr;
     size_t requested = 0;
+    // kvtier_store_begin_async
+    kvtier::StoreTicket ticket;
+    uint64_t* ticket_out = nullptr;
+    kvtier_block* slots_out = nullptr;
   };
   absl::flat_hash_map<kvtier_op, std::unique_ptr<Pending>> pending;
+  // Open stores by ticket id: their slots, for kvtier_gather_from_cache.
+  // Forgotten at commit or abort (the daemon bounds how many are open).
+  absl::flat_hash_map<uint64_t, kvtier::StoreTicket> tickets;
 };
 
 namespace {
@@ -72,7 +79,19 @@ std::span<const BlockKey> Keys(const kvtier_key* keys, size_t n) {
   return {reinterpret_cast<const BlockKey*>(keys), n};
 }
 
-void Translate(kvtier_client::Pending& p) {
+void Slots(const kvtier::StoreTicket& t, kvtier_block* out) {
+  for (size_t i = 0; i < t.slots.size(); ++i) {
+    out[i] = kvtier_block{t.slots[i].data, t.slots[i].size, KVTIER_TIER_HOST,
+                          static_cast<uint8_t>(t.slots[i].needed ? 1 : 0)};
+  }
+}
+
+void Translate(kvtier_client* c, kvtier_client::Pending& p) {
+  if (p.ticket_out != nullptr) {
+    *p.ticket_out = p.ticket.id;
+    Slots(p.ticket, p.slots_out);
+    if (p.ticket.id != 0) c->tickets[p.ticket.id] = p.ticket;
+  }
   if (p.lookup_out != nullptr) {
     p.lookup_out->hit_blocks = p.lookup.hit_blocks;
     p.lookup_out->recompute_blocks = p.lookup.recompute_blocks;
@@ -93,7 +112,7 @@ void Translate(kvtier_client::Pending& p) {
 int Finish(kvtier_client* c, kvtier_op op, const kvtier::Status& s) {
   auto it = c->pending.find(op);
   if (it != c->pending.end()) {
-    if (s.ok()) Translate(*it->second);
+    if (s.ok()) Translate(c, *it->second);
     if (s.code() != kvtier::ErrorCode::kTimedOut) c->pending.erase(it);
   }
   return s.ok() ? KVTIER_OK : Fail(c, s);
@@ -226,10 +245,8 @@ int kvtier_store_begin(kvtier_client* c, const kvtier_key* keys, size_t n, uint6
   auto t = c->client->StoreBegin(Keys(keys, n));
   if (!t.ok()) return Fail(c, t.status());
   *ticket = t->id;
-  for (size_t i = 0; i < n; ++i) {
-    blocks[i] = kvtier_block{t->slots[i].data, t->slots[i].size, KVTIER_TIER_HOST,
-                             static_cast<uint8_t>(t->slots[i].needed ? 1 : 0)};
-  }
+  Slots(*t, blocks);
+  if (t->id != 0) c->tickets[t->id] = std::move(*t);
   return KVTIER_OK;
 }
 
@@ -238,6 +255,7 @@ int kvtier_store_commit(kvtier_client* c, uint64_t ticket) {
   Begin(c);
   kvtier::StoreTicket t;
   t.id = ticket;
+  c->tickets.erase(ticket);
   kvtier::Status s = c->client->StoreCommit(t);
   return s.ok() ? KVTIER_OK : Fail(c, s);
 }
@@ -247,6 +265,7 @@ int kvtier_store_commit_durable(kvtier_client* c, uint64_t ticket) {
   Begin(c);
   kvtier::StoreTicket t;
   t.id = ticket;
+  c->tickets.erase(ticket);
   kvtier::Status s = c->client->StoreCommit(t, {.durable = true});
   return s.ok() ? KVTIER_OK : Fail(c, s);
 }
@@ -265,6 +284,7 @@ int kvtier_store_abort(kvtier_client* c, uint64_t ticket) {
   Begin(c);
   kvtier::StoreTicket t;
   t.id = ticket;
+  c->tickets.erase(ticket);
   kvtier::Status s = c->client->StoreAbort(t);
   return s.ok() ? KVTIER_OK : Fail(c, s);
 }
@@ -313,10 +333,253 @@ int kvtier_report_prefill(kvtier_client* c, uint64_t cached_tokens, uint64_t com
 
 uint64_t kvtier_block_bytes(const kvtier_client* c) { return c ? c->client->block_bytes() : 0; }
 
+uint32_t kvtier_block_tokens(const kvtier_client* c) { return c ? c->client->block_tokens() : 0; }
+
+uint64_t kvtier_session_id(const kvtier_client* c) { return c ? c->client->session_id() : 0; }
+
+const char* kvtier_tenant(const kvtier_client* c) { return c ? c->client->tenant().c_str() : ""; }
+
+int kvtier_connected(const kvtier_client* c) { return c != nullptr && c->client->connected() ? 1 : 0; }
+
+int kvtier_in_flight(const kvtier_client* c) {
+  return c ? static_cast<int>(std::min<uint32_t>(c->client->InFlight(), INT32_MAX)) : 0;
+}
+
+int kvtier_ping(kvtier_client* c) {
+  if (c == nullptr) return NullArg(nullptr, "the client");
+  Begin(c);
+  kvtier::Status s = c->client->Ping();
+  return s.ok() ? KVTIER_OK : Fail(c, s);
+}
+
+int kvtier_store_begin_async(kvtier_client* c, const kvtier_key* keys, size_t n, uint64_t* ticket,
+                             kvtier_block* blocks, kvtier_op* op) {
+  if (int rc = CheckKeys(c, keys, n); rc != 0) return rc;
+  Begin(c);
+  if (ticket == nullptr) return NullArg(c, "ticket");
+  if (blocks == nullptr && n > 0) return NullArg(c, "blocks");
+  if (op == nullptr) return NullArg(c, "op");
+  auto p = std::make_unique<kvtier_client::Pending>();
+  p->ticket_out = ticket;
+  p->slots_out = blocks;
+  auto r = c->client->StoreBeginAsync(Keys(keys, n), &p->ticket);
+  if (!r.ok()) return Fail(c, r.status());
+  *op = *r;
+  c->pending.emplace(*r, std::move(p));
+  return KVTIER_OK;
+}
+
+int kvtier_store_commit_async(kvtier_client* c, uint64_t ticket, uint32_t flags, kvtier_op* op) {
+  if (c == nullptr) return NullArg(nullptr, "the client");
+  Begin(c);
+  if (op == nullptr) return NullArg(c, "op");
+  if ((flags & ~KVTIER_COMMIT_DURABLE) != 0) return Fail(c, KVTIER_EINVAL, "unknown commit flags " + std::to_string(flags));
+  kvtier::StoreTicket t;
+  t.id = ticket;
+  auto r = c->client->StoreCommitAsync(t, {.durable = (flags & KVTIER_COMMIT_DURABLE) != 0});
+  if (!r.ok()) return Fail(c, r.status());
+  c->tickets.erase(ticket);
+  *op = *r;
+  c->pending.emplace(*r, std::make_unique<kvtier_client::Pending>());
+  return KVTIER_OK;
+}
+
+int kvtier_prefetch_async(kvtier_client* c, const kvtier_key* keys, size_t n, uint32_t* promoted, kvtier_op* op) {
+  if (int rc = CheckKeys(c, keys, n); rc != 0) return rc;
+  Begin(c);
+  if (promoted == nullptr) return NullArg(c, "promoted");
+  if (op == nullptr) return NullArg(c, "op");
+  auto r = c->client->PrefetchAsync(Keys(keys, n), promoted);
+  if (!r.ok()) return Fail(c, r.status());
+  *op = *r;
+  c->pending.emplace(*r, std::make_unique<kvtier_client::Pending>());
+  return KVTIER_OK;
+}
+
+int kvtier_release_async(kvtier_client* c, uint64_t lease, kvtier_op* op) {
+  if (c == nullptr) return NullArg(nullptr, "the client");
+  Begin(c);
+  if (op == nullptr) return NullArg(c, "op");
+  auto r = c->client->ReleaseAsync(lease);
+  if (!r.ok()) return Fail(c, r.status());
+  *op = *r;
+  c->pending.emplace(*r, std::make_unique<kvtier_client::Pending>());
+  return KVTIER_OK;
+}
+
 void kvtier_namespace_id(const kvtier_client* c, uint8_t out[32]) {
   if (c != nullptr && out != nullptr) std::memcpy(out, c->client->namespace_id().bytes.data(), 32);
 }
 
 const char* kvtier_last_error(const kvtier_client* c) { return c ? c->last_error.c_str() : tls_last_error.c_str(); }
+
+// ---- engine KV caches
+
+namespace {
+
+int LayoutOf(kvtier_client* c, const kvtier_kv_cache_layout* in, kvtier::KvCacheLayout* out, bool addresses) {
+  if (in == nullptr) return NullArg(c, "the layout");
+  out->layers = in->layers;
+  out->page_tokens = in->page_tokens;
+  out->kv_heads = in->kv_heads;
+  out->head_dim = in->head_dim;
+  out->dtype = in->dtype ? in->dtype : "f16";
+  out->codec = in->codec ? in->codec : "none";
+  out->num_pages = in->num_pages;
+  out->page_stride = in->page_stride;
+  if (!addresses) return KVTIER_OK;
+  if (in->layers > 0 && (in->k_layers == nullptr || in->v_layers == nullptr)) {
+    return NullArg(c, "k_layers or v_layers");
+  }
+  if (in->n_regions > 0 && in->regions == nullptr) return NullArg(c, "regions");
+  if (in->layers > 65536 || in->n_regions > 4096) {
+    return Fail(c, KVTIER_EINVAL, "a layout of " + std::to_string(in->layers) + " layers in " +
+                                      std::to_string(in->n_regions) + " regions is not a KV cache");
+  }
+  out->k_layers.assign(in->k_layers, in->k_layers + in->layers);
+  out->v_layers.assign(in->v_layers, in->v_layers + in->layers);
+  for (size_t i = 0; i < in->n_regions; ++i) {
+    out->regions.push_back({in->regions[i].base, in->regions[i].bytes, in->regions[i].memfd});
+  }
+  return KVTIER_OK;
+}
+
+int CheckPagesArg(kvtier_client* c, const uint32_t* pages, size_t n_pages) {
+  if (pages == nullptr && n_pages > 0) return NullArg(c, "pages");
+  return KVTIER_OK;
+}
+
+kvtier::DeviceLoad LoadOf(const kvtier_device_load* l) { return kvtier::DeviceLoad{l->op, l->layers, l->registration}; }
+
+std::chrono::nanoseconds TimeoutOf(int timeout_ms) {
+  return timeout_ms < 0 ? std::chrono::nanoseconds(std::chrono::seconds(30))
+                        : std::chrono::nanoseconds(std::chrono::milliseconds(timeout_ms));
+}
+
+}  // namespace
+
+int kvtier_kv_block_bytes(const kvtier_kv_cache_layout* layout, uint32_t block_tokens, uint64_t* out) {
+  Begin(nullptr);
+  if (out == nullptr) return NullArg(nullptr, "out");
+  kvtier::KvCacheLayout l;
+  if (int rc = LayoutOf(nullptr, layout, &l, false); rc != 0) return rc;
+  auto r = kvtier::KvBlockBytes(l, block_tokens);
+  if (!r.ok()) return Fail(nullptr, r.status());
+  *out = *r;
+  return KVTIER_OK;
+}
+
+int kvtier_register_kv_cache(kvtier_client* c, const kvtier_kv_cache_layout* layout, uint64_t* registration) {
+  if (c == nullptr) return NullArg(nullptr, "the client");
+  Begin(c);
+  if (registration == nullptr) return NullArg(c, "registration");
+  kvtier::KvCacheLayout l;
+  if (int rc = LayoutOf(c, layout, &l, true); rc != 0) return rc;
+  auto r = c->client->RegisterKvCache(l);
+  if (!r.ok()) return Fail(c, r.status());
+  *registration = *r;
+  return KVTIER_OK;
+}
+
+int kvtier_unregister_kv_cache(kvtier_client* c, uint64_t registration) {
+  if (c == nullptr) return NullArg(nullptr, "the client");
+  Begin(c);
+  kvtier::Status s = c->client->UnregisterKvCache(registration);
+  return s.ok() ? KVTIER_OK : Fail(c, s);
+}
+
+int kvtier_store_from_cache(kvtier_client* c, uint64_t registration, const kvtier_key* keys, size_t n,
+                            const uint32_t* pages, size_t n_pages) {
+  if (int rc = CheckKeys(c, keys, n); rc != 0) return rc;
+  Begin(c);
+  if (int rc = CheckPagesArg(c, pages, n_pages); rc != 0) return rc;
+  return Count(c, c->client->StoreFromCache(registration, Keys(keys, n), {pages, n_pages}));
+}
+
+int kvtier_load_into_cache_async(kvtier_client* c, uint64_t registration, uint64_t lease, const kvtier_key* keys,
+                                 size_t n, const uint32_t* pages, size_t n_pages, kvtier_device_load* load) {
+  if (int rc = CheckKeys(c, keys, n); rc != 0) return rc;
+  Begin(c);
+  if (int rc = CheckPagesArg(c, pages, n_pages); rc != 0) return rc;
+  if (load == nullptr) return NullArg(c, "load");
+  auto r = c->client->LoadIntoCacheAsync(registration, lease, Keys(keys, n), {pages, n_pages});
+  if (!r.ok()) return Fail(c, r.status());
+  *load = kvtier_device_load{r->op, r->layers, r->registration};
+  return KVTIER_OK;
+}
+
+int kvtier_layers_ready(const kvtier_client* c, const kvtier_device_load* load) {
+  if (c == nullptr || load == nullptr) return KVTIER_EINVAL;
+  return static_cast<int>(std::min<uint32_t>(c->client->LayersReady(LoadOf(load)), INT32_MAX));
+}
+
+int kvtier_wait_layers(kvtier_client* c, const kvtier_device_load* load, uint32_t layers, int timeout_ms) {
+  if (c == nullptr) return NullArg(nullptr, "the client");
+  Begin(c);
+  if (load == nullptr) return NullArg(c, "load");
+  return Count(c, c->client->WaitLayers(LoadOf(load), layers, TimeoutOf(timeout_ms)));
+}
+
+int kvtier_stream_wait_layers(kvtier_client* c, const kvtier_device_load* load, uint32_t layers, uint64_t stream,
+                              int timeout_ms) {
+  if (c == nullptr) return NullArg(nullptr, "the client");
+  Begin(c);
+  if (load == nullptr) return NullArg(c, "load");
+  return Count(c, c->client->StreamWaitLayers(LoadOf(load), layers, stream, TimeoutOf(timeout_ms)));
+}
+
+int kvtier_finish_load(kvtier_client* c, const kvtier_device_load* load, int timeout_ms) {
+  if (c == nullptr) return NullArg(nullptr, "the client");
+  Begin(c);
+  if (load == nullptr) return NullArg(c, "load");
+  return Count(c, c->client->FinishLoad(LoadOf(load), TimeoutOf(timeout_ms)));
+}
+
+int kvtier_load_into_cache(kvtier_client* c, uint64_t registration, uint64_t lease, const kvtier_key* keys,
+                           size_t n, const uint32_t* pages, size_t n_pages) {
+  if (int rc = CheckKeys(c, keys, n); rc != 0) return rc;
+  Begin(c);
+  if (int rc = CheckPagesArg(c, pages, n_pages); rc != 0) return rc;
+  return Count(c, c->client->LoadIntoCache(registration, lease, Keys(keys, n), {pages, n_pages}));
+}
+
+int kvtier_scatter_to_cache(kvtier_client* c, uint64_t registration, const kvtier_block* blocks, size_t n,
+                            const uint32_t* pages, size_t n_pages, uint64_t stream, uint32_t first_layer,
+                            uint32_t layer_count) {
+  if (c == nullptr) return NullArg(nullptr, "the client");
+  Begin(c);
+  if (blocks == nullptr && n > 0) return NullArg(c, "blocks");
+  if (int rc = CheckPagesArg(c, pages, n_pages); rc != 0) return rc;
+  std::vector<kvtier::BlockView> views(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (blocks[i].data == nullptr) return Fail(c, KVTIER_EINVAL, "blocks[" + std::to_string(i) + "] has no data");
+    views[i] = kvtier::BlockView{static_cast<const std::byte*>(blocks[i].data), blocks[i].size,
+                                 static_cast<kvtier::TierKind>(blocks[i].tier)};
+  }
+  kvtier::Status s = c->client->ScatterToCache(registration, views, {pages, n_pages}, stream, first_layer, layer_count);
+  return s.ok() ? KVTIER_OK : Fail(c, s);
+}
+
+int kvtier_gather_from_cache(kvtier_client* c, uint64_t registration, uint64_t ticket, const uint32_t* pages,
+                             size_t n_pages, uint64_t stream) {
+  if (c == nullptr) return NullArg(nullptr, "the client");
+  Begin(c);
+  if (int rc = CheckPagesArg(c, pages, n_pages); rc != 0) return rc;
+  auto it = c->tickets.find(ticket);
+  if (it == c->tickets.end()) {
+    return Fail(c, KVTIER_ENOENT, "store ticket " + std::to_string(ticket) + " is not open in this client");
+  }
+  kvtier::Status s = c->client->GatherFromCache(registration, it->second, {pages, n_pages}, stream);
+  return s.ok() ? KVTIER_OK : Fail(c, s);
+}
+
+int kvtier_map_gpu_arena(kvtier_client* c, uint64_t* bytes) {
+  if (c == nullptr) return NullArg(nullptr, "the client");
+  Begin(c);
+  auto r = c->client->MapGpuArena();
+  if (!r.ok()) return Fail(c, r.status());
+  if (bytes != nullptr) *bytes = *r;
+  return KVTIER_OK;
+}
 
 }  // extern "C"

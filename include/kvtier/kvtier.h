@@ -6,8 +6,24 @@
  * counts the C++ API returns). kvtier_strerror() turns a code into text;
  * kvtier_last_error(c) gives the message of the last call on c: "" when it
  * succeeded. A failure without a client (kvtier_attach, or a NULL client)
- * leaves its message in kvtier_last_error(NULL), kept per thread. One client
- * serves one issuing thread.
+ * leaves its message in kvtier_last_error(NULL), kept per thread.
+ *
+ * Threads: a kvtier_client is used by one thread at a time (calls on one
+ * client are not synchronized; give each issuing thread its own client).
+ * Different clients may be used from different threads at once.
+ * kvtier_strerror is thread-safe; kvtier_last_error(NULL) is per thread.
+ *
+ * Ownership: the library owns the client (kvtier_detach frees it and
+ * everything it holds: leases are released, open stores aborted, KV-cache
+ * registrations dropped). Every pointer argument is borrowed for the call;
+ * output buffers of an asynchronous call are written when it completes and
+ * must stay valid until kvtier_poll returns 1 or kvtier_wait returns for it.
+ * Block memory (kvtier_block.data) belongs to the client's shared arena:
+ * a loaded block is readable until its lease is released, a store slot
+ * writable until its ticket is committed or aborted, and none outlives the
+ * client. Strings returned (kvtier_strerror, kvtier_last_error, kvtier_tenant)
+ * are owned by the library: kvtier_last_error's until the next call on that
+ * client (or thread), kvtier_tenant's until kvtier_detach.
  *
  * Example (error handling elided):
  *
@@ -165,9 +181,104 @@ int kvtier_poll(kvtier_client* c, kvtier_op op, int* status);
  * (KVTIER_ETIMEDOUT: still in flight, wait again; KVTIER_ENOENT as for poll). */
 int kvtier_wait(kvtier_client* c, kvtier_op op, int timeout_ms);
 
-/* Block size of the attached namespace, and its namespace id (32 bytes). */
+/* Asynchronous store, prefetch and release. kvtier_store_begin_async writes
+ * *ticket and blocks[0..n) when it completes; flags of the commit:
+ * KVTIER_COMMIT_DURABLE completes once the blocks are durable on NVMe. */
+#define KVTIER_COMMIT_DURABLE 1u
+int kvtier_store_begin_async(kvtier_client* c, const kvtier_key* keys, size_t n, uint64_t* ticket,
+                             kvtier_block* blocks, kvtier_op* op);
+int kvtier_store_commit_async(kvtier_client* c, uint64_t ticket, uint32_t flags, kvtier_op* op);
+int kvtier_prefetch_async(kvtier_client* c, const kvtier_key* keys, size_t n, uint32_t* promoted, kvtier_op* op);
+int kvtier_release_async(kvtier_client* c, uint64_t lease, kvtier_op* op);
+/* Operations submitted and not yet taken by kvtier_poll / kvtier_wait. */
+int kvtier_in_flight(const kvtier_client* c);
+
+/* An empty round trip (health checks, latency). */
+int kvtier_ping(kvtier_client* c);
+/* 1 while the session is up, 0 once the daemon closed it or went away (every
+ * call then fails with the reason; attach again). */
+int kvtier_connected(const kvtier_client* c);
+
+/* What the daemon assigned at attach: block size in bytes and tokens, the
+ * namespace id (32 bytes), the session id, the tenant's name. */
 uint64_t kvtier_block_bytes(const kvtier_client* c);
+uint32_t kvtier_block_tokens(const kvtier_client* c);
 void kvtier_namespace_id(const kvtier_client* c, uint8_t out[32]);
+uint64_t kvtier_session_id(const kvtier_client* c);
+const char* kvtier_tenant(const kvtier_client* c);
+
+/* ---- Engine KV caches -----------------------------------------------------
+ * An engine registers its paged KV cache; kvtierd then gathers blocks from
+ * its pages (kvtier_store_from_cache) and scatters loads into them layer by
+ * layer (kvtier_load_into_cache_async + kvtier_wait_layers). Pages are
+ * [page_tokens, kv_heads, head_dim] of K and of V per layer, page_stride
+ * bytes apart. `pages` lists, key after key, block_tokens / page_tokens page
+ * ids per key. */
+typedef struct {
+  const void* base; /* a CUDA region: what cudaMalloc returned; a host one: where the memfd is mapped */
+  uint64_t bytes;
+  int memfd;        /* -1 for CUDA device memory; else a memfd sealed against shrinking */
+} kvtier_memory_region;
+
+typedef struct {
+  uint32_t layers;
+  uint32_t page_tokens;   /* the engine's block size; divides the namespace's block_tokens */
+  uint32_t kv_heads;      /* this rank's KV heads */
+  uint32_t head_dim;
+  const char* dtype;      /* f16, bf16, f32, fp8_e4m3, int8 (NULL: f16) */
+  const char* codec;      /* none, int8, fp8 (NULL: none): how kvtier keeps blocks */
+  uint64_t num_pages;
+  uint64_t page_stride;   /* bytes between pages; 0: one page */
+  const void* const* k_layers; /* layers entries: page 0 of each layer's K */
+  const void* const* v_layers; /* and of its V */
+  const kvtier_memory_region* regions; /* every address above lies in one */
+  size_t n_regions;
+} kvtier_kv_cache_layout;
+
+/* A daemon-driven load in flight (kvtier_load_into_cache_async). */
+typedef struct {
+  uint64_t op;
+  uint32_t layers;
+  uint64_t registration;
+} kvtier_device_load;
+
+/* Bytes of one kvtier block of this layout's shape over block_tokens tokens:
+ * the block_bytes to attach with before registering. */
+int kvtier_kv_block_bytes(const kvtier_kv_cache_layout* layout, uint32_t block_tokens, uint64_t* out);
+int kvtier_register_kv_cache(kvtier_client* c, const kvtier_kv_cache_layout* layout, uint64_t* registration);
+int kvtier_unregister_kv_cache(kvtier_client* c, uint64_t registration);
+/* Returns the blocks written (the rest were already cached). */
+int kvtier_store_from_cache(kvtier_client* c, uint64_t registration, const kvtier_key* keys, size_t n,
+                            const uint32_t* pages, size_t n_pages);
+int kvtier_load_into_cache_async(kvtier_client* c, uint64_t registration, uint64_t lease, const kvtier_key* keys,
+                                 size_t n, const uint32_t* pages, size_t n_pages, kvtier_device_load* load);
+/* Layers of the load already in the pages (never blocks). */
+int kvtier_layers_ready(const kvtier_client* c, const kvtier_device_load* load);
+/* Until the first `layers` layers are in the pages; returns the blocks the
+ * load covers (a prefix: recompute the rest). timeout_ms < 0: 30 s. */
+int kvtier_wait_layers(kvtier_client* c, const kvtier_device_load* load, uint32_t layers, int timeout_ms);
+/* Makes CUDA `stream` (a cudaStream_t) wait on the device for the first
+ * `layers` layers; a host-memory cache waits here instead. Returns the
+ * blocks the load covers. */
+int kvtier_stream_wait_layers(kvtier_client* c, const kvtier_device_load* load, uint32_t layers, uint64_t stream,
+                              int timeout_ms);
+/* Waits for the whole load and ends it; returns the blocks loaded. */
+int kvtier_finish_load(kvtier_client* c, const kvtier_device_load* load, int timeout_ms);
+/* kvtier_load_into_cache_async + kvtier_finish_load. */
+int kvtier_load_into_cache(kvtier_client* c, uint64_t registration, uint64_t lease, const kvtier_key* keys,
+                           size_t n, const uint32_t* pages, size_t n_pages);
+/* Client-driven copies on the engine's own stream (ignored, and done at once,
+ * for a host-memory cache): loaded blocks (from kvtier_load) into pages,
+ * layers [first_layer, first_layer + layer_count) (0: all); and pages into
+ * the needed slots of an open store (from kvtier_store_begin), then commit. */
+int kvtier_scatter_to_cache(kvtier_client* c, uint64_t registration, const kvtier_block* blocks, size_t n,
+                            const uint32_t* pages, size_t n_pages, uint64_t stream, uint32_t first_layer,
+                            uint32_t layer_count);
+int kvtier_gather_from_cache(kvtier_client* c, uint64_t registration, uint64_t ticket, const uint32_t* pages,
+                             size_t n_pages, uint64_t stream);
+/* Maps the tenant's GPU-tier arena so leased lookups can report GPU blocks;
+ * *bytes (may be NULL) gets its size. KVTIER_ENOENT without a GPU tier. */
+int kvtier_map_gpu_arena(kvtier_client* c, uint64_t* bytes);
 
 const char* kvtier_strerror(int code);
 /* Message of the last call on c, "" when it succeeded (valid until the next
