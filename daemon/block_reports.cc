@@ -57,6 +57,15 @@ std::vector<TenantUsage> BlockStore::Usage() const {
     tu.blocks = u.used_slots;
     tu.pinned_blocks = t->pinned.load(std::memory_order_relaxed);
     tu.evictions = t->evictions.load(std::memory_order_relaxed);
+    const HostResidency::Hits& h = t->hits;
+    tu.lookups = h.lookups.load(std::memory_order_relaxed);
+    tu.lookup_hits = h.lookup_hits.load(std::memory_order_relaxed);
+    tu.blocks_queried = h.blocks_queried.load(std::memory_order_relaxed);
+    tu.blocks_hit = h.blocks_hit.load(std::memory_order_relaxed);
+    tu.blocks_hit_nvme = h.blocks_hit_nvme.load(std::memory_order_relaxed);
+    tu.blocks_hit_remote = h.blocks_hit_remote.load(std::memory_order_relaxed);
+    tu.tokens_queried = h.tokens_queried.load(std::memory_order_relaxed);
+    tu.tokens_hit = h.tokens_hit.load(std::memory_order_relaxed);
     tu.quota = t->Quota();
     tu.classes = t->host->Classes();
     for (const SlotAllocator::ClassUsage& c : tu.classes) tu.stranded_bytes += c.stranded_bytes;

@@ -263,6 +263,11 @@ absl::StatusOr<uint32_t> BlockStore::Lookup(SessionHoldings& s, std::span<const 
   books_.stats->lookups.Add();
   books_.stats->blocks_queried.Add(keys.size());
   books_.stats->tokens_queried.Add(keys.size() * s.ns.block_tokens);
+  HostResidency::Hits& th = books_.tenants[s.ns.tenant]->hits;
+  constexpr auto kRelaxed = std::memory_order_relaxed;
+  th.lookups.fetch_add(1, kRelaxed);
+  th.blocks_queried.fetch_add(keys.size(), kRelaxed);
+  th.tokens_queried.fetch_add(keys.size() * s.ns.block_tokens, kRelaxed);
   ObserveRequest(s, keys);
   if (h.hit == 0) return 0u;
   books_.stats->lookup_hits.Add();
@@ -270,6 +275,11 @@ absl::StatusOr<uint32_t> BlockStore::Lookup(SessionHoldings& s, std::span<const 
   books_.stats->blocks_hit_nvme.Add(h.below_host - h.in_shared);
   books_.stats->blocks_hit_remote.Add(h.in_shared);
   books_.stats->tokens_hit.Add(uint64_t{h.hit} * s.ns.block_tokens);
+  th.lookup_hits.fetch_add(1, kRelaxed);
+  th.blocks_hit.fetch_add(h.hit, kRelaxed);
+  th.blocks_hit_nvme.fetch_add(h.below_host - h.in_shared, kRelaxed);
+  th.blocks_hit_remote.fetch_add(h.in_shared, kRelaxed);
+  th.tokens_hit.fetch_add(uint64_t{h.hit} * s.ns.block_tokens, kRelaxed);
   TouchHits(*books_.tenants[s.ns.tenant], h);
   *lease_id = s.next_id++;
   if (h.lower_pinned_bytes != 0) {

@@ -107,6 +107,9 @@ struct TenantUsage {
   uint64_t blocks = 0;         // host slots in use (ready, being written or loaded)
   uint64_t pinned_blocks = 0;  // blocks with at least one lease
   uint64_t evictions = 0;
+  // Leased lookups and what they found (BlockStore::Lookup), per tenant.
+  uint64_t lookups = 0, lookup_hits = 0, blocks_queried = 0, blocks_hit = 0, blocks_hit_nvme = 0,
+           blocks_hit_remote = 0, tokens_queried = 0, tokens_hit = 0;
   uint64_t host_tokens = 0;  // resident in the host arena
   uint64_t nvme_bytes = 0, nvme_tokens = 0;
   TenantQuota quota;

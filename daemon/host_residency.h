@@ -122,6 +122,11 @@ class HostResidency {
   // more would make another tenant within its share drop new blocks.
   std::atomic<uint64_t> lower_pinned_bytes{0};
   std::atomic<uint64_t> evictions{0};
+  // This tenant's leased lookups and what they found ([metrics] per_tenant).
+  struct Hits {
+    std::atomic<uint64_t> lookups{0}, lookup_hits{0}, blocks_queried{0}, blocks_hit{0}, blocks_hit_nvme{0},
+        blocks_hit_remote{0}, tokens_queried{0}, tokens_hit{0};
+  } hits;
   // Lookups of this tenant waiting on the shared tier now (BlockStore::
   // ProbeShared): at most kMaxSharedProbesPerTenant, so one tenant's
   // sessions cannot flood the cluster every node shares.

@@ -139,6 +139,48 @@ std::string PrometheusText(const StatusSnapshot& s, bool detailed) {
            "partial last block is never cached, so it is neither queried nor found.");
   w.Sample("kvtier_reused_token_ratio", "", Ratio(st.tokens_hit.Get(), st.tokens_queried.Get()));
 
+  // Per tenant, where the operator opted in ([metrics] per_tenant, or a
+  // token_file): one series per tenant, so as many as [[tenants]] entries.
+  if (detailed) {
+    const std::tuple<const char*, const char*, uint64_t TenantUsage::*> per_tenant[] = {
+        {"kvtier_tenant_lookups_total", "Leased lookups of the tenant.", &TenantUsage::lookups},
+        {"kvtier_tenant_lookup_hits_total", "Leased lookups of the tenant that hit at least one block.",
+         &TenantUsage::lookup_hits},
+        {"kvtier_tenant_blocks_queried_total", "Blocks the tenant's leased lookups asked for.",
+         &TenantUsage::blocks_queried},
+        {"kvtier_tenant_tokens_queried_total", "Tokens covered by the blocks the tenant's leased lookups asked for.",
+         &TenantUsage::tokens_queried},
+        {"kvtier_tenant_tokens_reused_total", "Tokens covered by the blocks the tenant's leased lookups found.",
+         &TenantUsage::tokens_hit},
+        {"kvtier_tenant_evictions_total", "Host blocks of the tenant evicted.", &TenantUsage::evictions}};
+    for (const auto& [family, help, field] : per_tenant) {
+      w.Family(family, "counter", help);
+      for (const StatusSnapshot::Tenant& t : s.tenants) {
+        w.Sample(family, "tenant=\"" + Esc(t.usage.name) + "\"", double(t.usage.*field));
+      }
+    }
+    w.Family("kvtier_tenant_blocks_hit_total", "counter",
+             "Blocks the tenant's leased lookups found, by the tier they were in.");
+    for (const StatusSnapshot::Tenant& t : s.tenants) {
+      const TenantUsage& u = t.usage;
+      const std::string who = "tenant=\"" + Esc(u.name) + "\",";
+      const uint64_t lower = u.blocks_hit_nvme + u.blocks_hit_remote;
+      w.Sample("kvtier_tenant_blocks_hit_total", who + "tier=\"host\"", double(u.blocks_hit - std::min(u.blocks_hit, lower)));
+      w.Sample("kvtier_tenant_blocks_hit_total", who + "tier=\"nvme\"", double(u.blocks_hit_nvme));
+      w.Sample("kvtier_tenant_blocks_hit_total", who + "tier=\"remote\"", double(u.blocks_hit_remote));
+    }
+    const std::tuple<const char*, const char*, uint64_t TenantUsage::*> tenant_gauges[] = {
+        {"kvtier_tenant_host_used_bytes", "Host arena bytes the tenant's blocks use.", &TenantUsage::used_bytes},
+        {"kvtier_tenant_host_capacity_bytes", "The tenant's host arena.", &TenantUsage::capacity_bytes},
+        {"kvtier_tenant_nvme_bytes", "NVMe bytes the tenant's blocks use.", &TenantUsage::nvme_bytes}};
+    for (const auto& [family, help, field] : tenant_gauges) {
+      w.Family(family, "gauge", help);
+      for (const StatusSnapshot::Tenant& t : s.tenants) {
+        w.Sample(family, "tenant=\"" + Esc(t.usage.name) + "\"", double(t.usage.*field));
+      }
+    }
+  }
+
   // The trust boundary: requests and connections refused by a limit.
   w.Family("kvtier_refused_total", "counter",
            "Requests and connections refused by a per-tenant limit or a rule of the trust boundary, by reason.");

@@ -127,7 +127,24 @@ TEST(StatusSnapshotTest, TheJsonAndThePrometheusTextSayTheSame) {
   EXPECT_EQ(Sample(p, "kvtier_tier_healthy{tier=\"memory\"}"), 0);
   // Tenants and sessions; label values are escaped.
   EXPECT_EQ(j["tenants"][0]["name"], "team\"a");
-  const std::string detailed = PrometheusText(s, true);
+  StatusSnapshot with_hits = Distinct();
+  TenantUsage& u = with_hits.tenants[0].usage;
+  u.lookups = 11;
+  u.lookup_hits = 7;
+  u.blocks_hit = 20;
+  u.blocks_hit_nvme = 5;
+  u.blocks_hit_remote = 3;
+  u.tokens_queried = 640;
+  u.tokens_hit = 320;
+  const std::string detailed = PrometheusText(with_hits, true);
+  // Per tenant: its lookups, and its hits by the tier they came from.
+  EXPECT_EQ(Sample(detailed, "kvtier_tenant_lookups_total{tenant=\"team\\\"a\"}"), 11);
+  EXPECT_EQ(Sample(detailed, "kvtier_tenant_lookup_hits_total{tenant=\"team\\\"a\"}"), 7);
+  EXPECT_EQ(Sample(detailed, "kvtier_tenant_blocks_hit_total{tenant=\"team\\\"a\",tier=\"host\"}"), 12);
+  EXPECT_EQ(Sample(detailed, "kvtier_tenant_blocks_hit_total{tenant=\"team\\\"a\",tier=\"nvme\"}"), 5);
+  EXPECT_EQ(Sample(detailed, "kvtier_tenant_blocks_hit_total{tenant=\"team\\\"a\",tier=\"remote\"}"), 3);
+  EXPECT_EQ(Sample(detailed, "kvtier_tenant_tokens_reused_total{tenant=\"team\\\"a\"}"), 320);
+  EXPECT_EQ(p.find("kvtier_tenant_"), std::string::npos) << "per-tenant series only where the operator opted in";
   EXPECT_EQ(Sample(detailed, "kvtier_host_block_size_bytes{tenant=\"team\\\"a\",slot_bytes=\"4096\",state=\"used\"}"), 8192);
   EXPECT_EQ(Sample(detailed, "kvtier_host_block_size_bytes{tenant=\"team\\\"a\",slot_bytes=\"4096\",state=\"idle\"}"),
             65536 - 8192 - 4096);

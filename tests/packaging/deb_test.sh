@@ -32,7 +32,8 @@ deb() { ls "$scratch"/pkg/"$1"_"$version"_*.deb; }
 declare -A want=(
   [kvtierd]="./usr/bin/kvtierd ./usr/lib/systemd/system/kvtierd.service ./usr/lib/sysusers.d/kvtier.conf
              ./usr/lib/tmpfiles.d/kvtier.conf ./etc/kvtier/kvtierd.toml ./usr/share/kvtier/ledger.lua
-             ./usr/share/man/man8/kvtierd.8.gz ./usr/share/man/man5/kvtierd.toml.5.gz"
+             ./usr/share/man/man8/kvtierd.8.gz ./usr/share/man/man5/kvtierd.toml.5.gz
+             ./usr/share/kvtier/kvtier-dashboard.json"
   [libkvtier0]="./$lib/libkvtier.so.0 ./$lib/libkvtier.so.$version"
   [libkvtier-dev]="./usr/include/kvtier/kvtier.h ./usr/include/kvtier/client.h ./usr/include/kvtier/types.h
                    ./$lib/libkvtier.so ./$lib/cmake/kvtier/kvtierConfig.cmake ./$lib/pkgconfig/kvtier.pc"
