@@ -5,17 +5,13 @@
 set -euo pipefail
 kvtierd=${1:?usage: c_abi_test.sh KVTIERD C_ABI_TEST}
 program=${2:?usage: c_abi_test.sh KVTIERD C_ABI_TEST}
+# shellcheck source=../support/kvtierd.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../support/kvtierd.sh"
 scratch=$(mktemp -d)
 cleanup() {
-  if [ -n "${pid:-}" ]; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi
+  kvtierd_stop
   rm -rf "$scratch"
 }
 trap cleanup EXIT
-mkdir -p "$scratch/run"
-printf '[daemon]\nrun_dir = "%s/run"\ndata_dir = "%s/data"\ndevice = "sim"\n[tiers.nvme]\ncapacity = 0\n[metrics]\nenabled = false\n' \
-  "$scratch" "$scratch" >"$scratch/kvtierd.toml"
-"$kvtierd" --config "$scratch/kvtierd.toml" 2>"$scratch/kvtierd.log" &
-pid=$!
-for _ in $(seq 600); do [ -S "$scratch/run/kvtierd.sock" ] && break; sleep 0.05; done
-[ -S "$scratch/run/kvtierd.sock" ] || { cat "$scratch/kvtierd.log" >&2; echo "FAIL: kvtierd did not start" >&2; exit 1; }
-"$program" "$scratch/run/kvtierd.sock" || { tail -20 "$scratch/kvtierd.log" >&2; exit 1; }
+kvtierd_start "$kvtierd" "$scratch" || exit 1
+"$program" "$KVTIERD_SOCK" || { tail -20 "$scratch/kvtierd.log" >&2; exit 1; }

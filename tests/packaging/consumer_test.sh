@@ -11,8 +11,10 @@ build=$(cd "${2:?usage: consumer_test.sh SOURCE_DIR BUILD_DIR}" && pwd)
 fail() { echo "FAIL: $*" >&2; exit 1; }
 command -v pkg-config >/dev/null || { echo "SKIP: no pkg-config"; exit 77; }
 scratch=$(mktemp -d)
+# shellcheck source=../support/kvtierd.sh
+. "$src/tests/support/kvtierd.sh"
 cleanup() {
-  if [ -n "${pid:-}" ]; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi
+  kvtierd_stop
   rm -rf "$scratch"
 }
 trap cleanup EXIT
@@ -28,14 +30,8 @@ done
 export LD_LIBRARY_PATH=$libdir
 
 # A daemon for the consumers (the build's own).
-mkdir -p "$scratch/run"
-printf '[daemon]\nrun_dir = "%s/run"\ndata_dir = "%s/data"\ndevice = "sim"\n[tiers.nvme]\ncapacity = 0\n[metrics]\nenabled = false\n' \
-  "$scratch" "$scratch" >"$scratch/kvtierd.toml"
-"$build/daemon/kvtierd" --config "$scratch/kvtierd.toml" 2>"$scratch/kvtierd.log" &
-pid=$!
-for _ in $(seq 300); do [ -S "$scratch/run/kvtierd.sock" ] && break; sleep 0.05; done
-[ -S "$scratch/run/kvtierd.sock" ] || { cat "$scratch/kvtierd.log" >&2; fail "kvtierd did not start"; }
-sock=$scratch/run/kvtierd.sock
+kvtierd_start "$build/daemon/kvtierd" "$scratch" || exit 1
+sock=$KVTIERD_SOCK
 
 # 1. CMake: find_package(kvtier CONFIG) -> kvtier::kvtier.
 cmake -S "$src/tests/packaging/consumer" -B "$scratch/cmake-build" -DCMAKE_PREFIX_PATH="$stage/usr" \
