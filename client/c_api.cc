@@ -13,6 +13,7 @@
 struct kvtier_client {
   std::unique_ptr<kvtier::Client> client;
   std::string last_error;
+  std::string hash_name;  // kvtier_hash_name's, NUL-terminated for the client's life
   // Async C operations whose results are translated when they complete.
   struct Pending {
     kvtier::LookupResult lookup;
@@ -137,6 +138,7 @@ int kvtier_attach(const char* socket_path, const kvtier_namespace_desc* ns, kvti
   auto* c = new (std::nothrow) kvtier_client;
   if (c == nullptr) return Fail(nullptr, KVTIER_ENOMEM, "out of memory for the client");
   c->client = std::move(*client);
+  c->hash_name = std::string(kvtier::HashAlgorithmName(c->client->hash()));
   *out = c;
   return KVTIER_OK;
 }
@@ -338,6 +340,8 @@ uint32_t kvtier_block_tokens(const kvtier_client* c) { return c ? c->client->blo
 uint64_t kvtier_session_id(const kvtier_client* c) { return c ? c->client->session_id() : 0; }
 
 const char* kvtier_tenant(const kvtier_client* c) { return c ? c->client->tenant().c_str() : ""; }
+
+const char* kvtier_hash_name(const kvtier_client* c) { return c ? c->hash_name.c_str() : ""; }
 
 int kvtier_connected(const kvtier_client* c) { return c != nullptr && c->client->connected() ? 1 : 0; }
 
@@ -550,7 +554,15 @@ int kvtier_scatter_to_cache(kvtier_client* c, uint64_t registration, const kvtie
   Begin(c);
   if (blocks == nullptr && n > 0) return NullArg(c, "blocks");
   if (int rc = CheckPagesArg(c, pages, n_pages); rc != 0) return rc;
-  std::vector<kvtier::BlockView> views(n);
+  if (n > n_pages) {  // each block needs its pages; also bounds the allocation below by the caller's own arrays
+    return Fail(c, KVTIER_EINVAL, std::to_string(n) + " blocks for " + std::to_string(n_pages) + " pages");
+  }
+  std::vector<kvtier::BlockView> views;
+  try {
+    views.resize(n);
+  } catch (const std::exception&) {
+    return Fail(c, KVTIER_ENOMEM, "out of memory for " + std::to_string(n) + " block views");
+  }
   for (size_t i = 0; i < n; ++i) {
     if (blocks[i].data == nullptr) return Fail(c, KVTIER_EINVAL, "blocks[" + std::to_string(i) + "] has no data");
     views[i] = kvtier::BlockView{static_cast<const std::byte*>(blocks[i].data), blocks[i].size,

@@ -311,7 +311,9 @@ Result<uint32_t> Client::StreamWaitLayers(const DeviceLoad& load, uint32_t layer
   // Once armed, each layer's event stands behind this load's layer.
   Result<uint32_t> blocks = WaitProgress(c, load, &ipc::DeviceLoadProgress::armed, 1, timeout);
   if (!blocks.ok() || *blocks == 0) return blocks;
-  layers = std::min(layers, load.layers);
+  // load.layers is the caller's word; the registration's events bound it.
+  const size_t events = kc->second.cuda ? kc->second.cuda_events.ids.size() : kc->second.shared_events.size();
+  layers = static_cast<uint32_t>(std::min<size_t>({layers, load.layers, events}));
   for (uint32_t l = 0; l < layers; ++l) {
     if (kc->second.cuda) {
       if (absl::Status s = kernels::CudaStreamWaitEvent(stream, kc->second.cuda_events.ids[l]); !s.ok()) {

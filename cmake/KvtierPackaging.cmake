@@ -91,4 +91,11 @@ set(CPACK_COMPONENT_KVTIER-TOOLS_DEPENDS libkvtier0)
 set(CPACK_COMPONENT_KVTIER-TOOLS_DESCRIPTION
     "kvtier administration and measurement tools\n kvtierctl inspects and steers a running kvtierd; kvtier-replay replays\n request traces through it or simulates eviction policies; kvtier-bench\n runs microbenchmarks against baselines measured in the same run.")
 
+# Until 0.1.0 everything came in one package, kvtier: each of these takes
+# over its files.
+foreach(comp KVTIERD LIBKVTIER0 LIBKVTIER-DEV PYTHON3-KVTIER KVTIER-TOOLS)
+  set(CPACK_DEBIAN_${comp}_PACKAGE_CONFLICTS "kvtier")
+  set(CPACK_DEBIAN_${comp}_PACKAGE_REPLACES "kvtier")
+endforeach()
+
 include(CPack)

@@ -15,15 +15,17 @@
  *
  * Ownership: the library owns the client (kvtier_detach frees it and
  * everything it holds: leases are released, open stores aborted, KV-cache
- * registrations dropped). Every pointer argument is borrowed for the call;
- * output buffers of an asynchronous call are written when it completes and
- * must stay valid until kvtier_poll returns 1 or kvtier_wait returns for it.
+ * registrations dropped; finish every daemon-driven load first, or the daemon
+ * may still be writing the pages after kvtier_detach returns). Every pointer
+ * argument is borrowed for the call; output buffers of an asynchronous call
+ * are written when it completes and must stay valid until kvtier_poll
+ * returns 1 or kvtier_wait returns anything but KVTIER_ETIMEDOUT for it.
  * Block memory (kvtier_block.data) belongs to the client's shared arena:
  * a loaded block is readable until its lease is released, a store slot
  * writable until its ticket is committed or aborted, and none outlives the
- * client. Strings returned (kvtier_strerror, kvtier_last_error, kvtier_tenant)
- * are owned by the library: kvtier_last_error's until the next call on that
- * client (or thread), kvtier_tenant's until kvtier_detach.
+ * client. Strings returned (kvtier_strerror, kvtier_last_error, kvtier_tenant,
+ * kvtier_hash_name) are owned by the library: kvtier_last_error's until the
+ * next call on that client (or thread), the others' until kvtier_detach.
  *
  * Example (error handling elided):
  *
@@ -168,7 +170,8 @@ int kvtier_invalidate_namespace(kvtier_client* c);
 int kvtier_report_prefill(kvtier_client* c, uint64_t cached_tokens, uint64_t computed_tokens, uint64_t elapsed_ns);
 
 /* Asynchronous forms: the output buffers must stay valid until the operation
- * completes (kvtier_poll returns 1 or kvtier_wait returns). */
+ * completes (kvtier_poll returns 1, or kvtier_wait returns anything but
+ * KVTIER_ETIMEDOUT). */
 int kvtier_lookup_async(kvtier_client* c, const kvtier_key* keys, size_t n, uint32_t flags,
                         kvtier_lookup_result* result, uint8_t* tiers, kvtier_op* op);
 int kvtier_load_async(kvtier_client* c, uint64_t lease, const kvtier_key* keys, size_t n,
@@ -206,6 +209,9 @@ uint32_t kvtier_block_tokens(const kvtier_client* c);
 void kvtier_namespace_id(const kvtier_client* c, uint8_t out[32]);
 uint64_t kvtier_session_id(const kvtier_client* c);
 const char* kvtier_tenant(const kvtier_client* c);
+/* The daemon's block-key hash ("sha256", "xxh3-128"): kvtier_compute_keys
+ * uses it; an engine that computes keys itself must match it. */
+const char* kvtier_hash_name(const kvtier_client* c);
 
 /* ---- Engine KV caches -----------------------------------------------------
  * An engine registers its paged KV cache; kvtierd then gathers blocks from
@@ -252,10 +258,17 @@ int kvtier_store_from_cache(kvtier_client* c, uint64_t registration, const kvtie
                             const uint32_t* pages, size_t n_pages);
 int kvtier_load_into_cache_async(kvtier_client* c, uint64_t registration, uint64_t lease, const kvtier_key* keys,
                                  size_t n, const uint32_t* pages, size_t n_pages, kvtier_device_load* load);
-/* Layers of the load already in the pages (never blocks). */
+/* Layers of the load already in the pages (never blocks). It does not see a
+ * load that failed: poll with kvtier_wait_layers(c, load, load->layers, 0),
+ * which returns the blocks once every layer is in, an error once the load
+ * failed, and KVTIER_ETIMEDOUT while it is in flight. */
 int kvtier_layers_ready(const kvtier_client* c, const kvtier_device_load* load);
 /* Until the first `layers` layers are in the pages; returns the blocks the
- * load covers (a prefix: recompute the rest). timeout_ms < 0: 30 s. */
+ * load covers (a prefix: recompute the rest). In these three waits,
+ * timeout_ms < 0 means 30 s (not "no limit" as in kvtier_wait), and
+ * KVTIER_ETIMEDOUT means the load is still in flight: the daemon may still
+ * write the pages, so finish it (kvtier_finish_load until it returns
+ * something else) before recomputing into them. */
 int kvtier_wait_layers(kvtier_client* c, const kvtier_device_load* load, uint32_t layers, int timeout_ms);
 /* Makes CUDA `stream` (a cudaStream_t) wait on the device for the first
  * `layers` layers; a host-memory cache waits here instead. Returns the

@@ -615,6 +615,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         self._async_loads: dict[str, _LoadInFlight] = {}
         self._step_saves: list[_SaveInFlight] = []
         self._saves_begun = False  # this step's store_begin calls are made
+        self._stream_synced = False  # the engine's CUDA stream was synchronized this step
         self._failed_reqs: set[str] = set()
         self._step_started = 0.0
         # Groups whose pages kvtierd moves itself (a registered cache), and
@@ -745,6 +746,17 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             part.hit = min(hit.hit_blocks, len(rng.keys))
             if part.hit and self._regs[rng.group] is not None:
                 # kvtierd scatters the blocks into the pages itself, layer by layer.
+                paged = self._paged[rng.group]
+                part.cuda_device = paged.device if paged.cuda else None
+                if paged.cuda and not self._stream_synced:
+                    # The pages were just given to this request; kernels of
+                    # an earlier step queued on the engine's stream may still
+                    # use them. The daemon's copies are not ordered after
+                    # that stream, so wait for it once per step.
+                    import torch
+
+                    torch.cuda.current_stream(paged.device).synchronize()
+                    self._stream_synced = True
                 part.dl = client.load_into_cache_async(self._regs[rng.group], hit.lease, rng.keys[:part.hit],
                                                        rng.block_ids[:part.hit])
             elif part.hit:
@@ -762,7 +774,13 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             self._after_prefetch(part, 0.0)
             return self._part_ready(part)
         if part.dl is not None:
-            return part.dl.layers_ready() >= part.dl.layers or not part.client.connected
+            # Every layer in, or the load failed or ended (the wait collects
+            # its completion); never blocks.
+            try:
+                part.dl.wait_layers(part.dl.layers, 0.0)
+                return True
+            except KvtierError as e:
+                return getattr(e, "code", None) != -errno.ETIMEDOUT
         return part.op is None or part.op.poll()
 
     def _after_prefetch(self, part: "_PartLoad", timeout: float) -> None:
@@ -776,6 +794,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
 
     def start_load_kv(self, forward_context, **kwargs: Any) -> None:
         self._step_started = time.perf_counter()
+        self._stream_synced = False
         meta = self._connector_metadata
         if not isinstance(meta, KvtierConnectorMetadata):
             return
@@ -826,14 +845,14 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         """Until kvtierd's load has put the group's first `layers` layers in
         the pages (a CUDA cache: until the engine's stream waits for them)."""
         try:
-            if self._paged[part.range.group].cuda:
+            if part.cuda_device is not None:
                 import torch
 
-                stream = torch.cuda.current_stream(self._paged[part.range.group].device).cuda_stream
+                stream = torch.cuda.current_stream(part.cuda_device).cuda_stream
                 n = part.dl.stream_wait_layers(layers, stream, self._opts.load_timeout_s)
             else:
                 n = part.dl.wait_layers(layers, self._opts.load_timeout_s)
-        except KvtierError as e:
+        except Exception as e:  # noqa: BLE001 - whatever it was, the engine recomputes; it never crashes
             part.error = e
             self._drain(part)
             n = 0
@@ -1153,7 +1172,11 @@ def _memfd_regions(spans: list) -> "list | str":
     the spans lie in, found through /proc/self/maps. Memory from malloc or
     torch's allocator is in no memfd: it is copied instead."""
     maps = []
-    with open("/proc/self/maps") as f:
+    try:
+        f = open("/proc/self/maps")
+    except OSError as e:
+        return f"/proc/self/maps cannot be read ({e})"
+    with f:
         for line in f:
             parts = line.split(maxsplit=5)
             if len(parts) < 6 or not parts[5].startswith("/memfd:"):
@@ -1174,11 +1197,16 @@ def _memfd_regions(spans: list) -> "list | str":
             return "the cache is not in CUDA memory or a memfd (copies through the host arena)"
         if m[3] not in fds:
             return "the memfd the cache lies in is not open in this process"
+        # kvtierd maps the memfd and finds an address at its offset from
+        # base: the whole span must be in this one mapping (another mapping
+        # of the same memfd elsewhere would put other bytes at those offsets).
+        if hi > m[1]:
+            return "a layer's cache runs past the mapping of its memfd"
         base = m[0] - m[2]
         size = os.fstat(fds[m[3]]).st_size
         if hi > base + size:
             return "a layer's cache runs past the end of its memfd"
-        regions[m[3]] = (base, size, fds[m[3]])
+        regions[(m[3], base)] = (base, size, fds[m[3]])
     return _bounded(list(regions.values()))
 
 
@@ -1284,6 +1312,7 @@ class _PartLoad:
         self.prefetched = False
         self.error: Exception | None = None
         self.dl = None                    # kvtierd's own load into a registered cache
+        self.cuda_device = None           # its pages' CUDA device (None: host memory)
         self.loaded: int | None = None    # blocks known to be in the pages (None: not yet known)
         self.views: list = []
         self.src: np.ndarray | None = None

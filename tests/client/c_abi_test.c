@@ -86,7 +86,8 @@ int main(int argc, char** argv) {
   CHECK(kvtier_block_tokens(c) == TOKENS, "block_tokens %u", kvtier_block_tokens(c));
   CHECK(kvtier_block_bytes(c) == LAYERS * LAYER_BLOCK_BYTES, "block_bytes");
   CHECK(kvtier_session_id(c) > 0, "session id");
-  CHECK(strlen(kvtier_tenant(c)) > 0, "tenant");
+  CHECK(strcmp(kvtier_tenant(c), "default") == 0, "tenant %s", kvtier_tenant(c));
+  CHECK(strcmp(kvtier_hash_name(c), "sha256") == 0, "hash %s", kvtier_hash_name(c));
   CHECK(kvtier_connected(c) == 1, "connected");
   CHECK(kvtier_ping(c) == 0, "ping: %s", kvtier_last_error(c));
   CHECK(kvtier_in_flight(c) == 0, "nothing in flight");

@@ -40,7 +40,8 @@ cmake --build "$scratch/cmake-build" >>"$scratch/cmake.log" 2>&1 \
   || { cat "$scratch/cmake.log" >&2; fail "the find_package consumers did not build"; }
 "$scratch/cmake-build/consumer" "$sock" || fail "the C consumer (find_package) failed"
 "$scratch/cmake-build/consumer_cxx" "$sock" || fail "the C++ consumer (find_package) failed"
-ldd "$scratch/cmake-build/consumer" | grep -q "$libdir/libkvtier.so.0" || fail "the consumer did not link the installed libkvtier"
+deps=$(ldd "$scratch/cmake-build/consumer")
+grep -q "$libdir/libkvtier.so.0" <<<"$deps" || fail "the consumer did not link the installed libkvtier"
 
 # 2. pkg-config (the staged root as sysroot: -I and -L point into it).
 export PKG_CONFIG_PATH=$libdir/pkgconfig PKG_CONFIG_SYSROOT_DIR=$stage

@@ -5,7 +5,8 @@
 # should not, binaries stripped (symbols in the .ddeb, found by build id),
 # dependencies from dpkg-shlibdeps plus the ones between the packages, dpkg
 # willing to install them here (--dry-run), lintian without errors, and the
-# daemon started from the packages unpacked into a throwaway root, serving the
+# daemon started from the packages unpacked into a throwaway root (with the
+# CUDA toolkit hidden where a mount namespace is permitted), serving the
 # packaged tools and Python module.
 #   tests/packaging/deb_test.sh BUILD_DIR
 set -euo pipefail
@@ -102,21 +103,29 @@ lintian --fail-on error --tag-display-limit 0 "$scratch"/pkg/*.deb >"$scratch/li
   || { cat "$scratch/lintian.log" >&2; fail "lintian finds errors"; }
 echo "ok: lintian finds no errors ($(grep -c '^W:' "$scratch/lintian.log" || true) warnings)"
 
-# -- the daemon from the unpacked packages
-root=$scratch/x
+# -- the daemon from the unpacked packages, with the CUDA toolkit hidden (an
+# empty tmpfs over it in a private mount namespace) where that is permitted
+cat >"$scratch/serve.sh" <<'SH'
+set -euo pipefail
+scratch=$1 root=$2 lib=$3 cuda=$4
+if [ -n "$cuda" ]; then
+  mount -t tmpfs -o size=1m,mode=755 kvtier-no-cuda "$cuda"
+  [ -z "$(ls -A "$cuda")" ] || { echo "FAIL: $cuda is still visible" >&2; exit 1; }
+fi
 export LD_LIBRARY_PATH=$root/$lib
 "$root/usr/bin/kvtierd" --config "$root/etc/kvtier/kvtierd.toml" --check-config >/dev/null \
-  || fail "the packaged kvtierd refuses the packaged config"
+  || { echo "FAIL: the packaged kvtierd refuses the packaged config" >&2; exit 1; }
 mkdir -p "$scratch/run"
 "$root/usr/bin/kvtierd" --config "$root/etc/kvtier/kvtierd.toml" --run-dir "$scratch/run" --data-dir "$scratch/data" \
   2>"$scratch/kvtierd.log" &
 pid=$!
+trap 'kill $pid 2>/dev/null || true; wait $pid 2>/dev/null || true' EXIT
 for _ in $(seq 300); do [ -S "$scratch/run/kvtierd.sock" ] && break; sleep 0.05; done
-[ -S "$scratch/run/kvtierd.sock" ] || { cat "$scratch/kvtierd.log" >&2; fail "the packaged kvtierd did not start"; }
+[ -S "$scratch/run/kvtierd.sock" ] || { cat "$scratch/kvtierd.log" >&2; echo "FAIL: the packaged kvtierd did not start" >&2; exit 1; }
 out=$("$root/usr/bin/kvtier-replay" --socket "$scratch/run/kvtierd.sock" --conversations 3 --turns 3 --json) \
-  || fail "the packaged kvtier-replay failed against it"
+  || { echo "FAIL: the packaged kvtier-replay failed against it" >&2; exit 1; }
 /usr/bin/python3 -c 'import json,sys; r=json.loads(sys.argv[1]); assert r["verify_failures"] == 0 and r["error"] == "" and r["blocks_loaded"] > 0, r' "$out" \
-  || fail "the replay's answer: $out"
+  || { echo "FAIL: the replay's answer: $out" >&2; exit 1; }
 PYTHONPATH=$root/usr/lib/python3/dist-packages /usr/bin/python3 -c '
 import sys, numpy as np, kvtier
 c = kvtier.Client.attach("deb-test/model", 16, 1024, socket=sys.argv[1], kv_dtype="f16", kv_layout="layer_major")
@@ -124,7 +133,19 @@ keys = c.compute_keys(np.arange(48, dtype=np.uint32))
 assert c.store(keys, np.full((len(keys), 1024), 7, dtype=np.uint8)) == len(keys)
 assert c.lookup(keys).hit_blocks == len(keys)
 assert kvtier.__file__.startswith(sys.argv[2]), kvtier.__file__
-' "$scratch/run/kvtierd.sock" "$root" || fail "the packaged Python module failed against it"
+' "$scratch/run/kvtierd.sock" "$root" || { echo "FAIL: the packaged Python module failed against it" >&2; exit 1; }
 "$root/usr/bin/kvtierctl" --socket "$scratch/run/kvtierd-admin.sock" status --json >/dev/null \
-  || fail "the packaged kvtierctl failed against it"
-echo "ok: unpacked into a throwaway root, the packaged kvtierd served kvtier-replay, the Python module and kvtierctl"
+  || { echo "FAIL: the packaged kvtierctl failed against it" >&2; exit 1; }
+SH
+cuda=$(readlink -f /usr/local/cuda 2>/dev/null || true)
+[ -d "$cuda" ] || cuda=
+if [ -n "$cuda" ] && [ "$(id -u)" = 0 ] && unshare --mount true 2>/dev/null; then
+  unshare --mount --propagation private -- bash "$scratch/serve.sh" "$scratch" "$scratch/x" "$lib" "$cuda" \
+    || fail "the packages did not serve with $cuda hidden"
+  hidden=" with $cuda hidden"
+else
+  bash "$scratch/serve.sh" "$scratch" "$scratch/x" "$lib" "" || fail "the packages did not serve"
+  hidden=""
+fi
+echo "ok: unpacked into a throwaway root$hidden, the packaged kvtierd served kvtier-replay, the Python module" \
+     "and kvtierctl"

@@ -18,6 +18,8 @@ grep -q '^KVTIER_HAVE_CUDA:INTERNAL=ON' "$build/CMakeCache.txt" 2>/dev/null \
 [ "$(id -u)" = 0 ] || skip "hiding the toolkit needs a mount namespace (root; CI runs as root)"
 command -v unshare >/dev/null || skip "no unshare (util-linux)"
 unshare --mount true 2>/dev/null || skip "unshare --mount is not permitted here"
+drivers=$(ldconfig -p 2>/dev/null || true)
+! grep -q 'libcuda\.so\.1 ' <<<"$drivers" || skip "this host has the NVIDIA driver (libcuda.so.1): kvtierd would use the GPU"
 
 scratch=$(mktemp -d)
 cleanup() {

@@ -61,5 +61,6 @@ packaged_unit=$(dpkg-deb --fsys-tarfile "$deb" | tar -xO ./usr/lib/systemd/syste
 grep -qx 'ExecStart=/usr/bin/kvtierd --config /etc/kvtier/kvtierd.toml' <<<"$packaged_unit" || fail "the packaged unit's ExecStart"
 conffiles=$(dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./conffiles)
 grep -qx /etc/kvtier/kvtierd.toml <<<"$conffiles" || fail "the config is not a conffile"
-dpkg-deb -f "$deb" Depends | grep -q systemd || fail "the .deb does not depend on systemd"
+depends=$(dpkg-deb -f "$deb" Depends)
+grep -q systemd <<<"$depends" || fail "the .deb does not depend on systemd"
 echo "ok: $(basename "$deb") holds the binaries, the unit, sysusers, tmpfiles and the config (a conffile)"
