@@ -118,9 +118,11 @@ void Daemon::OnAdminListen() {
                  : Error(absl::StrCat("permission denied: uid ", peer.ok() ? peer->uid : -1,
                                       " is neither root nor kvtierd's user, nor in its group")))
             .dump() + "\n";
-    (void)!send(fd, msg.data(), msg.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    // Logged before the answer goes: whoever reads the refusal can find its
+    // log line (tools_test read the log between the two and missed it).
     spdlog::warn("event=admin_refused uid={} reason={}", peer.ok() ? static_cast<int64_t>(peer->uid) : -1,
                  allowed ? "too_many_connections" : "credentials");
+    (void)!send(fd, msg.data(), msg.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
     return;
   }
   admin_conns_[fd] = AdminConn{std::move(conn), {}, {}, false, MonotonicNanos()};
