@@ -116,10 +116,17 @@ inline constexpr S3FifoOptions kDeepS3FifoOptions{"s3fifo-deep", 0.02, 12288};
 // count beats main's victim's. Dense handles.
 std::unique_ptr<EvictionPolicy> MakeTinyLfuPolicy(double window_share = 0.01);
 
+// ARC: a recency list and a frequency list whose split adapts to ghosts of
+// the blocks each evicted (vLLM's KV offloading has one too, in its
+// vllm/v1/kv_offload/arc_manager.py: read from its sources, not run here). Dense
+// handles.
+std::unique_ptr<EvictionPolicy> MakeArcPolicy();
+
+
 // The host tier's policy unless the config names another.
 inline constexpr absl::string_view kDefaultHostPolicy = "adaptive";
 
-// By config name: "lru", "s3fifo", "tinylfu", or "adaptive" (an
+// By config name: "lru", "s3fifo", "s3fifo-deep", "tinylfu", "arc", or "adaptive" (an
 // AdaptivePolicy over all three with its shadows idle until the caller
 // sets a capacity: see adaptive_policy.h).
 absl::StatusOr<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(absl::string_view name);

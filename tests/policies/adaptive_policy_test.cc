@@ -6,6 +6,7 @@
 #include "policies/adaptive_policy.h"
 
 #include <cmath>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -176,6 +177,30 @@ TEST(AdaptivePolicyTest, OneLuckyRequestDoesNotChangeTheLeader) {
   EXPECT_EQ(eager->leader(), "s3fifo");
   EXPECT_EQ(sure->leader(), "s3fifo") << "a lead that keeps growing is evidence";
   EXPECT_EQ(sure->switches(), 1u);
+}
+
+// Requests for one block each, uniformly at random: every policy hits
+// capacity / keys of them in expectation, so whatever separates two experts'
+// shadows is noise. The default switch rule must not chase it; switching on
+// any lead (z = 0) does, many times.
+TEST(AdaptivePolicyTest, ItDoesNotFlipOnNoise) {
+  std::mt19937_64 rng(9);
+  std::vector<Chain> w;
+  for (int i = 0; i < 30000; ++i) w.push_back(Chain{1 + rng() % 1000});
+  auto make = [](double z) {
+    AdaptivePolicy::Options o;
+    o.capacity_blocks = 200;
+    o.switch_z = z;
+    return std::move(AdaptivePolicy::Create(o)).value();
+  };
+  auto eager = make(0);
+  auto fixed = make(AdaptivePolicy::Options{}.switch_z);
+  for (const Chain& c : w) {
+    eager->Observe(c);
+    fixed->Observe(c);
+  }
+  ASSERT_GE(eager->switches(), 20u) << "the experts' shadows must differ by noise for the test to mean anything";
+  EXPECT_LE(fixed->switches(), eager->switches() / 10) << "eager: " << eager->switches();
 }
 
 TEST(AdaptivePolicyTest, RefusesBadExpertLists) {

@@ -288,7 +288,7 @@ TEST_P(PolicyInvariantsTest, ScanResistanceIsWhatThePolicyClaims) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Policies, PolicyInvariantsTest,
-                         ::testing::Values("lru", "s3fifo", "s3fifo-deep", "tinylfu", "adaptive"),
+                         ::testing::Values("lru", "s3fifo", "s3fifo-deep", "tinylfu", "arc", "adaptive"),
                          [](const auto& info) {
                            std::string n(info.param);
                            std::replace(n.begin(), n.end(), '-', '_');

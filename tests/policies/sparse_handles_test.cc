@@ -65,7 +65,7 @@ TEST_P(SparseHandlesTest, DecidesAsTheDensePolicyDoes) {
   EXPECT_GT(victims, 1000u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Policies, SparseHandlesTest, ::testing::Values("lru", "s3fifo", "s3fifo-deep", "tinylfu"),
+INSTANTIATE_TEST_SUITE_P(Policies, SparseHandlesTest, ::testing::Values("lru", "s3fifo", "s3fifo-deep", "tinylfu", "arc"),
                          [](const auto& info) {
                            std::string n(info.param);
                            std::replace(n.begin(), n.end(), '-', '_');

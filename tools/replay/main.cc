@@ -4,6 +4,7 @@
 //
 // Exit codes: 0 ok, 1 a session failed or a loaded byte was wrong, 2 usage,
 // 4 an input file (the trace, --model-config) is unreadable or wrong.
+#include <algorithm>
 #include <cctype>
 #include <iostream>
 
@@ -18,6 +19,7 @@
 #include "tools/replay/nodes_sim.h"
 #include "tools/replay/replayer.h"
 #include "tools/replay/simulate.h"
+#include "tools/replay/suite.h"
 #include "tools/replay/workload.h"
 
 using kvtier::tools::Fixed;
@@ -52,11 +54,16 @@ struct SimFlags {
   std::string nvme_policy = "lru";
   double prefill_tflops = 300, host_gbps = 25, nvme_gbps = 3, nvme_latency_us = 100;
   uint32_t gpus = 4;
+  uint32_t nvme_admit_uses = 1;
   // --nodes: N nodes, each as above, over a shared remote tier.
   std::vector<uint32_t> nodes;
   std::vector<std::string> routings;
   std::string write_policy = "demoted";
   double remote_gbps = 3.1, remote_latency_us = 200;
+  // --suite
+  bool suite = false, has_trace = false, quiet = false;
+  std::vector<std::string> workloads;
+  uint64_t seed = 1;
 };
 
 // --simulate --nodes: for each node count and routing, the local tiers alone
@@ -116,6 +123,102 @@ int RunNodes(const kvtier::tools::Workload& workload, const SimFlags& f, const k
   return 0;
 }
 
+// --simulate --suite: every policy on every workload of the suite (and the
+// --trace, when given, as "conversation") at each host capacity; one row per
+// workload and capacity.
+int RunSuite(const kvtier::tools::Workload& trace, const SimFlags& f, const kvtier::tools::SimOptions& base,
+             const std::vector<uint64_t>& capacities_512, bool as_json) {
+  std::vector<std::pair<std::string, kvtier::tools::Workload>> workloads;
+  const std::vector<std::string> names = f.workloads.empty() ? [] {
+    std::vector<std::string> all;
+    for (const auto& w : kvtier::tools::SuiteWorkloads()) all.push_back(w.name);
+    return all;
+  }() : f.workloads;
+  const bool with_trace =
+      f.has_trace && (f.workloads.empty() || std::find(f.workloads.begin(), f.workloads.end(), "conversation") !=
+                                                 f.workloads.end());
+  if (with_trace) workloads.emplace_back("conversation", trace);
+  for (const std::string& name : names) {
+    if (name == "conversation") {
+      if (!f.has_trace) {
+        std::cerr << "kvtier-replay: --workloads conversation needs --trace (the Mooncake conversation trace)\n";
+        return 2;
+      }
+      continue;
+    }
+    if (!f.quiet) std::cerr << "kvtier-replay: generating " << name << " (seed " << f.seed << ")\n";
+    auto w = kvtier::tools::MakeSuiteWorkload(name, f.seed);
+    if (!w.ok()) {
+      std::cerr << "kvtier-replay: --workloads: " << w.status().message() << "\n";
+      return 2;
+    }
+    workloads.emplace_back(name, std::move(*w));
+  }
+  // Capacities were parsed in the trace's blocks; every suite workload has
+  // 512-token blocks too, so tokens = blocks * 512 throughout.
+  const std::vector<std::string> policies = base.policies;
+  std::vector<std::string> header = {"WORKLOAD", "HOST TOKENS"};
+  for (const auto& p : policies) header.push_back(p == base.default_policy ? p + "*" : p);
+  header.insert(header.end(), {"BEST ONLINE", "DEFAULT / BEST", "DEFAULT / BELADY"});
+  kvtier::tools::Table t(header);
+  double worst = 1e9;
+  std::string worst_at;
+  for (const auto& [name, w] : workloads) {
+    for (uint64_t cap512 : capacities_512) {
+      const uint64_t tokens = cap512 * trace.block_tokens;
+      kvtier::tools::SimOptions o = base;
+      o.capacity_blocks = tokens / w.block_tokens;
+      if (!f.quiet && !as_json) {
+        std::cerr << "kvtier-replay: " << name << " at " << tokens << " host tokens: " << policies.size()
+                  << " policies\n";
+      }
+      auto rows = kvtier::tools::Simulate(w, o);
+      if (!rows.ok()) {
+        std::cerr << "kvtier-replay: " << name << ": " << rows.status().message() << "\n";
+        return 2;
+      }
+      double def = -1, best = -1, belady = -1;
+      std::string best_name = "-";
+      std::vector<std::string> cells = {name, std::to_string(o.capacity_blocks * w.block_tokens)};
+      for (const auto& row : *rows) {
+        cells.push_back(Fixed(row.token_hit_rate(), 3));
+        if (row.policy == "belady") {
+          belady = row.token_hit_rate();
+        } else if (row.is_default) {
+          def = row.token_hit_rate();
+        } else if (row.policy != "none" && row.token_hit_rate() > best) {
+          best = row.token_hit_rate();
+          best_name = row.policy;
+        }
+        if (as_json) {
+          nlohmann::json j = row.ToJson();
+          j["workload"] = name;
+          std::cout << j.dump() << "\n";
+        }
+      }
+      const double vs_best = def >= 0 && best > 0 ? def / best : -1;
+      if (vs_best >= 0 && vs_best < worst) {
+        worst = vs_best;
+        worst_at = name + " at " + std::to_string(o.capacity_blocks * w.block_tokens) + " tokens";
+      }
+      cells.push_back(best_name);
+      cells.push_back(vs_best >= 0 ? Fixed(vs_best, 3) : "-");
+      cells.push_back(def >= 0 && belady > 0 ? Fixed(def / belady, 2) : "-");
+      t.AddRow(cells);
+    }
+  }
+  if (as_json) return 0;
+  std::cout << "kvtier-replay --simulate --suite: token hit rate of each policy (* the default, "
+            << base.default_policy << ")\n";
+  t.Print(std::cout);
+  std::cout << "BEST ONLINE: the best policy other than the default and Belady (offline); DEFAULT / BEST: the\n"
+               "default's token hit rate over it";
+  if (!worst_at.empty()) std::cout << " (lowest: " << Fixed(worst, 3) << ", " << worst_at << ")";
+  std::cout << "\nworkloads:\n";
+  for (const auto& [name, w] : workloads) std::cout << "  " << name << ": " << w.description << "\n";
+  return 0;
+}
+
 int RunSimulation(const kvtier::tools::Workload& workload, const SimFlags& f, uint64_t block_bytes, bool as_json) {
   kvtier::tools::SimOptions base;
   if (!f.model_config.empty()) {
@@ -142,6 +245,7 @@ int RunSimulation(const kvtier::tools::Workload& workload, const SimFlags& f, ui
   base.cost_aware_loads = !f.always_load;
   if (!f.policies.empty()) base.policies = f.policies;
   base.nvme_policy = f.nvme_policy;
+  base.nvme_admit_uses = f.nvme_admit_uses;
   std::vector<uint64_t> capacities;
   uint64_t remote_blocks = 0;
   for (const std::string& t : f.tiers) {
@@ -188,6 +292,19 @@ int RunSimulation(const kvtier::tools::Workload& workload, const SimFlags& f, ui
   if (remote_blocks != 0) {
     std::cerr << "kvtier-replay: --tier remote=CAPACITY is for --nodes (a shared tier under several nodes)\n";
     return 2;
+  }
+  if (f.nvme_admit_uses > 1 && base.nvme_blocks == 0) {
+    std::cerr << "kvtier-replay: --nvme-admit-uses gates writes to NVMe: give --tier nvme=CAPACITY too\n";
+    return 2;
+  }
+  if (f.suite) {
+    if (f.infinite) {
+      std::cerr << "kvtier-replay: --suite compares bounded tiers; drop --infinite\n";
+      return 2;
+    }
+    if (capacities.empty()) capacities = {1000000 / workload.block_tokens, 3000000 / workload.block_tokens,
+                                          10000000 / workload.block_tokens};
+    return RunSuite(workload, f, base, capacities, as_json);
   }
   if (capacities.empty() && !f.infinite) {
     std::cerr << "kvtier-replay: --simulate needs --tier host=CAPACITY (e.g. host=3M) or --infinite\n";
@@ -270,7 +387,7 @@ int main(int argc, char** argv) {
   app.add_option("--model", model, "model id of the namespace to replay in")->capture_default_str();
   app.add_option("--conversations", chat.conversations, "chat: conversations")->capture_default_str();
   app.add_option("--turns", chat.turns, "chat: turns per conversation")->capture_default_str();
-  app.add_option("--seed", chat.seed, "chat: random seed")->capture_default_str();
+  app.add_option("--seed", chat.seed, "chat and --suite workloads: random seed")->capture_default_str();
   app.add_flag("--simulate", simulate,
                "no daemon: replay through the eviction policies on a simulated tier, side by side");
   app.add_option("--tier", sim.tiers,
@@ -281,8 +398,13 @@ int main(int argc, char** argv) {
       ->delimiter(',');
   app.add_flag("--infinite", sim.infinite, "simulate: add a row with unbounded capacity");
   app.add_option("--nvme-policy", sim.nvme_policy,
-                 "simulate: the NVMe tier's policy (default lru; s3fifo, s3fifo-deep, tinylfu), as tiers.nvme.policy; "
+                 "simulate: the NVMe tier's policy (default lru; s3fifo, s3fifo-deep, tinylfu, arc), as tiers.nvme.policy; "
                  "the belady row uses belady on both tiers");
+  app.add_option("--nvme-admit-uses", sim.nvme_admit_uses,
+                 "simulate: write a host eviction to NVMe only when requests asked for the block this many times, "
+                 "as tiers.nvme.admission_min_uses (1: every block; at most 15)")
+      ->check(CLI::Range(1u, 15u))
+      ->capture_default_str();
   app.add_option("--model-config", sim.model_config,
                  "simulate: a Hugging Face config.json for the cost model (default: the Llama-3.1-8B shape)")
       ->check(CLI::ExistingFile);
@@ -311,6 +433,13 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--remote-latency-us", sim.remote_latency_us, "simulate --nodes: a remote round trip")
       ->capture_default_str();
+  app.add_flag("--suite", sim.suite,
+               "simulate: run the policies on every workload of the suite (chat, agent, docqa, scan, tenants; and "
+               "the --trace as \"conversation\") at each --tier host= capacity (default 1M,3M,10M), one table");
+  app.add_option("--workloads", sim.workloads,
+                 "simulate --suite: only these workloads (a comma list of chat, agent, docqa, scan, tenants, and "
+                 "conversation: the --trace)")
+      ->delimiter(',');
   app.add_flag("--drop", sim.drop, "simulate: drop host evictions instead of demoting them to NVMe");
   app.add_flag("--always-load", sim.always_load,
                "simulate: load every NVMe hit, even when recomputing it would be faster");
@@ -357,7 +486,27 @@ int main(int argc, char** argv) {
     workload = kvtier::tools::SyntheticChat(chat);
     if (limit > 0 && workload.requests.size() > limit) workload.requests.resize(limit);
   }
+  if (!simulate && (sim.suite || !sim.workloads.empty())) {
+    std::cerr << "kvtier-replay: --suite and --workloads go with --simulate\n";
+    return 2;
+  }
+  if (!sim.suite && !sim.workloads.empty()) {
+    std::cerr << "kvtier-replay: --workloads picks workloads of --suite; add --suite\n";
+    return 2;
+  }
+  if (sim.suite && !sim.nodes.empty()) {
+    std::cerr << "kvtier-replay: --suite runs one node's tiers; drop --nodes (or --suite)\n";
+    return 2;
+  }
+  if (sim.nvme_admit_uses > 1 && !sim.nodes.empty()) {
+    std::cerr << "kvtier-replay: --nvme-admit-uses is not simulated with --nodes\n";
+    return 2;
+  }
   if (simulate) {
+    sim.has_trace = !trace.empty();
+    sim.quiet = quiet || as_json;
+    sim.seed = chat.seed;
+    if (sim.suite && trace.empty()) workload.block_tokens = 512;  // capacities are parsed in 512-token blocks
     for (auto& r : workload.requests) {
       if (r.keys.empty() && !r.tokens.empty()) {
         r.keys = kvtier::ChainBlockKeys(kvtier::HashAlgorithm::kSha256, r.tokens, workload.block_tokens);

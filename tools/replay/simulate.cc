@@ -8,12 +8,14 @@
 #include <queue>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "policies/adaptive_policy.h"
 #include "policies/belady_policy.h"
 #include "policies/chain_guard.h"
 #include "policies/eviction_policy.h"
+#include "policies/reuse_gate.h"
 #include "tools/replay/sim_tier.h"
 
 namespace kvtier::tools {
@@ -72,6 +74,8 @@ nlohmann::json SimRow::ToJson() const {
                         {"blocks_inserted", blocks_inserted},
                         {"evictions", evictions},
                         {"demotions", demotions},
+                        {"demotions_refused", demotions_refused},
+                        {"nvme_write_amplification", bytes_read_nvme ? double(bytes_written_nvme) / double(bytes_read_nvme) : 0.0},
                         {"nvme_evictions", nvme_evictions},
                         {"bytes_written_nvme", bytes_written_nvme},
                         {"bytes_read_nvme", bytes_read_nvme},
@@ -114,7 +118,12 @@ absl::StatusOr<SimRow> SimulatePolicy(const Workload& w, const std::string& poli
   row.nvme_tokens = row.nvme_blocks * bt;
   row.ttft_s.reserve(w.requests.size());
   std::vector<uint32_t> pinned_mark(p.distinct, UINT32_MAX);  // request index that pins it
+  // The NVMe tier's admission gate, as the daemon's (tiers.nvme.admission_min_uses).
+  // Its history as kvtierd sizes it for tiers of these bytes.
+  ReuseGate gate(with_nvme && !belady ? opts.nvme_admit_uses : 1,
+                 8 * ReuseGate::HistoryUsesFor((opts.capacity_blocks + opts.nvme_blocks) * block_bytes));
   std::vector<uint64_t> chain;
+  std::vector<size_t> needed;  // a store's blocks not in host memory, by depth
   if (opts.gpus == 0) return absl::InvalidArgumentError("the simulation needs at least one GPU");
   std::priority_queue<double, std::vector<double>, std::greater<double>> gpu_free;
   for (uint32_t g = 0; g < opts.gpus; ++g) gpu_free.push(0);
@@ -179,31 +188,23 @@ absl::StatusOr<SimRow> SimulatePolicy(const Workload& w, const std::string& poli
       }
       continue;
     }
+    if (gate.enabled()) {
+      for (uint32_t id : ids) gate.Record(uint64_t{id} + 1);
+    }
     if (host.adaptive != nullptr) {
       chain.clear();
       for (uint32_t id : ids) chain.push_back(uint64_t{id} + 1);
       host.adaptive->Observe(chain, static_cast<uint32_t>(bt));
     }
-    // The hit prefix is pinned (leased) while the request runs.
-    for (size_t j = 0; j < hit; ++j) pinned_mark[ids[j]] = static_cast<uint32_t>(r);
-    // Leaves first, parents last: a parent is always more recent than its
-    // children, so recency-based policies evict leaves before parents.
-    for (size_t j = ids.size(); j-- > 0;) {
-      const uint32_t id = ids[j];
-      if (belady) {
-        host.bel->SetNextUse(id, p.next_use[r][j], static_cast<uint32_t>(j));
-        if (with_nvme) nvme.bel->SetNextUse(id, p.next_use[r][j], static_cast<uint32_t>(j));
-      }
-      if (!host.Has(id)) ++row.blocks_inserted;
-      host.Access(id, j * bt);  // NVMe hits are promoted; NVMe keeps its copy
-      if (with_nvme && nvme.Has(id)) nvme.Access(id, j * bt);
-    }
-    while (host.count > host.capacity) {
-      std::optional<uint32_t> v = host.pol->PickVictim([&](uint32_t h) { return pinned_mark[h] != r; });
-      if (!v) break;  // cannot happen: the request fits and only its prefix is pinned
+    // One host eviction (the victim demoted to NVMe, or dropped).
+    auto evict_one = [&](absl::FunctionRef<bool(uint32_t)> evictable) {
+      std::optional<uint32_t> v = host.pol->PickVictim(evictable);
+      if (!v) return false;
       host.Drop(*v);
       ++row.evictions;
-      if (with_nvme && opts.demote && !nvme.Has(*v)) {
+      if (with_nvme && opts.demote && !nvme.Has(*v) && !gate.Admit(uint64_t{*v} + 1)) {
+        ++row.demotions_refused;
+      } else if (with_nvme && opts.demote && !nvme.Has(*v)) {
         nvme.Access(*v, 0);  // NVMe's LRU ignores positions
         ++row.demotions;
         row.bytes_written_nvme += block_bytes;
@@ -213,6 +214,59 @@ absl::StatusOr<SimRow> SimulatePolicy(const Workload& w, const std::string& poli
           nvme.Drop(*nv);
           ++row.nvme_evictions;
         }
+      }
+      return true;
+    };
+    if (belady) {
+      // The bound: the hit prefix is pinned while the request runs; every
+      // block is touched or inserted leaves first, then the tier evicts down
+      // to capacity (a new block may be its own victim: MIN with bypass).
+      for (size_t j = 0; j < hit; ++j) pinned_mark[ids[j]] = static_cast<uint32_t>(r);
+      for (size_t j = ids.size(); j-- > 0;) {
+        const uint32_t id = ids[j];
+        host.bel->SetNextUse(id, p.next_use[r][j], static_cast<uint32_t>(j));
+        if (with_nvme) nvme.bel->SetNextUse(id, p.next_use[r][j], static_cast<uint32_t>(j));
+        if (!host.Has(id)) ++row.blocks_inserted;
+        host.Access(id, j * bt);  // NVMe hits are promoted; NVMe keeps its copy
+        if (with_nvme && nvme.Has(id)) nvme.Access(id, j * bt);
+      }
+      while (host.count > host.capacity && evict_one([&](uint32_t h) { return pinned_mark[h] != r; })) {
+      }
+    } else {
+      // Online policies decide as in kvtierd, step by step (daemon/
+      // block_store.cc, block_writes.cc), so the simulator measures what the
+      // daemon does: the lookup touches the host hits, leaves first; the
+      // load promotes the NVMe hits, each taking a host slot while the hit
+      // prefix is leased; the engine releases the lease and stores what
+      // missed: the store takes a slot per block, root first, evicting when
+      // the tier is full (its own new blocks are not in the policy yet), and
+      // its commit inserts them, leaves first.
+      for (size_t j = hit; j-- > 0;) {
+        if (host.Has(ids[j])) host.Access(ids[j], j * bt);
+        if (with_nvme && nvme.Has(ids[j])) nvme.Access(ids[j], j * bt);
+      }
+      for (size_t j = 0; j < hit; ++j) pinned_mark[ids[j]] = static_cast<uint32_t>(r);
+      for (size_t j = 0; j < hit; ++j) {
+        if (host.Has(ids[j])) continue;
+        while (host.count + 1 > host.capacity && evict_one([&](uint32_t h) { return pinned_mark[h] != r; })) {
+        }
+        host.Access(ids[j], j * bt);
+        ++row.blocks_inserted;
+      }
+      for (size_t j = 0; j < hit; ++j) pinned_mark[ids[j]] = UINT32_MAX;  // released
+      needed.clear();
+      for (size_t j = hit; j < ids.size(); ++j) {
+        if (!host.Has(ids[j])) needed.push_back(j);
+      }
+      for (size_t k = 0; k < needed.size(); ++k) {
+        while (host.count + k + 1 > host.capacity && evict_one([](uint32_t) { return true; })) {
+        }
+      }
+      for (size_t k = needed.size(); k-- > 0;) {
+        const size_t j = needed[k];
+        if (host.Has(ids[j])) continue;
+        host.Access(ids[j], j * bt);
+        ++row.blocks_inserted;
       }
     }
     if (host.count > host.capacity) {

@@ -32,10 +32,13 @@ struct SimOptions {
   uint64_t capacity_blocks = 0;  // the host tier; 0 with infinite
   uint64_t nvme_blocks = 0;      // 0: no NVMe tier
   bool infinite = false;         // one row with unbounded capacity instead
-  std::vector<std::string> policies = {"lru", "s3fifo", "s3fifo-deep", "tinylfu", "adaptive", "belady"};
+  std::vector<std::string> policies = {"lru", "s3fifo", "s3fifo-deep", "tinylfu", "arc", "adaptive", "belady"};
   std::string default_policy{kDefaultHostPolicy};  // the daemon's default, marked in the output
   std::string nvme_policy = "lru";     // as tiers.nvme.policy (belady rows: belady)
   bool demote = true;                  // host evictions go to NVMe (else dropped)
+  // NVMe admission (tiers.nvme.admission_min_uses): a host eviction is
+  // written to NVMe only when requests asked for it this many times (<= 1: all).
+  uint32_t nvme_admit_uses = 1;
   bool cost_aware_loads = true;        // recompute NVMe hits that load slower
 
   ModelProfile model = ModelProfile::Default();
@@ -57,6 +60,7 @@ struct SimRow {
   uint64_t nvme_hits_recomputed = 0;  // NVMe hits slower to load than to recompute
   uint64_t prompt_tokens = 0, tokens_reused = 0;
   uint64_t blocks_inserted = 0, evictions = 0, demotions = 0, nvme_evictions = 0;
+  uint64_t demotions_refused = 0;  // host evictions the NVMe admission gate turned away
   uint64_t bytes_written_nvme = 0, bytes_read_nvme = 0, bytes_read_host = 0;
   double prefill_seconds_saved = 0;
   std::vector<double> ttft_s;  // per request, in trace order
