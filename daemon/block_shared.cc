@@ -163,9 +163,14 @@ void BlockStore::StartPublishes(SessionHoldings& s) {
 }
 
 void BlockStore::AfterReply(SessionHoldings& s) {
-  StartPublishes(s);
-  if (!s.observe_pending) return;
+  // The lookup's uses count before its publishes ask the shared tier's gate.
+  const bool observe = s.observe_pending;
   s.observe_pending = false;
+  if (observe && books_.reuse != nullptr) {
+    for (uint64_t k : s.last_chain) books_.reuse->Record(k);
+  }
+  StartPublishes(s);
+  if (!observe || !adaptive_) return;
   HostResidency& t = *books_.tenants[s.ns.tenant];
   AdaptivePolicy* a;
   {

@@ -43,6 +43,12 @@ absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Create(const Options& op
   if (opts.nvme_policy == "adaptive") {
     return absl::InvalidArgumentError("the NVMe tier's policy cannot be adaptive (its shadows learn from host lookups)");
   }
+  for (uint32_t m : {opts.nvme_admission_min_uses, opts.shared_admission_min_uses}) {
+    if (m < 1 || m > 15) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("an admission threshold of ", m, " uses: give 1 (admit every block) to 15"));
+    }
+  }
   return std::unique_ptr<BlockStore>(new BlockStore(opts, stats));
 }
 
@@ -105,7 +111,7 @@ std::vector<BlockRecord*> BlockStore::FindAll(uint32_t ns, std::span<const Block
 void BlockStore::ObserveRequest(SessionHoldings& s, std::span<const BlockKey> keys) {
   s.last_chain.resize(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) s.last_chain[i] = PolicyKeyOf(s.ns.handle, keys[i]);
-  s.observe_pending = !keys.empty() && adaptive_;
+  s.observe_pending = !keys.empty() && (adaptive_ || books_.reuse != nullptr);
 }
 
 absl::Status BlockStore::LeaseRoomFor(const SessionHoldings& s, size_t blocks) {
@@ -570,6 +576,15 @@ absl::StatusOr<uint64_t> BlockStore::AttachLowerTier(std::unique_ptr<BlockTier> 
     books_.cost.RecordRead(i, bytes, t.share_s());
   });
   if (lane.tier->shared()) shared_lane_ = lane.index;  // lookups ask it past their local prefix
+  // The first local tier takes host evictions through its gate; the shared
+  // tier every write. Further local tiers (none in the daemon) have none.
+  const bool first_local = !lane.tier->shared() && std::none_of(books_.lanes.begin(), books_.lanes.end(),
+                                                                [](const auto& l) { return !l->tier->shared(); });
+  lane.admit_min_uses =
+      lane.tier->shared() ? opts_.shared_admission_min_uses : first_local ? opts_.nvme_admission_min_uses : 1;
+  if (lane.admit_min_uses > 1 && books_.reuse == nullptr) {
+    books_.reuse = std::make_unique<ReuseGate>(2, 8 * std::max<uint64_t>(opts_.admission_history_uses, 1024));
+  }
   books_.lanes.push_back(std::move(lane_ptr));
   MutexLock nl(&lane.mu);
   uint64_t indexed = 0;

@@ -171,8 +171,17 @@ class BlockStore {
     uint32_t shared_records_per_tenant = 262144;
     uint64_t shared_min_block_bytes = 4096;
     SharedWrites shared_writes = SharedWrites::kDemoted;
+    // Admission gates (policies/reuse_gate.h): the first lower tier that is
+    // not shared takes a host eviction, and the shared tier any write, only
+    // when leased lookups asked for the block this many times (1: all). One
+    // sketch counts the uses, with a history of about
+    // admission_history_uses uses (4 bytes each).
+    uint32_t nvme_admission_min_uses = 1;
+    uint32_t shared_admission_min_uses = 1;
+    uint64_t admission_history_uses = 1 << 20;
   };
-  // InvalidArgument for an unknown policy name.
+  // InvalidArgument for an unknown policy name or an admission threshold
+  // outside 1..15.
   static absl::StatusOr<std::unique_ptr<BlockStore>> Create(const Options& opts, DaemonStats* stats);
   ~BlockStore();
   BlockStore(const BlockStore&) = delete;
@@ -371,6 +380,9 @@ class BlockStore {
   void Unpin(SessionHoldings& s, const std::vector<BlockRecord*>& blocks);
   // Queues a leased lookup's chain for the adaptive policy's shadows.
   void ObserveRequest(SessionHoldings& s, std::span<const BlockKey> keys);
+  // Counts a store's blocks as used for the admission gates, except those
+  // the session's last leased lookup named (counted there).
+  void CountStoreUses(const SessionHoldings& s, std::span<const BlockKey> keys);
   // Lookup's parts. The session's lease limits (KVTIER_EBUSY past them).
   absl::Status LeaseRoomFor(const SessionHoldings& s, size_t blocks);
   // The hit prefix of `keys`, each block's location in `out`; with `lease`,

@@ -3,6 +3,7 @@
 // or nothing) and indexes them as being written; StoreCommit makes them
 // visible (and, when durable, waits for their lower copy and its journal);
 // StoreAbort gives the slots back.
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "core/checked.h"
 #include "core/fan_in.h"
@@ -69,6 +70,19 @@ std::vector<uint64_t> BlockStore::ParentsOf(const SessionHoldings& s, std::span<
   return parents;
 }
 
+void BlockStore::CountStoreUses(const SessionHoldings& s, std::span<const BlockKey> keys) {
+  if (books_.reuse == nullptr) return;
+  // A store is a request using its blocks. Those the session's last leased
+  // lookup named were counted there (AfterReply): engines that probe
+  // without a lease and lease only what they found (kvtier.vllm and
+  // kvtier.sglang) are counted once per block either way.
+  const absl::flat_hash_set<uint64_t> looked_up(s.last_chain.begin(), s.last_chain.end());
+  for (const BlockKey& k : keys) {
+    const uint64_t key = PolicyKeyOf(s.ns.handle, k);
+    if (!looked_up.contains(key)) books_.reuse->Record(key);
+  }
+}
+
 absl::StatusOr<uint32_t> BlockStore::StoreBegin(SessionHoldings& s, std::span<const BlockKey> keys,
                                                 uint64_t* ticket, std::span<BlockLocation> out) {
   *ticket = 0;
@@ -82,6 +96,7 @@ absl::StatusOr<uint32_t> BlockStore::StoreBegin(SessionHoldings& s, std::span<co
   // Depth prices recomputation.
   const std::optional<size_t> depth = ChainDepthOf(s, keys);
   NewBlocks created = IndexNewBlocks(s, keys, depth);
+  CountStoreUses(s, keys);
   books_.CountRecords(s.ns.handle, static_cast<int64_t>(created.records.size()));
   books_.stats->stores.Add();
   books_.stats->blocks_already_present.Add(keys.size() - created.records.size());

@@ -99,6 +99,9 @@ struct Config {
   uint64_t nvme_staging_bytes = 64ull << 20;
   bool nvme_write_through = false;
   std::string nvme_policy = "lru";
+  // Admission by evidence of reuse (policies/reuse_gate.h): a block goes to
+  // the tier only once leased lookups asked for it this many times; 1: all.
+  uint32_t nvme_admission_min_uses = 1;
   // [tiers.remote]: a shared Redis Cluster below NVMe (none without seeds).
   std::vector<std::string> remote_seeds;
   std::string remote_key_prefix = "kvtier";
@@ -114,6 +117,7 @@ struct Config {
   uint64_t remote_min_block_bytes = 4096;       // smaller blocks never go to the cluster
   uint64_t remote_tenant_budget = 0;            // per tenant: bytes its blocks may take there (0: none)
   std::string remote_write_policy = "demoted";
+  uint32_t remote_admission_min_uses = 1;  // as nvme_admission_min_uses, for every write to the shared tier
   bool remote_encrypt = false;  // encrypt payloads at rest in the cluster (always sealed)
   // TLS to the cluster's nodes: their certificates chain to the CA file and
   // name the node (or tls_server_name); a client certificate when given.

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "daemon/daemon.h"
+#include "policies/reuse_gate.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -32,6 +33,15 @@
 
 namespace kvtier {
 namespace {
+
+// The admission gates' history (BlockStore::Options::admission_history_uses),
+// from what host memory and NVMe hold (ReuseGate::HistoryUsesFor).
+uint64_t AdmissionHistoryUses(const Config& c) {
+  if (c.nvme_admission_min_uses <= 1 && c.remote_admission_min_uses <= 1) return 0;
+  uint64_t bytes = c.nvme_capacity;
+  for (const TenantConfig& t : c.tenants) bytes += t.host_bytes ? t.host_bytes : c.host_capacity;
+  return ReuseGate::HistoryUsesFor(bytes);
+}
 
 absl::Status MakeDirs(const std::string& dir, mode_t mode) {
   std::error_code ec;
@@ -117,7 +127,10 @@ absl::Status Daemon::Open() {
                                                .shared_probe_blocks_per_s = config_.remote_probe_blocks_per_s,
                                                .shared_records_per_tenant = config_.remote_records_per_tenant,
                                                .shared_min_block_bytes = config_.remote_min_block_bytes,
-                                               .shared_writes = SharedWritesNamed(config_.remote_write_policy).value_or(SharedWrites::kDemoted)},
+                                               .shared_writes = SharedWritesNamed(config_.remote_write_policy).value_or(SharedWrites::kDemoted),
+                                               .nvme_admission_min_uses = config_.nvme_admission_min_uses,
+                                               .shared_admission_min_uses = config_.remote_admission_min_uses,
+                                               .admission_history_uses = AdmissionHistoryUses(config_)},
                                               &stats_));
   for (const TenantConfig& t : config_.tenants) RETURN_IF_ERROR(OpenTenant(t));
   RETURN_IF_ERROR(OpenEvents());

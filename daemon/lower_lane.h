@@ -47,6 +47,10 @@ class LowerLane {
   std::unique_ptr<BlockTier> tier;
   // Each tenant's fair share of the tier, in slot bytes.
   const uint64_t fair_share_bytes;
+  // Its admission gate: a block goes there only when leased lookups asked
+  // for it this many times (StoreBooks::Admits); 1: every block. Set when
+  // the store attaches the lane, before sessions start.
+  uint32_t admit_min_uses = 1;
 
   // The lane lock (docs/architecture.md, "Lock order": lanes in index order,
   // after the tenant tier lock, before block-index shard locks).

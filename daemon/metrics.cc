@@ -231,6 +231,10 @@ std::string PrometheusText(const StatusSnapshot& s, bool detailed) {
   w.Sample("kvtier_evictions_total", "tier=\"host\",reason=\"dropped\"", double(dropped - std::min(dropped, by_cost)));
   w.Sample("kvtier_evictions_total", "tier=\"host\",reason=\"dropped_by_cost\"", double(by_cost));
   w.Sample("kvtier_evictions_total", "tier=\"nvme\",reason=\"dropped\"", double(st.nvme_evictions.Get()));
+  w.Family("kvtier_cascade_dropped_not_admitted_total", "counter",
+           "NVMe blocks the cascade dropped instead of moving them to the tier below, whose admission gate refused "
+           "them (tiers.remote.admission_min_uses; also in kvtier_evictions_total{tier=\"nvme\"}).");
+  w.Sample("kvtier_cascade_dropped_not_admitted_total", "", double(st.cascade_dropped_not_admitted.Get()));
   w.Family("kvtier_evictions_dropped_total", "counter",
            "Host evictions dropped rather than demoted, by why (they sum to kvtier_evictions_total's dropped and "
            "dropped_by_cost).");
@@ -238,7 +242,8 @@ std::string PrometheusText(const StatusSnapshot& s, bool detailed) {
                                                   {"no_lower_tier", st.dropped_no_lower_tier.Get()},
                                                   {"too_large", st.dropped_too_large.Get()},
                                                   {"no_room", st.dropped_no_room.Get()},
-                                                  {"tier_unwritable", st.dropped_tier_unwritable.Get()}};
+                                                  {"tier_unwritable", st.dropped_tier_unwritable.Get()},
+                                                  {"not_admitted", st.dropped_not_admitted.Get()}};
   for (const auto& [reason, n] : why) {
     w.Sample("kvtier_evictions_dropped_total", absl::StrCat("reason=\"", reason, "\""), double(n));
   }
@@ -389,9 +394,11 @@ std::string PrometheusText(const StatusSnapshot& s, bool detailed) {
     w.Sample("kvtier_remote_probes_total", "result=\"throttled\"", double(st.remote_probes_throttled.Get()));
     w.Family("kvtier_remote_publishes_total", "counter",
              "Blocks written to the shared tier on its write policy (skipped: published already or too many in "
-             "flight), and cascade moves into it that found the block there already (avoided).");
+             "flight; not_admitted: its admission gate refused them), and cascade moves into it that found the block "
+             "there already (avoided).");
     w.Sample("kvtier_remote_publishes_total", "result=\"written\"", double(st.remote_publishes.Get()));
     w.Sample("kvtier_remote_publishes_total", "result=\"skipped\"", double(st.remote_publishes_skipped.Get()));
+    w.Sample("kvtier_remote_publishes_total", "result=\"not_admitted\"", double(st.remote_publishes_not_admitted.Get()));
     w.Sample("kvtier_remote_publishes_total", "result=\"failed\"", double(st.remote_publishes_failed.Get()));
     w.Sample("kvtier_remote_publishes_total", "result=\"avoided\"", double(st.remote_writes_avoided.Get()));
     w.Family("kvtier_remote_slots_covered", "gauge", "Cluster slots (of 16384) the slot map covers.");

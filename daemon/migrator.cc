@@ -55,7 +55,12 @@ Migrator::EvictResult Migrator::EvictHostCopyLocked(HostResidency& t, BlockRecor
   const BlockMeta meta = books_.MetaOf(r);
   const bool by_cost = DropForCost(r, meta);
   Counter* why_not = nullptr;
-  if (!by_cost && DemoteLocked(t, r, host_slot, offset, meta, deferred, &why_not)) return EvictResult::kEvicted;
+  // The first lower tier's admission gate: no evidence of reuse, no write.
+  const bool refused = !by_cost && !books_.lanes.empty() && !books_.Admits(*books_.lanes[0], r);
+  if (refused) why_not = &books_.stats->dropped_not_admitted;
+  if (!by_cost && !refused && DemoteLocked(t, r, host_slot, offset, meta, deferred, &why_not)) {
+    return EvictResult::kEvicted;
+  }
   // No NVMe tier, no room there, or too large: the block is dropped. It was
   // invisible since the first check, so nobody took a pin or an io_ref.
   bool destroy;
@@ -73,7 +78,7 @@ Migrator::EvictResult Migrator::EvictHostCopyLocked(HostResidency& t, BlockRecor
     books_.stats->evictions_dropped_by_cost.Add();
   } else if (why_not != nullptr) {
     why_not->Add();
-    if (why_not != &books_.stats->dropped_no_lower_tier) SayDropped();
+    if (why_not != &books_.stats->dropped_no_lower_tier && why_not != &books_.stats->dropped_not_admitted) SayDropped();
   }
   t.FreeSlotLocked(host_slot);
   if (destroy) books_.DestroyDetached(r);

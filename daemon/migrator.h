@@ -86,6 +86,10 @@ class Migrator {
   // the block leaves the store). kSkipped when it may not go now (pinned,
   // busy, not ready). With `deferred`, a demotion's write is left to
   // FinishDemotion (appended there) instead of copying under the tier lock.
+  // The cascade's victim r on `from` is not admitted to the tier below:
+  // drops that copy as the tier's eviction would. False (nothing done) when
+  // r changed since the policy chose it.
+  bool DropUnadmittedLocked(LowerLane& from, BlockRecord* r, SlotHandle slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(from.mu);
   EvictResult EvictHostCopyLocked(HostResidency& t, BlockRecord* r, std::vector<PendingDemotion>* deferred = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
   // Starts a deferred demotion's write, then frees its host slot.

@@ -63,6 +63,34 @@ uint32_t Migrator::CascadeBatch(size_t i, uint32_t max) {
   return moved;
 }
 
+bool Migrator::DropUnadmittedLocked(LowerLane& from, BlockRecord* r, SlotHandle slot) {
+  bool destroy = false;
+  {
+    BlockIndex::Shard& sh = books_.index.ShardFor(r);
+    MutexLock sl(&sh.mu);
+    if (r->removed || r->pins != 0 || r->io_refs != 0 || r->lower_state != LowerState::kReady ||
+        r->lower != from.index || r->lower_slot != slot) {
+      return false;  // the next batch looks again
+    }
+    r->lower_slot = kNoSlot;
+    r->lower_state = LowerState::kNone;
+    if (r->state == BlockState::kNone) {
+      books_.UnindexLocked(sh, r);  // its only copy: the block leaves the cache
+      destroy = true;
+    }
+  }
+  from.policy->Remove(slot);
+  books_.FreeLowerSlotLocked(from, r, slot);
+  from.blocks.fetch_sub(1, std::memory_order_relaxed);
+  (from.index == 0 ? books_.stats->nvme_evictions : books_.stats->lower_evictions).Add();
+  books_.stats->cascade_dropped_not_admitted.Add();
+  if (destroy) {  // no host slot, no lower slot, unreferenced
+    books_.CountRecords(r->ns, -1);
+    books_.index.FreeRecord(r);
+  }
+  return true;
+}
+
 std::vector<Migrator::CascadeMove> Migrator::PickCascadeMoves(LowerLane& from, const LowerLane& to, uint32_t max) {
   std::vector<CascadeMove> moves;
   MutexLock l(&from.mu);
@@ -80,6 +108,13 @@ std::vector<Migrator::CascadeMove> Migrator::PickCascadeMoves(LowerLane& from, c
     });
     if (!v) break;
     BlockRecord* r = from.owner.at(*v);
+    if (!books_.Admits(to, r)) {
+      // The tier below turns it away (no evidence of reuse): the cascade
+      // drops it here, as this tier's own eviction would, rather than
+      // walking past it on every pass.
+      if (!DropUnadmittedLocked(from, r, *v)) break;
+      continue;
+    }
     {
       // Look again: the shard lock was let go after the policy's look,
       // and an invalidation may have taken the record meanwhile.

@@ -27,13 +27,16 @@ void Migrator::Publish(HostResidency& t, BlockRecord* r, LowerLane& lane) {
   };
   const BlockMeta meta = books_.MetaOf(r);
   if (go && (meta.payload_bytes > lane.tier->max_block_bytes() || meta.payload_bytes < shared_min_block_bytes_)) go = false;
+  const bool admitted = !go || books_.Admits(lane, r);
+  if (!admitted) go = false;
   if (go && publishing_.fetch_add(1, std::memory_order_relaxed) >= kMaxPublishing) {
     publishing_.fetch_sub(1, std::memory_order_relaxed);
     go = false;
   }
   if (!go) {
     done_with(r, false);
-    books_.stats->remote_publishes_skipped.Add();
+    // Each refusal counted once, by why (the metric sums them).
+    (admitted ? books_.stats->remote_publishes_skipped : books_.stats->remote_publishes_not_admitted).Add();
     books_.ReleaseIoRef(t, r);
     return;
   }

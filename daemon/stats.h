@@ -116,6 +116,17 @@ struct DaemonStats {
   // quota, a fair share, every block busy); the tier refused writes (its
   // disk full or read-only).
   Counter dropped_no_lower_tier, dropped_too_large, dropped_no_room, dropped_tier_unwritable;
+  // ... and the first lower tier's admission gate turned the block away
+  // (tiers.nvme.admission_min_uses: not asked for often enough).
+  Counter dropped_not_admitted;
+  // Publishes (write_policy reused / committed) the shared tier's admission
+  // gate turned away (tiers.remote.admission_min_uses; not in
+  // remote_publishes_skipped). Blocks the gate keeps from the cascade are
+  // dropped from NVMe by it (cascade_dropped_not_admitted).
+  Counter remote_publishes_not_admitted;
+  // Blocks the cascade dropped from a lower tier instead of moving them down,
+  // because the tier below turned them away (also in nvme_evictions).
+  Counter cascade_dropped_not_admitted;
   // Why host evictions happened, besides a full arena: the background
   // reclaimer (above the high watermark), a tenant's host_tokens quota.
   Counter evictions_background, evictions_for_quota;

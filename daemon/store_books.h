@@ -36,6 +36,7 @@
 #include "daemon/lower_lane.h"
 #include "daemon/namespace_registry.h"
 #include "daemon/stats.h"
+#include "policies/reuse_gate.h"
 #include "tiers/tier.h"
 
 namespace kvtier {
@@ -61,8 +62,15 @@ class StoreBooks {
   // A lower copy is announced when its slot is charged and withdrawn when
   // the slot is freed (ChargeLocked, FreeLowerSlotLocked).
   KvEvents* events = nullptr;
+  // Uses of blocks, for the lanes' admission gates; nullptr when no lane
+  // has one. Set before sessions start; thread-safe.
+  std::unique_ptr<ReuseGate> reuse;
 
   LowerLane& LaneOf(const BlockRecord* r) const { return *lanes[r->lower]; }
+  // Whether the lane's admission gate lets r in (always, without a gate).
+  bool Admits(const LowerLane& lane, const BlockRecord* r) const {
+    return lane.admit_min_uses <= 1 || reuse == nullptr || reuse->Admit(PolicyKeyOf(*r), lane.admit_min_uses);
+  }
 
   // --- namespaces (thread-safe)
   // Makes a namespace's shape known for tier headers and the cost model
