@@ -395,12 +395,14 @@ std::string PrometheusText(const StatusSnapshot& s, bool detailed) {
     w.Family("kvtier_remote_publishes_total", "counter",
              "Blocks written to the shared tier on its write policy (skipped: published already or too many in "
              "flight; not_admitted: its admission gate refused them), and cascade moves into it that found the block "
-             "there already (avoided).");
+             "there already, read it back intact and wrote nothing (avoided), or found a value there that did not "
+             "read back intact and wrote this node's copy over it (found_unproven).");
     w.Sample("kvtier_remote_publishes_total", "result=\"written\"", double(st.remote_publishes.Get()));
     w.Sample("kvtier_remote_publishes_total", "result=\"skipped\"", double(st.remote_publishes_skipped.Get()));
     w.Sample("kvtier_remote_publishes_total", "result=\"not_admitted\"", double(st.remote_publishes_not_admitted.Get()));
     w.Sample("kvtier_remote_publishes_total", "result=\"failed\"", double(st.remote_publishes_failed.Get()));
     w.Sample("kvtier_remote_publishes_total", "result=\"avoided\"", double(st.remote_writes_avoided.Get()));
+    w.Sample("kvtier_remote_publishes_total", "result=\"found_unproven\"", double(st.cascade_found_unproven.Get()));
     w.Family("kvtier_remote_slots_covered", "gauge", "Cluster slots (of 16384) the slot map covers.");
     w.Sample("kvtier_remote_slots_covered", "", double(r.slots_covered));
     w.Family("kvtier_remote_redirections_total", "counter", "MOVED, ASK, TRYAGAIN and CLUSTERDOWN answers.");

@@ -14,7 +14,8 @@
 //      copy is dropped, not moved);
 //   3. allocate a slot in lane i + 1 (evicting there if it is full) and
 //      write the staging copy to it (a shared tier that already holds the
-//      block, asked with one Exists for the batch, is not written again);
+//      block, asked with one Exists for the batch and read back to prove
+//      it, is not written again);
 //   4. swap, under both lane locks and the record's shard lock: if the
 //      record still names the same copy and nobody else holds an io_ref
 //      on it, it now names the new copy and the old slot is freed; else
@@ -169,10 +170,37 @@ void Migrator::CopyCascadeMoves(LowerLane& from, LowerLane& to, std::vector<Casc
           0);
       answered->wait();
       for (size_t j = 0; j < asked.size() && j < present->size(); ++j) {
-        if (!(*present)[j]) continue;
-        asked[j]->already_below = true;
-        books_.stats->remote_writes_avoided.Add();
+        if ((*present)[j]) asked[j]->already_below = true;
       }
+    }
+    // EXISTS only says a value is under the key: whoever can write the key
+    // in the cluster may have left one that does not open (or it was evicted
+    // since). The value is read and checked as a load would before this
+    // node lets go of its own copy; one that fails is written over with
+    // this node's copy, like a block that was not there.
+    size_t proving = 0;
+    for (const CascadeMove& m : moves) proving += m.already_below;
+    auto proved = std::make_shared<std::latch>(static_cast<std::ptrdiff_t>(proving));
+    for (CascadeMove& m : moves) {
+      if (!m.already_below) continue;
+      m.staging = std::make_unique_for_overwrite<std::byte[]>(m.meta.payload_bytes);
+      to.tier->Read(m.to_slot, m.meta, {m.staging.get(), m.meta.payload_bytes}, IoOptions{IoPriority::kDemote},
+                    [&m, proved](absl::Status s) {
+                      m.read = std::move(s);
+                      proved->count_down();
+                    });
+    }
+    proved->wait();
+    for (CascadeMove& m : moves) {
+      if (!m.already_below) continue;
+      if (m.read.ok()) {
+        books_.stats->remote_writes_avoided.Add();
+        m.staging.reset();
+        continue;
+      }
+      books_.stats->cascade_found_unproven.Add();
+      m.already_below = false;
+      m.read = absl::OkStatus();
     }
   }
 

@@ -171,6 +171,10 @@ struct DaemonStats {
   Counter remote_probes_throttled;  // not asked: the tenant's probe_blocks_per_s was spent
   Counter remote_adoptions_refused;  // found there, not indexed: the tenant's records_per_tenant were full
   Counter remote_publishes, remote_publishes_skipped, remote_publishes_failed, remote_writes_avoided;
+  // Cascade moves into the shared tier whose EXISTS found the block there
+  // but whose value did not read back intact (gone since, damaged, or
+  // forged): this node wrote its own copy instead of trusting it.
+  Counter cascade_found_unproven;
   // Engine KV caches: registrations (and refusals), daemon-driven gathers
   // (stores) and scatters (loads) with them, and device work that failed.
   Counter kv_registrations, kv_registrations_refused, device_stores, device_blocks_stored, device_loads,

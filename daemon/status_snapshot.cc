@@ -153,6 +153,7 @@ json LowerJson(const StatusSnapshot::Lower& l, const DaemonStats& s) {
         {"publishes_not_admitted", s.remote_publishes_not_admitted.Get()},
         {"publishes_failed", s.remote_publishes_failed.Get()},
         {"writes_avoided", s.remote_writes_avoided.Get()},
+        {"found_unproven", s.cascade_found_unproven.Get()},
         {"misses", json{{"not_found", r->misses.not_found},
                         {"bad_value", r->misses.bad_value},
                         {"forged", r->misses.forged},

@@ -187,7 +187,24 @@ absl::Status MemoryBlockTier::Execute(Op& op) {
     return absl::OkStatus();
   }
   if (!same) return absl::NotFoundError(absl::StrCat(opts_.name, " slot ", op.slot, " was freed before the read"));
-  const Slot& s = slots_[op.slot];
+  const Slot* found = &slots_[op.slot];
+  if (opts_.shared && !found->written) {
+    // A shared tier is addressed by the block's identity, as a cluster's
+    // keys are: a handle nothing was written through (an adopted block, a
+    // move that found the block there already) reads what another handle
+    // wrote under the same identity.
+    for (const Slot& other : slots_) {
+      if (other.allocated && other.written && other.meta.ns == op.meta.ns && other.meta.key == op.meta.key &&
+          other.meta.tenant_hash == op.meta.tenant_hash) {
+        found = &other;
+        break;
+      }
+    }
+    if (!found->written) {
+      return absl::NotFoundError(absl::StrCat("the block is not in the ", opts_.name, " tier"));
+    }
+  }
+  const Slot& s = *found;
   const bool ok = s.written && s.meta.ns == op.meta.ns && s.meta.key == op.meta.key &&
                   s.data.size() == op.dst.size() && op.meta.payload_bytes == op.dst.size() &&
                   XXH3_64bits(s.data.data(), s.data.size()) == s.xxh3;

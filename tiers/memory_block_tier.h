@@ -35,7 +35,10 @@ struct MemoryBlockTierOptions {
   // Stands for a tier other nodes write too (shared(): the store asks it
   // past its local prefix and publishes to it). Exists answers from the
   // values written and not freed (after op_latency_ns, on the caller's
-  // thread); a freed value is gone, unlike a cluster's.
+  // thread), and a read through a handle nothing was written through
+  // answers with the value written under the block's identity through
+  // another, as a cluster's GET by key does; a freed value is gone, unlike
+  // a cluster's.
   bool shared = false;
 };
 

@@ -726,6 +726,47 @@ TEST_F(BlockStoreNvmeTest, TheCascadeMovesDownOnlyWhatTheSharedTiersGateAdmits) 
   EXPECT_EQ(LoadVerified(*s, 0, 4), 4u) << "and they come back whole";
 }
 
+// The cascade asks the shared tier whether it holds a block before moving
+// it down. A value that is there but does not read back intact (damaged,
+// or put there by whoever can write the cluster's keys) must not make this
+// node let go of its good copy: it writes its own copy over it. A value
+// that reads back intact spares the write.
+TEST_F(BlockStoreNvmeTest, AValueBelowThatDoesNotOpenDoesNotCostTheGoodCopy) {
+  below_ = true;
+  below_shared_ = true;
+  Open(4);
+  auto s = Session();
+  // Another node's values of blocks 0..15: 0..7 damaged, 8..15 intact.
+  for (uint64_t i = 0; i < 16; ++i) {
+    const BlockMeta meta{.ns = s->ns.id, .key = KeyOf(i), .payload_bytes = kBlock, .tenant_hash = TenantHash("t"),
+                         .block_tokens = s->ns.block_tokens};
+    std::vector<std::byte> bytes(kBlock);
+    testing::FillFromKey(meta.key, bytes);
+    const SlotHandle slot = *memory_->Allocate(kBlock);
+    std::promise<absl::Status> wrote;
+    memory_->Write(slot, meta, bytes, IoPriority::kDemote, [&](absl::Status st) { wrote.set_value(st); });
+    ASSERT_TRUE(wrote.get_future().get().ok());
+    if (i < 8) {
+      ASSERT_TRUE(memory_->CorruptPayload(slot, 4096 + i).ok());
+    }
+  }
+  const uint64_t planted_writes = memory_->BlockStats().writes;
+  FillChain(*s, 300);  // the coldest, 0..15 among them, go down
+  ASSERT_TRUE(memory_->Sync().ok());
+  ASSERT_EQ(LowerTiersOf(*store_, 0, 16), std::vector<int>(16, 1));
+  EXPECT_EQ(stats_.cascade_found_unproven.Get(), 8u);
+  EXPECT_EQ(stats_.remote_writes_avoided.Get(), 8u);
+  // Every move but 8..15's wrote its copy (0..7's over the damaged values).
+  EXPECT_EQ(memory_->BlockStats().writes - planted_writes, stats_.cascades.Get() - 8);
+  // Four at a time: the host tier has four slots.
+  for (uint64_t k = 0; k < 16; k += 4) {
+    uint32_t hit = 0;
+    EXPECT_EQ(LoadVerified(*s, k, 4, nullptr, &hit), 4u)
+        << k << (k < 8 ? ": this node's own copies" : ": the intact values it kept instead") << ", byte-exact";
+    EXPECT_EQ(hit, 4u) << k;
+  }
+}
+
 TEST_F(BlockStoreNvmeTest, CascadeUnderConcurrentLoadsServesNoWrongByte) {
   below_ = true;
   Open(16);
