@@ -127,12 +127,8 @@ bool Migrator::DemoteLocked(HostResidency& t, BlockRecord* r, SlotHandle host_sl
     *why_not = &books_.stats->dropped_too_large;
     return false;
   }
-  absl::StatusOr<SlotHandle> nslot;
-  {
-    MutexLock nl(&first->mu);
-    nslot = AllocateLowerSlotLocked(*first, r, meta.payload_bytes);
-    if (nslot.ok()) first->owner[*nslot] = r;
-  }
+  uint8_t lane = 0;
+  const absl::StatusOr<SlotHandle> nslot = DemotionSlot(r, meta, &lane);
   if (!nslot.ok()) {
     books_.stats->demotions_failed.Add();
     // The tier's own ENOSPC (its disk full, or read-only), or no room the
@@ -147,37 +143,74 @@ bool Migrator::DemoteLocked(HostResidency& t, BlockRecord* r, SlotHandle host_sl
     r->state = BlockState::kNone;
     r->host_slot = kNoSlot;
     r->lower_slot = *nslot;
-    r->lower = 0;
+    r->lower = lane;
     r->lower_state = LowerState::kWriting;  // the io_ref now belongs to the write
   }
   books_.stats->demotions.Add();
+  if (lane != 0) books_.stats->demotions_past_full_tier.Add();
   if (deferred != nullptr) {
     t.PolicyForLocked(t.host->SlotBytes(host_slot))->Remove(host_slot);  // not a victim twice
-    deferred->push_back(PendingDemotion{r, host_slot, *nslot, offset, meta});
+    deferred->push_back(PendingDemotion{r, lane, host_slot, *nslot, offset, meta});
     return true;
   }
   // Write copies the bytes before it returns: the host slot is freed right
   // after. Its callback takes no tenant lock (r has no host slot), so it may
   // run inline here.
-  WriteDemotion(t, r, *nslot, offset, meta);
+  WriteDemotion(t, r, lane, *nslot, offset, meta);
   t.FreeSlotLocked(host_slot);
   return true;
 }
 
-void Migrator::WriteDemotion(HostResidency& t, BlockRecord* r, SlotHandle lower_slot, uint64_t offset,
+absl::StatusOr<SlotHandle> Migrator::DemotionSlot(BlockRecord* r, const BlockMeta& meta, uint8_t* lane) {
+  LowerLane& first = *books_.lanes[0];
+  LowerLane* const next = books_.lanes.size() > 1 ? books_.lanes[1].get() : nullptr;
+  // With a tier below, the first one's room now comes first; its eviction
+  // waits until the next tier has none.
+  absl::StatusOr<SlotHandle> slot;
+  {
+    MutexLock nl(&first.mu);
+    slot = AllocateLowerSlotLocked(first, r, meta.payload_bytes, /*evict=*/next == nullptr);
+    if (slot.ok()) first.owner[*slot] = r;
+  }
+  *lane = 0;
+  if (slot.ok() || next == nullptr || !absl::IsResourceExhausted(slot.status()) ||
+      CarriesCode(slot.status(), KVTIER_ENOSPC)) {
+    return slot;
+  }
+  // The first tier is full (or the tenant at its quota there): the block
+  // goes one tier down if that tier has room now and would take it from
+  // the cascade. The first tier's coldest blocks stay; the cascade moves
+  // them down in its own time, and promotions bring back what is used.
+  if (meta.payload_bytes <= next->tier->max_block_bytes() &&
+      (!next->tier->shared() || meta.payload_bytes >= shared_min_block_bytes_) && books_.Admits(*next, r)) {
+    MutexLock bl(&next->mu);
+    absl::StatusOr<SlotHandle> below = AllocateLowerSlotLocked(*next, r, meta.payload_bytes, /*evict=*/false);
+    if (below.ok()) {
+      next->owner[*below] = r;
+      *lane = next->index;
+      return below;
+    }
+  }
+  MutexLock nl(&first.mu);
+  slot = AllocateLowerSlotLocked(first, r, meta.payload_bytes);
+  if (slot.ok()) first.owner[*slot] = r;
+  return slot;
+}
+
+void Migrator::WriteDemotion(HostResidency& t, BlockRecord* r, uint8_t lane, SlotHandle lower_slot, uint64_t offset,
                              const BlockMeta& meta) {
-  books_.lanes[0]->tier->Write(lower_slot, meta, {t.host->arena_base() + offset, meta.payload_bytes},
-                               IoPriority::kDemote, [this, &t, r, start = MonotonicNanos()](absl::Status s) {
-                                 books_.stats->nvme_write_latency.Record(MonotonicNanos() - start);
-                                 if (!s.ok()) books_.stats->demotions_failed.Add();
-                                 OnFirstTierWritten(r, s);
-                                 books_.ReleaseIoRef(t, r);
-                               });
+  books_.lanes[lane]->tier->Write(lower_slot, meta, {t.host->arena_base() + offset, meta.payload_bytes},
+                                  IoPriority::kDemote, [this, &t, r, lane, start = MonotonicNanos()](absl::Status s) {
+                                    if (lane == 0) books_.stats->nvme_write_latency.Record(MonotonicNanos() - start);
+                                    if (!s.ok()) books_.stats->demotions_failed.Add();
+                                    OnLowerWritten(lane, r, s);
+                                    books_.ReleaseIoRef(t, r);
+                                  });
 }
 
 void Migrator::FinishDemotion(HostResidency& t, const PendingDemotion& d) {
   // The slot is still allocated to d.r: nobody else writes these bytes.
-  WriteDemotion(t, d.r, d.lower_slot, d.offset, d.meta);
+  WriteDemotion(t, d.r, d.lane, d.lower_slot, d.offset, d.meta);
   MutexLock l(&t.mu);
   t.FreeSlotLocked(d.host_slot);
   if (--t.deferred_in_flight == 0) t.deferred_done.notify_all();
@@ -191,7 +224,8 @@ void Migrator::FinishDemotion(HostResidency& t, const PendingDemotion& d) {
 // whose write (or its journal commit) is still pending is busy, not
 // evictable: a burst of demotions faster than the tier's writes finds the
 // tier full of busy blocks and drops what it cannot place.
-absl::StatusOr<SlotHandle> Migrator::AllocateLowerSlotLocked(LowerLane& lane, const BlockRecord* owner, uint64_t bytes) {
+absl::StatusOr<SlotHandle> Migrator::AllocateLowerSlotLocked(LowerLane& lane, const BlockRecord* owner, uint64_t bytes,
+                                                             bool evict) {
   const uint16_t tenant = owner->tenant;
   // The quotas ([[tenants]] nvme_bytes / nvme_tokens) are on the first tier.
   const TenantQuota q = lane.index == 0 ? books_.tenants[tenant]->Quota() : TenantQuota{};
@@ -213,6 +247,10 @@ absl::StatusOr<SlotHandle> Migrator::AllocateLowerSlotLocked(LowerLane& lane, co
       if (slot.ok() || !absl::IsResourceExhausted(slot.status()) || CarriesCode(slot.status(), KVTIER_ENOSPC)) {
         return slot;
       }
+    }
+    if (!evict) {
+      return absl::ResourceExhaustedError(absl::StrCat("the ", std::string(lane.tier->name()), " tier has no room for tenant \"",
+                                                       books_.tenants[tenant]->name, "\" without evicting"));
     }
     const LowerLane::Victim pick = lane.PickVictimLocked(tenant, bytes, over_quota, [&](BlockRecord* v) {
       BlockIndex::Shard& sh = books_.index.ShardFor(v);
@@ -262,16 +300,16 @@ absl::StatusOr<SlotHandle> Migrator::AllocateLowerSlotLocked(LowerLane& lane, co
   }
 }
 
-void Migrator::OnFirstTierWritten(BlockRecord* r, absl::Status s) {
-  LowerLane& first = *books_.lanes[0];
+void Migrator::OnLowerWritten(uint8_t lane_index, BlockRecord* r, absl::Status s) {
+  LowerLane& lane = *books_.lanes[lane_index];
   std::vector<absl::AnyInvocable<void(bool) &&>> waiters;
   {
-    MutexLock nl(&first.mu);
-    if (auto w = first.write_waiters.find(r); w != first.write_waiters.end()) {
+    MutexLock nl(&lane.mu);
+    if (auto w = lane.write_waiters.find(r); w != lane.write_waiters.end()) {
       waiters = std::move(w->second);
-      first.write_waiters.erase(w);
+      lane.write_waiters.erase(w);
     }
-    RecordWriteLocked(first, r, s);
+    RecordWriteLocked(lane, r, s);
   }
   for (auto& cb : waiters) std::move(cb)(s.ok());
 }
@@ -362,7 +400,7 @@ void Migrator::WriteThrough(HostResidency& t, BlockRecord* r, IoPriority prio, S
                       // tries it again): not a write.
                       if (ToErrorCode(s) != KVTIER_EBUSY) books_.stats->writes_through.Add();
                       books_.stats->nvme_write_latency.Record(MonotonicNanos() - start);
-                      OnFirstTierWritten(r, s);
+                      OnLowerWritten(0, r, s);
                       books_.ReleaseIoRef(t, r);
                       std::move(done)(s);
                     });

@@ -77,6 +77,7 @@ class Migrator {
   // policy, and its host slot stays allocated until FinishDemotion.
   struct PendingDemotion {
     BlockRecord* r = nullptr;
+    uint8_t lane = 0;  // the lane written: the first, or one below it when the first was full
     SlotHandle host_slot = 0, lower_slot = 0;
     uint64_t offset = 0;
     BlockMeta meta;
@@ -138,9 +139,10 @@ class Migrator {
   // tenant would go over its quota there (then from its own blocks). Never
   // evicts another tenant's block if that would leave the other below its
   // fair share (the rule: LowerLane::PickVictimLocked). Charges r's tenant.
-  // Quotas apply to lane 0 only.
-  absl::StatusOr<SlotHandle> AllocateLowerSlotLocked(LowerLane& lane, const BlockRecord* r, uint64_t bytes)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(lane.mu);
+  // Quotas apply to lane 0 only. Without `evict`, only room the lane has
+  // now (ResourceExhausted when it would have to evict).
+  absl::StatusOr<SlotHandle> AllocateLowerSlotLocked(LowerLane& lane, const BlockRecord* r, uint64_t bytes,
+                                                     bool evict = true) ABSL_EXCLUSIVE_LOCKS_REQUIRED(lane.mu);
   // When the cost model has been deciding against the first lower tier
   // without reads to learn from, reads a few of its blocks to time it.
   // Returns the reads submitted.
@@ -162,16 +164,26 @@ class Migrator {
   bool DropForCost(const BlockRecord* r, const BlockMeta& meta);
   // Demotes r (kEvicting, with the eviction's io_ref) into the first lower
   // tier; false (r untouched, *why_not the counter of the reason) without
-  // one, too large for it, or no room.
+  // one, too large for it, or no room. When the first tier is full and the
+  // next one down has room now (and admits r), r goes there instead of
+  // making the first tier drop its coldest block: nothing is lost while the
+  // chain has room (DemotionLaneLocked).
   bool DemoteLocked(HostResidency& t, BlockRecord* r, SlotHandle host_slot, uint64_t offset, const BlockMeta& meta,
                     std::vector<PendingDemotion>* deferred, Counter** why_not) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
   // A warning at most every 10 s while host evictions are dropped for want
   // of a place below (not by the cost model), with the counts by reason.
   void SayDropped();
   std::atomic<uint64_t> drops_said_ns_{0};
-  // Starts the write of a demotion into lane 0 from host memory at `offset`.
-  void WriteDemotion(HostResidency& t, BlockRecord* r, SlotHandle lower_slot, uint64_t offset, const BlockMeta& meta);
-  void OnFirstTierWritten(BlockRecord* r, absl::Status s);
+  // A slot for a demotion of r: in the first lane if it has room now, else
+  // in the second if that has room now and takes r, else in the first,
+  // evicting there. Sets *lane to the lane's index.
+  absl::StatusOr<SlotHandle> DemotionSlot(BlockRecord* r, const BlockMeta& meta, uint8_t* lane);
+  // Starts the write of a demotion into `lane` from host memory at `offset`.
+  void WriteDemotion(HostResidency& t, BlockRecord* r, uint8_t lane, SlotHandle lower_slot, uint64_t offset,
+                     const BlockMeta& meta);
+  // A write into `lane` (a demotion or a write-through) ended: the copy is
+  // ready, or gone; whoever waited on it is told.
+  void OnLowerWritten(uint8_t lane, BlockRecord* r, absl::Status s);
   void RecordWriteLocked(LowerLane& lane, BlockRecord* r, const absl::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(lane.mu);
 
   // Promotion's states (migrator_promotion.cc, above PlanPromotionLocked).

@@ -2,9 +2,11 @@
 // The cascade between lower tiers: while a tier of the chain is fuller than
 // cascade_high of its capacity, a background thread copies its coldest
 // blocks one tier down until it is at cascade_low, the way host reclaim
-// keeps room in host memory. Stores and demotions never wait for it: a tier
-// that fills faster than the cascade drains it evicts its coldest blocks on
-// the allocating path, as the last tier of the chain always does.
+// keeps room in host memory. Stores and demotions never wait for it: when
+// the first tier is full, a demotion goes to the second while it has room
+// (Migrator::DemotionSlot), and a tier evicts its coldest blocks on the
+// allocating path only when the one below has none, as the last tier of the
+// chain always does.
 //
 // One move, for a block of lane i:
 //   1. pick: the lane's policy gives its coldest ready, unpinned, idle copy;

@@ -61,17 +61,27 @@ Migrator::PromotionPlan Migrator::PlanPromotionLocked(HostResidency& t, BlockRec
 
 bool Migrator::AwaitDemotionLocked(HostResidency& t, BlockRecord* r, IoPriority prio,
                                      absl::AnyInvocable<void(bool) &&>& done, uint64_t parent_key) {
-  // Only demotions write, into lane 0. (Tenant lock, then the lane lock: the
-  // write's completion takes the lane lock only.)
-  LowerLane& first = *books_.lanes[0];
-  MutexLock nl(&first.mu);
+  // Only demotions and writes-through write from host memory: into lane 0,
+  // or the lane below it when lane 0 was full. (Tenant lock, then the lane
+  // lock: the write's completion takes the lane lock only.)
+  uint8_t lane_index;
   {
     BlockIndex::Shard& sh = books_.index.ShardFor(r);
     MutexLock sl(&sh.mu);
     if (r->lower_state != LowerState::kWriting) return false;  // landed (or failed) between the looks
+    lane_index = r->lower;
   }
-  first.tier->CommitSoon();  // a demotion's record waits for the next batch otherwise
-  first.write_waiters[r].push_back([this, &t, r, prio, parent_key, done = std::move(done)](bool written) mutable {
+  LowerLane& lane = *books_.lanes[lane_index];
+  MutexLock nl(&lane.mu);
+  {
+    BlockIndex::Shard& sh = books_.index.ShardFor(r);
+    MutexLock sl(&sh.mu);
+    // Its write lands under this lane's lock: still writing here, it is not
+    // done before the waiter below is in place.
+    if (r->lower_state != LowerState::kWriting || r->lower != lane_index) return false;
+  }
+  lane.tier->CommitSoon();  // a demotion's record waits for the next batch otherwise
+  lane.write_waiters[r].push_back([this, &t, r, prio, parent_key, done = std::move(done)](bool written) mutable {
     if (!written) {
       std::move(done)(false);
       return;

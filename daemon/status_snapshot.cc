@@ -85,6 +85,7 @@ json HostJson(const StatusSnapshot::Host& h, const DaemonStats& s) {
               {"evictions", h.evictions},
               {"evictions_kept_on_nvme", s.evictions_kept_on_nvme.Get()},
               {"demotions", s.demotions.Get()},
+              {"demotions_past_full_tier", s.demotions_past_full_tier.Get()},
               {"demotions_failed", s.demotions_failed.Get()},
               {"evictions_dropped", s.evictions_dropped.Get()},
               {"evictions_dropped_by_cost", s.evictions_dropped_by_cost.Get()},

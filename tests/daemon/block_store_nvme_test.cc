@@ -34,6 +34,7 @@ class BlockStoreNvmeTest : public ::testing::Test {
                                            .cost = cost_,
                                            .high_watermark = high_watermark,
                                            .low_watermark = low_watermark,
+                                           .cascade_high = cascade_high_,
                                            .shared_probe_blocks_per_s = shared_probe_blocks_per_s_,
                                            .shared_records_per_tenant = shared_records_per_tenant_,
                                            .shared_min_block_bytes = shared_min_block_bytes_,
@@ -78,7 +79,8 @@ class BlockStoreNvmeTest : public ::testing::Test {
     if (below_) {
       // A tier below NVMe: one more link in the chain, and nothing else.
       auto mem = MemoryBlockTier::Create(
-          {.capacity_bytes = 8 << 20, .max_block_bytes = 1 << 20, .shared = below_shared_});
+          {.capacity_bytes = 8 << 20, .max_block_bytes = 1 << 20, .op_latency_ns = memory_latency_ns_,
+           .shared = below_shared_});
       ASSERT_TRUE(mem.ok()) << mem.status();
       memory_ = mem->get();
       ASSERT_TRUE(store_->AttachLowerTier(std::move(*mem), {}, &namespaces_).ok());
@@ -199,11 +201,12 @@ class BlockStoreNvmeTest : public ::testing::Test {
   MemoryBlockTier* memory_ = nullptr;     // when lower_ is "memory", or below_
   bool below_ = false;                    // the next Open attaches a memory tier below NVMe
   bool below_shared_ = false;             // ... standing for a shared tier
-  uint64_t memory_latency_ns_ = 0;        // the "memory"/"shared" tier's op latency
+  uint64_t memory_latency_ns_ = 0;        // the "memory"/"shared" tier's op latency (and below_'s)
   // The shared tier's fair shares (BlockStore::Options).
   uint32_t shared_probe_blocks_per_s_ = 50000;
   uint32_t shared_records_per_tenant_ = 262144;
   uint64_t shared_min_block_bytes_ = 4096;
+  double cascade_high_ = 0.9;  // above 1: no cascade
   // The admission gates (BlockStore::Options): 1, every block.
   uint32_t nvme_admit_ = 1, shared_admit_ = 1;
 };
@@ -767,6 +770,55 @@ TEST_F(BlockStoreNvmeTest, AValueBelowThatDoesNotOpenDoesNotCostTheGoodCopy) {
   }
 }
 
+// A burst of host evictions faster than the cascade drains NVMe (here the
+// cascade is off, so only the allocating path acts): once NVMe is full,
+// host victims are written to the tier below while it has room, and NVMe
+// drops nothing. Once the tier below is full too, NVMe evicts its coldest,
+// as the last resort it always was. Every block kept comes back byte-exact.
+class BurstDownTheChainTest : public BlockStoreNvmeTest {
+ protected:
+  void Run(bool shared) {
+    below_ = true;
+    below_shared_ = shared;
+    cascade_high_ = 2.0;
+    Open(4);
+    auto s = Session();
+    for (uint64_t k = 0; k < 400; k += 4) Store(*s, k, 4);
+    ASSERT_TRUE(store_->lower_tier(0)->Sync().ok());
+    ASSERT_TRUE(memory_->Sync().ok());
+    EXPECT_EQ(stats_.demotions.Get(), 396u);
+    EXPECT_EQ(stats_.evictions_dropped.Get(), 0u);
+    EXPECT_EQ(stats_.nvme_evictions.Get(), 0u) << "the tier below had room";
+    EXPECT_EQ(stats_.cascades.Get(), 0u);
+    EXPECT_GT(stats_.demotions_past_full_tier.Get(), 150u);
+    EXPECT_EQ(store_->lower_blocks(1), stats_.demotions_past_full_tier.Get());
+    EXPECT_EQ(store_->lower_blocks(0) + store_->lower_blocks(1), 396u);
+    EXPECT_EQ(memory_->BlockStats().writes, stats_.demotions_past_full_tier.Get());
+    // The oldest stayed on NVMe; the newest went below once it was full.
+    EXPECT_EQ(LowerTiersOf(*store_, 0, 4), std::vector<int>(4, 0));
+    EXPECT_EQ(LowerTiersOf(*store_, 392, 4), std::vector<int>(4, 1));
+    for (uint64_t k = 0; k < 396; k += 4) ASSERT_EQ(LoadVerified(*s, k, 4), 4u) << k;
+
+    // The tier below fills (512 blocks of 16 KiB): NVMe evicts to take
+    // the rest, and host evictions are still never dropped.
+    for (uint64_t k = 1000; k < 1400; k += 4) Store(*s, k, 4);
+    ASSERT_TRUE(store_->lower_tier(0)->Sync().ok());
+    ASSERT_TRUE(memory_->Sync().ok());
+    EXPECT_EQ(store_->lower_blocks(1), 512u);
+    EXPECT_GT(stats_.nvme_evictions.Get(), 0u);
+    EXPECT_EQ(stats_.evictions_dropped.Get(), 0u);
+    for (uint64_t k = 1392; k < 1400; k += 4) EXPECT_EQ(LoadVerified(*s, k, 4), 4u) << k;
+  }
+};
+
+// A burst of host evictions faster than the cascade drains NVMe (here the
+// cascade is off, so only the allocating path acts): once NVMe is full,
+// host victims are written to the tier below while it has room, and NVMe
+// drops nothing. Once the tier below is full too, NVMe evicts its coldest,
+// as the last resort it always was. Every block kept comes back byte-exact.
+TEST_F(BurstDownTheChainTest, OverALocalTier) { Run(false); }
+TEST_F(BurstDownTheChainTest, OverASharedTier) { Run(true); }
+
 TEST_F(BlockStoreNvmeTest, CascadeUnderConcurrentLoadsServesNoWrongByte) {
   below_ = true;
   Open(16);
@@ -813,6 +865,48 @@ TEST_F(BlockStoreNvmeTest, CascadeUnderConcurrentLoadsServesNoWrongByte) {
   EXPECT_TRUE(testing::Eventually(consistent))
       << in_tier[0] << " " << store_->lower_blocks(0) << " " << store_->lower_tier(0)->Usage().used_slots << " / "
       << in_tier[1] << " " << store_->lower_blocks(1) << " " << memory_->Usage().used_slots;
+}
+
+// Loads of the newest blocks race their demotions into the tier below a
+// full NVMe tier (the cascade off): a load that finds a block still being
+// written there waits for that write, and every byte loaded is right.
+TEST_F(BlockStoreNvmeTest, LoadsRaceDemotionsPastAFullNvmeTier) {
+  below_ = true;
+  cascade_high_ = 2.0;
+  memory_latency_ns_ = 300'000;  // writes below take a while: loads find them in flight
+  Open(16);
+  auto s = Session();
+  auto reader = Session();
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> loaded{0}, stored{0};
+  std::thread loads([&] {
+    std::mt19937_64 rng(11);
+    while (!stop.load()) {
+      const uint64_t n = stored.load();
+      if (n < 64) continue;
+      loaded += LoadVerified(*reader, n - 48 + rng() % 30, 2);  // checks every byte it loads
+    }
+  });
+  for (uint64_t k = 0; k < 480; k += 4) {
+    Store(*s, k, 4);
+    stored = k + 4;
+  }
+  ASSERT_TRUE(testing::Eventually([&] { return loaded.load() > 20; }));
+  stop = true;
+  loads.join();
+  SyncNvme();
+  ASSERT_TRUE(memory_->Sync().ok());
+  EXPECT_GT(stats_.demotions_past_full_tier.Get(), 100u);
+  EXPECT_EQ(stats_.evictions_dropped.Get(), 0u);
+  EXPECT_EQ(stats_.nvme_evictions.Get(), 0u);
+  uint64_t in_tier[2] = {0, 0};
+  for (int t : LowerTiersOf(*store_, 0, stored.load())) {
+    if (t >= 0) ++in_tier[t];
+  }
+  EXPECT_EQ(in_tier[0], store_->lower_blocks(0));
+  EXPECT_EQ(in_tier[1], store_->lower_blocks(1));
+  EXPECT_EQ(memory_->Usage().used_slots, store_->lower_blocks(1));
+  EXPECT_EQ(store_->lower_tier(0)->Usage().used_slots, store_->lower_blocks(0));
 }
 
 // A drain (SIGTERM's flush) leaves no host block with only a copy that a
