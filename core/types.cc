@@ -17,6 +17,7 @@ std::string_view TierName(TierKind tier) {
     case TierKind::kGpu: return "gpu";
     case TierKind::kHost: return "host";
     case TierKind::kNvme: return "nvme";
+    case TierKind::kRemote: return "remote";
     case TierKind::kNone: break;
   }
   return "none";

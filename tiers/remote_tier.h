@@ -111,7 +111,7 @@ struct RemoteTierOptions {
   std::vector<RemoteTenant> tenants;
   std::string key_prefix = "kvtier";
   std::string name = "remote";
-  TierKind kind = TierKind::kNvme;  // what lookups report a block here as (the ABI names no remote tier yet)
+  TierKind kind = TierKind::kRemote;  // what lookups report a block here as
   uint64_t capacity_bytes = 1ull << 40;  // handles kvtier keeps on what it wrote
   uint64_t max_block_bytes = 64ull << 20;
   uint64_t op_timeout_ms = 500;  // a read or write's deadline when its caller gives none

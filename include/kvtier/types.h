@@ -86,6 +86,7 @@ enum class TierKind : uint8_t {
   kGpu = KVTIER_TIER_GPU,
   kHost = KVTIER_TIER_HOST,
   kNvme = KVTIER_TIER_NVME,
+  kRemote = KVTIER_TIER_REMOTE,
 };
 std::string_view TierName(TierKind tier);
 

@@ -138,6 +138,13 @@ TEST(RemoteSharingTest, NodeBReusesWhatNodeAComputedByteExactAndNothingElse) {
   // Node B never saw them: its lookup finds the 24 in the cluster (and not
   // the 8 after them, which nobody computed), and each loads with its bytes.
   auto cb = testing::AttachTo(b.socket_path(), testing::TestNamespace(kBlock, "remote/share"));
+  {
+    // The engine learns where they are: in the shared tier, not on NVMe.
+    auto found = cb->Lookup(keys);
+    ASSERT_TRUE(found.ok()) << found.status().ToString();
+    ASSERT_EQ(found->hit_blocks, 24u);
+    for (size_t i = 0; i < 24; ++i) EXPECT_EQ(found->tiers[i], TierKind::kRemote) << i;
+  }
   EXPECT_EQ(HitAndLoad(*cb, keys), (std::pair<uint32_t, uint32_t>{24, 24}));
   EXPECT_EQ(Remote(b, "probe_found"), 24u);
   EXPECT_EQ(Remote(b, "hits_loaded"), 24u);

@@ -85,7 +85,9 @@ class SessionWorker {
       if (!found.ok()) return Fail(found.status());
       hit = found->hit_blocks;
       for (uint32_t i = 0; i < hit; ++i) {
-        (found->tiers[i] == TierKind::kNvme ? result_.blocks_hit_nvme : result_.blocks_hit_host)++;
+        // Below host memory (NVMe, or a shared tier), or in it.
+        (found->tiers[i] == TierKind::kNvme || found->tiers[i] == TierKind::kRemote ? result_.blocks_hit_nvme
+                                                                                      : result_.blocks_hit_host)++;
       }
       uint32_t loaded = 0;
       if (hit > 0) {
