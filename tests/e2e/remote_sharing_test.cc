@@ -85,14 +85,7 @@ uint64_t Remote(const DaemonProcess& d, const char* field) {
 
 // What a command line prints on stdout.
 std::string Output(const std::string& cmd) {
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  pclose(p);
-  return out;
+  return testing::RunCommand(cmd).out;
 }
 
 // The value of a sample line "name{labels} value" (-1: none).

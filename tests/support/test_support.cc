@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "tests/support/test_support.h"
 
+#include <sys/wait.h>
+
+#include <cstdio>
 #include <cstring>
 
 #include "tools/common/payload.h"
@@ -29,6 +32,18 @@ BlockKey KeyOf(uint64_t i) {
   std::memcpy(k.bytes.data(), &i, sizeof(i));
   k.bytes[31] = 0x5a;
   return k;
+}
+
+CommandOutput RunCommand(const std::string& cmd) {
+  CommandOutput o;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return o;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) o.out.append(buf, n);
+  const int st = pclose(p);
+  o.exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return o;
 }
 
 }  // namespace kvtier::testing

@@ -85,6 +85,14 @@ inline bool ThreadIsSleeping(pid_t tid) {
   return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'S';
 }
 
+// A command line run through the shell: its stdout (stderr goes to the
+// test log) and exit code (-1 when it did not exit).
+struct CommandOutput {
+  int exit_code = -1;
+  std::string out;
+};
+CommandOutput RunCommand(const std::string& cmd);
+
 // Polls cond every 5 ms until true or timeout; returns cond().
 template <typename F>
 bool Eventually(F cond, std::chrono::milliseconds timeout = kPatience) {

@@ -26,15 +26,9 @@ std::string Tool(const std::string& name) {
 }
 
 std::string Run(const std::string& cmd, int* exit_code) {
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  const int st = pclose(p);
-  *exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return out;
+  testing::CommandOutput o = testing::RunCommand(cmd);
+  *exit_code = o.exit_code;
+  return std::move(o.out);
 }
 
 struct Rates {

@@ -28,27 +28,12 @@
 namespace kvtier {
 namespace {
 
-struct Output {
-  int exit_code = -1;
-  std::string out;
-};
+using Output = testing::CommandOutput;
+using testing::RunCommand;
 
 std::string Tool(const std::string& name) {
   const char* dir = std::getenv("KVTIER_BUILD_DIR");
   return std::string(dir ? dir : ".") + "/tools/" + name;
-}
-
-// Runs a command line; captures stdout (stderr goes to the test log).
-Output RunCommand(const std::string& cmd) {
-  Output o;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return o;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) o.out.append(buf, n);
-  const int st = pclose(p);
-  o.exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return o;
 }
 
 TEST(ToolsTest, KvtierctlStatusInBothForms) {
