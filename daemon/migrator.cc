@@ -164,37 +164,55 @@ bool Migrator::DemoteLocked(HostResidency& t, BlockRecord* r, SlotHandle host_sl
 absl::StatusOr<SlotHandle> Migrator::DemotionSlot(BlockRecord* r, const BlockMeta& meta, uint8_t* lane) {
   LowerLane& first = *books_.lanes[0];
   LowerLane* const next = books_.lanes.size() > 1 ? books_.lanes[1].get() : nullptr;
-  // With a tier below, the first one's room now comes first; its eviction
-  // waits until the next tier has none.
-  absl::StatusOr<SlotHandle> slot;
+  *lane = 0;
+  // With a tier below, the first tier's room comes first; when the tier
+  // itself is full (not the tenant's quota there: that evicts the tenant's
+  // own blocks, as always), the next tier's room now, and only then an
+  // eviction in the first.
+  bool first_full = false;
   {
     MutexLock nl(&first.mu);
-    slot = AllocateLowerSlotLocked(first, r, meta.payload_bytes, /*evict=*/next == nullptr);
+    absl::StatusOr<SlotHandle> slot =
+        AllocateLowerSlotLocked(first, r, meta.payload_bytes, next != nullptr ? &first_full : nullptr);
     if (slot.ok()) first.owner[*slot] = r;
+    if (!first_full) return slot;
   }
-  *lane = 0;
-  if (slot.ok() || next == nullptr || !absl::IsResourceExhausted(slot.status()) ||
-      CarriesCode(slot.status(), KVTIER_ENOSPC)) {
-    return slot;
-  }
-  // The first tier is full (or the tenant at its quota there): the block
-  // goes one tier down if that tier has room now and would take it from
-  // the cascade. The first tier's coldest blocks stay; the cascade moves
-  // them down in its own time, and promotions bring back what is used.
+  // The block goes one tier down if that tier is healthy, would take it
+  // from the cascade (admission gate, size bounds), has room now, and not
+  // too many such writes are in flight (each holds the block's bytes; a
+  // tier that stops answering must not take a burst of blocks with it).
+  // The first tier's coldest blocks stay; the cascade moves them down in
+  // its own time, and promotions bring back what is used.
   if (meta.payload_bytes <= next->tier->max_block_bytes() &&
-      (!next->tier->shared() || meta.payload_bytes >= shared_min_block_bytes_) && books_.Admits(*next, r)) {
-    MutexLock bl(&next->mu);
-    absl::StatusOr<SlotHandle> below = AllocateLowerSlotLocked(*next, r, meta.payload_bytes, /*evict=*/false);
-    if (below.ok()) {
-      next->owner[*below] = r;
-      *lane = next->index;
-      return below;
+      (!next->tier->shared() || meta.payload_bytes >= shared_min_block_bytes_) &&
+      NextTierHealthy(*next) && books_.Admits(*next, r)) {
+    if (past_full_in_flight_.fetch_add(1, std::memory_order_relaxed) < kMaxPastFullInFlight) {
+      MutexLock bl(&next->mu);
+      bool next_full = false;
+      absl::StatusOr<SlotHandle> below = AllocateLowerSlotLocked(*next, r, meta.payload_bytes, &next_full);
+      if (below.ok()) {
+        next->owner[*below] = r;
+        *lane = next->index;
+        return below;  // the write's completion gives the in-flight count back
+      }
     }
+    past_full_in_flight_.fetch_sub(1, std::memory_order_relaxed);
   }
   MutexLock nl(&first.mu);
-  slot = AllocateLowerSlotLocked(first, r, meta.payload_bytes);
+  absl::StatusOr<SlotHandle> slot = AllocateLowerSlotLocked(first, r, meta.payload_bytes);
   if (slot.ok()) first.owner[*slot] = r;
   return slot;
+}
+
+bool Migrator::NextTierHealthy(const LowerLane& next) {
+  // A tier's health can cost a walk of its cluster's slot map: asked at
+  // most every 100 ms (a race between two askers only asks twice).
+  const uint64_t now = MonotonicNanos();
+  if (now - next_health_at_ns_.load(std::memory_order_relaxed) > 100'000'000) {
+    next_healthy_.store(next.tier->Health() == TierHealth::kHealthy, std::memory_order_relaxed);
+    next_health_at_ns_.store(now, std::memory_order_relaxed);
+  }
+  return next_healthy_.load(std::memory_order_relaxed);
 }
 
 void Migrator::WriteDemotion(HostResidency& t, BlockRecord* r, uint8_t lane, SlotHandle lower_slot, uint64_t offset,
@@ -203,6 +221,7 @@ void Migrator::WriteDemotion(HostResidency& t, BlockRecord* r, uint8_t lane, Slo
                                   IoPriority::kDemote, [this, &t, r, lane, start = MonotonicNanos()](absl::Status s) {
                                     if (lane == 0) books_.stats->nvme_write_latency.Record(MonotonicNanos() - start);
                                     if (!s.ok()) books_.stats->demotions_failed.Add();
+                                    if (lane != 0) past_full_in_flight_.fetch_sub(1, std::memory_order_relaxed);
                                     OnLowerWritten(lane, r, s);
                                     books_.ReleaseIoRef(t, r);
                                   });
@@ -225,7 +244,7 @@ void Migrator::FinishDemotion(HostResidency& t, const PendingDemotion& d) {
 // evictable: a burst of demotions faster than the tier's writes finds the
 // tier full of busy blocks and drops what it cannot place.
 absl::StatusOr<SlotHandle> Migrator::AllocateLowerSlotLocked(LowerLane& lane, const BlockRecord* owner, uint64_t bytes,
-                                                             bool evict) {
+                                                             bool* full) {
   const uint16_t tenant = owner->tenant;
   // The quotas ([[tenants]] nvme_bytes / nvme_tokens) are on the first tier.
   const TenantQuota q = lane.index == 0 ? books_.tenants[tenant]->Quota() : TenantQuota{};
@@ -248,9 +267,9 @@ absl::StatusOr<SlotHandle> Migrator::AllocateLowerSlotLocked(LowerLane& lane, co
         return slot;
       }
     }
-    if (!evict) {
-      return absl::ResourceExhaustedError(absl::StrCat("the ", std::string(lane.tier->name()), " tier has no room for tenant \"",
-                                                       books_.tenants[tenant]->name, "\" without evicting"));
+    if (full != nullptr && !over_quota) {
+      *full = true;  // the caller looks elsewhere before anything here is evicted
+      return absl::ResourceExhaustedError(absl::StrCat("the ", std::string(lane.tier->name()), " tier is full"));
     }
     const LowerLane::Victim pick = lane.PickVictimLocked(tenant, bytes, over_quota, [&](BlockRecord* v) {
       BlockIndex::Shard& sh = books_.index.ShardFor(v);

@@ -139,10 +139,11 @@ class Migrator {
   // tenant would go over its quota there (then from its own blocks). Never
   // evicts another tenant's block if that would leave the other below its
   // fair share (the rule: LowerLane::PickVictimLocked). Charges r's tenant.
-  // Quotas apply to lane 0 only. Without `evict`, only room the lane has
-  // now (ResourceExhausted when it would have to evict).
+  // Quotas apply to lane 0 only. With `full`, a tier too full for r
+  // (r's tenant within its quota) evicts nothing: ResourceExhausted, and
+  // *full set.
   absl::StatusOr<SlotHandle> AllocateLowerSlotLocked(LowerLane& lane, const BlockRecord* r, uint64_t bytes,
-                                                     bool evict = true) ABSL_EXCLUSIVE_LOCKS_REQUIRED(lane.mu);
+                                                     bool* full = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(lane.mu);
   // When the cost model has been deciding against the first lower tier
   // without reads to learn from, reads a few of its blocks to time it.
   // Returns the reads submitted.
@@ -167,7 +168,7 @@ class Migrator {
   // one, too large for it, or no room. When the first tier is full and the
   // next one down has room now (and admits r), r goes there instead of
   // making the first tier drop its coldest block: nothing is lost while the
-  // chain has room (DemotionLaneLocked).
+  // chain has room (DemotionSlot).
   bool DemoteLocked(HostResidency& t, BlockRecord* r, SlotHandle host_slot, uint64_t offset, const BlockMeta& meta,
                     std::vector<PendingDemotion>* deferred, Counter** why_not) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
   // A warning at most every 10 s while host evictions are dropped for want
@@ -178,6 +179,13 @@ class Migrator {
   // in the second if that has room now and takes r, else in the first,
   // evicting there. Sets *lane to the lane's index.
   absl::StatusOr<SlotHandle> DemotionSlot(BlockRecord* r, const BlockMeta& meta, uint8_t* lane);
+  // Demotions written past a full first tier and not landed yet.
+  static constexpr uint32_t kMaxPastFullInFlight = 64;
+  std::atomic<uint32_t> past_full_in_flight_{0};
+  // Whether the second lane's tier answered healthy, asked at most every 100 ms.
+  bool NextTierHealthy(const LowerLane& next);
+  std::atomic<uint64_t> next_health_at_ns_{0};
+  std::atomic<bool> next_healthy_{false};
   // Starts the write of a demotion into `lane` from host memory at `offset`.
   void WriteDemotion(HostResidency& t, BlockRecord* r, uint8_t lane, SlotHandle lower_slot, uint64_t offset,
                      const BlockMeta& meta);

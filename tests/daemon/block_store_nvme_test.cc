@@ -24,7 +24,7 @@ constexpr uint64_t kBlock = 16 << 10;
 
 class BlockStoreNvmeTest : public ::testing::Test {
  protected:
-  // host_blocks host slots; an NVMe tier of 4 segments of 1 MiB (~60 slots of 16 KiB + header each).
+  // host_blocks host slots; an NVMe tier of 4 segments of 1 MiB (~200 slots of 16 KiB + header each).
   void Open(uint64_t host_blocks, const std::vector<std::string>& tenants = {"t"}, bool write_through = false,
             const std::vector<TenantQuota>& quotas = {}, double high_watermark = 1.0, double low_watermark = 1.0,
             const std::string& nvme_policy = "lru") {
@@ -783,9 +783,20 @@ class BurstDownTheChainTest : public BlockStoreNvmeTest {
     cascade_high_ = 2.0;
     Open(4);
     auto s = Session();
-    for (uint64_t k = 0; k < 400; k += 4) Store(*s, k, 4);
+    // A sync every 32 blocks keeps NVMe's staging memory from refusing
+    // writes (a refused demotion is a failed one) and the writes in flight
+    // below under kMaxPastFullInFlight: the burst here is one the cascade
+    // cannot follow, not one the devices cannot.
+    for (uint64_t k = 0; k < 400; k += 4) {
+      Store(*s, k, 4);
+      if (k % 32 == 28) {
+        SyncNvme();
+        ASSERT_TRUE(memory_->Sync().ok());
+      }
+    }
     ASSERT_TRUE(store_->lower_tier(0)->Sync().ok());
     ASSERT_TRUE(memory_->Sync().ok());
+    EXPECT_EQ(stats_.demotions_failed.Get(), 0u);
     EXPECT_EQ(stats_.demotions.Get(), 396u);
     EXPECT_EQ(stats_.evictions_dropped.Get(), 0u);
     EXPECT_EQ(stats_.nvme_evictions.Get(), 0u) << "the tier below had room";
@@ -801,12 +812,16 @@ class BurstDownTheChainTest : public BlockStoreNvmeTest {
 
     // The tier below fills (512 blocks of 16 KiB): NVMe evicts to take
     // the rest, and host evictions are still never dropped.
-    for (uint64_t k = 1000; k < 1400; k += 4) Store(*s, k, 4);
+    for (uint64_t k = 1000; k < 1400; k += 4) {
+      Store(*s, k, 4);
+      SyncNvme();  // NVMe evicts only blocks whose writes have landed
+    }
     ASSERT_TRUE(store_->lower_tier(0)->Sync().ok());
     ASSERT_TRUE(memory_->Sync().ok());
     EXPECT_EQ(store_->lower_blocks(1), 512u);
     EXPECT_GT(stats_.nvme_evictions.Get(), 0u);
     EXPECT_EQ(stats_.evictions_dropped.Get(), 0u);
+    EXPECT_EQ(stats_.demotions_failed.Get(), 0u);
     for (uint64_t k = 1392; k < 1400; k += 4) EXPECT_EQ(LoadVerified(*s, k, 4), 4u) << k;
   }
 };
@@ -878,22 +893,35 @@ TEST_F(BlockStoreNvmeTest, LoadsRaceDemotionsPastAFullNvmeTier) {
   auto s = Session();
   auto reader = Session();
   std::atomic<bool> stop{false};
-  std::atomic<uint64_t> loaded{0}, stored{0};
+  std::atomic<uint64_t> loaded{0}, stored{0}, lookups{0}, short_hits{0};
   std::thread loads([&] {
     std::mt19937_64 rng(11);
     while (!stop.load()) {
       const uint64_t n = stored.load();
-      if (n < 64) continue;
-      loaded += LoadVerified(*reader, n - 48 + rng() % 30, 2);  // checks every byte it loads
+      if (n < 64) {
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+        continue;
+      }
+      uint32_t hit = 0;
+      loaded += LoadVerified(*reader, n - 48 + rng() % 30, 2, nullptr, &hit);  // checks every byte it loads
+      ++lookups;
+      short_hits += hit < 2;  // a block stored and never dropped is found, wherever it is
     }
   });
   for (uint64_t k = 0; k < 480; k += 4) {
     Store(*s, k, 4);
     stored = k + 4;
+    if (k % 32 == 28) {  // as in BurstDownTheChainTest
+      SyncNvme();
+      EXPECT_TRUE(memory_->Sync().ok());
+    }
   }
-  ASSERT_TRUE(testing::Eventually([&] { return loaded.load() > 20; }));
+  const bool enough = testing::Eventually([&] { return loaded.load() > 20; });
   stop = true;
   loads.join();
+  ASSERT_TRUE(enough);
+  EXPECT_EQ(short_hits.load(), 0u) << "of " << lookups.load() << " lookups";
+  EXPECT_EQ(stats_.demotions_failed.Get(), 0u);
   SyncNvme();
   ASSERT_TRUE(memory_->Sync().ok());
   EXPECT_GT(stats_.demotions_past_full_tier.Get(), 100u);
