@@ -232,8 +232,8 @@ std::string PrometheusText(const StatusSnapshot& s, bool detailed) {
   w.Sample("kvtier_evictions_total", "tier=\"host\",reason=\"dropped_by_cost\"", double(by_cost));
   w.Sample("kvtier_evictions_total", "tier=\"nvme\",reason=\"dropped\"", double(st.nvme_evictions.Get()));
   w.Family("kvtier_demotions_past_full_tier_total", "counter",
-           "Host evictions written to the tier below the first lower tier because the first was full and the next "
-           "had room (also in kvtier_evictions_total{reason=\"demoted\"}): the first kept its coldest blocks.");
+           "Host evictions written to the tier below the first lower tier because the first was full (or its staging "
+           "memory refused the write) and the next had room (also in kvtier_evictions_total{reason=\"demoted\"}).");
   w.Sample("kvtier_demotions_past_full_tier_total", "", double(st.demotions_past_full_tier.Get()));
   w.Family("kvtier_cascade_dropped_not_admitted_total", "counter",
            "NVMe blocks the cascade dropped instead of moving them to the tier below, whose admission gate refused "

@@ -217,14 +217,88 @@ bool Migrator::NextTierHealthy(const LowerLane& next) {
 
 void Migrator::WriteDemotion(HostResidency& t, BlockRecord* r, uint8_t lane, SlotHandle lower_slot, uint64_t offset,
                              const BlockMeta& meta) {
-  books_.lanes[lane]->tier->Write(lower_slot, meta, {t.host->arena_base() + offset, meta.payload_bytes},
-                                  IoPriority::kDemote, [this, &t, r, lane, start = MonotonicNanos()](absl::Status s) {
-                                    if (lane == 0) books_.stats->nvme_write_latency.Record(MonotonicNanos() - start);
-                                    if (!s.ok()) books_.stats->demotions_failed.Add();
-                                    if (lane != 0) past_full_in_flight_.fetch_sub(1, std::memory_order_relaxed);
-                                    OnLowerWritten(lane, r, s);
-                                    books_.ReleaseIoRef(t, r);
-                                  });
+  // The first tier refuses a demotion it has no staging memory for (a
+  // burst faster than the device) inside Write, while the host copy is
+  // still there: that block goes one tier down instead of being lost.
+  // `refusal` tells a refusal inside Write (redirected below) from a
+  // completion after it (finished as any other).
+  struct Refusal {
+    std::atomic<int> state{0};  // 0: in Write; 1: Write returned; 2: refused inside Write
+    absl::Status status;
+  };
+  auto refusal = std::make_shared<Refusal>();
+  const bool may_redirect = lane == 0 && books_.lanes.size() > 1;
+  books_.lanes[lane]->tier->Write(
+      lower_slot, meta, {t.host->arena_base() + offset, meta.payload_bytes}, IoPriority::kDemote,
+      [this, &t, r, lane, may_redirect, refusal, start = MonotonicNanos()](absl::Status s) {
+        if (may_redirect && ToErrorCode(s) == KVTIER_EBUSY) {
+          refusal->status = s;
+          int in_write = 0;
+          if (refusal->state.compare_exchange_strong(in_write, 2)) return;  // WriteDemotion goes on
+        }
+        if (lane == 0) books_.stats->nvme_write_latency.Record(MonotonicNanos() - start);
+        if (!s.ok()) books_.stats->demotions_failed.Add();
+        if (lane != 0) past_full_in_flight_.fetch_sub(1, std::memory_order_relaxed);
+        OnLowerWritten(lane, r, s);
+        books_.ReleaseIoRef(t, r);
+      });
+  int in_write = 0;
+  if (refusal->state.compare_exchange_strong(in_write, 1)) return;
+  if (RedirectRefusedDemotion(t, r, lower_slot, offset, meta)) return;
+  books_.stats->demotions_failed.Add();
+  OnLowerWritten(0, r, refusal->status);
+  books_.ReleaseIoRef(t, r);
+}
+
+bool Migrator::RedirectRefusedDemotion(HostResidency& t, BlockRecord* r, SlotHandle first_slot, uint64_t offset,
+                                       const BlockMeta& meta) {
+  LowerLane& first = *books_.lanes[0];
+  LowerLane& next = *books_.lanes[1];
+  if (meta.payload_bytes > next.tier->max_block_bytes() ||
+      (next.tier->shared() && meta.payload_bytes < shared_min_block_bytes_) || !NextTierHealthy(next) ||
+      !books_.Admits(next, r)) {
+    return false;
+  }
+  if (past_full_in_flight_.fetch_add(1, std::memory_order_relaxed) >= kMaxPastFullInFlight) {
+    past_full_in_flight_.fetch_sub(1, std::memory_order_relaxed);
+    return false;
+  }
+  absl::StatusOr<SlotHandle> below;
+  {
+    MutexLock bl(&next.mu);
+    bool full = false;
+    below = AllocateLowerSlotLocked(next, r, meta.payload_bytes, &full);
+    if (below.ok()) next.owner[*below] = r;
+  }
+  if (!below.ok()) {
+    past_full_in_flight_.fetch_sub(1, std::memory_order_relaxed);
+    return false;
+  }
+  // The record moves to the next lane, still kWriting; loads that began
+  // waiting for the first lane's write wait for this one instead.
+  std::vector<absl::AnyInvocable<void(bool) &&>> waiters;
+  {
+    MutexLock nl(&first.mu);
+    if (auto w = first.write_waiters.find(r); w != first.write_waiters.end()) {
+      waiters = std::move(w->second);
+      first.write_waiters.erase(w);
+    }
+    {
+      BlockIndex::Shard& sh = books_.index.ShardFor(r);
+      MutexLock sl(&sh.mu);
+      r->lower = next.index;
+      r->lower_slot = *below;
+    }
+    books_.FreeLowerSlotLocked(first, r, first_slot);
+  }
+  if (!waiters.empty()) {
+    MutexLock bl(&next.mu);
+    std::vector<absl::AnyInvocable<void(bool) &&>>& to = next.write_waiters[r];
+    for (auto& w : waiters) to.push_back(std::move(w));
+  }
+  books_.stats->demotions_past_full_tier.Add();
+  WriteDemotion(t, r, next.index, *below, offset, meta);
+  return true;
 }
 
 void Migrator::FinishDemotion(HostResidency& t, const PendingDemotion& d) {

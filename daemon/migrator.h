@@ -189,6 +189,11 @@ class Migrator {
   // Starts the write of a demotion into `lane` from host memory at `offset`.
   void WriteDemotion(HostResidency& t, BlockRecord* r, uint8_t lane, SlotHandle lower_slot, uint64_t offset,
                      const BlockMeta& meta);
+  // A demotion the first lane's tier refused inside Write (KVTIER_EBUSY:
+  // no staging memory) goes to the next lane's room now, if it takes r;
+  // false (nothing changed) if not.
+  bool RedirectRefusedDemotion(HostResidency& t, BlockRecord* r, SlotHandle first_slot, uint64_t offset,
+                               const BlockMeta& meta);
   // A write into `lane` (a demotion or a write-through) ended: the copy is
   // ready, or gone; whoever waited on it is told.
   void OnLowerWritten(uint8_t lane, BlockRecord* r, absl::Status s);

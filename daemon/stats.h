@@ -155,8 +155,8 @@ struct DaemonStats {
   Counter prefill_reports, prefill_reports_refused;
   Counter nvme_evictions, writes_through;
   // Host evictions written one tier below the first because the first was
-  // full and the next had room (also in demotions): the first tier kept its
-  // coldest blocks instead of dropping them.
+  // full, or its staging memory refused the write, and the next had room
+  // (also in demotions): nothing dropped for it.
   Counter demotions_past_full_tier;
   // The chain below NVMe: blocks the cascade copied one tier down; moves
   // that did not happen (a read or write failed, no room below, or the block

@@ -834,6 +834,29 @@ class BurstDownTheChainTest : public BlockStoreNvmeTest {
 TEST_F(BurstDownTheChainTest, OverALocalTier) { Run(false); }
 TEST_F(BurstDownTheChainTest, OverASharedTier) { Run(true); }
 
+// A burst faster than the NVMe device itself: its staging memory refuses
+// demotions (KVTIER_EBUSY) before the tier is full. Each refused block
+// goes one tier down instead of being lost, and comes back byte-exact.
+TEST_F(BlockStoreNvmeTest, DemotionsNvmeStagingRefusesGoDownTheChain) {
+  below_ = true;
+  cascade_high_ = 2.0;
+  Open(4);
+  faults_->delay_us = 3000;  // every NVMe completion waits: staging fills
+  auto s = Session();
+  for (uint64_t k = 0; k < 200; k += 4) Store(*s, k, 4);
+  faults_->delay_us = 0;
+  SyncNvme();
+  ASSERT_TRUE(memory_->Sync().ok());
+  EXPECT_EQ(stats_.demotions.Get(), 196u);
+  EXPECT_EQ(stats_.demotions_failed.Get(), 0u) << "no demotion lost to a busy device";
+  EXPECT_GT(stats_.demotions_past_full_tier.Get(), 0u) << "the device did refuse some";
+  EXPECT_EQ(store_->lower_blocks(1), stats_.demotions_past_full_tier.Get());
+  EXPECT_EQ(store_->lower_blocks(0) + store_->lower_blocks(1), 196u);
+  EXPECT_EQ(store_->lower_tier(0)->Usage().used_slots, store_->lower_blocks(0));
+  EXPECT_EQ(memory_->Usage().used_slots, store_->lower_blocks(1));
+  for (uint64_t k = 0; k < 196; k += 4) ASSERT_EQ(LoadVerified(*s, k, 4), 4u) << k;
+}
+
 TEST_F(BlockStoreNvmeTest, CascadeUnderConcurrentLoadsServesNoWrongByte) {
   below_ = true;
   Open(16);
