@@ -208,11 +208,13 @@ bool Migrator::NextTierHealthy(const LowerLane& next) {
   // A tier's health can cost a walk of its cluster's slot map: asked at
   // most every 100 ms (a race between two askers only asks twice).
   const uint64_t now = MonotonicNanos();
-  if (now - next_health_at_ns_.load(std::memory_order_relaxed) > 100'000'000) {
-    next_healthy_.store(next.tier->Health() == TierHealth::kHealthy, std::memory_order_relaxed);
-    next_health_at_ns_.store(now, std::memory_order_relaxed);
+  // The answer is stored before its time (release), and read after it
+  // (acquire): whoever sees the new time sees the new answer.
+  if (now - next_health_at_ns_.load(std::memory_order_acquire) > 100'000'000) {
+    next_healthy_.store(next.tier->Health() == TierHealth::kHealthy, std::memory_order_release);
+    next_health_at_ns_.store(now, std::memory_order_release);
   }
-  return next_healthy_.load(std::memory_order_relaxed);
+  return next_healthy_.load(std::memory_order_acquire);
 }
 
 void Migrator::WriteDemotion(HostResidency& t, BlockRecord* r, uint8_t lane, SlotHandle lower_slot, uint64_t offset,
@@ -295,6 +297,7 @@ bool Migrator::RedirectRefusedDemotion(HostResidency& t, BlockRecord* r, SlotHan
     MutexLock bl(&next.mu);
     std::vector<absl::AnyInvocable<void(bool) &&>>& to = next.write_waiters[r];
     for (auto& w : waiters) to.push_back(std::move(w));
+    next.tier->CommitSoon();  // as AwaitDemotionLocked asks of the lane it waits on
   }
   books_.stats->demotions_past_full_tier.Add();
   WriteDemotion(t, r, next.index, *below, offset, meta);
