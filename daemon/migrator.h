@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "absl/functional/any_invocable.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "daemon/cascade.h"
@@ -244,6 +245,11 @@ class Migrator {
       ABSL_LOCKS_EXCLUDED(from.mu);
   void CopyCascadeMoves(LowerLane& from, LowerLane& to, std::vector<CascadeMove>& moves)
       ABSL_LOCKS_EXCLUDED(from.mu, to.mu);
+  // Reads each move `which` picks from `tier` at `slot_of` into its own
+  // staging memory (m.read: how it went); returns when all have finished.
+  static void ReadIntoStaging(BlockTier& tier, std::vector<CascadeMove>& moves,
+                              absl::FunctionRef<bool(const CascadeMove&)> which,
+                              absl::FunctionRef<SlotHandle(const CascadeMove&)> slot_of);
   // Points the record at its new copy and frees the old one, or gives the
   // new slot back; true when it moved. The caller drops the move's io_ref.
   bool FinishCascadeMove(LowerLane& from, LowerLane& to, CascadeMove& m) ABSL_LOCKS_EXCLUDED(from.mu, to.mu);

@@ -180,19 +180,8 @@ void Migrator::CopyCascadeMoves(LowerLane& from, LowerLane& to, std::vector<Casc
     // since). The value is read and checked as a load would before this
     // node lets go of its own copy; one that fails is written over with
     // this node's copy, like a block that was not there.
-    size_t proving = 0;
-    for (const CascadeMove& m : moves) proving += m.already_below;
-    auto proved = std::make_shared<std::latch>(static_cast<std::ptrdiff_t>(proving));
-    for (CascadeMove& m : moves) {
-      if (!m.already_below) continue;
-      m.staging = std::make_unique_for_overwrite<std::byte[]>(m.meta.payload_bytes);
-      to.tier->Read(m.to_slot, m.meta, {m.staging.get(), m.meta.payload_bytes}, IoOptions{IoPriority::kDemote},
-                    [&m, proved](absl::Status s) {
-                      m.read = std::move(s);
-                      proved->count_down();
-                    });
-    }
-    proved->wait();
+    ReadIntoStaging(*to.tier, moves, [](const CascadeMove& m) { return m.already_below; },
+                    [](const CascadeMove& m) { return m.to_slot; });
     for (CascadeMove& m : moves) {
       if (!m.already_below) continue;
       if (m.read.ok()) {
@@ -207,21 +196,8 @@ void Migrator::CopyCascadeMoves(LowerLane& from, LowerLane& to, std::vector<Casc
   }
 
   // Read every copy that has room below into staging.
-  size_t reading = 0;
-  for (const CascadeMove& m : moves) reading += m.to_slot != kNoSlot && !m.already_below;
-  // Held by shared_ptr: a callback may still be counting down after the
-  // waiter woke.
-  auto reads = std::make_shared<std::latch>(static_cast<std::ptrdiff_t>(reading));
-  for (CascadeMove& m : moves) {
-    if (m.to_slot == kNoSlot || m.already_below) continue;
-    m.staging = std::make_unique_for_overwrite<std::byte[]>(m.meta.payload_bytes);
-    from.tier->Read(m.slot, m.meta, {m.staging.get(), m.meta.payload_bytes}, IoOptions{IoPriority::kDemote},
-                    [&m, reads](absl::Status s) {
-                      m.read = std::move(s);
-                      reads->count_down();
-                    });
-  }
-  reads->wait();
+  ReadIntoStaging(*from.tier, moves, [](const CascadeMove& m) { return m.to_slot != kNoSlot && !m.already_below; },
+                  [](const CascadeMove& m) { return m.slot; });
 
   // Write what was read one lane down.
   size_t writing = 0;
@@ -236,6 +212,26 @@ void Migrator::CopyCascadeMoves(LowerLane& from, LowerLane& to, std::vector<Casc
                    });
   }
   writes->wait();
+}
+
+void Migrator::ReadIntoStaging(BlockTier& tier, std::vector<CascadeMove>& moves,
+                               absl::FunctionRef<bool(const CascadeMove&)> which,
+                               absl::FunctionRef<SlotHandle(const CascadeMove&)> slot_of) {
+  size_t reading = 0;
+  for (const CascadeMove& m : moves) reading += which(m);
+  // Held by shared_ptr: a callback may still be counting down after the
+  // waiter woke.
+  auto reads = std::make_shared<std::latch>(static_cast<std::ptrdiff_t>(reading));
+  for (CascadeMove& m : moves) {
+    if (!which(m)) continue;
+    m.staging = std::make_unique_for_overwrite<std::byte[]>(m.meta.payload_bytes);
+    tier.Read(slot_of(m), m.meta, {m.staging.get(), m.meta.payload_bytes}, IoOptions{IoPriority::kDemote},
+              [&m, reads](absl::Status s) {
+                m.read = std::move(s);
+                reads->count_down();
+              });
+  }
+  reads->wait();
 }
 
 bool Migrator::FinishCascadeMove(LowerLane& from, LowerLane& to, CascadeMove& m) {
