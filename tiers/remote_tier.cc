@@ -186,7 +186,8 @@ absl::StatusOr<std::string> MakeRemoteValue(const BlockMeta& meta, std::span<con
   return v;
 }
 
-RemoteTier::RemoteTier(const RemoteTierOptions& opts) : opts_(opts) {}
+RemoteTier::RemoteTier(const RemoteTierOptions& opts)
+    : opts_(opts), handles_(opts.name, opts.capacity_bytes, opts.max_block_bytes) {}
 
 absl::StatusOr<std::unique_ptr<RemoteTier>> RemoteTier::Create(const RemoteTierOptions& opts) {
   if (opts.tenants.empty()) return absl::InvalidArgumentError("the remote tier has no tenant credentials");
@@ -247,62 +248,16 @@ const RemoteTier::TenantLink* RemoteTier::LinkFor(uint64_t tenant_hash) const {
 }
 
 absl::StatusOr<SlotHandle> RemoteTier::Allocate(uint64_t bytes) {
-  MutexLock l(&mu_);
-  return AllocateLocked(bytes, false);
+  return handles_.Allocate(bytes, SlotBytesFor(bytes), false);
 }
 
 absl::StatusOr<SlotHandle> RemoteTier::AllocateTransient(uint64_t bytes) {
-  MutexLock l(&mu_);
-  return AllocateLocked(bytes, true);
+  return handles_.Allocate(bytes, SlotBytesFor(bytes), true);
 }
 
-absl::StatusOr<SlotHandle> RemoteTier::AllocateLocked(uint64_t bytes, bool transient) {
-  if (bytes == 0 || bytes > opts_.max_block_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("a block of ", bytes, " bytes does not fit the ", opts_.name,
-                                                   " tier (1 to ", opts_.max_block_bytes, " bytes)"));
-  }
-  const uint64_t cost = SlotBytesFor(bytes);
-  if (!transient && used_bytes_ + cost > opts_.capacity_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat("the ", opts_.name, " tier's handles are full (",
-                                                     FormatBytes(opts_.capacity_bytes), ")"));
-  }
-  SlotHandle s;
-  if (!free_slots_.empty()) {
-    s = free_slots_.back();
-    free_slots_.pop_back();
-  } else {
-    if (slot_bytes_.size() >= UINT32_MAX - 1) return absl::ResourceExhaustedError("out of slot handles");
-    s = static_cast<SlotHandle>(slot_bytes_.size());
-    slot_bytes_.push_back(0);
-  }
-  if (transient) {
-    slot_bytes_[s] = cost | kTransientSlot;
-    return s;
-  }
-  slot_bytes_[s] = cost;
-  used_bytes_ += cost;
-  ++used_slots_;
-  return s;
-}
+absl::Status RemoteTier::Free(SlotHandle slot) { return handles_.Free(slot); }
 
-absl::Status RemoteTier::Free(SlotHandle slot) {
-  MutexLock l(&mu_);
-  if (slot >= slot_bytes_.size() || slot_bytes_[slot] == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("slot ", slot, " of the ", opts_.name, " tier is not allocated"));
-  }
-  if ((slot_bytes_[slot] & kTransientSlot) == 0) {
-    used_bytes_ -= slot_bytes_[slot];
-    --used_slots_;
-  }
-  slot_bytes_[slot] = 0;
-  free_slots_.push_back(slot);
-  return absl::OkStatus();
-}
-
-uint64_t RemoteTier::SlotBytes(SlotHandle slot) const {
-  MutexLock l(&mu_);
-  return slot < slot_bytes_.size() ? slot_bytes_[slot] & ~kTransientSlot : 0;
-}
+uint64_t RemoteTier::SlotBytes(SlotHandle slot) const { return handles_.SlotBytes(slot); }
 
 void RemoteTier::Began(bool write) {
   MutexLock l(&mu_);
@@ -630,10 +585,7 @@ void RemoteTier::Exists(std::span<const BlockMeta> metas, absl::AnyInvocable<voi
   arrive(0, false);  // the +1
 }
 
-TierUsage RemoteTier::Usage() const {
-  MutexLock l(&mu_);
-  return {opts_.capacity_bytes, used_bytes_, used_slots_, free_slots_.size()};
-}
+TierUsage RemoteTier::Usage() const { return handles_.Usage(); }
 
 TierHealth RemoteTier::Health() const {
   TierHealth worst = TierHealth::kHealthy;
@@ -657,11 +609,12 @@ void RemoteTier::Drain() {
 
 BlockTierStats RemoteTier::BlockStats() const {
   BlockTierStats s;
+  const TierUsage u = handles_.Usage();
+  s.capacity_bytes = u.capacity_bytes;
+  s.used_bytes = u.used_bytes;
+  s.used_slots = u.used_slots;
   {
     MutexLock l(&mu_);
-    s.capacity_bytes = opts_.capacity_bytes;
-    s.used_bytes = used_bytes_;
-    s.used_slots = used_slots_;
     s.in_flight = reads_in_flight_ + writes_in_flight_;
   }
   s.reads = reads_.load(std::memory_order_relaxed);

@@ -43,6 +43,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "core/mutex.h"
 #include "tiers/block_tier.h"
+#include "tiers/handle_table.h"
 #include "tiers/redis_cluster.h"
 #include "tiers/value_seal.h"
 
@@ -232,13 +233,8 @@ class RemoteTier final : public BlockTier {
   const RemoteTierOptions opts_;
   std::vector<TenantLink> tenants_;  // fixed after Create
 
+  HandleTable handles_;
   mutable Mutex mu_;
-  std::vector<uint64_t> slot_bytes_ ABSL_GUARDED_BY(mu_);  // 0: free; kTransientSlot: not counted
-  static constexpr uint64_t kTransientSlot = uint64_t{1} << 63;
-  absl::StatusOr<SlotHandle> AllocateLocked(uint64_t bytes, bool transient) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::vector<SlotHandle> free_slots_ ABSL_GUARDED_BY(mu_);
-  uint64_t used_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t used_slots_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t reads_in_flight_ ABSL_GUARDED_BY(mu_) = 0, writes_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   std::condition_variable_any idle_;
 
