@@ -18,6 +18,7 @@ std::string_view TierName(TierKind tier) {
     case TierKind::kHost: return "host";
     case TierKind::kNvme: return "nvme";
     case TierKind::kRemote: return "remote";
+    case TierKind::kFile: return "fs";
     case TierKind::kNone: break;
   }
   return "none";

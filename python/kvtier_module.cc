@@ -366,7 +366,7 @@ PYBIND11_MODULE(_kvtier, m) {
       .def_readonly("recompute_blocks", &PyLookup::recompute_blocks,
                     "Blocks right after the prefix that are present but cheaper to recompute.")
       .def_readonly("lease", &PyLookup::lease, "The lease pinning the prefix (0 without one).")
-      .def_readonly("tiers", &PyLookup::tiers, "Per key: 'gpu', 'host', 'nvme', 'remote' (a tier other nodes share) or 'none'.")
+      .def_readonly("tiers", &PyLookup::tiers, "Per key: 'gpu', 'host', 'nvme', 'remote' (a store other nodes share), 'fs' (a file system other nodes mount) or 'none'.")
       .def("__repr__", [](const PyLookup& r) {
         return "LookupResult(hit_blocks=" + std::to_string(r.hit_blocks) + ", lease=" + std::to_string(r.lease) + ")";
       });

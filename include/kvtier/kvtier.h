@@ -74,14 +74,16 @@ enum {
 };
 
 /* Tiers, in order of speed. A lookup reports where each hit block is:
- * NVME and REMOTE blocks are brought into host memory by kvtier_load (a
- * REMOTE block is read from a tier other nodes share, over the network). */
+ * NVME, REMOTE and FILE blocks are brought into host memory by kvtier_load
+ * (a REMOTE block is read from a store other nodes share, over the
+ * network; a FILE block from a file system other nodes mount). */
 typedef enum {
   KVTIER_TIER_NONE = 0,
   KVTIER_TIER_GPU = 1,
   KVTIER_TIER_HOST = 2,
   KVTIER_TIER_NVME = 3,
-  KVTIER_TIER_REMOTE = 4
+  KVTIER_TIER_REMOTE = 4,
+  KVTIER_TIER_FILE = 5
 } kvtier_tier;
 
 /* A block key: the full 256-bit chained hash of a prefix. */

@@ -87,6 +87,7 @@ enum class TierKind : uint8_t {
   kHost = KVTIER_TIER_HOST,
   kNvme = KVTIER_TIER_NVME,
   kRemote = KVTIER_TIER_REMOTE,
+  kFile = KVTIER_TIER_FILE,
 };
 std::string_view TierName(TierKind tier);
 

@@ -86,8 +86,8 @@ class SessionWorker {
       hit = found->hit_blocks;
       for (uint32_t i = 0; i < hit; ++i) {
         // Below host memory (NVMe, or a shared tier), or in it.
-        (found->tiers[i] == TierKind::kNvme || found->tiers[i] == TierKind::kRemote ? result_.blocks_hit_nvme
-                                                                                      : result_.blocks_hit_host)++;
+        (found->tiers[i] == TierKind::kHost || found->tiers[i] == TierKind::kGpu ? result_.blocks_hit_host
+                                                                                 : result_.blocks_hit_nvme)++;
       }
       uint32_t loaded = 0;
       if (hit > 0) {

@@ -1,0 +1,214 @@
+// SPDX-License-Identifier: Apache-2.0
+// A block tier in a directory that several kvtier nodes mount (NFS, CephFS,
+// Lustre, a FUSE file system, or a local disk for one node): each block is
+// one file, so any node that mounts the directory can load what another
+// wrote.
+//
+// Layout: <dir>/<tenant>/<xx>/<namespace hex>-<key hex>.kvb, where <xx> is
+// the key's first byte (256 folders, so no folder grows past what network
+// file systems list well). Each tenant's folder is created mode 0700 and
+// its files 0600: another uid on a node cannot read a tenant's blocks, and
+// kvtierd refuses a tenant folder another uid owns or can open.
+//
+// A write goes to a temporary name in the same folder, is fsync'ed, and is
+// renamed over the block's name, so a reader sees the old file, the new one
+// or none, never half a block. Every file starts with a self-checking header
+// (magic, version, tenant, namespace, key, payload length, XXH3 of the
+// payload); a read checks all of it and the file's size before it says OK:
+// a file truncated or rewritten by anyone is DataLoss (counted, deleted),
+// never served. A read moves the file's mtime to now, so every node's
+// eviction scan sees one recency order.
+//
+// Capacity: the directory's files, from every node, may take capacity_bytes.
+// A background scan lists the directory (at most every scan_interval_ms, or
+// at once when this node wrote an eighth of the capacity since the last),
+// and when the files pass capacity it deletes the least recently used
+// (oldest mtime) down to low_watermark of it. Files other nodes delete under
+// it are skipped, not errors. A temporary file older than ten minutes (a
+// writer that died) is deleted too.
+//
+// Errors: a directory that vanished, a full file system (ENOSPC, EDQUOT), an
+// I/O error: the op fails with a status saying so, is counted, and the tier
+// reports itself degraded until an op succeeds again (and the scan finds the
+// directory). Nothing is retried behind the caller's back; a read that
+// fails is a miss.
+//
+// I/O runs on a pool of io_threads threads, loads before demotions; an op
+// not started by its deadline (op_timeout_ms when the caller gives none)
+// fails with DeadlineExceeded. Like the remote tier, the node's slots are
+// only handles on what it wrote (HandleTable): the file belongs to the
+// directory, and a file is addressed by the block's identity.
+#ifndef KVTIER_TIERS_FS_FS_TIER_H_
+#define KVTIER_TIERS_FS_FS_TIER_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "core/mutex.h"
+#include "tiers/block_tier.h"
+#include "tiers/handle_table.h"
+
+namespace kvtier {
+
+// A block file's header, little-endian, in front of the payload.
+struct FsBlockHeader {
+  static constexpr uint32_t kMagic = 0x4246564b;  // "KVFB"
+  static constexpr uint16_t kVersion = 1;
+  uint32_t magic = kMagic;
+  uint16_t version = kVersion;
+  uint16_t header_bytes = sizeof(FsBlockHeader);
+  uint64_t tenant_hash = 0;
+  uint8_t ns[32] = {};
+  uint8_t key[32] = {};
+  uint64_t payload_bytes = 0;
+  uint64_t checksum = 0;  // XXH3-64 of the payload
+  uint64_t header_check = 0;  // XXH3-64 of the bytes above
+};
+static_assert(sizeof(FsBlockHeader) == 104, "the fs block header is 104 bytes on disk");
+
+// Whether `h` (read from a file of `file_bytes`) is the header of the block
+// `meta` names: OK or DataLoss saying why not. The payload's checksum is
+// checked by the caller once it is read.
+absl::Status CheckFsHeader(const FsBlockHeader& h, uint64_t file_bytes, const BlockMeta& meta);
+FsBlockHeader MakeFsHeader(const BlockMeta& meta, std::span<const std::byte> payload);
+
+struct FsTenant {
+  std::string name;  // as in kvtierd's [[tenants]]: its folder's name
+  uint64_t hash = 0;  // TenantHash(name), as BlockMeta::tenant_hash
+};
+
+struct FsTierOptions {
+  std::string dir;  // must exist: a mount point that vanished must not become a local folder
+  std::vector<FsTenant> tenants;
+  std::string name = "fs";
+  uint64_t capacity_bytes = 0;  // the directory's files from every node
+  double low_watermark = 0.9;   // a scan past capacity deletes down to this fraction
+  uint64_t max_block_bytes = 64ull << 20;
+  uint32_t io_threads = 4;
+  uint64_t op_timeout_ms = 1000;  // an op's deadline when its caller gives none
+  uint64_t scan_interval_ms = 5000;  // 0: no background scans, only ScanNow (tests)
+  bool fsync = true;  // fsync each file before its rename (off: a crash may leave empty files; they fail their check)
+  // A lasting failure (directory gone, file system full): at most once every
+  // 10 s, on a tier thread; never a key or a block.
+  std::function<void(const std::string& why)> on_failure;
+};
+
+class FsTier final : public BlockTier {
+ public:
+  // InvalidArgument for bad options; FailedPrecondition when the directory
+  // does not exist or a tenant folder is not safe (another uid owns it, or
+  // others may open it).
+  static absl::StatusOr<std::unique_ptr<FsTier>> Create(const FsTierOptions& opts);
+  ~FsTier() override;  // runs what is queued, then stops
+
+  // The file a block of `meta` lives in (for tools and tests); empty for a
+  // tenant the tier does not know.
+  std::string PathFor(const BlockMeta& meta) const;
+
+  TierKind kind() const override { return TierKind::kFile; }
+  absl::StatusOr<SlotHandle> Allocate(uint64_t bytes) override;
+  absl::StatusOr<SlotHandle> AllocateTransient(uint64_t bytes) override;
+  absl::Status Free(SlotHandle slot) override;
+  uint64_t SlotBytes(SlotHandle slot) const override;
+  uint64_t SlotBytesFor(uint64_t payload_bytes) const override { return payload_bytes + sizeof(FsBlockHeader); }
+  using BlockTier::Read;
+  using BlockTier::Write;
+  void Write(SlotHandle slot, const BlockMeta& meta, std::span<const std::byte> src, const IoOptions& io,
+             IoCallback done) override;
+  // NotFound when no node's file holds the block (evicted, never written);
+  // DataLoss when the file does not prove itself (then it is deleted).
+  void Read(SlotHandle slot, const BlockMeta& meta, std::span<std::byte> dst, const IoOptions& io,
+            IoCallback done) override;
+  // Which of `metas` have a file now (one stat each, on a tier thread).
+  void Exists(std::span<const BlockMeta> metas, absl::AnyInvocable<void(std::vector<bool>) &&> done,
+              uint64_t deadline_ns) override;
+  bool shared() const override { return true; }
+  TierUsage Usage() const override { return handles_.Usage(); }
+  TierHealth Health() const override;
+
+  std::string_view name() const override { return opts_.name; }
+  bool durable() const override { return false; }  // this node keeps no index of it across restarts
+  uint64_t max_block_bytes() const override { return opts_.max_block_bytes; }
+  absl::Status Sync() override;  // waits for the writes in flight (each is fsync'ed before it completes)
+  void Drain() override;
+  void CommitSoon() override {}
+  BlockTierStats BlockStats() const override;
+  void SetReadObserver(ReadObserver observer) override { read_observer_ = std::move(observer); }
+  uint32_t CalibrationRead(uint32_t) override { return 0; }  // every read is timed
+
+  // The directory as the last scan found it, and what scans did.
+  struct ScanStats {
+    uint64_t scans = 0;
+    uint64_t files = 0, bytes = 0;   // block files and their bytes, every node's
+    uint64_t evicted = 0;            // files this node's scans deleted for capacity
+    uint64_t vanished = 0;           // files gone between listing and deleting (another node)
+    uint64_t stale_temps = 0;        // temporary files of dead writers deleted
+    uint64_t failures = 0;           // scans that could not list the directory
+  };
+  ScanStats scan_stats() const;
+  // Per cause, for status and metrics.
+  struct Misses {
+    uint64_t not_found = 0;  // no file
+    uint64_t bad_file = 0;   // failed its checks (deleted)
+    uint64_t io = 0;         // the file system failed the read
+    uint64_t deadline = 0;   // not started in time
+  };
+  Misses misses() const;
+  // Scans now, on the caller's thread (tests, kvtierctl).
+  void ScanNow();
+
+ private:
+  explicit FsTier(const FsTierOptions& opts);
+  struct Job {
+    IoPriority prio;
+    uint64_t deadline_ns;
+    CancelToken cancel;
+    absl::AnyInvocable<void(absl::Status abandoned) &&> run;  // OK: run it; else why it was abandoned
+  };
+  void Submit(Job job);
+  void Worker();
+  void ScanLoop();
+  const FsTenant* TenantFor(uint64_t tenant_hash) const;
+  // Creates the tenant's folder and its key's folder as needed.
+  absl::Status EnsureFolders(const FsTenant& t, const BlockMeta& meta) const;
+  absl::Status WriteFile(const BlockMeta& meta, std::span<const std::byte> src);
+  absl::Status ReadFile(const BlockMeta& meta, std::span<std::byte> dst);
+  // A failure that says the tier cannot work (vanished, full, I/O): degrade and report.
+  void Failed(const absl::Status& s);
+  void Succeeded();
+
+  const FsTierOptions opts_;
+  HandleTable handles_;
+  ReadObserver read_observer_;  // set before the first read
+
+  mutable Mutex mu_;
+  std::condition_variable_any work_cv_, idle_cv_, scan_cv_;
+  std::deque<Job> queue_[kIoPriorities] ABSL_GUARDED_BY(mu_);
+  uint64_t reads_in_flight_ ABSL_GUARDED_BY(mu_) = 0, writes_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t jobs_in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // queued or running, reads, writes and probes
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool scan_wanted_ ABSL_GUARDED_BY(mu_) = false;
+  ScanStats scan_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread> workers_;
+  std::thread scanner_;
+  Mutex scan_mu_;  // one scan at a time
+
+  std::atomic<uint64_t> written_since_scan_{0};
+  std::atomic<bool> degraded_{false};
+  std::atomic<uint64_t> failure_reported_ns_{0};
+  std::atomic<uint64_t> reads_{0}, writes_{0}, bytes_read_{0}, bytes_written_{0};
+  std::atomic<uint64_t> io_errors_{0}, writes_refused_{0}, abandoned_{0}, checksum_failures_{0};
+  std::atomic<uint64_t> miss_not_found_{0}, miss_io_{0}, miss_deadline_{0};
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_TIERS_FS_FS_TIER_H_
