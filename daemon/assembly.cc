@@ -256,7 +256,8 @@ absl::StatusOr<OpenedNvme> OpenNvmeFrom(const Config& c) {
   return opened;
 }
 
-void LogNvmeOpened(const Config& c, const OpenedNvme& opened, const NvmeStats& st, uint64_t indexed) {
+void LogNvmeOpened(const Config& c, uint64_t requested_bytes, uint64_t recovered, const NvmeStats& st,
+                   uint64_t indexed) {
   if (st.recovery.read_only_full) {
     spdlog::error("event=nvme_read_only dirs=\"{}\" detail=\"the NVMe tier's file system has no room for its "
                   "journal: the tier serves the blocks it holds but stores nothing new (new blocks stay in host "
@@ -280,19 +281,19 @@ void LogNvmeOpened(const Config& c, const OpenedNvme& opened, const NvmeStats& s
                                        "payload checksums prove them, and rewrote the journal"
                                      : "the journal's torn tail (a crash mid-commit) was cut"));
   }
-  if (st.capacity_bytes < opened.requested_bytes) {
+  if (st.capacity_bytes < requested_bytes) {
     // The tier is whole segments per directory: say so, instead of logging
     // the configured figure as the tier's size.
     spdlog::warn("event=nvme_capacity_rounded configured=\"{}\" capacity=\"{}\" segment_bytes=\"{}\" dirs={} "
                  "detail=\"the NVMe tier holds whole segments in each directory\" hint=\"set tiers.nvme.capacity to "
                  "a multiple of {} to use all of it\"",
-                 FormatBytes(opened.requested_bytes), FormatBytes(st.capacity_bytes), FormatBytes(c.nvme_segment_bytes),
+                 FormatBytes(requested_bytes), FormatBytes(st.capacity_bytes), FormatBytes(c.nvme_segment_bytes),
                  c.NvmeDirs().size(), FormatBytes(c.nvme_segment_bytes * c.NvmeDirs().size()));
   }
   spdlog::info("event=nvme_tier state=on dirs={} capacity=\"{}\" engine=\"{}\" recovered={} dropped={} "
                "journal_bytes_cut={} seconds={:.3f}",
                c.NvmeDirs().size(), FormatBytes(st.capacity_bytes), LogQuoted(st.io_engine), indexed,
-               st.recovery.dropped + (opened.recovered.size() - indexed), st.recovery.journal_bytes_cut,
+               st.recovery.dropped + (recovered - indexed), st.recovery.journal_bytes_cut,
                st.recovery.seconds);
 }
 

@@ -46,7 +46,9 @@ struct OpenedNvme {
 absl::StatusOr<OpenedNvme> OpenNvmeFrom(const Config& c);
 // The log lines of an opened NVMe tier once its recovered blocks are indexed:
 // a resize, a damaged journal, a capacity rounded down, then the summary.
-void LogNvmeOpened(const Config& c, const OpenedNvme& opened, const NvmeStats& stats, uint64_t indexed);
+// requested_bytes: as OpenedNvme has it; recovered: how many blocks the tier handed back.
+void LogNvmeOpened(const Config& c, uint64_t requested_bytes, uint64_t recovered, const NvmeStats& stats,
+                   uint64_t indexed);
 
 }  // namespace kvtier
 

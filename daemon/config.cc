@@ -20,6 +20,7 @@
 #include "core/status.h"
 #include "core/units.h"
 #include "daemon/config_schema.h"
+#include "daemon/lower_kinds.h"
 #include "fmt/format.h"
 
 #include <toml++/toml.h>
@@ -273,6 +274,57 @@ void ReadTenants(const toml::array& arr, std::string_view origin, Config* c, std
   }
 }
 
+// [[tiers.lower]]: each entry names its kind and holds that kind's keys,
+// read with the same schema rows as its section ([tiers.nvme] for "nvme"),
+// so each key has one default and one set of bounds. Messages name the
+// key as its section's (tiers.nvme.capacity), at the entry's file:line.
+void ReadLowerChain(const toml::array& arr, const toml::table* tiers, std::string_view origin, Config* c,
+                    std::vector<std::string>* errors) {
+  for (const LowerTierKind& k : LowerTierKinds()) {
+    const std::string_view inner = k.section.substr(k.section.find('.') + 1);
+    if (tiers != nullptr && tiers->get(inner) != nullptr) {
+      errors->push_back(Cat(Where(origin, tiers->get(inner)->source()), ": [", k.section,
+                            "] and [[tiers.lower]] in one file: list every lower tier as a [[tiers.lower]] entry "
+                            "(kind = \"", k.kind, "\" takes [", k.section, "]'s keys)"));
+    }
+  }
+  c->lower_chain.clear();
+  for (const toml::node& n : arr) {
+    const toml::table* t = n.as_table();
+    const std::string where = Where(origin, n.source());
+    if (t == nullptr) {
+      errors->push_back(Cat(where, ": [[tiers.lower]] entries must be tables"));
+      continue;
+    }
+    std::string kind;
+    TableReader kr(*t, Cat("tiers.lower[", c->lower_chain.size(), "]"), origin, &c->key_source);
+    KVTIER_KEEP_ERROR(*errors, kr.String("kind", &kind));
+    const LowerTierKind* k = FindLowerTierKind(kind);
+    if (k == nullptr) {
+      std::vector<std::string> names;
+      for (const LowerTierKind& known : LowerTierKinds()) names.emplace_back(known.kind);
+      errors->push_back(Cat(where, ": tiers.lower[", c->lower_chain.size(), "].kind must be one of ",
+                            absl::StrJoin(names, ", "), kind.empty() ? " (it is missing)" : ""));
+      continue;
+    }
+    if (std::find(c->lower_chain.begin(), c->lower_chain.end(), kind) != c->lower_chain.end()) {
+      errors->push_back(Cat(where, ": a second [[tiers.lower]] of kind \"", kind,
+                            "\": this version keeps at most one tier of each kind"));
+      continue;
+    }
+    c->lower_chain.push_back(kind);
+    TableReader r(*t, std::string(k->section), origin, &c->key_source);
+    KVTIER_KEEP_ERROR(*errors, r.String("kind", &kind));
+    for (const ConfigKey& key : ConfigSchema()) {
+      const bool shared_key =
+          k->shared && k->section != "tiers.remote" && key.section == "tiers.remote" && IsSharedTierKey(key.name);
+      if (key.section == k->section || shared_key) KVTIER_KEEP_ERROR(*errors, ReadKey(r, key, origin, c));
+    }
+    KVTIER_KEEP_ERROR(*errors, r.RejectUnknown());
+  }
+  if (arr.empty()) errors->push_back(Cat(origin, ": [[tiers.lower]] is empty: leave it out for the default chain"));
+}
+
 // toml++ recurses once per level of a dotted key ("a.a.a...": 100000
 // levels overflowed the stack, in kvtierd at start or on SIGHUP), and its
 // own bound (256 nested arrays or inline tables) does not count the dotted
@@ -383,6 +435,15 @@ absl::Status CheckConfigShape(std::string_view text, std::string_view origin) {
 
 }  // namespace
 
+std::vector<std::string> Config::LowerChain() const {
+  if (!lower_chain.empty()) return lower_chain;
+  std::vector<std::string> chain;
+  for (const LowerTierKind& k : LowerTierKinds()) {
+    if (k.configured(*this)) chain.emplace_back(k.kind);
+  }
+  return chain;
+}
+
 std::vector<std::string> Config::NvmeDirs() const {
   if (!nvme_dirs.empty()) return nvme_dirs;
   return {data_dir + "/nvme"};
@@ -451,6 +512,15 @@ absl::StatusOr<Config> ParseConfig(std::string_view toml_text, std::string_view 
       if (k.section == sec.name) KVTIER_KEEP_ERROR(errors, ReadKey(r, k, origin, &c));
     }
     KVTIER_KEEP_ERROR(errors, r.RejectUnknown());
+  }
+  if (auto p = parents.find("tiers"); p != parents.end() && p->second) {
+    const toml::table* tiers = root.get("tiers")->as_table();
+    if (const toml::array* a = p->second->Array("lower")) {
+      ReadLowerChain(*a, tiers, origin, &c, &errors);
+    } else if (tiers->get("lower") != nullptr) {
+      errors.push_back(Cat(Where(origin, tiers->get("lower")->source()),
+                           ": tiers.lower must be written as [[tiers.lower]] tables"));
+    }
   }
   for (auto& [name, reader] : parents) {
     if (reader) KVTIER_KEEP_ERROR(errors, reader->RejectUnknown());

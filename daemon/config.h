@@ -18,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "kvtier/types.h"
 #include "policies/eviction_policy.h"
+#include "tiers/fs/fs_tier.h"
 
 namespace kvtier {
 
@@ -123,6 +124,22 @@ struct Config {
   // name the node (or tls_server_name); a client certificate when given.
   bool remote_tls = false;
   std::string remote_tls_ca_file, remote_tls_cert_file, remote_tls_key_file, remote_tls_server_name;
+  // [tiers.fs]: a directory several nodes mount (none without dir). Its
+  // defaults are FsTierOptions's.
+  std::string fs_dir;
+  uint64_t fs_capacity = 64ull << 30;  // the directory's files, every node's together
+  uint32_t fs_io_threads = FsTierOptions{}.io_threads;
+  uint32_t fs_op_timeout_ms = static_cast<uint32_t>(FsTierOptions{}.op_timeout_ms);
+  uint32_t fs_scan_interval_ms = static_cast<uint32_t>(FsTierOptions{}.scan_interval_ms);
+  bool fs_fsync = FsTierOptions{}.fsync;
+  double fs_low_watermark = FsTierOptions{}.low_watermark;
+  // [[tiers.lower]]: the lower tiers' kinds in chain order ("nvme", "redis",
+  // "fs"), each entry's options read as its kind's section. Empty (no
+  // [[tiers.lower]] in the file): [tiers.nvme] when its capacity is not 0,
+  // then [tiers.remote] when it has seeds, then [tiers.fs] when it has a dir.
+  std::vector<std::string> lower_chain;
+  // The chain in effect: lower_chain, or the sections' order as above.
+  std::vector<std::string> LowerChain() const;
   // Per tenant: device memory for the GPU tier (0: no GPU tier).
   uint64_t gpu_capacity = 0;
   // [metrics]: Prometheus text over HTTP (GET /metrics).

@@ -135,6 +135,20 @@ const ConfigKey kKeys[] = {
      "demoted (what leaves the last local tier), reused (also host blocks once hit), committed (every block)"},
     {"tiers.remote", "admission_min_uses", T::kInt, &Config::remote_admission_min_uses, 1, 15, false,
      "write a block to the shared tier (any write_policy) only if leased lookups asked for it this many times; 1: every block"},
+    // [tiers.fs]
+    {"tiers.fs", "dir", T::kString, &Config::fs_dir, 0, 0, false,
+     "a directory several nodes mount (NFS, CephFS, Lustre, FUSE); empty: no fs tier. It must exist"},
+    {"tiers.fs", "capacity", T::kBytes, &Config::fs_capacity, 0, 0, false,
+     "what the directory's block files may take, every node's together; past it the scan deletes the oldest"},
+    {"tiers.fs", "io_threads", T::kInt, &Config::fs_io_threads, 1, 256, false, "threads that read and write files"},
+    {"tiers.fs", "op_timeout_ms", T::kInt, &Config::fs_op_timeout_ms, 1, 600000, false,
+     "a read or write not started by then is a miss"},
+    {"tiers.fs", "scan_interval_ms", T::kInt, &Config::fs_scan_interval_ms, 100, 3600000, false,
+     "how often the capacity scan lists the directory (also after an eighth of capacity written)"},
+    {"tiers.fs", "fsync", T::kBool, &Config::fs_fsync, 0, 0, false,
+     "fsync each file before it is renamed into place"},
+    {"tiers.fs", "low_watermark", T::kDouble, &Config::fs_low_watermark, 0.01, 1, false,
+     "a scan past capacity deletes down to this fraction of it"},
     // [cost_model]
     {"cost_model", "model_config", T::kString, &Config::cost_model_config, 0, 0, false,
      "a Hugging Face config.json; empty: the Llama-3.1-8B shape"},
@@ -194,6 +208,11 @@ const ConfigSection kSections[] = {
      "# A shared Redis Cluster below NVMe; each tenant reads and writes it as its own\n"
      "# ACL user ([[tenants]] remote_user, remote_password_file) and seals its values with a\n"
      "# key of its own ([[tenants]] remote_key_file).\n"},
+    {"tiers.fs",
+     "# A directory several nodes mount: blocks as files, shared like [tiers.remote]\n"
+     "# (whose probe_*, min_block_bytes, write_policy and admission_min_uses apply to\n"
+     "# whichever shared tier the chain has). Or list the chain as [[tiers.lower]]\n"
+     "# entries: kind = \"nvme\" | \"redis\" | \"fs\" and that kind's keys.\n"},
     {"cost_model",
      "# What a block is worth: prefill time of its tokens at its position, for this\n"
      "# model shape, at a throughput fitted to the engines' report_prefill calls.\n"},

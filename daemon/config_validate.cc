@@ -23,6 +23,7 @@
 #include "core/fmt_absl.h"
 #include "daemon/config.h"
 #include "daemon/config_text.h"
+#include "daemon/lower_kinds.h"
 #include "daemon/shared_writes.h"
 #include "fmt/format.h"
 #include "policies/eviction_policy.h"
@@ -96,6 +97,35 @@ void ValidateRemote(const Config& c, Fail& fail) {
   }
 }
 
+// The lower tiers' chain: one shared tier at most, and at its end (the
+// store keeps one shared lane, the last); each kind's own musts.
+template <typename Fail>
+void ValidateChain(const Config& c, Fail& fail) {
+  const std::vector<std::string> chain = c.LowerChain();
+  size_t shared = 0;
+  for (size_t i = 0; i < chain.size(); ++i) {
+    const LowerTierKind* k = FindLowerTierKind(chain[i]);
+    if (k == nullptr || !k->shared) continue;
+    if (++shared > 1) {
+      fail(Cat("tiers.lower[", i, "].kind"),
+           Cat("the lower tiers include two shared tiers (", absl::StrJoin(chain, " -> "),
+               "): this version keeps one shared tier, at the end of the chain; choose [tiers.remote] or [tiers.fs]"));
+    } else if (i + 1 != chain.size()) {
+      fail(Cat("tiers.lower[", i, "].kind"), Cat("the shared tier \"", chain[i], "\" must end the chain (",
+                                                 absl::StrJoin(chain, " -> "), "): blocks move down from local tiers to it"));
+    }
+  }
+  const bool fs = std::find(chain.begin(), chain.end(), "fs") != chain.end();
+  if (fs && (c.fs_dir.empty() || c.fs_dir.front() != '/')) {
+    fail("tiers.fs.dir", Cat("tiers.fs.dir must be an absolute path to a directory several nodes mount (got \"",
+                             c.fs_dir.substr(0, 200), "\")"));
+  }
+  if (fs && c.fs_capacity == 0) fail("tiers.fs.capacity", "tiers.fs.capacity must not be 0");
+  if (!c.lower_chain.empty() && std::find(chain.begin(), chain.end(), "nvme") != chain.end() && c.nvme_capacity == 0) {
+    fail("tiers.nvme.capacity", "a [[tiers.lower]] entry of kind \"nvme\" with capacity 0: leave the entry out instead");
+  }
+}
+
 }  // namespace
 
 bool TenantNameIsSafe(std::string_view name) {
@@ -125,6 +155,7 @@ absl::Status ValidateConfig(const Config& c) {
     fail("daemon.device", Cat("daemon.device = \"", c.device, "\"; use \"auto\", \"cuda\" or \"sim\""));
   }
   if (c.tenants.empty()) fail("", "no tenants configured");
+  ValidateChain(c, fail);
   if (c.hash == HashAlgorithm::kXxh3_128 && c.tenants.size() > 1) {
     fail("daemon.hash", Cat("daemon.hash = \"xxh3-128\" is only for a single trusted tenant, and this config has ",
                             c.tenants.size(), " tenants: keys that collide would hand one tenant's K/V to another; "

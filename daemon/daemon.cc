@@ -27,6 +27,8 @@
 #include "daemon/admission.h"
 #include "daemon/assembly.h"
 #include "daemon/config_schema.h"
+#include "daemon/lower_kinds.h"
+#include "daemon/tier_registry.h"
 #include "tiers/nvme_tier.h"
 #include "core/fmt_absl.h"
 #include "spdlog/spdlog.h"
@@ -135,8 +137,7 @@ absl::Status Daemon::Open() {
   for (const TenantConfig& t : config_.tenants) RETURN_IF_ERROR(OpenTenant(t));
   RETURN_IF_ERROR(OpenEvents());
 
-  RETURN_IF_ERROR(OpenNvme());
-  RETURN_IF_ERROR(OpenRemote());
+  RETURN_IF_ERROR(OpenLowerTiers());
   store_->StartBackgroundReclaim();
 
   RETURN_IF_ERROR(OpenSockets());
@@ -269,20 +270,33 @@ absl::Status Daemon::StartMetrics() {
   return absl::OkStatus();
 }
 
-absl::Status Daemon::OpenNvme() {
-  ASSIGN_OR_RETURN(OpenedNvme opened, OpenNvmeFrom(config_));
-  if (opened.tier == nullptr) return absl::OkStatus();
-  const NvmeStats st = opened.tier->Stats();
-  ASSIGN_OR_RETURN(uint64_t indexed, store_->AttachLowerTier(std::move(opened.tier), opened.recovered, &namespaces_));
-  LogNvmeOpened(config_, opened, st, indexed);
+absl::Status Daemon::OpenLowerTiers() {
+  const std::vector<std::string> chain = config_.LowerChain();
+  if (config_.lower_chain.empty()) {
+    std::vector<std::string> sections;
+    for (const LowerTierKind& k : LowerTierKinds()) {
+      const std::string prefix = std::string(k.section) + ".";
+      if (std::any_of(config_.key_source.begin(), config_.key_source.end(),
+                      [&](const auto& e) { return e.first.rfind(prefix, 0) == 0; })) {
+        sections.push_back("[" + std::string(k.section) + "]");
+      }
+    }
+    if (!sections.empty()) {
+      spdlog::info("event=lower_chain_from_sections sections=\"{}\" detail=\"read as the chain nvme, then the "
+                   "shared tier; [[tiers.lower]] entries state a chain in order (docs/configuration.md)\"",
+                   absl::StrJoin(sections, ", "));
+    }
+  }
+  for (const std::string& kind : chain) {
+    ASSIGN_OR_RETURN(OpenedLowerTier opened, OpenLowerTier(kind, config_));
+    if (opened.tier == nullptr) continue;
+    ASSIGN_OR_RETURN(uint64_t indexed,
+                     store_->AttachLowerTier(std::move(opened.tier), opened.recovered, &namespaces_));
+    if (opened.attached) opened.attached(indexed);
+  }
+  spdlog::info("event=lower_chain chain=\"{}\" lanes={}", chain.empty() ? "none" : absl::StrJoin(chain, " -> "),
+               store_->lower_tier_count());
   return absl::OkStatus();
-}
-
-absl::Status Daemon::OpenRemote() {
-  ASSIGN_OR_RETURN(std::unique_ptr<RemoteTier> remote, OpenRemoteFrom(config_));
-  if (remote == nullptr) return absl::OkStatus();
-  // Below NVMe: the cascade moves NVMe's coldest blocks there as it fills.
-  return store_->AttachLowerTier(std::move(remote), {}, &namespaces_).status();
 }
 
 void Daemon::Watch(int fd, FdKind kind, uint64_t id, uint32_t events) {

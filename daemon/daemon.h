@@ -83,8 +83,9 @@ class Daemon {
  private:
   explicit Daemon(const Config& config);
   absl::Status Open();
-  absl::Status OpenNvme();
-  absl::Status OpenRemote();  // [tiers.remote], below NVMe
+  // Config::LowerChain(), in order, each kind opened through the registry
+  // (tier_registry.h) and attached as the next lane.
+  absl::Status OpenLowerTiers();
   // Open()'s parts: one tenant's host tier (pinned for the device), its GPU
   // tier where configured, and its place in the store; the sockets, signals
   // and the epoll set; the metrics endpoint (an endpoint that cannot start

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "absl/functional/any_invocable.h"
+#include "absl/functional/function_ref.h"
 #include "core/cancel.h"
 #include "tiers/io_engine.h"
 #include "tiers/tier.h"
@@ -121,6 +122,14 @@ class BlockTier : public Tier {
                       uint64_t deadline_ns) {
     (void)deadline_ns;
     std::move(done)(std::vector<bool>(metas.size(), false));
+  }
+
+  // Thread-safe. The tier's own figures beyond BlockStats (a file tier's
+  // scans and misses by cause), each by a short lowercase name, for status
+  // ("counters") and metrics (kvtier_lower_tier_counter): what a tier kind
+  // adds is shown without the caller knowing the kind.
+  virtual void VisitCounters(absl::FunctionRef<void(std::string_view name, uint64_t value)> visit) const {
+    (void)visit;
   }
 
   // Tier's forms: no deadline, no cancellation.

@@ -492,6 +492,22 @@ FsTier::Misses FsTier::misses() const {
           miss_io_.load(std::memory_order_relaxed), miss_deadline_.load(std::memory_order_relaxed)};
 }
 
+void FsTier::VisitCounters(absl::FunctionRef<void(std::string_view, uint64_t)> visit) const {
+  const ScanStats s = scan_stats();
+  const Misses m = misses();
+  visit("scans", s.scans);
+  visit("files", s.files);
+  visit("bytes", s.bytes);
+  visit("evicted", s.evicted);
+  visit("vanished", s.vanished);
+  visit("stale_temps", s.stale_temps);
+  visit("scan_failures", s.failures);
+  visit("misses_not_found", m.not_found);
+  visit("misses_bad_file", m.bad_file);
+  visit("misses_io", m.io);
+  visit("misses_deadline", m.deadline);
+}
+
 void FsTier::ScanLoop() {
   for (;;) {
     {

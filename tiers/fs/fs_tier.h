@@ -143,6 +143,9 @@ class FsTier final : public BlockTier {
   BlockTierStats BlockStats() const override;
   void SetReadObserver(ReadObserver observer) override { read_observer_ = std::move(observer); }
   uint32_t CalibrationRead(uint32_t) override { return 0; }  // every read is timed
+  // scans, files, bytes, evicted, vanished, stale_temps, scan_failures, and
+  // misses_{not_found,bad_file,io,deadline}.
+  void VisitCounters(absl::FunctionRef<void(std::string_view, uint64_t)> visit) const override;
 
   // The directory as the last scan found it, and what scans did.
   struct ScanStats {

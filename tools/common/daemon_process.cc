@@ -63,8 +63,11 @@ absl::Status DaemonProcess::Start() {
   const char* bin = binary.c_str();
   std::string cfg = config_;
   // Host tier only unless the caller configures NVMe: a child daemon should
-  // not preallocate gigabytes by default.
-  if (cfg.find("[tiers.nvme]") == std::string::npos) cfg += "\n[tiers.nvme]\ncapacity = 0\n";
+  // not preallocate gigabytes by default. ([[tiers.lower]] states the whole
+  // chain: NVMe only when an entry names it.)
+  if (cfg.find("[tiers.nvme]") == std::string::npos && cfg.find("[[tiers.lower]]") == std::string::npos) {
+    cfg += "\n[tiers.nvme]\ncapacity = 0\n";
+  }
   // Many test daemons run at once: no fixed metrics port unless asked for.
   if (cfg.find("[metrics]") == std::string::npos) cfg += "\n[metrics]\nenabled = false\n";
   if (cfg.find("[daemon]") == std::string::npos) {

@@ -1,0 +1,85 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "daemon/tier_registry.h"
+
+#include "absl/strings/str_cat.h"
+#include "core/checked.h"
+#include "core/fmt_absl.h"
+#include "core/status.h"
+#include "core/units.h"
+#include "daemon/assembly.h"
+#include "spdlog/spdlog.h"
+#include "tiers/fs/fs_tier.h"
+
+namespace kvtier {
+namespace {
+
+absl::StatusOr<OpenedLowerTier> OpenNvmeKind(const Config& c) {
+  ASSIGN_OR_RETURN(OpenedNvme opened, OpenNvmeFrom(c));
+  OpenedLowerTier out;
+  if (opened.tier == nullptr) return out;
+  const NvmeStats st = opened.tier->Stats();
+  out.recovered = std::move(opened.recovered);
+  out.tier = std::move(opened.tier);
+  out.attached = [&c, st, requested = opened.requested_bytes, recovered = out.recovered.size()](uint64_t indexed) {
+    LogNvmeOpened(c, requested, recovered, st, indexed);
+  };
+  return out;
+}
+
+absl::StatusOr<OpenedLowerTier> OpenRedisKind(const Config& c) {
+  ASSIGN_OR_RETURN(std::unique_ptr<RemoteTier> tier, OpenRemoteFrom(c));
+  OpenedLowerTier out;
+  out.tier = std::move(tier);
+  return out;
+}
+
+absl::StatusOr<OpenedLowerTier> OpenFsKind(const Config& c) {
+  FsTierOptions o;
+  o.dir = c.fs_dir;
+  for (const TenantConfig& t : c.tenants) o.tenants.push_back({t.name, TenantHash(t.name)});
+  o.capacity_bytes = c.fs_capacity;
+  o.low_watermark = c.fs_low_watermark;
+  o.io_threads = c.fs_io_threads;
+  o.op_timeout_ms = c.fs_op_timeout_ms;
+  o.scan_interval_ms = c.fs_scan_interval_ms;
+  o.fsync = c.fs_fsync;
+  o.on_failure = [dir = c.fs_dir](const std::string& why) {
+    spdlog::error("event=fs_tier_failed dir=\"{}\" detail=\"{}\" hint=\"the fs tier is degraded: its reads are misses "
+                  "and blocks stay in the tiers above until it works; check that the directory is mounted, has "
+                  "room and is writable by kvtierd's user\"",
+                  LogQuoted(dir), LogQuoted(why));
+  };
+  absl::StatusOr<std::unique_ptr<FsTier>> tier = FsTier::Create(o);
+  if (!tier.ok()) {
+    return absl::Status(tier.status().code(), absl::StrCat("opening the fs tier: ", tier.status().message()));
+  }
+  spdlog::info("event=fs_tier state=on dir=\"{}\" capacity=\"{}\" tenants={} io_threads={} fsync={} detail=\"a "
+               "directory several nodes mount; every file checked on read, misses there cost a recompute, never a "
+               "wrong block\"",
+               LogQuoted(c.fs_dir), FormatBytes(c.fs_capacity), o.tenants.size(), o.io_threads, o.fsync);
+  OpenedLowerTier out;
+  out.tier = *std::move(tier);
+  return out;
+}
+
+struct Opener {
+  std::string_view kind;
+  absl::StatusOr<OpenedLowerTier> (*open)(const Config&);
+};
+
+const Opener kOpeners[] = {
+    {"nvme", &OpenNvmeKind},
+    {"redis", &OpenRedisKind},
+    {"fs", &OpenFsKind},
+};
+
+}  // namespace
+
+absl::StatusOr<OpenedLowerTier> OpenLowerTier(std::string_view kind, const Config& c) {
+  for (const Opener& o : kOpeners) {
+    if (o.kind == kind) return o.open(c);
+  }
+  return absl::InvalidArgumentError(absl::StrCat("no lower tier of kind \"", std::string(kind), "\""));
+}
+
+}  // namespace kvtier

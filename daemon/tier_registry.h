@@ -1,0 +1,33 @@
+// SPDX-License-Identifier: Apache-2.0
+// What opens each kind of lower tier (lower_kinds.h lists the kinds the
+// config knows): one row per kind, from the config to a BlockTier ready to
+// attach, with the blocks it kept across a restart and the log line it
+// ends with. Daemon::Open walks Config::LowerChain() through here.
+#ifndef KVTIER_DAEMON_TIER_REGISTRY_H_
+#define KVTIER_DAEMON_TIER_REGISTRY_H_
+
+#include <functional>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "daemon/config.h"
+#include "tiers/block_tier.h"
+
+namespace kvtier {
+
+struct OpenedLowerTier {
+  std::unique_ptr<BlockTier> tier;  // null: its config leaves it off (a default that found no room)
+  std::vector<RecoveredBlock> recovered;
+  // Once attached, with how many recovered blocks the store indexed.
+  std::function<void(uint64_t indexed)> attached;
+};
+
+// The tier of `kind` as `c` configures it; InvalidArgument for a kind no
+// row opens.
+absl::StatusOr<OpenedLowerTier> OpenLowerTier(std::string_view kind, const Config& c);
+
+}  // namespace kvtier
+
+#endif  // KVTIER_DAEMON_TIER_REGISTRY_H_

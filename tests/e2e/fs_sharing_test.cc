@@ -1,0 +1,159 @@
+// SPDX-License-Identifier: Apache-2.0
+// Two kvtierd nodes (separate sockets, data folders and host tiers) over one
+// shared directory, the chain written as [[tiers.lower]] (NVMe, then the fs
+// tier): blocks node A computed are found and loaded on node B byte-exact,
+// reported to the engine as file-tier blocks; a file damaged by another
+// process is a counted miss on B, never served; status and metrics show the
+// lane as kind "fs"; and the legacy [tiers.fs] section reads as the same
+// chain.
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "kvtier/client.h"
+#include "tests/support/client_helpers.h"
+#include "tiers/fs/fs_tier.h"
+#include "tests/support/test_support.h"
+#include <httplib.h>
+
+namespace kvtier {
+namespace {
+
+using testing::DaemonProcess;
+
+constexpr uint64_t kBlock = 64 << 10;
+
+std::string NodeConfig(const std::string& shared_dir, const std::string& extra = "") {
+  return absl::StrCat(extra, "[tiers.host]\ncapacity = \"8MiB\"\n",
+                      "[[tiers.lower]]\nkind = \"nvme\"\ncapacity = \"64MiB\"\nsegment_bytes = \"16MiB\"\n",
+                      "[[tiers.lower]]\nkind = \"fs\"\ndir = \"", shared_dir,
+                      "\"\ncapacity = \"256MiB\"\nwrite_policy = \"committed\"\nprobe_budget_us = 200000\n",
+                      "[[tenants]]\nname = \"alice\"\nuids = [", getuid(), "]\n");
+}
+
+nlohmann::json Lane(const DaemonProcess& d, const std::string& kind) {
+  auto s = d.Status();
+  if (!s.ok()) return {};
+  for (const auto& t : (*s)["tiers"]) {
+    if (t.value("kind", "") == kind) return t;
+  }
+  return {};
+}
+
+uint64_t Shared(const DaemonProcess& d, const char* field) {
+  const nlohmann::json l = Lane(d, "fs");
+  return l.contains("shared") ? l["shared"].value(field, uint64_t{0}) : 0;
+}
+
+TEST(FsSharingTest, NodeBLoadsWhatNodeAWroteThroughOneDirectory) {
+  testing::TempDir shared;
+  DaemonProcess a(NodeConfig(shared.path()));
+  DaemonProcess b(NodeConfig(shared.path(), "[metrics]\nport = 0\n"));
+  ASSERT_TRUE(a.Start().ok()) << a.Log();
+  ASSERT_TRUE(b.Start().ok()) << b.Log();
+  EXPECT_NE(a.Log().find("chain=\"nvme -> fs\""), std::string::npos) << a.Log();
+
+  auto ca = testing::AttachTo(a.socket_path(), testing::TestNamespace(kBlock, "fs/share"));
+  const std::vector<BlockKey> keys = testing::SeededKeys(*ca, 5, 32);
+  const std::span<const BlockKey> first(keys.data(), 24);
+  ASSERT_TRUE(testing::StoreFilled(*ca, first).ok());
+  ASSERT_TRUE(testing::Eventually([&] { return Shared(a, "publishes") >= 24; }, std::chrono::seconds(20)))
+      << Lane(a, "fs").dump();
+
+  auto cb = testing::AttachTo(b.socket_path(), testing::TestNamespace(kBlock, "fs/share"));
+  {
+    auto found = cb->Lookup(keys);
+    ASSERT_TRUE(found.ok()) << found.status().ToString();
+    ASSERT_EQ(found->hit_blocks, 24u) << "B finds A's 24 blocks, not the 8 nobody computed";
+    for (size_t i = 0; i < 24; ++i) EXPECT_EQ(found->tiers[i], TierKind::kFile) << i;
+  }
+  {
+    auto r = cb->Lookup(keys, {.lease = true});
+    ASSERT_TRUE(r.ok());
+    ASSERT_EQ(r->hit_blocks, 24u);
+    auto v = cb->Load(r->lease, std::span<const BlockKey>(keys).first(24));
+    ASSERT_TRUE(v.ok()) << v.status().ToString();
+    for (size_t i = 0; i < 24; ++i) EXPECT_TRUE(testing::MatchesKey(keys[i], {(*v)[i].data, (*v)[i].size})) << i;
+    (void)cb->Release(r->lease);
+  }
+  EXPECT_EQ(Shared(b, "hits_loaded"), 24u);
+  const nlohmann::json lane = Lane(b, "fs");
+  EXPECT_EQ(lane.value("tier", ""), "fs");
+  EXPECT_EQ(lane.value("chain_position", -1), 1);
+  EXPECT_GE(lane.value("reads", 0), 24) << lane.dump();
+  EXPECT_EQ(lane.value("checksum_failures", -1), 0);
+  EXPECT_TRUE(lane.contains("counters") && lane["counters"].contains("scans")) << lane.dump();
+
+  // Another process damages one of A's files: B's lookup still finds it
+  // (EXISTS sees a file), but the load refuses it, counts it and deletes it.
+  const std::vector<BlockKey> more = testing::SeededKeys(*ca, 6, 4);
+  ASSERT_TRUE(testing::StoreFilled(*ca, more).ok());
+  ASSERT_TRUE(testing::Eventually([&] { return Shared(a, "publishes") >= 28; }, std::chrono::seconds(20)));
+  size_t damaged = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(shared.path())) {
+    if (!e.is_regular_file() || e.path().extension() != ".kvb") continue;
+    // Every file; B has loaded the first 24 into its host tier already, so
+    // only the 4 new blocks are read from the directory.
+    std::filesystem::resize_file(e.path(), sizeof(FsBlockHeader) + 100);
+    ++damaged;
+  }
+  ASSERT_EQ(damaged, 28u);
+  {
+    auto r = cb->Lookup(more, {.lease = true});
+    ASSERT_TRUE(r.ok());
+    if (r->hit_blocks > 0) {
+      auto v = cb->Load(r->lease, std::span<const BlockKey>(more).first(r->hit_blocks));
+      // A load stops at its first block that fails: nothing from a truncated file is served.
+      EXPECT_TRUE(!v.ok() || v->empty()) << "a truncated file must never load: " << v->size() << " views";
+      (void)cb->Release(r->lease);
+    }
+  }
+  EXPECT_TRUE(testing::Eventually([&] { return Lane(b, "fs").value("checksum_failures", 0) >= 1; }))
+      << Lane(b, "fs").dump();
+
+  // Metrics name the lane's kind.
+  auto st = b.Status();
+  ASSERT_TRUE(st.ok());
+  httplib::Client http("127.0.0.1", (*st)["metrics"]["port"].get<int>());
+  auto res = http.Get("/metrics");
+  ASSERT_TRUE(res && res->status == 200);
+  EXPECT_NE(res->body.find("kvtier_lower_tier_counter{lane=\"1\",tier=\"fs\",kind=\"fs\",name=\"scans\"}"),
+            std::string::npos);
+  EXPECT_NE(res->body.find("kvtier_tier_healthy{tier=\"fs\"} 1"), std::string::npos);
+}
+
+TEST(FsSharingTest, TheFsSectionReadsAsTheSameChain) {
+  testing::TempDir shared;
+  DaemonProcess a(absl::StrCat("[tiers.host]\ncapacity = \"8MiB\"\n[tiers.nvme]\ncapacity = \"64MiB\"\n"
+                               "segment_bytes = \"16MiB\"\n[tiers.fs]\ndir = \"",
+                               shared.path(), "\"\n[[tenants]]\nname = \"alice\"\nuids = [", getuid(), "]\n"));
+  ASSERT_TRUE(a.Start().ok()) << a.Log();
+  EXPECT_NE(a.Log().find("chain=\"nvme -> fs\""), std::string::npos) << a.Log();
+  EXPECT_NE(a.Log().find("event=lower_chain_from_sections"), std::string::npos) << a.Log();
+  EXPECT_EQ(Lane(a, "fs").value("chain_position", -1), 1);
+  EXPECT_TRUE(std::filesystem::is_directory(shared.path() + "/alice"));
+}
+
+TEST(FsSharingTest, AChainWrittenBothWaysOrWithTwoSharedTiersIsRefused) {
+  testing::TempDir shared;
+  const std::string both = absl::StrCat("[tiers.nvme]\ncapacity = \"64MiB\"\n[[tiers.lower]]\nkind = \"fs\"\ndir = \"",
+                                        shared.path(), "\"\n");
+  DaemonProcess d1(both);
+  EXPECT_FALSE(d1.Start().ok());
+  EXPECT_NE(d1.Log().find("[tiers.nvme] and [[tiers.lower]] in one file"), std::string::npos) << d1.Log();
+  DaemonProcess d2(absl::StrCat("[[tiers.lower]]\nkind = \"fs\"\ndir = \"", shared.path(),
+                                "\"\n[[tiers.lower]]\nkind = \"nvme\"\ncapacity = \"64MiB\"\n"));
+  EXPECT_FALSE(d2.Start().ok());
+  EXPECT_NE(d2.Log().find("must end the chain"), std::string::npos) << d2.Log();
+  DaemonProcess d3("[[tiers.lower]]\nkind = \"tape\"\n");
+  EXPECT_FALSE(d3.Start().ok());
+  EXPECT_NE(d3.Log().find("kind must be one of nvme, redis, fs"), std::string::npos) << d3.Log();
+  DaemonProcess d4(absl::StrCat("[[tiers.lower]]\nkind = \"fs\"\ndir = \"", shared.path(), "/not-mounted\"\n"));
+  EXPECT_FALSE(d4.Start().ok());
+  EXPECT_NE(d4.Log().find("does not exist"), std::string::npos) << d4.Log();
+}
+
+}  // namespace
+}  // namespace kvtier
