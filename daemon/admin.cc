@@ -392,6 +392,9 @@ StatusSnapshot Daemon::Snapshot() const {
     const BlockTier* tier = store_->lower_tier(i);
     StatusSnapshot::Lower& l = out.lower.emplace_back();
     l.name = std::string(tier->name());
+    l.kind = std::string(TierName(tier->kind()));
+    l.shared = tier->shared();
+    tier->VisitCounters([&l](std::string_view name, uint64_t v) { l.counters.emplace_back(std::string(name), v); });
     l.chain_position = i;
     l.policy = config_.nvme_policy;
     l.durable = tier->durable();

@@ -114,6 +114,14 @@ std::string PrometheusText(const StatusSnapshot& s, bool detailed) {
   }
   w.Family("kvtier_tier_healthy", "gauge", "1 when the tier is healthy.");
   for (const TierRow& t : tiers) w.Sample("kvtier_tier_healthy", "tier=\"" + Esc(t.name) + "\"", t.healthy ? 1 : 0);
+  w.Family("kvtier_lower_tier_counter", "gauge",
+           "What a lower tier's kind counts beyond the common series, by lane (position in the chain), tier, kind "
+           "and name (the fs tier: scans, files, bytes, evicted, vanished, stale_temps, scan_failures, misses_*).");
+  for (const StatusSnapshot::Lower& l : s.lower) {
+    const std::string labels = "lane=\"" + std::to_string(l.chain_position) + "\",tier=\"" + Esc(l.name) +
+                               "\",kind=\"" + Esc(l.kind) + "\",name=\"";
+    for (const auto& [name, v] : l.counters) w.Sample("kvtier_lower_tier_counter", labels + Esc(name) + "\"", double(v));
+  }
 
   // Hits: per request and per reused token (a 16-token hit and a 16,000-token
   // hit count the same in the first, not in the second).

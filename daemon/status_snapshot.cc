@@ -108,8 +108,12 @@ json HostJson(const StatusSnapshot::Host& h, const DaemonStats& s) {
 // What every lower tier reports; the first adds what only it does.
 json LowerJson(const StatusSnapshot::Lower& l, const DaemonStats& s) {
   const BlockTierStats& b = l.io;
+  json counters = json::object();
+  for (const auto& [name, v] : l.counters) counters[name] = v;
   json tier{{"tier", l.name},
+            {"kind", l.kind},
             {"chain_position", l.chain_position},
+            {"counters", std::move(counters)},
             {"policy", l.policy},
             {"durable", l.durable},
             {"capacity_bytes", b.capacity_bytes},
@@ -127,6 +131,18 @@ json LowerJson(const StatusSnapshot::Lower& l, const DaemonStats& s) {
             {"abandoned", b.abandoned},
             {"writes_refused", b.writes_refused},
             {"health", std::string(TierHealthName(l.health))}};
+  if (l.shared) {
+    // The store's side of the shared tier, whatever its kind.
+    tier["shared"] = json{{"hits_loaded", s.blocks_hit_remote.Get()},
+                          {"probes", s.remote_probes.Get()},
+                          {"probe_blocks", s.remote_probe_blocks.Get()},
+                          {"probe_found", s.remote_probe_found.Get()},
+                          {"probes_late", s.remote_probes_late.Get()},
+                          {"publishes", s.remote_publishes.Get()},
+                          {"publishes_failed", s.remote_publishes_failed.Get()},
+                          {"writes_avoided", s.remote_writes_avoided.Get()},
+                          {"found_unproven", s.cascade_found_unproven.Get()}};
+  }
   if (const std::optional<RemoteStatus>& r = l.remote) {
     json nodes = json::array();
     for (const RemoteStatus::Node& n : r->nodes) {

@@ -73,6 +73,9 @@ struct StatusSnapshot {
   // demotions; its hits and movement counters are in `stats`).
   struct Lower {
     std::string name;
+    std::string kind;  // TierName of its kind: nvme, remote, fs
+    bool shared = false;  // the store's shared lane: probes and publishes go there
+    std::vector<std::pair<std::string, uint64_t>> counters;  // BlockTier::VisitCounters
     size_t chain_position = 0;
     std::string policy;
     bool durable = false;
