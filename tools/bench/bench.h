@@ -88,6 +88,7 @@ std::vector<Metric> RunNvmeSuite(const Context& ctx);
 std::vector<Metric> RunReclaimSuite(const Context& ctx);
 std::vector<Metric> RunGpuSuite(const Context& ctx);
 std::vector<Metric> RunRemoteSuite(const Context& ctx);
+std::vector<Metric> RunFsSuite(const Context& ctx);
 
 }  // namespace kvtier::bench
 

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // kvtier-bench: microbenchmarks with a baseline measured in the same run.
 //
-//   kvtier-bench ipc|host|lookup|nvme|reclaim|gpu|remote|all [--json] [--quick] [--kvtierd PATH]
+//   kvtier-bench ipc|host|lookup|nvme|reclaim|gpu|remote|fs|all [--json] [--quick] [--kvtierd PATH]
 //                [Google Benchmark flags, e.g. --benchmark_min_time=...]
 //
 // The tiny engine's time-to-first-token benchmark is not here: it runs the
@@ -42,5 +42,10 @@ int main(int argc, char** argv) {
         "remote tier put/get of 256 KiB and 2 MiB blocks vs a pipelined hiredis loop on the same\n"
         "                node, and a 64-block probe (--cluster DIR: a cluster scripts/redis-cluster started\n"
         "                there with --tenant bench; exit 77 without one)",
-        b::RunRemoteSuite, /*needs_cuda=*/false, /*needs_cluster=*/true}});
+        b::RunRemoteSuite, /*needs_cuda=*/false, /*needs_cluster=*/true},
+       {"fs",
+        "fs tier put/get of 256 KiB and 2 MiB blocks vs fio writing and reading one file per\n"
+        "                block on the same directory (--dir PATH: the directory, e.g. a share; default a\n"
+        "                temp dir; --pairs N)",
+        b::RunFsSuite}});
 }
