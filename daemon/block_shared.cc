@@ -13,7 +13,7 @@
 
 namespace kvtier {
 
-uint32_t BlockStore::ProbeShared(SessionHoldings& s, std::span<const BlockKey> keys, size_t from) {
+size_t BlockStore::SharedProbeBlocks(SessionHoldings& s, std::span<const BlockKey> keys, size_t from) {
   const uint32_t budget_us = shared_budget_us_.load(std::memory_order_relaxed);
   if (!shared_lane_ || budget_us == 0 || from >= keys.size()) return 0;
   LowerLane& lane = *books_.lanes[*shared_lane_];
@@ -35,16 +35,64 @@ uint32_t BlockStore::ProbeShared(SessionHoldings& s, std::span<const BlockKey> k
     books_.stats->remote_probes_busy.Add();
     return 0;  // a miss past the local prefix, as if the cluster were slow
   }
-  struct Done {
-    std::atomic<uint32_t>& n;
-    ~Done() { n.fetch_sub(1, std::memory_order_relaxed); }
-  } done_probing{tenant.shared_probes};
-  const uint64_t tenant_hash = tenant.hash;
+  books_.stats->remote_probes.Add();
+  books_.stats->remote_probe_blocks.Add(n);
+  return n;
+}
+
+std::vector<BlockMeta> BlockStore::SharedProbeMetas(const SessionHoldings& s, std::span<const BlockKey> keys,
+                                                    size_t from, size_t n) const {
+  const uint64_t tenant_hash = books_.tenants[s.ns.tenant]->hash;
   std::vector<BlockMeta> metas(n);
   for (size_t i = 0; i < n; ++i) {
     metas[i] = BlockMeta{.ns = s.ns.id, .key = keys[from + i], .payload_bytes = s.ns.block_bytes,
                          .tenant_hash = tenant_hash, .block_tokens = s.ns.block_tokens};
   }
+  return metas;
+}
+
+bool BlockStore::StartSharedProbe(SessionHoldings& s, std::span<const BlockKey> keys,
+                                  absl::AnyInvocable<void(SharedAnswer) &&> answered) {
+  if (!shared_lane_ || shared_budget_us_.load(std::memory_order_relaxed) == 0) return false;
+  // Where the local tiers end the prefix, without pinning anything: the
+  // lookup that follows the answer probes (and pins) again.
+  std::vector<BlockLocation> scratch(keys.size());
+  const ChainHits h = ProbeChain(s, keys, /*lease=*/false, scratch);
+  if (h.cut_for_cost || h.hit >= keys.size()) return false;
+  const size_t from = h.hit;
+  const size_t n = SharedProbeBlocks(s, keys, from);
+  if (n == 0) return false;
+  const uint32_t budget_us = shared_budget_us_.load(std::memory_order_relaxed);
+  const uint64_t start = MonotonicNanos();
+  std::atomic<uint32_t>* busy = &books_.tenants[s.ns.tenant]->shared_probes;
+  DaemonStats* stats = books_.stats;
+  books_.lanes[*shared_lane_]->tier->Exists(
+      SharedProbeMetas(s, keys, from, n),
+      [busy, stats, start, budget_us, from, answered = std::move(answered)](std::vector<bool> v) mutable {
+        busy->fetch_sub(1, std::memory_order_relaxed);
+        const uint64_t took = MonotonicNanos() - start;
+        stats->remote_probe_latency.Record(took);
+        SharedAnswer a{.from = from};
+        if (took > uint64_t{budget_us} * 1000) {
+          stats->remote_probes_late.Add();  // past the budget: the local tiers' answer stands
+        } else {
+          a.present = std::move(v);
+        }
+        std::move(answered)(std::move(a));
+      },
+      start + uint64_t{budget_us} * 1000);
+  return true;
+}
+
+uint32_t BlockStore::ProbeShared(SessionHoldings& s, std::span<const BlockKey> keys, size_t from) {
+  const size_t n = SharedProbeBlocks(s, keys, from);
+  if (n == 0) return 0;
+  struct Done {
+    std::atomic<uint32_t>& n;
+    ~Done() { n.fetch_sub(1, std::memory_order_relaxed); }
+  } done_probing{books_.tenants[s.ns.tenant]->shared_probes};
+  const uint32_t budget_us = shared_budget_us_.load(std::memory_order_relaxed);
+  LowerLane& lane = *books_.lanes[*shared_lane_];
   // The answer may come after the budget: it then lands in state nobody
   // waits on any more.
   struct Answer {
@@ -55,10 +103,8 @@ uint32_t BlockStore::ProbeShared(SessionHoldings& s, std::span<const BlockKey> k
   };
   auto answer = std::make_shared<Answer>();
   const uint64_t start = MonotonicNanos();
-  books_.stats->remote_probes.Add();
-  books_.stats->remote_probe_blocks.Add(n);
   lane.tier->Exists(
-      metas,
+      SharedProbeMetas(s, keys, from, n),
       [answer](std::vector<bool> v) {
         {
           MutexLock l(&answer->mu);
@@ -80,8 +126,16 @@ uint32_t BlockStore::ProbeShared(SessionHoldings& s, std::span<const BlockKey> k
     present = std::move(answer->present);
   }
   books_.stats->remote_probe_latency.Record(MonotonicNanos() - start);
+  return AdoptShared(s, keys, from, present);
+}
+
+uint32_t BlockStore::AdoptShared(SessionHoldings& s, std::span<const BlockKey> keys, size_t from,
+                                 const std::vector<bool>& present) {
+  if (!shared_lane_) return 0;
+  LowerLane& lane = *books_.lanes[*shared_lane_];
+  const size_t n = std::min(present.size(), keys.size() - std::min(from, keys.size()));
   size_t run = 0;
-  while (run < present.size() && run < n && present[run]) ++run;
+  while (run < n && present[run]) ++run;
   if (run == 0) return 0;
   books_.stats->remote_probe_found.Add(run);
 

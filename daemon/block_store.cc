@@ -248,13 +248,19 @@ void BlockStore::TouchHits(HostResidency& t, const ChainHits& hits) {
 }
 
 absl::StatusOr<uint32_t> BlockStore::Lookup(SessionHoldings& s, std::span<const BlockKey> keys, bool lease,
-                                            uint64_t* lease_id, std::span<BlockLocation> out, uint32_t* recompute) {
+                                            uint64_t* lease_id, std::span<BlockLocation> out, uint32_t* recompute,
+                                            const SharedAnswer* shared) {
   *lease_id = 0;
   if (recompute != nullptr) *recompute = 0;
   if (lease) RETURN_IF_ERROR(LeaseRoomFor(s, keys.size()));
   ChainHits h = ProbeChain(s, keys, lease, out);
-  // Where the local tiers end the prefix, the shared tier may go on.
-  if (!h.cut_for_cost && h.hit < keys.size() && ProbeShared(s, keys, h.hit) > 0) {
+  // Where the local tiers end the prefix, the shared tier may go on: with
+  // the answer the session asked for, or asked now. An answer for a prefix
+  // that has moved since still indexes what the tier holds; the chain then
+  // reaches those blocks or not as the local prefix allows.
+  if (!h.cut_for_cost && h.hit < keys.size() &&
+      (shared != nullptr ? (shared->from <= keys.size() && AdoptShared(s, keys, shared->from, shared->present) > 0)
+                         : ProbeShared(s, keys, h.hit) > 0)) {
     h.Append(ProbeChain(s, keys, lease, out, h.hit));
   }
   if (h.cut_for_cost) {

@@ -298,8 +298,28 @@ class BlockStore {
   // TierKind::kNone, except the present blocks right after it that the cost
   // model says to recompute (an NVMe read slower than their prefill): their
   // tier, `recompute` set, and their number in *recompute (when given).
+  //
+  // Where the local tiers end the prefix, the shared tier may hold the next
+  // blocks. Without `shared`, Lookup asks it and waits up to the probe
+  // budget (tests, tools). A session asks first (StartSharedProbe), keeps
+  // serving its other requests, and looks up with the answer.
+  struct SharedAnswer {
+    size_t from = 0;            // the key the probe asked from
+    std::vector<bool> present;  // of keys[from..]; empty: no answer (late, or not asked)
+  };
   absl::StatusOr<uint32_t> Lookup(SessionHoldings& s, std::span<const BlockKey> keys, bool lease,
-                                  uint64_t* lease_id, std::span<BlockLocation> out, uint32_t* recompute = nullptr);
+                                  uint64_t* lease_id, std::span<BlockLocation> out, uint32_t* recompute = nullptr,
+                                  const SharedAnswer* shared = nullptr);
+  // Whether a lookup of keys would ask the shared tier (its local prefix
+  // ends before the keys do, nothing cut it for cost, the tenant is within
+  // its probe rate and busy bound); if so, asks it now and returns true, and
+  // `answered` runs exactly once, on a tier thread or inline, with the
+  // answer (present empty when the tier gave none). The session then calls
+  // Lookup with it. False: Lookup answers from the local tiers alone.
+  bool StartSharedProbe(SessionHoldings& s, std::span<const BlockKey> keys,
+                        absl::AnyInvocable<void(SharedAnswer) &&> answered);
+  // The probe budget now (tiers.remote.probe_budget_us), in microseconds.
+  uint32_t shared_probe_budget_us() const { return shared_budget_us_.load(std::memory_order_relaxed); }
   // Host locations of keys the lease pins (every key must be in it),
   // promoting NVMe-only blocks first. Returns the outcome at once when every
   // block is already in host memory; otherwise nullopt, and `done` runs later
@@ -409,6 +429,14 @@ class BlockStore {
   // keys[from..] it holds, within the probe budget, and indexes the present
   // run that starts at `from` as copies in its lane. Returns how many.
   uint32_t ProbeShared(SessionHoldings& s, std::span<const BlockKey> keys, size_t from);
+  // ProbeShared's parts: how many blocks from `from` to ask about (0: none;
+  // otherwise the tenant's busy slot is taken: the answer's handler gives it
+  // back), the metas to ask with, and indexing the present run as copies in
+  // the shared lane (returns how many).
+  size_t SharedProbeBlocks(SessionHoldings& s, std::span<const BlockKey> keys, size_t from);
+  std::vector<BlockMeta> SharedProbeMetas(const SessionHoldings& s, std::span<const BlockKey> keys, size_t from,
+                                          size_t n) const;
+  uint32_t AdoptShared(SessionHoldings& s, std::span<const BlockKey> keys, size_t from, const std::vector<bool>& present);
   // Queues r (io_ref taken here) for a write to the shared tier after the
   // reply, unless it was written there already; under r's shard lock.
   void QueuePublishLocked(SessionHoldings& s, BlockRecord* r);

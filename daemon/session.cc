@@ -203,7 +203,9 @@ bool Session::PostDeferred(ipc::RingProducer<CompletionRecord>& cq) {
     ready.swap(deferred_);
     deferred_count_.store(0, std::memory_order_seq_cst);
   }
-  for (Deferred& d : ready) {
+  for (Deferred& queued : ready) {
+    // A lookup's last step runs here, on the session thread.
+    Deferred d = queued.resume ? std::move(queued.resume)() : std::move(queued);
     if (!d.locations.empty()) WriteResults(d.req, d.locations);
     if (d.outcome.status != 0) WriteMessage(d.req, d.outcome.message);
     const Outcome& o = d.outcome;
@@ -216,6 +218,7 @@ bool Session::PostDeferred(ipc::RingProducer<CompletionRecord>& cq) {
     }
     async_in_flight_.fetch_sub(1, std::memory_order_acq_rel);
     if (!posted) return false;
+    if (d.after_reply) store_->AfterReply(holdings_);
   }
   return true;
 }
@@ -265,6 +268,7 @@ std::string Session::Serve() {
   std::string fatal_reason;
 
   while (!stop_.load(std::memory_order_acquire)) {
+    const uint64_t next_expiry_ns = ExpireProbes();
     if (!PostDeferred(cq)) break;
     RequestRecord req;
     const ipc::PopResult pr = sq.TryPop(&req);
@@ -301,7 +305,9 @@ std::string Session::Serve() {
     h->daemon_sleeping.store(1, std::memory_order_seq_cst);
     if (!sq.HasPending() && deferred_count_.load(std::memory_order_seq_cst) == 0 &&
         !stop_.load(std::memory_order_seq_cst)) {
-      os::FutexWait(&h->daemon_sleeping, 1, std::chrono::milliseconds(500));
+      // No longer than until a waiting lookup's budget has passed.
+      os::FutexWait(&h->daemon_sleeping, 1,
+                    std::chrono::milliseconds(std::clamp<uint64_t>(next_expiry_ns / 1'000'000 + 1, 1, 500)));
     }
     h->daemon_sleeping.store(0, std::memory_order_relaxed);
     idle_since = MonotonicNanos();
@@ -310,6 +316,12 @@ std::string Session::Serve() {
 }
 
 void Session::DropAsyncWork() {
+  // Lookups waiting on the shared tier: nobody waits for their answers now
+  // (an answer that comes later finds them claimed and leaves).
+  for (PendingProbe& p : pending_probes_) {
+    if (!p.claimed->exchange(true)) async_in_flight_.fetch_sub(1, std::memory_order_acq_rel);
+  }
+  pending_probes_.clear();
   // Operations still on I/O threads reference this session: wait for them
   // (tier I/O is bounded), then drop their completions.
   while (async_in_flight_.load(std::memory_order_acquire) != 0) {
@@ -490,16 +502,71 @@ bool Session::HandlesEveryOpcode() {
 
 Session::Outcome Session::OnPing(Request&) { return Outcome{}; }
 
-Session::Outcome Session::OnLookup(Request& r) {
+Session::Deferred Session::FinishLookup(const RequestRecord& req, const std::vector<BlockKey>& keys,
+                                        const BlockStore::SharedAnswer* shared) {
   uint64_t lease = 0;
   uint32_t recompute = 0;
-  absl::StatusOr<uint32_t> hit = store_->Lookup(holdings_, r.keys, (r.req.flags & ipc::kFlagLease) != 0, &lease,
-                                                std::span(r.locs), &recompute);
-  if (!hit.ok()) return FromStatus(hit.status());
-  std::vector<uint64_t> gpu_offsets(r.locs.size(), ipc::kNoGpuCopy);
-  device_.MarkGpuCopies(r.keys, *hit, lease, std::span(r.locs), std::span(gpu_offsets));
-  WriteResults(r.req, r.locs, gpu_offsets);
-  return Outcome{.count = *hit, .handle = lease, .value = recompute};
+  std::vector<BlockLocation> locs(keys.size());
+  absl::StatusOr<uint32_t> hit =
+      store_->Lookup(holdings_, keys, (req.flags & ipc::kFlagLease) != 0, &lease, std::span(locs), &recompute, shared);
+  if (!hit.ok()) return Deferred{req, FromStatus(hit.status()), {}};
+  std::vector<uint64_t> gpu_offsets(locs.size(), ipc::kNoGpuCopy);
+  device_.MarkGpuCopies(keys, *hit, lease, std::span(locs), std::span(gpu_offsets));
+  WriteResults(req, locs, gpu_offsets);
+  Deferred d{req, Outcome{.count = *hit, .handle = lease, .value = recompute}, {}};
+  d.after_reply = true;
+  return d;
+}
+
+Session::Outcome Session::OnLookup(Request& r) {
+  // Past its local prefix a lookup may ask the shared tier (a network or a
+  // shared file system away): the session serves its other requests while
+  // the answer comes, and the lookup finishes on this thread when it does,
+  // or when the budget has passed without it.
+  auto claimed = std::make_shared<std::atomic<bool>>(false);
+  auto keys = std::make_shared<std::vector<BlockKey>>(r.keys);
+  const RequestRecord req = r.req;
+  async_in_flight_.fetch_add(1, std::memory_order_acq_rel);
+  const uint64_t started = MonotonicNanos();
+  if (store_->StartSharedProbe(holdings_, r.keys, [this, claimed, keys, req](BlockStore::SharedAnswer a) mutable {
+        if (claimed->exchange(true)) return;  // the timer resumed it already
+        Deferred d{req, {}, {}};
+        d.resume = [this, keys, req, a = std::move(a)]() mutable { return FinishLookup(req, *keys, &a); };
+        Defer(std::move(d));
+      })) {
+    // The tier answers by the budget; the timer covers one that does not
+    // (a file system hung in a stat), with a little grace.
+    const uint64_t budget_ns = uint64_t{store_->shared_probe_budget_us()} * 1000;
+    pending_probes_.push_back(PendingProbe{
+        started + budget_ns + 2'000'000, claimed, [this, keys, req]() mutable {
+          Deferred d{req, {}, {}};
+          d.resume = [this, keys, req]() mutable {
+            const BlockStore::SharedAnswer none;
+            return FinishLookup(req, *keys, &none);
+          };
+          Defer(std::move(d));
+        }});
+    return Outcome{.deferred = true};
+  }
+  async_in_flight_.fetch_sub(1, std::memory_order_acq_rel);
+  Deferred d = FinishLookup(req, r.keys, nullptr);
+  return d.outcome;
+}
+
+uint64_t Session::ExpireProbes() {
+  if (pending_probes_.empty()) return UINT64_MAX;
+  const uint64_t now = MonotonicNanos();
+  uint64_t next = UINT64_MAX;
+  std::erase_if(pending_probes_, [&](PendingProbe& p) {
+    if (p.claimed->load(std::memory_order_acquire)) return true;  // answered
+    if (now < p.expire_ns) {
+      next = std::min(next, p.expire_ns - now);
+      return false;
+    }
+    if (!p.claimed->exchange(true)) std::move(p.expire)();
+    return true;
+  });
+  return next;
 }
 
 Session::Outcome Session::OnLoad(Request& r) {

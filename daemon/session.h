@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/any_invocable.h"
 #include "core/mutex.h"
 #include "core/unique_fd.h"
 #include "daemon/block_store.h"
@@ -115,7 +116,25 @@ class Session {
     ipc::RequestRecord req;
     Outcome outcome;
     std::vector<BlockLocation> locations;  // written to the result area when not empty
+    // Set: the operation's last step, which must run on the session thread
+    // (it touches the holdings); PostDeferred runs it for the completion.
+    absl::AnyInvocable<Deferred() &&> resume;
+    bool after_reply = false;  // BlockStore::AfterReply once posted (a lookup)
   };
+  // A lookup waiting for the shared tier's answer: whichever comes first,
+  // the answer or the session thread's timer past the budget, claims it.
+  struct PendingProbe {
+    uint64_t expire_ns;
+    std::shared_ptr<std::atomic<bool>> claimed;
+    absl::AnyInvocable<void() &&> expire;  // resumes the lookup without an answer
+  };
+  // The lookup itself, on the session thread, with the shared tier's answer
+  // (nullptr: it asks and waits itself).
+  Deferred FinishLookup(const ipc::RequestRecord& req, const std::vector<BlockKey>& keys,
+                        const BlockStore::SharedAnswer* shared);
+  // Session thread: resumes the lookups whose answer is past its time;
+  // the nanoseconds until the next one is (UINT64_MAX: none waits).
+  uint64_t ExpireProbes();
 
   // The session thread: serve the rings until stopped or the client breaks
   // the protocol (Serve returns why, or ""), drop the completions of work
@@ -190,6 +209,7 @@ class Session {
   DeviceOps device_;  // engine caches, device stores and loads, GPU-tier copies and pins
   // When each deferred operation was taken (for its latency). Session thread.
   absl::flat_hash_map<uint64_t, uint64_t> deferred_started_;
+  std::vector<PendingProbe> pending_probes_;  // session thread
   SessionHoldings holdings_;  // session thread only (atomics inside are shared)
   Mutex deferred_mu_;
   std::vector<Deferred> deferred_ ABSL_GUARDED_BY(deferred_mu_);

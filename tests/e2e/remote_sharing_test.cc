@@ -384,6 +384,79 @@ TEST(RemoteSharingTest, APrimaryKilledUnderTrafficCostsMissesNeverWrongBytesAndL
 // the other node ten requests after their first: two nodes with local
 // tiers only never reuse a first turn, one node alone and two sharing the
 // cluster ("committed") do, and no loaded byte is wrong in any run.
+// Every node of the cluster stopped (SIGSTOP: connections open, nothing
+// answers), restarted when the test ends however it ends.
+class FrozenCluster {
+ public:
+  explicit FrozenCluster(const RedisClusterProcess& c) : dir_(c.dir()) { ok_ = Signal("STOP"); }
+  ~FrozenCluster() { Signal("CONT"); }
+  bool ok() const { return ok_; }
+
+ private:
+  bool Signal(const char* sig) {
+    return testing::RunCommand(absl::StrCat("for f in ", dir_, "/node*/redis.pid; do kill -", sig,
+                                            " $(cat $f) || exit 1; done"))
+               .exit_code == 0;
+  }
+  std::string dir_;
+  bool ok_ = false;
+};
+
+TEST(RemoteSharingTest, ALookupWaitingOnTheClusterDoesNotStallItsSession) {
+  auto cluster = RedisClusterProcess::Start({"alice"});
+  if (cluster == nullptr) GTEST_SKIP() << "redis-server is not installed";
+  testing::TempDir secrets;
+  constexpr uint32_t kBudgetUs = 900'000;  // the most probe_budget_us allows is 1 s
+  DaemonProcess a(NodeConfig(*cluster, secrets, "alice", "committed"));
+  DaemonProcess b(NodeConfig(*cluster, secrets, "alice", "demoted", kBudgetUs));
+  ASSERT_TRUE(a.Start().ok()) << a.Log();
+  ASSERT_TRUE(b.Start().ok()) << b.Log();
+  auto ca = testing::AttachTo(a.socket_path(), testing::TestNamespace(kBlock, "remote/async"));
+  auto cb = testing::AttachTo(b.socket_path(), testing::TestNamespace(kBlock, "remote/async"));
+  const std::vector<BlockKey> shared = testing::SeededKeys(*ca, 21, 8);
+  ASSERT_TRUE(testing::StoreFilled(*ca, shared).ok());
+  ASSERT_TRUE(testing::Eventually([&] { return Remote(a, "publishes") >= 8; }, std::chrono::seconds(20)));
+  // B's own blocks, in its host tier.
+  const std::vector<BlockKey> own = testing::SeededKeys(*cb, 22, 4);
+  ASSERT_TRUE(testing::StoreFilled(*cb, own).ok());
+
+  FrozenCluster frozen(*cluster);
+  ASSERT_TRUE(frozen.ok());
+  // B's lookup of A's blocks asks the frozen cluster: it waits up to the
+  // budget. Meanwhile the same session answers a ping, a lookup of its own
+  // blocks and a load, at once: the session thread is not the one waiting.
+  LookupResult waiting;
+  const uint64_t t0 = MonotonicNanos();
+  auto op = cb->LookupAsync(shared, {.lease = true}, &waiting);
+  ASSERT_TRUE(op.ok()) << op.status().ToString();
+  ASSERT_TRUE(cb->Ping().ok());
+  const auto [hit, correct] = HitAndLoad(*cb, own);
+  const uint64_t served_ns = MonotonicNanos() - t0;
+  EXPECT_EQ(hit, 4u);
+  EXPECT_EQ(correct, 4u);
+  EXPECT_FALSE(cb->Poll(*op).has_value()) << "the probe is still waiting on the frozen cluster";
+  EXPECT_LT(served_ns, uint64_t{kBudgetUs} * 1000 / 3) << "the session served its other requests while it waited";
+  // The waiting lookup ends by its budget with the local answer: a miss.
+  ASSERT_TRUE(cb->Wait(*op, std::chrono::seconds(10)).ok());
+  const uint64_t waited_ns = MonotonicNanos() - t0;
+  EXPECT_EQ(waiting.hit_blocks, 0u);
+  EXPECT_GE(waited_ns, uint64_t{kBudgetUs} * 1000 * 9 / 10);
+  EXPECT_LT(waited_ns, uint64_t{kBudgetUs} * 1000 + 2'000'000'000ull);
+  EXPECT_TRUE(testing::Eventually([&] { return Remote(b, "probes_late") >= 1; })) << Remote(b).dump();
+
+  // A session that goes while its lookup waits: it ends without waiting for
+  // the answer, and the daemon serves the next one.
+  LookupResult abandoned;
+  ASSERT_TRUE(cb->LookupAsync(shared, {.lease = true}, &abandoned).ok());
+  cb.reset();
+  EXPECT_TRUE(testing::Eventually([&] {
+    auto st = b.Status();
+    return st.ok() && (*st)["sessions"].empty();
+  }, std::chrono::seconds(5)));
+  auto again = testing::AttachTo(b.socket_path(), testing::TestNamespace(kBlock, "remote/async"));
+  EXPECT_EQ(HitAndLoad(*again, own), (std::pair<uint32_t, uint32_t>{4, 4}));
+}
+
 TEST(RemoteSharingTest, TheEndToEndBenchmarkShowsTwoNodesReusingThroughTheCluster) {
   if (system("command -v redis-server >/dev/null 2>&1") != 0) GTEST_SKIP() << "redis-server is not installed";
   testing::TempDir dir;
