@@ -2,6 +2,7 @@
 #include "tools/bench/bench.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 
@@ -53,6 +54,17 @@ Runs RunRegistered(const Context& ctx) {
   benchmark::RunSpecifiedBenchmarks(&collector);
   benchmark::ClearRegisteredBenchmarks();
   return std::move(collector.runs());
+}
+
+nlohmann::json CommandJson(const std::string& cmd) {
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return nlohmann::json(nlohmann::json::value_t::discarded);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  pclose(p);
+  return nlohmann::json::parse(out, nullptr, false);
 }
 
 double Median(std::vector<double> v) {

@@ -54,6 +54,9 @@ using Runs = std::map<std::string, std::vector<std::map<std::string, double>>>;
 Runs RunRegistered(const Context& ctx);
 
 double Median(std::vector<double> v);
+// What a shell command line prints on stdout, parsed as JSON (discarded
+// when it is not): the baselines' reports (fio --output-format=json).
+nlohmann::json CommandJson(const std::string& cmd);
 // Median across repetitions of one counter.
 double MedianCounter(const Runs& runs, const std::string& bench, const std::string& counter);
 

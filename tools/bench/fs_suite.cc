@@ -51,14 +51,7 @@ double Fio(const std::string& dir, bool write, uint64_t bytes, int files) {
       " --filesize=", bytes, " --nrfiles=", files / kDepth, " --numjobs=", kDepth,
       " --ioengine=psync --file_service_type=sequential --group_reporting=1",
       write ? " --create_on_open=1 --fsync_on_close=1" : "", " --output-format=json 2>/dev/null");
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return 0;
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  pclose(p);
-  nlohmann::json j = nlohmann::json::parse(out, nullptr, false);
+  const nlohmann::json j = CommandJson(cmd);
   if (j.is_discarded() || !j.contains("jobs") || j["jobs"].empty()) return 0;
   return j["jobs"][0][write ? "write" : "read"].value("bw_bytes", 0.0);
 }

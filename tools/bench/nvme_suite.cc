@@ -54,14 +54,7 @@ FioResult RunFio(const std::string& file, const std::string& rw, uint64_t bs, ui
                                        " --iodepth=", qd, " --ioengine=io_uring --direct=1 --size=", size,
                                        end_fsync ? " --end_fsync=1" : "",
                                        " --lat_percentiles=1 --output-format=json 2>/dev/null");
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return {};
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  pclose(p);
-  nlohmann::json j = nlohmann::json::parse(out, nullptr, false);
+  nlohmann::json j = CommandJson(cmd);
   if (j.is_discarded() || !j.contains("jobs")) return {};
   const auto& job = j["jobs"][0][rw == "write" ? "write" : "read"];
   FioResult r;
