@@ -257,9 +257,10 @@ absl::StatusOr<uint32_t> BlockStore::Lookup(SessionHoldings& s, std::span<const 
   // Where the local tiers end the prefix, the shared tier may go on: with
   // the answer the session asked for, or asked now. An answer for a prefix
   // that has moved since still indexes what the tier holds; the chain then
-  // reaches those blocks or not as the local prefix allows.
+  // reaches those blocks or not as the local prefix allows; an answer for
+  // keys past a prefix that shrank since is dropped (no lookup reaches them).
   if (!h.cut_for_cost && h.hit < keys.size() &&
-      (shared != nullptr ? (shared->from <= keys.size() && AdoptShared(s, keys, shared->from, shared->present) > 0)
+      (shared != nullptr ? (shared->from <= h.hit && AdoptShared(s, keys, shared->from, shared->present) > 0)
                          : ProbeShared(s, keys, h.hit) > 0)) {
     h.Append(ProbeChain(s, keys, lease, out, h.hit));
   }

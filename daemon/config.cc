@@ -304,7 +304,8 @@ void ReadLowerChain(const toml::array& arr, const toml::table* tiers, std::strin
       std::vector<std::string> names;
       for (const LowerTierKind& known : LowerTierKinds()) names.emplace_back(known.kind);
       errors->push_back(Cat(where, ": tiers.lower[", c->lower_chain.size(), "].kind must be one of ",
-                            absl::StrJoin(names, ", "), kind.empty() ? " (it is missing)" : ""));
+                            absl::StrJoin(names, ", "),
+                            kind.empty() ? " (it is missing)" : Cat(", not \"", kind.substr(0, 40), "\"")));
       continue;
     }
     if (std::find(c->lower_chain.begin(), c->lower_chain.end(), kind) != c->lower_chain.end()) {

@@ -18,7 +18,7 @@
 #include "absl/status/statusor.h"
 #include "kvtier/types.h"
 #include "policies/eviction_policy.h"
-#include "tiers/fs/fs_tier.h"
+#include "tiers/fs/fs_defaults.h"
 
 namespace kvtier {
 
@@ -125,14 +125,14 @@ struct Config {
   bool remote_tls = false;
   std::string remote_tls_ca_file, remote_tls_cert_file, remote_tls_key_file, remote_tls_server_name;
   // [tiers.fs]: a directory several nodes mount (none without dir). Its
-  // defaults are FsTierOptions's.
+  // defaults are the tier's own (tiers/fs/fs_defaults.h).
   std::string fs_dir;
-  uint64_t fs_capacity = 64ull << 30;  // the directory's files, every node's together
-  uint32_t fs_io_threads = FsTierOptions{}.io_threads;
-  uint32_t fs_op_timeout_ms = static_cast<uint32_t>(FsTierOptions{}.op_timeout_ms);
-  uint32_t fs_scan_interval_ms = static_cast<uint32_t>(FsTierOptions{}.scan_interval_ms);
-  bool fs_fsync = FsTierOptions{}.fsync;
-  double fs_low_watermark = FsTierOptions{}.low_watermark;
+  uint64_t fs_capacity = fs_defaults::kCapacityBytes;  // the directory's files, every node's together
+  uint32_t fs_io_threads = fs_defaults::kIoThreads;
+  uint32_t fs_op_timeout_ms = fs_defaults::kOpTimeoutMs;
+  uint32_t fs_scan_interval_ms = fs_defaults::kScanIntervalMs;
+  bool fs_fsync = fs_defaults::kFsync;
+  double fs_low_watermark = fs_defaults::kLowWatermark;
   // [[tiers.lower]]: the lower tiers' kinds in chain order ("nvme", "redis",
   // "fs"), each entry's options read as its kind's section. Empty (no
   // [[tiers.lower]] in the file): [tiers.nvme] when its capacity is not 0,

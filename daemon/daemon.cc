@@ -40,7 +40,8 @@ namespace {
 // from what host memory and NVMe hold (ReuseGate::HistoryUsesFor).
 uint64_t AdmissionHistoryUses(const Config& c) {
   if (c.nvme_admission_min_uses <= 1 && c.remote_admission_min_uses <= 1) return 0;
-  uint64_t bytes = c.nvme_capacity;
+  const std::vector<std::string> chain = c.LowerChain();
+  uint64_t bytes = std::find(chain.begin(), chain.end(), "nvme") != chain.end() ? c.nvme_capacity : 0;
   for (const TenantConfig& t : c.tenants) bytes += t.host_bytes ? t.host_bytes : c.host_capacity;
   return ReuseGate::HistoryUsesFor(bytes);
 }
@@ -451,6 +452,10 @@ void Daemon::Reload() {
                    a.host_bytes == b.host_bytes;
   }
   if (!same_tenants) restart.push_back("tenants (added, removed, credentials, salt or host_bytes)");
+  if (n.LowerChain() != config_.LowerChain()) {
+    restart.push_back(absl::StrCat("tiers.lower (the chain ", absl::StrJoin(config_.LowerChain(), " -> "), " becomes ",
+                                   absl::StrJoin(n.LowerChain(), " -> "), ")"));
+  }
   for (const TenantConfig& t : n.tenants) {
     for (TenantConfig& cur : config_.tenants) {
       if (cur.name != t.name) continue;

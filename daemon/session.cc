@@ -203,7 +203,8 @@ bool Session::PostDeferred(ipc::RingProducer<CompletionRecord>& cq) {
     ready.swap(deferred_);
     deferred_count_.store(0, std::memory_order_seq_cst);
   }
-  for (Deferred& queued : ready) {
+  for (size_t i = 0; i < ready.size(); ++i) {
+    Deferred& queued = ready[i];
     // A lookup's last step runs here, on the session thread.
     Deferred d = queued.resume ? std::move(queued.resume)() : std::move(queued);
     if (!d.locations.empty()) WriteResults(d.req, d.locations);
@@ -217,7 +218,12 @@ bool Session::PostDeferred(ipc::RingProducer<CompletionRecord>& cq) {
       deferred_started_.erase(it);
     }
     async_in_flight_.fetch_sub(1, std::memory_order_acq_rel);
-    if (!posted) return false;
+    if (!posted) {
+      // The session ends: the completions not posted are dropped, and no
+      // longer in flight (DropAsyncWork waits for that count to reach 0).
+      async_in_flight_.fetch_sub(static_cast<uint32_t>(ready.size() - i - 1), std::memory_order_acq_rel);
+      return false;
+    }
     if (d.after_reply) store_->AfterReply(holdings_);
   }
   return true;
@@ -549,7 +555,10 @@ Session::Outcome Session::OnLookup(Request& r) {
     return Outcome{.deferred = true};
   }
   async_in_flight_.fetch_sub(1, std::memory_order_acq_rel);
-  Deferred d = FinishLookup(req, r.keys, nullptr);
+  // Nothing to ask (or the tenant's probe rate or busy bound said no): the
+  // local tiers answer, and the session thread never waits on the tier.
+  const BlockStore::SharedAnswer none;
+  Deferred d = FinishLookup(req, r.keys, &none);
   return d.outcome;
 }
 

@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -153,6 +155,26 @@ TEST(FsSharingTest, AChainWrittenBothWaysOrWithTwoSharedTiersIsRefused) {
   DaemonProcess d4(absl::StrCat("[[tiers.lower]]\nkind = \"fs\"\ndir = \"", shared.path(), "/not-mounted\"\n"));
   EXPECT_FALSE(d4.Start().ok());
   EXPECT_NE(d4.Log().find("does not exist"), std::string::npos) << d4.Log();
+}
+
+TEST(FsSharingTest, AChainChangedOnSighupIsNamedAsNeedingARestart) {
+  testing::TempDir shared;
+  DaemonProcess d(absl::StrCat("[[tiers.lower]]\nkind = \"fs\"\ndir = \"", shared.path(), "\"\n"));
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  const std::string path = d.dir() + "/kvtierd.toml";
+  std::string text;
+  {
+    std::ifstream f(path);
+    text.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  }
+  const std::string nvme = "[[tiers.lower]]\nkind = \"nvme\"\ncapacity = \"64MiB\"\nsegment_bytes = \"16MiB\"\n";
+  std::ofstream(path) << nvme << text.substr(0, text.find("[[tiers.lower]]")) << text.substr(text.find("[[tiers.lower]]"));
+  // TOML: the array's entries may sit anywhere in the file; the nvme entry comes first.
+  d.Kill(SIGHUP);
+  EXPECT_TRUE(testing::Eventually([&] {
+    return d.Log().find("tiers.lower (the chain fs becomes nvme -> fs)") != std::string::npos;
+  })) << d.Log();
+  EXPECT_EQ(Lane(d, "fs").value("chain_position", -1), 0) << "the running chain stays until a restart";
 }
 
 }  // namespace

@@ -10,17 +10,21 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <random>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "core/status.h"
+#include "core/unique_fd.h"
 #include "core/units.h"
 
 namespace kvtier {
 namespace {
 
-constexpr uint64_t kStaleTempNs = 600ull * 1'000'000'000;  // a temporary file this old lost its writer
+constexpr uint64_t kStaleTempNs = 3600ull * 1'000'000'000;  // a temporary file this old lost its writer
 constexpr uint64_t kReportEveryNs = 10ull * 1'000'000'000;
 
 std::string Hex(const uint8_t* p, size_t n) {
@@ -38,7 +42,7 @@ uint64_t HeaderCheck(const FsBlockHeader& h) { return XXH3_64bits(&h, offsetof(F
 // errno as a status: a full file system is ResourceExhausted, a vanished
 // directory NotFound (for the caller to tell from a missing block), the
 // rest Unavailable.
-absl::Status ErrnoStatus(int err, absl::string_view what) {
+absl::Status FsErrno(int err, absl::string_view what) {
   const std::string msg = absl::StrCat(what, ": ", std::strerror(err));
   if (err == ENOSPC || err == EDQUOT) return absl::ResourceExhaustedError(msg);
   if (err == ENOENT || err == ENOTDIR) return absl::NotFoundError(msg);
@@ -75,26 +79,80 @@ bool WritevAll(int fd, iovec* iov, int n) {
   return true;
 }
 
-// A folder kvtierd may keep a tenant's blocks in: a real directory of this
-// uid that no one else may open.
-absl::Status CheckPrivateFolder(const std::string& path) {
+// A folder kvtierd keeps a tenant's blocks in: a real directory of this uid
+// that no one else may open (checked on the open descriptor, so a folder
+// replaced by a link or another uid's folder is refused, never followed).
+absl::Status CheckPrivateFolder(int fd, absl::string_view what) {
   struct stat st {};
-  if (lstat(path.c_str(), &st) != 0) return ErrnoStatus(errno, path);
-  if (!S_ISDIR(st.st_mode)) return absl::FailedPreconditionError(absl::StrCat(path, " is not a directory"));
+  if (fstat(fd, &st) != 0) return FsErrno(errno, what);
+  if (!S_ISDIR(st.st_mode)) return absl::FailedPreconditionError(absl::StrCat(what, " is not a directory"));
   if (st.st_uid != geteuid()) {
     return absl::FailedPreconditionError(
-        absl::StrCat(path, " belongs to uid ", st.st_uid, ", not kvtierd's (", geteuid(), "): chown it or remove it"));
+        absl::StrCat(what, " belongs to uid ", st.st_uid, ", not kvtierd's (", geteuid(), "): chown it or remove it"));
   }
   if ((st.st_mode & 077) != 0) {
     return absl::FailedPreconditionError(
-        absl::StrCat(path, " may be opened by other users (mode ", absl::Hex(st.st_mode & 0777), "): chmod 700 it"));
+        absl::StrCat(what, " may be opened by other users (mode ", absl::Hex(st.st_mode & 0777), "): chmod 700 it"));
   }
   return absl::OkStatus();
 }
 
-absl::Status MakeFolder(const std::string& path) {
-  if (mkdir(path.c_str(), 0700) == 0 || errno == EEXIST) return absl::OkStatus();
-  return ErrnoStatus(errno, absl::StrCat("creating ", path));
+// Opens `name` in `dir` (AT_FDCWD with an absolute name) as a private
+// folder, creating it (0700) first when `create`; never through a link.
+absl::StatusOr<UniqueFd> OpenPrivateFolder(int dir, const std::string& name, bool create, absl::string_view what) {
+  if (create && mkdirat(dir, name.c_str(), 0700) != 0 && errno != EEXIST) {
+    return FsErrno(errno, absl::StrCat("creating ", what));
+  }
+  UniqueFd fd(openat(dir, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd.valid()) {
+    if (errno == ELOOP || errno == ENOTDIR) {
+      return absl::FailedPreconditionError(absl::StrCat(what, " is a link or not a directory: refused"));
+    }
+    return FsErrno(errno, what);
+  }
+  RETURN_IF_ERROR(CheckPrivateFolder(fd.get(), what));
+  return fd;
+}
+
+// A block file's name ("<64 hex>-<64 hex>.kvb") or a temporary one
+// (".tmp-..."): the only names the scan counts or deletes.
+bool IsBlockFileName(absl::string_view n) {
+  if (n.size() != 64 + 1 + 64 + 4 || n[64] != '-' || n.substr(129) != ".kvb") return false;
+  for (size_t i = 0; i < 129; ++i) {
+    if (i != 64 && !std::isxdigit(static_cast<unsigned char>(n[i]))) return false;
+  }
+  return true;
+}
+bool IsTempFileName(absl::string_view n) { return n.substr(0, 5) == ".tmp-"; }
+
+// The entry names of a directory open at `fd` (the descriptor is not consumed).
+std::vector<std::string> ListFolder(int fd) {
+  std::vector<std::string> names;
+  const int dup_fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (dup_fd < 0) return names;
+  DIR* d = fdopendir(dup_fd);
+  if (d == nullptr) {
+    close(dup_fd);
+    return names;
+  }
+  rewinddir(d);
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.' && (e->d_name[1] == 0 || (e->d_name[1] == '.' && e->d_name[2] == 0))) continue;
+    names.emplace_back(e->d_name);
+  }
+  closedir(d);
+  return names;
+}
+
+// Unlinks `name` in `dir` only while it is still the file `held` (an open
+// descriptor's stat): a good file another node renamed into its place
+// meanwhile is left alone.
+void UnlinkIfSame(int dir, const std::string& name, const struct stat& held) {
+  struct stat now {};
+  if (fstatat(dir, name.c_str(), &now, AT_SYMLINK_NOFOLLOW) == 0 && now.st_ino == held.st_ino &&
+      now.st_dev == held.st_dev) {
+    unlinkat(dir, name.c_str(), 0);
+  }
 }
 
 }  // namespace
@@ -158,13 +216,14 @@ absl::StatusOr<std::unique_ptr<FsTier>> FsTier::Create(const FsTierOptions& opts
       return absl::InvalidArgumentError(absl::StrCat("tenant name \"", tenant.name, "\" cannot name a folder"));
     }
     const std::string folder = absl::StrCat(opts.dir, "/", tenant.name);
-    if (absl::Status s = MakeFolder(folder); !s.ok()) return s;
-    if (absl::Status s = CheckPrivateFolder(folder); !s.ok()) {
+    if (absl::StatusOr<UniqueFd> fd = OpenPrivateFolder(AT_FDCWD, folder, true, folder); !fd.ok()) {
       return absl::FailedPreconditionError(absl::StrCat("the fs tier's folder for tenant \"", tenant.name, "\": ",
-                                                        s.message()));
+                                                        fd.status().message()));
     }
   }
-  for (uint32_t i = 0; i < opts.io_threads; ++i) t->workers_.emplace_back([p = t.get()] { p->Worker(); });
+  t->worker_started_ns_ = std::vector<std::atomic<uint64_t>>(opts.io_threads);
+  for (uint32_t i = 0; i < opts.io_threads; ++i) t->workers_.emplace_back([p = t.get(), i] { p->Worker(i); });
+  t->reaper_ = std::thread([p = t.get()] { p->ReapLoop(); });
   if (opts.scan_interval_ms != 0) t->scanner_ = std::thread([p = t.get()] { p->ScanLoop(); });
   return t;
 }
@@ -176,7 +235,9 @@ FsTier::~FsTier() {
   }
   work_cv_.notify_all();
   scan_cv_.notify_all();
+  reap_cv_.notify_all();
   for (std::thread& w : workers_) w.join();
+  if (reaper_.joinable()) reaper_.join();
   if (scanner_.joinable()) scanner_.join();
 }
 
@@ -187,12 +248,15 @@ const FsTenant* FsTier::TenantFor(uint64_t tenant_hash) const {
   return nullptr;
 }
 
+std::string FsTier::FileName(const BlockMeta& meta) {
+  return absl::StrCat(Hex(meta.ns.bytes.data(), meta.ns.bytes.size()), "-",
+                      Hex(meta.key.bytes.data(), meta.key.bytes.size()), ".kvb");
+}
+
 std::string FsTier::PathFor(const BlockMeta& meta) const {
   const FsTenant* t = TenantFor(meta.tenant_hash);
   if (t == nullptr) return "";
-  return absl::StrCat(opts_.dir, "/", t->name, "/", Hex(meta.key.bytes.data(), 1), "/",
-                      Hex(meta.ns.bytes.data(), meta.ns.bytes.size()), "-", Hex(meta.key.bytes.data(), meta.key.bytes.size()),
-                      ".kvb");
+  return absl::StrCat(opts_.dir, "/", t->name, "/", Hex(meta.key.bytes.data(), 1), "/", FileName(meta));
 }
 
 absl::StatusOr<SlotHandle> FsTier::Allocate(uint64_t bytes) { return handles_.Allocate(bytes, SlotBytesFor(bytes), false); }
@@ -230,7 +294,7 @@ void FsTier::Submit(Job job) {
   work_cv_.notify_one();
 }
 
-void FsTier::Worker() {
+void FsTier::Worker(uint32_t index) {
   for (;;) {
     Job job;
     {
@@ -243,85 +307,146 @@ void FsTier::Worker() {
       job = std::move(it->front());
       it->pop_front();
     }
-    absl::Status abandoned;
-    if (job.cancel.cancelled()) {
-      abandoned = absl::CancelledError(absl::StrCat("the ", opts_.name, " tier's op was cancelled before it started"));
-    } else if (job.deadline_ns != 0 && MonotonicNanos() > job.deadline_ns) {
-      abandoned = absl::DeadlineExceededError(absl::StrCat("the ", opts_.name, " tier's op waited past its deadline"));
-    }
-    if (!abandoned.ok()) abandoned_.fetch_add(1, std::memory_order_relaxed);
-    std::move(job.run)(std::move(abandoned));
-    {
-      MutexLock l(&mu_);
-      --jobs_in_flight_;
-    }
-    idle_cv_.notify_all();
+    worker_started_ns_[index].store(MonotonicNanos(), std::memory_order_relaxed);
+    RunJob(std::move(job), absl::OkStatus());
+    worker_started_ns_[index].store(0, std::memory_order_relaxed);
   }
 }
 
-absl::Status FsTier::EnsureFolders(const FsTenant& t, const BlockMeta& meta) const {
-  const std::string sub = absl::StrCat(opts_.dir, "/", t.name, "/", Hex(meta.key.bytes.data(), 1));
-  if (mkdir(sub.c_str(), 0700) == 0 || errno == EEXIST) return absl::OkStatus();
-  if (errno != ENOENT) return ErrnoStatus(errno, absl::StrCat("creating ", sub));
-  // The tenant's folder went (another node's cleanup, an operator): make it
-  // again, but never the directory itself (a vanished mount stays an error).
-  if (absl::Status s = MakeFolder(absl::StrCat(opts_.dir, "/", t.name)); !s.ok()) return s;
-  return MakeFolder(sub);
+void FsTier::RunJob(Job job, absl::Status abandoned) {
+  if (abandoned.ok() && job.cancel.cancelled()) {
+    abandoned = absl::CancelledError(absl::StrCat("the ", opts_.name, " tier's op was cancelled before it started"));
+  } else if (abandoned.ok() && job.deadline_ns != 0 && MonotonicNanos() > job.deadline_ns) {
+    abandoned = absl::DeadlineExceededError(absl::StrCat("the ", opts_.name, " tier's op waited past its deadline"));
+  }
+  if (!abandoned.ok()) abandoned_.fetch_add(1, std::memory_order_relaxed);
+  std::move(job.run)(std::move(abandoned));
+  {
+    MutexLock l(&mu_);
+    --jobs_in_flight_;
+  }
+  idle_cv_.notify_all();
+}
+
+void FsTier::ReapLoop() {
+  // Every worker may be stuck in a call the file system does not return
+  // from (a hard NFS mount while its server is away): queued ops still fail
+  // by their deadlines, and the tier says it is degraded.
+  constexpr auto kPeriod = std::chrono::milliseconds(20);
+  const uint64_t stuck_ns = std::max<uint64_t>(5'000'000'000ull, 4 * opts_.op_timeout_ms * 1'000'000);
+  for (;;) {
+    std::vector<Job> expired;
+    {
+      MutexLock l(&mu_);
+      if (mu_.AwaitFor(reap_cv_, kPeriod, [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stop_; })) return;
+      const uint64_t now = MonotonicNanos();
+      for (auto& q : queue_) {
+        for (auto it = q.begin(); it != q.end();) {
+          if (it->deadline_ns != 0 && now > it->deadline_ns) {
+            expired.push_back(std::move(*it));
+            it = q.erase(it);
+          } else {
+            ++it;
+          }
+        }
+      }
+    }
+    for (Job& j : expired) {
+      RunJob(std::move(j), absl::DeadlineExceededError(absl::StrCat(
+                                "the ", opts_.name, " tier's op waited past its deadline (every I/O thread busy)")));
+    }
+    const uint64_t now = MonotonicNanos();
+    for (const std::atomic<uint64_t>& started : worker_started_ns_) {
+      const uint64_t t = started.load(std::memory_order_relaxed);
+      if (t != 0 && now > t + stuck_ns) {
+        Failed(absl::UnavailableError(absl::StrCat("a file-system call of the ", opts_.name, " tier has not returned for ",
+                                                   (now - t) / 1'000'000'000, " s")));
+        break;
+      }
+    }
+  }
+}
+
+absl::StatusOr<UniqueFd> FsTier::OpenBlockFolder(const FsTenant& t, const BlockMeta& meta, bool create) const {
+  // The directory itself is the operator's (a mount point): it may be a
+  // link, but it is never created here.
+  UniqueFd root(open(opts_.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!root.valid()) return FsErrno(errno, absl::StrCat("the fs tier's directory ", opts_.dir));
+  ASSIGN_OR_RETURN(UniqueFd tenant, OpenPrivateFolder(root.get(), t.name, create, absl::StrCat("tenant folder ", t.name)));
+  return OpenPrivateFolder(tenant.get(), Hex(meta.key.bytes.data(), 1), create,
+                           absl::StrCat("tenant folder ", t.name, "/", Hex(meta.key.bytes.data(), 1)));
 }
 
 absl::Status FsTier::WriteFile(const BlockMeta& meta, std::span<const std::byte> src) {
   const FsTenant* t = TenantFor(meta.tenant_hash);
   if (t == nullptr) return absl::InvalidArgumentError(absl::StrCat("the ", opts_.name, " tier has no folder for the block's tenant"));
-  if (absl::Status s = EnsureFolders(*t, meta); !s.ok()) return s;
-  const std::string path = PathFor(meta);
+  ASSIGN_OR_RETURN(UniqueFd folder, OpenBlockFolder(*t, meta, /*create=*/true));
+  const std::string name = FileName(meta);
   thread_local std::mt19937_64 rng{std::random_device{}()};
-  const std::string tmp = absl::StrCat(path.substr(0, path.rfind('/') + 1), ".tmp-", getpid(), "-", rng());
-  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
-  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("creating ", tmp));
+  const std::string tmp = absl::StrCat(".tmp-", getpid(), "-", rng());
+  const int fd = openat(folder.get(), tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) return FsErrno(errno, "creating a temporary block file");
   FsBlockHeader h = MakeFsHeader(meta, src);
   iovec iov[2] = {{&h, sizeof(h)}, {const_cast<std::byte*>(src.data()), src.size()}};
   absl::Status s;
+  errno = 0;
   if (!WritevAll(fd, iov, 2)) {
-    s = ErrnoStatus(errno == 0 ? EIO : errno, absl::StrCat("writing ", tmp));
+    s = FsErrno(errno == 0 ? EIO : errno, "writing a block file");
   } else if (opts_.fsync && fsync(fd) != 0) {
-    s = ErrnoStatus(errno, absl::StrCat("fsync of ", tmp));
+    s = FsErrno(errno, "fsync of a block file");
   }
-  close(fd);
-  if (s.ok() && rename(tmp.c_str(), path.c_str()) != 0) s = ErrnoStatus(errno, absl::StrCat("renaming ", tmp));
-  if (!s.ok()) unlink(tmp.c_str());
+  // A network file system may report a deferred write error only here.
+  if (close(fd) != 0 && s.ok()) s = FsErrno(errno, "closing a block file");
+  if (s.ok() && renameat(folder.get(), tmp.c_str(), folder.get(), name.c_str()) != 0) {
+    s = FsErrno(errno, "renaming a block file into place");
+  }
+  if (!s.ok()) unlinkat(folder.get(), tmp.c_str(), 0);
   return s;
 }
 
 absl::Status FsTier::ReadFile(const BlockMeta& meta, std::span<std::byte> dst) {
-  const std::string path = PathFor(meta);
-  if (path.empty()) return absl::InvalidArgumentError(absl::StrCat("the ", opts_.name, " tier has no folder for the block's tenant"));
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  const FsTenant* t = TenantFor(meta.tenant_hash);
+  if (t == nullptr) return absl::InvalidArgumentError(absl::StrCat("the ", opts_.name, " tier has no folder for the block's tenant"));
+  absl::StatusOr<UniqueFd> folder = OpenBlockFolder(*t, meta, /*create=*/false);
+  if (!folder.ok()) {
+    if (absl::IsNotFound(folder.status())) {
+      return absl::NotFoundError(absl::StrCat("the block is not in the ", opts_.name, " tier (", folder.status().message(), ")"));
+    }
+    return folder.status();
+  }
+  const std::string name = FileName(meta);
+  const int fd = openat(folder->get(), name.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) {
     if (errno == ENOENT) {
       return absl::NotFoundError(absl::StrCat("the block is not in the ", opts_.name, " tier (evicted there)"));
     }
     if (errno == ELOOP) {
-      unlink(path.c_str());
+      unlinkat(folder->get(), name.c_str(), 0);  // the link itself, never what it names
       return absl::DataLossError("the file is not the block: a symbolic link");
     }
-    return ErrnoStatus(errno, "opening a block file");
+    return FsErrno(errno, "opening a block file");
   }
   absl::Status s;
+  bool ours = true;  // a file of this format: one that fails its checks is deleted
   struct stat st {};
   FsBlockHeader h;
+  const size_t want = sizeof(h) + meta.payload_bytes;
   if (fstat(fd, &st) != 0) {
-    s = ErrnoStatus(errno, "stat of a block file");
+    s = FsErrno(errno, "stat of a block file");
   } else if (!S_ISREG(st.st_mode) || st.st_uid != geteuid()) {
     s = absl::DataLossError("the file is not the block: not a regular file of kvtierd's user");
-  } else if (static_cast<uint64_t>(st.st_size) != sizeof(h) + meta.payload_bytes) {
-    // Checked again against the header below; a wrong size is never read.
-    s = absl::DataLossError(static_cast<uint64_t>(st.st_size) < sizeof(h) + meta.payload_bytes
-                                ? "the file is not the block: truncated"
-                                : "the file is not the block: too long");
+  } else if (static_cast<uint64_t>(st.st_size) != want) {
+    // Never read whole. A file of another version (a node upgraded before
+    // this one) is a miss here, and left for the nodes that read it.
+    const bool known = PreadAll(fd, &h, std::min<size_t>(sizeof(h), static_cast<size_t>(st.st_size)), 0) &&
+                       static_cast<uint64_t>(st.st_size) >= 6;
+    ours = !known || (h.magic == FsBlockHeader::kMagic && h.version == FsBlockHeader::kVersion);
+    s = absl::DataLossError(!ours ? "the file is not the block: a block file of another version"
+                            : static_cast<uint64_t>(st.st_size) < want ? "the file is not the block: truncated"
+                                                                      : "the file is not the block: too long");
   } else {
     // Header and payload in one read, the payload straight into dst.
     iovec iov[2] = {{&h, sizeof(h)}, {dst.data(), meta.payload_bytes}};
-    const size_t want = sizeof(h) + meta.payload_bytes;
     size_t got = 0;
     errno = 0;
     while (got < want) {
@@ -340,8 +465,12 @@ absl::Status FsTier::ReadFile(const BlockMeta& meta, std::span<std::byte> dst) {
       }
     }
     if (got < want) {
-      s = errno != 0 ? ErrnoStatus(errno, "reading a block file")
+      s = errno != 0 ? FsErrno(errno, "reading a block file")
                      : absl::DataLossError("the file is not the block: it shrank while read");
+    } else if (h.magic != FsBlockHeader::kMagic || h.version != FsBlockHeader::kVersion) {
+      ours = h.magic != FsBlockHeader::kMagic;  // garbage goes; another version stays
+      s = absl::DataLossError(ours ? "the file is not the block: not a kvtier block file"
+                                   : "the file is not the block: a block file of another version");
     } else if (s = CheckFsHeader(h, static_cast<uint64_t>(st.st_size), meta); !s.ok()) {
       // Not the block: whatever landed in dst is not served.
     } else if (XXH3_64bits(dst.data(), meta.payload_bytes) != h.checksum) {
@@ -354,7 +483,9 @@ absl::Status FsTier::ReadFile(const BlockMeta& meta, std::span<std::byte> dst) {
     }
   }
   close(fd);
-  if (absl::IsDataLoss(s)) unlink(path.c_str());  // never served, by any node: the next store writes it again
+  // Never served, by any node: the next store writes it again. Only while
+  // it is still the file read (another node may have renamed a good one in).
+  if (absl::IsDataLoss(s) && ours) UnlinkIfSame(folder->get(), name, st);
   return s;
 }
 
@@ -438,7 +569,7 @@ void FsTier::Read(SlotHandle slot, const BlockMeta& meta, std::span<std::byte> d
                 miss_not_found_.fetch_add(1, std::memory_order_relaxed);
                 // A missing block file is a miss; a missing directory is a failure.
                 struct stat st {};
-                if (stat(opts_.dir.c_str(), &st) != 0) Failed(ErrnoStatus(errno, opts_.dir));
+                if (stat(opts_.dir.c_str(), &st) != 0) Failed(FsErrno(errno, opts_.dir));
               } else {
                 miss_io_.fetch_add(1, std::memory_order_relaxed);
                 io_errors_.fetch_add(1, std::memory_order_relaxed);
@@ -458,17 +589,29 @@ void FsTier::Read(SlotHandle slot, const BlockMeta& meta, std::span<std::byte> d
 
 void FsTier::Exists(std::span<const BlockMeta> metas, absl::AnyInvocable<void(std::vector<bool>) &&> done,
                     uint64_t deadline_ns) {
-  std::vector<std::string> paths;
-  paths.reserve(metas.size());
-  for (const BlockMeta& m : metas) paths.push_back(PathFor(m));
+  std::vector<BlockMeta> asked(metas.begin(), metas.end());
   const uint64_t deadline = deadline_ns != 0 ? deadline_ns : MonotonicNanos() + opts_.op_timeout_ms * 1'000'000;
   Submit({IoPriority::kLoad, deadline, CancelToken{},
-          [paths = std::move(paths), deadline, done = std::move(done)](absl::Status abandoned) mutable {
-            std::vector<bool> found(paths.size(), false);
-            for (size_t i = 0; abandoned.ok() && i < paths.size(); ++i) {
+          [this, asked = std::move(asked), deadline, done = std::move(done)](absl::Status abandoned) mutable {
+            std::vector<bool> found(asked.size(), false);
+            // A lookup uses the run of present blocks from the first one:
+            // the first absent (or the deadline) ends the answer.
+            absl::flat_hash_map<std::string, UniqueFd> folders;  // by "<tenant>/<xx>"
+            for (size_t i = 0; abandoned.ok() && i < asked.size(); ++i) {
               if (MonotonicNanos() > deadline) break;  // the rest count as absent
+              const FsTenant* t = TenantFor(asked[i].tenant_hash);
+              if (t == nullptr) break;
+              const std::string where = absl::StrCat(t->name, "/", Hex(asked[i].key.bytes.data(), 1));
+              auto f = folders.find(where);
+              if (f == folders.end()) {
+                absl::StatusOr<UniqueFd> fd = OpenBlockFolder(*t, asked[i], /*create=*/false);
+                if (!fd.ok()) break;
+                f = folders.emplace(where, *std::move(fd)).first;
+              }
               struct stat st {};
-              found[i] = !paths[i].empty() && lstat(paths[i].c_str(), &st) == 0 && S_ISREG(st.st_mode);
+              found[i] = fstatat(f->second.get(), FileName(asked[i]).c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+                         S_ISREG(st.st_mode) && st.st_uid == geteuid();
+              if (!found[i]) break;
             }
             std::move(done)(std::move(found));
           }});
@@ -552,60 +695,88 @@ void FsTier::ScanNow() {
   struct File {
     int64_t mtime_ns;
     uint64_t bytes;
-    std::string path;
+    uint32_t tenant;
+    std::string sub, name;
+    struct stat st;
   };
   std::vector<File> files;
   uint64_t total = 0, stale = 0;
-  const uint64_t now_real = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                                      std::chrono::system_clock::now().time_since_epoch())
-                                                      .count());
-  struct stat root {};
-  if (stat(opts_.dir.c_str(), &root) != 0 || !S_ISDIR(root.st_mode)) {
-    const absl::Status s = ErrnoStatus(errno == 0 ? ENOTDIR : errno, absl::StrCat("the fs tier's directory ", opts_.dir));
-    Failed(s);
+  const int64_t now_real = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                               std::chrono::system_clock::now().time_since_epoch())
+                               .count();
+  UniqueFd root(open(opts_.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!root.valid()) {
+    Failed(FsErrno(errno, absl::StrCat("the fs tier's directory ", opts_.dir)));
     MutexLock l(&mu_);
     ++scan_.failures;
     return;
   }
-  auto list = [](const std::string& path, auto&& each) {
-    DIR* d = opendir(path.c_str());
-    if (d == nullptr) return;
-    while (dirent* e = readdir(d)) {
-      if (e->d_name[0] == '.' && (e->d_name[1] == 0 || (e->d_name[1] == '.' && e->d_name[2] == 0))) continue;
-      each(std::string(e->d_name));
-    }
-    closedir(d);
+  // Only this tier's own names, in folders checked on their descriptors:
+  // a link or another uid's folder put in a tenant folder's place is
+  // neither followed nor emptied.
+  auto is_sub = [](const std::string& n) {
+    return n.size() == 2 && std::isxdigit(static_cast<unsigned char>(n[0])) &&
+           std::isxdigit(static_cast<unsigned char>(n[1]));
   };
-  for (const FsTenant& t : opts_.tenants) {
-    const std::string tdir = absl::StrCat(opts_.dir, "/", t.name);
-    list(tdir, [&](const std::string& sub) {
-      const std::string sdir = absl::StrCat(tdir, "/", sub);
-      list(sdir, [&](const std::string& name) {
-        const std::string path = absl::StrCat(sdir, "/", name);
+  for (uint32_t ti = 0; ti < opts_.tenants.size(); ++ti) {
+    const FsTenant& t = opts_.tenants[ti];
+    absl::StatusOr<UniqueFd> tenant = OpenPrivateFolder(root.get(), t.name, false, absl::StrCat("tenant folder ", t.name));
+    if (!tenant.ok()) {
+      if (!absl::IsNotFound(tenant.status())) Failed(tenant.status());
+      continue;
+    }
+    for (const std::string& sub : ListFolder(tenant->get())) {
+      if (!is_sub(sub)) continue;
+      absl::StatusOr<UniqueFd> folder = OpenPrivateFolder(tenant->get(), sub, false, sub);
+      if (!folder.ok()) continue;
+      for (const std::string& name : ListFolder(folder->get())) {
+        const bool temp = IsTempFileName(name);
+        if (!temp && !IsBlockFileName(name)) continue;
         struct stat st {};
-        if (lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return;  // gone, or not ours to count
+        if (fstatat(folder->get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) ||
+            st.st_uid != geteuid()) {
+          continue;  // gone, or not ours to count
+        }
         const int64_t mtime = int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec;
-        if (name.rfind(".tmp-", 0) == 0) {
-          if (mtime > 0 && now_real > static_cast<uint64_t>(mtime) + kStaleTempNs && unlink(path.c_str()) == 0) ++stale;
-          return;
+        if (temp) {
+          // A writer that died (this node's clock against the server's:
+          // an hour covers any sane skew).
+          if (now_real - mtime > static_cast<int64_t>(kStaleTempNs)) {
+            UnlinkIfSame(folder->get(), name, st);
+            ++stale;
+          }
+          continue;
         }
         total += static_cast<uint64_t>(st.st_size);
-        files.push_back({mtime, static_cast<uint64_t>(st.st_size), path});
-      });
-    });
+        files.push_back({mtime, static_cast<uint64_t>(st.st_size), ti, sub, name, st});
+      }
+    }
   }
   uint64_t evicted = 0, vanished = 0, left = total;
   if (total > opts_.capacity_bytes) {
     const uint64_t target = static_cast<uint64_t>(static_cast<double>(opts_.capacity_bytes) * opts_.low_watermark);
     std::sort(files.begin(), files.end(), [](const File& a, const File& b) { return a.mtime_ns < b.mtime_ns; });
+    std::string open_where;
+    absl::StatusOr<UniqueFd> folder = absl::NotFoundError("");
     for (const File& f : files) {
       if (left <= target) break;
-      if (unlink(f.path.c_str()) == 0) {
-        ++evicted;
-      } else if (errno == ENOENT) {
+      const FsTenant& t = opts_.tenants[f.tenant];
+      if (const std::string where = absl::StrCat(t.name, "/", f.sub); where != open_where) {
+        absl::StatusOr<UniqueFd> tenant = OpenPrivateFolder(root.get(), t.name, false, t.name);
+        folder = tenant.ok() ? OpenPrivateFolder(tenant->get(), f.sub, false, f.sub) : tenant.status();
+        open_where = where;
+      }
+      if (!folder.ok()) continue;
+      // Only while it is the file listed: one a node wrote since is newer.
+      struct stat now {};
+      if (fstatat(folder->get(), f.name.c_str(), &now, AT_SYMLINK_NOFOLLOW) != 0) {
         ++vanished;  // another node's scan, or a read that found it damaged
+      } else if (now.st_ino != f.st.st_ino || now.st_dev != f.st.st_dev ||
+                 unlinkat(folder->get(), f.name.c_str(), 0) != 0) {
+        if (errno != ENOENT) continue;
+        ++vanished;
       } else {
-        continue;
+        ++evicted;
       }
       left -= f.bytes;
     }

@@ -10,32 +10,46 @@
 // its files 0600: another uid on a node cannot read a tenant's blocks, and
 // kvtierd refuses a tenant folder another uid owns or can open.
 //
-// A write goes to a temporary name in the same folder, is fsync'ed, and is
-// renamed over the block's name, so a reader sees the old file, the new one
-// or none, never half a block. Every file starts with a self-checking header
+// Every level below the directory is opened without following links and
+// checked on its descriptor (kvtierd's uid, closed to others); files are
+// opened O_NOFOLLOW and must be regular files of kvtierd's uid. A write
+// goes to a temporary name in the same folder, is fsync'ed, and is renamed
+// over the block's name, so a reader sees the old file, the new one or
+// none, never half a block. Every file starts with a self-checking header
 // (magic, version, tenant, namespace, key, payload length, XXH3 of the
-// payload); a read checks all of it and the file's size before it says OK:
-// a file truncated or rewritten by anyone is DataLoss (counted, deleted),
-// never served. A read moves the file's mtime to now, so every node's
+// payload and of the header); a read checks all of it and the file's size
+// before it says OK: a file truncated or damaged is DataLoss (counted,
+// deleted if it is still the file read), never served; a file of another
+// format version is a miss left in place for the nodes that read it. A read
+// moves the file's mtime to now (at most once a second), so every node's
 // eviction scan sees one recency order.
+//
+// Trust: the checks catch accidents, not forgery. Whoever can write files
+// as kvtierd's uid on the share (every node's kvtierd; on NFS with AUTH_SYS,
+// root on any client) can write a block that passes them. Export the share
+// only to kvtier's nodes, with root squashed; docs/security.md says so.
 //
 // Capacity: the directory's files, from every node, may take capacity_bytes.
 // A background scan lists the directory (at most every scan_interval_ms, or
 // at once when this node wrote an eighth of the capacity since the last),
 // and when the files pass capacity it deletes the least recently used
 // (oldest mtime) down to low_watermark of it. Files other nodes delete under
-// it are skipped, not errors. A temporary file older than ten minutes (a
-// writer that died) is deleted too.
+// it are skipped, not errors. A temporary file older than an hour (a writer
+// that died) is deleted too. The scan counts the tenants this node serves:
+// nodes that share a directory should list the same tenants.
 //
 // Errors: a directory that vanished, a full file system (ENOSPC, EDQUOT), an
-// I/O error: the op fails with a status saying so, is counted, and the tier
-// reports itself degraded until an op succeeds again (and the scan finds the
-// directory). Nothing is retried behind the caller's back; a read that
-// fails is a miss.
+// I/O error (a write's deferred error at close included): the op fails with
+// a status saying so, is counted, and the tier reports itself degraded until
+// an op succeeds again. Nothing is retried behind the caller's back; a read
+// that fails is a miss.
 //
 // I/O runs on a pool of io_threads threads, loads before demotions; an op
 // not started by its deadline (op_timeout_ms when the caller gives none)
-// fails with DeadlineExceeded. Like the remote tier, the node's slots are
+// fails with DeadlineExceeded, even when every thread is stuck in a call the
+// file system does not return from (a reaper thread fails it; a call stuck
+// for 5 s, or four deadlines, degrades the tier). The op in that call
+// completes only when the file system answers. Like the remote tier, the node's slots are
 // only handles on what it wrote (HandleTable): the file belongs to the
 // directory, and a file is addressed by the block's identity.
 #ifndef KVTIER_TIERS_FS_FS_TIER_H_
@@ -53,7 +67,9 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "core/mutex.h"
+#include "core/unique_fd.h"
 #include "tiers/block_tier.h"
+#include "tiers/fs/fs_defaults.h"
 #include "tiers/handle_table.h"
 
 namespace kvtier {
@@ -89,13 +105,13 @@ struct FsTierOptions {
   std::string dir;  // must exist: a mount point that vanished must not become a local folder
   std::vector<FsTenant> tenants;
   std::string name = "fs";
-  uint64_t capacity_bytes = 0;  // the directory's files from every node
-  double low_watermark = 0.9;   // a scan past capacity deletes down to this fraction
+  uint64_t capacity_bytes = fs_defaults::kCapacityBytes;  // the directory's files from every node
+  double low_watermark = fs_defaults::kLowWatermark;  // a scan past capacity deletes down to this fraction
   uint64_t max_block_bytes = 64ull << 20;
-  uint32_t io_threads = 4;
-  uint64_t op_timeout_ms = 1000;  // an op's deadline when its caller gives none
-  uint64_t scan_interval_ms = 5000;  // 0: no background scans, only ScanNow (tests)
-  bool fsync = true;  // fsync each file before its rename (off: a crash may leave empty files; they fail their check)
+  uint32_t io_threads = fs_defaults::kIoThreads;
+  uint64_t op_timeout_ms = fs_defaults::kOpTimeoutMs;  // an op's deadline when its caller gives none
+  uint64_t scan_interval_ms = fs_defaults::kScanIntervalMs;  // 0: no background scans, only ScanNow (tests)
+  bool fsync = fs_defaults::kFsync;  // fsync each file before its rename (off: a crash may leave empty files; they fail their check)
   // A lasting failure (directory gone, file system full): at most once every
   // 10 s, on a tier thread; never a key or a block.
   std::function<void(const std::string& why)> on_failure;
@@ -177,11 +193,19 @@ class FsTier final : public BlockTier {
     absl::AnyInvocable<void(absl::Status abandoned) &&> run;  // OK: run it; else why it was abandoned
   };
   void Submit(Job job);
-  void Worker();
+  void Worker(uint32_t index);
+  // Runs `job` (or tells it why it was abandoned) and counts it done.
+  void RunJob(Job job, absl::Status abandoned);
+  // Fails queued ops past their deadlines when no worker takes them, and
+  // degrades the tier when a worker is stuck in a call.
+  void ReapLoop();
   void ScanLoop();
   const FsTenant* TenantFor(uint64_t tenant_hash) const;
-  // Creates the tenant's folder and its key's folder as needed.
-  absl::Status EnsureFolders(const FsTenant& t, const BlockMeta& meta) const;
+  static std::string FileName(const BlockMeta& meta);
+  // The folder the block's file lives in (<dir>/<tenant>/<xx>), each level
+  // opened without following links and checked to be kvtierd's own and
+  // closed to others; created (0700) below the directory when `create`.
+  absl::StatusOr<UniqueFd> OpenBlockFolder(const FsTenant& t, const BlockMeta& meta, bool create) const;
   absl::Status WriteFile(const BlockMeta& meta, std::span<const std::byte> src);
   absl::Status ReadFile(const BlockMeta& meta, std::span<std::byte> dst);
   // A failure that says the tier cannot work (vanished, full, I/O): degrade and report.
@@ -193,7 +217,7 @@ class FsTier final : public BlockTier {
   ReadObserver read_observer_;  // set before the first read
 
   mutable Mutex mu_;
-  std::condition_variable_any work_cv_, idle_cv_, scan_cv_;
+  std::condition_variable_any work_cv_, idle_cv_, scan_cv_, reap_cv_;
   std::deque<Job> queue_[kIoPriorities] ABSL_GUARDED_BY(mu_);
   uint64_t reads_in_flight_ ABSL_GUARDED_BY(mu_) = 0, writes_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t jobs_in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // queued or running, reads, writes and probes
@@ -201,7 +225,8 @@ class FsTier final : public BlockTier {
   bool scan_wanted_ ABSL_GUARDED_BY(mu_) = false;
   ScanStats scan_ ABSL_GUARDED_BY(mu_);
   std::vector<std::thread> workers_;
-  std::thread scanner_;
+  std::vector<std::atomic<uint64_t>> worker_started_ns_;  // when each worker's op began; 0: idle
+  std::thread reaper_, scanner_;
   Mutex scan_mu_;  // one scan at a time
 
   std::atomic<uint64_t> written_since_scan_{0};
