@@ -72,12 +72,10 @@ bool BlockStore::StartSharedProbe(SessionHoldings& s, std::span<const BlockKey> 
         busy->fetch_sub(1, std::memory_order_relaxed);
         const uint64_t took = MonotonicNanos() - start;
         stats->remote_probe_latency.Record(took);
-        SharedAnswer a{.from = from};
-        if (took > uint64_t{budget_us} * 1000) {
-          stats->remote_probes_late.Add();  // past the budget: the local tiers' answer stands
-        } else {
-          a.present = std::move(v);
-        }
+        // Past the budget it counts as late; what it did confirm is still
+        // true (a tier answers "absent" for what it could not check in time).
+        if (took > uint64_t{budget_us} * 1000) stats->remote_probes_late.Add();
+        SharedAnswer a{.from = from, .present = std::move(v)};
         std::move(answered)(std::move(a));
       },
       start + uint64_t{budget_us} * 1000);

@@ -380,10 +380,6 @@ TEST(RemoteSharingTest, APrimaryKilledUnderTrafficCostsMissesNeverWrongBytesAndL
             << slowest_local / 1000000 << " ms\n";
 }
 
-// scripts/bench-remote-replay on a hand-made trace whose second turns go to
-// the other node ten requests after their first: two nodes with local
-// tiers only never reuse a first turn, one node alone and two sharing the
-// cluster ("committed") do, and no loaded byte is wrong in any run.
 // Every node of the cluster stopped (SIGSTOP: connections open, nothing
 // answers), restarted when the test ends however it ends.
 class FrozenCluster {
@@ -457,6 +453,10 @@ TEST(RemoteSharingTest, ALookupWaitingOnTheClusterDoesNotStallItsSession) {
   EXPECT_EQ(HitAndLoad(*again, own), (std::pair<uint32_t, uint32_t>{4, 4}));
 }
 
+// scripts/bench-remote-replay on a hand-made trace whose second turns go to
+// the other node ten requests after their first: two nodes with local
+// tiers only never reuse a first turn, one node alone and two sharing the
+// cluster ("committed") do, and no loaded byte is wrong in any run.
 TEST(RemoteSharingTest, TheEndToEndBenchmarkShowsTwoNodesReusingThroughTheCluster) {
   if (system("command -v redis-server >/dev/null 2>&1") != 0) GTEST_SKIP() << "redis-server is not installed";
   testing::TempDir dir;

@@ -46,8 +46,9 @@ bool DropCaches() {
 
 // fio over `files` files of `bytes` in `dir`, 8 jobs; bytes/s, 0 on failure.
 double Fio(const std::string& dir, bool write, uint64_t bytes, int files) {
+  if (dir.find_first_of("'\\\n") != std::string::npos) return 0;  // quoted below; refuse what would break out
   const std::string cmd = absl::StrCat(
-      "fio --name=kvtier-fs --directory=", dir, " --rw=", write ? "write" : "read", " --bs=", bytes,
+      "fio --name=kvtier-fs --directory='", dir, "' --rw=", write ? "write" : "read", " --bs=", bytes,
       " --filesize=", bytes, " --nrfiles=", files / kDepth, " --numjobs=", kDepth,
       " --ioengine=psync --file_service_type=sequential --group_reporting=1",
       write ? " --create_on_open=1 --fsync_on_close=1" : "", " --output-format=json 2>/dev/null");
@@ -100,7 +101,7 @@ std::vector<Metric> RunFsSuite(const Context& ctx) {
     }
     std::vector<std::byte> payload(bytes);
     for (uint64_t i = 0; i < bytes; ++i) payload[i] = std::byte(i * 131 + 7);
-    std::vector<std::byte> dst(bytes * kDepth);
+    std::vector<std::byte> dst(bytes * blocks);  // a buffer per read: reads complete out of order
     auto ours = [&](bool put) {
       std::counting_semaphore<kDepth> room(kDepth);
       std::atomic<int> failed{0};
@@ -118,7 +119,7 @@ std::vector<Metric> RunFsSuite(const Context& ctx) {
         if (put) {
           tier.Write(*slot, metas[i], payload, IoOptions{.prio = IoPriority::kDemote}, finished);
         } else {
-          tier.Read(*slot, metas[i], std::span<std::byte>(dst.data() + (i % kDepth) * bytes, bytes),
+          tier.Read(*slot, metas[i], std::span<std::byte>(dst.data() + uint64_t(i) * bytes, bytes),
                     IoOptions{.prio = IoPriority::kLoad}, finished);
         }
       }
