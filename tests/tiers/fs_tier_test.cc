@@ -13,6 +13,7 @@
 #include <atomic>
 #include <filesystem>
 #include <future>
+#include <chrono>
 #include <thread>
 #include <fstream>
 #include <cstring>
@@ -474,6 +475,55 @@ TEST(FsTierTest, AFifoOrAForeignVersionAtABlockPathIsAMissThatDoesNotHang) {
   FsTierOptions o = Options(dir.path());
   o.tenants.push_back({"..", TenantHash("..")});
   EXPECT_FALSE(FsTier::Create(o).ok());
+}
+
+TEST(FsTierTest, QueuedOpsFailByTheirDeadlineWhenEveryThreadIsBusy) {
+  TempDir dir;
+  FsTierOptions o = Options(dir.path());
+  o.io_threads = 1;
+  auto t = FsTier::Create(o);
+  ASSERT_TRUE(t.ok());
+  // The only thread is held in a callback (as it would be in a hung call).
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::promise<absl::Status> first, second;
+  std::vector<std::byte> data(4096);
+  auto slot = (*t)->AllocateTransient(4096);
+  ASSERT_TRUE(slot.ok());
+  (*t)->Write(*slot, Meta(1, 4096), data, IoOptions{}, [&](absl::Status s) {
+    released.wait();
+    first.set_value(std::move(s));
+  });
+  const uint64_t t0 = MonotonicNanos();
+  (*t)->Write(*slot, Meta(2, 4096), data, IoOptions{.deadline_ns = MonotonicNanos() + 50'000'000},
+              [&](absl::Status s) { second.set_value(std::move(s)); });
+  auto f = second.get_future();
+  ASSERT_EQ(f.wait_for(std::chrono::seconds(5)), std::future_status::ready) << "the queued op waited for the thread";
+  EXPECT_TRUE(absl::IsDeadlineExceeded(f.get()));
+  EXPECT_LT(MonotonicNanos() - t0, 2'000'000'000u);
+  release.set_value();
+  EXPECT_TRUE(first.get_future().get().ok());
+  (void)(*t)->Free(*slot);
+}
+
+TEST(FsTierTest, ExistsEndsAtTheFirstAbsentBlockAndGarbageOfTheWrongSizeGoes) {
+  TempDir dir;
+  auto t = FsTier::Create(Options(dir.path()));
+  ASSERT_TRUE(t.ok());
+  ASSERT_TRUE(WriteKeyed(**t, Meta(2, 4096)).ok());
+  ASSERT_TRUE(WriteKeyed(**t, Meta(3, 4096)).ok());
+  EXPECT_EQ(ExistsNow(**t, {Meta(1, 4096), Meta(2, 4096)}), (std::vector<bool>{false, false}))
+      << "a probe's answer is the run from its first block";
+  EXPECT_EQ(ExistsNow(**t, {Meta(2, 4096), Meta(3, 4096), Meta(4, 4096)}), (std::vector<bool>{true, true, false}));
+  // Zeros of the wrong length (a crash without fsync): deleted, not kept as
+  // "another version".
+  const std::string path = (*t)->PathFor(Meta(3, 4096));
+  { std::ofstream(path, std::ios::trunc) << std::string(300, '\0'); }
+  std::vector<std::byte> out;
+  const absl::Status s = ReadBlock(**t, Meta(3, 4096), out);
+  EXPECT_TRUE(absl::IsDataLoss(s)) << s;
+  EXPECT_EQ(s.message().find("another version"), std::string::npos) << s;
+  EXPECT_FALSE(std::filesystem::exists(path));
 }
 
 }  // namespace

@@ -101,7 +101,8 @@ absl::Status CheckPrivateFolder(int fd, absl::string_view what) {
 // folder, creating it (0700) first when `create`; never through a link.
 absl::StatusOr<UniqueFd> OpenPrivateFolder(int dir, const std::string& name, bool create, absl::string_view what) {
   if (create && mkdirat(dir, name.c_str(), 0700) != 0 && errno != EEXIST) {
-    return FsErrno(errno, absl::StrCat("creating ", what));
+    const int err = errno;
+    return FsErrno(err, absl::StrCat("creating ", what));
   }
   UniqueFd fd(openat(dir, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (!fd.valid()) {
@@ -147,12 +148,12 @@ std::vector<std::string> ListFolder(int fd) {
 // Unlinks `name` in `dir` only while it is still the file `held` (an open
 // descriptor's stat): a good file another node renamed into its place
 // meanwhile is left alone.
-void UnlinkIfSame(int dir, const std::string& name, const struct stat& held) {
+// Best effort: POSIX has no conditional unlink, so a rename in the moment
+// between the check and the unlink can still lose a good file (a miss).
+bool UnlinkIfSame(int dir, const std::string& name, const struct stat& held) {
   struct stat now {};
-  if (fstatat(dir, name.c_str(), &now, AT_SYMLINK_NOFOLLOW) == 0 && now.st_ino == held.st_ino &&
-      now.st_dev == held.st_dev) {
-    unlinkat(dir, name.c_str(), 0);
-  }
+  return fstatat(dir, name.c_str(), &now, AT_SYMLINK_NOFOLLOW) == 0 && now.st_ino == held.st_ino &&
+         now.st_dev == held.st_dev && unlinkat(dir, name.c_str(), 0) == 0;
 }
 
 }  // namespace
@@ -236,8 +237,8 @@ FsTier::~FsTier() {
   work_cv_.notify_all();
   scan_cv_.notify_all();
   reap_cv_.notify_all();
-  for (std::thread& w : workers_) w.join();
   if (reaper_.joinable()) reaper_.join();
+  for (std::thread& w : workers_) w.join();
   if (scanner_.joinable()) scanner_.join();
 }
 
@@ -289,9 +290,15 @@ void FsTier::Submit(Job job) {
   {
     MutexLock l(&mu_);
     ++jobs_in_flight_;
-    queue_[q < kIoPriorities ? q : kIoPriorities - 1].push_back(std::move(job));
+    if (!stop_) {
+      queue_[q < kIoPriorities ? q : kIoPriorities - 1].push_back(std::move(job));
+      work_cv_.notify_one();
+      return;
+    }
   }
-  work_cv_.notify_one();
+  // The tier is going (an op submitted from a callback while it stops):
+  // no worker may be left to take it.
+  RunJob(std::move(job), absl::CancelledError(absl::StrCat("the ", opts_.name, " tier is shutting down")));
 }
 
 void FsTier::Worker(uint32_t index) {
@@ -371,7 +378,10 @@ absl::StatusOr<UniqueFd> FsTier::OpenBlockFolder(const FsTenant& t, const BlockM
   // The directory itself is the operator's (a mount point): it may be a
   // link, but it is never created here.
   UniqueFd root(open(opts_.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!root.valid()) return FsErrno(errno, absl::StrCat("the fs tier's directory ", opts_.dir));
+  if (!root.valid()) {
+    const int err = errno;
+    return FsErrno(err, absl::StrCat("the fs tier's directory ", opts_.dir));
+  }
   ASSIGN_OR_RETURN(UniqueFd tenant, OpenPrivateFolder(root.get(), t.name, create, absl::StrCat("tenant folder ", t.name)));
   return OpenPrivateFolder(tenant.get(), Hex(meta.key.bytes.data(), 1), create,
                            absl::StrCat("tenant folder ", t.name, "/", Hex(meta.key.bytes.data(), 1)));
@@ -420,11 +430,16 @@ absl::Status FsTier::ReadFile(const BlockMeta& meta, std::span<std::byte> dst) {
     if (errno == ENOENT) {
       return absl::NotFoundError(absl::StrCat("the block is not in the ", opts_.name, " tier (evicted there)"));
     }
-    if (errno == ELOOP) {
-      unlinkat(folder->get(), name.c_str(), 0);  // the link itself, never what it names
+    const int err = errno;
+    if (err == ELOOP) {
+      // The link itself, never what it names, and only while it is a link.
+      struct stat lst {};
+      if (fstatat(folder->get(), name.c_str(), &lst, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(lst.st_mode)) {
+        unlinkat(folder->get(), name.c_str(), 0);
+      }
       return absl::DataLossError("the file is not the block: a symbolic link");
     }
-    return FsErrno(errno, "opening a block file");
+    return FsErrno(err, "opening a block file");
   }
   absl::Status s;
   bool ours = true;  // a file of this format: one that fails its checks is deleted
@@ -438,35 +453,50 @@ absl::Status FsTier::ReadFile(const BlockMeta& meta, std::span<std::byte> dst) {
   } else if (static_cast<uint64_t>(st.st_size) != want) {
     // Never read whole. A file of another version (a node upgraded before
     // this one) is a miss here, and left for the nodes that read it.
-    const bool known = PreadAll(fd, &h, std::min<size_t>(sizeof(h), static_cast<size_t>(st.st_size)), 0) &&
-                       static_cast<uint64_t>(st.st_size) >= 6;
-    ours = !known || (h.magic == FsBlockHeader::kMagic && h.version == FsBlockHeader::kVersion);
-    s = absl::DataLossError(!ours ? "the file is not the block: a block file of another version"
-                            : static_cast<uint64_t>(st.st_size) < want ? "the file is not the block: truncated"
-                                                                      : "the file is not the block: too long");
+    errno = 0;
+    const bool read = PreadAll(fd, &h, std::min<size_t>(sizeof(h), static_cast<size_t>(st.st_size)), 0);
+    const int err = errno;
+    if (!read && err != 0) {
+      s = FsErrno(err, "reading a block file");  // an I/O error deletes nothing
+    } else {
+      // Only "our magic, another version" is kept; garbage goes.
+      const bool known = read && static_cast<uint64_t>(st.st_size) >= 6;
+      ours = !known || h.magic != FsBlockHeader::kMagic || h.version == FsBlockHeader::kVersion;
+      s = absl::DataLossError(!ours ? "the file is not the block: a block file of another version"
+                              : static_cast<uint64_t>(st.st_size) < want ? "the file is not the block: truncated"
+                                                                        : "the file is not the block: too long");
+    }
   } else {
     // Header and payload in one read, the payload straight into dst.
     iovec iov[2] = {{&h, sizeof(h)}, {dst.data(), meta.payload_bytes}};
     size_t got = 0;
-    errno = 0;
+    int err = 0;  // the failing call's errno; 0: the file ended early
     while (got < want) {
-      ssize_t r = preadv(fd, iov, 2, static_cast<off_t>(got));
+      const ssize_t r = preadv(fd, iov, 2, static_cast<off_t>(got));
       if (r < 0 && errno == EINTR) continue;
+      if (r < 0) err = errno;
       if (r <= 0) break;
       got += static_cast<size_t>(r);
       // A short read (rare on a local file): finish the rest with plain preads.
       if (got < want) {
+        errno = 0;
         if (got < sizeof(h)) {
-          if (!PreadAll(fd, reinterpret_cast<char*>(&h) + got, sizeof(h) - got, static_cast<off_t>(got))) break;
+          if (!PreadAll(fd, reinterpret_cast<char*>(&h) + got, sizeof(h) - got, static_cast<off_t>(got))) {
+            err = errno;
+            break;
+          }
           got = sizeof(h);
         }
-        if (!PreadAll(fd, dst.data() + (got - sizeof(h)), want - got, static_cast<off_t>(got))) break;
+        if (!PreadAll(fd, dst.data() + (got - sizeof(h)), want - got, static_cast<off_t>(got))) {
+          err = errno;
+          break;
+        }
         got = want;
       }
     }
     if (got < want) {
-      s = errno != 0 ? FsErrno(errno, "reading a block file")
-                     : absl::DataLossError("the file is not the block: it shrank while read");
+      s = err != 0 ? FsErrno(err, "reading a block file")
+                   : absl::DataLossError("the file is not the block: it shrank while read");
     } else if (h.magic != FsBlockHeader::kMagic || h.version != FsBlockHeader::kVersion) {
       ours = h.magic != FsBlockHeader::kMagic;  // garbage goes; another version stays
       s = absl::DataLossError(ours ? "the file is not the block: not a kvtier block file"
@@ -595,21 +625,19 @@ void FsTier::Exists(std::span<const BlockMeta> metas, absl::AnyInvocable<void(st
           [this, asked = std::move(asked), deadline, done = std::move(done)](absl::Status abandoned) mutable {
             std::vector<bool> found(asked.size(), false);
             // A lookup uses the run of present blocks from the first one:
-            // the first absent (or the deadline) ends the answer.
-            absl::flat_hash_map<std::string, UniqueFd> folders;  // by "<tenant>/<xx>"
-            for (size_t i = 0; abandoned.ok() && i < asked.size(); ++i) {
-              if (MonotonicNanos() > deadline) break;  // the rest count as absent
-              const FsTenant* t = TenantFor(asked[i].tenant_hash);
-              if (t == nullptr) break;
-              const std::string where = absl::StrCat(t->name, "/", Hex(asked[i].key.bytes.data(), 1));
-              auto f = folders.find(where);
-              if (f == folders.end()) {
-                absl::StatusOr<UniqueFd> fd = OpenBlockFolder(*t, asked[i], /*create=*/false);
-                if (!fd.ok()) break;
-                f = folders.emplace(where, *std::move(fd)).first;
-              }
+            // the first absent (or the deadline) ends the answer. The
+            // metas of one probe are one tenant's.
+            const FsTenant* t = asked.empty() ? nullptr : TenantFor(asked[0].tenant_hash);
+            UniqueFd root(open(opts_.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+            absl::StatusOr<UniqueFd> tenant = absl::NotFoundError("");
+            if (t != nullptr && root.valid()) tenant = OpenPrivateFolder(root.get(), t->name, false, t->name);
+            for (size_t i = 0; abandoned.ok() && tenant.ok() && i < asked.size(); ++i) {
+              if (MonotonicNanos() > deadline || asked[i].tenant_hash != t->hash) break;  // the rest count as absent
+              absl::StatusOr<UniqueFd> folder =
+                  OpenPrivateFolder(tenant->get(), Hex(asked[i].key.bytes.data(), 1), false, "a block folder");
               struct stat st {};
-              found[i] = fstatat(f->second.get(), FileName(asked[i]).c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+              found[i] = folder.ok() &&
+                         fstatat(folder->get(), FileName(asked[i]).c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
                          S_ISREG(st.st_mode) && st.st_uid == geteuid();
               if (!found[i]) break;
             }
@@ -706,7 +734,8 @@ void FsTier::ScanNow() {
                                .count();
   UniqueFd root(open(opts_.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!root.valid()) {
-    Failed(FsErrno(errno, absl::StrCat("the fs tier's directory ", opts_.dir)));
+    const int err = errno;
+    Failed(FsErrno(err, absl::StrCat("the fs tier's directory ", opts_.dir)));
     MutexLock l(&mu_);
     ++scan_.failures;
     return;
@@ -741,10 +770,7 @@ void FsTier::ScanNow() {
         if (temp) {
           // A writer that died (this node's clock against the server's:
           // an hour covers any sane skew).
-          if (now_real - mtime > static_cast<int64_t>(kStaleTempNs)) {
-            UnlinkIfSame(folder->get(), name, st);
-            ++stale;
-          }
+          if (now_real - mtime > static_cast<int64_t>(kStaleTempNs) && UnlinkIfSame(folder->get(), name, st)) ++stale;
           continue;
         }
         total += static_cast<uint64_t>(st.st_size);
@@ -767,16 +793,20 @@ void FsTier::ScanNow() {
         open_where = where;
       }
       if (!folder.ok()) continue;
-      // Only while it is the file listed: one a node wrote since is newer.
+      // Only while it is the file listed (best effort: POSIX has no
+      // conditional unlink): one a node wrote since is newer.
       struct stat now {};
       if (fstatat(folder->get(), f.name.c_str(), &now, AT_SYMLINK_NOFOLLOW) != 0) {
-        ++vanished;  // another node's scan, or a read that found it damaged
-      } else if (now.st_ino != f.st.st_ino || now.st_dev != f.st.st_dev ||
-                 unlinkat(folder->get(), f.name.c_str(), 0) != 0) {
-        if (errno != ENOENT) continue;
+        if (errno != ENOENT) continue;  // cannot tell (ESTALE, EIO): counted as still there
+        ++vanished;                     // another node's scan, or a read that found it damaged
+      } else if (now.st_ino != f.st.st_ino || now.st_dev != f.st.st_dev) {
+        ++vanished;  // replaced by a newer copy: the listed file is gone
+      } else if (unlinkat(folder->get(), f.name.c_str(), 0) == 0) {
+        ++evicted;
+      } else if (errno == ENOENT) {
         ++vanished;
       } else {
-        ++evicted;
+        continue;
       }
       left -= f.bytes;
     }
