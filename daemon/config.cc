@@ -445,6 +445,10 @@ std::vector<std::string> Config::LowerChain() const {
   return chain;
 }
 
+SharedWrites Config::RemoteWritePolicy() const {
+  return SharedWritesNamed(remote_write_policy).value_or(SharedWrites::kDemoted);
+}
+
 std::vector<std::string> Config::NvmeDirs() const {
   if (!nvme_dirs.empty()) return nvme_dirs;
   return {data_dir + "/nvme"};

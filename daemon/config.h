@@ -16,9 +16,11 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "daemon/shared_writes.h"
 #include "kvtier/types.h"
 #include "policies/eviction_policy.h"
 #include "tiers/fs/fs_defaults.h"
+#include "tiers/remote_defaults.h"
 
 namespace kvtier {
 
@@ -105,11 +107,12 @@ struct Config {
   uint32_t nvme_admission_min_uses = 1;
   // [tiers.remote]: a shared Redis Cluster below NVMe (none without seeds).
   std::vector<std::string> remote_seeds;
-  std::string remote_key_prefix = "kvtier";
-  uint64_t remote_capacity = 1ull << 40;  // handles on what this daemon wrote there
-  uint32_t remote_op_timeout_ms = 200;
-  uint32_t remote_connect_timeout_ms = 500;
-  uint32_t remote_io_timeout_ms = 1000;
+  // Defaults: the tier's own (tiers/remote_defaults.h).
+  std::string remote_key_prefix = remote_defaults::kKeyPrefix;
+  uint64_t remote_capacity = remote_defaults::kCapacityBytes;  // handles on what this daemon wrote there
+  uint32_t remote_op_timeout_ms = remote_defaults::kOpTimeoutMs;
+  uint32_t remote_connect_timeout_ms = remote_defaults::kConnectTimeoutMs;
+  uint32_t remote_io_timeout_ms = remote_defaults::kIoTimeoutMs;
   uint32_t remote_probe_budget_us = 2000;
   uint32_t remote_probe_max_blocks = 256;
   // Fair shares of the cluster among tenants (docs/remote-tier.md).
@@ -140,6 +143,9 @@ struct Config {
   std::vector<std::string> lower_chain;
   // The chain in effect: lower_chain, or the sections' order as above.
   std::vector<std::string> LowerChain() const;
+  // tiers.remote.write_policy as the store takes it (validated by
+  // ValidateConfig; "demoted" for a name it would refuse).
+  SharedWrites RemoteWritePolicy() const;
   // Per tenant: device memory for the GPU tier (0: no GPU tier).
   uint64_t gpu_capacity = 0;
   // [metrics]: Prometheus text over HTTP (GET /metrics).

@@ -130,7 +130,7 @@ absl::Status Daemon::Open() {
                                                .shared_probe_blocks_per_s = config_.remote_probe_blocks_per_s,
                                                .shared_records_per_tenant = config_.remote_records_per_tenant,
                                                .shared_min_block_bytes = config_.remote_min_block_bytes,
-                                               .shared_writes = SharedWritesNamed(config_.remote_write_policy).value_or(SharedWrites::kDemoted),
+                                               .shared_writes = config_.RemoteWritePolicy(),
                                                .nvme_admission_min_uses = config_.nvme_admission_min_uses,
                                                .shared_admission_min_uses = config_.remote_admission_min_uses,
                                                .admission_history_uses = AdmissionHistoryUses(config_)},
@@ -429,7 +429,7 @@ void Daemon::Reload() {
   }
   if (n.remote_probe_budget_us != config_.remote_probe_budget_us ||
       n.remote_write_policy != config_.remote_write_policy) {
-    store_->SetSharedPolicy(n.remote_probe_budget_us, SharedWritesNamed(n.remote_write_policy).value_or(SharedWrites::kDemoted));
+    store_->SetSharedPolicy(n.remote_probe_budget_us, n.RemoteWritePolicy());
     config_.remote_probe_budget_us = n.remote_probe_budget_us;
     config_.remote_write_policy = n.remote_write_policy;
     applied.push_back("tiers.remote.probe_budget_us, tiers.remote.write_policy");

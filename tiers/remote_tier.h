@@ -45,6 +45,7 @@
 #include "tiers/block_tier.h"
 #include "tiers/handle_table.h"
 #include "tiers/redis_cluster.h"
+#include "tiers/remote_defaults.h"
 #include "tiers/value_seal.h"
 
 namespace kvtier {
@@ -110,14 +111,14 @@ const char* LedgerLibrary();
 struct RemoteTierOptions {
   std::vector<std::string> seeds;  // "host:port" of cluster nodes
   std::vector<RemoteTenant> tenants;
-  std::string key_prefix = "kvtier";
+  std::string key_prefix = remote_defaults::kKeyPrefix;
   std::string name = "remote";
   TierKind kind = TierKind::kRemote;  // what lookups report a block here as
-  uint64_t capacity_bytes = 1ull << 40;  // handles kvtier keeps on what it wrote
+  uint64_t capacity_bytes = remote_defaults::kCapacityBytes;  // handles kvtier keeps on what it wrote
   uint64_t max_block_bytes = 64ull << 20;
-  uint64_t op_timeout_ms = 500;  // a read or write's deadline when its caller gives none
-  uint64_t connect_timeout_ms = 500;
-  uint64_t io_timeout_ms = 1000;  // a reply slower than this breaks its connection
+  uint64_t op_timeout_ms = remote_defaults::kOpTimeoutMs;  // a read or write's deadline when its caller gives none
+  uint64_t connect_timeout_ms = remote_defaults::kConnectTimeoutMs;
+  uint64_t io_timeout_ms = remote_defaults::kIoTimeoutMs;  // a reply slower than this breaks its connection
   uint32_t max_pipeline = 64;
   bool encrypt = false;  // encrypt payloads at rest (always sealed)
   RedisTlsOptions tls;   // TLS to every node (redis_cluster.h)
