@@ -509,10 +509,9 @@ bool Session::HandlesEveryOpcode() {
 Session::Outcome Session::OnPing(Request&) { return Outcome{}; }
 
 Session::Deferred Session::FinishLookup(const RequestRecord& req, const std::vector<BlockKey>& keys,
-                                        const BlockStore::SharedAnswer* shared) {
+                                        std::vector<BlockLocation>& locs, const BlockStore::SharedAnswer* shared) {
   uint64_t lease = 0;
   uint32_t recompute = 0;
-  std::vector<BlockLocation> locs(keys.size());
   absl::StatusOr<uint32_t> hit =
       store_->Lookup(holdings_, keys, (req.flags & ipc::kFlagLease) != 0, &lease, std::span(locs), &recompute, shared);
   if (!hit.ok()) return Deferred{req, FromStatus(hit.status()), {}};
@@ -529,6 +528,10 @@ Session::Outcome Session::OnLookup(Request& r) {
   // shared file system away): the session serves its other requests while
   // the answer comes, and the lookup finishes on this thread when it does,
   // or when the budget has passed without it.
+  const BlockStore::SharedAnswer none;
+  if (!store_->shared_lane() || store_->shared_probe_budget_us() == 0) {
+    return FinishLookup(r.req, r.keys, r.locs, &none).outcome;  // no shared tier to ask
+  }
   auto claimed = std::make_shared<std::atomic<bool>>(false);
   auto keys = std::make_shared<std::vector<BlockKey>>(r.keys);
   const RequestRecord req = r.req;
@@ -537,7 +540,10 @@ Session::Outcome Session::OnLookup(Request& r) {
   if (store_->StartSharedProbe(holdings_, r.keys, [this, claimed, keys, req](BlockStore::SharedAnswer a) mutable {
         if (claimed->exchange(true)) return;  // the timer resumed it already
         Deferred d{req, {}, {}};
-        d.resume = [this, keys, req, a = std::move(a)]() mutable { return FinishLookup(req, *keys, &a); };
+        d.resume = [this, keys, req, a = std::move(a)]() mutable {
+          std::vector<BlockLocation> locs(keys->size());
+          return FinishLookup(req, *keys, locs, &a);
+        };
         Defer(std::move(d));
       })) {
     // The tier answers by the budget; the timer covers one that does not
@@ -548,7 +554,8 @@ Session::Outcome Session::OnLookup(Request& r) {
           Deferred d{req, {}, {}};
           d.resume = [this, keys, req]() mutable {
             const BlockStore::SharedAnswer none;
-            return FinishLookup(req, *keys, &none);
+            std::vector<BlockLocation> locs(keys->size());
+            return FinishLookup(req, *keys, locs, &none);
           };
           Defer(std::move(d));
         }});
@@ -557,9 +564,7 @@ Session::Outcome Session::OnLookup(Request& r) {
   async_in_flight_.fetch_sub(1, std::memory_order_acq_rel);
   // Nothing to ask (or the tenant's probe rate or busy bound said no): the
   // local tiers answer, and the session thread never waits on the tier.
-  const BlockStore::SharedAnswer none;
-  Deferred d = FinishLookup(req, r.keys, &none);
-  return d.outcome;
+  return FinishLookup(req, r.keys, r.locs, &none).outcome;
 }
 
 uint64_t Session::ExpireProbes() {

@@ -130,8 +130,9 @@ class Session {
   };
   // The lookup itself, on the session thread, with the shared tier's answer
   // (nullptr: it asks and waits itself).
+  // Results go through `locs` (one per key) to the request's result area.
   Deferred FinishLookup(const ipc::RequestRecord& req, const std::vector<BlockKey>& keys,
-                        const BlockStore::SharedAnswer* shared);
+                        std::vector<BlockLocation>& locs, const BlockStore::SharedAnswer* shared);
   // Session thread: resumes the lookups whose answer is past its time;
   // the nanoseconds until the next one is (UINT64_MAX: none waits).
   uint64_t ExpireProbes();
