@@ -20,7 +20,6 @@
 #include "ipc/admin_commands.h"
 #include "ipc/admin_client.h"
 #include "ipc/unix_socket.h"
-#include "tiers/nvme_tier.h"
 #include "core/fmt_absl.h"
 #include "spdlog/spdlog.h"
 
@@ -30,49 +29,6 @@ namespace {
 constexpr size_t kMaxAdminConns = 64;
 constexpr size_t kMaxAdminRequest = 1u << 20;   // bytes of requests not yet answered
 constexpr size_t kMaxAdminOutput = 64u << 20;   // bytes of answers the peer has not read
-
-// The shared tier as each tenant's connections see it, summed: a node is
-// connected when every tenant's connection to it is.
-RemoteStatus RemoteStatusOf(const RemoteTier& tier, const Config& config) {
-  RemoteStatus r{.write_policy = config.remote_write_policy,
-                 .probe_budget_us = config.remote_probe_budget_us,
-                 .misses = tier.misses(),
-                 .budget = tier.budget(),
-                 .slots_covered = RedisCluster::kSlots};
-  absl::flat_hash_map<std::string, size_t> node_at;
-  size_t counted = 0;
-  for (const TenantConfig& t : config.tenants) {
-    const RedisCluster::Stats c = tier.ClusterStats(t.name);
-    r.auth_failures += c.auth_failures;
-    // A tenant whose user the cluster refuses (a wrong password, a revoked
-    // user) has no slot map and no connection: counted apart, so the tier
-    // does not read as down for the tenants it serves.
-    if (c.auth_failures > 0 && c.slots_covered == 0) {
-      ++r.tenants_refused;
-      continue;
-    }
-    ++counted;
-    r.slots_covered = std::min(r.slots_covered, c.slots_covered);
-    r.moved += c.moved;
-    r.ask += c.ask;
-    r.tryagain += c.tryagain;
-    r.clusterdown += c.clusterdown;
-    r.refreshes += c.refreshes;
-    r.refresh_failures += c.refresh_failures;
-    for (const RedisCluster::NodeStats& n : c.nodes) {
-      auto [it, added] = node_at.emplace(n.address, r.nodes.size());
-      if (added) r.nodes.push_back({.address = n.address, .connected = true});
-      RemoteStatus::Node& out = r.nodes[it->second];
-      out.connected = out.connected && n.connected;
-      out.slots = std::max(out.slots, n.slots);
-      out.commands += n.commands;
-      out.errors += n.errors;
-      out.connects += n.connects;
-    }
-  }
-  if (counted == 0) r.slots_covered = 0;
-  return r;
-}
 
 nlohmann::json Error(absl::string_view message) {
   return nlohmann::json{{"ok", false}, {"error", message}};
@@ -399,10 +355,13 @@ StatusSnapshot Daemon::Snapshot() const {
     l.policy = config_.nvme_policy;
     l.durable = tier->durable();
     l.io = tier->BlockStats();
+    const TierUsage usage = store_->lower_usage(i);
+    l.io.capacity_bytes = usage.capacity_bytes;
+    l.io.used_bytes = usage.used_bytes;
+    l.io.used_slots = usage.used_slots;
     l.blocks = store_->lower_blocks(i);
     l.health = tier->Health();
-    if (const auto* nvme = dynamic_cast<const NvmeTier*>(tier)) l.nvme = nvme->Stats();
-    if (const auto* remote = dynamic_cast<const RemoteTier*>(tier)) l.remote = RemoteStatusOf(*remote, config_);
+    if (i < lower_describe_.size() && lower_describe_[i]) lower_describe_[i](l);  // what only its kind shows
   }
   if (!gpu_.empty()) {
     // One GPU arena per tenant; summed here, per tenant under `tenants`.

@@ -142,7 +142,7 @@ uint32_t BlockStore::AdoptShared(SessionHoldings& s, std::span<const BlockKey> k
   // one sees whichever copy it has.
   // No more than the lane holds: a run longer than that would evict its
   // own first blocks to make room for its last, and a prefix needs the first.
-  const uint64_t slot_bytes = std::max<uint64_t>(lane.tier->SlotBytesFor(s.ns.block_bytes), 1);
+  const uint64_t slot_bytes = std::max<uint64_t>(lane.tier->CostFor(s.ns.block_bytes), 1);
   run = std::min<size_t>(run, lane.tier->BlockStats().capacity_bytes / slot_bytes);
   uint32_t adopted = 0;
   MutexLock ll(&lane.mu);

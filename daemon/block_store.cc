@@ -180,7 +180,7 @@ BlockStore::ChainHits BlockStore::ProbeChain(SessionHoldings& s, std::span<const
       if (lease && !in_host && r->lower == 0 && !books_.lanes.empty()) {
         const LowerLane& lane = *books_.lanes[0];
         if (!lane.tier->shared()) {
-          lower_cost = lane.tier->SlotBytesFor(s.ns.block_bytes);
+          lower_cost = lane.tier->CostFor(s.ns.block_bytes);
           if (t.lower_pinned_bytes.load(std::memory_order_relaxed) + h.lower_pinned_bytes + lower_cost >
               lane.fair_share_bytes) {
             books_.stats->pins_refused_fair_share.Add();
@@ -570,6 +570,12 @@ absl::StatusOr<uint64_t> BlockStore::AttachLowerTier(std::unique_ptr<BlockTier> 
   if (books_.lanes.size() >= kMaxLowerTiers) {
     return absl::ResourceExhaustedError(absl::StrCat("at most ", kMaxLowerTiers, " tiers below host memory"));
   }
+  if (lower->shared() && !lower->addressed_by_key()) {
+    // A shared tier's values belong to every node: the store keeps only its
+    // own books of them, which needs the tier addressed by key.
+    return absl::InvalidArgumentError(absl::StrCat("the ", std::string(lower->name()),
+                                                   " tier is shared but not addressed by key alone"));
+  }
   // The name was checked by Create.
   auto lane_ptr = std::make_unique<LowerLane>(
       static_cast<uint8_t>(books_.lanes.size()), std::move(lower),
@@ -598,7 +604,7 @@ absl::StatusOr<uint64_t> BlockStore::AttachLowerTier(std::unique_ptr<BlockTier> 
   for (const RecoveredBlock& b : recovered) {
     auto tenant = books_.tenant_by_hash.find(b.meta.tenant_hash);
     if (tenant == books_.tenant_by_hash.end()) {
-      (void)lane.tier->Free(b.slot);  // its tenant is no longer configured
+      (void)lane.tier->Remove(b.at, b.meta);  // its tenant is no longer configured
       books_.stats->recovered_dropped.Add();
       continue;
     }
@@ -608,7 +614,14 @@ absl::StatusOr<uint64_t> BlockStore::AttachLowerTier(std::unique_ptr<BlockTier> 
     BlockRecord* r = books_.index.NewRecord(ns.handle, b.meta.key);
     r->tenant = tenant->second;
     r->state = BlockState::kNone;
-    r->lower_slot = b.slot;
+    absl::StatusOr<SlotHandle> handle = lane.AdoptRecoveredLocked(b.at, b.meta);
+    if (!handle.ok()) {
+      books_.index.FreeRecord(r);
+      (void)lane.tier->Remove(b.at, b.meta);
+      books_.stats->recovered_dropped.Add();
+      continue;
+    }
+    r->lower_slot = *handle;
     r->lower = lane.index;
     r->lower_state = LowerState::kReady;
     BlockIndex::Shard& sh = books_.index.ShardFor(r);
@@ -618,15 +631,15 @@ absl::StatusOr<uint64_t> BlockStore::AttachLowerTier(std::unique_ptr<BlockTier> 
       // held by a tier above: one copy is enough.
       if (BlockIndex::Find(sh, r->ns, r->key) != nullptr) {
         books_.index.FreeRecord(r);
-        (void)lane.tier->Free(b.slot);
+        lane.DropReservedLocked(*handle, b.meta);  // not charged yet
         continue;
       }
       books_.index.Insert(sh, r);
     }
     books_.CountRecords(r->ns, +1);
-    lane.owner[b.slot] = r;
-    books_.ChargeLocked(lane, r, b.slot, +1);
-    lane.policy->InsertWithKey(b.slot, PolicyKeyOf(*r));  // depth is not kept across restarts
+    lane.owner[*handle] = r;
+    books_.ChargeLocked(lane, r, *handle, +1);
+    lane.policy->InsertWithKey(*handle, PolicyKeyOf(*r));  // depth is not kept across restarts
     lane.blocks.fetch_add(1, std::memory_order_relaxed);
     ++indexed;
   }

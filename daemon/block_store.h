@@ -287,6 +287,13 @@ class BlockStore {
   bool cascade_settled() const { return migrator_.cascade_settled(); }
   // Blocks with a ready copy in lower tier i.
   uint64_t lower_blocks(size_t i) const { return books_.lanes[i]->blocks.load(std::memory_order_relaxed); }
+  // Thread-safe. Lower tier i's capacity and what this node's copies there
+  // hold (LowerLane::UsageLocked: for a tier addressed by key, the lane's
+  // books, not the tier's).
+  TierUsage lower_usage(size_t i) const {
+    MutexLock l(&books_.lanes[i]->mu);
+    return books_.lanes[i]->UsageLocked();
+  }
   const std::string& tenant_name(uint16_t tenant) const { return books_.tenants[tenant]->name; }
   size_t tenant_count() const { return books_.tenants.size(); }
 

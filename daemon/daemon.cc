@@ -294,6 +294,7 @@ absl::Status Daemon::OpenLowerTiers() {
     ASSIGN_OR_RETURN(uint64_t indexed,
                      store_->AttachLowerTier(std::move(opened.tier), opened.recovered, &namespaces_));
     if (opened.attached) opened.attached(indexed);
+    lower_describe_.push_back(std::move(opened.describe));
   }
   spdlog::info("event=lower_chain chain=\"{}\" lanes={}", chain.empty() ? "none" : absl::StrJoin(chain, " -> "),
                store_->lower_tier_count());

@@ -170,6 +170,8 @@ class Daemon {
   // it from its threads, so that it outlives the store.
   std::unique_ptr<KvEvents> events_;
   std::unique_ptr<BlockStore> store_;
+  // Per lower lane, what only its kind shows in status (OpenedLowerTier::describe).
+  std::vector<std::function<void(StatusSnapshot::Lower&)>> lower_describe_;
   // Per tenant: its registered KV caches, across sessions. Declared before
   // sessions_, so it outlives them.
   absl::flat_hash_map<std::string, std::unique_ptr<KvCacheBudget>> kv_budgets_;

@@ -3,21 +3,67 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
+#include "core/units.h"
+
 namespace kvtier {
 
 LowerLane::LowerLane(uint8_t index, std::unique_ptr<BlockTier> tier, std::unique_ptr<EvictionPolicy> policy,
                      size_t tenants, size_t configured_tenants)
     : index(index),
       tier(std::move(tier)),
-      fair_share_bytes(this->tier->Usage().capacity_bytes / std::max<size_t>(1, configured_tenants)) {
+      fair_share_bytes(this->tier->Usage().capacity_bytes / std::max<size_t>(1, configured_tenants)),
+      keyed_(this->tier->addressed_by_key()) {
   MutexLock l(&mu);
   this->policy = std::move(policy);
   use_.resize(tenants);
 }
 
+absl::StatusOr<SlotHandle> LowerLane::NewKeyedHandleLocked(uint64_t cost) {
+  const uint64_t capacity = tier->Usage().capacity_bytes;
+  if (keyed_used_bytes_ + cost > capacity) {
+    return absl::ResourceExhaustedError(absl::StrCat("this node's share of the ", std::string(tier->name()),
+                                                     " tier is full (", FormatBytes(capacity), ")"));
+  }
+  SlotHandle h;
+  if (!keyed_free_.empty()) {
+    h = keyed_free_.back();
+    keyed_free_.pop_back();
+  } else {
+    if (keyed_cost_.size() >= kNoSlot) return absl::ResourceExhaustedError("out of handles");
+    h = static_cast<SlotHandle>(keyed_cost_.size());
+    keyed_cost_.push_back(0);
+  }
+  keyed_cost_[h] = std::max<uint64_t>(cost, 1);
+  keyed_used_bytes_ += keyed_cost_[h];
+  ++keyed_used_;
+  return h;
+}
+
+absl::StatusOr<SlotHandle> LowerLane::ReserveLocked(const BlockMeta& meta) {
+  absl::StatusOr<BlockLocator> at = tier->Reserve(meta);
+  if (!at.ok() || !keyed_) return at;
+  return NewKeyedHandleLocked(tier->CostFor(meta.payload_bytes));
+}
+
+absl::StatusOr<SlotHandle> LowerLane::AdoptRecoveredLocked(BlockLocator at, const BlockMeta& meta) {
+  if (!keyed_) return at;
+  return NewKeyedHandleLocked(tier->CostFor(meta.payload_bytes));
+}
+
+uint64_t LowerLane::CostOfLocked(SlotHandle handle) const {
+  if (!keyed_) return tier->CostOf(handle);
+  return handle < keyed_cost_.size() ? keyed_cost_[handle] : 0;
+}
+
+TierUsage LowerLane::UsageLocked() const {
+  if (!keyed_) return tier->Usage();
+  return TierUsage{tier->Usage().capacity_bytes, keyed_used_bytes_, keyed_used_, keyed_free_.size()};
+}
+
 void LowerLane::ChargeLocked(uint16_t tenant, SlotHandle slot, uint64_t payload_bytes, uint64_t tokens, int sign) {
   Use& u = use_[tenant];
-  const uint64_t slot_bytes = tier->SlotBytes(slot);
+  const uint64_t slot_bytes = CostOfLocked(slot);
   if (sign > 0) {
     u.bytes += payload_bytes;
     u.tokens += tokens;
@@ -31,15 +77,29 @@ void LowerLane::ChargeLocked(uint16_t tenant, SlotHandle slot, uint64_t payload_
   }
 }
 
-void LowerLane::FreeSlotLocked(uint16_t tenant, SlotHandle slot, uint64_t payload_bytes, uint64_t tokens) {
-  ChargeLocked(tenant, slot, payload_bytes, tokens, -1);
+void LowerLane::ReleaseLocked(uint16_t tenant, SlotHandle slot, const BlockMeta& meta) {
+  ChargeLocked(tenant, slot, meta.payload_bytes, meta.block_tokens, -1);
   owner.erase(slot);
-  (void)tier->Free(slot);
+  DropReservedLocked(slot, meta);
+}
+
+void LowerLane::DropReservedLocked(SlotHandle slot, const BlockMeta& meta) {
+  if (!keyed_) {
+    (void)tier->Remove(slot, meta);
+    return;
+  }
+  (void)tier->Remove(kKeyAddressed, meta);
+  if (slot < keyed_cost_.size() && keyed_cost_[slot] != 0) {
+    keyed_used_bytes_ -= keyed_cost_[slot];
+    --keyed_used_;
+    keyed_cost_[slot] = 0;
+    keyed_free_.push_back(slot);
+  }
 }
 
 LowerLane::Victim LowerLane::PickVictimLocked(uint16_t tenant, uint64_t bytes, bool over_quota,
                                               absl::FunctionRef<bool(BlockRecord*)> evictable) {
-  const bool over_share = use_[tenant].slot_bytes + tier->SlotBytesFor(bytes) > fair_share_bytes;
+  const bool over_share = use_[tenant].slot_bytes + tier->CostFor(bytes) > fair_share_bytes;
   Victim out;
   enum class From { kOwn, kOthersOverShare };
   auto pick = [&](From from) {
@@ -48,7 +108,7 @@ LowerLane::Victim LowerLane::PickVictimLocked(uint16_t tenant, uint64_t bytes, b
       if (v->tenant == tenant) return from == From::kOwn && evictable(v);
       if (from == From::kOwn) return false;
       const uint64_t use = use_[v->tenant].slot_bytes;
-      if (use < fair_share_bytes || use - fair_share_bytes < tier->SlotBytes(h)) {
+      if (use < fair_share_bytes || use - fair_share_bytes < CostOfLocked(h)) {
         if (!out.held_back && evictable(v)) out.held_back = true;
         return false;  // within its fair share: protected
       }

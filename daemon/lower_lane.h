@@ -1,7 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
-// One block tier below host memory and what the store keeps about it: its
-// slots' owners, its eviction policy, each tenant's use of it (for quotas and
-// fair shares) and the loads waiting for a write to it to land. Lane 0 takes
+// One block tier below host memory and what the store keeps about it: the
+// handles of the blocks this node placed there and their owners, its
+// eviction policy, each tenant's use of it (for quotas and fair shares) and
+// the loads waiting for a write to it to land. A handle is the tier's own
+// locator where the tier has private room (an NVMe slot); for a tier
+// addressed by key alone (a shared tier) it is a number of the lane's own,
+// and the lane bounds what this node places there by the tier's capacity. Lane 0 takes
 // demotions from host memory (NVMe in the daemon); lane i + 1 takes what lane
 // i's cascade moves down (migrator_cascade.cc). The migrator decides what
 // moves; the lane keeps the books and states the fair-share rule.
@@ -71,13 +75,33 @@ class LowerLane {
   void GrowTenantsLocked(size_t tenants) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (tenants > use_.size()) use_.resize(tenants);
   }
+  // Whether the tier is addressed by key alone (handles are the lane's own).
+  bool keyed() const { return keyed_; }
+  // The locator to hand the tier for the block under `handle`.
+  BlockLocator LocatorOf(SlotHandle handle) const { return keyed_ ? kKeyAddressed : handle; }
+  // Room for the block `meta` describes: its handle. ResourceExhausted when
+  // the tier (or, for a tier addressed by key, this node's share of it) is
+  // full; InvalidArgument for a block the tier cannot take. Not charged to
+  // anyone until ChargeLocked.
+  absl::StatusOr<SlotHandle> ReserveLocked(const BlockMeta& meta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // The handle for a block the tier kept across a restart at `at`.
+  absl::StatusOr<SlotHandle> AdoptRecoveredLocked(BlockLocator at, const BlockMeta& meta)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // What the block under `handle` costs the tier's capacity; 0 for a handle
+  // not reserved.
+  uint64_t CostOfLocked(SlotHandle handle) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // Adds (sign +1) or removes (-1) a block of `payload_bytes` and `tokens`
-  // in `slot` from `tenant`'s use.
-  void ChargeLocked(uint16_t tenant, SlotHandle slot, uint64_t payload_bytes, uint64_t tokens, int sign)
+  // under `handle` from `tenant`'s use.
+  void ChargeLocked(uint16_t tenant, SlotHandle handle, uint64_t payload_bytes, uint64_t tokens, int sign)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
-  // Gives `slot` back to the tier and forgets its owner, uncharging `tenant`.
-  void FreeSlotLocked(uint16_t tenant, SlotHandle slot, uint64_t payload_bytes, uint64_t tokens)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Lets go of `handle` (the tier frees private room; a shared value stays)
+  // and forgets its owner, uncharging `tenant`.
+  void ReleaseLocked(uint16_t tenant, SlotHandle handle, const BlockMeta& meta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Lets go of a handle reserved but never charged or owned.
+  void DropReservedLocked(SlotHandle handle, const BlockMeta& meta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Capacity and what this node's handles hold: the tier's own figures for
+  // a tier with private room, the lane's books for one addressed by key.
+  TierUsage UsageLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // Fair shares. Without them, one tenant that keeps demoting (and pins what
   // it wants kept) pushes every other tenant's blocks out of a shared tier
@@ -107,7 +131,16 @@ class LowerLane {
                           absl::FunctionRef<bool(BlockRecord*)> evictable) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
  private:
+  // A block's handle on a tier addressed by key: a number of the lane's
+  // own, and what the block costs the tier's capacity.
+  absl::StatusOr<SlotHandle> NewKeyedHandleLocked(uint64_t cost) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  const bool keyed_;
   std::vector<Use> use_ ABSL_GUARDED_BY(mu);  // by tenant index
+  // Tiers addressed by key: cost by handle (0: free), free handles, totals.
+  std::vector<uint64_t> keyed_cost_ ABSL_GUARDED_BY(mu);
+  std::vector<SlotHandle> keyed_free_ ABSL_GUARDED_BY(mu);
+  uint64_t keyed_used_bytes_ ABSL_GUARDED_BY(mu) = 0, keyed_used_ ABSL_GUARDED_BY(mu) = 0;
 };
 
 }  // namespace kvtier

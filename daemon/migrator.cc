@@ -222,7 +222,7 @@ void Migrator::WriteDemotion(HostResidency& t, BlockRecord* r, uint8_t lane, Slo
   // The first tier refuses a demotion it has no staging memory for (a
   // burst faster than the device) inside Write, while the host copy is
   // still there: that block goes one tier down instead of being lost.
-  // `refusal` tells a refusal inside Write (redirected below) from a
+  // `refusal` tells a refusal inside Put (redirected below) from a
   // completion after it (finished as any other).
   struct Refusal {
     std::atomic<int> state{0};  // 0: in Write; 1: Write returned; 2: refused inside Write
@@ -230,8 +230,8 @@ void Migrator::WriteDemotion(HostResidency& t, BlockRecord* r, uint8_t lane, Slo
   };
   auto refusal = std::make_shared<Refusal>();
   const bool may_redirect = lane == 0 && books_.lanes.size() > 1;
-  books_.lanes[lane]->tier->Write(
-      lower_slot, meta, {t.host->arena_base() + offset, meta.payload_bytes}, IoPriority::kDemote,
+  books_.lanes[lane]->tier->Put(
+      books_.lanes[lane]->LocatorOf(lower_slot), meta, {t.host->arena_base() + offset, meta.payload_bytes}, IoPriority::kDemote,
       [this, &t, r, lane, may_redirect, refusal, start = MonotonicNanos()](absl::Status s) {
         if (may_redirect && ToErrorCode(s) == KVTIER_EBUSY) {
           refusal->status = s;
@@ -325,7 +325,8 @@ absl::StatusOr<SlotHandle> Migrator::AllocateLowerSlotLocked(LowerLane& lane, co
   const uint16_t tenant = owner->tenant;
   // The quotas ([[tenants]] nvme_bytes / nvme_tokens) are on the first tier.
   const TenantQuota q = lane.index == 0 ? books_.tenants[tenant]->Quota() : TenantQuota{};
-  const uint64_t tokens = books_.MetaOf(owner).block_tokens;
+  const BlockMeta meta = books_.MetaOf(owner);
+  const uint64_t tokens = meta.block_tokens;
   if ((q.nvme_bytes != 0 && bytes > q.nvme_bytes) || (q.nvme_tokens != 0 && tokens > q.nvme_tokens)) {
     books_.stats->demotions_refused_quota.Add();
     return absl::ResourceExhaustedError(absl::StrCat("a block is larger than tenant \"", books_.tenants[tenant]->name,
@@ -336,7 +337,7 @@ absl::StatusOr<SlotHandle> Migrator::AllocateLowerSlotLocked(LowerLane& lane, co
     const bool over_quota = (q.nvme_bytes != 0 && u.bytes + bytes > q.nvme_bytes) ||
                             (q.nvme_tokens != 0 && u.tokens + tokens > q.nvme_tokens);
     if (!over_quota) {
-      absl::StatusOr<SlotHandle> slot = lane.tier->Allocate(bytes);
+      absl::StatusOr<SlotHandle> slot = lane.ReserveLocked(meta);
       if (slot.ok()) books_.ChargeLocked(lane, owner, *slot, +1);
       // A tier that cannot write at all (its disk full, read-only) gets no
       // eviction for room: nothing would land in it.
@@ -490,7 +491,7 @@ void Migrator::WriteThrough(HostResidency& t, BlockRecord* r, IoPriority prio, S
     r->lower = 0;
     r->lower_state = LowerState::kWriting;
   }
-  first.tier->Write(nslot, meta, {t.host->arena_base() + offset, meta.payload_bytes}, prio,
+  first.tier->Put(first.LocatorOf(nslot), meta, {t.host->arena_base() + offset, meta.payload_bytes}, prio,
                     [this, &t, r, start = MonotonicNanos(), done = std::move(done)](absl::Status s) mutable {
                       // A write the staging memory refused never started (a flush
                       // tries it again): not a write.

@@ -245,9 +245,9 @@ class Migrator {
       ABSL_LOCKS_EXCLUDED(from.mu);
   void CopyCascadeMoves(LowerLane& from, LowerLane& to, std::vector<CascadeMove>& moves)
       ABSL_LOCKS_EXCLUDED(from.mu, to.mu);
-  // Reads each move `which` picks from `tier` at `slot_of` into its own
+  // Reads each move `which` picks from `lane` under `slot_of` into its own
   // staging memory (m.read: how it went); returns when all have finished.
-  static void ReadIntoStaging(BlockTier& tier, std::vector<CascadeMove>& moves,
+  static void ReadIntoStaging(const LowerLane& lane, std::vector<CascadeMove>& moves,
                               absl::FunctionRef<bool(const CascadeMove&)> which,
                               absl::FunctionRef<SlotHandle(const CascadeMove&)> slot_of);
   // Points the record at its new copy and frees the old one, or gives the

@@ -180,7 +180,7 @@ void Migrator::CopyCascadeMoves(LowerLane& from, LowerLane& to, std::vector<Casc
     // since). The value is read and checked as a load would before this
     // node lets go of its own copy; one that fails is written over with
     // this node's copy, like a block that was not there.
-    ReadIntoStaging(*to.tier, moves, [](const CascadeMove& m) { return m.already_below; },
+    ReadIntoStaging(to, moves, [](const CascadeMove& m) { return m.already_below; },
                     [](const CascadeMove& m) { return m.to_slot; });
     for (CascadeMove& m : moves) {
       if (!m.already_below) continue;
@@ -196,7 +196,7 @@ void Migrator::CopyCascadeMoves(LowerLane& from, LowerLane& to, std::vector<Casc
   }
 
   // Read every copy that has room below into staging.
-  ReadIntoStaging(*from.tier, moves, [](const CascadeMove& m) { return m.to_slot != kNoSlot && !m.already_below; },
+  ReadIntoStaging(from, moves, [](const CascadeMove& m) { return m.to_slot != kNoSlot && !m.already_below; },
                   [](const CascadeMove& m) { return m.slot; });
 
   // Write what was read one lane down.
@@ -205,7 +205,7 @@ void Migrator::CopyCascadeMoves(LowerLane& from, LowerLane& to, std::vector<Casc
   auto writes = std::make_shared<std::latch>(static_cast<std::ptrdiff_t>(writing));
   for (CascadeMove& m : moves) {
     if (m.to_slot == kNoSlot || !m.read.ok() || m.already_below) continue;
-    to.tier->Write(m.to_slot, m.meta, {m.staging.get(), m.meta.payload_bytes}, IoOptions{IoPriority::kDemote},
+    to.tier->Put(to.LocatorOf(m.to_slot), m.meta, {m.staging.get(), m.meta.payload_bytes}, IoOptions{IoPriority::kDemote},
                    [&m, writes](absl::Status s) {
                      m.wrote = std::move(s);
                      writes->count_down();
@@ -214,7 +214,7 @@ void Migrator::CopyCascadeMoves(LowerLane& from, LowerLane& to, std::vector<Casc
   writes->wait();
 }
 
-void Migrator::ReadIntoStaging(BlockTier& tier, std::vector<CascadeMove>& moves,
+void Migrator::ReadIntoStaging(const LowerLane& lane, std::vector<CascadeMove>& moves,
                                absl::FunctionRef<bool(const CascadeMove&)> which,
                                absl::FunctionRef<SlotHandle(const CascadeMove&)> slot_of) {
   size_t reading = 0;
@@ -225,7 +225,7 @@ void Migrator::ReadIntoStaging(BlockTier& tier, std::vector<CascadeMove>& moves,
   for (CascadeMove& m : moves) {
     if (!which(m)) continue;
     m.staging = std::make_unique_for_overwrite<std::byte[]>(m.meta.payload_bytes);
-    tier.Read(slot_of(m), m.meta, {m.staging.get(), m.meta.payload_bytes}, IoOptions{IoPriority::kDemote},
+    lane.tier->Get(lane.LocatorOf(slot_of(m)), m.meta, {m.staging.get(), m.meta.payload_bytes}, IoOptions{IoPriority::kDemote},
               [&m, reads](absl::Status s) {
                 m.read = std::move(s);
                 reads->count_down();

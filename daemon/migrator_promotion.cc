@@ -121,7 +121,8 @@ void Migrator::Promote(HostResidency& t, BlockRecord* r, IoPriority prio, absl::
       break;
   }
   const uint64_t start = MonotonicNanos();
-  books_.lanes[p.lane]->tier->Read(p.lower_slot, meta, {t.host->arena_base() + p.offset, meta.payload_bytes}, prio,
+  const LowerLane& lane = *books_.lanes[p.lane];
+  lane.tier->Get(lane.LocatorOf(p.lower_slot), meta, {t.host->arena_base() + p.offset, meta.payload_bytes}, prio,
                              [this, &t, r, p, start, parent_key, block_tokens = meta.block_tokens,
                               done = std::move(done)](absl::Status s) mutable {
                                (p.lane == 0 ? books_.stats->nvme_read_latency : books_.stats->lower_read_latency)

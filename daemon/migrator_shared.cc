@@ -40,11 +40,10 @@ void Migrator::Publish(HostResidency& t, BlockRecord* r, LowerLane& lane) {
     books_.ReleaseIoRef(t, r);
     return;
   }
-  // A handle only for the write, not counted against the lane's capacity
-  // (which its own copies fill, evicting only on demand): the tier forgets
-  // it after the write, and the value stays in the cluster.
-  absl::StatusOr<SlotHandle> slot = lane.tier->AllocateTransient(meta.payload_bytes);
-  if (!slot.ok()) {
+  // Put by key alone, not counted against the lane's capacity (which this
+  // node's own copies fill, evicting only on demand): the value stays in
+  // the cluster, and the lane keeps no handle on it.
+  if (absl::StatusOr<BlockLocator> at = lane.tier->Reserve(meta); !at.ok()) {
     publishing_.fetch_sub(1, std::memory_order_relaxed);
     done_with(r, false);
     PausePublishes(t);
@@ -54,9 +53,8 @@ void Migrator::Publish(HostResidency& t, BlockRecord* r, LowerLane& lane) {
   }
   // The io_ref keeps the host slot (and so the bytes at offset) until the
   // write has copied them; RemoteTier copies them before Write returns.
-  lane.tier->Write(*slot, meta, {t.host->arena_base() + offset, meta.payload_bytes}, IoOptions{IoPriority::kDemote},
-                   [this, &t, r, &lane, slot = *slot, done_with](absl::Status s) {
-                     (void)lane.tier->Free(slot);
+  lane.tier->Put(kKeyAddressed, meta, {t.host->arena_base() + offset, meta.payload_bytes}, IoOptions{IoPriority::kDemote},
+                 [this, &t, r, done_with](absl::Status s) {
                      done_with(r, s.ok());
                      if (!s.ok()) PausePublishes(t);
                      (s.ok() ? books_.stats->remote_publishes : books_.stats->remote_publishes_failed).Add();

@@ -150,7 +150,7 @@ void StoreBooks::ChargeLocked(LowerLane& lane, const BlockRecord* r, SlotHandle 
 
 void StoreBooks::FreeLowerSlotLocked(LowerLane& lane, const BlockRecord* r, SlotHandle slot) {
   const BlockMeta meta = MetaOf(r);
-  lane.FreeSlotLocked(r->tenant, slot, meta.payload_bytes, meta.block_tokens);
+  lane.ReleaseLocked(r->tenant, slot, meta);
   if (events != nullptr) events->Removed(r->tenant, r->key, MediumOf(lane));
 }
 

@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "daemon/config.h"
+#include "daemon/status_snapshot.h"
 #include "tiers/block_tier.h"
 
 namespace kvtier {
@@ -22,6 +23,12 @@ struct OpenedLowerTier {
   std::vector<RecoveredBlock> recovered;
   // Once attached, with how many recovered blocks the store indexed.
   std::function<void(uint64_t indexed)> attached;
+  // What only this kind shows in status (NVMe: its engine, journal and
+  // recovery; redis: its cluster), filled in for each snapshot; unset: the
+  // kind shows the common figures and its counters only. Set by the kind's
+  // opener, which knows the tier's type, so nothing else casts a tier. Valid
+  // while the tier lives.
+  std::function<void(StatusSnapshot::Lower&)> describe;
 };
 
 // The tier of `kind` as `c` configures it; InvalidArgument for a kind no

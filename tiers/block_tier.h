@@ -1,17 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
 // The block-tier interface: a tier below host memory whose blocks are copied
-// in and out whole, asynchronously (NVMe now; a remote store next; an
-// in-memory tier for tests). The store holds its lower tiers through this
-// interface only, so a new kind of tier implements it and is assembled in
-// one place.
+// in and out whole, asynchronously, addressed by block identity (NVMe, a
+// Redis Cluster, a shared directory; an in-memory tier for tests). The store
+// holds its lower tiers through this interface only, so a new kind of tier
+// implements it and registers in daemon/tier_registry.cc.
 //
-// Beyond Tier: every read and write may carry a deadline and a cancellation
-// token (an op not yet started when either hits fails with DeadlineExceeded
-// or Cancelled, and is not counted as an error); Sync makes written blocks
-// durable where the tier is durable; statistics in one shape for every tier;
-// a read observer that feeds the cost model the tier's own time per read.
-// Recovery is the implementation's factory's: it hands back the blocks that
-// survived (RecoveredBlock) for the store to index.
+// Every op may carry a deadline and a cancellation token (an op not yet
+// started when either hits fails with DeadlineExceeded or Cancelled, and is
+// not counted as an error); Sync makes written blocks durable where the tier
+// is durable; statistics in one shape for every tier, and a tier's own
+// counters through a visitor; a read observer feeds the cost model the
+// tier's own time per read. Recovery is the implementation's factory's: it
+// hands back the blocks that survived (RecoveredBlock) for the store to
+// index.
 #ifndef KVTIER_TIERS_BLOCK_TIER_H_
 #define KVTIER_TIERS_BLOCK_TIER_H_
 
@@ -45,9 +46,15 @@ absl::Status AbandonedStatus(int32_t reason, absl::string_view what);
 // tier (BlockMeta::tenant_hash) so recovery knows whose block it is.
 uint64_t TenantHash(absl::string_view tenant);
 
+// Where a tier with room of its own keeps a block (an NVMe slot), handed
+// out by Reserve; a tier addressed by the block's identity alone (a shared
+// tier) hands out kKeyAddressed and ignores the locator it is given.
+using BlockLocator = uint32_t;
+inline constexpr BlockLocator kKeyAddressed = UINT32_MAX;
+
 // A block a tier kept across a restart, for the store to index again.
 struct RecoveredBlock {
-  SlotHandle slot;
+  BlockLocator at;
   BlockMeta meta;
 };
 
@@ -62,25 +69,79 @@ struct BlockTierStats {
   uint64_t abandoned = 0;          // ops that hit their deadline or were cancelled before they started
 };
 
-class BlockTier : public Tier {
+// A tier below host memory, addressed by block identity: Put, Get, Exists
+// and Remove each name the block (BlockMeta: tenant, namespace, key,
+// length), asynchronously, with deadlines, and every value carries the
+// tier's self-checking format, so a tier never serves a block as another.
+// A tier with private room (NVMe) also hands out a locator from Reserve,
+// which the caller keeps with its record and passes back; the locator's
+// meaning stays inside the tier.
+class BlockTier {
  public:
+  BlockTier() = default;
+  virtual ~BlockTier() = default;
+  BlockTier(const BlockTier&) = delete;
+  BlockTier& operator=(const BlockTier&) = delete;
+
+  // Thread-safe. What the tier is (status, metrics, the ABI).
+  virtual TierKind kind() const = 0;
   // Thread-safe. Short lowercase name for logs, status and metrics ("nvme").
   virtual std::string_view name() const = 0;
   // Thread-safe. Whether a block written and synced survives a restart.
   virtual bool durable() const = 0;
-  // Thread-safe. The largest payload one slot takes.
+  // Thread-safe. The largest payload one block may have.
   virtual uint64_t max_block_bytes() const = 0;
-  // What a block of `payload_bytes` costs the tier's capacity (header and
-  // rounding included): SlotBytes of the slot Allocate would give it.
-  virtual uint64_t SlotBytesFor(uint64_t payload_bytes) const { return payload_bytes; }
-  // Thread-safe. Tier::Write with a deadline and cancellation; `done` runs
-  // exactly once. src may be reused once Write returns.
-  virtual void Write(SlotHandle slot, const BlockMeta& meta, std::span<const std::byte> src, const IoOptions& io,
-                     IoCallback done) = 0;
-  // Thread-safe. Tier::Read with a deadline and cancellation; DataLoss when
-  // the slot does not hold exactly that block intact.
-  virtual void Read(SlotHandle slot, const BlockMeta& meta, std::span<std::byte> dst, const IoOptions& io,
-                    IoCallback done) = 0;
+  // Thread-safe. What a block of `payload_bytes` costs the tier's capacity
+  // (header and rounding included).
+  virtual uint64_t CostFor(uint64_t payload_bytes) const { return payload_bytes; }
+  // Thread-safe. Whether the tier is addressed by block identity alone: its
+  // Reserve hands out kKeyAddressed, it keeps no room per block for this
+  // node, and the caller keeps its own books of what it placed there
+  // (capacity is then the share of the tier this node may claim).
+  virtual bool addressed_by_key() const { return false; }
+  // Thread-safe. Room for the block `meta` describes: its locator, or
+  // kKeyAddressed for a tier addressed by key alone. InvalidArgument for a
+  // block the tier cannot take (0 bytes, over max_block_bytes);
+  // ResourceExhausted when the tier has no room (the caller evicts and
+  // retries; with code KVTIER_ENOSPC when evicting would not help).
+  virtual absl::StatusOr<BlockLocator> Reserve(const BlockMeta& meta) = 0;
+  // Thread-safe. This node keeps the block no longer: a tier with private
+  // room frees it (InvalidArgument for a locator not reserved); a tier
+  // addressed by key leaves the value, which belongs to every node.
+  virtual absl::Status Remove(BlockLocator at, const BlockMeta& meta) = 0;
+  // Thread-safe. What the block at `at` costs the tier's capacity; 0 for a
+  // locator not reserved or a tier addressed by key alone.
+  virtual uint64_t CostOf(BlockLocator at) const {
+    (void)at;
+    return 0;
+  }
+  // Thread-safe. Stores src as the block `meta` describes (at `at`, for a
+  // tier with private room); src may be reused once Put returns. `done` runs
+  // exactly once, on a tier thread or inline: OK once the block is durable
+  // where the tier is durable. An op not started by io's deadline, or
+  // cancelled first, fails with DeadlineExceeded or Cancelled.
+  virtual void Put(BlockLocator at, const BlockMeta& meta, std::span<const std::byte> src, const IoOptions& io,
+                   IoCallback done) = 0;
+  // Thread-safe. Copies the block `meta` describes into dst; `done` as for
+  // Put. DataLoss when the tier does not hold exactly that block intact
+  // (checksum, key, length): such a block is never served; NotFound where a
+  // tier addressed by key holds no such block. On failure dst's contents
+  // are unspecified.
+  virtual void Get(BlockLocator at, const BlockMeta& meta, std::span<std::byte> dst, const IoOptions& io,
+                   IoCallback done) = 0;
+  // Thread-safe. Which of `metas` the tier holds now; `done` runs once, at
+  // once or on a tier thread, by deadline_ns (MonotonicNanos; 0: the
+  // tier's own timeout), and an unanswered one counts as absent. A tier
+  // that is not shared answers none (its caller's books say what it holds).
+  virtual void Exists(std::span<const BlockMeta> metas, absl::AnyInvocable<void(std::vector<bool>) &&> done,
+                      uint64_t deadline_ns) {
+    (void)deadline_ns;
+    std::move(done)(std::vector<bool>(metas.size(), false));
+  }
+  // Thread-safe. Capacity, and for a tier with private room what is in use.
+  virtual TierUsage Usage() const = 0;
+  // Thread-safe.
+  virtual TierHealth Health() const = 0;
   // Thread-safe. Waits until every write so far is durable (at once for a
   // tier that is not durable, once its writes have landed).
   virtual absl::Status Sync() = 0;
@@ -107,22 +168,6 @@ class BlockTier : public Tier {
   // asks it (Exists) where its own books end a lookup's hit prefix, and a
   // block it already holds is not written again.
   virtual bool shared() const { return false; }
-  // Thread-safe. A handle for one write whose value the tier keeps on its
-  // own after the write (a shared tier's value belongs to the cluster, not to
-  // this node): the caller Frees it once the write is done, and a shared
-  // tier does not count it against its capacity, so writes for other nodes
-  // never wait for this node's own handles to be evicted. Other tiers: an
-  // Allocate.
-  virtual absl::StatusOr<SlotHandle> AllocateTransient(uint64_t bytes) { return Allocate(bytes); }
-  // Thread-safe. Which of `metas` the tier holds now; `done` runs once, at
-  // once or on a tier thread, by deadline_ns (MonotonicNanos; 0: the
-  // tier's own timeout), and an unanswered one counts as absent. A tier
-  // that is not shared answers none.
-  virtual void Exists(std::span<const BlockMeta> metas, absl::AnyInvocable<void(std::vector<bool>) &&> done,
-                      uint64_t deadline_ns) {
-    (void)deadline_ns;
-    std::move(done)(std::vector<bool>(metas.size(), false));
-  }
 
   // Thread-safe. The tier's own figures beyond BlockStats (a file tier's
   // scans and misses by cause), each by a short lowercase name, for status
@@ -132,14 +177,12 @@ class BlockTier : public Tier {
     (void)visit;
   }
 
-  // Tier's forms: no deadline, no cancellation.
-  void Write(SlotHandle slot, const BlockMeta& meta, std::span<const std::byte> src, IoPriority prio,
-             IoCallback done) final {
-    Write(slot, meta, src, IoOptions{.prio = prio}, std::move(done));
+  // Put and Get with a priority alone: no deadline, no cancellation.
+  void Put(BlockLocator at, const BlockMeta& meta, std::span<const std::byte> src, IoPriority prio, IoCallback done) {
+    Put(at, meta, src, IoOptions{.prio = prio}, std::move(done));
   }
-  void Read(SlotHandle slot, const BlockMeta& meta, std::span<std::byte> dst, IoPriority prio,
-            IoCallback done) final {
-    Read(slot, meta, dst, IoOptions{.prio = prio}, std::move(done));
+  void Get(BlockLocator at, const BlockMeta& meta, std::span<std::byte> dst, IoPriority prio, IoCallback done) {
+    Get(at, meta, dst, IoOptions{.prio = prio}, std::move(done));
   }
 };
 

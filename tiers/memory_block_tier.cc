@@ -30,21 +30,23 @@ MemoryBlockTier::~MemoryBlockTier() {
   worker_.join();
 }
 
-absl::StatusOr<SlotHandle> MemoryBlockTier::Allocate(uint64_t bytes) {
+absl::StatusOr<BlockLocator> MemoryBlockTier::Reserve(const BlockMeta& meta) {
+  const uint64_t bytes = meta.payload_bytes;
   if (bytes == 0 || bytes > opts_.max_block_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("a block of ", bytes, " bytes does not fit the ", opts_.name,
                                                    " tier (1 to ", opts_.max_block_bytes, " bytes)"));
   }
+  if (opts_.shared) return kKeyAddressed;
   MutexLock l(&mu_);
   if (used_bytes_ + bytes > opts_.capacity_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat("the ", opts_.name, " tier is full"));
   }
-  SlotHandle h;
+  BlockLocator h;
   if (!free_.empty()) {
     h = free_.back();
     free_.pop_back();
   } else {
-    h = static_cast<SlotHandle>(slots_.size());
+    h = static_cast<BlockLocator>(slots_.size());
     slots_.emplace_back();
   }
   Slot& s = slots_[h];
@@ -57,7 +59,8 @@ absl::StatusOr<SlotHandle> MemoryBlockTier::Allocate(uint64_t bytes) {
   return h;
 }
 
-absl::Status MemoryBlockTier::Free(SlotHandle slot) {
+absl::Status MemoryBlockTier::Remove(BlockLocator slot, const BlockMeta&) {
+  if (opts_.shared) return absl::OkStatus();  // the value is the cluster's
   MutexLock l(&mu_);
   if (!LiveLocked(slot)) return absl::InvalidArgumentError(absl::StrCat(opts_.name, " slot ", slot, " is not allocated"));
   Slot& s = slots_[slot];
@@ -68,23 +71,26 @@ absl::Status MemoryBlockTier::Free(SlotHandle slot) {
   return absl::OkStatus();
 }
 
-uint64_t MemoryBlockTier::SlotBytes(SlotHandle slot) const {
+uint64_t MemoryBlockTier::CostOf(BlockLocator slot) const {
   MutexLock l(&mu_);
-  return LiveLocked(slot) ? slots_[slot].bytes : 0;
+  return !opts_.shared && LiveLocked(slot) ? slots_[slot].bytes : 0;
 }
 
-bool MemoryBlockTier::LiveLocked(SlotHandle slot) const { return slot < slots_.size() && slots_[slot].allocated; }
+bool MemoryBlockTier::LiveLocked(BlockLocator slot) const { return slot < slots_.size() && slots_[slot].allocated; }
 
-void MemoryBlockTier::Write(SlotHandle slot, const BlockMeta& meta, std::span<const std::byte> src,
-                            const IoOptions& io, IoCallback done) {
+void MemoryBlockTier::Put(BlockLocator slot, const BlockMeta& meta, std::span<const std::byte> src,
+                          const IoOptions& io, IoCallback done) {
   Op op{.write = true, .slot = slot, .meta = meta, .io = io, .done = std::move(done)};
   absl::Status refused;
-  {
+  if (src.empty() || src.size() > opts_.max_block_bytes || meta.payload_bytes != src.size()) {
+    refused = absl::InvalidArgumentError(absl::StrCat("a block of ", src.size(), " bytes (", meta.payload_bytes,
+                                                      " in its meta) does not fit the ", opts_.name, " tier"));
+  } else if (!opts_.shared) {
     MutexLock l(&mu_);
     if (!LiveLocked(slot)) {
       refused = absl::InvalidArgumentError(absl::StrCat("write to ", opts_.name, " slot ", slot,
                                                         ", which is not allocated"));
-    } else if (src.empty() || src.size() > slots_[slot].bytes || meta.payload_bytes != src.size()) {
+    } else if (src.size() > slots_[slot].bytes) {
       refused = absl::InvalidArgumentError(absl::StrCat("a block of ", src.size(), " bytes does not fit ", opts_.name,
                                                         " slot ", slot, " of ", slots_[slot].bytes, " bytes"));
     } else {
@@ -100,11 +106,11 @@ void MemoryBlockTier::Write(SlotHandle slot, const BlockMeta& meta, std::span<co
   Enqueue(std::move(op));
 }
 
-void MemoryBlockTier::Read(SlotHandle slot, const BlockMeta& meta, std::span<std::byte> dst, const IoOptions& io,
-                           IoCallback done) {
+void MemoryBlockTier::Get(BlockLocator slot, const BlockMeta& meta, std::span<std::byte> dst, const IoOptions& io,
+                          IoCallback done) {
   Op op{.write = false, .slot = slot, .meta = meta, .dst = dst, .io = io, .done = std::move(done)};
-  bool live;
-  {
+  bool live = true;
+  if (!opts_.shared) {
     MutexLock l(&mu_);
     live = LiveLocked(slot);
     if (live) op.generation = slots_[slot].generation;
@@ -170,14 +176,14 @@ void MemoryBlockTier::Run() {
 
 absl::Status MemoryBlockTier::Execute(Op& op) {
   MutexLock l(&mu_);
-  const bool same = LiveLocked(op.slot) && slots_[op.slot].generation == op.generation;
+  const bool same = opts_.shared || (LiveLocked(op.slot) && slots_[op.slot].generation == op.generation);
   if (op.write) {
     if (!same) return absl::CancelledError(absl::StrCat(opts_.name, " slot was freed during the write"));
     const uint64_t only = fail_writes_tenant_.load(std::memory_order_relaxed);
     if (fail_writes_.load(std::memory_order_relaxed) && (only == 0 || only == op.meta.tenant_hash)) {
       return absl::UnavailableError(absl::StrCat(opts_.name, " refuses writes (a test's FailWrites)"));
     }
-    Slot& s = slots_[op.slot];
+    Slot& s = opts_.shared ? values_[KeyOf(op.meta)] : slots_[op.slot];
     s.data = std::move(op.src);
     s.meta = op.meta;
     s.xxh3 = XXH3_64bits(s.data.data(), s.data.size());
@@ -187,22 +193,13 @@ absl::Status MemoryBlockTier::Execute(Op& op) {
     return absl::OkStatus();
   }
   if (!same) return absl::NotFoundError(absl::StrCat(opts_.name, " slot ", op.slot, " was freed before the read"));
-  const Slot* found = &slots_[op.slot];
-  if (opts_.shared && !found->written) {
-    // A shared tier is addressed by the block's identity, as a cluster's
-    // keys are: a handle nothing was written through (an adopted block, a
-    // move that found the block there already) reads what another handle
-    // wrote under the same identity.
-    for (const Slot& other : slots_) {
-      if (other.allocated && other.written && other.meta.ns == op.meta.ns && other.meta.key == op.meta.key &&
-          other.meta.tenant_hash == op.meta.tenant_hash) {
-        found = &other;
-        break;
-      }
-    }
-    if (!found->written) {
-      return absl::NotFoundError(absl::StrCat("the block is not in the ", opts_.name, " tier"));
-    }
+  const Slot* found = nullptr;
+  if (opts_.shared) {
+    auto it = values_.find(KeyOf(op.meta));
+    if (it == values_.end()) return absl::NotFoundError(absl::StrCat("the block is not in the ", opts_.name, " tier"));
+    found = &it->second;
+  } else {
+    found = &slots_[op.slot];
   }
   const Slot& s = *found;
   const bool ok = s.written && s.meta.ns == op.meta.ns && s.meta.key == op.meta.key &&
@@ -210,8 +207,8 @@ absl::Status MemoryBlockTier::Execute(Op& op) {
                   XXH3_64bits(s.data.data(), s.data.size()) == s.xxh3;
   if (!ok) {
     checksum_failures_.fetch_add(1, std::memory_order_relaxed);
-    return absl::DataLossError(absl::StrCat(opts_.name, " slot ", op.slot,
-                                            " does not hold that block intact; the block is not served"));
+    return absl::DataLossError(
+        absl::StrCat("the ", opts_.name, " tier does not hold that block intact; the block is not served"));
   }
   std::memcpy(op.dst.data(), s.data.data(), s.data.size());
   reads_.fetch_add(1, std::memory_order_relaxed);
@@ -260,7 +257,17 @@ BlockTierStats MemoryBlockTier::BlockStats() const {
                         .abandoned = abandoned_.load(std::memory_order_relaxed)};
 }
 
-absl::Status MemoryBlockTier::CorruptPayload(SlotHandle slot, uint64_t offset) {
+absl::Status MemoryBlockTier::CorruptValue(const BlockMeta& meta, uint64_t offset) {
+  MutexLock l(&mu_);
+  auto it = values_.find(KeyOf(meta));
+  if (it == values_.end() || offset >= it->second.data.size()) {
+    return absl::InvalidArgumentError("no written value byte there");
+  }
+  it->second.data[offset] ^= std::byte{0x5a};
+  return absl::OkStatus();
+}
+
+absl::Status MemoryBlockTier::CorruptPayload(BlockLocator slot, uint64_t offset) {
   MutexLock l(&mu_);
   if (!LiveLocked(slot) || !slots_[slot].written || offset >= slots_[slot].data.size()) {
     return absl::InvalidArgumentError("no written payload byte there");
@@ -278,13 +285,8 @@ void MemoryBlockTier::Exists(std::span<const BlockMeta> metas, absl::AnyInvocabl
   if (opts_.shared) {
     MutexLock l(&mu_);
     for (size_t i = 0; i < metas.size(); ++i) {
-      for (const Slot& s : slots_) {
-        if (s.allocated && s.written && s.meta.ns == metas[i].ns && s.meta.key == metas[i].key &&
-            s.meta.tenant_hash == metas[i].tenant_hash && s.meta.payload_bytes == metas[i].payload_bytes) {
-          present[i] = true;
-          break;
-        }
-      }
+      auto it = values_.find(KeyOf(metas[i]));
+      present[i] = it != values_.end() && it->second.meta.payload_bytes == metas[i].payload_bytes;
     }
   }
   std::move(done)(std::move(present));

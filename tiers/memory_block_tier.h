@@ -17,8 +17,10 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "core/mutex.h"
 #include "tiers/block_tier.h"
 
@@ -32,13 +34,13 @@ struct MemoryBlockTierOptions {
   TierKind kind = TierKind::kNvme;
   std::string name = "memory";
   uint64_t op_latency_ns = 0;   // each op takes at least this long
-  // Stands for a tier other nodes write too (shared(): the store asks it
-  // past its local prefix and publishes to it). Exists answers from the
-  // values written and not freed (after op_latency_ns, on the caller's
-  // thread), and a read through a handle nothing was written through
-  // answers with the value written under the block's identity through
-  // another, as a cluster's GET by key does; a freed value is gone, unlike
-  // a cluster's.
+  // Stands for a tier other nodes write too, addressed by key alone
+  // (shared(), addressed_by_key()): values are kept by the block's identity
+  // (tenant, namespace, key), as a cluster's keys are; Reserve only checks
+  // the size, Remove leaves the value, and capacity_bytes is not enforced
+  // here (the store keeps the books of what this node claims). Exists
+  // answers from the values written (after op_latency_ns, on the caller's
+  // thread).
   bool shared = false;
 };
 
@@ -48,16 +50,17 @@ class MemoryBlockTier final : public BlockTier {
   ~MemoryBlockTier() override;  // runs what is queued first
 
   TierKind kind() const override { return opts_.kind; }
-  // ResourceExhausted when `bytes` more would pass the capacity.
-  absl::StatusOr<SlotHandle> Allocate(uint64_t bytes) override;
-  absl::Status Free(SlotHandle slot) override;
-  uint64_t SlotBytes(SlotHandle slot) const override;
-  using BlockTier::Read;
-  using BlockTier::Write;
-  void Write(SlotHandle slot, const BlockMeta& meta, std::span<const std::byte> src, const IoOptions& io,
-             IoCallback done) override;
-  void Read(SlotHandle slot, const BlockMeta& meta, std::span<std::byte> dst, const IoOptions& io,
-            IoCallback done) override;
+  // ResourceExhausted when the block would pass the capacity (not shared).
+  absl::StatusOr<BlockLocator> Reserve(const BlockMeta& meta) override;
+  absl::Status Remove(BlockLocator at, const BlockMeta& meta) override;
+  uint64_t CostOf(BlockLocator at) const override;
+  bool addressed_by_key() const override { return opts_.shared; }
+  using BlockTier::Get;
+  using BlockTier::Put;
+  void Put(BlockLocator at, const BlockMeta& meta, std::span<const std::byte> src, const IoOptions& io,
+           IoCallback done) override;
+  void Get(BlockLocator at, const BlockMeta& meta, std::span<std::byte> dst, const IoOptions& io,
+           IoCallback done) override;
   TierUsage Usage() const override;
   TierHealth Health() const override { return TierHealth::kHealthy; }
 
@@ -74,8 +77,11 @@ class MemoryBlockTier final : public BlockTier {
   // Nothing to calibrate: every read is timed, and reads cost what memcpy does.
   uint32_t CalibrationRead(uint32_t) override { return 0; }
 
-  // For tests. Flips one byte of the payload in `slot` (a damaged copy).
-  absl::Status CorruptPayload(SlotHandle slot, uint64_t offset);
+  // For tests. Flips one byte of the payload at `at` (a damaged copy).
+  absl::Status CorruptPayload(BlockLocator at, uint64_t offset);
+  // For tests, a shared tier. Flips one byte of the value under `meta`'s
+  // identity.
+  absl::Status CorruptValue(const BlockMeta& meta, uint64_t offset);
   // For tests. While set, every write fails (Unavailable), as a cluster
   // that is down or full answers; with `tenant_hash`, only that tenant's
   // (as a cluster answers a tenant whose user was revoked).
@@ -102,7 +108,7 @@ class MemoryBlockTier final : public BlockTier {
   };
   struct Op {
     bool write = false;
-    SlotHandle slot = 0;
+    BlockLocator slot = 0;
     uint64_t generation = 0;
     BlockMeta meta;
     std::vector<std::byte> src;  // a write's copy of the caller's bytes
@@ -116,7 +122,9 @@ class MemoryBlockTier final : public BlockTier {
   void Enqueue(Op op);
   void Run();
   absl::Status Execute(Op& op);
-  bool LiveLocked(SlotHandle slot) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool LiveLocked(BlockLocator slot) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  using ValueKey = std::tuple<uint64_t, BlockKey, BlockKey>;  // tenant hash, namespace, key
+  static ValueKey KeyOf(const BlockMeta& m) { return {m.tenant_hash, m.ns, m.key}; }
 
   const MemoryBlockTierOptions opts_;
   ReadObserver read_observer_;
@@ -124,7 +132,8 @@ class MemoryBlockTier final : public BlockTier {
   mutable Mutex mu_;
   std::condition_variable_any cv_;
   std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);
-  std::vector<SlotHandle> free_ ABSL_GUARDED_BY(mu_);
+  std::vector<BlockLocator> free_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<ValueKey, Slot> values_ ABSL_GUARDED_BY(mu_);  // shared: by identity
   uint64_t used_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t used_slots_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t last_generation_ ABSL_GUARDED_BY(mu_) = 0;

@@ -634,8 +634,9 @@ bool NvmeTier::DeviceFull() const {
   return read_only_ || MonotonicNanos() < full_until_ns_.load(std::memory_order_relaxed);
 }
 
-absl::StatusOr<SlotHandle> NvmeTier::Allocate(uint64_t bytes) {
-  const uint64_t need = SlotBytesFor(bytes);
+absl::StatusOr<BlockLocator> NvmeTier::Reserve(const BlockMeta& meta) {
+  const uint64_t bytes = meta.payload_bytes;
+  const uint64_t need = CostFor(bytes);
   if (bytes == 0 || need > opts_.segment_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("a block of ", FormatBytes(bytes),
                                                    " does not fit an NVMe segment of ",
@@ -679,7 +680,7 @@ absl::StatusOr<SlotHandle> NvmeTier::Allocate(uint64_t bytes) {
   return Handle(pick, idx);
 }
 
-absl::Status NvmeTier::Free(SlotHandle slot) {
+absl::Status NvmeTier::Remove(BlockLocator slot, const BlockMeta&) {
   const uint32_t sg = SegmentOf(slot), idx = IndexOf(slot);
   MutexLock l(&mu_);
   if (sg >= segments_.size() || idx >= segments_[sg].slots.size() || !segments_[sg].slots[idx].allocated) {
@@ -698,7 +699,7 @@ absl::Status NvmeTier::Free(SlotHandle slot) {
   return absl::OkStatus();
 }
 
-uint64_t NvmeTier::SlotBytes(SlotHandle slot) const {
+uint64_t NvmeTier::CostOf(BlockLocator slot) const {
   const uint32_t sg = SegmentOf(slot), idx = IndexOf(slot);
   MutexLock l(&mu_);
   if (sg >= segments_.size() || idx >= segments_[sg].slots.size() || !segments_[sg].slots[idx].allocated) return 0;
@@ -715,7 +716,7 @@ std::optional<NvmeTier::SlotPlace> NvmeTier::Locate(SlotHandle slot) const {
   return SlotPlace{seg.slots[idx].generation, seg.file_offset + idx * seg.slot_bytes, seg.slot_bytes, seg.file};
 }
 
-void NvmeTier::Write(SlotHandle slot, const BlockMeta& meta, std::span<const std::byte> src, const IoOptions& io,
+void NvmeTier::Put(BlockLocator slot, const BlockMeta& meta, std::span<const std::byte> src, const IoOptions& io,
                      IoCallback done) {
   const IoPriority prio = io.prio;
   const uint32_t sg = SegmentOf(slot), idx = IndexOf(slot);
@@ -827,7 +828,7 @@ void NvmeTier::Write(SlotHandle slot, const BlockMeta& meta, std::span<const std
   engine_->Submit(std::move(op));
 }
 
-void NvmeTier::Read(SlotHandle slot, const BlockMeta& meta, std::span<std::byte> dst, const IoOptions& io,
+void NvmeTier::Get(BlockLocator slot, const BlockMeta& meta, std::span<std::byte> dst, const IoOptions& io,
                     IoCallback done) {
   const IoPriority prio = io.prio;
   const uint32_t sg = SegmentOf(slot), idx = IndexOf(slot);

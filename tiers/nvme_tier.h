@@ -105,22 +105,23 @@ class NvmeTier final : public BlockTier {
   ~NvmeTier() override;  // drains I/O, makes the journal durable
 
   TierKind kind() const override { return TierKind::kNvme; }
-  // A slot for a payload of `bytes`. ResourceExhausted when no segment has
-  // room; InvalidArgument for a block larger than a segment.
-  absl::StatusOr<SlotHandle> Allocate(uint64_t bytes) override;
-  absl::Status Free(SlotHandle slot) override;
-  uint64_t SlotBytes(SlotHandle slot) const override;
+  // A slot for the block (its locator). ResourceExhausted when no segment
+  // has room; InvalidArgument for a block larger than a segment.
+  absl::StatusOr<BlockLocator> Reserve(const BlockMeta& meta) override;
+  // Frees the slot (journalled); InvalidArgument for one not reserved.
+  absl::Status Remove(BlockLocator slot, const BlockMeta& meta) override;
+  uint64_t CostOf(BlockLocator slot) const override;
   // Writes header + payload through a staging run; done after the journal
   // record is durable. Demotions never wait for staging: they fail with
   // ResourceExhausted when it is short (or the device is full).
   // An op's deadline and token are checked when it is called and again when
   // the I/O engine takes it off its queue.
-  using BlockTier::Read;
-  using BlockTier::Write;
-  void Write(SlotHandle slot, const BlockMeta& meta, std::span<const std::byte> src, const IoOptions& io,
-             IoCallback done) override;
-  void Read(SlotHandle slot, const BlockMeta& meta, std::span<std::byte> dst, const IoOptions& io,
-            IoCallback done) override;
+  using BlockTier::Get;
+  using BlockTier::Put;
+  void Put(BlockLocator slot, const BlockMeta& meta, std::span<const std::byte> src, const IoOptions& io,
+           IoCallback done) override;
+  void Get(BlockLocator slot, const BlockMeta& meta, std::span<std::byte> dst, const IoOptions& io,
+           IoCallback done) override;
   TierUsage Usage() const override;
   TierHealth Health() const override;
 
@@ -137,7 +138,7 @@ class NvmeTier final : public BlockTier {
   // Everything BlockStats says, and the engine, journal and recovery.
   NvmeStats Stats() const;
   uint64_t max_block_bytes() const override { return opts_.segment_bytes - kSectorBytes; }
-  uint64_t SlotBytesFor(uint64_t payload_bytes) const override { return kvtier::SlotBytesFor(payload_bytes); }
+  uint64_t CostFor(uint64_t payload_bytes) const override { return kvtier::SlotBytesFor(payload_bytes); }
 
   // The observer sees block reads and calibration reads.
   void SetReadObserver(ReadObserver observer) override { read_observer_ = std::move(observer); }

@@ -187,7 +187,7 @@ absl::StatusOr<std::string> MakeRemoteValue(const BlockMeta& meta, std::span<con
 }
 
 RemoteTier::RemoteTier(const RemoteTierOptions& opts)
-    : opts_(opts), handles_(opts.name, opts.capacity_bytes, opts.max_block_bytes) {}
+    : opts_(opts) {}
 
 absl::StatusOr<std::unique_ptr<RemoteTier>> RemoteTier::Create(const RemoteTierOptions& opts) {
   if (opts.tenants.empty()) return absl::InvalidArgumentError("the remote tier has no tenant credentials");
@@ -247,17 +247,13 @@ const RemoteTier::TenantLink* RemoteTier::LinkFor(uint64_t tenant_hash) const {
   return nullptr;
 }
 
-absl::StatusOr<SlotHandle> RemoteTier::Allocate(uint64_t bytes) {
-  return handles_.Allocate(bytes, SlotBytesFor(bytes), false);
+absl::StatusOr<BlockLocator> RemoteTier::Reserve(const BlockMeta& meta) {
+  if (meta.payload_bytes == 0 || meta.payload_bytes > opts_.max_block_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("a block of ", meta.payload_bytes, " bytes does not fit the ",
+                                                   opts_.name, " tier (1 to ", opts_.max_block_bytes, " bytes)"));
+  }
+  return kKeyAddressed;
 }
-
-absl::StatusOr<SlotHandle> RemoteTier::AllocateTransient(uint64_t bytes) {
-  return handles_.Allocate(bytes, SlotBytesFor(bytes), true);
-}
-
-absl::Status RemoteTier::Free(SlotHandle slot) { return handles_.Free(slot); }
-
-uint64_t RemoteTier::SlotBytes(SlotHandle slot) const { return handles_.SlotBytes(slot); }
 
 void RemoteTier::Began(bool write) {
   MutexLock l(&mu_);
@@ -286,13 +282,13 @@ void RemoteTier::CountMiss(const absl::Status& s) {
   }
 }
 
-void RemoteTier::Write(SlotHandle slot, const BlockMeta& meta, std::span<const std::byte> src, const IoOptions& io,
+void RemoteTier::Put(BlockLocator, const BlockMeta& meta, std::span<const std::byte> src, const IoOptions& io,
                        IoCallback done) {
-  const uint64_t cost = SlotBytes(slot);
-  if (cost == 0 || src.empty() || src.size() != meta.payload_bytes || cost < SlotBytesFor(src.size())) {
+  if (src.empty() || src.size() != meta.payload_bytes || src.size() > opts_.max_block_bytes) {
     writes_refused_.fetch_add(1, std::memory_order_relaxed);
-    std::move(done)(absl::InvalidArgumentError(absl::StrCat("a write of ", src.size(), " bytes into slot ", slot,
-                                                            " of the ", opts_.name, " tier, which holds ", cost)));
+    std::move(done)(absl::InvalidArgumentError(absl::StrCat("a write of ", src.size(), " bytes (", meta.payload_bytes,
+                                                            " in its meta) to the ", opts_.name, " tier, which takes 1 to ",
+                                                            opts_.max_block_bytes)));
     return;
   }
   const TenantLink* link = LinkFor(meta.tenant_hash);
@@ -397,7 +393,7 @@ void RemoteTier::LedgerFailed(const TenantLink& link, const absl::Status& why) {
 }
 
 std::string RemoteTier::LedgerMember(const BlockMeta& meta) const {
-  return absl::StrCat(SlotBytesFor(meta.payload_bytes) + kLedgerEntryBytes, ":", meta.ns.Hex(), ":", meta.key.Hex());
+  return absl::StrCat(CostFor(meta.payload_bytes) + kLedgerEntryBytes, ":", meta.ns.Hex(), ":", meta.key.Hex());
 }
 
 RedisCommand RemoteTier::LedgerCommand(const TenantLink& link, const std::vector<std::string>& added) {
@@ -463,14 +459,15 @@ void RemoteTier::SubmitSet(const TenantLink& link, RedisCommand cmd, uint64_t by
       deadline_ns, std::move(cancel));
 }
 
-void RemoteTier::Read(SlotHandle slot, const BlockMeta& meta, std::span<std::byte> dst, const IoOptions& io,
+void RemoteTier::Get(BlockLocator, const BlockMeta& meta, std::span<std::byte> dst, const IoOptions& io,
                       IoCallback done) {
   const TenantLink* link = LinkFor(meta.tenant_hash);
-  if (SlotBytes(slot) == 0 || dst.size() < meta.payload_bytes || link == nullptr) {
+  if (meta.payload_bytes == 0 || meta.payload_bytes > opts_.max_block_bytes || dst.size() < meta.payload_bytes ||
+      link == nullptr) {
     miss_other_.fetch_add(1, std::memory_order_relaxed);
     std::move(done)(absl::InvalidArgumentError(absl::StrCat(
-        "a read of slot ", slot, " of the ", opts_.name, " tier: ",
-        link == nullptr ? "no credentials for the block's tenant" : "no such slot, or a buffer too small")));
+        "a read of ", meta.payload_bytes, " bytes from the ", opts_.name, " tier: ",
+        link == nullptr ? "no credentials for the block's tenant" : "a length out of range, or a buffer too small")));
     return;
   }
   std::string key = KeyFor(link->name, meta);
@@ -585,7 +582,9 @@ void RemoteTier::Exists(std::span<const BlockMeta> metas, absl::AnyInvocable<voi
   arrive(0, false);  // the +1
 }
 
-TierUsage RemoteTier::Usage() const { return handles_.Usage(); }
+TierUsage RemoteTier::Usage() const {
+  return TierUsage{.capacity_bytes = opts_.capacity_bytes};  // what this node claims is in the store's books
+}
 
 TierHealth RemoteTier::Health() const {
   TierHealth worst = TierHealth::kHealthy;
@@ -609,10 +608,7 @@ void RemoteTier::Drain() {
 
 BlockTierStats RemoteTier::BlockStats() const {
   BlockTierStats s;
-  const TierUsage u = handles_.Usage();
-  s.capacity_bytes = u.capacity_bytes;
-  s.used_bytes = u.used_bytes;
-  s.used_slots = u.used_slots;
+  s.capacity_bytes = opts_.capacity_bytes;
   {
     MutexLock l(&mu_);
     s.in_flight = reads_in_flight_ + writes_in_flight_;

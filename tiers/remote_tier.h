@@ -23,10 +23,11 @@
 // blocks (a read moves a block to the young end), never another tenant's:
 // one tenant's flood costs itself. Without budgets the cluster's maxmemory
 // policy evicts across every tenant's keys; a block written here may be
-// gone at the next read (NotFound, a miss) either way. The tier's slots
-// are only kvtier's handles on what it wrote, bounded
-// by capacity_bytes; Free forgets a handle and leaves the value to the
-// cluster, where other nodes may still read it. Not durable. Every read and
+// gone at the next read (NotFound, a miss) either way. The tier is
+// addressed by the block's identity alone: the store keeps the books of
+// what this node placed there (bounded by capacity_bytes), and Remove
+// leaves the value to the cluster, where other nodes may still read it.
+// Not durable. Every read and
 // write has a deadline (op_timeout_ms unless the caller gives one); any
 // error or timeout fails the op, never returns part of a block, and never
 // waits on a node that is down (RedisCluster).
@@ -43,7 +44,6 @@
 #include "absl/container/flat_hash_map.h"
 #include "core/mutex.h"
 #include "tiers/block_tier.h"
-#include "tiers/handle_table.h"
 #include "tiers/redis_cluster.h"
 #include "tiers/remote_defaults.h"
 #include "tiers/value_seal.h"
@@ -114,7 +114,7 @@ struct RemoteTierOptions {
   std::string key_prefix = remote_defaults::kKeyPrefix;
   std::string name = "remote";
   TierKind kind = TierKind::kRemote;  // what lookups report a block here as
-  uint64_t capacity_bytes = remote_defaults::kCapacityBytes;  // handles kvtier keeps on what it wrote
+  uint64_t capacity_bytes = remote_defaults::kCapacityBytes;  // what this node may place there (the store's books)
   uint64_t max_block_bytes = 64ull << 20;
   uint64_t op_timeout_ms = remote_defaults::kOpTimeoutMs;  // a read or write's deadline when its caller gives none
   uint64_t connect_timeout_ms = remote_defaults::kConnectTimeoutMs;
@@ -142,19 +142,21 @@ class RemoteTier final : public BlockTier {
   std::string KeyFor(const std::string& tenant, const BlockMeta& meta) const;
 
   TierKind kind() const override { return opts_.kind; }
-  absl::StatusOr<SlotHandle> Allocate(uint64_t bytes) override;
-  absl::Status Free(SlotHandle slot) override;
-  absl::StatusOr<SlotHandle> AllocateTransient(uint64_t bytes) override;
-  uint64_t SlotBytes(SlotHandle slot) const override;
-  uint64_t SlotBytesFor(uint64_t payload_bytes) const override { return payload_bytes + sizeof(RemoteValueHeader); }
-  using BlockTier::Read;
-  using BlockTier::Write;
-  void Write(SlotHandle slot, const BlockMeta& meta, std::span<const std::byte> src, const IoOptions& io,
-             IoCallback done) override;
+  // Addressed by key alone: Reserve only checks the size, Remove leaves the
+  // value (it belongs to every node), and the store keeps the books of what
+  // this node placed here against capacity_bytes.
+  bool addressed_by_key() const override { return true; }
+  absl::StatusOr<BlockLocator> Reserve(const BlockMeta& meta) override;
+  absl::Status Remove(BlockLocator, const BlockMeta&) override { return absl::OkStatus(); }
+  uint64_t CostFor(uint64_t payload_bytes) const override { return payload_bytes + sizeof(RemoteValueHeader); }
+  using BlockTier::Get;
+  using BlockTier::Put;
+  void Put(BlockLocator at, const BlockMeta& meta, std::span<const std::byte> src, const IoOptions& io,
+           IoCallback done) override;
   // NotFound when the cluster no longer holds the block; DataLoss when the
   // value does not prove itself (then it is deleted).
-  void Read(SlotHandle slot, const BlockMeta& meta, std::span<std::byte> dst, const IoOptions& io,
-            IoCallback done) override;
+  void Get(BlockLocator at, const BlockMeta& meta, std::span<std::byte> dst, const IoOptions& io,
+           IoCallback done) override;
   // Which of `metas` the cluster holds now (pipelined EXISTS, one round trip
   // per node touched); an unanswered one counts as absent. `done` runs once,
   // on a cluster thread.
@@ -234,7 +236,6 @@ class RemoteTier final : public BlockTier {
   const RemoteTierOptions opts_;
   std::vector<TenantLink> tenants_;  // fixed after Create
 
-  HandleTable handles_;
   mutable Mutex mu_;
   uint64_t reads_in_flight_ ABSL_GUARDED_BY(mu_) = 0, writes_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   std::condition_variable_any idle_;

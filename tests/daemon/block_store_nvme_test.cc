@@ -746,12 +746,11 @@ TEST_F(BlockStoreNvmeTest, AValueBelowThatDoesNotOpenDoesNotCostTheGoodCopy) {
                          .block_tokens = s->ns.block_tokens};
     std::vector<std::byte> bytes(kBlock);
     testing::FillFromKey(meta.key, bytes);
-    const SlotHandle slot = *memory_->Allocate(kBlock);
     std::promise<absl::Status> wrote;
-    memory_->Write(slot, meta, bytes, IoPriority::kDemote, [&](absl::Status st) { wrote.set_value(st); });
+    memory_->Put(kKeyAddressed, meta, bytes, IoPriority::kDemote, [&](absl::Status st) { wrote.set_value(st); });
     ASSERT_TRUE(wrote.get_future().get().ok());
     if (i < 8) {
-      ASSERT_TRUE(memory_->CorruptPayload(slot, 4096 + i).ok());
+      ASSERT_TRUE(memory_->CorruptValue(meta, 4096 + i).ok());
     }
   }
   const uint64_t planted_writes = memory_->BlockStats().writes;
@@ -1450,9 +1449,8 @@ TEST_F(BlockStoreNvmeTest, ATenantIndexesAtMostItsRecordsFromTheSharedTier) {
                          .tenant_hash = TenantHash("alice"), .block_tokens = s->ns.block_tokens};
     std::vector<std::byte> bytes(kBlock);
     testing::FillFromKey(keys.back(), bytes);
-    SlotHandle slot = *memory_->Allocate(kBlock);
     std::promise<absl::Status> wrote;
-    memory_->Write(slot, meta, bytes, IoPriority::kDemote, [&](absl::Status st) { wrote.set_value(st); });
+    memory_->Put(kKeyAddressed, meta, bytes, IoPriority::kDemote, [&](absl::Status st) { wrote.set_value(st); });
     ASSERT_TRUE(wrote.get_future().get().ok());
   }
   std::vector<BlockLocation> out(keys.size());

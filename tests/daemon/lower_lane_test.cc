@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <deque>
+#include <future>
+#include <set>
 
 #include "tiers/memory_block_tier.h"
 
@@ -28,7 +30,7 @@ class LowerLaneTest : public ::testing::Test {
   // A block of `tenant` stored in the lane, newest in the policy.
   SlotHandle Put(uint16_t tenant) {
     MutexLock l(&lane_->mu);
-    absl::StatusOr<SlotHandle> slot = lane_->tier->Allocate(kBlock);
+    absl::StatusOr<SlotHandle> slot = lane_->ReserveLocked(BlockMeta{.payload_bytes = kBlock});
     EXPECT_TRUE(slot.ok()) << slot.status();
     BlockRecord& r = records_.emplace_back();
     r.tenant = tenant;
@@ -63,7 +65,7 @@ TEST_F(LowerLaneTest, KeepsEachTenantsUseAndGivesSlotsBack) {
   EXPECT_EQ(lane_->use(1).bytes, kBlock);
   EXPECT_EQ(lane_->use(7).bytes, 0u) << "a tenant the lane has not seen uses nothing";
   lane_->policy->Remove(a);
-  lane_->FreeSlotLocked(0, a, kBlock, 16);
+  lane_->ReleaseLocked(0, a, BlockMeta{.payload_bytes = kBlock, .block_tokens = 16});
   EXPECT_EQ(lane_->use(0).bytes, kBlock);
   EXPECT_EQ(lane_->use(0).tokens, 16u);
   EXPECT_FALSE(lane_->owner.contains(a));
@@ -126,6 +128,58 @@ TEST_F(LowerLaneTest, OverItsQuotaATenantPaysOnlyWithItsOwn) {
   const LowerLane::Victim w = Pick(0);
   ASSERT_TRUE(w.slot.has_value());
   EXPECT_EQ(*w.slot, one[0]);
+}
+
+// A tier addressed by key alone (a shared tier): the lane numbers the
+// blocks itself, bounds what this node places there by the tier's
+// capacity, and letting a block go leaves its value to the other nodes.
+TEST(KeyedLowerLaneTest, TheLaneKeepsTheBooksAndTheValuesStay) {
+  auto made = MemoryBlockTier::Create({.capacity_bytes = 3 * kBlock, .name = "shared", .shared = true});
+  ASSERT_TRUE(made.ok());
+  MemoryBlockTier* tier = made->get();
+  LowerLane lane(0, std::move(*made), MakeSparseLruPolicy(), /*tenants=*/1, /*configured_tenants=*/1);
+  ASSERT_TRUE(lane.keyed());
+  auto meta = [](uint8_t k) {
+    BlockMeta m{.payload_bytes = kBlock, .tenant_hash = 7, .block_tokens = 16};
+    m.key.bytes[0] = k;
+    return m;
+  };
+  MutexLock l(&lane.mu);
+  std::vector<SlotHandle> handles;
+  for (uint8_t k = 0; k < 3; ++k) {
+    absl::StatusOr<SlotHandle> h = lane.ReserveLocked(meta(k));
+    ASSERT_TRUE(h.ok()) << h.status();
+    EXPECT_EQ(lane.LocatorOf(*h), kKeyAddressed) << "the tier is handed no locator of the lane's";
+    lane.ChargeLocked(0, *h, kBlock, 16, +1);
+    handles.push_back(*h);
+  }
+  EXPECT_EQ(std::set<SlotHandle>(handles.begin(), handles.end()).size(), 3u) << "each block its own handle";
+  const TierUsage full = lane.UsageLocked();
+  EXPECT_EQ(full.used_slots, 3u);
+  EXPECT_EQ(full.used_bytes, 3 * kBlock);
+  EXPECT_EQ(lane.use(0).slot_bytes, 3 * kBlock);
+  absl::StatusOr<SlotHandle> over = lane.ReserveLocked(meta(3));
+  EXPECT_TRUE(absl::IsResourceExhausted(over.status())) << "past this node's share of the tier";
+  EXPECT_TRUE(absl::IsInvalidArgument(lane.ReserveLocked(BlockMeta{}).status())) << "an empty block";
+
+  // A value written under block 1's identity outlives this node's handle.
+  std::vector<std::byte> bytes(kBlock, std::byte{0x42});
+  std::promise<absl::Status> wrote;
+  tier->Put(lane.LocatorOf(handles[1]), meta(1), bytes, IoPriority::kDemote,
+            [&](absl::Status s) { wrote.set_value(s); });
+  ASSERT_TRUE(wrote.get_future().get().ok());
+  lane.ReleaseLocked(0, handles[1], meta(1));
+  EXPECT_EQ(lane.UsageLocked().used_bytes, 2 * kBlock);
+  EXPECT_EQ(lane.use(0).blocks, 2u);
+  EXPECT_EQ(lane.CostOfLocked(handles[1]), 0u) << "a handle let go costs nothing";
+  std::vector<std::byte> got(kBlock);
+  std::promise<absl::Status> read;
+  tier->Get(kKeyAddressed, meta(1), got, IoPriority::kLoad, [&](absl::Status s) { read.set_value(s); });
+  ASSERT_TRUE(read.get_future().get().ok()) << "the value is the cluster's, not this node's";
+  EXPECT_EQ(got, bytes);
+  absl::StatusOr<SlotHandle> again = lane.ReserveLocked(meta(4));
+  ASSERT_TRUE(again.ok()) << "room again once a handle is let go";
+  EXPECT_EQ(*again, handles[1]) << "handles are reused";
 }
 
 }  // namespace

@@ -49,17 +49,17 @@ class BlockTierTest : public ::testing::TestWithParam<std::string> {
   }
   absl::Status Write(SlotHandle slot, const BlockMeta& meta, std::span<const std::byte> src, IoOptions io = {}) {
     std::promise<absl::Status> p;
-    tier_->Write(slot, meta, src, io, [&](absl::Status s) { p.set_value(s); });
+    tier_->Put(slot, meta, src, io, [&](absl::Status s) { p.set_value(s); });
     return p.get_future().get();
   }
   absl::Status Read(SlotHandle slot, const BlockMeta& meta, std::span<std::byte> dst, IoOptions io = {}) {
     std::promise<absl::Status> p;
-    tier_->Read(slot, meta, dst, io, [&](absl::Status s) { p.set_value(s); });
+    tier_->Get(slot, meta, dst, io, [&](absl::Status s) { p.set_value(s); });
     return p.get_future().get();
   }
   // Allocates a slot and writes block `key` of `bytes` into it.
   SlotHandle Put(uint64_t key, uint64_t bytes) {
-    absl::StatusOr<SlotHandle> slot = tier_->Allocate(bytes);
+    absl::StatusOr<SlotHandle> slot = tier_->Reserve(BlockMeta{.payload_bytes = bytes});
     EXPECT_TRUE(slot.ok()) << slot.status();
     const std::vector<std::byte> data = Payload(key, bytes);
     EXPECT_TRUE(Write(*slot, Meta(key, bytes), data).ok());
@@ -74,7 +74,7 @@ TEST_P(BlockTierTest, BlocksComeBackByteExact) {
   EXPECT_EQ(tier_->name(), GetParam());
   for (uint64_t bytes : {uint64_t{4096}, uint64_t{16384}, uint64_t{12345}}) {
     const SlotHandle slot = Put(bytes, bytes);
-    EXPECT_GE(tier_->SlotBytes(slot), bytes);
+    EXPECT_GE(tier_->CostOf(slot), bytes);
     std::vector<std::byte> back(bytes);
     ASSERT_TRUE(Read(slot, Meta(bytes, bytes), back).ok()) << bytes;
     EXPECT_TRUE(testing::MatchesKey(KeyOf(bytes), back)) << bytes;
@@ -99,8 +99,8 @@ TEST_P(BlockTierTest, ACopyThatIsNotTheBlockAskedForIsDataLoss) {
 
 TEST_P(BlockTierTest, AFreedOrReusedSlotServesNothingOld) {
   const SlotHandle slot = Put(1, 8192);
-  ASSERT_TRUE(tier_->Free(slot).ok());
-  EXPECT_FALSE(tier_->Free(slot).ok()) << "a second free is refused";
+  ASSERT_TRUE(tier_->Remove(slot, BlockMeta{}).ok());
+  EXPECT_FALSE(tier_->Remove(slot, BlockMeta{}).ok()) << "a second free is refused";
   std::vector<std::byte> back(8192);
   EXPECT_FALSE(Read(slot, Meta(1, 8192), back).ok());
   // The slot, reused for another block, never serves the first one.
@@ -133,16 +133,16 @@ TEST_P(BlockTierTest, CancelledAndLateOpsFailWithoutTouchingTheBlock) {
 TEST_P(BlockTierTest, AFullTierRefusesAndTakesBlocksAgainOnceFreed) {
   std::vector<SlotHandle> slots;
   absl::StatusOr<SlotHandle> s;
-  while ((s = tier_->Allocate(64 << 10)).ok()) {
+  while ((s = tier_->Reserve(BlockMeta{.payload_bytes = 64 << 10})).ok()) {
     slots.push_back(*s);
     ASSERT_LT(slots.size(), 1000u) << "the tier never filled";
   }
   EXPECT_EQ(s.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_GE(slots.size(), 40u) << "4 MiB holds about 60 blocks of 64 KiB";
   EXPECT_LE(tier_->Usage().used_bytes, kCapacity);
-  ASSERT_TRUE(tier_->Free(slots.back()).ok());
-  EXPECT_TRUE(tier_->Allocate(64 << 10).ok());
-  EXPECT_EQ(tier_->Allocate(tier_->max_block_bytes() + 1).status().code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(tier_->Remove(slots.back(), BlockMeta{}).ok());
+  EXPECT_TRUE(tier_->Reserve(BlockMeta{.payload_bytes = 64 << 10}).ok());
+  EXPECT_EQ(tier_->Reserve(BlockMeta{.payload_bytes = tier_->max_block_bytes() + 1}).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_P(BlockTierTest, SyncReturnsOnceEveryWriteHasLanded) {
@@ -152,10 +152,10 @@ TEST_P(BlockTierTest, SyncReturnsOnceEveryWriteHasLanded) {
   std::vector<SlotHandle> slots;
   for (int i = 0; i < kBlocks; ++i) {
     data.push_back(Payload(100 + i, 16384));
-    slots.push_back(*tier_->Allocate(16384));
+    slots.push_back(*tier_->Reserve(BlockMeta{.payload_bytes = 16384}));
   }
   for (int i = 0; i < kBlocks; ++i) {
-    tier_->Write(slots[i], Meta(100 + i, 16384), data[i], IoOptions{.prio = IoPriority::kPrefetch},
+    tier_->Put(slots[i], Meta(100 + i, 16384), data[i], IoOptions{.prio = IoPriority::kPrefetch},
                  [&](absl::Status s) {
                    ok += s.ok();
                    ++done;
@@ -178,7 +178,7 @@ TEST_P(BlockTierTest, DrainReturnsOnceEveryOpReadsIncludedHasCompleted) {
   std::vector<std::vector<std::byte>> back(kBlocks, std::vector<std::byte>(16384));
   std::atomic<int> done{0}, ok{0};
   for (int i = 0; i < kBlocks; ++i) {
-    tier_->Read(slots[i], Meta(200 + i, 16384), back[i], IoOptions{.prio = IoPriority::kPrefetch},
+    tier_->Get(slots[i], Meta(200 + i, 16384), back[i], IoOptions{.prio = IoPriority::kPrefetch},
                 [&](absl::Status s) {
                   // Slow callbacks: Drain must wait for them to return.
                   std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -199,19 +199,19 @@ TEST(MemoryBlockTierTest, AQueuedReadPastItsDeadlineIsAbandonedAndADamagedCopyIs
   auto tier = std::move(MemoryBlockTier::Create({.capacity_bytes = 1 << 20, .op_latency_ns = 1'000'000})).value();
   std::atomic<uint64_t> observed_ns{0};
   tier->SetReadObserver([&](uint64_t, const IoTiming& t) { observed_ns = t.service_ns; });
-  const SlotHandle slot = *tier->Allocate(4096);
+  const SlotHandle slot = *tier->Reserve(BlockMeta{.payload_bytes = 4096});
   std::vector<std::byte> data(4096);
   testing::FillFromKey(KeyOf(5), data);
   const BlockMeta meta{.ns = KeyOf(9), .key = KeyOf(5), .payload_bytes = 4096};
   std::promise<absl::Status> w;
-  tier->Write(slot, meta, data, IoOptions{}, [&](absl::Status s) { w.set_value(s); });
+  tier->Put(slot, meta, data, IoOptions{}, [&](absl::Status s) { w.set_value(s); });
   ASSERT_TRUE(w.get_future().get().ok());
 
   // Queued behind a pause, the read's deadline passes before it can start.
   tier->Pause();
   std::vector<std::byte> back(4096);
   std::promise<absl::Status> r;
-  tier->Read(slot, meta, back, IoOptions{.deadline_ns = MonotonicNanos() + 5'000'000},
+  tier->Get(slot, meta, back, IoOptions{.deadline_ns = MonotonicNanos() + 5'000'000},
              [&](absl::Status s) { r.set_value(s); });
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   EXPECT_EQ(tier->BlockStats().queued, 1u);
@@ -221,7 +221,7 @@ TEST(MemoryBlockTierTest, AQueuedReadPastItsDeadlineIsAbandonedAndADamagedCopyIs
 
   // A read that runs is timed by the observer: at least the op latency.
   std::promise<absl::Status> r2;
-  tier->Read(slot, meta, back, IoOptions{}, [&](absl::Status s) { r2.set_value(s); });
+  tier->Get(slot, meta, back, IoOptions{}, [&](absl::Status s) { r2.set_value(s); });
   ASSERT_TRUE(r2.get_future().get().ok());
   EXPECT_TRUE(testing::MatchesKey(KeyOf(5), back));
   EXPECT_GE(observed_ns.load(), 1'000'000u);
@@ -229,24 +229,24 @@ TEST(MemoryBlockTierTest, AQueuedReadPastItsDeadlineIsAbandonedAndADamagedCopyIs
   // One flipped payload byte: DataLoss, and dst is not reported as the block.
   ASSERT_TRUE(tier->CorruptPayload(slot, 777).ok());
   std::promise<absl::Status> r3;
-  tier->Read(slot, meta, back, IoOptions{}, [&](absl::Status s) { r3.set_value(s); });
+  tier->Get(slot, meta, back, IoOptions{}, [&](absl::Status s) { r3.set_value(s); });
   EXPECT_EQ(r3.get_future().get().code(), absl::StatusCode::kDataLoss);
   EXPECT_EQ(tier->BlockStats().checksum_failures, 1u);
 }
 
 TEST(MemoryBlockTierTest, CallbacksMayCallBackIntoTheTier) {
   auto tier = std::move(MemoryBlockTier::Create({.capacity_bytes = 1 << 20})).value();
-  const SlotHandle slot = *tier->Allocate(4096);
+  const SlotHandle slot = *tier->Reserve(BlockMeta{.payload_bytes = 4096});
   std::vector<std::byte> data(4096);
   std::promise<absl::Status> w, r;
   // Refused at once (a slot never allocated): the callback frees a slot.
-  tier->Write(999, BlockMeta{.payload_bytes = 4096}, data, IoOptions{}, [&](absl::Status s) {
-    EXPECT_TRUE(tier->Free(slot).ok());
+  tier->Put(999, BlockMeta{.payload_bytes = 4096}, data, IoOptions{}, [&](absl::Status s) {
+    EXPECT_TRUE(tier->Remove(slot, BlockMeta{}).ok());
     w.set_value(s);
   });
   EXPECT_EQ(w.get_future().get().code(), absl::StatusCode::kInvalidArgument);
-  tier->Read(slot, BlockMeta{.payload_bytes = 4096}, data, IoOptions{}, [&](absl::Status s) {
-    EXPECT_TRUE(tier->Allocate(4096).ok());
+  tier->Get(slot, BlockMeta{.payload_bytes = 4096}, data, IoOptions{}, [&](absl::Status s) {
+    EXPECT_TRUE(tier->Reserve(BlockMeta{.payload_bytes = 4096}).ok());
     r.set_value(s);
   });
   EXPECT_EQ(r.get_future().get().code(), absl::StatusCode::kNotFound);
@@ -254,12 +254,12 @@ TEST(MemoryBlockTierTest, CallbacksMayCallBackIntoTheTier) {
 
 TEST(MemoryBlockTierTest, SyncWaitsForEarlierWritesOnly) {
   auto tier = std::move(MemoryBlockTier::Create({.capacity_bytes = 1 << 20})).value();
-  const SlotHandle a = *tier->Allocate(4096), b = *tier->Allocate(4096);
+  const SlotHandle a = *tier->Reserve(BlockMeta{.payload_bytes = 4096}), b = *tier->Reserve(BlockMeta{.payload_bytes = 4096});
   std::vector<std::byte> data(4096, std::byte{1});
   const BlockMeta meta{.payload_bytes = 4096};
   std::atomic<bool> synced{false}, b_saw_sync{false};
   tier->Pause();
-  tier->Write(a, meta, data, IoOptions{.prio = IoPriority::kLoad}, [](absl::Status) {});
+  tier->Put(a, meta, data, IoOptions{.prio = IoPriority::kLoad}, [](absl::Status) {});
   std::atomic<pid_t> syncer_tid{0};
   std::thread syncer([&] {
     syncer_tid = gettid();
@@ -271,7 +271,7 @@ TEST(MemoryBlockTierTest, SyncWaitsForEarlierWritesOnly) {
   // Queued after Sync was called; its callback holds the tier's thread until
   // Sync has returned (or 5 s): a Sync that waited for it would never return.
   std::promise<void> b_done;
-  tier->Write(b, meta, data, IoOptions{.prio = IoPriority::kDemote}, [&](absl::Status) {
+  tier->Put(b, meta, data, IoOptions{.prio = IoPriority::kDemote}, [&](absl::Status) {
     b_saw_sync = testing::Eventually([&] { return synced.load(); });
     b_done.set_value();
   });

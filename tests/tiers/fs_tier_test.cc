@@ -54,12 +54,12 @@ BlockMeta Meta(uint64_t i, uint64_t bytes, uint64_t tenant = kTenantA) {
 }
 
 absl::Status WriteBlock(FsTier& t, const BlockMeta& m, const std::vector<std::byte>& data, IoOptions io = {}) {
-  absl::StatusOr<SlotHandle> s = t.AllocateTransient(m.payload_bytes);
+  absl::StatusOr<SlotHandle> s = t.Reserve(BlockMeta{.payload_bytes = m.payload_bytes});
   if (!s.ok()) return s.status();
   std::promise<absl::Status> p;
-  t.Write(*s, m, data, io, [&](absl::Status st) { p.set_value(std::move(st)); });
+  t.Put(*s, m, data, io, [&](absl::Status st) { p.set_value(std::move(st)); });
   absl::Status r = p.get_future().get();
-  (void)t.Free(*s);
+  (void)t.Remove(*s, BlockMeta{});
   return r;
 }
 
@@ -71,12 +71,12 @@ absl::Status WriteKeyed(FsTier& t, const BlockMeta& m) {
 
 absl::Status ReadBlock(FsTier& t, const BlockMeta& m, std::vector<std::byte>& out, IoOptions io = {}) {
   out.assign(m.payload_bytes, std::byte{0});
-  absl::StatusOr<SlotHandle> s = t.AllocateTransient(m.payload_bytes);
+  absl::StatusOr<SlotHandle> s = t.Reserve(BlockMeta{.payload_bytes = m.payload_bytes});
   if (!s.ok()) return s.status();
   std::promise<absl::Status> p;
-  t.Read(*s, m, out, io, [&](absl::Status st) { p.set_value(std::move(st)); });
+  t.Get(*s, m, out, io, [&](absl::Status st) { p.set_value(std::move(st)); });
   absl::Status r = p.get_future().get();
-  (void)t.Free(*s);
+  (void)t.Remove(*s, BlockMeta{});
   return r;
 }
 
@@ -488,14 +488,14 @@ TEST(FsTierTest, QueuedOpsFailByTheirDeadlineWhenEveryThreadIsBusy) {
   std::shared_future<void> released = release.get_future().share();
   std::promise<absl::Status> first, second;
   std::vector<std::byte> data(4096);
-  auto slot = (*t)->AllocateTransient(4096);
+  auto slot = (*t)->Reserve(BlockMeta{.payload_bytes = 4096});
   ASSERT_TRUE(slot.ok());
-  (*t)->Write(*slot, Meta(1, 4096), data, IoOptions{}, [&](absl::Status s) {
+  (*t)->Put(*slot, Meta(1, 4096), data, IoOptions{}, [&](absl::Status s) {
     released.wait();
     first.set_value(std::move(s));
   });
   const uint64_t t0 = MonotonicNanos();
-  (*t)->Write(*slot, Meta(2, 4096), data, IoOptions{.deadline_ns = MonotonicNanos() + 50'000'000},
+  (*t)->Put(*slot, Meta(2, 4096), data, IoOptions{.deadline_ns = MonotonicNanos() + 50'000'000},
               [&](absl::Status s) { second.set_value(std::move(s)); });
   auto f = second.get_future();
   ASSERT_EQ(f.wait_for(std::chrono::seconds(5)), std::future_status::ready) << "the queued op waited for the thread";
@@ -503,7 +503,7 @@ TEST(FsTierTest, QueuedOpsFailByTheirDeadlineWhenEveryThreadIsBusy) {
   EXPECT_LT(MonotonicNanos() - t0, 2'000'000'000u);
   release.set_value();
   EXPECT_TRUE(first.get_future().get().ok());
-  (void)(*t)->Free(*slot);
+  (void)(*t)->Remove(*slot, BlockMeta{});
 }
 
 TEST(FsTierTest, ExistsEndsAtTheFirstAbsentBlockAndGarbageOfTheWrongSizeGoes) {

@@ -72,14 +72,14 @@ class NvmeTierTest : public ::testing::Test {
     return t.ok() ? std::move(*t) : nullptr;
   }
   absl::StatusOr<SlotHandle> Put(NvmeTier& t, uint64_t i, uint64_t bytes, IoPriority prio = IoPriority::kLoad) {
-    ASSIGN_OR_RETURN(SlotHandle s, t.Allocate(bytes));
+    ASSIGN_OR_RETURN(SlotHandle s, t.Reserve(BlockMeta{.payload_bytes = bytes}));
     std::vector<std::byte> p = Payload(i, bytes);
-    RETURN_IF_ERROR(Await([&](auto cb) { t.Write(s, Meta(i, bytes), p, prio, std::move(cb)); }));
+    RETURN_IF_ERROR(Await([&](auto cb) { t.Put(s, Meta(i, bytes), p, prio, std::move(cb)); }));
     return s;
   }
   absl::Status Get(NvmeTier& t, SlotHandle s, uint64_t i, uint64_t bytes) {
     std::vector<std::byte> out(bytes);
-    RETURN_IF_ERROR(Await([&](auto cb) { t.Read(s, Meta(i, bytes), out, IoPriority::kLoad, std::move(cb)); }));
+    RETURN_IF_ERROR(Await([&](auto cb) { t.Get(s, Meta(i, bytes), out, IoPriority::kLoad, std::move(cb)); }));
     if (!testing::MatchesKey(KeyOf(i), out)) return absl::InternalError("wrong bytes served");
     return absl::OkStatus();
   }
@@ -153,7 +153,7 @@ TEST_F(NvmeTierTest, AChangedCapacityKeepsTheBlocksInTheSegmentsThatRemain) {
     EXPECT_EQ(t->Stats().recovery.dropped_by_resize, 8u);
     for (const RecoveredBlock& b : rec) {
       const uint64_t i = b.meta.key.bytes[0];  // KeyOf(i) holds i in its first bytes
-      EXPECT_TRUE(Get(*t, b.slot, i, b.meta.payload_bytes).ok()) << i;
+      EXPECT_TRUE(Get(*t, b.at, i, b.meta.payload_bytes).ok()) << i;
       EXPECT_LT(i, 40u) << "a block of the segments that remain";
     }
     for (const std::string& d : small.dirs) {
@@ -173,7 +173,7 @@ TEST_F(NvmeTierTest, AChangedCapacityKeepsTheBlocksInTheSegmentsThatRemain) {
     ASSERT_NE(t, nullptr);
     EXPECT_EQ(rec.size(), 8u);
     EXPECT_EQ(t->Stats().recovery.resized_from_segments, 4u);
-    for (const RecoveredBlock& b : rec) EXPECT_TRUE(Get(*t, b.slot, b.meta.key.bytes[0], b.meta.payload_bytes).ok());
+    for (const RecoveredBlock& b : rec) EXPECT_TRUE(Get(*t, b.at, b.meta.key.bytes[0], b.meta.payload_bytes).ok());
     EXPECT_TRUE(Put(*t, 500, 64 << 10).ok()) << "and takes new blocks";
   }
 }
@@ -230,7 +230,7 @@ TEST_F(NvmeTierTest, ManyBlocksRoundTripWithEveryByteVerified) {
     const uint64_t bytes = sizes[i % 4];
     auto s = Put(*t, i, bytes);
     ASSERT_TRUE(s.ok()) << s.status();
-    EXPECT_EQ(t->SlotBytes(*s), SlotBytesFor(bytes));
+    EXPECT_EQ(t->CostOf(*s), SlotBytesFor(bytes));
     written.emplace_back(*s, bytes);
   }
   for (uint64_t i = 0; i < written.size(); ++i) {
@@ -249,7 +249,7 @@ TEST_F(NvmeTierTest, SlotsAreReusedAfterFreeAndTheTierFillsUp) {
   // 8 segments of 4 MiB hold 8 x 3 = 24 blocks of 1 MiB (+ header).
   std::vector<SlotHandle> slots;
   for (uint64_t i = 0;; ++i) {
-    auto s = t->Allocate(1 << 20);
+    auto s = t->Reserve(BlockMeta{.payload_bytes = 1 << 20});
     if (!s.ok()) {
       EXPECT_TRUE(absl::IsResourceExhausted(s.status()));
       break;
@@ -257,16 +257,16 @@ TEST_F(NvmeTierTest, SlotsAreReusedAfterFreeAndTheTierFillsUp) {
     slots.push_back(*s);
   }
   EXPECT_EQ(slots.size(), 24u);
-  ASSERT_TRUE(t->Free(slots[3]).ok());
-  EXPECT_FALSE(t->Free(slots[3]).ok()) << "double free";
-  auto again = t->Allocate(1 << 20);
+  ASSERT_TRUE(t->Remove(slots[3], BlockMeta{}).ok());
+  EXPECT_FALSE(t->Remove(slots[3], BlockMeta{}).ok()) << "double free";
+  auto again = t->Reserve(BlockMeta{.payload_bytes = 1 << 20});
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(*again, slots[3]);
-  EXPECT_TRUE(absl::IsInvalidArgument(t->Allocate(5 << 20).status())) << "larger than a segment";
+  EXPECT_TRUE(absl::IsInvalidArgument(t->Reserve(BlockMeta{.payload_bytes = 5 << 20}).status())) << "larger than a segment";
   // Once every slot of every segment is free, segments can be cut for another size.
-  for (SlotHandle s : slots) (void)t->Free(s);
-  (void)t->Free(*again);
-  auto small = t->Allocate(8 << 10);
+  for (SlotHandle s : slots) (void)t->Remove(s, BlockMeta{});
+  (void)t->Remove(*again, BlockMeta{});
+  auto small = t->Reserve(BlockMeta{.payload_bytes = 8 << 10});
   EXPECT_TRUE(small.ok()) << small.status();
 }
 
@@ -282,7 +282,7 @@ TEST_F(NvmeTierTest, ThePlannersCountIsWhatTheTierHolds) {
     auto t = Open(nullptr, o);
     ASSERT_NE(t, nullptr);
     uint64_t held = 0;
-    while (t->Allocate(bytes).ok()) ++held;
+    while (t->Reserve(BlockMeta{.payload_bytes = bytes}).ok()) ++held;
     EXPECT_EQ(held, NvmeBlocksThatFit(o.capacity_bytes, o.segment_bytes, o.dirs.size(), bytes)) << bytes;
     EXPECT_LT(held, o.capacity_bytes / bytes) << "headers and whole segments cost room";
   }
@@ -292,8 +292,8 @@ TEST_F(NvmeTierTest, AStaleSlotIsNeverReadAsANewerBlock) {
   auto t = Open();
   auto s = Put(*t, 1, 64 << 10);
   ASSERT_TRUE(s.ok());
-  ASSERT_TRUE(t->Free(*s).ok());
-  auto reused = t->Allocate(64 << 10);
+  ASSERT_TRUE(t->Remove(*s, BlockMeta{}).ok());
+  auto reused = t->Reserve(BlockMeta{.payload_bytes = 64 << 10});
   ASSERT_TRUE(reused.ok());
   ASSERT_EQ(*reused, *s);
   // Not written yet: the old block's bytes are on disk, with the old generation.
@@ -307,7 +307,7 @@ TEST_F(NvmeTierTest, DurableBlocksAreServedAgainAfterARestart) {
   {
     auto t = Open();
     for (uint64_t i = 0; i < 30; ++i) written.emplace_back(*Put(*t, i, 48 << 10), i);
-    ASSERT_TRUE(t->Free(written[7].first).ok());
+    ASSERT_TRUE(t->Remove(written[7].first, BlockMeta{}).ok());
     ASSERT_TRUE(t->Sync().ok());
   }
   std::vector<RecoveredBlock> rec;
@@ -320,12 +320,12 @@ TEST_F(NvmeTierTest, DurableBlocksAreServedAgainAfterARestart) {
     uint64_t i;
     std::memcpy(&i, b.meta.key.bytes.data(), 8);
     EXPECT_NE(i, 7u);
-    EXPECT_TRUE(Get(*t, b.slot, i, 48 << 10).ok()) << "block " << i;
+    EXPECT_TRUE(Get(*t, b.at, i, 48 << 10).ok()) << "block " << i;
   }
   // New blocks do not collide with recovered ones.
   auto s = Put(*t, 100, 48 << 10);
   ASSERT_TRUE(s.ok());
-  for (const RecoveredBlock& b : rec) EXPECT_NE(b.slot, *s);
+  for (const RecoveredBlock& b : rec) EXPECT_NE(b.at, *s);
 }
 
 TEST_F(NvmeTierTest, ADamagedHeaderIsDroppedAtRecovery) {
@@ -353,7 +353,7 @@ TEST_F(NvmeTierTest, RestartChecksLargeAndSmallSlotsAlike) {
     auto t = Open();
     for (uint64_t i = 0; i < 6; ++i) large.push_back(*Put(*t, 200 + i, 256 << 10));
     for (uint64_t i = 0; i < 40; ++i) small.push_back(*Put(*t, 300 + i, 4 << 10));
-    ASSERT_TRUE(t->Free(small[20]).ok());
+    ASSERT_TRUE(t->Remove(small[20], BlockMeta{}).ok());
     ASSERT_TRUE(t->Sync().ok());
   }
   DamageSlot(large[3], 256 << 10, 40, 0x10);
@@ -367,7 +367,7 @@ TEST_F(NvmeTierTest, RestartChecksLargeAndSmallSlotsAlike) {
     uint64_t i;
     std::memcpy(&i, b.meta.key.bytes.data(), 8);
     EXPECT_TRUE(i != 203 && i != 320 && i != 321 && i != 339) << "block " << i << " should be gone";
-    EXPECT_TRUE(Get(*t, b.slot, i, i < 300 ? 256 << 10 : 4 << 10).ok()) << "block " << i;
+    EXPECT_TRUE(Get(*t, b.at, i, i < 300 ? 256 << 10 : 4 << 10).ok()) << "block " << i;
   }
 }
 
@@ -397,7 +397,7 @@ TEST_F(NvmeTierTest, UnsyncedJournalRecordsAreLostCleanlyOnPowerLoss) {
     uint64_t i;
     std::memcpy(&i, b.meta.key.bytes.data(), 8);
     EXPECT_LT(i, 20u);
-    EXPECT_TRUE(Get(*t, b.slot, i, 32 << 10).ok());
+    EXPECT_TRUE(Get(*t, b.at, i, 32 << 10).ok());
   }
 }
 
@@ -411,18 +411,18 @@ TEST_F(NvmeTierTest, KillNineMidStreamLeavesOnlyCorrectOrAbsentBlocks) {
     o.wrap_engine = nullptr;
     auto t = std::move(NvmeTier::Open(o, &ignored)).value();
     for (uint64_t i = 0; i < 40; ++i) {
-      auto s = t->Allocate(32 << 10);
+      auto s = t->Reserve(BlockMeta{.payload_bytes = 32 << 10});
       std::vector<std::byte> p = Payload(i, 32 << 10);
-      t->Write(*s, Meta(i, 32 << 10), p, IoPriority::kDemote, [](absl::Status) {});
+      t->Put(*s, Meta(i, 32 << 10), p, IoPriority::kDemote, [](absl::Status) {});
     }
     (void)t->Sync();
     const char ok = 'y';
     (void)!write(pipefd[1], &ok, 1);
     for (uint64_t i = 40;; ++i) {  // keep writing until killed
-      auto s = t->Allocate(32 << 10);
+      auto s = t->Reserve(BlockMeta{.payload_bytes = 32 << 10});
       if (!s.ok()) break;
       std::vector<std::byte> p = Payload(i, 32 << 10);
-      t->Write(*s, Meta(i, 32 << 10), p, IoPriority::kDemote, [](absl::Status) {});
+      t->Put(*s, Meta(i, 32 << 10), p, IoPriority::kDemote, [](absl::Status) {});
     }
     pause();
     _exit(0);
@@ -439,7 +439,7 @@ TEST_F(NvmeTierTest, KillNineMidStreamLeavesOnlyCorrectOrAbsentBlocks) {
     uint64_t i;
     std::memcpy(&i, b.meta.key.bytes.data(), 8);
     seen.insert(i);
-    EXPECT_TRUE(Get(*t, b.slot, i, 32 << 10).ok()) << "recovered block " << i << " must be intact";
+    EXPECT_TRUE(Get(*t, b.at, i, 32 << 10).ok()) << "recovered block " << i << " must be intact";
   }
   for (uint64_t i = 0; i < 40; ++i) EXPECT_TRUE(seen.contains(i)) << "durable block " << i << " lost";
   close(pipefd[0]);
@@ -499,9 +499,9 @@ TEST_F(NvmeTierTest, IoErrorsAreErrorsAndAFullDevicePausesDemotion) {
   EXPECT_EQ(t->Health(), TierHealth::kDegraded);
   EXPECT_TRUE(t->Stats().device_full);
   // Demotion stops at once, without touching the device...
-  auto s = t->Allocate(32 << 10);
+  auto s = t->Reserve(BlockMeta{.payload_bytes = 32 << 10});
   std::vector<std::byte> p = Payload(9, 32 << 10);
-  absl::Status w = Await([&](auto cb) { t->Write(*s, Meta(9, 32 << 10), p, IoPriority::kDemote, std::move(cb)); });
+  absl::Status w = Await([&](auto cb) { t->Put(*s, Meta(9, 32 << 10), p, IoPriority::kDemote, std::move(cb)); });
   EXPECT_EQ(ToErrorCode(w), KVTIER_ENOSPC);
   EXPECT_GE(t->Stats().writes_refused, 1u);
   // ...and what is stored keeps being served.
@@ -522,19 +522,19 @@ TEST_F(NvmeTierTest, LoadsOvertakeQueuedDemotions) {
   std::vector<SlotHandle> slots;
   std::vector<std::vector<std::byte>> payloads;
   for (uint64_t i = 0; i < 10; ++i) {
-    slots.push_back(*t->Allocate(16 << 10));
+    slots.push_back(*t->Reserve(BlockMeta{.payload_bytes = 16 << 10}));
     payloads.push_back(Payload(100 + i, 16 << 10));
   }
   std::atomic<int> demotes{0};
   for (uint64_t i = 0; i < 10; ++i) {
-    t->Write(slots[i], Meta(100 + i, 16 << 10), payloads[i], IoPriority::kDemote, [&](absl::Status) {
+    t->Put(slots[i], Meta(100 + i, 16 << 10), payloads[i], IoPriority::kDemote, [&](absl::Status) {
       ++order;
       ++demotes;
     });
   }
   std::vector<std::byte> out(16 << 10);
   std::promise<void> loaded;
-  t->Read(*target, Meta(1, 16 << 10), out, IoPriority::kLoad, [&](absl::Status) {
+  t->Get(*target, Meta(1, 16 << 10), out, IoPriority::kLoad, [&](absl::Status) {
     load_pos = order++;
     loaded.set_value();
   });
@@ -556,13 +556,13 @@ TEST_F(NvmeTierTest, ReadsLandStraightInAnAlignedDestinationWithBothEngines) {
     // Page-aligned and whole sectors, like a host arena slot: the payload is
     // read into it directly.
     std::byte* dst = static_cast<std::byte*>(aligned_alloc(4096, 64 << 10));
-    absl::Status r = Await([&](auto cb) { t->Read(*s, Meta(5, 64 << 10), {dst, 64 << 10}, IoPriority::kLoad, std::move(cb)); });
+    absl::Status r = Await([&](auto cb) { t->Get(*s, Meta(5, 64 << 10), {dst, 64 << 10}, IoPriority::kLoad, std::move(cb)); });
     EXPECT_TRUE(r.ok()) << r;
     EXPECT_TRUE(testing::MatchesKey(KeyOf(5), {dst, 64 << 10}));
     // A flipped payload bit in the direct path is still caught.
     faults_->flip_read_bit = (kSectorBytes + 999) * 8;
     faults_->budget = 1;
-    r = Await([&](auto cb) { t->Read(*s, Meta(5, 64 << 10), {dst, 64 << 10}, IoPriority::kLoad, std::move(cb)); });
+    r = Await([&](auto cb) { t->Get(*s, Meta(5, 64 << 10), {dst, 64 << 10}, IoPriority::kLoad, std::move(cb)); });
     EXPECT_TRUE(absl::IsDataLoss(r)) << r;
     faults_->Clear();
     free(dst);
@@ -647,7 +647,7 @@ TEST_F(NvmeTierTest, TheJournalIsCompactedAndStillRecoversTheLiveSet) {
       ASSERT_TRUE(s.ok());
       live[*s] = i;
       if (i % 10 != 0) {
-        ASSERT_TRUE(t->Free(*s).ok());
+        ASSERT_TRUE(t->Remove(*s, BlockMeta{}).ok());
         live.erase(*s);
       }
     }
@@ -658,8 +658,8 @@ TEST_F(NvmeTierTest, TheJournalIsCompactedAndStillRecoversTheLiveSet) {
   auto t = Open(&rec, o);
   EXPECT_EQ(rec.size(), live.size());
   for (const RecoveredBlock& b : rec) {
-    ASSERT_TRUE(live.contains(b.slot));
-    EXPECT_TRUE(Get(*t, b.slot, live[b.slot], 16 << 10).ok());
+    ASSERT_TRUE(live.contains(b.at));
+    EXPECT_TRUE(Get(*t, b.at, live[b.at], 16 << 10).ok());
   }
 }
 
@@ -723,16 +723,16 @@ TEST_F(NvmeTierTest, ADamagedJournalRecordCostsAtMostItsOwnBlock) {
         std::memcpy(&i, b.meta.key.bytes.data(), 8);
         EXPECT_TRUE(seen.insert(i).second);
         EXPECT_NE(static_cast<int64_t>(i), c.bad_payload) << "a damaged payload was indexed";
-        EXPECT_EQ(b.slot, written[i]);
+        EXPECT_EQ(b.at, written[i]);
         EXPECT_EQ(b.meta.tenant_hash, TenantHash("default"));
         EXPECT_EQ(b.meta.block_tokens, 16u);
-        EXPECT_TRUE(Get(*t, b.slot, i, kBytes).ok()) << "block " << i;
+        EXPECT_TRUE(Get(*t, b.at, i, kBytes).ok()) << "block " << i;
       }
       // New blocks never land on a recovered one.
       auto s = Put(*t, 100000 + reopen, kBytes);
       ASSERT_TRUE(s.ok());
-      for (const RecoveredBlock& b : rec) EXPECT_NE(b.slot, *s);
-      ASSERT_TRUE(t->Free(*s).ok());
+      for (const RecoveredBlock& b : rec) EXPECT_NE(b.at, *s);
+      ASSERT_TRUE(t->Remove(*s, BlockMeta{}).ok());
       ASSERT_TRUE(t->Sync().ok());
     }
   }
@@ -760,7 +760,7 @@ TEST_F(NvmeTierTest, RandomJournalDamageNeverServesAWrongBlock) {
         // Free most blocks, so segments empty out and get cut for the next size.
         for (auto it = live.begin(); it != live.end();) {
           if (rng() % 4 != 0) {
-            ASSERT_TRUE(t->Free(it->second.first).ok());
+            ASSERT_TRUE(t->Remove(it->second.first, BlockMeta{}).ok());
             it = live.erase(it);
           } else {
             ++it;
@@ -784,7 +784,7 @@ TEST_F(NvmeTierTest, RandomJournalDamageNeverServesAWrongBlock) {
     for (const RecoveredBlock& b : rec) {
       uint64_t i;
       std::memcpy(&i, b.meta.key.bytes.data(), 8);
-      EXPECT_TRUE(Get(*t, b.slot, i, b.meta.payload_bytes).ok()) << "block " << i;
+      EXPECT_TRUE(Get(*t, b.at, i, b.meta.payload_bytes).ok()) << "block " << i;
     }
   }
 }

@@ -68,15 +68,15 @@ class RemoteBudgetTest : public ::testing::Test {
     return t.ok() ? std::move(*t) : nullptr;
   }
   static absl::Status Put(RemoteTier& t, const BlockMeta& m, SlotHandle* slot_out = nullptr) {
-    absl::StatusOr<SlotHandle> slot = t.Allocate(m.payload_bytes);
+    absl::StatusOr<SlotHandle> slot = t.Reserve(BlockMeta{.payload_bytes = m.payload_bytes});
     if (!slot.ok()) return slot.status();
     if (slot_out != nullptr) *slot_out = *slot;
     const std::vector<std::byte> bytes = BytesFor(m);
-    return Wait([&](auto cb) { t.Write(*slot, m, bytes, IoPriority::kDemote, std::move(cb)); });
+    return Wait([&](auto cb) { t.Put(*slot, m, bytes, IoPriority::kDemote, std::move(cb)); });
   }
   static absl::Status Get(RemoteTier& t, SlotHandle slot, const BlockMeta& m) {
     std::vector<std::byte> out(m.payload_bytes);
-    absl::Status s = Wait([&](auto cb) { t.Read(slot, m, out, IoPriority::kLoad, std::move(cb)); });
+    absl::Status s = Wait([&](auto cb) { t.Get(slot, m, out, IoPriority::kLoad, std::move(cb)); });
     if (s.ok() && out != BytesFor(m)) return absl::DataLossError("wrong bytes");
     return s;
   }
@@ -349,7 +349,7 @@ TEST_F(RemoteBudgetTest, ATenantWhoseUserMayNotKeepTheLedgerFailsItsWritesAndSay
   EXPECT_EQ(t->budget().failures, 3u);
   EXPECT_EQ(reported.load(), 1) << "reported once, not per write";
   EXPECT_NE(why.find("fcall"), std::string::npos) << why;
-  const SlotHandle slot = *t->Allocate(kBytes);
+  const SlotHandle slot = *t->Reserve(BlockMeta{.payload_bytes = kBytes});
   EXPECT_TRUE(Get(*t, slot, old).ok()) << "reads need no ledger";
 }
 

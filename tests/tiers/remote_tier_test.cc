@@ -51,14 +51,14 @@ absl::Status Wait(auto&& start) { return testing::WaitForStatus(start); }
 struct Tier {
   std::unique_ptr<RemoteTier> tier;
   absl::Status Put(const BlockMeta& m, const std::vector<std::byte>& bytes, SlotHandle* slot_out = nullptr) {
-    absl::StatusOr<SlotHandle> slot = tier->Allocate(m.payload_bytes);
+    absl::StatusOr<SlotHandle> slot = tier->Reserve(BlockMeta{.payload_bytes = m.payload_bytes});
     if (!slot.ok()) return slot.status();
     if (slot_out) *slot_out = *slot;
-    return Wait([&](auto cb) { tier->Write(*slot, m, bytes, IoPriority::kDemote, std::move(cb)); });
+    return Wait([&](auto cb) { tier->Put(*slot, m, bytes, IoPriority::kDemote, std::move(cb)); });
   }
   absl::Status Get(SlotHandle slot, const BlockMeta& m, std::vector<std::byte>& out) {
     out.assign(m.payload_bytes, std::byte{0});
-    return Wait([&](auto cb) { tier->Read(slot, m, out, IoPriority::kLoad, std::move(cb)); });
+    return Wait([&](auto cb) { tier->Get(slot, m, out, IoPriority::kLoad, std::move(cb)); });
   }
 };
 
@@ -237,7 +237,7 @@ TEST(RedisClusterTest, AHostileNodeCannotHandTheTierABlock) {
     o.op_timeout_ms = 1000;
     o.io_timeout_ms = 500;
     Tier t{std::move(RemoteTier::Create(o)).value()};
-    SlotHandle slot = *t.tier->Allocate(4096);
+    SlotHandle slot = *t.tier->Reserve(BlockMeta{.payload_bytes = 4096});
     std::vector<std::byte> got;
     const absl::Status s = t.Get(slot, m, got);
     EXPECT_FALSE(s.ok());
@@ -302,7 +302,7 @@ TEST_P(RemoteTierTest, ABlockIsSharedBetweenTwoTiersOfOneTenantOnly) {
   probed.wait();
   EXPECT_EQ(there, (std::vector<bool>{true, false, false, false}))
       << "present; another key; another tenant; another namespace";
-  SlotHandle slot = *node_b.tier->Allocate(m.payload_bytes);
+  SlotHandle slot = *node_b.tier->Reserve(BlockMeta{.payload_bytes = m.payload_bytes});
   std::vector<std::byte> got;
   ASSERT_TRUE(node_b.Get(slot, m, got).ok());
   EXPECT_EQ(got, BytesFor(m));
@@ -339,9 +339,9 @@ TEST_P(RemoteTierTest, TheServerKeepsTenantsApart) {
   EXPECT_FALSE(r.ok());
   // A tier without credentials for a block's tenant writes nothing of it.
   Tier bob_only = Make(Options(*cluster_, {"bob"}));
-  SlotHandle slot = *bob_only.tier->Allocate(4096);
+  SlotHandle slot = *bob_only.tier->Reserve(BlockMeta{.payload_bytes = 4096});
   EXPECT_TRUE(absl::IsFailedPrecondition(
-      Wait([&](auto cb) { bob_only.tier->Write(slot, m, BytesFor(m), IoPriority::kDemote, std::move(cb)); })));
+      Wait([&](auto cb) { bob_only.tier->Put(slot, m, BytesFor(m), IoPriority::kDemote, std::move(cb)); })));
 }
 
 // The port-squat attack: a local process binds the port of a node that
@@ -572,7 +572,7 @@ TEST_P(RemoteTierTest, KeysRotateAndEncryptedValuesHoldNoPlaintext) {
   const std::string stored = cluster_->Cli("-c get " + a.tier->KeyFor("alice", m));
   EXPECT_EQ(stored.find(std::string(32, 'P')), std::string::npos) << "no run of the plaintext in the cluster";
   std::vector<std::byte> got;
-  SlotHandle bslot = *b.tier->Allocate(16384), cslot = *c.tier->Allocate(16384);
+  SlotHandle bslot = *b.tier->Reserve(BlockMeta{.payload_bytes = 16384}), cslot = *c.tier->Reserve(BlockMeta{.payload_bytes = 16384});
   ASSERT_TRUE(b.Get(bslot, m, got).ok());
   EXPECT_EQ(got, payload);
   EXPECT_TRUE(absl::IsDataLoss(c.Get(cslot, m, got)));

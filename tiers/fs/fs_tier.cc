@@ -190,7 +190,7 @@ absl::Status CheckFsHeader(const FsBlockHeader& h, uint64_t file_bytes, const Bl
 }
 
 FsTier::FsTier(const FsTierOptions& opts)
-    : opts_(opts), handles_(opts.name, opts.capacity_bytes, opts.max_block_bytes) {}
+    : opts_(opts) {}
 
 absl::StatusOr<std::unique_ptr<FsTier>> FsTier::Create(const FsTierOptions& opts) {
   if (opts.dir.empty() || opts.dir.front() != '/') {
@@ -260,12 +260,13 @@ std::string FsTier::PathFor(const BlockMeta& meta) const {
   return absl::StrCat(opts_.dir, "/", t->name, "/", Hex(meta.key.bytes.data(), 1), "/", FileName(meta));
 }
 
-absl::StatusOr<SlotHandle> FsTier::Allocate(uint64_t bytes) { return handles_.Allocate(bytes, SlotBytesFor(bytes), false); }
-absl::StatusOr<SlotHandle> FsTier::AllocateTransient(uint64_t bytes) {
-  return handles_.Allocate(bytes, SlotBytesFor(bytes), true);
+absl::StatusOr<BlockLocator> FsTier::Reserve(const BlockMeta& meta) {
+  if (meta.payload_bytes == 0 || meta.payload_bytes > opts_.max_block_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("a block of ", meta.payload_bytes, " bytes does not fit the ",
+                                                   opts_.name, " tier (1 to ", opts_.max_block_bytes, " bytes)"));
+  }
+  return kKeyAddressed;
 }
-absl::Status FsTier::Free(SlotHandle slot) { return handles_.Free(slot); }
-uint64_t FsTier::SlotBytes(SlotHandle slot) const { return handles_.SlotBytes(slot); }
 
 TierHealth FsTier::Health() const {
   return degraded_.load(std::memory_order_acquire) ? TierHealth::kDegraded : TierHealth::kHealthy;
@@ -519,13 +520,14 @@ absl::Status FsTier::ReadFile(const BlockMeta& meta, std::span<std::byte> dst) {
   return s;
 }
 
-void FsTier::Write(SlotHandle slot, const BlockMeta& meta, std::span<const std::byte> src, const IoOptions& io,
-                   IoCallback done) {
-  if (SlotBytes(slot) == 0 || src.size() != meta.payload_bytes || TenantFor(meta.tenant_hash) == nullptr) {
+void FsTier::Put(BlockLocator, const BlockMeta& meta, std::span<const std::byte> src, const IoOptions& io,
+                 IoCallback done) {
+  if (src.empty() || src.size() != meta.payload_bytes || src.size() > opts_.max_block_bytes ||
+      TenantFor(meta.tenant_hash) == nullptr) {
     writes_refused_.fetch_add(1, std::memory_order_relaxed);
     std::move(done)(absl::InvalidArgumentError(absl::StrCat(
-        "a write to slot ", slot, " of the ", opts_.name, " tier: no such slot, a length not the block's, or no "
-        "folder for its tenant")));
+        "a write of ", src.size(), " bytes to the ", opts_.name, " tier: a length not the block's (1 to ",
+        opts_.max_block_bytes, " bytes), or no folder for its tenant")));
     return;
   }
   // src may be reused once Write returns.
@@ -544,7 +546,7 @@ void FsTier::Write(SlotHandle slot, const BlockMeta& meta, std::span<const std::
                 writes_.fetch_add(1, std::memory_order_relaxed);
                 bytes_written_.fetch_add(copy->size(), std::memory_order_relaxed);
                 Succeeded();
-                const uint64_t since = written_since_scan_.fetch_add(SlotBytesFor(copy->size())) + SlotBytesFor(copy->size());
+                const uint64_t since = written_since_scan_.fetch_add(CostFor(copy->size())) + CostFor(copy->size());
                 if (since >= opts_.capacity_bytes / 8) {
                   {
                     MutexLock l(&mu_);
@@ -570,12 +572,13 @@ void FsTier::Write(SlotHandle slot, const BlockMeta& meta, std::span<const std::
           }});
 }
 
-void FsTier::Read(SlotHandle slot, const BlockMeta& meta, std::span<std::byte> dst, const IoOptions& io,
-                  IoCallback done) {
-  if (SlotBytes(slot) == 0 || dst.size() < meta.payload_bytes || TenantFor(meta.tenant_hash) == nullptr) {
+void FsTier::Get(BlockLocator, const BlockMeta& meta, std::span<std::byte> dst, const IoOptions& io,
+                 IoCallback done) {
+  if (meta.payload_bytes == 0 || meta.payload_bytes > opts_.max_block_bytes || dst.size() < meta.payload_bytes ||
+      TenantFor(meta.tenant_hash) == nullptr) {
     std::move(done)(absl::InvalidArgumentError(absl::StrCat(
-        "a read of slot ", slot, " of the ", opts_.name, " tier: no such slot, a buffer too small, or no folder for "
-        "the block's tenant")));
+        "a read of ", meta.payload_bytes, " bytes from the ", opts_.name, " tier: a length out of range, a buffer "
+        "too small, or no folder for the block's tenant")));
     return;
   }
   {
@@ -658,10 +661,7 @@ void FsTier::Drain() {
 
 BlockTierStats FsTier::BlockStats() const {
   BlockTierStats s;
-  const TierUsage u = handles_.Usage();
-  s.capacity_bytes = u.capacity_bytes;
-  s.used_bytes = u.used_bytes;
-  s.used_slots = u.used_slots;
+  s.capacity_bytes = opts_.capacity_bytes;  // what this node claims is in the store's books
   s.reads = reads_.load(std::memory_order_relaxed);
   s.writes = writes_.load(std::memory_order_relaxed);
   s.bytes_read = bytes_read_.load(std::memory_order_relaxed);

@@ -49,9 +49,9 @@
 // fails with DeadlineExceeded, even when every thread is stuck in a call the
 // file system does not return from (a reaper thread fails it; a call stuck
 // for 5 s, or four deadlines, degrades the tier). The op in that call
-// completes only when the file system answers. Like the remote tier, the node's slots are
-// only handles on what it wrote (HandleTable): the file belongs to the
-// directory, and a file is addressed by the block's identity.
+// completes only when the file system answers. Like the remote tier, it is
+// addressed by the block's identity alone: the file belongs to the
+// directory, and what this node placed there is in the store's books.
 #ifndef KVTIER_TIERS_FS_FS_TIER_H_
 #define KVTIER_TIERS_FS_FS_TIER_H_
 
@@ -70,7 +70,6 @@
 #include "core/unique_fd.h"
 #include "tiers/block_tier.h"
 #include "tiers/fs/fs_defaults.h"
-#include "tiers/handle_table.h"
 
 namespace kvtier {
 
@@ -130,24 +129,27 @@ class FsTier final : public BlockTier {
   std::string PathFor(const BlockMeta& meta) const;
 
   TierKind kind() const override { return TierKind::kFile; }
-  absl::StatusOr<SlotHandle> Allocate(uint64_t bytes) override;
-  absl::StatusOr<SlotHandle> AllocateTransient(uint64_t bytes) override;
-  absl::Status Free(SlotHandle slot) override;
-  uint64_t SlotBytes(SlotHandle slot) const override;
-  uint64_t SlotBytesFor(uint64_t payload_bytes) const override { return payload_bytes + sizeof(FsBlockHeader); }
-  using BlockTier::Read;
-  using BlockTier::Write;
-  void Write(SlotHandle slot, const BlockMeta& meta, std::span<const std::byte> src, const IoOptions& io,
-             IoCallback done) override;
+  // Addressed by key alone: Reserve only checks the size, Remove leaves the
+  // value (it belongs to every node), and the store keeps the books of what
+  // this node placed here against capacity_bytes.
+  bool addressed_by_key() const override { return true; }
+  absl::StatusOr<BlockLocator> Reserve(const BlockMeta& meta) override;
+  absl::Status Remove(BlockLocator, const BlockMeta&) override { return absl::OkStatus(); }
+  uint64_t CostFor(uint64_t payload_bytes) const override { return payload_bytes + sizeof(FsBlockHeader); }
+  using BlockTier::Get;
+  using BlockTier::Put;
+  void Put(BlockLocator at, const BlockMeta& meta, std::span<const std::byte> src, const IoOptions& io,
+           IoCallback done) override;
   // NotFound when no node's file holds the block (evicted, never written);
   // DataLoss when the file does not prove itself (then it is deleted).
-  void Read(SlotHandle slot, const BlockMeta& meta, std::span<std::byte> dst, const IoOptions& io,
-            IoCallback done) override;
+  void Get(BlockLocator at, const BlockMeta& meta, std::span<std::byte> dst, const IoOptions& io,
+           IoCallback done) override;
   // Which of `metas` have a file now (one stat each, on a tier thread).
   void Exists(std::span<const BlockMeta> metas, absl::AnyInvocable<void(std::vector<bool>) &&> done,
               uint64_t deadline_ns) override;
   bool shared() const override { return true; }
-  TierUsage Usage() const override { return handles_.Usage(); }
+  // Capacity only: what this node claims is in the store's books.
+  TierUsage Usage() const override { return TierUsage{.capacity_bytes = opts_.capacity_bytes}; }
   TierHealth Health() const override;
 
   std::string_view name() const override { return opts_.name; }
@@ -213,7 +215,6 @@ class FsTier final : public BlockTier {
   void Succeeded();
 
   const FsTierOptions opts_;
-  HandleTable handles_;
   ReadObserver read_observer_;  // set before the first read
 
   mutable Mutex mu_;

@@ -109,17 +109,17 @@ std::vector<Metric> RunFsSuite(const Context& ctx) {
       const auto t0 = std::chrono::steady_clock::now();
       for (int i = 0; i < blocks; ++i) {
         room.acquire();
-        absl::StatusOr<SlotHandle> slot = tier.AllocateTransient(bytes);
+        absl::StatusOr<SlotHandle> slot = tier.Reserve(BlockMeta{.payload_bytes = bytes});
         auto finished = [&, slot = *slot](absl::Status s) {
           if (!s.ok()) ++failed;
-          (void)tier.Free(slot);
+          (void)tier.Remove(slot, BlockMeta{});
           room.release();
           done.count_down();
         };
         if (put) {
-          tier.Write(*slot, metas[i], payload, IoOptions{.prio = IoPriority::kDemote}, finished);
+          tier.Put(*slot, metas[i], payload, IoOptions{.prio = IoPriority::kDemote}, finished);
         } else {
-          tier.Read(*slot, metas[i], std::span<std::byte>(dst.data() + uint64_t(i) * bytes, bytes),
+          tier.Get(*slot, metas[i], std::span<std::byte>(dst.data() + uint64_t(i) * bytes, bytes),
                     IoOptions{.prio = IoPriority::kLoad}, finished);
         }
       }

@@ -108,14 +108,14 @@ double WriteAll(Tier& t, uint64_t n, uint64_t block, const std::vector<std::byte
   t.slots.clear();
   const uint64_t start = MonotonicNanos();
   for (uint64_t i = 0; i < n; ++i) {
-    auto s = t.tier->Allocate(block);
+    auto s = t.tier->Reserve(BlockMeta{.payload_bytes = block});
     if (!s.ok()) break;
     t.slots.push_back(*s);
     for (;;) {
       // A refusal (staging busy) comes back inline, before Write returns.
       auto refused = std::make_shared<std::atomic<bool>>(false);
       auto returned = std::make_shared<std::atomic<bool>>(false);
-      t.tier->Write(*s, MetaFor(i, block), payload, IoPriority::kDemote, [&, refused, returned](absl::Status st) {
+      t.tier->Put(*s, MetaFor(i, block), payload, IoPriority::kDemote, [&, refused, returned](absl::Status st) {
         if (absl::IsResourceExhausted(st) && !returned->load()) {
           refused->store(true);
           return;
@@ -165,7 +165,7 @@ double ReadRandom(Tier& t, uint64_t block, uint32_t window) {
       busy[b].store(true);
       issued = true;
       const size_t i = order[next++];
-      t.tier->Read(t.slots[i], MetaFor(i, block), bufs[b], IoPriority::kLoad, [&, b](absl::Status st) {
+      t.tier->Get(t.slots[i], MetaFor(i, block), bufs[b], IoPriority::kLoad, [&, b](absl::Status st) {
         if (!st.ok()) failed.fetch_add(1);
         busy[b].store(false, std::memory_order_release);
         done.fetch_add(1, std::memory_order_release);
@@ -207,7 +207,7 @@ LoneReads ReadLatencyP50(Tier& t, uint64_t block, size_t samples) {
     };
     auto done = std::make_shared<Done>();
     const uint64_t t0 = MonotonicNanos();
-    t.tier->Read(t.slots[i], MetaFor(i, block), {buf, block}, IoPriority::kLoad, [done](absl::Status st) {
+    t.tier->Get(t.slots[i], MetaFor(i, block), {buf, block}, IoPriority::kLoad, [done](absl::Status st) {
       done->t_done = MonotonicNanos();
       done->ok = st.ok();
       done->fin.store(true, std::memory_order_release);
@@ -277,7 +277,7 @@ std::vector<Metric> RunNvmeSuite(const Context& ctx) {
           // turns the preallocated (unwritten) extents into written ones, as
           // fio lays out its file before it measures.
           (void)WriteAll(*t, n, block, payload);
-          for (auto it = t->slots.rbegin(); it != t->slots.rend(); ++it) (void)t->tier->Free(*it);
+          for (auto it = t->slots.rbegin(); it != t->slots.rend(); ++it) (void)t->tier->Remove(*it, BlockMeta{});
           ow = WriteAll(*t, n, block, payload);
           orr = ReadRandom(*t, block, 2 * qd);
           if (qd == 1) olat = ReadLatencyP50(*t, block, std::min<size_t>(t->slots.size(), 500));

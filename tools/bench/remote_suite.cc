@@ -150,8 +150,8 @@ std::vector<Metric> RunRemoteSuite(const Context& ctx) {
       if (!owned[RedisCluster::KeySlot(key)]) continue;
       metas.push_back(m);
       keys.push_back(key);
-      slots.push_back(*tier.Allocate(bytes));
-      budget_slots.push_back(*budget_tier.Allocate(bytes));
+      slots.push_back(*tier.Reserve(BlockMeta{.payload_bytes = bytes}));
+      budget_slots.push_back(*budget_tier.Reserve(BlockMeta{.payload_bytes = bytes}));
     }
     std::vector<std::byte> payload(bytes);
     for (uint64_t i = 0; i < bytes; ++i) payload[i] = std::byte(i * 131 + 7);
@@ -175,10 +175,10 @@ std::vector<Metric> RunRemoteSuite(const Context& ctx) {
       for (int i = 0; i < ops; ++i) {
         room.acquire();
         if (put) {
-          t.Write(ts[i % kKeys], metas[i % kKeys], payload, IoPriority::kDemote, finished);
+          t.Put(ts[i % kKeys], metas[i % kKeys], payload, IoPriority::kDemote, finished);
         } else {
           std::span<std::byte> d(dst.data() + (i % kDepth) * bytes, bytes);
-          t.Read(ts[i % kKeys], metas[i % kKeys], d, IoPriority::kLoad, finished);
+          t.Get(ts[i % kKeys], metas[i % kKeys], d, IoPriority::kLoad, finished);
         }
       }
       done.wait();
@@ -252,8 +252,8 @@ std::vector<Metric> RunRemoteSuite(const Context& ctx) {
                          note + "; each write runs the tenant's ledger script first"});
     out.push_back(Metric{"remote", "get_GBps_" + size, Median(get_ours), "hiredis_pipelined_get", Median(get_base),
                          "GB/s", Median(get_ratio), 0.9, note});
-    for (SlotHandle s : slots) (void)tier.Free(s);
-    for (SlotHandle s : budget_slots) (void)budget_tier.Free(s);
+    for (SlotHandle s : slots) (void)tier.Remove(s, BlockMeta{});
+    for (SlotHandle s : budget_slots) (void)budget_tier.Remove(s, BlockMeta{});
   }
   // A 64-block probe against one pipelined round trip of 64 EXISTS.
   std::vector<BlockMeta> chain;
