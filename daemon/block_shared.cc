@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// The shared tier's part of the store's operations (tiers.remote): lookups
-// that ask it past their local hit prefix, and the writes a node's write
+// The shared tiers' part of the store's operations (tiers.remote, tiers.fs):
+// lookups that ask them past their local hit prefix, and the writes a node's write
 // policy sends up after a reply. Moves into it (the cascade) and the
 // publishing writes themselves are the migrator's.
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <condition_variable>
 
@@ -15,10 +16,10 @@ namespace kvtier {
 
 size_t BlockStore::SharedProbeBlocks(SessionHoldings& s, std::span<const BlockKey> keys, size_t from) {
   const uint32_t budget_us = shared_budget_us_.load(std::memory_order_relaxed);
-  if (!shared_lane_ || budget_us == 0 || from >= keys.size()) return 0;
-  LowerLane& lane = *books_.lanes[*shared_lane_];
-  if (s.ns.block_bytes == 0 || s.ns.block_bytes > lane.tier->max_block_bytes() ||
-      s.ns.block_bytes < opts_.shared_min_block_bytes) {
+  if (shared_lanes_.empty() || budget_us == 0 || from >= keys.size()) return 0;
+  if (s.ns.block_bytes == 0 || s.ns.block_bytes < opts_.shared_min_block_bytes ||
+      std::none_of(shared_lanes_.begin(), shared_lanes_.end(),
+                   [&](uint8_t i) { return s.ns.block_bytes <= books_.lanes[i]->tier->max_block_bytes(); })) {
     return 0;
   }
   const size_t n = std::min<size_t>(keys.size() - from, opts_.shared_probe_max_blocks);
@@ -51,9 +52,62 @@ std::vector<BlockMeta> BlockStore::SharedProbeMetas(const SessionHoldings& s, st
   return metas;
 }
 
+void BlockStore::AskSharedLanes(const SessionHoldings& s, std::span<const BlockKey> keys, size_t from, size_t n,
+                                uint64_t deadline_ns, absl::AnyInvocable<void(std::vector<uint8_t>) &&> answered) {
+  // Every shared lane that takes blocks of this size is asked at once; the
+  // answers meet here, and the first lane in the chain that holds a block
+  // is its holder (the nearer tier, as a load would want).
+  struct Meet {
+    Mutex mu;
+    std::vector<std::vector<bool>> present ABSL_GUARDED_BY(mu);  // by position in `lanes`
+    std::vector<uint8_t> lanes;
+    std::atomic<size_t> remaining{0};
+    absl::AnyInvocable<void(std::vector<uint8_t>) &&> answered;
+    size_t n = 0;
+  };
+  auto meet = std::make_shared<Meet>();
+  for (uint8_t i : shared_lanes_) {
+    if (s.ns.block_bytes <= books_.lanes[i]->tier->max_block_bytes()) meet->lanes.push_back(i);
+  }
+  meet->n = n;
+  meet->answered = std::move(answered);
+  {
+    MutexLock l(&meet->mu);
+    meet->present.resize(meet->lanes.size());
+  }
+  if (meet->lanes.empty()) {
+    std::move(meet->answered)(std::vector<uint8_t>(n, kNoLane));
+    return;
+  }
+  meet->remaining.store(meet->lanes.size(), std::memory_order_relaxed);
+  const std::vector<BlockMeta> metas = SharedProbeMetas(s, keys, from, n);
+  for (size_t j = 0; j < meet->lanes.size(); ++j) {
+    books_.lanes[meet->lanes[j]]->tier->Exists(
+        metas,
+        [meet, j](std::vector<bool> v) {
+          {
+            MutexLock l(&meet->mu);
+            meet->present[j] = std::move(v);
+          }
+          if (meet->remaining.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+          std::vector<uint8_t> holder(meet->n, kNoLane);
+          {
+            MutexLock l(&meet->mu);
+            for (size_t k = 0; k < meet->n; ++k) {
+              for (size_t q = 0; q < meet->lanes.size() && holder[k] == kNoLane; ++q) {
+                if (k < meet->present[q].size() && meet->present[q][k]) holder[k] = meet->lanes[q];
+              }
+            }
+          }
+          std::move(meet->answered)(std::move(holder));
+        },
+        deadline_ns);
+  }
+}
+
 bool BlockStore::StartSharedProbe(SessionHoldings& s, std::span<const BlockKey> keys,
                                   absl::AnyInvocable<void(SharedAnswer) &&> answered) {
-  if (!shared_lane_ || shared_budget_us_.load(std::memory_order_relaxed) == 0) return false;
+  if (shared_lanes_.empty() || shared_budget_us_.load(std::memory_order_relaxed) == 0) return false;
   // Where the local tiers end the prefix, without pinning anything: the
   // lookup that follows the answer probes (and pins) again.
   std::vector<BlockLocation> scratch(keys.size());
@@ -66,19 +120,17 @@ bool BlockStore::StartSharedProbe(SessionHoldings& s, std::span<const BlockKey> 
   const uint64_t start = MonotonicNanos();
   std::atomic<uint32_t>* busy = &books_.tenants[s.ns.tenant]->shared_probes;
   DaemonStats* stats = books_.stats;
-  books_.lanes[*shared_lane_]->tier->Exists(
-      SharedProbeMetas(s, keys, from, n),
-      [busy, stats, start, budget_us, from, answered = std::move(answered)](std::vector<bool> v) mutable {
-        busy->fetch_sub(1, std::memory_order_relaxed);
-        const uint64_t took = MonotonicNanos() - start;
-        stats->remote_probe_latency.Record(took);
-        // Past the budget it counts as late; what it did confirm is still
-        // true (a tier answers "absent" for what it could not check in time).
-        if (took > uint64_t{budget_us} * 1000) stats->remote_probes_late.Add();
-        SharedAnswer a{.from = from, .present = std::move(v)};
-        std::move(answered)(std::move(a));
-      },
-      start + uint64_t{budget_us} * 1000);
+  AskSharedLanes(s, keys, from, n, start + uint64_t{budget_us} * 1000,
+                 [busy, stats, start, budget_us, from, answered = std::move(answered)](std::vector<uint8_t> holder) mutable {
+                   busy->fetch_sub(1, std::memory_order_relaxed);
+                   const uint64_t took = MonotonicNanos() - start;
+                   stats->remote_probe_latency.Record(took);
+                   // Past the budget it counts as late; what it did confirm
+                   // is still true (a tier answers "absent" for what it
+                   // could not check in time).
+                   if (took > uint64_t{budget_us} * 1000) stats->remote_probes_late.Add();
+                   std::move(answered)(SharedAnswer{.from = from, .holder = std::move(holder)});
+                 });
   return true;
 }
 
@@ -90,29 +142,25 @@ uint32_t BlockStore::ProbeShared(SessionHoldings& s, std::span<const BlockKey> k
     ~Done() { n.fetch_sub(1, std::memory_order_relaxed); }
   } done_probing{books_.tenants[s.ns.tenant]->shared_probes};
   const uint32_t budget_us = shared_budget_us_.load(std::memory_order_relaxed);
-  LowerLane& lane = *books_.lanes[*shared_lane_];
   // The answer may come after the budget: it then lands in state nobody
   // waits on any more.
   struct Answer {
     Mutex mu;
     std::condition_variable_any cv;
     bool done ABSL_GUARDED_BY(mu) = false;
-    std::vector<bool> present ABSL_GUARDED_BY(mu);
+    std::vector<uint8_t> holder ABSL_GUARDED_BY(mu);
   };
   auto answer = std::make_shared<Answer>();
   const uint64_t start = MonotonicNanos();
-  lane.tier->Exists(
-      SharedProbeMetas(s, keys, from, n),
-      [answer](std::vector<bool> v) {
-        {
-          MutexLock l(&answer->mu);
-          answer->present = std::move(v);
-          answer->done = true;
-        }
-        answer->cv.notify_all();
-      },
-      start + uint64_t{budget_us} * 1000);
-  std::vector<bool> present;
+  AskSharedLanes(s, keys, from, n, start + uint64_t{budget_us} * 1000, [answer](std::vector<uint8_t> holder) {
+    {
+      MutexLock l(&answer->mu);
+      answer->holder = std::move(holder);
+      answer->done = true;
+    }
+    answer->cv.notify_all();
+  });
+  std::vector<uint8_t> holder;
   {
     MutexLock l(&answer->mu);
     if (!answer->mu.AwaitFor(answer->cv, std::chrono::microseconds(budget_us),
@@ -121,32 +169,34 @@ uint32_t BlockStore::ProbeShared(SessionHoldings& s, std::span<const BlockKey> k
       books_.stats->remote_probe_latency.Record(MonotonicNanos() - start);
       return 0;  // a miss: the local tiers' answer stands
     }
-    present = std::move(answer->present);
+    holder = std::move(answer->holder);
   }
   books_.stats->remote_probe_latency.Record(MonotonicNanos() - start);
-  return AdoptShared(s, keys, from, present);
+  return AdoptShared(s, keys, from, holder);
 }
 
 uint32_t BlockStore::AdoptShared(SessionHoldings& s, std::span<const BlockKey> keys, size_t from,
-                                 const std::vector<bool>& present) {
-  if (!shared_lane_) return 0;
-  LowerLane& lane = *books_.lanes[*shared_lane_];
-  const size_t n = std::min(present.size(), keys.size() - std::min(from, keys.size()));
+                                 const std::vector<uint8_t>& holder) {
+  if (shared_lanes_.empty()) return 0;
+  const size_t n = std::min(holder.size(), keys.size() - std::min(from, keys.size()));
   size_t run = 0;
-  while (run < n && present[run]) ++run;
+  while (run < n && IsSharedLane(holder[run])) ++run;
   if (run == 0) return 0;
   books_.stats->remote_probe_found.Add(run);
 
-  // Index the run as copies in the shared lane. A key indexed meanwhile (a
-  // store of another session) is left to its record: the probe after this
-  // one sees whichever copy it has.
-  // No more than the lane holds: a run longer than that would evict its
-  // own first blocks to make room for its last, and a prefix needs the first.
-  const uint64_t slot_bytes = std::max<uint64_t>(lane.tier->CostFor(s.ns.block_bytes), 1);
-  run = std::min<size_t>(run, lane.tier->BlockStats().capacity_bytes / slot_bytes);
+  // Index the run as copies in the lanes that hold them. A key indexed
+  // meanwhile (a store of another session) is left to its record: the
+  // probe after this one sees whichever copy it has.
+  // No more in one lane than it holds: a run longer than that would evict
+  // its own first blocks to make room for its last, and a prefix needs the
+  // first.
+  std::array<size_t, kMaxLowerTiers> taken{};
   uint32_t adopted = 0;
-  MutexLock ll(&lane.mu);
   for (size_t i = 0; i < run; ++i) {
+    LowerLane& lane = *books_.lanes[holder[i]];
+    const uint64_t slot_bytes = std::max<uint64_t>(lane.tier->CostFor(s.ns.block_bytes), 1);
+    if (++taken[lane.index] > lane.tier->BlockStats().capacity_bytes / slot_bytes) break;
+    MutexLock ll(&lane.mu);
     // Each record costs this node memory: a tenant indexes at most its bound.
     if (lane.use(s.ns.tenant).blocks >= opts_.shared_records_per_tenant) {
       books_.stats->remote_adoptions_refused.Add(run - i);
@@ -194,8 +244,8 @@ uint32_t BlockStore::AdoptShared(SessionHoldings& s, std::span<const BlockKey> k
 }
 
 void BlockStore::QueuePublishLocked(SessionHoldings& s, BlockRecord* r) {
-  // One of the shared lane's own copies is there already.
-  if (r->published || r->publishing || (r->lower_state != LowerState::kNone && r->lower == *shared_lane_)) return;
+  // A copy in a shared lane is there already.
+  if (r->published || r->publishing || (r->lower_state != LowerState::kNone && IsSharedLane(r->lower))) return;
   if (r->io_refs >= kMaxClientIoRefs || s.publish_pending.size() >= opts_.shared_probe_max_blocks ||
       s.ns.block_bytes < opts_.shared_min_block_bytes || Migrator::PublishPaused(*books_.tenants[s.ns.tenant])) {
     books_.stats->remote_publishes_skipped.Add();
@@ -209,7 +259,9 @@ void BlockStore::QueuePublishLocked(SessionHoldings& s, BlockRecord* r) {
 void BlockStore::StartPublishes(SessionHoldings& s) {
   if (s.publish_pending.empty()) return;
   HostResidency& t = *books_.tenants[s.ns.tenant];
-  LowerLane& lane = *books_.lanes[*shared_lane_];
+  // The first shared tier takes publishes; the next ones get what the
+  // cascade moves down to them.
+  LowerLane& lane = *books_.lanes[shared_lanes_.front()];
   for (BlockRecord* r : s.publish_pending) migrator_.Publish(t, r, lane);
   s.publish_pending.clear();
 }

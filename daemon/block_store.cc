@@ -148,7 +148,7 @@ BlockStore::ChainHits BlockStore::ProbeChain(SessionHoldings& s, std::span<const
   h.hit = static_cast<uint32_t>(from);
   // Hits in host memory go up to the shared tier too on write_policy "reused".
   const bool publish_hits =
-      lease && shared_lane_ && shared_writes_.load(std::memory_order_relaxed) == SharedWrites::kReused;
+      lease && !shared_lanes_.empty() && shared_writes_.load(std::memory_order_relaxed) == SharedWrites::kReused;
   // Probes are memory-bound: prefetch a window of keys ahead so their cache
   // misses overlap instead of queueing behind one another.
   constexpr size_t kWindow = 16;
@@ -192,7 +192,7 @@ BlockStore::ChainHits BlockStore::ProbeChain(SessionHoldings& s, std::span<const
                        : BlockLocation{books_.LaneOf(r).tier->kind(), 0, false};
       h.lower_pinned_bytes += lower_cost;
       if (!in_host) ++h.below_host;
-      if (!in_host && shared_lane_ && r->lower == *shared_lane_) ++h.in_shared;
+      if (!in_host && IsSharedLane(r->lower)) ++h.in_shared;
       if (lease) {
         if (r->pins++ == 0) t.pinned.fetch_add(1, std::memory_order_relaxed);
         h.pinned.push_back(r);
@@ -260,7 +260,7 @@ absl::StatusOr<uint32_t> BlockStore::Lookup(SessionHoldings& s, std::span<const 
   // reaches those blocks or not as the local prefix allows; an answer for
   // keys past a prefix that shrank since is dropped (no lookup reaches them).
   if (!h.cut_for_cost && h.hit < keys.size() &&
-      (shared != nullptr ? (shared->from <= h.hit && AdoptShared(s, keys, shared->from, shared->present) > 0)
+      (shared != nullptr ? (shared->from <= h.hit && AdoptShared(s, keys, shared->from, shared->holder) > 0)
                          : ProbeShared(s, keys, h.hit) > 0)) {
     h.Append(ProbeChain(s, keys, lease, out, h.hit));
   }
@@ -588,7 +588,7 @@ absl::StatusOr<uint64_t> BlockStore::AttachLowerTier(std::unique_ptr<BlockTier> 
   lane.tier->SetReadObserver([this, i = size_t{lane.index}](uint64_t bytes, const IoTiming& t) {
     books_.cost.RecordRead(i, bytes, t.share_s());
   });
-  if (lane.tier->shared()) shared_lane_ = lane.index;  // lookups ask it past their local prefix
+  if (lane.tier->shared()) shared_lanes_.push_back(lane.index);  // lookups ask it past their local prefix
   // The first local tier takes host evictions through its gate; the shared
   // tier every write. Further local tiers (none in the daemon) have none.
   const bool first_local = !lane.tier->shared() && std::none_of(books_.lanes.begin(), books_.lanes.end(),

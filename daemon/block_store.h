@@ -223,7 +223,12 @@ class BlockStore {
     shared_writes_.store(writes, std::memory_order_relaxed);
   }
   // The shared tier's lane, if the chain has one.
-  std::optional<size_t> shared_lane() const { return shared_lane_; }
+  // The first shared lane: it takes publishes; lookups ask every shared
+  // lane (shared_lanes()).
+  std::optional<size_t> shared_lane() const {
+    return shared_lanes_.empty() ? std::nullopt : std::optional<size_t>(shared_lanes_.front());
+  }
+  const std::vector<uint8_t>& shared_lanes() const { return shared_lanes_; }
   // Draining (SIGTERM): from now on StoreBegin refuses with EBUSY. Thread-safe.
   void SetDraining() { draining_.store(true, std::memory_order_release); }
   // Writes every committed host block without an NVMe copy to the NVMe
@@ -288,12 +293,9 @@ class BlockStore {
   // Blocks with a ready copy in lower tier i.
   uint64_t lower_blocks(size_t i) const { return books_.lanes[i]->blocks.load(std::memory_order_relaxed); }
   // Thread-safe. Lower tier i's capacity and what this node's copies there
-  // hold (LowerLane::UsageLocked: for a tier addressed by key, the lane's
-  // books, not the tier's).
-  TierUsage lower_usage(size_t i) const {
-    MutexLock l(&books_.lanes[i]->mu);
-    return books_.lanes[i]->UsageLocked();
-  }
+  // hold (LowerLane::Usage: for a tier addressed by key, the lane's books,
+  // not the tier's).
+  TierUsage lower_usage(size_t i) const { return books_.lanes[i]->Usage(); }
   const std::string& tenant_name(uint16_t tenant) const { return books_.tenants[tenant]->name; }
   size_t tenant_count() const { return books_.tenants.size(); }
 
@@ -306,22 +308,26 @@ class BlockStore {
   // model says to recompute (an NVMe read slower than their prefill): their
   // tier, `recompute` set, and their number in *recompute (when given).
   //
-  // Where the local tiers end the prefix, the shared tier may hold the next
-  // blocks. Without `shared`, Lookup asks it and waits up to the probe
-  // budget (tests, tools). A session asks first (StartSharedProbe), keeps
-  // serving its other requests, and looks up with the answer.
+  // Where the local tiers end the prefix, the shared tiers may hold the
+  // next blocks. Without `shared`, Lookup asks them and waits up to the
+  // probe budget (tests, tools). A session asks first (StartSharedProbe),
+  // keeps serving its other requests, and looks up with the answer.
+  static constexpr uint8_t kNoLane = 0xff;
   struct SharedAnswer {
-    size_t from = 0;            // the key the probe asked from
-    std::vector<bool> present;  // of keys[from..]; empty: no answer (late, or not asked)
+    size_t from = 0;  // the key the probe asked from
+    // Of keys[from..]: the shared lane that holds each (the first in the
+    // chain that said so), kNoLane where none did. Empty: no answer (late,
+    // or not asked).
+    std::vector<uint8_t> holder;
   };
   absl::StatusOr<uint32_t> Lookup(SessionHoldings& s, std::span<const BlockKey> keys, bool lease,
                                   uint64_t* lease_id, std::span<BlockLocation> out, uint32_t* recompute = nullptr,
                                   const SharedAnswer* shared = nullptr);
-  // Whether a lookup of keys would ask the shared tier (its local prefix
+  // Whether a lookup of keys would ask the shared tiers (its local prefix
   // ends before the keys do, nothing cut it for cost, the tenant is within
   // its probe rate and busy bound); if so, asks it now and returns true, and
   // `answered` runs exactly once, on a tier thread or inline, with the
-  // answer (present empty when the tier gave none). The session then calls
+  // answer (holder empty when no tier gave one). The session then calls
   // Lookup with it. False: Lookup answers from the local tiers alone.
   bool StartSharedProbe(SessionHoldings& s, std::span<const BlockKey> keys,
                         absl::AnyInvocable<void(SharedAnswer) &&> answered);
@@ -432,18 +438,26 @@ class BlockStore {
   // From key `from` on (the keys before it hit already).
   ChainHits ProbeChain(SessionHoldings& s, std::span<const BlockKey> keys, bool lease, std::span<BlockLocation> out,
                        size_t from = 0);
-  // The shared tier's part of a lookup (block_shared.cc): asks it which of
-  // keys[from..] it holds, within the probe budget, and indexes the present
-  // run that starts at `from` as copies in its lane. Returns how many.
+  // The shared tiers' part of a lookup (block_shared.cc): asks them which
+  // of keys[from..] they hold, within the probe budget, and indexes the
+  // present run that starts at `from` as copies in the lanes that hold
+  // them. Returns how many.
   uint32_t ProbeShared(SessionHoldings& s, std::span<const BlockKey> keys, size_t from);
   // ProbeShared's parts: how many blocks from `from` to ask about (0: none;
   // otherwise the tenant's busy slot is taken: the answer's handler gives it
-  // back), the metas to ask with, and indexing the present run as copies in
-  // the shared lane (returns how many).
+  // back), the metas to ask with, asking every shared lane that takes
+  // blocks of this size at once (`answered` runs once, with the holders,
+  // when the last answered or the deadline passed), and indexing the present
+  // run as copies in the lanes that hold them (returns how many).
   size_t SharedProbeBlocks(SessionHoldings& s, std::span<const BlockKey> keys, size_t from);
   std::vector<BlockMeta> SharedProbeMetas(const SessionHoldings& s, std::span<const BlockKey> keys, size_t from,
                                           size_t n) const;
-  uint32_t AdoptShared(SessionHoldings& s, std::span<const BlockKey> keys, size_t from, const std::vector<bool>& present);
+  void AskSharedLanes(const SessionHoldings& s, std::span<const BlockKey> keys, size_t from, size_t n,
+                      uint64_t deadline_ns, absl::AnyInvocable<void(std::vector<uint8_t>) &&> answered);
+  uint32_t AdoptShared(SessionHoldings& s, std::span<const BlockKey> keys, size_t from,
+                       const std::vector<uint8_t>& holder);
+  // Whether lane i is shared.
+  bool IsSharedLane(uint8_t i) const { return i < books_.lanes.size() && books_.lanes[i]->tier->shared(); }
   // Queues r (io_ref taken here) for a write to the shared tier after the
   // reply, unless it was written there already; under r's shard lock.
   void QueuePublishLocked(SessionHoldings& s, BlockRecord* r);
@@ -485,7 +499,7 @@ class BlockStore {
   std::atomic<bool> draining_{false};  // read by stores
   const bool adaptive_;  // opts_.policy is "adaptive": leased lookups feed its shadows
   StoreBooks books_;
-  std::optional<size_t> shared_lane_;  // set by AttachLowerTier
+  std::vector<uint8_t> shared_lanes_;  // in chain order; set by AttachLowerTier
   std::atomic<uint32_t> shared_budget_us_;
   std::atomic<SharedWrites> shared_writes_;
   // The destructor stops both before anything their passes touch goes.

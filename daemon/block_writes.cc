@@ -160,7 +160,7 @@ void BlockStore::StoreCommit(SessionHoldings& s, uint64_t ticket, bool durable, 
   HostResidency& t = *books_.tenants[s.ns.tenant];
   // Every committed block goes up to the shared tier too on write_policy
   // "committed" (after the reply: AfterReply).
-  const bool publish = shared_lane_ && shared_writes_.load(std::memory_order_relaxed) == SharedWrites::kCommitted;
+  const bool publish = !shared_lanes_.empty() && shared_writes_.load(std::memory_order_relaxed) == SharedWrites::kCommitted;
   {
     MutexLock l(&t.mu);
     // Chain order is root first; insert leaves first (see Lookup).

@@ -5,6 +5,7 @@
 #include <sys/types.h>
 
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -97,22 +98,23 @@ void ValidateRemote(const Config& c, Fail& fail) {
   }
 }
 
-// The lower tiers' chain: one shared tier at most, and at its end (the
-// store keeps one shared lane, the last); each kind's own musts.
+// The lower tiers' chain: the shared tiers after every local one (blocks
+// move down from local tiers to shared ones, never back); each kind's own
+// musts.
 template <typename Fail>
 void ValidateChain(const Config& c, Fail& fail) {
   const std::vector<std::string> chain = c.LowerChain();
-  size_t shared = 0;
+  std::optional<size_t> first_shared;
   for (size_t i = 0; i < chain.size(); ++i) {
     const LowerTierKind* k = FindLowerTierKind(chain[i]);
-    if (k == nullptr || !k->shared) continue;
-    if (++shared > 1) {
+    if (k == nullptr) continue;
+    if (k->shared) {
+      if (!first_shared) first_shared = i;
+    } else if (first_shared) {
       fail(Cat("tiers.lower[", i, "].kind"),
-           Cat("the lower tiers include two shared tiers (", absl::StrJoin(chain, " -> "),
-               "): this version keeps one shared tier, at the end of the chain; choose [tiers.remote] or [tiers.fs]"));
-    } else if (i + 1 != chain.size()) {
-      fail(Cat("tiers.lower[", i, "].kind"), Cat("the shared tier \"", chain[i], "\" must end the chain (",
-                                                 absl::StrJoin(chain, " -> "), "): blocks move down from local tiers to it"));
+           Cat("the local tier \"", chain[i], "\" comes after the shared tier \"", chain[*first_shared], "\" (",
+               absl::StrJoin(chain, " -> "), "): blocks move down from local tiers to shared ones, so shared tiers "
+               "end the chain"));
     }
   }
   const bool fs = std::find(chain.begin(), chain.end(), "fs") != chain.end();

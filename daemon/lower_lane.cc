@@ -21,7 +21,8 @@ LowerLane::LowerLane(uint8_t index, std::unique_ptr<BlockTier> tier, std::unique
 
 absl::StatusOr<SlotHandle> LowerLane::NewKeyedHandleLocked(uint64_t cost) {
   const uint64_t capacity = tier->Usage().capacity_bytes;
-  if (keyed_used_bytes_ + cost > capacity) {
+  const uint64_t used = keyed_used_bytes_.load(std::memory_order_relaxed);
+  if (used + cost > capacity) {
     return absl::ResourceExhaustedError(absl::StrCat("this node's share of the ", std::string(tier->name()),
                                                      " tier is full (", FormatBytes(capacity), ")"));
   }
@@ -35,8 +36,8 @@ absl::StatusOr<SlotHandle> LowerLane::NewKeyedHandleLocked(uint64_t cost) {
     keyed_cost_.push_back(0);
   }
   keyed_cost_[h] = std::max<uint64_t>(cost, 1);
-  keyed_used_bytes_ += keyed_cost_[h];
-  ++keyed_used_;
+  keyed_used_bytes_.store(used + keyed_cost_[h], std::memory_order_relaxed);
+  keyed_used_.fetch_add(1, std::memory_order_relaxed);
   return h;
 }
 
@@ -56,9 +57,11 @@ uint64_t LowerLane::CostOfLocked(SlotHandle handle) const {
   return handle < keyed_cost_.size() ? keyed_cost_[handle] : 0;
 }
 
-TierUsage LowerLane::UsageLocked() const {
+TierUsage LowerLane::Usage() const {
   if (!keyed_) return tier->Usage();
-  return TierUsage{tier->Usage().capacity_bytes, keyed_used_bytes_, keyed_used_, keyed_free_.size()};
+  return TierUsage{.capacity_bytes = tier->Usage().capacity_bytes,
+                   .used_bytes = keyed_used_bytes_.load(std::memory_order_relaxed),
+                   .used_slots = keyed_used_.load(std::memory_order_relaxed)};
 }
 
 void LowerLane::ChargeLocked(uint16_t tenant, SlotHandle slot, uint64_t payload_bytes, uint64_t tokens, int sign) {
@@ -90,8 +93,8 @@ void LowerLane::DropReservedLocked(SlotHandle slot, const BlockMeta& meta) {
   }
   (void)tier->Remove(kKeyAddressed, meta);
   if (slot < keyed_cost_.size() && keyed_cost_[slot] != 0) {
-    keyed_used_bytes_ -= keyed_cost_[slot];
-    --keyed_used_;
+    keyed_used_bytes_.fetch_sub(keyed_cost_[slot], std::memory_order_relaxed);
+    keyed_used_.fetch_sub(1, std::memory_order_relaxed);
     keyed_cost_[slot] = 0;
     keyed_free_.push_back(slot);
   }

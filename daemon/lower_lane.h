@@ -99,9 +99,10 @@ class LowerLane {
   void ReleaseLocked(uint16_t tenant, SlotHandle handle, const BlockMeta& meta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // Lets go of a handle reserved but never charged or owned.
   void DropReservedLocked(SlotHandle handle, const BlockMeta& meta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
-  // Capacity and what this node's handles hold: the tier's own figures for
-  // a tier with private room, the lane's books for one addressed by key.
-  TierUsage UsageLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Thread-safe, without the lane lock (the cascade asks it from under
+  // it). Capacity and what this node's handles hold: the tier's own figures
+  // for a tier with private room, the lane's books for one addressed by key.
+  TierUsage Usage() const;
 
   // Fair shares. Without them, one tenant that keeps demoting (and pins what
   // it wants kept) pushes every other tenant's blocks out of a shared tier
@@ -140,7 +141,8 @@ class LowerLane {
   // Tiers addressed by key: cost by handle (0: free), free handles, totals.
   std::vector<uint64_t> keyed_cost_ ABSL_GUARDED_BY(mu);
   std::vector<SlotHandle> keyed_free_ ABSL_GUARDED_BY(mu);
-  uint64_t keyed_used_bytes_ ABSL_GUARDED_BY(mu) = 0, keyed_used_ ABSL_GUARDED_BY(mu) = 0;
+  // Changed under mu, read by Usage without it.
+  std::atomic<uint64_t> keyed_used_bytes_{0}, keyed_used_{0};
 };
 
 }  // namespace kvtier

@@ -153,7 +153,7 @@ bool Migrator::DemoteLocked(HostResidency& t, BlockRecord* r, SlotHandle host_sl
     deferred->push_back(PendingDemotion{r, lane, host_slot, *nslot, offset, meta});
     return true;
   }
-  // Write copies the bytes before it returns: the host slot is freed right
+  // Put copies the bytes before it returns: the host slot is freed right
   // after. Its callback takes no tenant lock (r has no host slot), so it may
   // run inline here.
   WriteDemotion(t, r, lane, *nslot, offset, meta);
@@ -220,12 +220,12 @@ bool Migrator::NextTierHealthy(const LowerLane& next) {
 void Migrator::WriteDemotion(HostResidency& t, BlockRecord* r, uint8_t lane, SlotHandle lower_slot, uint64_t offset,
                              const BlockMeta& meta) {
   // The first tier refuses a demotion it has no staging memory for (a
-  // burst faster than the device) inside Write, while the host copy is
+  // burst faster than the device) inside Put, while the host copy is
   // still there: that block goes one tier down instead of being lost.
   // `refusal` tells a refusal inside Put (redirected below) from a
   // completion after it (finished as any other).
   struct Refusal {
-    std::atomic<int> state{0};  // 0: in Write; 1: Write returned; 2: refused inside Write
+    std::atomic<int> state{0};  // 0: in Put; 1: Put returned; 2: refused inside Put
     absl::Status status;
   };
   auto refusal = std::make_shared<Refusal>();

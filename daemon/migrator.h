@@ -190,7 +190,7 @@ class Migrator {
   // Starts the write of a demotion into `lane` from host memory at `offset`.
   void WriteDemotion(HostResidency& t, BlockRecord* r, uint8_t lane, SlotHandle lower_slot, uint64_t offset,
                      const BlockMeta& meta);
-  // A demotion the first lane's tier refused inside Write (KVTIER_EBUSY:
+  // A demotion the first lane's tier refused inside Put (KVTIER_EBUSY:
   // no staging memory) goes to the next lane's room now, if it takes r;
   // false (nothing changed) if not.
   bool RedirectRefusedDemotion(HostResidency& t, BlockRecord* r, SlotHandle first_slot, uint64_t offset,

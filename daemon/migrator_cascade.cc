@@ -36,8 +36,10 @@
 namespace kvtier {
 namespace {
 
-bool FullerThan(const BlockTier& tier, double share) {
-  const TierUsage u = tier.Usage();
+// By the lane's books: a tier addressed by key knows nothing of what this
+// node placed there.
+bool FullerThan(const LowerLane& lane, double share) {
+  const TierUsage u = lane.Usage();
   return u.capacity_bytes > 0 && static_cast<double>(u.used_bytes) > share * static_cast<double>(u.capacity_bytes);
 }
 
@@ -47,7 +49,7 @@ Cascade::Hooks Migrator::CascadeHooks() {
   // Lanes are attached before the driver starts and never after.
   return {
       .tiers = [this] { return books_.lanes.size(); },
-      .fuller_than = [this](size_t i, double share) { return FullerThan(*books_.lanes[i]->tier, share); },
+      .fuller_than = [this](size_t i, double share) { return FullerThan(*books_.lanes[i], share); },
       .move_batch = [this](size_t i, uint32_t max) { return CascadeBatch(i, max); },
   };
 }

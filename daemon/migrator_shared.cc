@@ -4,6 +4,8 @@
 // "committed"). The node keeps no handle on such a value (the block's copy
 // stays where it was), so the tier's own eviction alone decides how long it
 // stays there; published marks the record so it is not written again.
+#include <cassert>
+
 #include "daemon/migrator.h"
 
 namespace kvtier {
@@ -43,6 +45,7 @@ void Migrator::Publish(HostResidency& t, BlockRecord* r, LowerLane& lane) {
   // Put by key alone, not counted against the lane's capacity (which this
   // node's own copies fill, evicting only on demand): the value stays in
   // the cluster, and the lane keeps no handle on it.
+  assert(lane.keyed());  // AttachLowerTier takes a shared tier only addressed by key
   if (absl::StatusOr<BlockLocator> at = lane.tier->Reserve(meta); !at.ok()) {
     publishing_.fetch_sub(1, std::memory_order_relaxed);
     done_with(r, false);
@@ -52,7 +55,7 @@ void Migrator::Publish(HostResidency& t, BlockRecord* r, LowerLane& lane) {
     return;
   }
   // The io_ref keeps the host slot (and so the bytes at offset) until the
-  // write has copied them; RemoteTier copies them before Write returns.
+  // write has copied them; a tier copies them before Put returns.
   lane.tier->Put(kKeyAddressed, meta, {t.host->arena_base() + offset, meta.payload_bytes}, IoOptions{IoPriority::kDemote},
                  [this, &t, r, done_with](absl::Status s) {
                      done_with(r, s.ok());

@@ -27,7 +27,7 @@
 namespace kvtier {
 
 struct MemoryBlockTierOptions {
-  uint64_t capacity_bytes = 0;  // payload bytes of allocated slots, at most
+  uint64_t capacity_bytes = 0;  // payload bytes of allocated slots, at most (not shared: see below)
   uint64_t max_block_bytes = 64ull << 20;
   // What lookups report a block here as. The client ABI names no lower tier
   // but NVMe yet, and to an engine both mean the same: Load brings it back.

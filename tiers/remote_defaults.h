@@ -10,7 +10,7 @@
 namespace kvtier::remote_defaults {
 
 inline constexpr const char* kKeyPrefix = "kvtier";
-inline constexpr uint64_t kCapacityBytes = 1ull << 40;  // handles on what this node wrote
+inline constexpr uint64_t kCapacityBytes = 1ull << 40;  // what this node may place there (the store's books)
 inline constexpr uint32_t kOpTimeoutMs = 200;           // a read or write's deadline when its caller gives none
 inline constexpr uint32_t kConnectTimeoutMs = 500;
 inline constexpr uint32_t kIoTimeoutMs = 1000;  // a reply slower than this breaks its connection

@@ -300,7 +300,7 @@ void RemoteTier::Put(BlockLocator, const BlockMeta& meta, std::span<const std::b
   }
   RemoteValueHeader h = HeaderFor(meta, src.size());
   // The payload is copied once, into the command (src is the caller's again
-  // when Write returns), and hashed there, just written, into the header.
+  // when Put returns), and hashed there, just written, into the header.
   RedisCommand cmd = RedisCommand::Make(
       {{"SET"},
        {KeyFor(link->name, meta)},

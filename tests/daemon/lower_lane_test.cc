@@ -154,7 +154,7 @@ TEST(KeyedLowerLaneTest, TheLaneKeepsTheBooksAndTheValuesStay) {
     handles.push_back(*h);
   }
   EXPECT_EQ(std::set<SlotHandle>(handles.begin(), handles.end()).size(), 3u) << "each block its own handle";
-  const TierUsage full = lane.UsageLocked();
+  const TierUsage full = lane.Usage();
   EXPECT_EQ(full.used_slots, 3u);
   EXPECT_EQ(full.used_bytes, 3 * kBlock);
   EXPECT_EQ(lane.use(0).slot_bytes, 3 * kBlock);
@@ -169,7 +169,7 @@ TEST(KeyedLowerLaneTest, TheLaneKeepsTheBooksAndTheValuesStay) {
             [&](absl::Status s) { wrote.set_value(s); });
   ASSERT_TRUE(wrote.get_future().get().ok());
   lane.ReleaseLocked(0, handles[1], meta(1));
-  EXPECT_EQ(lane.UsageLocked().used_bytes, 2 * kBlock);
+  EXPECT_EQ(lane.Usage().used_bytes, 2 * kBlock);
   EXPECT_EQ(lane.use(0).blocks, 2u);
   EXPECT_EQ(lane.CostOfLocked(handles[1]), 0u) << "a handle let go costs nothing";
   std::vector<std::byte> got(kBlock);

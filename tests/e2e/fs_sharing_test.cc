@@ -138,7 +138,7 @@ TEST(FsSharingTest, TheFsSectionReadsAsTheSameChain) {
   EXPECT_TRUE(std::filesystem::is_directory(shared.path() + "/alice"));
 }
 
-TEST(FsSharingTest, AChainWrittenBothWaysOrWithTwoSharedTiersIsRefused) {
+TEST(FsSharingTest, AChainWrittenBothWaysOrWithALocalTierBelowASharedOneIsRefused) {
   testing::TempDir shared;
   const std::string both = absl::StrCat("[tiers.nvme]\ncapacity = \"64MiB\"\n[[tiers.lower]]\nkind = \"fs\"\ndir = \"",
                                         shared.path(), "\"\n");
@@ -148,7 +148,7 @@ TEST(FsSharingTest, AChainWrittenBothWaysOrWithTwoSharedTiersIsRefused) {
   DaemonProcess d2(absl::StrCat("[[tiers.lower]]\nkind = \"fs\"\ndir = \"", shared.path(),
                                 "\"\n[[tiers.lower]]\nkind = \"nvme\"\ncapacity = \"64MiB\"\n"));
   EXPECT_FALSE(d2.Start().ok());
-  EXPECT_NE(d2.Log().find("must end the chain"), std::string::npos) << d2.Log();
+  EXPECT_NE(d2.Log().find("comes after the shared tier"), std::string::npos) << d2.Log();
   DaemonProcess d3("[[tiers.lower]]\nkind = \"tape\"\n");
   EXPECT_FALSE(d3.Start().ok());
   EXPECT_NE(d3.Log().find("kind must be one of nvme, redis, fs"), std::string::npos) << d3.Log();

@@ -109,6 +109,66 @@ std::pair<uint32_t, uint32_t> HitAndLoad(Client& c, std::span<const BlockKey> ke
   return {r->hit_blocks, correct};
 }
 
+// Two shared tiers side by side in one chain (the cluster, then a shared
+// directory): node R, on the cluster alone, computed a conversation's first
+// 8 blocks; node F, on the directory alone, its first 16. Node B, on both,
+// finds the 16 in one lookup (both asked at once), the first 8 in the
+// cluster (the first shared tier in its chain that holds them) and the
+// next 8 in the directory, reports each tier to the engine as what it is,
+// and loads all 16 byte-exact.
+TEST(RemoteSharingTest, APrefixSpreadOverTheClusterAndASharedDirectoryIsFoundInBoth) {
+  auto cluster = RedisClusterProcess::Start({"alice"});
+  if (cluster == nullptr) GTEST_SKIP() << "redis-server is not installed (scripts/install-deps installs it)";
+  testing::TempDir secrets, shared;
+  const std::string fs = absl::StrCat("[tiers.fs]\ndir = \"", shared.path(), "\"\ncapacity = \"256MiB\"\n");
+  DaemonProcess r(NodeConfig(*cluster, secrets, "alice", "committed"));
+  DaemonProcess f(absl::StrCat("[tiers.host]\ncapacity = \"8MiB\"\n[[tiers.lower]]\nkind = \"fs\"\ndir = \"",
+                               shared.path(), "\"\ncapacity = \"256MiB\"\nwrite_policy = \"committed\"\n",
+                               "[[tenants]]\nname = \"alice\"\nuids = [", getuid(), "]\n"));
+  DaemonProcess b(NodeConfig(*cluster, secrets, "alice", "demoted") + fs);
+  ASSERT_TRUE(r.Start().ok()) << r.Log();
+  ASSERT_TRUE(f.Start().ok()) << f.Log();
+  ASSERT_TRUE(b.Start().ok()) << b.Log();
+  EXPECT_NE(b.Log().find("chain=\"redis -> fs\""), std::string::npos) << b.Log();
+
+  auto cr = testing::AttachTo(r.socket_path(), testing::TestNamespace(kBlock, "two/shared"));
+  auto cf = testing::AttachTo(f.socket_path(), testing::TestNamespace(kBlock, "two/shared"));
+  const std::vector<BlockKey> keys = testing::SeededKeys(*cr, 21, 24);
+  ASSERT_TRUE(testing::StoreFilled(*cr, std::span<const BlockKey>(keys).first(8)).ok());
+  ASSERT_TRUE(testing::StoreFilled(*cf, std::span<const BlockKey>(keys).first(16)).ok());
+  auto lane = [](const DaemonProcess& d, const std::string& kind) {
+    auto s = d.Status();
+    if (s.ok()) {
+      for (const auto& t : (*s)["tiers"]) {
+        if (t.value("kind", "") == kind) return t;
+      }
+    }
+    return nlohmann::json::object();
+  };
+  auto published = [&](const DaemonProcess& d, const std::string& kind) {
+    const nlohmann::json l = lane(d, kind);
+    return l.contains("shared") ? l["shared"].value("publishes", uint64_t{0}) : 0;
+  };
+  ASSERT_TRUE(testing::Eventually([&] { return published(r, "remote") >= 8 && published(f, "fs") >= 16; },
+                                  std::chrono::seconds(20)))
+      << lane(r, "remote").dump() << "\n" << lane(f, "fs").dump();
+
+  auto cb = testing::AttachTo(b.socket_path(), testing::TestNamespace(kBlock, "two/shared"));
+  {
+    auto found = cb->Lookup(keys);
+    ASSERT_TRUE(found.ok()) << found.status().ToString();
+    ASSERT_EQ(found->hit_blocks, 16u) << "8 in the cluster, 8 more in the directory, none past them";
+    for (size_t i = 0; i < 8; ++i) EXPECT_EQ(found->tiers[i], TierKind::kRemote) << i;
+    for (size_t i = 8; i < 16; ++i) EXPECT_EQ(found->tiers[i], TierKind::kFile) << i;
+  }
+  const auto [hit, correct] = HitAndLoad(*cb, keys);
+  EXPECT_EQ(hit, 16u);
+  EXPECT_EQ(correct, 16u) << "every block loads with its own bytes, from whichever tier holds it";
+  EXPECT_EQ(lane(b, "remote").value("blocks", uint64_t{0}), 8u) << lane(b, "remote").dump();
+  EXPECT_EQ(lane(b, "fs").value("blocks", uint64_t{0}), 8u) << lane(b, "fs").dump();
+  EXPECT_EQ(lane(b, "fs").value("chain_position", -1), 1);
+}
+
 TEST(RemoteSharingTest, NodeBReusesWhatNodeAComputedByteExactAndNothingElse) {
   auto cluster = RedisClusterProcess::Start({"alice", "bob"}, "--tls");
   if (cluster == nullptr) GTEST_SKIP() << "redis-server is not installed (scripts/install-deps installs it)";

@@ -530,7 +530,7 @@ void FsTier::Put(BlockLocator, const BlockMeta& meta, std::span<const std::byte>
         opts_.max_block_bytes, " bytes), or no folder for its tenant")));
     return;
   }
-  // src may be reused once Write returns.
+  // src may be reused once Put returns.
   auto copy = std::make_shared<std::vector<std::byte>>(src.begin(), src.end());
   {
     MutexLock l(&mu_);
