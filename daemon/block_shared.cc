@@ -191,17 +191,24 @@ uint32_t BlockStore::AdoptShared(SessionHoldings& s, std::span<const BlockKey> k
   // its own first blocks to make room for its last, and a prefix needs the
   // first.
   std::array<size_t, kMaxLowerTiers> taken{};
+  // Each record costs this node memory: a tenant indexes at most its bound,
+  // over every shared lane together.
+  uint64_t records = 0;
+  for (uint8_t i : shared_lanes_) {
+    const LowerLane& lane = *books_.lanes[i];
+    MutexLock ll(&lane.mu);
+    records += lane.use(s.ns.tenant).blocks;
+  }
   uint32_t adopted = 0;
   for (size_t i = 0; i < run; ++i) {
     LowerLane& lane = *books_.lanes[holder[i]];
     const uint64_t slot_bytes = std::max<uint64_t>(lane.tier->CostFor(s.ns.block_bytes), 1);
-    if (++taken[lane.index] > lane.tier->BlockStats().capacity_bytes / slot_bytes) break;
-    MutexLock ll(&lane.mu);
-    // Each record costs this node memory: a tenant indexes at most its bound.
-    if (lane.use(s.ns.tenant).blocks >= opts_.shared_records_per_tenant) {
+    if (++taken[lane.index] > lane.tier->Usage().capacity_bytes / slot_bytes) break;
+    if (records + adopted >= opts_.shared_records_per_tenant) {
       books_.stats->remote_adoptions_refused.Add(run - i);
       break;
     }
+    MutexLock ll(&lane.mu);
     const BlockKey& key = keys[from + i];
     BlockRecord* r = books_.index.NewRecord(s.ns.handle, key);
     r->tenant = s.ns.tenant;

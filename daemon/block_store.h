@@ -154,8 +154,9 @@ class BlockStore {
     // tier down until it is at cascade_low. The last tier evicts (drops).
     double cascade_high = 0.9;
     double cascade_low = 0.8;
-    // The shared tier (a lower tier whose shared() is true: tiers.remote).
-    // Where the local tiers end a lookup's hit prefix, the lookup asks it
+    // The shared tiers (lower tiers whose shared() is true: the redis and fs
+    // kinds). Where the local tiers end a lookup's hit prefix, the lookup asks
+    // each
     // which of the next blocks (at most shared_probe_max_blocks) it holds,
     // waiting at most shared_probe_budget_us (0: never asks); the blocks it
     // holds join the prefix as copies there, priced by the cost model at

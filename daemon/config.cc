@@ -289,6 +289,7 @@ void ReadLowerChain(const toml::array& arr, const toml::table* tiers, std::strin
     }
   }
   c->lower_chain.clear();
+  absl::flat_hash_set<std::string> shared_keys_set;  // shared-tier keys some entry set
   for (const toml::node& n : arr) {
     const toml::table* t = n.as_table();
     const std::string where = Where(origin, n.source());
@@ -317,8 +318,15 @@ void ReadLowerChain(const toml::array& arr, const toml::table* tiers, std::strin
     TableReader r(*t, std::string(k->section), origin, &c->key_source);
     KVTIER_KEEP_ERROR(*errors, r.String("kind", &kind));
     for (const ConfigKey& key : ConfigSchema()) {
-      const bool shared_key =
-          k->shared && k->section != "tiers.remote" && key.section == "tiers.remote" && IsSharedTierKey(key.name);
+      const bool shared_key = k->shared && key.section == "tiers.remote" && IsSharedTierKey(key.name);
+      // One setting for every shared tier: given in two entries, which one
+      // holds would depend on their order.
+      if (shared_key && t->contains(key.name) && !shared_keys_set.insert(std::string(key.name)).second) {
+        errors->push_back(Cat(where, ": tiers.lower[", c->lower_chain.size() - 1, "].", key.name,
+                              " is set in two shared entries: the shared-tier keys govern every shared tier, set "
+                              "each in one entry"));
+        continue;
+      }
       if (key.section == k->section || shared_key) KVTIER_KEEP_ERROR(*errors, ReadKey(r, key, origin, c));
     }
     KVTIER_KEEP_ERROR(*errors, r.RejectUnknown());

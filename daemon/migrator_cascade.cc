@@ -247,9 +247,13 @@ bool Migrator::FinishCascadeMove(LowerLane& from, LowerLane& to, CascadeMove& m)
       MutexLock l(&to.mu);
       books_.FreeLowerSlotLocked(to, m.r, m.to_slot);
     }
-    // A copy that fails its check is never served (nor moved); one that
-    // another reader holds is left to that reader.
-    if (absl::IsDataLoss(m.read)) DropLowerCopy(m.r, from.index, m.slot, /*sole_holder=*/true);
+    // A copy that fails its check is never served (nor moved), and a shared
+    // tier's value its cluster evicted is gone: either leaves the books (or
+    // the cascade would pick it again every pass); one that another reader
+    // holds is left to that reader.
+    if (absl::IsDataLoss(m.read) || (absl::IsNotFound(m.read) && from.tier->shared())) {
+      DropLowerCopy(m.r, from.index, m.slot, /*sole_holder=*/true);
+    }
     return false;
   }
   bool swapped = false;

@@ -186,6 +186,21 @@ class BlockTier {
   }
 };
 
+// A tier addressed by block identity alone (a Redis Cluster, a shared
+// directory): Reserve only checks the size (1 to max_block_bytes) and
+// hands out kKeyAddressed, Remove leaves the value (it belongs to every
+// node), and the caller keeps the books of what it placed there against the
+// tier's capacity.
+class KeyAddressedBlockTier : public BlockTier {
+ public:
+  bool addressed_by_key() const final { return true; }
+  absl::StatusOr<BlockLocator> Reserve(const BlockMeta& meta) override;
+  absl::Status Remove(BlockLocator, const BlockMeta&) override { return absl::OkStatus(); }
+};
+
+// InvalidArgument, naming the tier, unless 1 <= bytes <= max_bytes.
+absl::Status CheckBlockBytes(std::string_view tier, uint64_t bytes, uint64_t max_bytes);
+
 }  // namespace kvtier
 
 #endif  // KVTIER_TIERS_BLOCK_TIER_H_

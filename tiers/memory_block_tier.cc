@@ -32,10 +32,7 @@ MemoryBlockTier::~MemoryBlockTier() {
 
 absl::StatusOr<BlockLocator> MemoryBlockTier::Reserve(const BlockMeta& meta) {
   const uint64_t bytes = meta.payload_bytes;
-  if (bytes == 0 || bytes > opts_.max_block_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("a block of ", bytes, " bytes does not fit the ", opts_.name,
-                                                   " tier (1 to ", opts_.max_block_bytes, " bytes)"));
-  }
+  if (absl::Status s = CheckBlockBytes(opts_.name, bytes, opts_.max_block_bytes); !s.ok()) return s;
   if (opts_.shared) return kKeyAddressed;
   MutexLock l(&mu_);
   if (used_bytes_ + bytes > opts_.capacity_bytes) {

@@ -247,14 +247,6 @@ const RemoteTier::TenantLink* RemoteTier::LinkFor(uint64_t tenant_hash) const {
   return nullptr;
 }
 
-absl::StatusOr<BlockLocator> RemoteTier::Reserve(const BlockMeta& meta) {
-  if (meta.payload_bytes == 0 || meta.payload_bytes > opts_.max_block_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("a block of ", meta.payload_bytes, " bytes does not fit the ",
-                                                   opts_.name, " tier (1 to ", opts_.max_block_bytes, " bytes)"));
-  }
-  return kKeyAddressed;
-}
-
 void RemoteTier::Began(bool write) {
   MutexLock l(&mu_);
   ++(write ? writes_in_flight_ : reads_in_flight_);

@@ -131,7 +131,7 @@ struct RemoteTierOptions {
   std::function<void(const std::string& tenant, const std::string& why)> on_ledger_failure;
 };
 
-class RemoteTier final : public BlockTier {
+class RemoteTier final : public KeyAddressedBlockTier {
  public:
   // InvalidArgument for bad seeds or a tenant without a user; the cluster
   // need not be up (the tier is degraded until it answers).
@@ -142,12 +142,8 @@ class RemoteTier final : public BlockTier {
   std::string KeyFor(const std::string& tenant, const BlockMeta& meta) const;
 
   TierKind kind() const override { return opts_.kind; }
-  // Addressed by key alone: Reserve only checks the size, Remove leaves the
-  // value (it belongs to every node), and the store keeps the books of what
-  // this node placed here against capacity_bytes.
-  bool addressed_by_key() const override { return true; }
-  absl::StatusOr<BlockLocator> Reserve(const BlockMeta& meta) override;
-  absl::Status Remove(BlockLocator, const BlockMeta&) override { return absl::OkStatus(); }
+  // Addressed by key alone (KeyAddressedBlockTier): the store keeps the
+  // books of what this node placed here against capacity_bytes.
   uint64_t CostFor(uint64_t payload_bytes) const override { return payload_bytes + sizeof(RemoteValueHeader); }
   using BlockTier::Get;
   using BlockTier::Put;

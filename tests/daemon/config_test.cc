@@ -202,6 +202,33 @@ TEST(ConfigTest, TenantsMustBeDistinctAndAdmitSomeone) {
   EXPECT_NE(Message(dup).find("uid 1 belongs to two tenants"), std::string::npos);
 }
 
+// Shared tiers end the chain, in any number; the shared-tier keys govern
+// them all, so each is set in one entry: set in two, which one held would
+// depend on the entries' order.
+TEST(ConfigTest, TwoSharedTiersChainAndSetTheirSharedKeysOnce) {
+  const std::string redis = "[[tiers.lower]]\nkind = \"redis\"\nseeds = [\"127.0.0.1:7000\"]\nprobe_budget_us = 5000\n";
+  const std::string tenant = "[[tenants]]\nname = \"a\"\nuids = [1]\nremote_user = \"a\"\n";
+  auto once = ParseConfig(redis + "[[tiers.lower]]\nkind = \"fs\"\ndir = \"/srv/kv\"\n" + tenant, "k.toml");
+  EXPECT_EQ(Message(once).find("two shared entries"), std::string::npos) << Message(once);
+  EXPECT_EQ(Message(once).find("comes after the shared tier"), std::string::npos) << Message(once);
+  if (once.ok()) {
+    EXPECT_EQ(once->LowerChain(), (std::vector<std::string>{"redis", "fs"}));
+    EXPECT_EQ(once->remote_probe_budget_us, 5000u);
+  }
+  auto twice = ParseConfig(
+      redis + "[[tiers.lower]]\nkind = \"fs\"\ndir = \"/srv/kv\"\nprobe_budget_us = 9000\n" + tenant, "k.toml");
+  ASSERT_FALSE(twice.ok());
+  EXPECT_NE(Message(twice).find("tiers.lower[1].probe_budget_us is set in two shared entries"), std::string::npos)
+      << Message(twice);
+  auto local_last = ParseConfig("[[tiers.lower]]\nkind = \"fs\"\ndir = \"/srv/kv\"\n[[tiers.lower]]\nkind = "
+                                "\"nvme\"\ncapacity = \"1GiB\"\n",
+                                "k.toml");
+  ASSERT_FALSE(local_last.ok());
+  EXPECT_NE(Message(local_last).find("the local tier \"nvme\" comes after the shared tier \"fs\""),
+            std::string::npos)
+      << Message(local_last);
+}
+
 TEST(ConfigTest, DefaultConfigTextParsesToTheDefaults) {
   auto c = ParseConfig(DefaultConfigToml(), "default");
   ASSERT_TRUE(c.ok()) << c.status();

@@ -506,14 +506,14 @@ TEST(FsTierTest, QueuedOpsFailByTheirDeadlineWhenEveryThreadIsBusy) {
   (void)(*t)->Remove(*slot, BlockMeta{});
 }
 
-TEST(FsTierTest, ExistsEndsAtTheFirstAbsentBlockAndGarbageOfTheWrongSizeGoes) {
+TEST(FsTierTest, ExistsAnswersForEveryBlockAndGarbageOfTheWrongSizeGoes) {
   TempDir dir;
   auto t = FsTier::Create(Options(dir.path()));
   ASSERT_TRUE(t.ok());
   ASSERT_TRUE(WriteKeyed(**t, Meta(2, 4096)).ok());
   ASSERT_TRUE(WriteKeyed(**t, Meta(3, 4096)).ok());
-  EXPECT_EQ(ExistsNow(**t, {Meta(1, 4096), Meta(2, 4096)}), (std::vector<bool>{false, false}))
-      << "a probe's answer is the run from its first block";
+  EXPECT_EQ(ExistsNow(**t, {Meta(1, 4096), Meta(2, 4096)}), (std::vector<bool>{false, true}))
+      << "past an absent block: another shared tier may hold the blocks before it";
   EXPECT_EQ(ExistsNow(**t, {Meta(2, 4096), Meta(3, 4096), Meta(4, 4096)}), (std::vector<bool>{true, true, false}));
   // Zeros of the wrong length (a crash without fsync): deleted, not kept as
   // "another version".

@@ -260,14 +260,6 @@ std::string FsTier::PathFor(const BlockMeta& meta) const {
   return absl::StrCat(opts_.dir, "/", t->name, "/", Hex(meta.key.bytes.data(), 1), "/", FileName(meta));
 }
 
-absl::StatusOr<BlockLocator> FsTier::Reserve(const BlockMeta& meta) {
-  if (meta.payload_bytes == 0 || meta.payload_bytes > opts_.max_block_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("a block of ", meta.payload_bytes, " bytes does not fit the ",
-                                                   opts_.name, " tier (1 to ", opts_.max_block_bytes, " bytes)"));
-  }
-  return kKeyAddressed;
-}
-
 TierHealth FsTier::Health() const {
   return degraded_.load(std::memory_order_acquire) ? TierHealth::kDegraded : TierHealth::kHealthy;
 }
@@ -627,9 +619,11 @@ void FsTier::Exists(std::span<const BlockMeta> metas, absl::AnyInvocable<void(st
   Submit({IoPriority::kLoad, deadline, CancelToken{},
           [this, asked = std::move(asked), deadline, done = std::move(done)](absl::Status abandoned) mutable {
             std::vector<bool> found(asked.size(), false);
-            // A lookup uses the run of present blocks from the first one:
-            // the first absent (or the deadline) ends the answer. The
-            // metas of one probe are one tenant's.
+            // Every block is asked about, not only the run from the first:
+            // another shared tier in the chain may hold the blocks this one
+            // lacks (a prefix spread over the cluster and the directory).
+            // The deadline ends the answer. The metas of one probe are one
+            // tenant's.
             const FsTenant* t = asked.empty() ? nullptr : TenantFor(asked[0].tenant_hash);
             UniqueFd root(open(opts_.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
             absl::StatusOr<UniqueFd> tenant = absl::NotFoundError("");
@@ -642,7 +636,6 @@ void FsTier::Exists(std::span<const BlockMeta> metas, absl::AnyInvocable<void(st
               found[i] = folder.ok() &&
                          fstatat(folder->get(), FileName(asked[i]).c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
                          S_ISREG(st.st_mode) && st.st_uid == geteuid();
-              if (!found[i]) break;
             }
             std::move(done)(std::move(found));
           }});

@@ -116,7 +116,7 @@ struct FsTierOptions {
   std::function<void(const std::string& why)> on_failure;
 };
 
-class FsTier final : public BlockTier {
+class FsTier final : public KeyAddressedBlockTier {
  public:
   // InvalidArgument for bad options; FailedPrecondition when the directory
   // does not exist or a tenant folder is not safe (another uid owns it, or
@@ -129,12 +129,8 @@ class FsTier final : public BlockTier {
   std::string PathFor(const BlockMeta& meta) const;
 
   TierKind kind() const override { return TierKind::kFile; }
-  // Addressed by key alone: Reserve only checks the size, Remove leaves the
-  // value (it belongs to every node), and the store keeps the books of what
-  // this node placed here against capacity_bytes.
-  bool addressed_by_key() const override { return true; }
-  absl::StatusOr<BlockLocator> Reserve(const BlockMeta& meta) override;
-  absl::Status Remove(BlockLocator, const BlockMeta&) override { return absl::OkStatus(); }
+  // Addressed by key alone (KeyAddressedBlockTier): the store keeps the
+  // books of what this node placed here against capacity_bytes.
   uint64_t CostFor(uint64_t payload_bytes) const override { return payload_bytes + sizeof(FsBlockHeader); }
   using BlockTier::Get;
   using BlockTier::Put;
