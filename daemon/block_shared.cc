@@ -52,20 +52,40 @@ std::vector<BlockMeta> BlockStore::SharedProbeMetas(const SessionHoldings& s, st
   return metas;
 }
 
-void BlockStore::AskSharedLanes(const SessionHoldings& s, std::span<const BlockKey> keys, size_t from, size_t n,
-                                uint64_t deadline_ns, absl::AnyInvocable<void(std::vector<uint8_t>) &&> answered) {
+namespace {
+
+// Where the answers of the shared lanes asked for one probe meet.
+struct SharedMeet {
+  Mutex mu;
+  std::vector<std::vector<bool>> present ABSL_GUARDED_BY(mu);  // by position in `lanes`; empty: not answered
+  std::vector<uint8_t> lanes;                                   // chain order
+  std::atomic<size_t> remaining{0};
+  absl::AnyInvocable<void(std::vector<uint8_t>) &&> answered;
+  size_t n = 0;
+
+  // Each block's holder: the first lane in the chain that answered it holds
+  // it (kNoLane: none so far).
+  std::vector<uint8_t> Holders() {
+    std::vector<uint8_t> holder(n, BlockStore::kNoLane);
+    MutexLock l(&mu);
+    for (size_t k = 0; k < n; ++k) {
+      for (size_t q = 0; q < lanes.size() && holder[k] == BlockStore::kNoLane; ++q) {
+        if (k < present[q].size() && present[q][k]) holder[k] = lanes[q];
+      }
+    }
+    return holder;
+  }
+};
+
+}  // namespace
+
+std::function<std::vector<uint8_t>()> BlockStore::AskSharedLanes(
+    const SessionHoldings& s, std::span<const BlockKey> keys, size_t from, size_t n, uint64_t deadline_ns,
+    absl::AnyInvocable<void(std::vector<uint8_t>) &&> answered) {
   // Every shared lane that takes blocks of this size is asked at once; the
   // answers meet here, and the first lane in the chain that holds a block
   // is its holder (the nearer tier, as a load would want).
-  struct Meet {
-    Mutex mu;
-    std::vector<std::vector<bool>> present ABSL_GUARDED_BY(mu);  // by position in `lanes`
-    std::vector<uint8_t> lanes;
-    std::atomic<size_t> remaining{0};
-    absl::AnyInvocable<void(std::vector<uint8_t>) &&> answered;
-    size_t n = 0;
-  };
-  auto meet = std::make_shared<Meet>();
+  auto meet = std::make_shared<SharedMeet>();
   for (uint8_t i : shared_lanes_) {
     if (s.ns.block_bytes <= books_.lanes[i]->tier->max_block_bytes()) meet->lanes.push_back(i);
   }
@@ -75,9 +95,10 @@ void BlockStore::AskSharedLanes(const SessionHoldings& s, std::span<const BlockK
     MutexLock l(&meet->mu);
     meet->present.resize(meet->lanes.size());
   }
+  std::function<std::vector<uint8_t>()> so_far = [meet] { return meet->Holders(); };
   if (meet->lanes.empty()) {
     std::move(meet->answered)(std::vector<uint8_t>(n, kNoLane));
-    return;
+    return so_far;
   }
   meet->remaining.store(meet->lanes.size(), std::memory_order_relaxed);
   const std::vector<BlockMeta> metas = SharedProbeMetas(s, keys, from, n);
@@ -90,23 +111,16 @@ void BlockStore::AskSharedLanes(const SessionHoldings& s, std::span<const BlockK
             meet->present[j] = std::move(v);
           }
           if (meet->remaining.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-          std::vector<uint8_t> holder(meet->n, kNoLane);
-          {
-            MutexLock l(&meet->mu);
-            for (size_t k = 0; k < meet->n; ++k) {
-              for (size_t q = 0; q < meet->lanes.size() && holder[k] == kNoLane; ++q) {
-                if (k < meet->present[q].size() && meet->present[q][k]) holder[k] = meet->lanes[q];
-              }
-            }
-          }
-          std::move(meet->answered)(std::move(holder));
+          std::move(meet->answered)(meet->Holders());
         },
         deadline_ns);
   }
+  return so_far;
 }
 
 bool BlockStore::StartSharedProbe(SessionHoldings& s, std::span<const BlockKey> keys,
-                                  absl::AnyInvocable<void(SharedAnswer) &&> answered) {
+                                  absl::AnyInvocable<void(SharedAnswer) &&> answered,
+                                  std::function<SharedAnswer()>* so_far) {
   if (shared_lanes_.empty() || shared_budget_us_.load(std::memory_order_relaxed) == 0) return false;
   // Where the local tiers end the prefix, without pinning anything: the
   // lookup that follows the answer probes (and pins) again.
@@ -120,7 +134,8 @@ bool BlockStore::StartSharedProbe(SessionHoldings& s, std::span<const BlockKey> 
   const uint64_t start = MonotonicNanos();
   std::atomic<uint32_t>* busy = &books_.tenants[s.ns.tenant]->shared_probes;
   DaemonStats* stats = books_.stats;
-  AskSharedLanes(s, keys, from, n, start + uint64_t{budget_us} * 1000,
+  std::function<std::vector<uint8_t>()> holders = AskSharedLanes(
+      s, keys, from, n, start + uint64_t{budget_us} * 1000,
                  [busy, stats, start, budget_us, from, answered = std::move(answered)](std::vector<uint8_t> holder) mutable {
                    busy->fetch_sub(1, std::memory_order_relaxed);
                    const uint64_t took = MonotonicNanos() - start;
@@ -131,6 +146,9 @@ bool BlockStore::StartSharedProbe(SessionHoldings& s, std::span<const BlockKey> 
                    if (took > uint64_t{budget_us} * 1000) stats->remote_probes_late.Add();
                    std::move(answered)(SharedAnswer{.from = from, .holder = std::move(holder)});
                  });
+  if (so_far != nullptr) {
+    *so_far = [holders = std::move(holders), from] { return SharedAnswer{.from = from, .holder = holders()}; };
+  }
   return true;
 }
 
@@ -152,14 +170,15 @@ uint32_t BlockStore::ProbeShared(SessionHoldings& s, std::span<const BlockKey> k
   };
   auto answer = std::make_shared<Answer>();
   const uint64_t start = MonotonicNanos();
-  AskSharedLanes(s, keys, from, n, start + uint64_t{budget_us} * 1000, [answer](std::vector<uint8_t> holder) {
-    {
-      MutexLock l(&answer->mu);
-      answer->holder = std::move(holder);
-      answer->done = true;
-    }
-    answer->cv.notify_all();
-  });
+  std::function<std::vector<uint8_t>()> so_far =
+      AskSharedLanes(s, keys, from, n, start + uint64_t{budget_us} * 1000, [answer](std::vector<uint8_t> holder) {
+        {
+          MutexLock l(&answer->mu);
+          answer->holder = std::move(holder);
+          answer->done = true;
+        }
+        answer->cv.notify_all();
+      });
   std::vector<uint8_t> holder;
   {
     MutexLock l(&answer->mu);
@@ -167,11 +186,14 @@ uint32_t BlockStore::ProbeShared(SessionHoldings& s, std::span<const BlockKey> k
                              [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return answer->done; })) {
       books_.stats->remote_probes_late.Add();
       books_.stats->remote_probe_latency.Record(MonotonicNanos() - start);
-      return 0;  // a miss: the local tiers' answer stands
+      // What the tiers that answered in time say still counts; with none,
+      // a miss: the local tiers' answer stands.
+      holder = so_far();
+    } else {
+      holder = std::move(answer->holder);
+      books_.stats->remote_probe_latency.Record(MonotonicNanos() - start);
     }
-    holder = std::move(answer->holder);
   }
-  books_.stats->remote_probe_latency.Record(MonotonicNanos() - start);
   return AdoptShared(s, keys, from, holder);
 }
 

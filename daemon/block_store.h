@@ -27,6 +27,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -330,8 +331,12 @@ class BlockStore {
   // `answered` runs exactly once, on a tier thread or inline, with the
   // answer (holder empty when no tier gave one). The session then calls
   // Lookup with it. False: Lookup answers from the local tiers alone.
+  // `so_far`, when given, is set to what the tiers that answered so far
+  // say (thread-safe; for a lookup whose budget passed while one tier has
+  // not answered: the others' blocks still count).
   bool StartSharedProbe(SessionHoldings& s, std::span<const BlockKey> keys,
-                        absl::AnyInvocable<void(SharedAnswer) &&> answered);
+                        absl::AnyInvocable<void(SharedAnswer) &&> answered,
+                        std::function<SharedAnswer()>* so_far = nullptr);
   // The probe budget now (tiers.remote.probe_budget_us), in microseconds.
   uint32_t shared_probe_budget_us() const { return shared_budget_us_.load(std::memory_order_relaxed); }
   // Host locations of keys the lease pins (every key must be in it),
@@ -453,8 +458,10 @@ class BlockStore {
   size_t SharedProbeBlocks(SessionHoldings& s, std::span<const BlockKey> keys, size_t from);
   std::vector<BlockMeta> SharedProbeMetas(const SessionHoldings& s, std::span<const BlockKey> keys, size_t from,
                                           size_t n) const;
-  void AskSharedLanes(const SessionHoldings& s, std::span<const BlockKey> keys, size_t from, size_t n,
-                      uint64_t deadline_ns, absl::AnyInvocable<void(std::vector<uint8_t>) &&> answered);
+  // Returns what the lanes that answered so far say, callable any time.
+  std::function<std::vector<uint8_t>()> AskSharedLanes(const SessionHoldings& s, std::span<const BlockKey> keys,
+                                                       size_t from, size_t n, uint64_t deadline_ns,
+                                                       absl::AnyInvocable<void(std::vector<uint8_t>) &&> answered);
   uint32_t AdoptShared(SessionHoldings& s, std::span<const BlockKey> keys, size_t from,
                        const std::vector<uint8_t>& holder);
   // Whether lane i is shared.

@@ -537,6 +537,7 @@ Session::Outcome Session::OnLookup(Request& r) {
   const RequestRecord req = r.req;
   async_in_flight_.fetch_add(1, std::memory_order_acq_rel);
   const uint64_t started = MonotonicNanos();
+  std::function<BlockStore::SharedAnswer()> so_far;
   if (store_->StartSharedProbe(holdings_, r.keys, [this, claimed, keys, req](BlockStore::SharedAnswer a) mutable {
         if (claimed->exchange(true)) return;  // the timer resumed it already
         Deferred d{req, {}, {}};
@@ -545,17 +546,17 @@ Session::Outcome Session::OnLookup(Request& r) {
           return FinishLookup(req, *keys, locs, &a);
         };
         Defer(std::move(d));
-      })) {
-    // The tier answers by the budget; the timer covers one that does not
-    // (a file system hung in a stat), with a little grace.
+      }, &so_far)) {
+    // The tiers answer by the budget; the timer covers one that does not
+    // (a file system hung in a stat), with a little grace, and takes what
+    // the others said (a cluster's blocks count while a directory hangs).
     const uint64_t budget_ns = uint64_t{store_->shared_probe_budget_us()} * 1000;
     pending_probes_.push_back(PendingProbe{
-        started + budget_ns + 2'000'000, claimed, [this, keys, req]() mutable {
+        started + budget_ns + 2'000'000, claimed, [this, keys, req, so_far = std::move(so_far)]() mutable {
           Deferred d{req, {}, {}};
-          d.resume = [this, keys, req]() mutable {
-            const BlockStore::SharedAnswer none;
+          d.resume = [this, keys, req, a = so_far()]() mutable {
             std::vector<BlockLocation> locs(keys->size());
-            return FinishLookup(req, *keys, locs, &none);
+            return FinishLookup(req, *keys, locs, &a);
           };
           Defer(std::move(d));
         }});

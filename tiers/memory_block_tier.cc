@@ -279,14 +279,30 @@ void MemoryBlockTier::Exists(std::span<const BlockMeta> metas, absl::AnyInvocabl
   // A round trip of op_latency_ns, taken on the caller's thread.
   if (opts_.op_latency_ns > 0) std::this_thread::sleep_for(std::chrono::nanoseconds(opts_.op_latency_ns));
   std::vector<bool> present(metas.size(), false);
-  if (opts_.shared) {
+  {
     MutexLock l(&mu_);
-    for (size_t i = 0; i < metas.size(); ++i) {
-      auto it = values_.find(KeyOf(metas[i]));
-      present[i] = it != values_.end() && it->second.meta.payload_bytes == metas[i].payload_bytes;
+    if (opts_.shared) {
+      for (size_t i = 0; i < metas.size(); ++i) {
+        auto it = values_.find(KeyOf(metas[i]));
+        present[i] = it != values_.end() && it->second.meta.payload_bytes == metas[i].payload_bytes;
+      }
+    }
+    if (hold_exists_) {
+      held_exists_.emplace_back(std::move(done), std::move(present));
+      return;
     }
   }
   std::move(done)(std::move(present));
+}
+
+void MemoryBlockTier::HoldExists(bool hold) {
+  std::vector<std::pair<absl::AnyInvocable<void(std::vector<bool>) &&>, std::vector<bool>>> release;
+  {
+    MutexLock l(&mu_);
+    hold_exists_ = hold;
+    if (!hold) release.swap(held_exists_);
+  }
+  for (auto& [done, present] : release) std::move(done)(std::move(present));
 }
 
 void MemoryBlockTier::Pause() {

@@ -95,6 +95,9 @@ class MemoryBlockTier final : public BlockTier {
   // For tests. While paused, ops queue and do not run (deadlines pass).
   void Pause();
   void Resume();
+  // For tests. While held, Exists answers nobody (as a file system hung in
+  // a stat): its answers are kept, and given when released.
+  void HoldExists(bool hold);
 
  private:
   struct Slot {
@@ -143,6 +146,9 @@ class MemoryBlockTier final : public BlockTier {
   std::set<uint64_t> unfinished_writes_ ABSL_GUARDED_BY(mu_);  // queued or running, by write_seq
   bool paused_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool hold_exists_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::pair<absl::AnyInvocable<void(std::vector<bool>) &&>, std::vector<bool>>> held_exists_
+      ABSL_GUARDED_BY(mu_);
   bool running_ ABSL_GUARDED_BY(mu_) = false;  // the worker holds an op (until its callback returned)
 
   // Counted on the tier thread, read by BlockStats without the lock.

@@ -60,6 +60,14 @@ class BlockStoreNvmeTest : public ::testing::Test {
       memory_ = mem->get();
       auto n = store_->AttachLowerTier(std::move(*mem), {}, &namespaces_);
       ASSERT_TRUE(n.ok());
+      if (second_shared_) {
+        // A second shared tier below the first (a cluster, then a directory).
+        auto more = MemoryBlockTier::Create(
+            {.capacity_bytes = 4 << 20, .max_block_bytes = 1 << 20, .name = "shared2", .shared = true});
+        ASSERT_TRUE(more.ok()) << more.status();
+        memory2_ = more->get();
+        ASSERT_TRUE(store_->AttachLowerTier(std::move(*more), {}, &namespaces_).ok());
+      }
       store_->StartBackgroundReclaim();
       return;
     }
@@ -201,6 +209,8 @@ class BlockStoreNvmeTest : public ::testing::Test {
   MemoryBlockTier* memory_ = nullptr;     // when lower_ is "memory", or below_
   bool below_ = false;                    // the next Open attaches a memory tier below NVMe
   bool below_shared_ = false;             // ... standing for a shared tier
+  bool second_shared_ = false;            // lower_ "shared" gets a second shared tier below it
+  MemoryBlockTier* memory2_ = nullptr;    // ... this one
   uint64_t memory_latency_ns_ = 0;        // the "memory"/"shared" tier's op latency (and below_'s)
   // The shared tier's fair shares (BlockStore::Options).
   uint32_t shared_probe_blocks_per_s_ = 50000;
@@ -595,6 +605,53 @@ std::vector<int> LowerTiersOf(BlockStore& cache, uint64_t from, uint64_t n) {
     out.push_back(info.size() == 1 && info[0].on_lower ? info[0].lower : -1);
   }
   return out;
+}
+
+// Two shared tiers: a lookup asks both, each block is indexed in the first
+// tier in the chain that holds it, and one tier that does not answer (a
+// file system hung in a stat) does not hide what the other said.
+TEST_F(BlockStoreNvmeTest, TwoSharedTiersBothCountAndALateOneDoesNotHideTheOther) {
+  lower_ = "shared";
+  second_shared_ = true;
+  Open(64);
+  ASSERT_EQ(store_->shared_lanes(), (std::vector<uint8_t>{0, 1}));
+  auto s = Session();
+  auto plant = [&](MemoryBlockTier* tier, uint64_t from, uint64_t n) {
+    for (uint64_t i = from; i < from + n; ++i) {
+      const BlockMeta meta{.ns = s->ns.id, .key = KeyOf(i), .payload_bytes = kBlock, .tenant_hash = TenantHash("t"),
+                           .block_tokens = s->ns.block_tokens};
+      std::vector<std::byte> bytes(kBlock);
+      testing::FillFromKey(meta.key, bytes);
+      std::promise<absl::Status> wrote;
+      tier->Put(kKeyAddressed, meta, bytes, IoPriority::kDemote, [&](absl::Status st) { wrote.set_value(st); });
+      ASSERT_TRUE(wrote.get_future().get().ok());
+    }
+  };
+  plant(memory_, 0, 4);   // 0..3 in the first
+  plant(memory2_, 2, 6);  // 2..7 in the second (2 and 3 in both)
+  std::vector<BlockKey> keys;
+  for (uint64_t i = 0; i < 10; ++i) keys.push_back(KeyOf(i));
+  std::vector<BlockLocation> out(keys.size());
+  uint64_t lease;
+  auto hit = store_->Lookup(*s, keys, false, &lease, std::span(out));
+  ASSERT_TRUE(hit.ok()) << hit.status();
+  EXPECT_EQ(*hit, 8u) << "4 from the first tier, 4 more from the second";
+  EXPECT_EQ(LowerTiersOf(*store_, 0, 8), (std::vector<int>{0, 0, 0, 0, 1, 1, 1, 1}))
+      << "a block both hold is the first one's";
+  EXPECT_EQ(LoadVerified(*s, 0, 8), 8u) << "each loads byte-exact from the tier that holds it";
+
+  // The first tier stops answering; the second still counts.
+  plant(memory2_, 20, 4);
+  memory_->HoldExists(true);
+  keys.clear();
+  for (uint64_t i = 20; i < 24; ++i) keys.push_back(KeyOf(i));
+  std::vector<BlockLocation> late(keys.size());
+  hit = store_->Lookup(*s, keys, false, &lease, std::span(late));
+  ASSERT_TRUE(hit.ok()) << hit.status();
+  EXPECT_EQ(*hit, 4u) << "the second tier's answer stands while the first has given none";
+  EXPECT_GE(stats_.remote_probes_late.Get(), 1u);
+  memory_->HoldExists(false);  // the late answer lands in state nobody waits on
+  EXPECT_EQ(LoadVerified(*s, 20, 4), 4u);
 }
 
 // `kvtierctl blocks` said "nvme (moving)" for every block only on NVMe,
