@@ -102,6 +102,22 @@ class BlockStoreNvmeTest : public ::testing::Test {
     store_->RegisterNamespace(s->ns);
     return s;
   }
+  // Another node's values of keys [from, from+n) for s's tenant "t" and
+  // namespace, written into a shared tier by key; returns their metas.
+  std::vector<BlockMeta> Plant(MemoryBlockTier& tier, const SessionHoldings& s, uint64_t from, uint64_t n) {
+    std::vector<BlockMeta> metas;
+    for (uint64_t i = from; i < from + n; ++i) {
+      const BlockMeta meta{.ns = s.ns.id, .key = KeyOf(i), .payload_bytes = kBlock, .tenant_hash = TenantHash("t"),
+                           .block_tokens = s.ns.block_tokens};
+      std::vector<std::byte> bytes(kBlock);
+      testing::FillFromKey(meta.key, bytes);
+      std::promise<absl::Status> wrote;
+      tier.Put(kKeyAddressed, meta, bytes, IoPriority::kDemote, [&](absl::Status st) { wrote.set_value(st); });
+      EXPECT_TRUE(wrote.get_future().get().ok());
+      metas.push_back(meta);
+    }
+    return metas;
+  }
   // Stores keys [from, from+n) with payloads derived from the keys.
   void Store(SessionHoldings& s, uint64_t from, uint64_t n, bool durable = false) {
     std::vector<BlockKey> keys;
@@ -616,19 +632,8 @@ TEST_F(BlockStoreNvmeTest, TwoSharedTiersBothCountAndALateOneDoesNotHideTheOther
   Open(64);
   ASSERT_EQ(store_->shared_lanes(), (std::vector<uint8_t>{0, 1}));
   auto s = Session();
-  auto plant = [&](MemoryBlockTier* tier, uint64_t from, uint64_t n) {
-    for (uint64_t i = from; i < from + n; ++i) {
-      const BlockMeta meta{.ns = s->ns.id, .key = KeyOf(i), .payload_bytes = kBlock, .tenant_hash = TenantHash("t"),
-                           .block_tokens = s->ns.block_tokens};
-      std::vector<std::byte> bytes(kBlock);
-      testing::FillFromKey(meta.key, bytes);
-      std::promise<absl::Status> wrote;
-      tier->Put(kKeyAddressed, meta, bytes, IoPriority::kDemote, [&](absl::Status st) { wrote.set_value(st); });
-      ASSERT_TRUE(wrote.get_future().get().ok());
-    }
-  };
-  plant(memory_, 0, 4);   // 0..3 in the first
-  plant(memory2_, 2, 6);  // 2..7 in the second (2 and 3 in both)
+  Plant(*memory_, *s, 0, 4);   // 0..3 in the first
+  Plant(*memory2_, *s, 2, 6);  // 2..7 in the second (2 and 3 in both)
   std::vector<BlockKey> keys;
   for (uint64_t i = 0; i < 10; ++i) keys.push_back(KeyOf(i));
   std::vector<BlockLocation> out(keys.size());
@@ -641,7 +646,7 @@ TEST_F(BlockStoreNvmeTest, TwoSharedTiersBothCountAndALateOneDoesNotHideTheOther
   EXPECT_EQ(LoadVerified(*s, 0, 8), 8u) << "each loads byte-exact from the tier that holds it";
 
   // The first tier stops answering; the second still counts.
-  plant(memory2_, 20, 4);
+  Plant(*memory2_, *s, 20, 4);
   memory_->HoldExists(true);
   keys.clear();
   for (uint64_t i = 20; i < 24; ++i) keys.push_back(KeyOf(i));
@@ -798,18 +803,8 @@ TEST_F(BlockStoreNvmeTest, AValueBelowThatDoesNotOpenDoesNotCostTheGoodCopy) {
   Open(4);
   auto s = Session();
   // Another node's values of blocks 0..15: 0..7 damaged, 8..15 intact.
-  for (uint64_t i = 0; i < 16; ++i) {
-    const BlockMeta meta{.ns = s->ns.id, .key = KeyOf(i), .payload_bytes = kBlock, .tenant_hash = TenantHash("t"),
-                         .block_tokens = s->ns.block_tokens};
-    std::vector<std::byte> bytes(kBlock);
-    testing::FillFromKey(meta.key, bytes);
-    std::promise<absl::Status> wrote;
-    memory_->Put(kKeyAddressed, meta, bytes, IoPriority::kDemote, [&](absl::Status st) { wrote.set_value(st); });
-    ASSERT_TRUE(wrote.get_future().get().ok());
-    if (i < 8) {
-      ASSERT_TRUE(memory_->CorruptValue(meta, 4096 + i).ok());
-    }
-  }
+  const std::vector<BlockMeta> planted = Plant(*memory_, *s, 0, 16);
+  for (uint64_t i = 0; i < 8; ++i) ASSERT_TRUE(memory_->CorruptValue(planted[i], 4096 + i).ok());
   const uint64_t planted_writes = memory_->BlockStats().writes;
   FillChain(*s, 300);  // the coldest, 0..15 among them, go down
   ASSERT_TRUE(memory_->Sync().ok());
