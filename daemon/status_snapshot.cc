@@ -132,7 +132,8 @@ json LowerJson(const StatusSnapshot::Lower& l, const DaemonStats& s) {
             {"writes_refused", b.writes_refused},
             {"health", std::string(TierHealthName(l.health))}};
   if (l.shared) {
-    // The store's side of the shared tier, whatever its kind.
+    // The store's side of the shared tiers, whatever their kind: one set of
+    // figures over every shared tier (the same on each shared row).
     tier["shared"] = json{{"hits_loaded", s.blocks_hit_remote.Get()},
                           {"probes", s.remote_probes.Get()},
                           {"probe_blocks", s.remote_probe_blocks.Get()},
