@@ -215,7 +215,7 @@ nlohmann::json Daemon::AdminFlush(const nlohmann::json& request) {
     stats_.Refused(Refusal::kAdminBadRequest);
     return Error("bad request: timeout_ms must be a number of milliseconds");
   }
-  const BlockStore::FlushResult f = store_->FlushToNvme(std::chrono::milliseconds(*ms));
+  const BlockStore::FlushResult f = store_->FlushToFirstLowerTier(std::chrono::milliseconds(*ms));
   spdlog::info("event=admin_flush written={} already_on_nvme={} failed={} timed_out={}", f.written,
                f.already_on_nvme, f.failed, f.timed_out);
   return json{{"ok", true},          {"written", f.written}, {"already_on_nvme", f.already_on_nvme},

@@ -233,12 +233,13 @@ class BlockStore {
   const std::vector<uint8_t>& shared_lanes() const { return shared_lanes_; }
   // Draining (SIGTERM): from now on StoreBegin refuses with EBUSY. Thread-safe.
   void SetDraining() { draining_.store(true, std::memory_order_release); }
-  // Writes every committed host block without an NVMe copy to the NVMe
-  // tier and makes the journal durable, so a restart serves them again.
+  // Writes every committed host block without a lower copy to the first
+  // lower tier (NVMe in kvtierd) and makes it durable (the NVMe journal),
+  // so a restart serves them again.
   // Thread-safe (blocks moving meanwhile are counted as failed). Waits at
   // most `timeout` for the writes.
   using FlushResult = kvtier::FlushResult;
-  FlushResult FlushToNvme(std::chrono::nanoseconds timeout) { return migrator_.Flush(timeout); }
+  FlushResult FlushToFirstLowerTier(std::chrono::nanoseconds timeout) { return migrator_.Flush(timeout); }
 
   // Thread-safe (block_reports.cc). Up to `limit` visible blocks (of one
   // tenant, or with one key), for kvtierctl blocks: where each is, its pins and size.

@@ -550,7 +550,7 @@ void Daemon::Drain() {
   notifier_.Tick(MonotonicNanos(), "draining: writing host blocks to NVMe");
   const uint64_t spent = MonotonicNanos() - start;
   const BlockStore::FlushResult f =
-      store_->FlushToNvme(std::chrono::nanoseconds(budget > spent ? budget - spent : 0));
+      store_->FlushToFirstLowerTier(std::chrono::nanoseconds(budget > spent ? budget - spent : 0));
   const double seconds = double(MonotonicNanos() - start) / 1e9;
   if (f.timed_out || f.failed > 0 || !f.sync.ok()) {
     spdlog::warn("event=drained written={} already_on_nvme={} failed={} timed_out={} journal=\"{}\" seconds={:.3f} "

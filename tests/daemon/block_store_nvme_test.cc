@@ -1032,7 +1032,7 @@ TEST_F(BlockStoreNvmeTest, AFlushRewritesBlocksWhoseCopyIsOnATierThatIsNotDurabl
   FillChain(*s, 300);
   ASSERT_EQ(LowerTiersOf(*store_, 0, 4), std::vector<int>(4, 1));
   ASSERT_EQ(LoadVerified(*s, 0, 4), 4u);  // in host memory again, their lower copies in the memory tier
-  const BlockStore::FlushResult f = store_->FlushToNvme(std::chrono::seconds(10));
+  const BlockStore::FlushResult f = store_->FlushToFirstLowerTier(std::chrono::seconds(10));
   EXPECT_EQ(f.written, 4u);
   EXPECT_EQ(f.failed, 0u);
   EXPECT_EQ(f.already_on_nvme, 0u);
@@ -1285,7 +1285,7 @@ TEST_F(BlockStoreNvmeTest, AFlushWaitsForStagingInsteadOfFailingBlocks) {
   auto s = Session();
   Store(*s, 0, 200);
   faults_->delay_us = 2000;  // writes stay in flight while the flush submits
-  const BlockStore::FlushResult f = store_->FlushToNvme(std::chrono::seconds(30));
+  const BlockStore::FlushResult f = store_->FlushToFirstLowerTier(std::chrono::seconds(30));
   faults_->delay_us = 0;
   EXPECT_FALSE(f.timed_out);
   EXPECT_EQ(f.failed, 0u);
