@@ -264,9 +264,7 @@ uint32_t BlockStore::AdoptShared(SessionHoldings& s, std::span<const BlockKey> k
       continue;
     }
     books_.CountRecords(r->ns, +1);
-    lane.owner[*slot] = r;
-    lane.policy->InsertAt(*slot, PolicyKeyOf(*r), PositionOf(*r, s.ns.block_tokens));
-    lane.blocks.fetch_add(1, std::memory_order_relaxed);
+    lane.ReadyLocked(*slot, PolicyKeyOf(*r), PositionOf(*r, s.ns.block_tokens));
     ++adopted;
   }
   return adopted;

@@ -639,8 +639,7 @@ absl::StatusOr<uint64_t> BlockStore::AttachLowerTier(std::unique_ptr<BlockTier> 
     books_.CountRecords(r->ns, +1);
     lane.owner[*handle] = r;
     books_.ChargeLocked(lane, r, *handle, +1);
-    lane.policy->InsertWithKey(*handle, PolicyKeyOf(*r));  // depth is not kept across restarts
-    lane.blocks.fetch_add(1, std::memory_order_relaxed);
+    lane.ReadyLocked(*handle, PolicyKeyOf(*r), std::nullopt);  // depth is not kept across restarts
     ++indexed;
   }
   return indexed;

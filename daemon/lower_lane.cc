@@ -80,6 +80,20 @@ void LowerLane::ChargeLocked(uint16_t tenant, SlotHandle slot, uint64_t payload_
   }
 }
 
+void LowerLane::ReadyLocked(SlotHandle handle, uint64_t key, std::optional<uint64_t> position_tokens) {
+  if (position_tokens) {
+    policy->InsertAt(handle, key, *position_tokens);
+  } else {
+    policy->InsertWithKey(handle, key);
+  }
+  blocks.fetch_add(1, std::memory_order_relaxed);
+}
+
+void LowerLane::UnreadyLocked(SlotHandle handle) {
+  policy->Remove(handle);
+  blocks.fetch_sub(1, std::memory_order_relaxed);
+}
+
 void LowerLane::ReleaseLocked(uint16_t tenant, SlotHandle slot, const BlockMeta& meta) {
   ChargeLocked(tenant, slot, meta.payload_bytes, meta.block_tokens, -1);
   owner.erase(slot);

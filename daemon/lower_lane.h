@@ -97,6 +97,14 @@ class LowerLane {
   // Lets go of `handle` (the tier frees private room; a shared value stays)
   // and forgets its owner, uncharging `tenant`.
   void ReleaseLocked(uint16_t tenant, SlotHandle handle, const BlockMeta& meta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // The block under `handle` is ready there: the policy files it (`key`;
+  // at `position_tokens` in its chain, or without one: depth unknown, as
+  // after a restart) and it counts among the lane's blocks.
+  void ReadyLocked(SlotHandle handle, uint64_t key, std::optional<uint64_t> position_tokens)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // The ready block under `handle` leaves the policy and the count (before
+  // its handle is released).
+  void UnreadyLocked(SlotHandle handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // Lets go of a handle reserved but never charged or owned.
   void DropReservedLocked(SlotHandle handle, const BlockMeta& meta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // Thread-safe, without the lane lock (the cascade asks it from under

@@ -174,7 +174,6 @@ absl::StatusOr<SlotHandle> Migrator::DemotionSlot(BlockRecord* r, const BlockMet
     MutexLock nl(&first.mu);
     absl::StatusOr<SlotHandle> slot =
         AllocateLowerSlotLocked(first, r, meta.payload_bytes, next != nullptr ? &first_full : nullptr);
-    if (slot.ok()) first.owner[*slot] = r;
     if (!first_full) return slot;
   }
   // The block goes one tier down if that tier is healthy, would take it
@@ -191,7 +190,6 @@ absl::StatusOr<SlotHandle> Migrator::DemotionSlot(BlockRecord* r, const BlockMet
       bool next_full = false;
       absl::StatusOr<SlotHandle> below = AllocateLowerSlotLocked(*next, r, meta.payload_bytes, &next_full);
       if (below.ok()) {
-        next->owner[*below] = r;
         *lane = next->index;
         return below;  // the write's completion gives the in-flight count back
       }
@@ -200,7 +198,6 @@ absl::StatusOr<SlotHandle> Migrator::DemotionSlot(BlockRecord* r, const BlockMet
   }
   MutexLock nl(&first.mu);
   absl::StatusOr<SlotHandle> slot = AllocateLowerSlotLocked(first, r, meta.payload_bytes);
-  if (slot.ok()) first.owner[*slot] = r;
   return slot;
 }
 
@@ -270,7 +267,6 @@ bool Migrator::RedirectRefusedDemotion(HostResidency& t, BlockRecord* r, SlotHan
     MutexLock bl(&next.mu);
     bool full = false;
     below = AllocateLowerSlotLocked(next, r, meta.payload_bytes, &full);
-    if (below.ok()) next.owner[*below] = r;
   }
   if (!below.ok()) {
     past_full_in_flight_.fetch_sub(1, std::memory_order_relaxed);
@@ -320,7 +316,7 @@ void Migrator::FinishDemotion(HostResidency& t, const PendingDemotion& d) {
 // whose write (or its journal commit) is still pending is busy, not
 // evictable: a burst of demotions faster than the tier's writes finds the
 // tier full of busy blocks and drops what it cannot place.
-absl::StatusOr<SlotHandle> Migrator::AllocateLowerSlotLocked(LowerLane& lane, const BlockRecord* owner, uint64_t bytes,
+absl::StatusOr<SlotHandle> Migrator::AllocateLowerSlotLocked(LowerLane& lane, BlockRecord* owner, uint64_t bytes,
                                                              bool* full) {
   const uint16_t tenant = owner->tenant;
   // The quotas ([[tenants]] nvme_bytes / nvme_tokens) are on the first tier.
@@ -338,7 +334,10 @@ absl::StatusOr<SlotHandle> Migrator::AllocateLowerSlotLocked(LowerLane& lane, co
                             (q.nvme_tokens != 0 && u.tokens + tokens > q.nvme_tokens);
     if (!over_quota) {
       absl::StatusOr<SlotHandle> slot = lane.ReserveLocked(meta);
-      if (slot.ok()) books_.ChargeLocked(lane, owner, *slot, +1);
+      if (slot.ok()) {
+        books_.ChargeLocked(lane, owner, *slot, +1);
+        lane.owner[*slot] = owner;
+      }
       // A tier that cannot write at all (its disk full, read-only) gets no
       // eviction for room: nothing would land in it.
       if (slot.ok() || !absl::IsResourceExhausted(slot.status()) || CarriesCode(slot.status(), KVTIER_ENOSPC)) {
@@ -386,9 +385,8 @@ absl::StatusOr<SlotHandle> Migrator::AllocateLowerSlotLocked(LowerLane& lane, co
         destroy = true;
       }
     }
-    lane.policy->Remove(*pick.slot);
+    lane.UnreadyLocked(*pick.slot);
     books_.FreeLowerSlotLocked(lane, r, *pick.slot);
-    lane.blocks.fetch_sub(1, std::memory_order_relaxed);
     (lane.index == 0 ? books_.stats->nvme_evictions : books_.stats->lower_evictions).Add();
     if (destroy) {  // no host slot, no NVMe slot, unreferenced
       books_.CountRecords(r->ns, -1);
@@ -429,8 +427,7 @@ void Migrator::RecordWriteLocked(LowerLane& lane, BlockRecord* r, const absl::St
     }
   }
   if (s.ok()) {
-    lane.policy->InsertAt(slot, PolicyKeyOf(*r), PositionOf(*r, books_.MetaOf(r).block_tokens));
-    lane.blocks.fetch_add(1, std::memory_order_relaxed);
+    lane.ReadyLocked(slot, PolicyKeyOf(*r), PositionOf(*r, books_.MetaOf(r).block_tokens));
     cascade_.MaybeWake(lane.index);
   } else {
     books_.FreeLowerSlotLocked(lane, r, slot);
@@ -473,8 +470,7 @@ void Migrator::WriteThrough(HostResidency& t, BlockRecord* r, IoPriority prio, S
     {
       MutexLock nl(&first.mu);
       slot = AllocateLowerSlotLocked(first, r, meta.payload_bytes);
-      if (slot.ok()) first.owner[*slot] = r;
-    }
+      }
     if (!slot.ok()) {
       {
         BlockIndex::Shard& sh = books_.index.ShardFor(r);
@@ -518,9 +514,8 @@ void Migrator::DropLowerCopy(BlockRecord* r, uint8_t lane_index, SlotHandle slot
       books_.UnindexLocked(sh, r);
     }
   }
-  lane.policy->Remove(slot);
+  lane.UnreadyLocked(slot);
   books_.FreeLowerSlotLocked(lane, r, slot);
-  lane.blocks.fetch_sub(1, std::memory_order_relaxed);
 }
 
 uint32_t Migrator::CalibrateFirstTier(uint64_t now_ns) {

@@ -139,11 +139,12 @@ class Migrator {
   // A lane slot for r's bytes, evicting while the tier is full or r's
   // tenant would go over its quota there (then from its own blocks). Never
   // evicts another tenant's block if that would leave the other below its
-  // fair share (the rule: LowerLane::PickVictimLocked). Charges r's tenant.
+  // fair share (the rule: LowerLane::PickVictimLocked). Charges r's tenant
+  // and makes r the handle's owner.
   // Quotas apply to lane 0 only. With `full`, a tier too full for r
   // (r's tenant within its quota) evicts nothing: ResourceExhausted, and
   // *full set.
-  absl::StatusOr<SlotHandle> AllocateLowerSlotLocked(LowerLane& lane, const BlockRecord* r, uint64_t bytes,
+  absl::StatusOr<SlotHandle> AllocateLowerSlotLocked(LowerLane& lane, BlockRecord* r, uint64_t bytes,
                                                      bool* full = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(lane.mu);
   // When the cost model has been deciding against the first lower tier
   // without reads to learn from, reads a few of its blocks to time it.

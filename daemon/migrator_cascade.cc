@@ -84,9 +84,8 @@ bool Migrator::DropUnadmittedLocked(LowerLane& from, BlockRecord* r, SlotHandle 
       destroy = true;
     }
   }
-  from.policy->Remove(slot);
+  from.UnreadyLocked(slot);
   books_.FreeLowerSlotLocked(from, r, slot);
-  from.blocks.fetch_sub(1, std::memory_order_relaxed);
   (from.index == 0 ? books_.stats->nvme_evictions : books_.stats->lower_evictions).Add();
   books_.stats->cascade_dropped_not_admitted.Add();
   if (destroy) {  // no host slot, no lower slot, unreferenced
@@ -148,7 +147,6 @@ void Migrator::CopyCascadeMoves(LowerLane& from, LowerLane& to, std::vector<Casc
       m.wrote = slot.status();
       continue;
     }
-    to.owner[*slot] = m.r;
     m.to_slot = *slot;
   }
 
@@ -272,11 +270,9 @@ bool Migrator::FinishCascadeMove(LowerLane& from, LowerLane& to, CascadeMove& m)
       }
     }
     if (swapped) {
-      from.policy->Remove(m.slot);
+      from.UnreadyLocked(m.slot);
       books_.FreeLowerSlotLocked(from, m.r, m.slot);
-      from.blocks.fetch_sub(1, std::memory_order_relaxed);
-      to.policy->InsertAt(m.to_slot, PolicyKeyOf(*m.r), PositionOf(*m.r, m.meta.block_tokens));
-      to.blocks.fetch_add(1, std::memory_order_relaxed);
+      to.ReadyLocked(m.to_slot, PolicyKeyOf(*m.r), PositionOf(*m.r, m.meta.block_tokens));
     } else {
       books_.FreeLowerSlotLocked(to, m.r, m.to_slot);
     }
