@@ -182,6 +182,37 @@ TEST(SimulateTest, BlocksEvictedFromHostAreFoundOnNvme) {
   EXPECT_EQ(with_nvme->blocks_hit, SimulatePolicy(w, "lru", inf)->blocks_hit);
 }
 
+TEST(SimulateTest, NvmeWritesReadCountsEachCopyReadOnceAndNotTheDeadOnes) {
+  SimOptions o;
+  o.capacity_blocks = 60;
+  o.nvme_blocks = 2000;
+  // One turn: nothing comes back, so no NVMe copy is ever read.
+  auto once = SimulatePolicy(Conversations(40, 1), "lru", o);
+  ASSERT_TRUE(once.ok());
+  EXPECT_GT(once->demotions, 0u);
+  EXPECT_EQ(once->nvme_writes_read, 0u);
+  // Two turns: every NVMe hit is the first read of its copy; the second
+  // turn's demotions are never read.
+  auto twice = SimulatePolicy(Conversations(40, 2), "lru", o);
+  ASSERT_TRUE(twice.ok());
+  EXPECT_GT(twice->blocks_hit_nvme, 0u);
+  EXPECT_EQ(twice->nvme_writes_read, twice->blocks_hit_nvme);
+  EXPECT_LT(twice->nvme_writes_read, twice->demotions);
+  // Five turns through a small host tier: copies are read again (NVMe keeps
+  // them), and a second read of a copy does not count.
+  auto five = SimulatePolicy(Conversations(40, 5), "lru", o);
+  ASSERT_TRUE(five.ok());
+  EXPECT_GT(five->nvme_writes_read, 0u);
+  EXPECT_LT(five->nvme_writes_read, five->blocks_hit_nvme);
+  EXPECT_LE(five->nvme_writes_read, five->demotions);
+  // A copy NVMe evicted before its read is not a read write.
+  o.nvme_blocks = 8;
+  auto tiny = SimulatePolicy(Conversations(40, 2), "lru", o);
+  ASSERT_TRUE(tiny.ok());
+  EXPECT_EQ(tiny->nvme_writes_read, tiny->blocks_hit_nvme);
+  EXPECT_LT(tiny->nvme_writes_read, twice->nvme_writes_read);
+}
+
 TEST(SimulateTest, ASlowNvmeTierNeverMakesARequestSlowerThanNoCache) {
   const Workload w = Conversations(40, 5);
   SimOptions o;

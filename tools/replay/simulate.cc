@@ -78,6 +78,7 @@ nlohmann::json SimRow::ToJson() const {
                         {"nvme_write_amplification", bytes_read_nvme ? double(bytes_written_nvme) / double(bytes_read_nvme) : 0.0},
                         {"nvme_evictions", nvme_evictions},
                         {"bytes_written_nvme", bytes_written_nvme},
+                        {"nvme_writes_read", nvme_writes_read},
                         {"bytes_read_nvme", bytes_read_nvme},
                         {"bytes_read_host", bytes_read_host},
                         {"seconds", seconds}};
@@ -118,6 +119,8 @@ absl::StatusOr<SimRow> SimulatePolicy(const Workload& w, const std::string& poli
   row.nvme_tokens = row.nvme_blocks * bt;
   row.ttft_s.reserve(w.requests.size());
   std::vector<uint32_t> pinned_mark(p.distinct, UINT32_MAX);  // request index that pins it
+  // Per block, whether its NVMe copy was written and not yet read.
+  std::vector<uint8_t> nvme_unread(with_nvme ? p.distinct : 0, 0);
   // The NVMe tier's admission gate, as the daemon's (tiers.nvme.admission_min_uses).
   // Its history as kvtierd sizes it for tiers of these bytes.
   ReuseGate gate(with_nvme && !belady ? opts.nvme_admit_uses : 1,
@@ -156,6 +159,10 @@ absl::StatusOr<SimRow> SimulatePolicy(const Workload& w, const std::string& poli
         }
         load_s += opts.nvme.LoadSeconds(block_bytes) + opts.host.LoadSeconds(block_bytes);
         ++from_nvme;
+        if (nvme_unread[id]) {
+          nvme_unread[id] = 0;
+          ++row.nvme_writes_read;
+        }
         continue;
       }
       break;
@@ -208,10 +215,12 @@ absl::StatusOr<SimRow> SimulatePolicy(const Workload& w, const std::string& poli
         nvme.Access(*v, 0);  // NVMe's LRU ignores positions
         ++row.demotions;
         row.bytes_written_nvme += block_bytes;
+        nvme_unread[*v] = 1;
         while (nvme.count > nvme.capacity) {
           std::optional<uint32_t> nv = nvme.pol->PickVictim([](uint32_t) { return true; });
           if (!nv) break;
           nvme.Drop(*nv);
+          nvme_unread[*nv] = 0;
           ++row.nvme_evictions;
         }
       }

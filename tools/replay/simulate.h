@@ -62,6 +62,9 @@ struct SimRow {
   uint64_t blocks_inserted = 0, evictions = 0, demotions = 0, nvme_evictions = 0;
   uint64_t demotions_refused = 0;  // host evictions the NVMe admission gate turned away
   uint64_t bytes_written_nvme = 0, bytes_read_nvme = 0, bytes_read_host = 0;
+  // Demotions whose NVMe copy a request read at least once before NVMe
+  // evicted it: demotions - this is what an oracle admission gate saves.
+  uint64_t nvme_writes_read = 0;
   double prefill_seconds_saved = 0;
   std::vector<double> ttft_s;  // per request, in trace order
   // Requests whose TTFT is worse than with no cache at all (Simulate fills it).
