@@ -299,6 +299,9 @@ class BlockStore {
   // hold (LowerLane::Usage: for a tier addressed by key, the lane's books,
   // not the tier's).
   TierUsage lower_usage(size_t i) const { return books_.lanes[i]->Usage(); }
+  // Lane i's tier changed its capacity (a reload): each tenant's fair share
+  // of it follows.
+  void LowerCapacityChanged(size_t i) { books_.lanes[i]->RefreshFairShare(); }
   const std::string& tenant_name(uint16_t tenant) const { return books_.tenants[tenant]->name; }
   size_t tenant_count() const { return books_.tenants.size(); }
 

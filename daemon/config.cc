@@ -202,25 +202,25 @@ absl::Status CheckTableType(const toml::table& parent, std::string_view key, std
 absl::Status ReadKey(TableReader& r, const ConfigKey& k, std::string_view origin, Config* c) {
   switch (k.type) {
     case ConfigType::kString:
-      return r.String(k.name, &(c->*std::get<std::string Config::*>(k.field)));
+      return r.String(k.name, &std::get<ConfigRef<std::string>>(k.field).at(*c));
     case ConfigType::kBool:
-      return r.Bool(k.name, &(c->*std::get<bool Config::*>(k.field)));
+      return r.Bool(k.name, &std::get<ConfigRef<bool>>(k.field).at(*c));
     case ConfigType::kInt:
-      if (auto* m = std::get_if<uint32_t Config::*>(&k.field)) {
-        return r.Int(k.name, &(c->**m), static_cast<int64_t>(k.lo), static_cast<int64_t>(k.hi));
+      if (auto* m = std::get_if<ConfigRef<uint32_t>>(&k.field)) {
+        return r.Int(k.name, &m->at(*c), static_cast<int64_t>(k.lo), static_cast<int64_t>(k.hi));
       }
-      return r.Int(k.name, &(c->*std::get<uint64_t Config::*>(k.field)), static_cast<int64_t>(k.lo),
+      return r.Int(k.name, &std::get<ConfigRef<uint64_t>>(k.field).at(*c), static_cast<int64_t>(k.lo),
                    static_cast<int64_t>(k.hi));
     case ConfigType::kDouble:
-      return r.Double(k.name, &(c->*std::get<double Config::*>(k.field)), k.lo, k.hi);
+      return r.Double(k.name, &std::get<ConfigRef<double>>(k.field).at(*c), k.lo, k.hi);
     case ConfigType::kBytes:
-      return r.Bytes(k.name, &(c->*std::get<uint64_t Config::*>(k.field)));
+      return r.Bytes(k.name, &std::get<ConfigRef<uint64_t>>(k.field).at(*c));
     case ConfigType::kStringList:
-      return r.StringList(k.name, &(c->*std::get<std::vector<std::string> Config::*>(k.field)));
+      return r.StringList(k.name, &std::get<ConfigRef<std::vector<std::string>>>(k.field).at(*c));
     case ConfigType::kIntList:
       return absl::InternalError(Cat(k.full_name(), ": no list of integers outside [[tenants]]"));
     case ConfigType::kHash: {
-      HashAlgorithm& out = c->*std::get<HashAlgorithm Config::*>(k.field);
+      HashAlgorithm& out = std::get<ConfigRef<HashAlgorithm>>(k.field).at(*c);
       std::string name(HashAlgorithmName(out));
       RETURN_IF_ERROR(r.String(k.name, &name));
       absl::StatusOr<HashAlgorithm> algo = ParseHashAlgorithm(name);

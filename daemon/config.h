@@ -19,7 +19,7 @@
 #include "daemon/shared_writes.h"
 #include "kvtier/types.h"
 #include "policies/eviction_policy.h"
-#include "tiers/fs/fs_defaults.h"
+#include "tiers/fs/fs_settings.h"
 #include "tiers/remote_defaults.h"
 
 namespace kvtier {
@@ -127,15 +127,9 @@ struct Config {
   // name the node (or tls_server_name); a client certificate when given.
   bool remote_tls = false;
   std::string remote_tls_ca_file, remote_tls_cert_file, remote_tls_key_file, remote_tls_server_name;
-  // [tiers.fs]: a directory several nodes mount (none without dir). Its
-  // defaults are the tier's own (tiers/fs/fs_defaults.h).
-  std::string fs_dir;
-  uint64_t fs_capacity = fs_defaults::kCapacityBytes;  // the directory's files, every node's together
-  uint32_t fs_io_threads = fs_defaults::kIoThreads;
-  uint32_t fs_op_timeout_ms = fs_defaults::kOpTimeoutMs;
-  uint32_t fs_scan_interval_ms = fs_defaults::kScanIntervalMs;
-  bool fs_fsync = fs_defaults::kFsync;
-  double fs_low_watermark = fs_defaults::kLowWatermark;
+  // [tiers.fs]: a directory several nodes mount (none without dir); the
+  // tier's own settings struct, defaults and all (tiers/fs/fs_settings.h).
+  FsTierSettings fs;
   // [[tiers.lower]]: the lower tiers' kinds in chain order ("nvme", "redis",
   // "fs"), each entry's options read as its kind's section. Empty (no
   // [[tiers.lower]] in the file): [tiers.nvme] when its capacity is not 0,

@@ -12,6 +12,8 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -30,8 +32,26 @@ enum class ConfigType : uint8_t {
   kHash,        // a block-key hash name (core/block_key.h)
 };
 
-using ConfigField = std::variant<std::string Config::*, bool Config::*, uint32_t Config::*, uint64_t Config::*,
-                                 double Config::*, std::vector<std::string> Config::*, HashAlgorithm Config::*>;
+// Where a key's value lives in Config: a member of Config itself, or a
+// member of a component's options struct that Config holds (Config::fs).
+template <typename V>
+struct ConfigRef {
+  V& (*at)(Config&);
+};
+using ConfigField = std::variant<ConfigRef<std::string>, ConfigRef<bool>, ConfigRef<uint32_t>, ConfigRef<uint64_t>,
+                                 ConfigRef<double>, ConfigRef<std::vector<std::string>>, ConfigRef<HashAlgorithm>>;
+
+// Field<&Config::spin_us>(), Field<&Config::fs, &FsTierSettings::dir>().
+template <auto Member>
+constexpr ConfigField Field() {
+  using V = std::remove_reference_t<decltype(std::declval<Config&>().*Member)>;
+  return ConfigRef<V>{[](Config& c) -> V& { return c.*Member; }};
+}
+template <auto Component, auto Member>
+constexpr ConfigField Field() {
+  using V = std::remove_reference_t<decltype((std::declval<Config&>().*Component).*Member)>;
+  return ConfigRef<V>{[](Config& c) -> V& { return (c.*Component).*Member; }};
+}
 
 struct ConfigKey {
   std::string_view section;  // "daemon", "tiers.nvme"
@@ -58,13 +78,17 @@ std::span<const ConfigSection> ConfigSections();
 // Calls f with the value `k` names in `c` (a const reference of its type).
 template <typename F>
 decltype(auto) VisitConfigValue(const ConfigKey& k, const Config& c, F&& f) {
-  return std::visit([&](auto member) -> decltype(auto) { return f(c.*member); }, k.field);
+  // at() only locates the value; nothing is written through it here.
+  return std::visit([&](auto ref) -> decltype(auto) { return f(std::as_const(ref.at(const_cast<Config&>(c)))); },
+                    k.field);
 }
 
 // The value as TOML: strings quoted, sizes as "64MiB" where exact, numbers
 // with a decimal point.
 std::string ConfigValueToml(const ConfigKey& k, const Config& c);
 bool ConfigValuesDiffer(const ConfigKey& k, const Config& a, const Config& b);
+// Sets k's value in *to to its value in from (a reload applying the key).
+void CopyConfigValue(const ConfigKey& k, const Config& from, Config* to);
 
 // The keys of a [[tenants]] entry. Quotas (host_tokens, nvme_bytes,
 // nvme_tokens) are reloadable; the rest need a restart.

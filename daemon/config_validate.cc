@@ -118,11 +118,11 @@ void ValidateChain(const Config& c, Fail& fail) {
     }
   }
   const bool fs = std::find(chain.begin(), chain.end(), "fs") != chain.end();
-  if (fs && (c.fs_dir.empty() || c.fs_dir.front() != '/')) {
+  if (fs && (c.fs.dir.empty() || c.fs.dir.front() != '/')) {
     fail("tiers.fs.dir", Cat("tiers.fs.dir must be an absolute path to a directory several nodes mount (got \"",
-                             c.fs_dir.substr(0, 200), "\")"));
+                             c.fs.dir.substr(0, 200), "\")"));
   }
-  if (fs && c.fs_capacity == 0) fail("tiers.fs.capacity", "tiers.fs.capacity must not be 0");
+  if (fs && c.fs.capacity_bytes == 0) fail("tiers.fs.capacity", "tiers.fs.capacity must not be 0");
   if (!c.lower_chain.empty() && std::find(chain.begin(), chain.end(), "nvme") != chain.end() && c.nvme_capacity == 0) {
     fail("tiers.nvme.capacity", "a [[tiers.lower]] entry of kind \"nvme\" with capacity 0: leave the entry out instead");
   }

@@ -139,6 +139,7 @@ absl::Status Daemon::Open() {
   RETURN_IF_ERROR(OpenEvents());
 
   RETURN_IF_ERROR(OpenLowerTiers());
+  AddReloadHooks();
   store_->StartBackgroundReclaim();
 
   RETURN_IF_ERROR(OpenSockets());
@@ -295,6 +296,15 @@ absl::Status Daemon::OpenLowerTiers() {
                      store_->AttachLowerTier(std::move(opened.tier), opened.recovered, &namespaces_));
     if (opened.attached) opened.attached(indexed);
     lower_describe_.push_back(std::move(opened.describe));
+    if (opened.reload) {
+      const size_t lane = store_->lower_tier_count() - 1;
+      reload_hooks_[std::string(FindLowerTierKind(kind)->section)] =
+          [this, lane, hook = std::move(opened.reload)](const Config& next) -> absl::Status {
+        RETURN_IF_ERROR(hook(next));
+        store_->LowerCapacityChanged(lane);
+        return absl::OkStatus();
+      };
+    }
   }
   spdlog::info("event=lower_chain chain=\"{}\" lanes={}", chain.empty() ? "none" : absl::StrJoin(chain, " -> "),
                store_->lower_tier_count());
@@ -393,6 +403,25 @@ absl::Status Daemon::Run() {
   return absl::OkStatus();
 }
 
+void Daemon::AddReloadHooks() {
+  reload_hooks_["daemon"] = [](const Config& next) {  // drain_timeout_ms is read where it is used
+    spdlog::set_level(spdlog::level::from_str(next.log_level));
+    return absl::OkStatus();
+  };
+  reload_hooks_["tiers.host"] = [this](const Config& next) {
+    return store_->SetWatermarks(next.host_high_watermark, next.host_low_watermark);
+  };
+  // The shared-tier keys govern every shared tier of the chain.
+  reload_hooks_["tiers.remote"] = [this](const Config& next) {
+    store_->SetSharedPolicy(next.remote_probe_budget_us, next.RemoteWritePolicy());
+    return absl::OkStatus();
+  };
+  reload_hooks_["cost_model"] = [this](const Config& next) {
+    store_->cost().set_decide(next.cost_decide);
+    return absl::OkStatus();
+  };
+}
+
 void Daemon::Reload() {
   if (!loader_) {
     spdlog::warn("event=reload_skipped detail=\"kvtierd runs on its embedded defaults: no config file to reload\" "
@@ -414,35 +443,29 @@ void Daemon::Reload() {
   }
   const Config& n = *next;
   std::vector<std::string> applied, restart;
-  if (n.log_level != config_.log_level) {
-    spdlog::set_level(spdlog::level::from_str(n.log_level));
-    config_.log_level = n.log_level;
-    applied.push_back("daemon.log_level");
-  }
-  if (n.host_high_watermark != config_.host_high_watermark || n.host_low_watermark != config_.host_low_watermark) {
-    if (absl::Status s = store_->SetWatermarks(n.host_high_watermark, n.host_low_watermark); s.ok()) {
-      config_.host_high_watermark = n.host_high_watermark;
-      config_.host_low_watermark = n.host_low_watermark;
-      applied.push_back("tiers.host.watermarks");
-    } else {
-      restart.push_back(absl::StrCat("tiers.host.watermarks (", s.message(), ")"));
+  // The schema's keys: a reloadable one goes through its section's hook,
+  // the rest keep their running values until a restart.
+  std::vector<std::pair<std::string_view, std::vector<const ConfigKey*>>> changed;  // by section, in file order
+  for (const ConfigKey& k : ConfigSchema()) {
+    if (!ConfigValuesDiffer(k, n, config_)) continue;
+    if (!k.reloadable) {
+      restart.push_back(k.full_name());
+      continue;
     }
+    if (changed.empty() || changed.back().first != k.section) changed.push_back({k.section, {}});
+    changed.back().second.push_back(&k);
   }
-  if (n.remote_probe_budget_us != config_.remote_probe_budget_us ||
-      n.remote_write_policy != config_.remote_write_policy) {
-    store_->SetSharedPolicy(n.remote_probe_budget_us, n.RemoteWritePolicy());
-    config_.remote_probe_budget_us = n.remote_probe_budget_us;
-    config_.remote_write_policy = n.remote_write_policy;
-    applied.push_back("tiers.remote.probe_budget_us, tiers.remote.write_policy");
-  }
-  if (n.drain_timeout_ms != config_.drain_timeout_ms) {
-    config_.drain_timeout_ms = n.drain_timeout_ms;
-    applied.push_back("daemon.drain_timeout_ms");
-  }
-  if (n.cost_decide != config_.cost_decide) {
-    store_->cost().set_decide(n.cost_decide);
-    config_.cost_decide = n.cost_decide;
-    applied.push_back("cost_model.decide");
+  for (const auto& [section, keys] : changed) {
+    std::vector<std::string> names;
+    for (const ConfigKey* k : keys) names.push_back(k->full_name());
+    auto hook = reload_hooks_.find(std::string(section));
+    const absl::Status s = hook == reload_hooks_.end() ? absl::OkStatus() : hook->second(n);
+    if (!s.ok()) {
+      restart.push_back(absl::StrCat(absl::StrJoin(names, ", "), " (", s.message(), ")"));
+      continue;
+    }
+    for (const ConfigKey* k : keys) CopyConfigValue(*k, n, &config_);
+    applied.insert(applied.end(), names.begin(), names.end());
   }
   // Tenants: quotas change in place; a tenant added, removed or with other
   // credentials or salt needs a restart (its arena and namespaces are fixed).
@@ -469,10 +492,6 @@ void Daemon::Reload() {
       }
       break;
     }
-  }
-  // Everything else is fixed at start: the schema says which keys those are.
-  for (const ConfigKey& k : ConfigSchema()) {
-    if (!k.reloadable && ConfigValuesDiffer(k, n, config_)) restart.push_back(k.full_name());
   }
   stats_.reloads.Add();
   if (restart.empty()) {

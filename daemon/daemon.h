@@ -172,6 +172,14 @@ class Daemon {
   std::unique_ptr<BlockStore> store_;
   // Per lower lane, what only its kind shows in status (OpenedLowerTier::describe).
   std::vector<std::function<void(StatusSnapshot::Lower&)>> lower_describe_;
+  // SIGHUP: per config section, the hook that applies its reloadable keys
+  // (the schema says which) to what runs; a section without one takes them
+  // into the running config as they are (nothing reads them once started,
+  // or its tier is not in the chain). Set up by Open (AddReloadHooks, and
+  // each lower tier's OpenedLowerTier::reload).
+  using ReloadHook = std::function<absl::Status(const Config& next)>;
+  absl::flat_hash_map<std::string, ReloadHook> reload_hooks_;
+  void AddReloadHooks();
   // Per tenant: its registered KV caches, across sessions. Declared before
   // sessions_, so it outlives them.
   absl::flat_hash_map<std::string, std::unique_ptr<KvCacheBudget>> kv_budgets_;

@@ -9,7 +9,7 @@ namespace {
 const LowerTierKind kKinds[] = {
     {"nvme", "tiers.nvme", false, [](const Config& c) { return c.nvme_capacity != 0; }},
     {"redis", "tiers.remote", true, [](const Config& c) { return !c.remote_seeds.empty(); }},
-    {"fs", "tiers.fs", true, [](const Config& c) { return !c.fs_dir.empty(); }},
+    {"fs", "tiers.fs", true, [](const Config& c) { return !c.fs.dir.empty(); }},
 };
 
 }  // namespace

@@ -13,10 +13,15 @@ LowerLane::LowerLane(uint8_t index, std::unique_ptr<BlockTier> tier, std::unique
     : index(index),
       tier(std::move(tier)),
       fair_share_bytes(this->tier->Usage().capacity_bytes / std::max<size_t>(1, configured_tenants)),
+      configured_tenants_(std::max<size_t>(1, configured_tenants)),
       keyed_(this->tier->addressed_by_key()) {
   MutexLock l(&mu);
   this->policy = std::move(policy);
   use_.resize(tenants);
+}
+
+void LowerLane::RefreshFairShare() {
+  fair_share_bytes.store(tier->Usage().capacity_bytes / configured_tenants_);
 }
 
 absl::StatusOr<SlotHandle> LowerLane::NewKeyedHandleLocked(uint64_t cost) {

@@ -49,8 +49,11 @@ class LowerLane {
   // Set at construction. The store deletes the tier in place at shutdown
   // (ops the tier gives up in its destructor complete through it).
   std::unique_ptr<BlockTier> tier;
-  // Each tenant's fair share of the tier, in slot bytes.
-  const uint64_t fair_share_bytes;
+  // Each tenant's fair share of the tier, in slot bytes: its capacity over
+  // the configured tenants, again after a reload changed the capacity
+  // (RefreshFairShare).
+  std::atomic<uint64_t> fair_share_bytes;
+  void RefreshFairShare();
   // Its admission gate: a block goes there only when leased lookups asked
   // for it this many times (StoreBooks::Admits); 1: every block. Set when
   // the store attaches the lane, before sessions start.
@@ -144,6 +147,7 @@ class LowerLane {
   // own, and what the block costs the tier's capacity.
   absl::StatusOr<SlotHandle> NewKeyedHandleLocked(uint64_t cost) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
+  const size_t configured_tenants_;  // at least 1
   const bool keyed_;
   std::vector<Use> use_ ABSL_GUARDED_BY(mu);  // by tenant index
   // Tiers addressed by key: cost by handle (0: free), free handles, totals.

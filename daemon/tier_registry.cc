@@ -81,15 +81,9 @@ absl::StatusOr<OpenedLowerTier> OpenRedisKind(const Config& c) {
 
 absl::StatusOr<OpenedLowerTier> OpenFsKind(const Config& c) {
   FsTierOptions o;
-  o.dir = c.fs_dir;
+  static_cast<FsTierSettings&>(o) = c.fs;
   for (const TenantConfig& t : c.tenants) o.tenants.push_back({t.name, TenantHash(t.name)});
-  o.capacity_bytes = c.fs_capacity;
-  o.low_watermark = c.fs_low_watermark;
-  o.io_threads = c.fs_io_threads;
-  o.op_timeout_ms = c.fs_op_timeout_ms;
-  o.scan_interval_ms = c.fs_scan_interval_ms;
-  o.fsync = c.fs_fsync;
-  o.on_failure = [dir = c.fs_dir](const std::string& why) {
+  o.on_failure = [dir = c.fs.dir](const std::string& why) {
     spdlog::error("event=fs_tier_failed dir=\"{}\" detail=\"{}\" hint=\"the fs tier is degraded: its reads are misses "
                   "and blocks stay in the tiers above until it works; check that the directory is mounted, has "
                   "room and is writable by kvtierd's user\"",
@@ -102,8 +96,19 @@ absl::StatusOr<OpenedLowerTier> OpenFsKind(const Config& c) {
   spdlog::info("event=fs_tier state=on dir=\"{}\" capacity=\"{}\" tenants={} io_threads={} fsync={} detail=\"a "
                "directory several nodes mount; every file checked on read, misses there cost a recompute, never a "
                "wrong block\"",
-               LogQuoted(c.fs_dir), FormatBytes(c.fs_capacity), o.tenants.size(), o.io_threads, o.fsync);
+               LogQuoted(c.fs.dir), FormatBytes(c.fs.capacity_bytes), o.tenants.size(), o.io_threads, o.fsync);
   OpenedLowerTier out;
+  out.reload = [fs = tier->get()](const Config& next) {
+    // The reloadable settings only: a new dir or io_threads in the same file
+    // waits for a restart on its own (the reload names it).
+    FsTierSettings s = fs->settings();
+    s.capacity_bytes = next.fs.capacity_bytes;
+    s.low_watermark = next.fs.low_watermark;
+    s.op_timeout_ms = next.fs.op_timeout_ms;
+    s.scan_interval_ms = next.fs.scan_interval_ms;
+    s.fsync = next.fs.fsync;
+    return fs->Retune(s);
+  };
   out.tier = *std::move(tier);
   return out;
 }

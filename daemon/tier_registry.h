@@ -29,6 +29,11 @@ struct OpenedLowerTier {
   // opener, which knows the tier's type, so nothing else casts a tier. Valid
   // while the tier lives.
   std::function<void(StatusSnapshot::Lower&)> describe;
+  // SIGHUP's hook for the reloadable keys of the kind's section
+  // (LowerTierKind::section): applies them from `next` to the running tier,
+  // or says why it cannot (the keys then wait for a restart). Unset: the
+  // kind has no reloadable keys. Valid while the tier lives.
+  std::function<absl::Status(const Config& next)> reload;
 };
 
 // The tier of `kind` as `c` configures it; InvalidArgument for a kind no

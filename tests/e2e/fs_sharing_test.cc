@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "ipc/admin_client.h"
 #include "kvtier/client.h"
 #include "tests/support/client_helpers.h"
 #include "tiers/fs/fs_tier.h"
@@ -175,6 +176,46 @@ TEST(FsSharingTest, AChainChangedOnSighupIsNamedAsNeedingARestart) {
     return d.Log().find("tiers.lower (the chain fs becomes nvme -> fs)") != std::string::npos;
   })) << d.Log();
   EXPECT_EQ(Lane(d, "fs").value("chain_position", -1), 0) << "the running chain stays until a restart";
+}
+
+TEST(FsSharingTest, TheFsTiersSettingsChangeOnSighupAndItsDirectoryWaitsForARestart) {
+  testing::TempDir shared, other;
+  DaemonProcess d(NodeConfig(shared.path()));
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  EXPECT_EQ(Lane(d, "fs").value("capacity_bytes", uint64_t{0}), 256ull << 20);
+  const std::string path = d.dir() + "/kvtierd.toml";
+  std::string text;
+  {
+    std::ifstream f(path);
+    text.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  }
+  auto replace = [](std::string s, const std::string& from, const std::string& to) {
+    const size_t at = s.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return at == std::string::npos ? s : s.replace(at, from.size(), to);
+  };
+  // The fs tier's hook applies its capacity and timeout in place.
+  std::string next = replace(text, "capacity = \"256MiB\"\n", "capacity = \"128MiB\"\nop_timeout_ms = 2500\n");
+  std::ofstream(path) << next;
+  d.Kill(SIGHUP);
+  ASSERT_TRUE(testing::Eventually([&] {
+    return d.Log().find("event=reload applied=\"tiers.fs.capacity, tiers.fs.op_timeout_ms\"") != std::string::npos;
+  })) << d.Log();
+  EXPECT_EQ(Lane(d, "fs").value("capacity_bytes", uint64_t{0}), 128ull << 20);
+  // A new directory in the same file as a new capacity: the capacity
+  // applies, the directory is named as waiting for a restart.
+  std::ofstream(path) << replace(replace(next, "capacity = \"128MiB\"", "capacity = \"96MiB\""), shared.path(),
+                                 other.path());
+  d.Kill(SIGHUP);
+  ASSERT_TRUE(testing::Eventually([&] {
+    return d.Log().find("applied=\"tiers.fs.capacity\" needs_restart=\"tiers.fs.dir\"") != std::string::npos;
+  })) << d.Log();
+  EXPECT_EQ(Lane(d, "fs").value("capacity_bytes", uint64_t{0}), 96ull << 20);
+  // The running config (kvtierctl config show) has what applies.
+  auto shown = ipc::AdminCall(d.admin_socket_path(), nlohmann::json{{"cmd", "config"}}, std::chrono::seconds(2));
+  ASSERT_TRUE(shown.ok()) << shown.status();
+  EXPECT_EQ((*shown)["config"]["tiers"]["fs"]["dir"], shared.path()) << shown->dump();
+  EXPECT_EQ((*shown)["config"]["tiers"]["fs"]["capacity"], 96ull << 20) << shown->dump();
 }
 
 }  // namespace

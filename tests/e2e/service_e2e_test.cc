@@ -114,7 +114,7 @@ TEST(ServiceE2eTest, SighupReloadsWhatCanChangeAndKeepsTheConfigWhenTheFileIsBad
   EXPECT_DOUBLE_EQ(s["tiers"][0]["high_watermark"].get<double>(), 0.80);
   EXPECT_DOUBLE_EQ(s["tiers"][0]["low_watermark"].get<double>(), 0.70);
   EXPECT_EQ(s["stats"]["reloads"], 1);
-  EXPECT_NE(d.Log().find("daemon.log_level, tiers.host.watermarks, tenants.default.quotas"), std::string::npos)
+  EXPECT_NE(d.Log().find("daemon.log_level, tiers.host.high_watermark, tiers.host.low_watermark, tenants.default.quotas"), std::string::npos)
       << d.Log();
 
   // A file that does not validate (low above high), then one that does not

@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <filesystem>
+#include <functional>
 #include <future>
 #include <chrono>
 #include <thread>
@@ -319,6 +320,49 @@ TEST(FsTierTest, AWriteBurstWakesTheScanOnItsOwn) {
     (*t)->ScanNow();
     return (*t)->scan_stats().bytes <= 32 * file;
   }));
+}
+
+TEST(FsTierTest, RetuneAppliesTheNewSettingsAndRefusesWhatNeedsANewTier) {
+  TempDir dir;
+  const uint64_t block = 32 << 10, file = block + sizeof(FsBlockHeader);
+  FsTierOptions o = Options(dir.path(), 64 * file);
+  o.scan_interval_ms = 3'600'000;  // only a retune or a write burst wakes it
+  auto t = FsTier::Create(o);
+  ASSERT_TRUE(t.ok());
+  for (uint64_t i = 0; i < 40; ++i) ASSERT_TRUE(WriteKeyed(**t, Meta(i, block)).ok());
+  (*t)->ScanNow();
+  EXPECT_EQ((*t)->scan_stats().evicted, 0u) << "40 files fit in 64";
+  FsTierSettings next = (*t)->settings();
+  next.capacity_bytes = 16 * file;
+  next.low_watermark = 0.5;
+  next.op_timeout_ms = 4321;
+  next.fsync = false;
+  ASSERT_TRUE((*t)->Retune(next).ok());
+  EXPECT_EQ((*t)->settings(), next);
+  EXPECT_EQ((*t)->Usage().capacity_bytes, 16 * file);
+  EXPECT_EQ((*t)->BlockStats().capacity_bytes, 16 * file);
+  // The smaller capacity wakes the scan, which deletes down to half of it.
+  ASSERT_TRUE(testing::Eventually([&] { return (*t)->scan_stats().evicted > 0; }));
+  (*t)->ScanNow();
+  EXPECT_LE((*t)->scan_stats().bytes, 8 * file);
+  std::vector<std::byte> out(block);
+  EXPECT_TRUE(ReadBlock(**t, Meta(39, block), out).ok()) << "the newest stays";
+  EXPECT_TRUE(absl::IsNotFound(ReadBlock(**t, Meta(0, block), out))) << "the oldest goes";
+  // What the tier is built around, and values Create refuses: nothing changes.
+  for (auto change : std::vector<std::function<void(FsTierSettings&)>>{
+           [](FsTierSettings& s) { s.dir += "/elsewhere"; },
+           [](FsTierSettings& s) { s.io_threads += 1; },
+           [](FsTierSettings& s) { s.capacity_bytes = 0; },
+           [](FsTierSettings& s) { s.low_watermark = 1.5; },
+           [](FsTierSettings& s) { s.op_timeout_ms = 0; },
+           [](FsTierSettings& s) { s.scan_interval_ms = 0; },
+       }) {
+    FsTierSettings bad = next;
+    bad.capacity_bytes = 99 * file;
+    change(bad);
+    EXPECT_TRUE(absl::IsInvalidArgument((*t)->Retune(bad)));
+    EXPECT_EQ((*t)->settings(), next);
+  }
 }
 
 TEST(FsTierTest, TenantFoldersAreClosedToOtherUsers) {

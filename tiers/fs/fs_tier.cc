@@ -190,19 +190,74 @@ absl::Status CheckFsHeader(const FsBlockHeader& h, uint64_t file_bytes, const Bl
 }
 
 FsTier::FsTier(const FsTierOptions& opts)
-    : opts_(opts) {}
+    : opts_(opts),
+      capacity_bytes_(opts.capacity_bytes),
+      op_timeout_ms_(opts.op_timeout_ms),
+      scan_interval_ms_(opts.scan_interval_ms),
+      low_watermark_(opts.low_watermark),
+      fsync_(opts.fsync) {}
+
+namespace {
+
+// What Create and Retune both refuse.
+absl::Status CheckTunables(const FsTierSettings& s) {
+  if (s.capacity_bytes == 0) return absl::InvalidArgumentError("the fs tier's capacity is 0");
+  if (!(s.low_watermark > 0 && s.low_watermark <= 1)) {
+    return absl::InvalidArgumentError("the fs tier's low_watermark must be in (0, 1]");
+  }
+  if (s.op_timeout_ms == 0 || s.op_timeout_ms > 3'600'000) {
+    return absl::InvalidArgumentError("the fs tier's op_timeout_ms must be 1 to 3600000");
+  }
+  if (s.scan_interval_ms > 86'400'000) {
+    return absl::InvalidArgumentError("the fs tier's scan_interval_ms must be at most 86400000");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status FsTier::Retune(const FsTierSettings& next) {
+  if (next.dir != opts_.dir || next.io_threads != opts_.io_threads) {
+    return absl::InvalidArgumentError(
+        "the fs tier's dir and io_threads are fixed while it runs: restart kvtierd to change them");
+  }
+  if ((next.scan_interval_ms == 0) != (opts_.scan_interval_ms == 0)) {
+    return absl::InvalidArgumentError("the fs tier's background scan is turned on or off only at start");
+  }
+  RETURN_IF_ERROR(CheckTunables(next));
+  const uint64_t before = capacity_bytes_.exchange(next.capacity_bytes, std::memory_order_relaxed);
+  low_watermark_.store(next.low_watermark, std::memory_order_relaxed);
+  op_timeout_ms_.store(next.op_timeout_ms, std::memory_order_relaxed);
+  scan_interval_ms_.store(next.scan_interval_ms, std::memory_order_relaxed);
+  fsync_.store(next.fsync, std::memory_order_relaxed);
+  {
+    // The scanner waits on the interval it read: wake it for the new one,
+    // and to delete at once past a smaller capacity.
+    MutexLock l(&mu_);
+    if (next.capacity_bytes < before) scan_wanted_ = true;
+  }
+  scan_cv_.notify_all();
+  return absl::OkStatus();
+}
+
+FsTierSettings FsTier::settings() const {
+  FsTierSettings s = opts_;
+  s.capacity_bytes = capacity_bytes_.load(std::memory_order_relaxed);
+  s.low_watermark = low_watermark_.load(std::memory_order_relaxed);
+  s.op_timeout_ms = op_timeout_ms_.load(std::memory_order_relaxed);
+  s.scan_interval_ms = scan_interval_ms_.load(std::memory_order_relaxed);
+  s.fsync = fsync_.load(std::memory_order_relaxed);
+  return s;
+}
 
 absl::StatusOr<std::unique_ptr<FsTier>> FsTier::Create(const FsTierOptions& opts) {
   if (opts.dir.empty() || opts.dir.front() != '/') {
     return absl::InvalidArgumentError(absl::StrCat("the fs tier's dir must be an absolute path (got \"", opts.dir, "\")"));
   }
   if (opts.tenants.empty()) return absl::InvalidArgumentError("the fs tier has no tenants");
-  if (opts.capacity_bytes == 0) return absl::InvalidArgumentError("the fs tier's capacity is 0");
+  RETURN_IF_ERROR(CheckTunables(opts));
   if (opts.io_threads == 0 || opts.io_threads > 256) {
     return absl::InvalidArgumentError("the fs tier's io_threads must be 1 to 256");
-  }
-  if (!(opts.low_watermark > 0 && opts.low_watermark <= 1)) {
-    return absl::InvalidArgumentError("the fs tier's low_watermark must be in (0, 1]");
   }
   struct stat st {};
   if (stat(opts.dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
@@ -333,7 +388,7 @@ void FsTier::ReapLoop() {
   // from (a hard NFS mount while its server is away): queued ops still fail
   // by their deadlines, and the tier says it is degraded.
   constexpr auto kPeriod = std::chrono::milliseconds(20);
-  const uint64_t stuck_ns = std::max<uint64_t>(5'000'000'000ull, 4 * opts_.op_timeout_ms * 1'000'000);
+  const uint64_t stuck_ns = std::max<uint64_t>(5'000'000'000ull, 4 * op_timeout_ms_.load(std::memory_order_relaxed) * 1'000'000);
   for (;;) {
     std::vector<Job> expired;
     {
@@ -395,7 +450,7 @@ absl::Status FsTier::WriteFile(const BlockMeta& meta, std::span<const std::byte>
   errno = 0;
   if (!WritevAll(fd, iov, 2)) {
     s = FsErrno(errno == 0 ? EIO : errno, "writing a block file");
-  } else if (opts_.fsync && fsync(fd) != 0) {
+  } else if (fsync_.load(std::memory_order_relaxed) && fsync(fd) != 0) {
     s = FsErrno(errno, "fsync of a block file");
   }
   // A network file system may report a deferred write error only here.
@@ -528,7 +583,7 @@ void FsTier::Put(BlockLocator, const BlockMeta& meta, std::span<const std::byte>
     MutexLock l(&mu_);
     ++writes_in_flight_;
   }
-  const uint64_t deadline = io.deadline_ns != 0 ? io.deadline_ns : MonotonicNanos() + opts_.op_timeout_ms * 1'000'000;
+  const uint64_t deadline = io.deadline_ns != 0 ? io.deadline_ns : MonotonicNanos() + op_timeout_ms_.load(std::memory_order_relaxed) * 1'000'000;
   Submit({io.prio, deadline, io.cancel,
           [this, meta, copy, done = std::move(done)](absl::Status abandoned) mutable {
             absl::Status s = abandoned;
@@ -539,7 +594,7 @@ void FsTier::Put(BlockLocator, const BlockMeta& meta, std::span<const std::byte>
                 bytes_written_.fetch_add(copy->size(), std::memory_order_relaxed);
                 Succeeded();
                 const uint64_t since = written_since_scan_.fetch_add(CostFor(copy->size())) + CostFor(copy->size());
-                if (since >= opts_.capacity_bytes / 8) {
+                if (since >= capacity_bytes_.load(std::memory_order_relaxed) / 8) {
                   {
                     MutexLock l(&mu_);
                     scan_wanted_ = true;
@@ -577,7 +632,7 @@ void FsTier::Get(BlockLocator, const BlockMeta& meta, std::span<std::byte> dst, 
     MutexLock l(&mu_);
     ++reads_in_flight_;
   }
-  const uint64_t deadline = io.deadline_ns != 0 ? io.deadline_ns : MonotonicNanos() + opts_.op_timeout_ms * 1'000'000;
+  const uint64_t deadline = io.deadline_ns != 0 ? io.deadline_ns : MonotonicNanos() + op_timeout_ms_.load(std::memory_order_relaxed) * 1'000'000;
   Submit({io.prio, deadline, io.cancel, [this, meta, dst, done = std::move(done)](absl::Status abandoned) mutable {
             absl::Status s = abandoned;
             if (s.ok()) {
@@ -615,7 +670,7 @@ void FsTier::Get(BlockLocator, const BlockMeta& meta, std::span<std::byte> dst, 
 void FsTier::Exists(std::span<const BlockMeta> metas, absl::AnyInvocable<void(std::vector<bool>) &&> done,
                     uint64_t deadline_ns) {
   std::vector<BlockMeta> asked(metas.begin(), metas.end());
-  const uint64_t deadline = deadline_ns != 0 ? deadline_ns : MonotonicNanos() + opts_.op_timeout_ms * 1'000'000;
+  const uint64_t deadline = deadline_ns != 0 ? deadline_ns : MonotonicNanos() + op_timeout_ms_.load(std::memory_order_relaxed) * 1'000'000;
   Submit({IoPriority::kLoad, deadline, CancelToken{},
           [this, asked = std::move(asked), deadline, done = std::move(done)](absl::Status abandoned) mutable {
             std::vector<bool> found(asked.size(), false);
@@ -654,7 +709,7 @@ void FsTier::Drain() {
 
 BlockTierStats FsTier::BlockStats() const {
   BlockTierStats s;
-  s.capacity_bytes = opts_.capacity_bytes;  // what this node claims is in the store's books
+  s.capacity_bytes = capacity_bytes_.load(std::memory_order_relaxed);  // what this node claims is in the store's books
   s.reads = reads_.load(std::memory_order_relaxed);
   s.writes = writes_.load(std::memory_order_relaxed);
   s.bytes_read = bytes_read_.load(std::memory_order_relaxed);
@@ -701,7 +756,7 @@ void FsTier::ScanLoop() {
   for (;;) {
     {
       MutexLock l(&mu_);
-      mu_.AwaitFor(scan_cv_, std::chrono::milliseconds(opts_.scan_interval_ms),
+      mu_.AwaitFor(scan_cv_, std::chrono::milliseconds(scan_interval_ms_.load(std::memory_order_relaxed)),
                    [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stop_ || scan_wanted_; });
       if (stop_) return;
       scan_wanted_ = false;
@@ -772,8 +827,10 @@ void FsTier::ScanNow() {
     }
   }
   uint64_t evicted = 0, vanished = 0, left = total;
-  if (total > opts_.capacity_bytes) {
-    const uint64_t target = static_cast<uint64_t>(static_cast<double>(opts_.capacity_bytes) * opts_.low_watermark);
+  const uint64_t capacity = capacity_bytes_.load(std::memory_order_relaxed);
+  if (total > capacity) {
+    const uint64_t target =
+        static_cast<uint64_t>(static_cast<double>(capacity) * low_watermark_.load(std::memory_order_relaxed));
     std::sort(files.begin(), files.end(), [](const File& a, const File& b) { return a.mtime_ns < b.mtime_ns; });
     std::string open_where;
     absl::StatusOr<UniqueFd> folder = absl::NotFoundError("");

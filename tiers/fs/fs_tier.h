@@ -69,7 +69,7 @@
 #include "core/mutex.h"
 #include "core/unique_fd.h"
 #include "tiers/block_tier.h"
-#include "tiers/fs/fs_defaults.h"
+#include "tiers/fs/fs_settings.h"
 
 namespace kvtier {
 
@@ -100,17 +100,12 @@ struct FsTenant {
   uint64_t hash = 0;  // TenantHash(name), as BlockMeta::tenant_hash
 };
 
-struct FsTierOptions {
-  std::string dir;  // must exist: a mount point that vanished must not become a local folder
+// The settings (fs_settings.h: directory, capacity, threads, timeouts)
+// and what kvtierd fills in.
+struct FsTierOptions : FsTierSettings {
   std::vector<FsTenant> tenants;
   std::string name = "fs";
-  uint64_t capacity_bytes = fs_defaults::kCapacityBytes;  // the directory's files from every node
-  double low_watermark = fs_defaults::kLowWatermark;  // a scan past capacity deletes down to this fraction
   uint64_t max_block_bytes = 64ull << 20;
-  uint32_t io_threads = fs_defaults::kIoThreads;
-  uint64_t op_timeout_ms = fs_defaults::kOpTimeoutMs;  // an op's deadline when its caller gives none
-  uint64_t scan_interval_ms = fs_defaults::kScanIntervalMs;  // 0: no background scans, only ScanNow (tests)
-  bool fsync = fs_defaults::kFsync;  // fsync each file before its rename (off: a crash may leave empty files; they fail their check)
   // A lasting failure (directory gone, file system full): at most once every
   // 10 s, on a tier thread; never a key or a block.
   std::function<void(const std::string& why)> on_failure;
@@ -145,7 +140,7 @@ class FsTier final : public KeyAddressedBlockTier {
               uint64_t deadline_ns) override;
   bool shared() const override { return true; }
   // Capacity only: what this node claims is in the store's books.
-  TierUsage Usage() const override { return TierUsage{.capacity_bytes = opts_.capacity_bytes}; }
+  TierUsage Usage() const override { return TierUsage{.capacity_bytes = capacity_bytes_.load(std::memory_order_relaxed)}; }
   TierHealth Health() const override;
 
   std::string_view name() const override { return opts_.name; }
@@ -182,6 +177,15 @@ class FsTier final : public KeyAddressedBlockTier {
   // Scans now, on the caller's thread (tests, kvtierctl).
   void ScanNow();
 
+  // Applies new settings while the tier runs (a reload): capacity_bytes,
+  // low_watermark, op_timeout_ms, scan_interval_ms and fsync take effect for
+  // the next op and scan; a smaller capacity scans at once. The directory and
+  // io_threads are the tier's for life: a change of either, or a value
+  // Create would refuse, is InvalidArgument and changes nothing.
+  absl::Status Retune(const FsTierSettings& next);
+  // The settings in effect.
+  FsTierSettings settings() const;
+
  private:
   explicit FsTier(const FsTierOptions& opts);
   struct Job {
@@ -210,7 +214,10 @@ class FsTier final : public KeyAddressedBlockTier {
   void Failed(const absl::Status& s);
   void Succeeded();
 
-  const FsTierOptions opts_;
+  const FsTierOptions opts_;  // its settings as created; those Retune changes live below
+  std::atomic<uint64_t> capacity_bytes_, op_timeout_ms_, scan_interval_ms_;
+  std::atomic<double> low_watermark_;
+  std::atomic<bool> fsync_;
   ReadObserver read_observer_;  // set before the first read
 
   mutable Mutex mu_;
