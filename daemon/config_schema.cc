@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/block_key.h"
+#include "daemon/lower_kinds.h"
 
 namespace kvtier {
 namespace {
@@ -13,7 +14,8 @@ namespace {
 using T = ConfigType;
 constexpr double kU32 = 4294967295.0;
 
-// One row per key. Defaults live in Config's member initialisers.
+// One row per key, the lower tiers' kinds' apart (each kind registers its
+// own, lower_kinds.h). Defaults live in Config's member initialisers.
 const ConfigKey kKeys[] = {
     // [daemon]
     {"daemon", "run_dir", T::kString, Field<&Config::run_dir>(), 0, 0, false, "sockets: kvtierd.sock, kvtierd-admin.sock"},
@@ -73,82 +75,6 @@ const ConfigKey kKeys[] = {
     // [tiers.gpu]
     {"tiers.gpu", "capacity", T::kBytes, Field<&Config::gpu_capacity>(), 0, 0, false,
      "per-tenant device memory holding copies of its blocks; 0: off"},
-    // [tiers.nvme]
-    {"tiers.nvme", "dirs", T::kStringList, Field<&Config::nvme_dirs>(), 0, 0, false,
-     "one directory per device; default: <data_dir>/nvme"},
-    {"tiers.nvme", "capacity", T::kBytes, Field<&Config::nvme_capacity>(), 0, 0, false,
-     "across all dirs; 0: no NVMe tier; the default shrinks to the free space"},
-    {"tiers.nvme", "segment_bytes", T::kBytes, Field<&Config::nvme_segment_bytes>(), 0, 0, false,
-     "slabs are cut into segments of one block size each"},
-    {"tiers.nvme", "queue_depth", T::kInt, Field<&Config::nvme_queue_depth>(), 1, 4096, false, "I/Os in flight per worker"},
-    {"tiers.nvme", "io_workers", T::kInt, Field<&Config::nvme_io_workers>(), 1, 64, false, "one io_uring each"},
-    {"tiers.nvme", "io_engine", T::kString, Field<&Config::nvme_io_engine>(), 0, 0, false,
-     "auto (io_uring, else pread/pwrite threads), io_uring, threads"},
-    {"tiers.nvme", "allow_buffered", T::kBool, Field<&Config::nvme_allow_buffered>(), 0, 0, false,
-     "accept file systems without O_DIRECT (page-cache I/O)"},
-    {"tiers.nvme", "staging_bytes", T::kBytes, Field<&Config::nvme_staging_bytes>(), 0, 0, false,
-     "aligned bounce memory for direct I/O"},
-    {"tiers.nvme", "admission_min_uses", T::kInt, Field<&Config::nvme_admission_min_uses>(), 1, 15, false,
-     "write a host eviction to NVMe only if leased lookups asked for the block this many times; 1: every block"},
-    {"tiers.nvme", "write_through", T::kBool, Field<&Config::nvme_write_through>(), 0, 0, false,
-     "write committed blocks to NVMe at once, not only on eviction"},
-    {"tiers.nvme", "policy", T::kString, Field<&Config::nvme_policy>(), 0, 0, false,
-     "eviction policy of the NVMe tier: arc, lru, s3fifo, s3fifo-deep, tinylfu"},
-    // [tiers.remote]
-    {"tiers.remote", "seeds", T::kStringList, Field<&Config::remote_seeds>(), 0, 0, false,
-     "host:port of Redis Cluster nodes; empty: no remote tier"},
-    {"tiers.remote", "key_prefix", T::kString, Field<&Config::remote_key_prefix>(), 0, 0, false,
-     "keys are <prefix>:<tenant>:<namespace>:<block>"},
-    {"tiers.remote", "capacity", T::kBytes, Field<&Config::remote_capacity>(), 0, 0, false,
-     "what this daemon tracks as written there (the cluster evicts on its own)"},
-    {"tiers.remote", "op_timeout_ms", T::kInt, Field<&Config::remote_op_timeout_ms>(), 1, 600000, false,
-     "a remote read or write not answered by then is a miss"},
-    {"tiers.remote", "connect_timeout_ms", T::kInt, Field<&Config::remote_connect_timeout_ms>(), 1, 60000, false,
-     "per connection attempt"},
-    {"tiers.remote", "io_timeout_ms", T::kInt, Field<&Config::remote_io_timeout_ms>(), 1, 600000, false,
-     "a reply slower than this breaks its connection"},
-    {"tiers.remote", "probe_budget_us", T::kInt, Field<&Config::remote_probe_budget_us>(), 0, 1000000, true,
-     "how long a lookup waits for the cluster past its local hit prefix; 0: never asks"},
-    {"tiers.remote", "probe_max_blocks", T::kInt, Field<&Config::remote_probe_max_blocks>(), 1, 65536, false,
-     "blocks one lookup asks the cluster about"},
-    {"tiers.remote", "probe_blocks_per_s", T::kInt, Field<&Config::remote_probe_blocks_per_s>(), 1, 100000000, false,
-     "per tenant: blocks its lookups may ask the cluster about per second (a flood costs the flooder)"},
-    {"tiers.remote", "records_per_tenant", T::kInt, Field<&Config::remote_records_per_tenant>(), 1, 1u << 30, false,
-     "per tenant: blocks in the cluster this node indexes (each costs memory here)"},
-    {"tiers.remote", "min_block_bytes", T::kBytes, Field<&Config::remote_min_block_bytes>(), 0, 0, false,
-     "blocks smaller than this are never probed, published or moved to the cluster"},
-    {"tiers.remote", "tenant_budget", T::kBytes, Field<&Config::remote_tenant_budget>(), 0, 0, false,
-     "per tenant: bytes its blocks may take in the cluster, all nodes together; past it its own oldest go (0: none)"},
-    {"tiers.remote", "encrypt", T::kBool, Field<&Config::remote_encrypt>(), 0, 0, false,
-     "encrypt payloads at rest in the cluster (AES-256-GCM); values are sealed either way"},
-    {"tiers.remote", "tls", T::kBool, Field<&Config::remote_tls>(), 0, 0, false,
-     "TLS to every node (a production cluster should: passwords and blocks cross the network)"},
-    {"tiers.remote", "tls_ca_file", T::kString, Field<&Config::remote_tls_ca_file>(), 0, 0, false,
-     "PEM CA file the nodes' certificates must chain to"},
-    {"tiers.remote", "tls_cert_file", T::kString, Field<&Config::remote_tls_cert_file>(), 0, 0, false,
-     "PEM client certificate, for clusters that ask for one (tls-auth-clients yes)"},
-    {"tiers.remote", "tls_key_file", T::kString, Field<&Config::remote_tls_key_file>(), 0, 0, false,
-     "its private key (mode 0600)"},
-    {"tiers.remote", "tls_server_name", T::kString, Field<&Config::remote_tls_server_name>(), 0, 0, false,
-     "the name every node's certificate must carry; empty: the node's address"},
-    {"tiers.remote", "write_policy", T::kString, Field<&Config::remote_write_policy>(), 0, 0, true,
-     "demoted (what leaves the last local tier), reused (also host blocks once hit), committed (every block)"},
-    {"tiers.remote", "admission_min_uses", T::kInt, Field<&Config::remote_admission_min_uses>(), 1, 15, false,
-     "write a block to the shared tier (any write_policy) only if leased lookups asked for it this many times; 1: every block"},
-    // [tiers.fs]
-    {"tiers.fs", "dir", T::kString, Field<&Config::fs, &FsTierSettings::dir>(), 0, 0, false,
-     "a directory several nodes mount (NFS, CephFS, Lustre, FUSE); empty: no fs tier. It must exist"},
-    {"tiers.fs", "capacity", T::kBytes, Field<&Config::fs, &FsTierSettings::capacity_bytes>(), 0, 0, true,
-     "what the directory's block files may take, every node's together; past it the scan deletes the oldest"},
-    {"tiers.fs", "io_threads", T::kInt, Field<&Config::fs, &FsTierSettings::io_threads>(), 1, 256, false, "threads that read and write files"},
-    {"tiers.fs", "op_timeout_ms", T::kInt, Field<&Config::fs, &FsTierSettings::op_timeout_ms>(), 1, 600000, true,
-     "a read or write not started by then is a miss"},
-    {"tiers.fs", "scan_interval_ms", T::kInt, Field<&Config::fs, &FsTierSettings::scan_interval_ms>(), 100, 3600000, true,
-     "how often the capacity scan lists the directory (also after an eighth of capacity written)"},
-    {"tiers.fs", "fsync", T::kBool, Field<&Config::fs, &FsTierSettings::fsync>(), 0, 0, true,
-     "fsync each file before it is renamed into place"},
-    {"tiers.fs", "low_watermark", T::kDouble, Field<&Config::fs, &FsTierSettings::low_watermark>(), 0.01, 1, true,
-     "a scan past capacity deletes down to this fraction of it"},
     // [cost_model]
     {"cost_model", "model_config", T::kString, Field<&Config::cost_model_config>(), 0, 0, false,
      "a Hugging Face config.json; empty: the Llama-3.1-8B shape"},
@@ -191,6 +117,7 @@ const ConfigKey kKeys[] = {
      "simulated device copy bandwidth, bytes/s (0: unlimited)"},
 };
 
+// {"", ""}: where the lower tiers' kinds' sections go.
 const ConfigSection kSections[] = {
     {"daemon",
      "# run_dir default: $RUNTIME_DIRECTORY, /run/kvtier for root, else $XDG_RUNTIME_DIR/kvtier\n"
@@ -203,16 +130,7 @@ const ConfigSection kSections[] = {
      "# stats.refused and kvtier_refused_total.\n"},
     {"tiers.host", ""},
     {"tiers.gpu", ""},
-    {"tiers.nvme", ""},
-    {"tiers.remote",
-     "# A shared Redis Cluster below NVMe; each tenant reads and writes it as its own\n"
-     "# ACL user ([[tenants]] remote_user, remote_password_file) and seals its values with a\n"
-     "# key of its own ([[tenants]] remote_key_file).\n"},
-    {"tiers.fs",
-     "# A directory several nodes mount: blocks as files, shared like [tiers.remote]\n"
-     "# (whose probe_*, min_block_bytes, write_policy and admission_min_uses apply to\n"
-     "# whichever shared tier the chain has). Or list the chain as [[tiers.lower]]\n"
-     "# entries: kind = \"nvme\" | \"redis\" | \"fs\" and that kind's keys.\n"},
+    {"", ""},  // the lower tiers' kinds, each with its section (lower_kinds.h)
     {"cost_model",
      "# What a block is worth: prefill time of its tokens at its position, for this\n"
      "# model shape, at a throughput fitted to the engines' report_prefill calls.\n"},
@@ -271,8 +189,40 @@ std::string TomlDouble(double v) {
 
 }  // namespace
 
-std::span<const ConfigKey> ConfigSchema() { return kKeys; }
-std::span<const ConfigSection> ConfigSections() { return kSections; }
+std::span<const ConfigSection> ConfigSections() {
+  static const std::vector<ConfigSection> sections = [] {
+    std::vector<ConfigSection> out;
+    for (const ConfigSection& s : kSections) {
+      if (!s.name.empty()) {
+        out.push_back(s);
+        continue;
+      }
+      for (const LowerTierKind& k : LowerTierKinds()) out.push_back({k.section, k.preamble});
+    }
+    return out;
+  }();
+  return sections;
+}
+
+std::span<const ConfigKey> ConfigSchema() {
+  // Section by section, in file order: the kinds' rows where their sections are.
+  static const std::vector<ConfigKey> keys = [] {
+    std::vector<ConfigKey> out;
+    for (const ConfigSection& s : ConfigSections()) {
+      for (const ConfigKey& k : kKeys) {
+        if (k.section == s.name) out.push_back(k);
+      }
+      for (const LowerTierKind& kind : LowerTierKinds()) {
+        if (kind.section != s.name) continue;
+        for (const ConfigKey& k : kind.keys) {
+          if (k.section == s.name) out.push_back(k);
+        }
+      }
+    }
+    return out;
+  }();
+  return keys;
+}
 std::span<const TenantKey> TenantSchema() { return kTenantKeys; }
 
 std::string ConfigValueToml(const ConfigKey& k, const Config& c) {

@@ -117,14 +117,10 @@ void ValidateChain(const Config& c, Fail& fail) {
                "end the chain"));
     }
   }
-  const bool fs = std::find(chain.begin(), chain.end(), "fs") != chain.end();
-  if (fs && (c.fs.dir.empty() || c.fs.dir.front() != '/')) {
-    fail("tiers.fs.dir", Cat("tiers.fs.dir must be an absolute path to a directory several nodes mount (got \"",
-                             c.fs.dir.substr(0, 200), "\")"));
-  }
-  if (fs && c.fs.capacity_bytes == 0) fail("tiers.fs.capacity", "tiers.fs.capacity must not be 0");
-  if (!c.lower_chain.empty() && std::find(chain.begin(), chain.end(), "nvme") != chain.end() && c.nvme_capacity == 0) {
-    fail("tiers.nvme.capacity", "a [[tiers.lower]] entry of kind \"nvme\" with capacity 0: leave the entry out instead");
+  // Each kind in the chain checks its own.
+  for (const std::string& kind : chain) {
+    const LowerTierKind* k = FindLowerTierKind(kind);
+    if (k != nullptr && k->validate != nullptr) k->validate(c, fail);
   }
 }
 

@@ -1,16 +1,113 @@
 // SPDX-License-Identifier: Apache-2.0
+// The config halves of the lower tiers' kinds: NVMe's and the Redis
+// Cluster's (whose options are still Config's own members), then the kinds
+// that live in their own folders. One line per kind in LowerTierKinds().
 #include "daemon/lower_kinds.h"
 
+#include "absl/strings/str_cat.h"
 #include "daemon/config.h"
+#include "tiers/fs/fs_kind.h"
 
 namespace kvtier {
 namespace {
 
-const LowerTierKind kKinds[] = {
-    {"nvme", "tiers.nvme", false, [](const Config& c) { return c.nvme_capacity != 0; }},
-    {"redis", "tiers.remote", true, [](const Config& c) { return !c.remote_seeds.empty(); }},
-    {"fs", "tiers.fs", true, [](const Config& c) { return !c.fs.dir.empty(); }},
+using T = ConfigType;
+
+const ConfigKey kNvmeKeys[] = {
+    {"tiers.nvme", "dirs", T::kStringList, Field<&Config::nvme_dirs>(), 0, 0, false,
+     "one directory per device; default: <data_dir>/nvme"},
+    {"tiers.nvme", "capacity", T::kBytes, Field<&Config::nvme_capacity>(), 0, 0, false,
+     "across all dirs; 0: no NVMe tier; the default shrinks to the free space"},
+    {"tiers.nvme", "segment_bytes", T::kBytes, Field<&Config::nvme_segment_bytes>(), 0, 0, false,
+     "slabs are cut into segments of one block size each"},
+    {"tiers.nvme", "queue_depth", T::kInt, Field<&Config::nvme_queue_depth>(), 1, 4096, false, "I/Os in flight per worker"},
+    {"tiers.nvme", "io_workers", T::kInt, Field<&Config::nvme_io_workers>(), 1, 64, false, "one io_uring each"},
+    {"tiers.nvme", "io_engine", T::kString, Field<&Config::nvme_io_engine>(), 0, 0, false,
+     "auto (io_uring, else pread/pwrite threads), io_uring, threads"},
+    {"tiers.nvme", "allow_buffered", T::kBool, Field<&Config::nvme_allow_buffered>(), 0, 0, false,
+     "accept file systems without O_DIRECT (page-cache I/O)"},
+    {"tiers.nvme", "staging_bytes", T::kBytes, Field<&Config::nvme_staging_bytes>(), 0, 0, false,
+     "aligned bounce memory for direct I/O"},
+    {"tiers.nvme", "admission_min_uses", T::kInt, Field<&Config::nvme_admission_min_uses>(), 1, 15, false,
+     "write a host eviction to NVMe only if leased lookups asked for the block this many times; 1: every block"},
+    {"tiers.nvme", "write_through", T::kBool, Field<&Config::nvme_write_through>(), 0, 0, false,
+     "write committed blocks to NVMe at once, not only on eviction"},
+    {"tiers.nvme", "policy", T::kString, Field<&Config::nvme_policy>(), 0, 0, false,
+     "eviction policy of the NVMe tier: arc, lru, s3fifo, s3fifo-deep, tinylfu"},
 };
+
+const ConfigKey kRedisKeys[] = {
+    {"tiers.remote", "seeds", T::kStringList, Field<&Config::remote_seeds>(), 0, 0, false,
+     "host:port of Redis Cluster nodes; empty: no remote tier"},
+    {"tiers.remote", "key_prefix", T::kString, Field<&Config::remote_key_prefix>(), 0, 0, false,
+     "keys are <prefix>:<tenant>:<namespace>:<block>"},
+    {"tiers.remote", "capacity", T::kBytes, Field<&Config::remote_capacity>(), 0, 0, false,
+     "what this daemon tracks as written there (the cluster evicts on its own)"},
+    {"tiers.remote", "op_timeout_ms", T::kInt, Field<&Config::remote_op_timeout_ms>(), 1, 600000, false,
+     "a remote read or write not answered by then is a miss"},
+    {"tiers.remote", "connect_timeout_ms", T::kInt, Field<&Config::remote_connect_timeout_ms>(), 1, 60000, false,
+     "per connection attempt"},
+    {"tiers.remote", "io_timeout_ms", T::kInt, Field<&Config::remote_io_timeout_ms>(), 1, 600000, false,
+     "a reply slower than this breaks its connection"},
+    {"tiers.remote", "probe_budget_us", T::kInt, Field<&Config::remote_probe_budget_us>(), 0, 1000000, true,
+     "how long a lookup waits for the cluster past its local hit prefix; 0: never asks"},
+    {"tiers.remote", "probe_max_blocks", T::kInt, Field<&Config::remote_probe_max_blocks>(), 1, 65536, false,
+     "blocks one lookup asks the cluster about"},
+    {"tiers.remote", "probe_blocks_per_s", T::kInt, Field<&Config::remote_probe_blocks_per_s>(), 1, 100000000, false,
+     "per tenant: blocks its lookups may ask the cluster about per second (a flood costs the flooder)"},
+    {"tiers.remote", "records_per_tenant", T::kInt, Field<&Config::remote_records_per_tenant>(), 1, 1u << 30, false,
+     "per tenant: blocks in the cluster this node indexes (each costs memory here)"},
+    {"tiers.remote", "min_block_bytes", T::kBytes, Field<&Config::remote_min_block_bytes>(), 0, 0, false,
+     "blocks smaller than this are never probed, published or moved to the cluster"},
+    {"tiers.remote", "tenant_budget", T::kBytes, Field<&Config::remote_tenant_budget>(), 0, 0, false,
+     "per tenant: bytes its blocks may take in the cluster, all nodes together; past it its own oldest go (0: none)"},
+    {"tiers.remote", "encrypt", T::kBool, Field<&Config::remote_encrypt>(), 0, 0, false,
+     "encrypt payloads at rest in the cluster (AES-256-GCM); values are sealed either way"},
+    {"tiers.remote", "tls", T::kBool, Field<&Config::remote_tls>(), 0, 0, false,
+     "TLS to every node (a production cluster should: passwords and blocks cross the network)"},
+    {"tiers.remote", "tls_ca_file", T::kString, Field<&Config::remote_tls_ca_file>(), 0, 0, false,
+     "PEM CA file the nodes' certificates must chain to"},
+    {"tiers.remote", "tls_cert_file", T::kString, Field<&Config::remote_tls_cert_file>(), 0, 0, false,
+     "PEM client certificate, for clusters that ask for one (tls-auth-clients yes)"},
+    {"tiers.remote", "tls_key_file", T::kString, Field<&Config::remote_tls_key_file>(), 0, 0, false,
+     "its private key (mode 0600)"},
+    {"tiers.remote", "tls_server_name", T::kString, Field<&Config::remote_tls_server_name>(), 0, 0, false,
+     "the name every node's certificate must carry; empty: the node's address"},
+    {"tiers.remote", "write_policy", T::kString, Field<&Config::remote_write_policy>(), 0, 0, true,
+     "demoted (what leaves the last local tier), reused (also host blocks once hit), committed (every block)"},
+    {"tiers.remote", "admission_min_uses", T::kInt, Field<&Config::remote_admission_min_uses>(), 1, 15, false,
+     "write a block to the shared tier (any write_policy) only if leased lookups asked for it this many times; 1: every block"},
+};
+
+LowerTierKind NvmeKind() {
+  return {.kind = "nvme",
+          .section = "tiers.nvme",
+          .preamble = "",
+          .shared = false,
+          .keys = kNvmeKeys,
+          .configured = [](const Config& c) { return c.nvme_capacity != 0; },
+          .validate = [](const Config& c, ConfigFail fail) {
+            // The section's capacity 0 means "no NVMe tier"; an entry that
+            // names the kind and turns it off is a mistake.
+            if (!c.lower_chain.empty() && c.nvme_capacity == 0) {
+              fail("tiers.nvme.capacity",
+                   "a [[tiers.lower]] entry of kind \"nvme\" with capacity 0: leave the entry out instead");
+            }
+          }};
+}
+
+// Its credentials and seeds are checked with the tenants' (config_validate.cc).
+LowerTierKind RedisKind() {
+  return {.kind = "redis",
+          .section = "tiers.remote",
+          .preamble = "# A shared Redis Cluster below NVMe; each tenant reads and writes it as its own\n"
+                      "# ACL user ([[tenants]] remote_user, remote_password_file) and seals its values with a\n"
+                      "# key of its own ([[tenants]] remote_key_file).\n",
+          .shared = true,
+          .keys = kRedisKeys,
+          .configured = [](const Config& c) { return !c.remote_seeds.empty(); },
+          .validate = nullptr};
+}
 
 }  // namespace
 
@@ -24,10 +121,17 @@ bool IsSharedTierKey(std::string_view name) {
   return false;
 }
 
-std::span<const LowerTierKind> LowerTierKinds() { return kKinds; }
+std::span<const LowerTierKind> LowerTierKinds() {
+  static const LowerTierKind kKinds[] = {
+      NvmeKind(),
+      RedisKind(),
+      FsTierKind(),
+  };
+  return kKinds;
+}
 
 const LowerTierKind* FindLowerTierKind(std::string_view kind) {
-  for (const LowerTierKind& k : kKinds) {
+  for (const LowerTierKind& k : LowerTierKinds()) {
     if (k.kind == kind) return &k;
   }
   return nullptr;

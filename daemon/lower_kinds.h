@@ -1,26 +1,49 @@
 // SPDX-License-Identifier: Apache-2.0
-// The kinds of lower tier a chain may hold, as the config knows them: each
-// kind's name in [[tiers.lower]], the section whose keys are its options
-// (one schema, one default per key, in config_schema.cc), whether other
-// nodes share it, and whether a file without [[tiers.lower]] turns it on.
-// What opens each kind is the daemon's (tier_registry.h).
+// The kinds of lower tier a chain may hold, as the config knows them. Each
+// kind registers, in one LowerTierKind: its name in [[tiers.lower]], the
+// section whose keys are its options, those keys' schema rows (each with its
+// doc, bounds and whether SIGHUP applies it; the default is the member's
+// initialiser in the kind's settings struct), the section's comment lines,
+// whether other nodes share it, whether a file without [[tiers.lower]] turns
+// it on, and its own checks. ConfigSchema() and ConfigSections() take the
+// kinds' rows and sections from here.
+//
+// What opens a kind, shows it in status and applies its reloadable keys to
+// the running tier is the daemon's half of the kind (tier_registry.h): the
+// config half links into everything that reads kvtierd.toml (kvtierctl
+// too), the daemon half only into kvtierd. A kind of its own folder
+// (tiers/fs/fs_kind.h) defines both halves there; this table and the
+// registry's each take one line for it.
 #ifndef KVTIER_DAEMON_LOWER_KINDS_H_
 #define KVTIER_DAEMON_LOWER_KINDS_H_
 
 #include <span>
+#include <string>
 #include <string_view>
+
+#include "absl/functional/function_ref.h"
+#include "daemon/config_schema.h"
 
 namespace kvtier {
 
 struct Config;
 
+// Reports one problem: the key's full name ("tiers.fs.dir"; the message is
+// prefixed with where the file set it) and what is wrong.
+using ConfigFail = absl::FunctionRef<void(std::string_view key, std::string message)>;
+
 struct LowerTierKind {
-  std::string_view kind;     // "nvme", "redis", "fs"
-  std::string_view section;  // "tiers.nvme": its keys
-  bool shared;               // other nodes read and write it too
+  std::string_view kind;      // "nvme", "redis", "fs"
+  std::string_view section;   // "tiers.nvme": its keys
+  std::string_view preamble;  // "" or whole comment lines, each ending in \n
+  bool shared;                // other nodes read and write it too
+  std::span<const ConfigKey> keys;  // its section's keys, in file order
   // Without [[tiers.lower]]: whether its section turns it on (the chain is
   // the kinds so configured, in this table's order).
   bool (*configured)(const Config&);
+  // Its own checks, when the chain holds it (after every key's type and
+  // range); nullptr: none beyond those.
+  void (*validate)(const Config&, ConfigFail fail);
 };
 
 // Keys of [tiers.remote] that govern whichever shared tier the chain has

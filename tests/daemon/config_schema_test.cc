@@ -4,6 +4,7 @@
 // default, and "Reloadable" exactly where SIGHUP applies it), the printed
 // default file, and the reload diff.
 #include "daemon/config_schema.h"
+#include "daemon/lower_kinds.h"
 
 #include <cstdlib>
 #include <fstream>
@@ -155,6 +156,51 @@ TEST(ConfigSchemaTest, SectionsAndKeysAreUnique) {
   std::set<std::string_view> sections;
   for (const ConfigSection& s : ConfigSections()) sections.insert(s.name);
   for (const ConfigKey& k : ConfigSchema()) EXPECT_TRUE(sections.contains(k.section)) << k.full_name();
+}
+
+TEST(ConfigSchemaTest, EachLowerTierKindBringsItsSectionAndKeys) {
+  std::set<std::string> kinds;
+  for (const LowerTierKind& k : LowerTierKinds()) {
+    EXPECT_TRUE(kinds.insert(std::string(k.kind)).second) << k.kind;
+    EXPECT_EQ(FindLowerTierKind(k.kind), &k);
+    // Its section, with its comment, in the file's sections.
+    int sections = 0;
+    for (const ConfigSection& s : ConfigSections()) {
+      if (s.name != k.section) continue;
+      ++sections;
+      EXPECT_EQ(s.preamble, k.preamble) << k.section;
+    }
+    EXPECT_EQ(sections, 1) << k.section;
+    // Its keys, all in its section, each once in the schema.
+    ASSERT_FALSE(k.keys.empty()) << k.kind;
+    for (const ConfigKey& key : k.keys) {
+      EXPECT_EQ(key.section, k.section) << key.full_name();
+      int found = 0;
+      for (const ConfigKey& s : ConfigSchema()) found += s.full_name() == key.full_name() && s.doc == key.doc;
+      EXPECT_EQ(found, 1) << key.full_name();
+    }
+    // And no key of its section comes from anywhere else.
+    size_t in_section = 0;
+    for (const ConfigKey& s : ConfigSchema()) in_section += s.section == k.section;
+    EXPECT_EQ(in_section, k.keys.size()) << k.section;
+  }
+  EXPECT_EQ(kinds, (std::set<std::string>{"nvme", "redis", "fs"}));
+  EXPECT_EQ(FindLowerTierKind("tape"), nullptr);
+}
+
+TEST(ConfigSchemaTest, AKindsOwnChecksRunOnlyWhenTheChainHasIt) {
+  // The fs kind's check (an absolute dir) is its own: a relative dir is
+  // refused in a chain with the fs tier, with the key's line.
+  absl::StatusOr<Config> c = ParseConfig("[[tiers.lower]]\nkind = \"fs\"\ndir = \"relative/dir\"\n", "t.toml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("t.toml:3: tiers.fs.dir must be an absolute path"), std::string::npos)
+      << c.status();
+  // NVMe's: an entry of its kind that turns it off.
+  c = ParseConfig("[[tiers.lower]]\nkind = \"nvme\"\ncapacity = 0\n", "t.toml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("leave the entry out instead"), std::string::npos) << c.status();
+  // A chain without the fs tier does not run its checks.
+  EXPECT_TRUE(ParseConfig("[tiers.nvme]\ncapacity = \"64MiB\"\n", "t.toml").ok());
 }
 
 }  // namespace
