@@ -360,6 +360,7 @@ StatusSnapshot Daemon::Snapshot() const {
     l.io.used_bytes = usage.used_bytes;
     l.io.used_slots = usage.used_slots;
     l.blocks = store_->lower_blocks(i);
+    l.hits = store_->lower_hits(i);
     l.health = tier->Health();
     if (i < lower_describe_.size() && lower_describe_[i]) lower_describe_[i](l);  // what only its kind shows
   }

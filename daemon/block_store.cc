@@ -134,6 +134,7 @@ void BlockStore::ChainHits::Append(ChainHits&& more) {
   hit = more.hit;
   below_host += more.below_host;
   in_shared += more.in_shared;
+  for (size_t i = 0; i < by_lane.size(); ++i) by_lane[i] += more.by_lane[i];
   cut_for_cost = more.cut_for_cost;
   lower_pinned_bytes += more.lower_pinned_bytes;
   pinned.insert(pinned.end(), more.pinned.begin(), more.pinned.end());
@@ -191,7 +192,10 @@ BlockStore::ChainHits BlockStore::ProbeChain(SessionHoldings& s, std::span<const
       out[i] = in_host ? BlockLocation{TierKind::kHost, r->arena_offset(), false}
                        : BlockLocation{books_.LaneOf(r).tier->kind(), 0, false};
       h.lower_pinned_bytes += lower_cost;
-      if (!in_host) ++h.below_host;
+      if (!in_host) {
+        ++h.below_host;
+        ++h.by_lane[r->lower];
+      }
       if (!in_host && IsSharedLane(r->lower)) ++h.in_shared;
       if (lease) {
         if (r->pins++ == 0) t.pinned.fetch_add(1, std::memory_order_relaxed);
@@ -287,6 +291,9 @@ absl::StatusOr<uint32_t> BlockStore::Lookup(SessionHoldings& s, std::span<const 
   books_.stats->blocks_hit.Add(h.hit);
   books_.stats->blocks_hit_nvme.Add(h.below_host - h.in_shared);
   books_.stats->blocks_hit_remote.Add(h.in_shared);
+  for (size_t i = 0; i < books_.lanes.size(); ++i) {
+    if (h.by_lane[i] != 0) books_.lanes[i]->hits.fetch_add(h.by_lane[i], kRelaxed);
+  }
   books_.stats->tokens_hit.Add(uint64_t{h.hit} * s.ns.block_tokens);
   th.lookup_hits.fetch_add(1, kRelaxed);
   th.blocks_hit.fetch_add(h.hit, kRelaxed);

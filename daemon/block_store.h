@@ -25,6 +25,7 @@
 #ifndef KVTIER_DAEMON_BLOCK_STORE_H_
 #define KVTIER_DAEMON_BLOCK_STORE_H_
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -295,6 +296,8 @@ class BlockStore {
   bool cascade_settled() const { return migrator_.cascade_settled(); }
   // Blocks with a ready copy in lower tier i.
   uint64_t lower_blocks(size_t i) const { return books_.lanes[i]->blocks.load(std::memory_order_relaxed); }
+  // Blocks of leased lookups' hit prefixes whose copy was in lower tier i.
+  uint64_t lower_hits(size_t i) const { return books_.lanes[i]->hits.load(std::memory_order_relaxed); }
   // Thread-safe. Lower tier i's capacity and what this node's copies there
   // hold (LowerLane::Usage: for a tier addressed by key, the lane's books,
   // not the tier's).
@@ -433,6 +436,7 @@ class BlockStore {
   struct ChainHits {
     uint32_t hit = 0, below_host = 0;
     uint32_t in_shared = 0;  // of below_host: the copy is in the shared tier
+    std::array<uint32_t, kMaxLowerTiers> by_lane{};  // of below_host: by the lane the copy is in
     bool cut_for_cost = false;  // the prefix ends at a block cheaper to recompute than to load
     uint64_t lower_pinned_bytes = 0;  // slot bytes pinned on the first lower tier (NVMe), for its fair share
     std::vector<BlockRecord*> pinned;

@@ -68,6 +68,7 @@ class LowerLane {
   absl::flat_hash_map<BlockRecord*, std::vector<absl::AnyInvocable<void(bool) &&>>> write_waiters
       ABSL_GUARDED_BY(mu);
   std::atomic<uint64_t> blocks{0};  // ready copies
+  std::atomic<uint64_t> hits{0};    // blocks of leased lookups' hit prefixes found here
 
   // A tenant index the lane has not seen uses nothing.
   Use use(uint16_t tenant) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {

@@ -114,6 +114,13 @@ std::string PrometheusText(const StatusSnapshot& s, bool detailed) {
   }
   w.Family("kvtier_tier_healthy", "gauge", "1 when the tier is healthy.");
   for (const TierRow& t : tiers) w.Sample("kvtier_tier_healthy", "tier=\"" + Esc(t.name) + "\"", t.healthy ? 1 : 0);
+  w.Family("kvtier_lower_blocks_hit_total", "counter",
+           "Blocks found by leased lookups in each lower tier, by lane (position in the chain), tier and kind.");
+  for (const StatusSnapshot::Lower& l : s.lower) {
+    w.Sample("kvtier_lower_blocks_hit_total",
+             "lane=\"" + std::to_string(l.chain_position) + "\",tier=\"" + Esc(l.name) + "\",kind=\"" + Esc(l.kind) + "\"",
+             double(l.hits));
+  }
   w.Family("kvtier_lower_tier_counter", "gauge",
            "What a lower tier's kind counts beyond the common series, by lane (position in the chain), tier, kind "
            "and name (the fs tier: scans, files, bytes, evicted, vanished, stale_temps, scan_failures, misses_*).");

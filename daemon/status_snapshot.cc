@@ -119,6 +119,7 @@ json LowerJson(const StatusSnapshot::Lower& l, const DaemonStats& s) {
             {"capacity_bytes", b.capacity_bytes},
             {"used_bytes", b.used_bytes},
             {"blocks", l.blocks},
+            {"hits", l.hits},
             {"slots_used", b.used_slots},
             {"in_flight", b.in_flight},
             {"queued", b.queued},

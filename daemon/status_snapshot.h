@@ -81,6 +81,7 @@ struct StatusSnapshot {
     bool durable = false;
     BlockTierStats io;
     uint64_t blocks = 0;  // index records whose lower copy is here
+    uint64_t hits = 0;    // blocks of leased lookups' hit prefixes found here
     TierHealth health = TierHealth::kHealthy;
     std::optional<NvmeStats> nvme;  // what only the NVMe tier has: engine, journal, recovery
     std::optional<RemoteStatus> remote;  // what only the shared tier has: its cluster, misses by cause

@@ -82,6 +82,9 @@ TEST(FsSharingTest, NodeBLoadsWhatNodeAWroteThroughOneDirectory) {
     (void)cb->Release(r->lease);
   }
   EXPECT_EQ(Shared(b, "hits_loaded"), 24u);
+  // Each lane counts the hits found in it: the directory's 24, NVMe's none.
+  EXPECT_EQ(Lane(b, "fs").value("hits", -1), 24) << Lane(b, "fs").dump();
+  EXPECT_EQ(Lane(b, "nvme").value("hits", -1), 0) << Lane(b, "nvme").dump();
   const nlohmann::json lane = Lane(b, "fs");
   EXPECT_EQ(lane.value("tier", ""), "fs");
   EXPECT_EQ(lane.value("chain_position", -1), 1);
@@ -125,6 +128,11 @@ TEST(FsSharingTest, NodeBLoadsWhatNodeAWroteThroughOneDirectory) {
   EXPECT_NE(res->body.find("kvtier_lower_tier_counter{lane=\"1\",tier=\"fs\",kind=\"fs\",name=\"scans\"}"),
             std::string::npos);
   EXPECT_NE(res->body.find("kvtier_tier_healthy{tier=\"fs\"} 1"), std::string::npos);
+  // 24, or up to 28 with the damaged blocks' lookup.
+  EXPECT_NE(res->body.find("kvtier_lower_blocks_hit_total{lane=\"1\",tier=\"fs\",kind=\"fs\"} 2"), std::string::npos)
+      << res->body;
+  EXPECT_NE(res->body.find("kvtier_lower_blocks_hit_total{lane=\"0\",tier=\"nvme\",kind=\"nvme\"} 0\n"),
+            std::string::npos);
 }
 
 TEST(FsSharingTest, TheFsSectionReadsAsTheSameChain) {

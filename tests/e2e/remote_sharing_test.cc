@@ -169,6 +169,9 @@ TEST(RemoteSharingTest, APrefixSpreadOverTheClusterAndASharedDirectoryIsFoundInB
   EXPECT_EQ(lane(b, "remote").value("blocks", uint64_t{0}), 8u) << lane(b, "remote").dump();
   EXPECT_EQ(lane(b, "fs").value("blocks", uint64_t{0}), 8u) << lane(b, "fs").dump();
   EXPECT_EQ(lane(b, "fs").value("chain_position", -1), 1);
+  // The leased lookup's hits, by the lane each block was found in.
+  EXPECT_EQ(lane(b, "remote").value("hits", uint64_t{0}), 8u) << lane(b, "remote").dump();
+  EXPECT_EQ(lane(b, "fs").value("hits", uint64_t{0}), 8u) << lane(b, "fs").dump();
 }
 
 TEST(RemoteSharingTest, NodeBReusesWhatNodeAComputedByteExactAndNothingElse) {
