@@ -15,7 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "daemon/config.h"
-#include "daemon/stats.h"
+#include "store/stats.h"
 #include "ipc/attach.h"
 #include "ipc/unix_socket.h"
 

@@ -12,7 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "daemon/config.h"
-#include "daemon/cost_tracker.h"
+#include "store/cost_tracker.h"
 #include "tiers/nvme_tier.h"
 #include "tiers/remote_tier.h"
 

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "daemon/shared_writes.h"
+#include "store/shared_writes.h"
 #include "kvtier/types.h"
 #include "policies/eviction_policy.h"
 #include "tiers/fs/fs_settings.h"
@@ -158,7 +158,7 @@ struct Config {
   double cost_nvme_read_latency_us = 100;
   bool cost_decide = true;
   // [events]: KV events for cache-aware routers, per tenant, in vLLM's
-  // format (daemon/kv_events.h). Off by default.
+  // format (events/kv_events.h). Off by default.
   bool events_enabled = false;
   std::string events_endpoint;         // "{tenant}" expands; empty: ipc sockets in run_dir
   std::string events_replay_endpoint;  // likewise; "off": no replay socket

@@ -25,7 +25,7 @@
 #include "daemon/config.h"
 #include "daemon/config_text.h"
 #include "daemon/lower_kinds.h"
-#include "daemon/shared_writes.h"
+#include "store/shared_writes.h"
 #include "fmt/format.h"
 #include "policies/eviction_policy.h"
 

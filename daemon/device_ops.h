@@ -21,10 +21,10 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "core/unique_fd.h"
-#include "daemon/block_store.h"
+#include "store/block_store.h"
 #include "daemon/engine_caches.h"
-#include "daemon/gpu_cache.h"
-#include "daemon/stats.h"
+#include "store/gpu_cache.h"
+#include "store/stats.h"
 #include "ipc/abi.h"
 #include "ipc/kv_registration.h"
 

@@ -14,7 +14,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "core/mutex.h"
 #include "core/units.h"
-#include "daemon/stats.h"
+#include "store/stats.h"
 #include "spdlog/spdlog.h"
 
 namespace kvtier {

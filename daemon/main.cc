@@ -12,7 +12,7 @@
 #include "daemon/assembly.h"
 #include "daemon/config.h"
 #include "daemon/daemon.h"
-#include "daemon/kv_events.h"
+#include "events/kv_events.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -141,7 +141,7 @@ std::string ConfigManPage() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // A tenant's KV-event publisher (daemon/kv_events.h), started by kvtierd
+  // A tenant's KV-event publisher (events/kv_events.h), started by kvtierd
   // itself with its end of a socket pair as the descriptor named.
   if (argc >= 3 && std::string_view(argv[1]) == "--events-publisher") {
     int fd = -1;

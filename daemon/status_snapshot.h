@@ -18,12 +18,12 @@
 #include <string>
 #include <vector>
 
-#include "daemon/block_store.h"
-#include "daemon/cost_tracker.h"
-#include "daemon/kv_events.h"
-#include "daemon/gpu_cache.h"
+#include "store/block_store.h"
+#include "store/cost_tracker.h"
+#include "events/kv_events.h"
+#include "store/gpu_cache.h"
 #include "daemon/session.h"
-#include "daemon/stats.h"
+#include "store/stats.h"
 #include "nlohmann/json.hpp"
 #include "tiers/block_tier.h"
 #include "tiers/nvme_tier.h"

@@ -9,7 +9,7 @@
 #include <cstring>
 #include <thread>
 
-#include "daemon/block_store.h"
+#include "store/block_store.h"
 #include "daemon/session.h"
 #include "os/futex.h"
 #include "tests/fuzz/fuzz_target.h"

@@ -1,0 +1,236 @@
+// SPDX-License-Identifier: Apache-2.0
+// The block index: every block the daemon knows, sharded by key so sessions
+// rarely contend. A record's mutable fields are guarded by its shard's mutex.
+//
+// Lock order: docs/architecture.md, "Lock order" (a shard mutex comes after a
+// tenant's tier lock and the lane locks).
+#ifndef KVTIER_STORE_BLOCK_INDEX_H_
+#define KVTIER_STORE_BLOCK_INDEX_H_
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/hash/hash.h"
+#include "core/mutex.h"
+#include "kvtier/types.h"
+#include "tiers/host_tier.h"
+#include "tiers/tier.h"
+
+namespace kvtier {
+
+inline constexpr SlotHandle kNoSlot = UINT32_MAX;
+inline constexpr uint16_t kUnknownDepth = UINT16_MAX;
+
+// The host copy of a block.
+enum class BlockState : uint8_t {
+  kNone,      // no host copy
+  kWriting,   // slot handed to a storing engine; invisible to lookups
+  kReady,     // committed; visible
+  kLoading,   // being promoted from NVMe into host_slot
+  kEvicting,  // being taken away (demotion or drop); invisible
+};
+
+// The copy of a block in a block tier below host memory (the record's
+// `lower` names which one).
+enum class LowerState : uint8_t {
+  kNone,
+  kWriting,  // demotion or write-through in flight
+  kReady,    // written (and journaled where the tier is durable)
+};
+
+// Block tiers below host memory, in a chain: 0 (NVMe in the daemon) first.
+inline constexpr size_t kMaxLowerTiers = 8;  // BlockRecord::lower has 4 bits
+
+// The most I/O references client requests (prefetches) may hold on one
+// block at once; more prefetches of it while these are in flight skip it.
+inline constexpr uint8_t kMaxClientIoRefs = 128;
+
+struct BlockRecord {
+  BlockKey key;
+  uint32_t ns = 0;                 // namespace handle
+  uint32_t pins = 0;               // leases holding it
+  SlotHandle host_slot = kNoSlot;  // in the tenant's host tier
+  SlotHandle lower_slot = kNoSlot;  // in lower tier `lower`
+  // Of host_slot, in HostTier::kPage pages (32 bits keep the record at 60
+  // bytes), kept here so lookups touch no tier state.
+  uint32_t arena_page = 0;
+  uint16_t tenant = 0;
+  BlockState state = BlockState::kWriting;
+  LowerState lower_state = LowerState::kNone;
+  // Tier I/O in flight on this block: not evictable, not freed. Eight bits
+  // keep the record at 60 bytes, so the count is bounded where a
+  // client can multiply it (kMaxClientIoRefs for prefetches); the daemon's
+  // own paths (eviction, write-through, promotion, flush) take one each.
+  uint8_t io_refs = 0;
+  // Erased from the index; destroyed when unreferenced.
+  bool removed : 1 = false;
+  // Which lower tier holds lower_slot (an index into the store's chain);
+  // meaningful while lower_state is not kNone. Shares a byte with `removed`
+  // to keep the record at 60 bytes.
+  uint8_t lower : 4 = 0;
+  // This node has written the block's bytes to the shared tier once
+  // (write_policy "reused" or "committed"): it is not written there again.
+  // Not a promise that the tier still holds it (its own eviction decides).
+  bool published : 1 = false;
+  // A write of the block to the shared tier is queued or in flight: no
+  // second one is queued meanwhile (another hit, another session).
+  bool publishing : 1 = false;
+  // Blocks before this one in its chain, when known (a store that follows a
+  // lookup of the chain), saturating at kUnknownDepth - 1. Prices recomputation.
+  uint16_t depth = kUnknownDepth;
+
+  uint64_t arena_offset() const { return uint64_t{arena_page} * HostTier::kPage; }
+  // `offset` comes from HostTier::ArenaOffset: a whole page below 2^32 pages.
+  void set_arena_offset(uint64_t offset) { arena_page = static_cast<uint32_t>(offset / HostTier::kPage); }
+
+  // A block being demoted stays visible: a load waits for its write to land.
+  bool visible() const { return state == BlockState::kReady || lower_state != LowerState::kNone; }
+};
+
+// Tokens before the block in its chain, for the eviction policy
+// (EvictionPolicy::InsertAt): 0 when its depth is unknown.
+inline uint64_t PositionOf(const BlockRecord& r, uint32_t block_tokens) {
+  return r.depth == kUnknownDepth ? 0 : uint64_t{r.depth} * block_tokens;
+}
+static_assert(sizeof(BlockRecord) <= 60, "the record's size is most of the daemon's memory per block");
+static_assert(kMaxLowerTiers <= 64, "BlockRecord::lower has 6 bits");
+
+// A block's identity for eviction policies that remember evicted blocks
+// (EvictionPolicy::InsertWithKey): never 0.
+inline uint64_t PolicyKeyOf(uint32_t ns, const BlockKey& key) {
+  uint64_t h;
+  std::memcpy(&h, key.bytes.data(), sizeof(h));
+  h ^= (uint64_t{ns} + 1) * 0x9e3779b97f4a7c15ull;
+  return h == 0 ? 1 : h;
+}
+inline uint64_t PolicyKeyOf(const BlockRecord& r) { return PolicyKeyOf(r.ns, r.key); }
+
+// Names a block for lookup without building a record.
+struct BlockRef {
+  uint32_t ns;
+  const BlockKey* key;
+};
+
+struct BlockHash {
+  using is_transparent = void;
+  size_t operator()(const BlockRecord* r) const { return absl::HashOf(r->ns, r->key); }
+  size_t operator()(const BlockRef& r) const { return absl::HashOf(r.ns, *r.key); }
+};
+struct BlockEq {
+  using is_transparent = void;
+  static bool Same(uint32_t ns1, const BlockKey& k1, uint32_t ns2, const BlockKey& k2) {
+    return ns1 == ns2 && k1 == k2;
+  }
+  bool operator()(const BlockRecord* a, const BlockRecord* b) const {
+    return Same(a->ns, a->key, b->ns, b->key);
+  }
+  bool operator()(const BlockRecord* a, const BlockRef& b) const { return Same(a->ns, a->key, b.ns, *b.key); }
+  bool operator()(const BlockRef& a, const BlockRecord* b) const { return Same(a.ns, *a.key, b->ns, b->key); }
+};
+
+// Records of one index shard, carved from chunks: a record costs its 60
+// bytes (from malloc a 64-byte record cost 80 with the allocator's header, the largest
+// share of the daemon's memory per block). Freed records are reused, last
+// freed first; under AddressSanitizer a freed record is poisoned until then.
+// Chunks stay until the index goes: memory freed by a mass invalidation is
+// reused by later records of the shard, not given back to the system.
+// Not thread-safe: BlockIndex guards each pool with a leaf mutex.
+class RecordPool {
+ public:
+  RecordPool() = default;
+  RecordPool(const RecordPool&) = delete;
+  RecordPool& operator=(const RecordPool&) = delete;
+
+  BlockRecord* New();  // a default record
+  void Delete(BlockRecord* r);
+  size_t live() const { return live_; }
+
+ private:
+  struct alignas(BlockRecord) Cell {
+    unsigned char bytes[sizeof(BlockRecord)];
+  };
+  static constexpr size_t kChunkRecords = 1024;  // 60 KiB
+  std::vector<std::unique_ptr<Cell[]>> chunks_;
+  size_t carved_ = kChunkRecords;  // cells handed out of the last chunk
+  std::vector<BlockRecord*> free_;
+  size_t live_ = 0;
+};
+
+class BlockIndex {
+ public:
+  static constexpr size_t kShards = 64;
+
+  struct Shard {
+    Mutex mu;
+    absl::flat_hash_set<BlockRecord*, BlockHash, BlockEq> set ABSL_GUARDED_BY(mu);
+    // A leaf lock (docs/architecture.md, "Lock order"): records are made
+    // and freed with or without the shard's lock held.
+    Mutex pool_mu;
+    RecordPool pool ABSL_GUARDED_BY(pool_mu);
+  };
+
+  BlockIndex() = default;
+  ~BlockIndex() = default;  // the pools free every record, indexed or not
+  BlockIndex(const BlockIndex&) = delete;
+  BlockIndex& operator=(const BlockIndex&) = delete;
+
+  // A default record holding `ns` and `key`, from the pool of the shard they
+  // map to (so FreeRecord finds that pool again).
+  BlockRecord* NewRecord(uint32_t ns, const BlockKey& key) {
+    Shard& s = ShardFor(ns, key);
+    BlockRecord* r;
+    {
+      MutexLock l(&s.pool_mu);
+      r = s.pool.New();
+    }
+    r->ns = ns;
+    r->key = key;
+    return r;
+  }
+  // Frees a record made by NewRecord (its ns and key unchanged).
+  void FreeRecord(BlockRecord* r) {
+    Shard& s = ShardFor(r);
+    MutexLock l(&s.pool_mu);
+    s.pool.Delete(r);
+  }
+
+  Shard& ShardFor(uint32_t ns, const BlockKey& key) {
+    // Keys are uniform hashes (or an engine's own hashes): mix anyway.
+    return shards_[absl::HashOf(ns, key) % kShards];
+  }
+  Shard& ShardFor(const BlockRecord* r) { return ShardFor(r->ns, r->key); }
+
+  // Starts fetching the memory a Find of this key will touch.
+  static void Prefetch(Shard& s, uint32_t ns, const BlockKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+    s.set.prefetch(BlockRef{ns, &key});
+  }
+  static BlockRecord* Find(Shard& s, uint32_t ns, const BlockKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+    auto it = s.set.find(BlockRef{ns, &key});
+    return it == s.set.end() ? nullptr : *it;
+  }
+  void Insert(Shard& s, BlockRecord* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+    s.set.insert(r);
+    size_.fetch_add(1, std::memory_order_relaxed);
+  }
+  void Erase(Shard& s, BlockRecord* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+    if (s.set.erase(r) > 0) size_.fetch_sub(1, std::memory_order_relaxed);
+  }
+
+  // Records currently indexed (writing or ready). Relaxed: for reporting.
+  uint64_t size() const { return size_.load(std::memory_order_relaxed); }
+
+  std::array<Shard, kShards>& shards() { return shards_; }
+
+ private:
+  std::array<Shard, kShards> shards_;
+  std::atomic<uint64_t> size_{0};
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_STORE_BLOCK_INDEX_H_

@@ -1,0 +1,162 @@
+// SPDX-License-Identifier: Apache-2.0
+// One tenant's host residency: its host tier (the arena the engine maps), an
+// eviction policy per block size behind a ChainGuard (leaves before
+// parents), each slot's owner, tokens and age (HostSlotTable), its quotas,
+// and what waits on its slots (deferred demotions, promotions in flight).
+// The store (BlockStore) decides what to evict and moves the copies; the
+// residency keeps the books and answers how full it is, which policy holds
+// a size, and which of other sizes' segments are coldest.
+//
+// Everything marked Locked needs `mu`, the tenant's tier lock
+// (docs/architecture.md, "Lock order").
+#ifndef KVTIER_STORE_HOST_RESIDENCY_H_
+#define KVTIER_STORE_HOST_RESIDENCY_H_
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/functional/any_invocable.h"
+#include "core/mutex.h"
+#include "core/units.h"
+#include "store/gpu_cache.h"
+#include "store/host_slots.h"
+#include "policies/chain_guard.h"
+#include "tiers/host_tier.h"
+
+namespace kvtier {
+
+class KvEvents;
+
+struct BlockRecord;
+
+// A tenant's quotas; 0 = none beyond the tier's size. Counted in resident
+// blocks (admission in tokens, not requests): a store's blocks from
+// StoreBegin, a promoted block from its read, a demoted one from its write.
+struct TenantQuota {
+  uint64_t host_tokens = 0;  // in the tenant's host arena
+  uint64_t nvme_bytes = 0;   // on the shared NVMe tier
+  uint64_t nvme_tokens = 0;
+};
+
+class HostResidency {
+ public:
+  // `policy`: the eviction policy's name (checked by the caller), one
+  // instance per block size, made on first use.
+  HostResidency(std::string name, uint64_t hash, std::unique_ptr<HostTier> host, std::unique_ptr<GpuCache> gpu,
+                TenantQuota quota, std::string policy);
+  HostResidency(const HostResidency&) = delete;
+  HostResidency& operator=(const HostResidency&) = delete;
+
+  // The policy of blocks of `slot_bytes` (made on first use).
+  ChainGuard* PolicyForLocked(uint64_t slot_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Frees a slot: out of its policy, back to the tier, out of the slot table.
+  void FreeSlotLocked(SlotHandle slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Fuller than `share` of the arena, or of the token quota, not counting
+  // the bytes and tokens of slots about to be freed.
+  bool FullerThanLocked(double share, uint64_t freeing_bytes = 0, uint64_t freeing_tokens = 0) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // The policies that hold blocks, the one holding the most bytes first.
+  std::vector<ChainGuard*> PoliciesByBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Segments carved for other block sizes than `slot_bytes`, coldest first
+  // (by the age of their most recently used block), at most `max`, and only
+  // those whose blocks are all older than `min_age` ticks (any age without
+  // one). Each lists its live slots.
+  struct Segment {
+    uint32_t youngest = 0;
+    std::vector<SlotHandle> slots;
+  };
+  std::vector<Segment> ColdSegmentsLocked(uint64_t slot_bytes, std::optional<uint32_t> min_age, size_t max) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  uint64_t QuotaHostTokens() const { return quota_host_tokens.load(std::memory_order_relaxed); }
+  TenantQuota Quota() const {
+    return {quota_host_tokens.load(std::memory_order_relaxed), quota_nvme_bytes.load(std::memory_order_relaxed),
+            quota_nvme_tokens.load(std::memory_order_relaxed)};
+  }
+  // A config reload; thread-safe. Blocks already over a lowered quota are
+  // evicted as stores need room.
+  void SetQuota(const TenantQuota& q) {
+    quota_host_tokens.store(q.host_tokens, std::memory_order_relaxed);
+    quota_nvme_bytes.store(q.nvme_bytes, std::memory_order_relaxed);
+    quota_nvme_tokens.store(q.nvme_tokens, std::memory_order_relaxed);
+  }
+
+  // KV events (events/kv_events.h), set before sessions start; the tenant's
+  // index in the store. Announces a host copy that became visible (a commit,
+  // a promotion); FreeSlotLocked announces its removal.
+  KvEvents* events = nullptr;
+  uint16_t index = 0;
+  void AnnounceLocked(SlotHandle slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  const std::string name;
+  const uint64_t hash;
+  const std::unique_ptr<HostTier> host;
+  const std::unique_ptr<GpuCache> gpu;  // or nullptr; see BlockStore::AddTenant
+  // The tenant's tier lock: allocation, eviction and policy updates.
+  Mutex mu;
+  // The configured policy per slot size, behind a ChainGuard.
+  absl::flat_hash_map<uint64_t, std::unique_ptr<ChainGuard>> policy_by_size ABSL_GUARDED_BY(mu);
+  HostSlotTable slots ABSL_GUARDED_BY(mu);  // each host slot's owner, tokens and age
+  // Evictions for room since the last look at other sizes' segments.
+  uint64_t room_evictions ABSL_GUARDED_BY(mu) = 0;
+  // The same, for the background reclaimer's evictions.
+  uint64_t background_room_evictions ABSL_GUARDED_BY(mu) = 0;
+  // Background demotions chosen but not yet copied out (their slots are
+  // still allocated); a store that finds the tier full waits for them
+  // rather than evicting a hotter block.
+  uint32_t deferred_in_flight ABSL_GUARDED_BY(mu) = 0;
+  std::condition_variable_any deferred_done;
+  // Promotions in flight and who else waits for them.
+  absl::flat_hash_map<BlockRecord*, std::vector<absl::AnyInvocable<void(bool) &&>>> loading ABSL_GUARDED_BY(mu);
+  std::atomic<uint64_t> pinned{0};
+  // Slot bytes of this tenant's blocks pinned by leases while their only
+  // copy is on the first lower tier (NVMe). At most the tenant's fair share
+  // there: a pinned block cannot be evicted, so a tenant that could pin
+  // more would make another tenant within its share drop new blocks.
+  std::atomic<uint64_t> lower_pinned_bytes{0};
+  std::atomic<uint64_t> evictions{0};
+  // This tenant's leased lookups and what they found ([metrics] per_tenant).
+  struct Hits {
+    std::atomic<uint64_t> lookups{0}, lookup_hits{0}, blocks_queried{0}, blocks_hit{0}, blocks_hit_nvme{0},
+        blocks_hit_remote{0}, tokens_queried{0}, tokens_hit{0};
+  } hits;
+  // Lookups of this tenant waiting on the shared tier now (BlockStore::
+  // ProbeShared): at most kMaxSharedProbesPerTenant, so one tenant's
+  // sessions cannot flood the cluster every node shares.
+  std::atomic<uint32_t> shared_probes{0};
+  static constexpr uint32_t kMaxSharedProbesPerTenant = 8;
+  // And the blocks they may ask about: a token bucket of `per_s` blocks a
+  // second, one second deep. True (and taken) when `n` fit now.
+  bool TakeProbeBlocks(uint32_t n, uint32_t per_s) {
+    MutexLock l(&probe_mu_);
+    const uint64_t now = MonotonicNanos();
+    if (probe_refill_ns_ == 0) probe_tokens_ = per_s;
+    probe_tokens_ = std::min<double>(per_s, probe_tokens_ + double(now - std::min(now, probe_refill_ns_)) * 1e-9 * per_s);
+    probe_refill_ns_ = now;
+    if (probe_tokens_ < n) return false;
+    probe_tokens_ -= n;
+    return true;
+  }
+  // This tenant's writes to the shared tier failed (a wrong password, a
+  // revoked user, its keys refused): its publishes pause, nobody else's.
+  std::atomic<uint64_t> publish_paused_until_ns{0};
+
+ private:
+  const std::string policy_;
+  Mutex probe_mu_;
+  double probe_tokens_ ABSL_GUARDED_BY(probe_mu_) = 0;
+  uint64_t probe_refill_ns_ ABSL_GUARDED_BY(probe_mu_) = 0;
+  // Quotas: SetQuota (a config reload) may change them while sessions run.
+  std::atomic<uint64_t> quota_host_tokens{0}, quota_nvme_bytes{0}, quota_nvme_tokens{0};
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_STORE_HOST_RESIDENCY_H_
