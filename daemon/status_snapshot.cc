@@ -287,6 +287,7 @@ json StatsJson(const DaemonStats& s) {
              {"blocks_already_present", s.blocks_already_present.Get()},
              {"store_aborts", s.store_aborts.Get()},
              {"store_refused_no_space", s.store_refused_no_space.Get()},
+             {"stores_waited_for_busy_blocks", s.stores_waited_for_busy_blocks.Get()},
              {"loads", s.loads.Get()},
              {"blocks_loaded", s.blocks_loaded.Get()},
              {"bytes_loaded", s.bytes_loaded.Get()},

@@ -27,6 +27,16 @@ std::optional<SlotHandle> BlockStore::PickHostVictimLocked(HostResidency& t, Cha
   });
 }
 
+bool BlockStore::HasBusyUnpinnedLocked(HostResidency& t, ChainGuard* policy) {
+  return policy->PickVictim([&](SlotHandle h) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                  BlockRecord* v = t.slots.owner(h);
+                  BlockIndex::Shard& sh = books_.index.ShardFor(v);
+                  MutexLock sl(&sh.mu);
+                  return !v->removed && v->pins == 0;
+                })
+      .has_value();
+}
+
 bool BlockStore::EvictColdestLocked(HostResidency& t, std::vector<PendingDemotion>* deferred, bool give_segments) {
   // Largest holder first, then the others, until one has a block that may go.
   for (ChainGuard* policy : t.PoliciesByBytesLocked()) {
@@ -168,6 +178,8 @@ void BlockStore::ReclaimPass() {
 
 absl::StatusOr<SlotHandle> BlockStore::AllocateSlotLocked(HostResidency& t, uint64_t bytes, uint32_t tokens,
                                                           BlockRecord* owner) {
+  constexpr uint32_t kBusyWaitSteps = 50;
+  uint32_t waited = 0;
   for (;;) {
     const uint64_t quota = t.QuotaHostTokens();
     const bool over_quota = quota != 0 && t.slots.tokens_held() + tokens > quota;
@@ -225,6 +237,18 @@ absl::StatusOr<SlotHandle> BlockStore::AllocateSlotLocked(HostResidency& t, uint
                                victim ? std::optional<uint32_t>(t.slots.age(*victim)) : std::nullopt)) {
         continue;
       }
+    }
+    if (!victim && waited < kBusyWaitSteps && HasBusyUnpinnedLocked(t, policy)) {
+      // No committed block of this size may go now, but some are only busy
+      // with I/O (a write-through, a move of the block's lower copy down
+      // the chain, a read of it for another tier), not pinned by leases.
+      // That ends within milliseconds: the store waits for it (the lock let
+      // go, at most kBusyWaitSteps ms) rather than being refused for a
+      // passing moment.
+      ++waited;
+      if (waited == 1) books_.stats->stores_waited_for_busy_blocks.Add();
+      t.mu.AwaitFor(t.deferred_done, std::chrono::milliseconds(1), []() { return false; });
+      continue;
     }
     if (!victim) {
       books_.stats->store_refused_no_space.Add();

@@ -405,6 +405,9 @@ class BlockStore {
   // The policy's coldest block that may go now (not pinned, not moving).
   std::optional<SlotHandle> PickHostVictimLocked(HostResidency& t, ChainGuard* policy)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
+  // Whether some committed block policy holds is not pinned, only busy
+  // (moving, or held by I/O): room that comes back within milliseconds.
+  bool HasBusyUnpinnedLocked(HostResidency& t, ChainGuard* policy) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
   // Empties the coldest segment of another block size than `slot_bytes`
   // whose blocks are all older than `min_age` ticks (any age without one)
   // and may all go now; false when there is none.
