@@ -138,8 +138,8 @@ absl::Status Daemon::Open() {
   for (const TenantConfig& t : config_.tenants) RETURN_IF_ERROR(OpenTenant(t));
   RETURN_IF_ERROR(OpenEvents());
 
-  RETURN_IF_ERROR(OpenLowerTiers());
   AddReloadHooks();
+  RETURN_IF_ERROR(OpenLowerTiers());
   store_->StartBackgroundReclaim();
 
   RETURN_IF_ERROR(OpenSockets());
@@ -297,9 +297,11 @@ absl::Status Daemon::OpenLowerTiers() {
     if (opened.attached) opened.attached(indexed);
     lower_describe_.push_back(std::move(opened.describe));
     if (opened.reload) {
+      // After the section's own hook, if it has one (AddReloadHooks ran first).
       const size_t lane = store_->lower_tier_count() - 1;
-      reload_hooks_[std::string(FindLowerTierKind(kind)->section)] =
-          [this, lane, hook = std::move(opened.reload)](const Config& next) -> absl::Status {
+      ReloadHook& at = reload_hooks_[std::string(FindLowerTierKind(kind)->section)];
+      at = [this, lane, before = std::move(at), hook = std::move(opened.reload)](const Config& next) -> absl::Status {
+        if (before) RETURN_IF_ERROR(before(next));
         RETURN_IF_ERROR(hook(next));
         store_->LowerCapacityChanged(lane);
         return absl::OkStatus();

@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/config.h"
-#include "tiers/fs/fs_kind.h"
+#include "tiers/fs/fs_kind_config.h"
 
 namespace kvtier {
 namespace {

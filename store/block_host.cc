@@ -18,23 +18,15 @@
 
 namespace kvtier {
 
-std::optional<SlotHandle> BlockStore::PickHostVictimLocked(HostResidency& t, ChainGuard* policy) {
+std::optional<SlotHandle> BlockStore::PickHostVictimLocked(HostResidency& t, ChainGuard* policy, bool* saw_busy) {
   return policy->PickVictim([&](SlotHandle h) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     BlockRecord* v = t.slots.owner(h);
     BlockIndex::Shard& sh = books_.index.ShardFor(v);
     MutexLock sl(&sh.mu);
-    return !v->removed && v->pins == 0 && v->io_refs == 0 && v->state == BlockState::kReady;
+    const bool free_to_go = !v->removed && v->pins == 0;
+    if (free_to_go && (v->io_refs != 0 || v->state != BlockState::kReady) && saw_busy != nullptr) *saw_busy = true;
+    return free_to_go && v->io_refs == 0 && v->state == BlockState::kReady;
   });
-}
-
-bool BlockStore::HasBusyUnpinnedLocked(HostResidency& t, ChainGuard* policy) {
-  return policy->PickVictim([&](SlotHandle h) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-                  BlockRecord* v = t.slots.owner(h);
-                  BlockIndex::Shard& sh = books_.index.ShardFor(v);
-                  MutexLock sl(&sh.mu);
-                  return !v->removed && v->pins == 0;
-                })
-      .has_value();
 }
 
 bool BlockStore::EvictColdestLocked(HostResidency& t, std::vector<PendingDemotion>* deferred, bool give_segments) {
@@ -177,9 +169,8 @@ void BlockStore::ReclaimPass() {
 }
 
 absl::StatusOr<SlotHandle> BlockStore::AllocateSlotLocked(HostResidency& t, uint64_t bytes, uint32_t tokens,
-                                                          BlockRecord* owner) {
-  constexpr uint32_t kBusyWaitSteps = 50;
-  uint32_t waited = 0;
+                                                          BlockRecord* owner, uint32_t* busy_wait_ms) {
+  bool waited = false;
   for (;;) {
     const uint64_t quota = t.QuotaHostTokens();
     const bool over_quota = quota != 0 && t.slots.tokens_held() + tokens > quota;
@@ -224,7 +215,8 @@ absl::StatusOr<SlotHandle> BlockStore::AllocateSlotLocked(HostResidency& t, uint
                                       quota, " and every block it could evict is pinned by leases or "
                                       "busy with I/O; release leases or raise [[tenants]] host_tokens"));
     }
-    std::optional<SlotHandle> victim = PickHostVictimLocked(t, policy);
+    bool saw_busy = false;
+    std::optional<SlotHandle> victim = PickHostVictimLocked(t, policy, &saw_busy);
     // Now and then (once per segment's worth of evictions; at once when
     // this size has nothing to evict), a whole segment of another size whose
     // blocks are all colder than this size's coldest goes instead, and comes
@@ -238,15 +230,16 @@ absl::StatusOr<SlotHandle> BlockStore::AllocateSlotLocked(HostResidency& t, uint
         continue;
       }
     }
-    if (!victim && waited < kBusyWaitSteps && HasBusyUnpinnedLocked(t, policy)) {
+    if (!victim && saw_busy && busy_wait_ms != nullptr && *busy_wait_ms > 0) {
       // No committed block of this size may go now, but some are only busy
       // with I/O (a write-through, a move of the block's lower copy down
       // the chain, a read of it for another tier), not pinned by leases.
-      // That ends within milliseconds: the store waits for it (the lock let
-      // go, at most kBusyWaitSteps ms) rather than being refused for a
+      // That mostly ends within milliseconds: the store waits for it (the
+      // lock let go), from its budget, rather than being refused for a
       // passing moment.
-      ++waited;
-      if (waited == 1) books_.stats->stores_waited_for_busy_blocks.Add();
+      if (!waited) books_.stats->stores_waited_for_busy_blocks.Add();
+      waited = true;
+      --*busy_wait_ms;
       t.mu.AwaitFor(t.deferred_done, std::chrono::milliseconds(1), []() { return false; });
       continue;
     }

@@ -98,7 +98,7 @@ inline uint64_t PositionOf(const BlockRecord& r, uint32_t block_tokens) {
   return r.depth == kUnknownDepth ? 0 : uint64_t{r.depth} * block_tokens;
 }
 static_assert(sizeof(BlockRecord) <= 60, "the record's size is most of the daemon's memory per block");
-static_assert(kMaxLowerTiers <= 64, "BlockRecord::lower has 6 bits");
+static_assert(kMaxLowerTiers <= 16, "BlockRecord::lower has 4 bits");
 
 // A block's identity for eviction policies that remember evicted blocks
 // (EvictionPolicy::InsertWithKey): never 0.

@@ -400,14 +400,22 @@ class BlockStore {
   // --- host tier (block_host.cc)
   // A host slot for a block of `bytes` holding `tokens` tokens, evicting
   // while the arena is full or the tenant's token quota would be exceeded.
-  absl::StatusOr<SlotHandle> AllocateSlotLocked(HostResidency& t, uint64_t bytes, uint32_t tokens, BlockRecord* owner)
+  // With `busy_wait_ms` (a store's, on its session thread): when every
+  // block that could go is only busy with I/O for a moment (a
+  // write-through, a move of its lower copy down the chain), not pinned,
+  // wait for it in 1 ms steps (t.mu let go) while *busy_wait_ms lasts,
+  // spending it; one budget for all of a store's slots. Without it (the
+  // migrator's promotions, which may run on a tier's completion thread):
+  // refused at once.
+  absl::StatusOr<SlotHandle> AllocateSlotLocked(HostResidency& t, uint64_t bytes, uint32_t tokens, BlockRecord* owner,
+                                                uint32_t* busy_wait_ms = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
+  // What a store may wait in all for blocks busy a moment (AllocateSlotLocked).
+  static constexpr uint32_t kStoreBusyWaitMs = 50;
+  // The policy's coldest block that may go now (not pinned, not moving);
+  // *saw_busy (if given) is set when the policy offered one that is not
+  // pinned but busy (moving, or held by I/O): room that comes back soon.
+  std::optional<SlotHandle> PickHostVictimLocked(HostResidency& t, ChainGuard* policy, bool* saw_busy = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
-  // The policy's coldest block that may go now (not pinned, not moving).
-  std::optional<SlotHandle> PickHostVictimLocked(HostResidency& t, ChainGuard* policy)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
-  // Whether some committed block policy holds is not pinned, only busy
-  // (moving, or held by I/O): room that comes back within milliseconds.
-  bool HasBusyUnpinnedLocked(HostResidency& t, ChainGuard* policy) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
   // Empties the coldest segment of another block size than `slot_bytes`
   // whose blocks are all older than `min_age` ticks (any age without one)
   // and may all go now; false when there is none.

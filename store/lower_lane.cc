@@ -121,7 +121,9 @@ void LowerLane::DropReservedLocked(SlotHandle slot, const BlockMeta& meta) {
 
 LowerLane::Victim LowerLane::PickVictimLocked(uint16_t tenant, uint64_t bytes, bool over_quota,
                                               absl::FunctionRef<bool(BlockRecord*)> evictable) {
-  const bool over_share = use_[tenant].slot_bytes + tier->CostFor(bytes) > fair_share_bytes;
+  // Read once: a reload may change it meanwhile (RefreshFairShare).
+  const uint64_t fair_share = fair_share_bytes.load();
+  const bool over_share = use_[tenant].slot_bytes + tier->CostFor(bytes) > fair_share;
   Victim out;
   enum class From { kOwn, kOthersOverShare };
   auto pick = [&](From from) {
@@ -130,7 +132,7 @@ LowerLane::Victim LowerLane::PickVictimLocked(uint16_t tenant, uint64_t bytes, b
       if (v->tenant == tenant) return from == From::kOwn && evictable(v);
       if (from == From::kOwn) return false;
       const uint64_t use = use_[v->tenant].slot_bytes;
-      if (use < fair_share_bytes || use - fair_share_bytes < CostOfLocked(h)) {
+      if (use < fair_share || use - fair_share < CostOfLocked(h)) {
         if (!out.held_back && evictable(v)) out.held_back = true;
         return false;  // within its fair share: protected
       }

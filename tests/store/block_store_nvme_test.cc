@@ -886,9 +886,6 @@ class BurstDownTheChainTest : public BlockStoreNvmeTest {
 TEST_F(BurstDownTheChainTest, OverALocalTier) { Run(false); }
 TEST_F(BurstDownTheChainTest, OverASharedTier) { Run(true); }
 
-// A burst faster than the NVMe device itself: its staging memory refuses
-// demotions (KVTIER_EBUSY) before the tier is full. Each refused block
-// goes one tier down instead of being lost, and comes back byte-exact.
 // A store that needs room while every block it could evict is busy with
 // I/O for a moment (here: durable commits still writing through to a slow
 // NVMe tier; in the field also a move of a block's lower copy down the
@@ -948,6 +945,9 @@ TEST_F(BlockStoreNvmeTest, AStoreWaitsForBlocksBusyAMomentInsteadOfBeingRefused)
   EXPECT_TRUE(store_->Release(*s, lease).ok());
 }
 
+// A burst faster than the NVMe device itself: its staging memory refuses
+// demotions (KVTIER_EBUSY) before the tier is full. Each refused block
+// goes one tier down instead of being lost, and comes back byte-exact.
 TEST_F(BlockStoreNvmeTest, DemotionsNvmeStagingRefusesGoDownTheChain) {
   below_ = true;
   cascade_high_ = 2.0;

@@ -365,6 +365,21 @@ TEST(FsTierTest, RetuneAppliesTheNewSettingsAndRefusesWhatNeedsANewTier) {
   }
 }
 
+TEST(FsTierTest, ARetunedScanIntervalTakesEffectAtOnce) {
+  TempDir dir;
+  FsTierOptions o = Options(dir.path());
+  o.scan_interval_ms = 3'600'000;  // an hour: no scan in this test without the retune
+  auto t = FsTier::Create(o);
+  ASSERT_TRUE(t.ok());
+  ASSERT_TRUE(WriteKeyed(**t, Meta(1, 4096)).ok());
+  FsTierSettings next = (*t)->settings();
+  next.scan_interval_ms = 50;
+  ASSERT_TRUE((*t)->Retune(next).ok());
+  // The scanner was asleep for the hour; it now scans every 50 ms.
+  ASSERT_TRUE(testing::Eventually([&] { return (*t)->scan_stats().scans >= 3; }, std::chrono::seconds(5)));
+  EXPECT_EQ((*t)->scan_stats().files, 1u);
+}
+
 TEST(FsTierTest, TenantFoldersAreClosedToOtherUsers) {
   TempDir dir;
   auto t = FsTier::Create(Options(dir.path()));

@@ -1,21 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
-// The fs tier as a kind of lower tier (kind = "fs"), both halves:
-//  - FsTierKind(): what kvtierd.toml says of it (its [tiers.fs] keys, whose
-//    values land in Config::fs, an FsTierSettings; its checks). Linked into
-//    everything that reads the config (kvtier_tier_fs_config).
-//  - OpenFsTier(): the tier kvtierd runs, with its log line and its reload
-//    hook (kvtier_tier_fs_kind, linked into kvtierd only).
-// daemon/lower_kinds.cc and daemon/tier_registry.cc list them, a line each.
+// The fs tier as a kind of lower tier (kind = "fs"), its daemon half: the
+// tier kvtierd runs as Config::fs configures it, with its log line and its
+// reload hook (kvtier_tier_fs_kind, linked into kvtierd only);
+// daemon/tier_registry.cc lists it. The config half is fs_kind_config.h.
 #ifndef KVTIER_TIERS_FS_FS_KIND_H_
 #define KVTIER_TIERS_FS_FS_KIND_H_
 
 #include "absl/status/statusor.h"
-#include "daemon/lower_kinds.h"
 #include "daemon/tier_registry.h"
 
 namespace kvtier {
 
-LowerTierKind FsTierKind();
 absl::StatusOr<OpenedLowerTier> OpenFsTier(const Config& c);
 
 }  // namespace kvtier

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// The fs kind's config half (fs_kind.h): its keys and its checks.
+// The fs kind's config half (fs_kind_config.h): its keys and its checks.
 #include "absl/strings/str_cat.h"
 #include "daemon/config.h"
-#include "tiers/fs/fs_kind.h"
+#include "tiers/fs/fs_kind_config.h"
 
 namespace kvtier {
 namespace {

@@ -235,6 +235,7 @@ absl::Status FsTier::Retune(const FsTierSettings& next) {
     // and to delete at once past a smaller capacity.
     MutexLock l(&mu_);
     if (next.capacity_bytes < before) scan_wanted_ = true;
+    retuned_ = true;
   }
   scan_cv_.notify_all();
   return absl::OkStatus();
@@ -388,8 +389,10 @@ void FsTier::ReapLoop() {
   // from (a hard NFS mount while its server is away): queued ops still fail
   // by their deadlines, and the tier says it is degraded.
   constexpr auto kPeriod = std::chrono::milliseconds(20);
-  const uint64_t stuck_ns = std::max<uint64_t>(5'000'000'000ull, 4 * op_timeout_ms_.load(std::memory_order_relaxed) * 1'000'000);
   for (;;) {
+    // Each round: a reload may have changed op_timeout_ms.
+    const uint64_t stuck_ns =
+        std::max<uint64_t>(5'000'000'000ull, 4 * op_timeout_ms_.load(std::memory_order_relaxed) * 1'000'000);
     std::vector<Job> expired;
     {
       MutexLock l(&mu_);
@@ -756,9 +759,15 @@ void FsTier::ScanLoop() {
   for (;;) {
     {
       MutexLock l(&mu_);
-      mu_.AwaitFor(scan_cv_, std::chrono::milliseconds(scan_interval_ms_.load(std::memory_order_relaxed)),
-                   [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stop_ || scan_wanted_; });
+      const bool woken =
+          mu_.AwaitFor(scan_cv_, std::chrono::milliseconds(scan_interval_ms_.load(std::memory_order_relaxed)),
+                       [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stop_ || scan_wanted_ || retuned_; });
       if (stop_) return;
+      if (woken && retuned_ && !scan_wanted_) {
+        retuned_ = false;  // a new interval: wait again, from now, for it
+        continue;
+      }
+      retuned_ = false;
       scan_wanted_ = false;
     }
     ScanNow();

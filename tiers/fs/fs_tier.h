@@ -227,6 +227,7 @@ class FsTier final : public KeyAddressedBlockTier {
   uint64_t jobs_in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // queued or running, reads, writes and probes
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool scan_wanted_ ABSL_GUARDED_BY(mu_) = false;
+  bool retuned_ ABSL_GUARDED_BY(mu_) = false;  // Retune ran: the scanner waits anew, for the new interval
   ScanStats scan_ ABSL_GUARDED_BY(mu_);
   std::vector<std::thread> workers_;
   std::vector<std::atomic<uint64_t>> worker_started_ns_;  // when each worker's op began; 0: idle
