@@ -313,8 +313,8 @@ std::string PrometheusText(const StatusSnapshot& s, bool detailed) {
   w.Sample("kvtier_stores_refused_total", "reason=\"no_space\"", double(st.store_refused_no_space.Get()));
   w.Sample("kvtier_stores_refused_total", "reason=\"draining\"", double(st.store_refused_draining.Get()));
   w.Family("kvtier_stores_waited_for_busy_blocks_total", "counter",
-           "Stores and promotions that found every host block they could evict busy with I/O for a moment, and "
-           "waited (at most 50 ms) instead of being refused.");
+           "Stores that found every host block they could evict busy with I/O for a moment, and waited (at most "
+           "50 ms a store) instead of being refused.");
   w.Sample("kvtier_stores_waited_for_busy_blocks_total", "", double(st.stores_waited_for_busy_blocks.Get()));
 
   // Sessions and leases.

@@ -107,8 +107,8 @@ struct DaemonStats {
   Counter stores, blocks_stored, bytes_stored, store_aborts, blocks_already_present;
   Counter loads, blocks_loaded, bytes_loaded, load_failures;
   Counter evictions, invalidations, store_refused_no_space;
-  // Stores (and promotions) that found every block they could evict busy
-  // with I/O for a moment, and waited for it (BlockStore::AllocateSlotLocked).
+  // Stores that found every block they could evict busy with I/O for a
+  // moment, and waited for it (BlockStore::AllocateSlotLocked).
   Counter stores_waited_for_busy_blocks;
   // Movement between tiers. Host evictions end as kept (an NVMe copy already
   // existed), demoted (written to NVMe) or dropped.
