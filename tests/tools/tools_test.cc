@@ -81,7 +81,9 @@ TEST(ToolsTest, KvtierctlStatusInBothForms) {
 }
 
 std::string WriteFile(const std::string& name, const std::string& text) {
-  const std::string path = ::testing::TempDir() + "/" + name;
+  // A folder of this process's, removed when it exits: nothing is left in /tmp.
+  static const testing::TempDir dir;
+  const std::string path = dir.path() + "/" + name;
   std::ofstream(path) << text;
   return path;
 }
