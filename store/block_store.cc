@@ -132,8 +132,6 @@ absl::Status BlockStore::LeaseRoomFor(const SessionHoldings& s, size_t blocks) {
 
 void BlockStore::ChainHits::Append(ChainHits&& more) {
   hit = more.hit;
-  below_host += more.below_host;
-  in_shared += more.in_shared;
   for (size_t i = 0; i < by_lane.size(); ++i) by_lane[i] += more.by_lane[i];
   cut_for_cost = more.cut_for_cost;
   lower_pinned_bytes += more.lower_pinned_bytes;
@@ -192,11 +190,7 @@ BlockStore::ChainHits BlockStore::ProbeChain(SessionHoldings& s, std::span<const
       out[i] = in_host ? BlockLocation{TierKind::kHost, r->arena_offset(), false}
                        : BlockLocation{books_.LaneOf(r).tier->kind(), 0, false};
       h.lower_pinned_bytes += lower_cost;
-      if (!in_host) {
-        ++h.below_host;
-        ++h.by_lane[r->lower];
-      }
-      if (!in_host && IsSharedLane(r->lower)) ++h.in_shared;
+      if (!in_host) ++h.by_lane[r->lower];
       if (lease) {
         if (r->pins++ == 0) t.pinned.fetch_add(1, std::memory_order_relaxed);
         h.pinned.push_back(r);
@@ -289,16 +283,20 @@ absl::StatusOr<uint32_t> BlockStore::Lookup(SessionHoldings& s, std::span<const 
   if (h.hit == 0) return 0u;
   books_.stats->lookup_hits.Add();
   books_.stats->blocks_hit.Add(h.hit);
-  books_.stats->blocks_hit_nvme.Add(h.below_host - h.in_shared);
-  books_.stats->blocks_hit_remote.Add(h.in_shared);
+  // Hits below host memory: each lane's own, and the local and shared sums.
+  uint32_t in_local = 0, in_shared = 0;
   for (size_t i = 0; i < books_.lanes.size(); ++i) {
-    if (h.by_lane[i] != 0) books_.lanes[i]->hits.fetch_add(h.by_lane[i], kRelaxed);
+    if (h.by_lane[i] == 0) continue;
+    books_.lanes[i]->hits.fetch_add(h.by_lane[i], kRelaxed);
+    (IsSharedLane(static_cast<uint8_t>(i)) ? in_shared : in_local) += h.by_lane[i];
   }
+  books_.stats->blocks_hit_nvme.Add(in_local);
+  books_.stats->blocks_hit_remote.Add(in_shared);
   books_.stats->tokens_hit.Add(uint64_t{h.hit} * s.ns.block_tokens);
   th.lookup_hits.fetch_add(1, kRelaxed);
   th.blocks_hit.fetch_add(h.hit, kRelaxed);
-  th.blocks_hit_nvme.fetch_add(h.below_host - h.in_shared, kRelaxed);
-  th.blocks_hit_remote.fetch_add(h.in_shared, kRelaxed);
+  th.blocks_hit_nvme.fetch_add(in_local, kRelaxed);
+  th.blocks_hit_remote.fetch_add(in_shared, kRelaxed);
   th.tokens_hit.fetch_add(uint64_t{h.hit} * s.ns.block_tokens, kRelaxed);
   TouchHits(*books_.tenants[s.ns.tenant], h);
   *lease_id = s.next_id++;

@@ -445,9 +445,8 @@ class BlockStore {
   // The hit prefix of `keys`, each block's location in `out`; with `lease`,
   // each hit is pinned and listed for TouchHits.
   struct ChainHits {
-    uint32_t hit = 0, below_host = 0;
-    uint32_t in_shared = 0;  // of below_host: the copy is in the shared tier
-    std::array<uint32_t, kMaxLowerTiers> by_lane{};  // of below_host: by the lane the copy is in
+    uint32_t hit = 0;
+    std::array<uint32_t, kMaxLowerTiers> by_lane{};  // hits below host memory, by the lane the copy is in
     bool cut_for_cost = false;  // the prefix ends at a block cheaper to recompute than to load
     uint64_t lower_pinned_bytes = 0;  // slot bytes pinned on the first lower tier (NVMe), for its fair share
     std::vector<BlockRecord*> pinned;
