@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "policies/adaptive_policy.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -17,6 +18,7 @@ absl::StatusOr<std::unique_ptr<AdaptivePolicy>> AdaptivePolicy::Create(const Opt
   if (!(opts.switch_z >= 0 && opts.switch_z < 100)) {
     return absl::InvalidArgumentError(absl::StrCat("adaptive policy switch_z ", opts.switch_z, " is not in [0, 100)"));
   }
+  if (opts.max_shadow_blocks == 0) return absl::InvalidArgumentError("adaptive policy shadows need room for a block");
   std::unique_ptr<AdaptivePolicy> p(new AdaptivePolicy(opts));
   for (const std::string& name : opts.experts) {
     if (name == "adaptive") return absl::InvalidArgumentError("the adaptive policy cannot be its own expert");
@@ -61,6 +63,44 @@ size_t AdaptivePolicy::bookkeeping() const {
 void AdaptivePolicy::SetCapacityBlocks(uint64_t blocks) {
   MutexLock l(&shadow_mu_);
   capacity_ = blocks;
+  Resample();
+}
+
+void AdaptivePolicy::SetMaxShadowBlocks(uint64_t blocks) {
+  MutexLock l(&shadow_mu_);
+  max_shadow_ = std::max<uint64_t>(1, blocks);
+  Resample();
+}
+
+double AdaptivePolicy::sample_rate() const {
+  MutexLock l(&shadow_mu_);
+  return rate_;
+}
+
+bool AdaptivePolicy::InShadowSample(uint64_t key) const {
+  MutexLock l(&shadow_mu_);
+  return Sampled(key);
+}
+
+void AdaptivePolicy::Resample() {
+  shadow_capacity_ = std::min(capacity_, max_shadow_);
+  if (capacity_ <= max_shadow_) {
+    rate_ = 1;
+    sample_below_ = ~0ull;
+    return;
+  }
+  rate_ = static_cast<double>(max_shadow_) / static_cast<double>(capacity_);
+  // rate_ < 1, so the product is below 2^64.
+  sample_below_ = static_cast<uint64_t>(std::ldexp(rate_, 64));
+}
+
+bool AdaptivePolicy::Sampled(uint64_t key) const {
+  if (sample_below_ == ~0ull) return true;
+  // splitmix64's finalizer: the simulator's keys are small dense ids.
+  uint64_t x = key + 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return (x ^ (x >> 31)) <= sample_below_;
 }
 
 std::vector<AdaptivePolicy::ExpertScore> AdaptivePolicy::scores() const {
@@ -70,13 +110,14 @@ std::vector<AdaptivePolicy::ExpertScore> AdaptivePolicy::scores() const {
   return out;
 }
 
-double AdaptivePolicy::Serve(Shadow& s, std::span<const uint64_t> chain, uint64_t block_tokens,
-                             absl::FunctionRef<double(size_t)> value) {
+double AdaptivePolicy::Serve(Shadow& s, std::span<const uint64_t> chain, std::span<const uint32_t> at,
+                             uint64_t block_tokens, absl::FunctionRef<double(size_t)> value) {
   double got = 0;
-  for (size_t i = 0; i < chain.size() && s.handle_of.contains(chain[i]); ++i) got += value(i);
+  for (size_t k = 0; k < at.size() && s.handle_of.contains(chain[at[k]]); ++k) got += value(at[k]);
   // Leaves first, root last, as the tier sees a request: recency policies
   // then evict a chain's leaves before its parents.
-  for (size_t j = chain.size(); j-- > 0;) {
+  for (size_t k = at.size(); k-- > 0;) {
+    const size_t j = at[k];
     auto [it, fresh] = s.handle_of.try_emplace(chain[j], 0);
     if (!fresh) {
       s.pol->Touch(it->second);
@@ -95,17 +136,17 @@ double AdaptivePolicy::Serve(Shadow& s, std::span<const uint64_t> chain, uint64_
     it->second = h;
     s.key_of[h] = chain[j];
     s.last_request[h] = requests_;
-    s.pol->InsertInChain(h, chain[j], j > 0 ? chain[j - 1] : 0, j * block_tokens);
+    s.pol->InsertInChain(h, chain[j], k > 0 ? chain[at[k - 1]] : 0, j * block_tokens);
   }
   // The request's own chain stays (it is leased while the engine uses it).
-  while (s.handle_of.size() > capacity_) {
+  while (s.handle_of.size() > shadow_capacity_) {
     std::optional<uint32_t> v = s.pol->PickVictim([&](uint32_t h) { return s.last_request[h] != requests_; });
     if (!v) break;
     s.pol->Remove(*v);
     s.handle_of.erase(s.key_of[*v]);
     s.free.push_back(*v);
   }
-  return got;
+  return got / rate_;
 }
 
 void AdaptivePolicy::Observe(std::span<const uint64_t> chain, uint32_t block_tokens,
@@ -118,9 +159,13 @@ void AdaptivePolicy::Observe(std::span<const uint64_t> chain, uint32_t block_tok
   const size_t n = experts_.size();
   got_.resize(n);
   spread_.resize(n * n, 0.0);
+  at_.clear();
+  for (size_t i = 0; i < chain.size(); ++i) {
+    if (Sampled(chain[i])) at_.push_back(static_cast<uint32_t>(i));
+  }
   for (size_t i = 0; i < n; ++i) {
     Expert& e = experts_[i];
-    got_[i] = Serve(e.shadow, chain, block_tokens, value);
+    got_[i] = Serve(e.shadow, chain, at_, block_tokens, value);
     e.score = e.score * decay_ + got_[i];
     if (e.score > experts_[best].score) best = i;
   }

@@ -25,9 +25,17 @@
 //   tokens, while both shadows were warming up, and ended at 0.183 against
 //   0.186 for s3fifo-deep alone.
 //
-// Shadows are whole caches over whole chains, not samples of blocks: a
-// sampled shadow counts a deep block's hit even when its prefix would have
-// missed, and on the Mooncake trace that elected the wrong expert.
+// Shadows hold at most `max_shadow_blocks` identities each. A tier with more
+// room than that is modelled on a sample of block identities (a key is in
+// the sample when a hash of it falls below the rate, the same for every
+// expert and every request, as in SHARDS, Waldspurger et al., FAST '15): the
+// shadows are scaled down to the sample's share of the capacity, a sampled
+// block's parent is the sampled block before it in its chain, and a request
+// scores its sampled blocks up to the first one that misses (divided by the
+// rate), so a deep block counts only when the sampled part of its prefix hit.
+// Counting every sampled block that hit instead, prefix or not, elected the
+// wrong expert on the Mooncake trace. Below the limit (every tier of the
+// workload suite at 1M and 3M tokens) the shadows are whole.
 #ifndef KVTIER_POLICIES_ADAPTIVE_POLICY_H_
 #define KVTIER_POLICIES_ADAPTIVE_POLICY_H_
 
@@ -80,7 +88,11 @@ class AdaptivePolicy final : public EvictionPolicy {
     // keeps a hot chain whose reuse gap exceeds the tier after warm-up
     // (adaptive_policy_test); give it as an expert for such workloads.
     std::vector<std::string> experts = {"s3fifo-deep", "lru", "arc"};
+    // Most identities a shadow holds (see above): memory per shadow is
+    // bounded (~80 B an identity), whatever the tier's capacity.
+    uint64_t max_shadow_blocks = kDefaultMaxShadowBlocks;
   };
+  static constexpr uint64_t kDefaultMaxShadowBlocks = 4096;
   struct ExpertScore {
     std::string name;
     double score = 0;
@@ -103,6 +115,13 @@ class AdaptivePolicy final : public EvictionPolicy {
     Observe(chain, block_tokens, [](size_t) { return 1.0; });
   }
   void SetCapacityBlocks(uint64_t blocks);
+  // 0 is taken as 1. Shadows already fuller than the new size shrink at the
+  // next request.
+  void SetMaxShadowBlocks(uint64_t blocks);
+  // The share of block identities the shadows model (1: all), and whether
+  // one identity is in the sample.
+  double sample_rate() const;
+  bool InShadowSample(uint64_t key) const;
 
   absl::string_view leader() const { return experts_[leader_.load(std::memory_order_relaxed)].pol->name(); }
   std::vector<ExpertScore> scores() const;
@@ -145,15 +164,28 @@ class AdaptivePolicy final : public EvictionPolicy {
   };
 
   explicit AdaptivePolicy(const Options& opts)
-      : capacity_(opts.capacity_blocks), decay_(opts.decay), switch_z_(opts.switch_z) {}
-  // Serves one chain; returns the score of its hit prefix.
-  double Serve(Shadow& s, std::span<const uint64_t> chain, uint64_t block_tokens,
-               absl::FunctionRef<double(size_t)> value)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shadow_mu_);
+      : capacity_(opts.capacity_blocks),
+        max_shadow_(opts.max_shadow_blocks),
+        decay_(opts.decay),
+        switch_z_(opts.switch_z) {
+    Resample();
+  }
+  // Sets the sample from capacity_ and max_shadow_.
+  void Resample() ABSL_EXCLUSIVE_LOCKS_REQUIRED(shadow_mu_);
+  bool Sampled(uint64_t key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(shadow_mu_);
+  // Serves the sampled blocks of one chain (their positions in it, root
+  // first); returns the score of their hit prefix.
+  double Serve(Shadow& s, std::span<const uint64_t> chain, std::span<const uint32_t> at, uint64_t block_tokens,
+               absl::FunctionRef<double(size_t)> value) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shadow_mu_);
 
   std::vector<Expert> experts_;  // fixed after Create
   mutable Mutex shadow_mu_;
   uint64_t capacity_ ABSL_GUARDED_BY(shadow_mu_);
+  uint64_t max_shadow_ ABSL_GUARDED_BY(shadow_mu_);
+  uint64_t shadow_capacity_ ABSL_GUARDED_BY(shadow_mu_) = 0;  // min(capacity_, max_shadow_)
+  double rate_ ABSL_GUARDED_BY(shadow_mu_) = 1;                // shadow_capacity_ / capacity_
+  uint64_t sample_below_ ABSL_GUARDED_BY(shadow_mu_) = ~0ull;  // a key is sampled when its mix is <= this
+  std::vector<uint32_t> at_ ABSL_GUARDED_BY(shadow_mu_);       // this request's sampled positions
   const double decay_;
   const double switch_z_;
   uint64_t requests_ ABSL_GUARDED_BY(shadow_mu_) = 0;

@@ -5,7 +5,9 @@
 // workload changes.
 #include "policies/adaptive_policy.h"
 
+#include <algorithm>
 #include <cmath>
+#include <utility>
 #include <random>
 #include <set>
 #include <string>
@@ -153,6 +155,70 @@ TEST(AdaptivePolicyTest, WithoutACapacityTheShadowsIdleAndTheFirstExpertLeads) {
   for (const auto& s : p->scores()) EXPECT_EQ(s.score, 0) << s.name;
 }
 
+// A tier larger than the shadows' limit is modelled on a sample of block
+// identities: the shadows stay within the limit however many blocks go by,
+// where whole shadows grow with the tier.
+TEST(AdaptivePolicyTest, ATierLargerThanTheShadowsIsModelledOnABoundedSample) {
+  auto run = [](uint64_t max_shadow) {
+    auto p = std::move(AdaptivePolicy::Create({.capacity_blocks = 1'000'000, .max_shadow_blocks = max_shadow})).value();
+    uint64_t key = 1;
+    for (int r = 0; r < 400; ++r) {
+      Chain c;
+      for (int i = 0; i < 500; ++i) c.push_back(key++);
+      p->Observe(c);
+    }
+    return std::pair(p->sample_rate(), p->bookkeeping());
+  };
+  const auto [rate, sampled] = run(1000);
+  const auto [whole_rate, whole] = run(uint64_t{1} << 40);
+  EXPECT_DOUBLE_EQ(rate, 0.001);
+  EXPECT_EQ(whole_rate, 1.0);
+  // 200K distinct blocks went by: whole shadows hold them all (3 experts),
+  // the sampled ones about 200 each, and never more than 1000.
+  EXPECT_GE(whole, 3u * 200'000u);
+  EXPECT_LE(sampled, 3u * 4u * 1000u);
+  EXPECT_GT(sampled, 0u);
+  // Below the limit every identity is in the sample.
+  auto small = std::move(AdaptivePolicy::Create({.capacity_blocks = 1000, .max_shadow_blocks = 1000})).value();
+  EXPECT_EQ(small->sample_rate(), 1.0);
+  for (uint64_t k = 1; k < 5000; ++k) ASSERT_TRUE(small->InShadowSample(k)) << k;
+}
+
+// A sampled shadow scores a request's sampled blocks up to the first sampled
+// one that misses, scaled by the rate: a chain whose sampled root missed
+// scores nothing however much of the rest is present, as in the tier (a
+// block is worth nothing when its prefix missed).
+TEST(AdaptivePolicyTest, ASampledBlockScoresOnlyWhenTheSampledPartOfItsPrefixHit) {
+  auto p = std::move(AdaptivePolicy::Create(
+                         {.capacity_blocks = 10'000, .decay = 1, .experts = {"lru", "s3fifo"}, .max_shadow_blocks = 1000}))
+               .value();
+  ASSERT_DOUBLE_EQ(p->sample_rate(), 0.1);
+  Chain a;
+  for (uint64_t k = 1; k <= 400; ++k) a.push_back(k);
+  const auto in_sample = [&](const Chain& c) {
+    return std::count_if(c.begin(), c.end(), [&](uint64_t k) { return p->InShadowSample(k); });
+  };
+  const int64_t n = in_sample(a);
+  ASSERT_GT(n, 10);  // about 40
+  ASSERT_LT(n, 100);
+  p->Observe(a);  // cold: nothing scores
+  for (const auto& s : p->scores()) EXPECT_EQ(s.score, 0) << s.name;
+  p->Observe(a);  // every sampled block hits: n of them, each worth 1 / rate
+  for (const auto& s : p->scores()) EXPECT_NEAR(s.score, 10.0 * static_cast<double>(n), 1e-6) << s.name;
+
+  // A fresh root (one that is in the sample) ahead of all of `a`.
+  Chain b;
+  for (uint64_t k = 100'001; b.empty() || !p->InShadowSample(b.back()); ++k) b.push_back(k);
+  b.insert(b.end(), a.begin(), a.end());
+  p->Observe(b);
+  for (const auto& s : p->scores()) EXPECT_NEAR(s.score, 10.0 * static_cast<double>(n), 1e-6) << s.name;
+  // The same chain with fresh blocks after it scores its prefix again.
+  Chain c = a;
+  for (uint64_t k = 200'001; k <= 200'100; ++k) c.push_back(k);
+  p->Observe(c);
+  for (const auto& s : p->scores()) EXPECT_NEAR(s.score, 20.0 * static_cast<double>(n), 1e-6) << s.name;
+}
+
 // A challenger must lead by more than switch_z standard deviations of the
 // per-request difference: one lucky request (lead d, spread d) is not enough
 // at z = 1, two in a row (lead 2d, spread d*sqrt(2)) are.
@@ -212,6 +278,7 @@ TEST(AdaptivePolicyTest, RefusesBadExpertLists) {
   EXPECT_FALSE(AdaptivePolicy::Create({.decay = 1.5}).ok());
   EXPECT_FALSE(AdaptivePolicy::Create({.switch_z = -1}).ok());
   EXPECT_FALSE(AdaptivePolicy::Create({.switch_z = std::nan("")}).ok());
+  EXPECT_FALSE(AdaptivePolicy::Create({.max_shadow_blocks = 0}).ok());
   EXPECT_TRUE(AdaptivePolicy::Create({.experts = {"s3fifo", "lru"}}).ok());
 }
 

@@ -735,7 +735,8 @@ TEST(ToolsTest, SimulateSuiteRunsEveryPolicyOnEveryWorkload) {
                           "--simulate --suite --tier host=1M --tier remote=10M --nodes 2",
                           "--simulate --tier host=1M --nvme-admit-uses 2",
                           "--simulate --tier host=1M --tier nvme=2M --nvme-admit-uses 16",
-                          "--simulate --tier host=1M --tier nvme=2M --nvme-admit-uses 0"}) {
+                          "--simulate --tier host=1M --tier nvme=2M --nvme-admit-uses 0",
+                          "--simulate --tier host=1M --shadow-blocks 0"}) {
     Output b = RunCommand(Tool("kvtier-replay") + " " + bad);
     EXPECT_EQ(b.exit_code, 2) << bad << ": " << b.out;
   }

@@ -55,6 +55,7 @@ struct SimFlags {
   double prefill_tflops = 300, host_gbps = 25, nvme_gbps = 3, nvme_latency_us = 100;
   uint32_t gpus = 4;
   uint32_t nvme_admit_uses = 1;
+  uint64_t shadow_blocks = kvtier::AdaptivePolicy::kDefaultMaxShadowBlocks;
   // --nodes: N nodes, each as above, over a shared remote tier.
   std::vector<uint32_t> nodes;
   std::vector<std::string> routings;
@@ -246,6 +247,7 @@ int RunSimulation(const kvtier::tools::Workload& workload, const SimFlags& f, ui
   if (!f.policies.empty()) base.policies = f.policies;
   base.nvme_policy = f.nvme_policy;
   base.nvme_admit_uses = f.nvme_admit_uses;
+  base.max_shadow_blocks = f.shadow_blocks;
   std::vector<uint64_t> capacities;
   uint64_t remote_blocks = 0;
   for (const std::string& t : f.tiers) {
@@ -404,6 +406,11 @@ int main(int argc, char** argv) {
                  "simulate: write a host eviction to NVMe only when requests asked for the block this many times, "
                  "as tiers.nvme.admission_min_uses (1: every block; at most 15)")
       ->check(CLI::Range(1u, 15u))
+      ->capture_default_str();
+  app.add_option("--shadow-blocks", sim.shadow_blocks,
+                 "simulate: most block identities each of the adaptive policy's shadows holds (as kvtierd); a host "
+                 "tier with more room is modelled on a sample of its blocks")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 32))
       ->capture_default_str();
   app.add_option("--model-config", sim.model_config,
                  "simulate: a Hugging Face config.json for the cost model (default: the Llama-3.1-8B shape)")

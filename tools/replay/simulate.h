@@ -22,6 +22,7 @@
 
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
+#include "policies/adaptive_policy.h"
 #include "policies/cost_model.h"
 #include "policies/eviction_policy.h"
 #include "tools/replay/workload.h"
@@ -40,6 +41,9 @@ struct SimOptions {
   // written to NVMe only when requests asked for it this many times (<= 1: all).
   uint32_t nvme_admit_uses = 1;
   bool cost_aware_loads = true;        // recompute NVMe hits that load slower
+  // The adaptive policy's shadow size (AdaptivePolicy::Options); a tier with
+  // more room is modelled on a sample of its blocks.
+  uint64_t max_shadow_blocks = AdaptivePolicy::kDefaultMaxShadowBlocks;
 
   ModelProfile model = ModelProfile::Default();
   double prefill_flops_per_s = 300e12;
