@@ -352,7 +352,7 @@ StatusSnapshot Daemon::Snapshot() const {
     l.shared = tier->shared();
     tier->VisitCounters([&l](std::string_view name, uint64_t v) { l.counters.emplace_back(std::string(name), v); });
     l.chain_position = i;
-    l.policy = config_.nvme_policy;
+    l.policy = config_.nvme.policy;
     l.durable = tier->durable();
     l.io = tier->BlockStats();
     const TierUsage usage = store_->lower_usage(i);

@@ -112,32 +112,32 @@ absl::StatusOr<std::vector<RemoteTenant>> RemoteTenantsFrom(const Config& c) {
       }
     }
     out.push_back({t.name, t.remote_user, std::move(password), *std::move(keys), t.remote_seeds,
-                   t.remote_budget != 0 ? t.remote_budget : c.remote_tenant_budget});
+                   t.remote_budget != 0 ? t.remote_budget : c.remote.tenant_budget});
   }
   return out;
 }
 
 absl::StatusOr<std::unique_ptr<RemoteTier>> OpenRemoteFrom(const Config& c) {
-  if (c.remote_seeds.empty()) {
+  if (c.remote.seeds.empty()) {
     spdlog::info("event=remote_tier state=off detail=\"tiers.remote.seeds is empty\"");
     return nullptr;
   }
   RemoteTierOptions o;
-  o.seeds = c.remote_seeds;
-  o.key_prefix = c.remote_key_prefix;
-  o.capacity_bytes = c.remote_capacity;
-  o.op_timeout_ms = c.remote_op_timeout_ms;
-  o.connect_timeout_ms = c.remote_connect_timeout_ms;
-  o.io_timeout_ms = c.remote_io_timeout_ms;
-  o.encrypt = c.remote_encrypt;
-  o.tls = {.enabled = c.remote_tls,
-           .ca_file = c.remote_tls_ca_file,
-           .cert_file = c.remote_tls_cert_file,
-           .key_file = c.remote_tls_key_file,
-           .server_name = c.remote_tls_server_name};
-  if (c.remote_tls && !c.remote_tls_key_file.empty()) {
+  o.seeds = c.remote.seeds;
+  o.key_prefix = c.remote.key_prefix;
+  o.capacity_bytes = c.remote.capacity_bytes;
+  o.op_timeout_ms = c.remote.op_timeout_ms;
+  o.connect_timeout_ms = c.remote.connect_timeout_ms;
+  o.io_timeout_ms = c.remote.io_timeout_ms;
+  o.encrypt = c.remote.encrypt;
+  o.tls = {.enabled = c.remote.tls,
+           .ca_file = c.remote.tls_ca_file,
+           .cert_file = c.remote.tls_cert_file,
+           .key_file = c.remote.tls_key_file,
+           .server_name = c.remote.tls_server_name};
+  if (c.remote.tls && !c.remote.tls_key_file.empty()) {
     // The client key is a secret like the password: same file rules.
-    RETURN_IF_ERROR(ReadSecretText(c.remote_tls_key_file, "tiers.remote.tls_key_file").status());
+    RETURN_IF_ERROR(ReadSecretText(c.remote.tls_key_file, "tiers.remote.tls_key_file").status());
   }
   o.on_auth_failure = [](const std::string& tenant, const std::string& why) {
     spdlog::error("event=remote_auth_failed tenant=\"{}\" detail=\"{}\" hint=\"check this tenant's remote_user and "
@@ -156,8 +156,8 @@ absl::StatusOr<std::unique_ptr<RemoteTier>> OpenRemoteFrom(const Config& c) {
   spdlog::info("event=remote_tier state=on seeds={} tenants={} health={} payloads={} tls={} detail=\"a Redis Cluster "
                "below NVMe; every value sealed with its tenant's key; misses there cost a recompute, never a wrong "
                "block\"",
-               c.remote_seeds.size(), c.tenants.size(), TierHealthName(tier->Health()),
-               c.remote_encrypt ? "encrypted" : "clear", c.remote_tls ? "on" : "off");
+               c.remote.seeds.size(), c.tenants.size(), TierHealthName(tier->Health()),
+               c.remote.encrypt ? "encrypted" : "clear", c.remote.tls ? "on" : "off");
   size_t sharing = 0, unbudgeted = 0;
   for (const RemoteTenant& t : o.tenants) {
     if (!t.seeds.empty()) continue;
@@ -172,7 +172,7 @@ absl::StatusOr<std::unique_ptr<RemoteTier>> OpenRemoteFrom(const Config& c) {
                  "(docs/remote-tier.md)\"",
                  sharing, unbudgeted);
   }
-  if (!c.remote_tls) {
+  if (!c.remote.tls) {
     spdlog::warn("event=remote_tier_clear_text detail=\"tiers.remote.tls is off: passwords and blocks cross the "
                  "network in clear, and a process that takes a node's port gets every tenant's AUTH\" hint=\"set "
                  "tiers.remote.tls = true with tls_ca_file (docs/remote-tier.md)\"");
@@ -181,13 +181,13 @@ absl::StatusOr<std::unique_ptr<RemoteTier>> OpenRemoteFrom(const Config& c) {
 }
 
 absl::StatusOr<OpenedNvme> OpenNvmeFrom(const Config& c) {
-  if (c.nvme_capacity == 0) {
+  if (c.nvme.capacity_bytes == 0) {
     spdlog::info("event=nvme_tier state=off detail=\"tiers.nvme.capacity = 0\"");
     return OpenedNvme{};
   }
   const std::vector<std::string> dirs = c.NvmeDirs();
-  uint64_t capacity = c.nvme_capacity;
-  if (!c.nvme_capacity_explicit) {
+  uint64_t capacity = c.nvme.capacity_bytes;
+  if (!c.nvme.capacity_explicit) {
     // The default must not fail a start on a small disk: take at most half of
     // what is free (counting slab files already ours), or go without.
     uint64_t available = UINT64_MAX, existing = UINT64_MAX;
@@ -204,7 +204,7 @@ absl::StatusOr<OpenedNvme> OpenNvmeFrom(const Config& c) {
     // must not shrink the tier (and drop its blocks) at the next start.
     if (existing != UINT64_MAX) available = std::max(available, std::min(existing, capacity));
     if (available < capacity) {
-      capacity = available / (c.nvme_segment_bytes * dirs.size()) * c.nvme_segment_bytes * dirs.size();
+      capacity = available / (c.nvme.segment_bytes * dirs.size()) * c.nvme.segment_bytes * dirs.size();
       spdlog::warn("event=nvme_tier detail=\"only {} free for the default NVMe tier; using {}\" hint=\"set "
                    "tiers.nvme.capacity explicitly to choose\"",
                    FormatBytes(available), FormatBytes(capacity));
@@ -223,14 +223,9 @@ absl::StatusOr<OpenedNvme> OpenNvmeFrom(const Config& c) {
     }
   }
   NvmeTierOptions o;
-  o.dirs = dirs;
-  o.capacity_bytes = capacity;
-  o.segment_bytes = c.nvme_segment_bytes;
-  o.queue_depth = c.nvme_queue_depth;
-  o.io_workers = c.nvme_io_workers;
-  o.io_engine = c.nvme_io_engine;
-  o.allow_buffered = c.nvme_allow_buffered;
-  o.staging_bytes = c.nvme_staging_bytes;
+  static_cast<NvmeTierSettings&>(o) = c.nvme;  // the tier's own keys, as set
+  o.dirs = dirs;                               // resolved: <data_dir>/nvme when none
+  o.capacity_bytes = capacity;                 // resolved: a default shrinks to fit
   uint64_t last_report = 0;
   o.progress = [&last_report](uint64_t done, uint64_t total) {
     const uint64_t now = MonotonicNanos();
@@ -287,8 +282,8 @@ void LogNvmeOpened(const Config& c, uint64_t requested_bytes, uint64_t recovered
     spdlog::warn("event=nvme_capacity_rounded configured=\"{}\" capacity=\"{}\" segment_bytes=\"{}\" dirs={} "
                  "detail=\"the NVMe tier holds whole segments in each directory\" hint=\"set tiers.nvme.capacity to "
                  "a multiple of {} to use all of it\"",
-                 FormatBytes(requested_bytes), FormatBytes(st.capacity_bytes), FormatBytes(c.nvme_segment_bytes),
-                 c.NvmeDirs().size(), FormatBytes(c.nvme_segment_bytes * c.NvmeDirs().size()));
+                 FormatBytes(requested_bytes), FormatBytes(st.capacity_bytes), FormatBytes(c.nvme.segment_bytes),
+                 c.NvmeDirs().size(), FormatBytes(c.nvme.segment_bytes * c.NvmeDirs().size()));
   }
   spdlog::info("event=nvme_tier state=on dirs={} capacity=\"{}\" engine=\"{}\" recovered={} dropped={} "
                "journal_bytes_cut={} seconds={:.3f}",

@@ -454,11 +454,11 @@ std::vector<std::string> Config::LowerChain() const {
 }
 
 SharedWrites Config::RemoteWritePolicy() const {
-  return SharedWritesNamed(remote_write_policy).value_or(SharedWrites::kDemoted);
+  return SharedWritesNamed(remote.write_policy).value_or(SharedWrites::kDemoted);
 }
 
 std::vector<std::string> Config::NvmeDirs() const {
-  if (!nvme_dirs.empty()) return nvme_dirs;
+  if (!nvme.dirs.empty()) return nvme.dirs;
   return {data_dir + "/nvme"};
 }
 
@@ -539,7 +539,7 @@ absl::StatusOr<Config> ParseConfig(std::string_view toml_text, std::string_view 
     if (reader) KVTIER_KEEP_ERROR(errors, reader->RejectUnknown());
   }
   // A default capacity may shrink to the free space; one set in a file may not.
-  c.nvme_capacity_explicit = c.key_source.contains("tiers.nvme.capacity");
+  c.nvme.capacity_explicit = c.key_source.contains("tiers.nvme.capacity");
   if (const toml::array* a = top.Array("tenants")) {
     ReadTenants(*a, origin, &c, &errors);
   } else if (root.get("tenants") != nullptr) {

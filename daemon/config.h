@@ -20,7 +20,8 @@
 #include "kvtier/types.h"
 #include "policies/eviction_policy.h"
 #include "tiers/fs/fs_settings.h"
-#include "tiers/remote_defaults.h"
+#include "tiers/nvme_settings.h"
+#include "tiers/remote_settings.h"
 
 namespace kvtier {
 
@@ -90,43 +91,12 @@ struct Config {
   // free slots instead of evicting on their own path. 1 and 1: off.
   double host_high_watermark = 0.95;
   double host_low_watermark = 0.90;
-  // [tiers.nvme]
-  std::vector<std::string> nvme_dirs;    // empty: <data_dir>/nvme
-  uint64_t nvme_capacity = 2ull << 30;   // 0: no NVMe tier
-  bool nvme_capacity_explicit = false;   // set in a file (a default may shrink to fit)
-  uint64_t nvme_segment_bytes = 256ull << 20;
-  uint32_t nvme_queue_depth = 32;
-  uint32_t nvme_io_workers = 1;
-  std::string nvme_io_engine = "auto";
-  bool nvme_allow_buffered = false;
-  uint64_t nvme_staging_bytes = 64ull << 20;
-  bool nvme_write_through = false;
-  std::string nvme_policy = "lru";
-  // Admission by evidence of reuse (policies/reuse_gate.h): a block goes to
-  // the tier only once leased lookups asked for it this many times; 1: all.
-  uint32_t nvme_admission_min_uses = 1;
-  // [tiers.remote]: a shared Redis Cluster below NVMe (none without seeds).
-  std::vector<std::string> remote_seeds;
-  // Defaults: the tier's own (tiers/remote_defaults.h).
-  std::string remote_key_prefix = remote_defaults::kKeyPrefix;
-  uint64_t remote_capacity = remote_defaults::kCapacityBytes;  // handles on what this daemon wrote there
-  uint32_t remote_op_timeout_ms = remote_defaults::kOpTimeoutMs;
-  uint32_t remote_connect_timeout_ms = remote_defaults::kConnectTimeoutMs;
-  uint32_t remote_io_timeout_ms = remote_defaults::kIoTimeoutMs;
-  uint32_t remote_probe_budget_us = 2000;
-  uint32_t remote_probe_max_blocks = 256;
-  // Fair shares of the cluster among tenants (docs/remote-tier.md).
-  uint32_t remote_probe_blocks_per_s = 50000;   // per tenant: blocks its lookups may ask about
-  uint32_t remote_records_per_tenant = 262144;  // per tenant: cluster blocks this node indexes
-  uint64_t remote_min_block_bytes = 4096;       // smaller blocks never go to the cluster
-  uint64_t remote_tenant_budget = 0;            // per tenant: bytes its blocks may take there (0: none)
-  std::string remote_write_policy = "demoted";
-  uint32_t remote_admission_min_uses = 1;  // as nvme_admission_min_uses, for every write to the shared tier
-  bool remote_encrypt = false;  // encrypt payloads at rest in the cluster (always sealed)
-  // TLS to the cluster's nodes: their certificates chain to the CA file and
-  // name the node (or tls_server_name); a client certificate when given.
-  bool remote_tls = false;
-  std::string remote_tls_ca_file, remote_tls_cert_file, remote_tls_key_file, remote_tls_server_name;
+  // [tiers.nvme]: the NVMe tier's settings and the store's use of it
+  // (tiers/nvme_settings.h, defaults and all).
+  NvmeSettings nvme;
+  // [tiers.remote]: a shared Redis Cluster below NVMe, none without seeds
+  // (tiers/remote_settings.h).
+  RemoteSettings remote;
   // [tiers.fs]: a directory several nodes mount (none without dir); the
   // tier's own settings struct, defaults and all (tiers/fs/fs_settings.h).
   FsTierSettings fs;

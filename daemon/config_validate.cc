@@ -38,11 +38,11 @@ using config_text::Cat;
 // its own ACL user and a password file (the server keeps tenants apart).
 template <typename Fail>
 void ValidateRemote(const Config& c, Fail& fail) {
-  if (!SharedWritesNamed(c.remote_write_policy)) {
-    fail("tiers.remote.write_policy", Cat("tiers.remote.write_policy: \"", c.remote_write_policy.substr(0, 40),
+  if (!SharedWritesNamed(c.remote.write_policy)) {
+    fail("tiers.remote.write_policy", Cat("tiers.remote.write_policy: \"", c.remote.write_policy.substr(0, 40),
                                           "\" is not one of demoted, reused, committed"));
   }
-  if (c.remote_seeds.empty()) {
+  if (c.remote.seeds.empty()) {
     for (size_t i = 0; i < c.tenants.size(); ++i) {
       if (!c.tenants[i].remote_user.empty() || !c.tenants[i].remote_password_file.empty() ||
           !c.tenants[i].remote_key_file.empty() || !c.tenants[i].remote_seeds.empty() ||
@@ -63,28 +63,28 @@ void ValidateRemote(const Config& c, Fail& fail) {
       }
     }
   };
-  check_seeds(c.remote_seeds, "tiers.remote.seeds");
+  check_seeds(c.remote.seeds, "tiers.remote.seeds");
   // A budget under one block of min_block_bytes refuses every write.
-  const uint64_t least = std::max<uint64_t>(c.remote_min_block_bytes, 1) + sizeof(RemoteValueHeader) + kLedgerEntryBytes;
+  const uint64_t least = std::max<uint64_t>(c.remote.min_block_bytes, 1) + sizeof(RemoteValueHeader) + kLedgerEntryBytes;
   auto check_budget = [&](uint64_t budget, const std::string& key) {
     if (budget != 0 && budget < least) {
       fail(key, Cat(key, " = ", budget, " is smaller than one block of tiers.remote.min_block_bytes (", least,
                     " bytes with its header and ledger entry): every write would be refused"));
     }
   };
-  check_budget(c.remote_tenant_budget, "tiers.remote.tenant_budget");
+  check_budget(c.remote.tenant_budget, "tiers.remote.tenant_budget");
   for (size_t i = 0; i < c.tenants.size(); ++i) check_budget(c.tenants[i].remote_budget, Cat("tenants[", i, "].remote_budget"));
   for (size_t i = 0; i < c.tenants.size(); ++i) check_seeds(c.tenants[i].remote_seeds, Cat("tenants[", i, "].remote_seeds"));
-  if (c.remote_key_prefix.empty() || c.remote_key_prefix.find_first_of(":{} \t\r\n") != std::string::npos) {
+  if (c.remote.key_prefix.empty() || c.remote.key_prefix.find_first_of(":{} \t\r\n") != std::string::npos) {
     fail("tiers.remote.key_prefix", "tiers.remote.key_prefix must be a non-empty word (no ':', '{', '}' or spaces)");
   }
-  if (c.remote_tls && c.remote_tls_ca_file.empty()) {
+  if (c.remote.tls && c.remote.tls_ca_file.empty()) {
     fail("tiers.remote.tls", "tiers.remote.tls needs tls_ca_file: the CA the nodes' certificates chain to");
   }
-  if (c.remote_tls_cert_file.empty() != c.remote_tls_key_file.empty()) {
+  if (c.remote.tls_cert_file.empty() != c.remote.tls_key_file.empty()) {
     fail("tiers.remote.tls_cert_file", "tiers.remote.tls_cert_file and tls_key_file go together");
   }
-  if (!c.remote_tls && !(c.remote_tls_ca_file.empty() && c.remote_tls_cert_file.empty())) {
+  if (!c.remote.tls && !(c.remote.tls_ca_file.empty() && c.remote.tls_cert_file.empty())) {
     fail("tiers.remote.tls", "tiers.remote has TLS files but tls = false: set tls = true, or remove them");
   }
   for (size_t i = 0; i < c.tenants.size(); ++i) {
@@ -261,9 +261,9 @@ absl::Status ValidateConfig(const Config& c) {
     fail("tiers.host.capacity",
          Cat("tiers.host.capacity = ", FormatBytes(c.host_capacity), " is below the 1 MiB minimum"));
   }
-  if (auto p = MakeEvictionPolicy(c.nvme_policy); !p.ok()) {
+  if (auto p = MakeEvictionPolicy(c.nvme.policy); !p.ok()) {
     fail("tiers.nvme.policy", Cat("tiers.nvme.policy: ", p.status().message()));
-  } else if (c.nvme_policy == "adaptive") {
+  } else if (c.nvme.policy == "adaptive") {
     fail("tiers.nvme.policy",
          "tiers.nvme.policy = \"adaptive\" is host-only (its shadows learn from host lookups); use lru, s3fifo, "
          "s3fifo-deep or tinylfu");
@@ -279,15 +279,15 @@ absl::Status ValidateConfig(const Config& c) {
   if (c.scratch_bytes < (64u << 10) || c.scratch_bytes > (1ull << 30)) {
     fail("ipc.scratch_bytes", "ipc.scratch_bytes must be 64KiB..1GiB");
   }
-  if (c.nvme_capacity > 0) {
-    if (c.nvme_segment_bytes < (1u << 20) || c.nvme_segment_bytes % 4096 != 0 || c.nvme_segment_bytes > (4ull << 30)) {
+  if (c.nvme.capacity_bytes > 0) {
+    if (c.nvme.segment_bytes < (1u << 20) || c.nvme.segment_bytes % 4096 != 0 || c.nvme.segment_bytes > (4ull << 30)) {
       fail("tiers.nvme.segment_bytes", "tiers.nvme.segment_bytes must be a multiple of 4 KiB in 1MiB..4GiB");
     }
-    if (c.nvme_io_engine != "auto" && c.nvme_io_engine != "io_uring" && c.nvme_io_engine != "threads") {
-      fail("tiers.nvme.io_engine", Cat("tiers.nvme.io_engine = \"", c.nvme_io_engine,
+    if (c.nvme.io_engine != "auto" && c.nvme.io_engine != "io_uring" && c.nvme.io_engine != "threads") {
+      fail("tiers.nvme.io_engine", Cat("tiers.nvme.io_engine = \"", c.nvme.io_engine,
                                        "\"; use \"auto\", \"io_uring\" or \"threads\""));
     }
-    if (c.nvme_staging_bytes < (4u << 20)) {
+    if (c.nvme.staging_bytes < (4u << 20)) {
       fail("tiers.nvme.staging_bytes", "tiers.nvme.staging_bytes must be at least 4MiB");
     }
   }

@@ -39,9 +39,9 @@ namespace {
 // The admission gates' history (BlockStore::Options::admission_history_uses),
 // from what host memory and NVMe hold (ReuseGate::HistoryUsesFor).
 uint64_t AdmissionHistoryUses(const Config& c) {
-  if (c.nvme_admission_min_uses <= 1 && c.remote_admission_min_uses <= 1) return 0;
+  if (c.nvme.admission_min_uses <= 1 && c.remote.admission_min_uses <= 1) return 0;
   const std::vector<std::string> chain = c.LowerChain();
-  uint64_t bytes = std::find(chain.begin(), chain.end(), "nvme") != chain.end() ? c.nvme_capacity : 0;
+  uint64_t bytes = std::find(chain.begin(), chain.end(), "nvme") != chain.end() ? c.nvme.capacity_bytes : 0;
   for (const TenantConfig& t : c.tenants) bytes += t.host_bytes ? t.host_bytes : c.host_capacity;
   return ReuseGate::HistoryUsesFor(bytes);
 }
@@ -118,21 +118,21 @@ absl::Status Daemon::Open() {
                LogQuoted(cost.model.name), cost.model.KvBytesPerToken(), config_.cost_prefill_tflops, cost.decide);
   ASSIGN_OR_RETURN(store_, BlockStore::Create({.max_leases_per_session = config_.max_leases_per_session,
                                                .policy = config_.host_policy,
-                                               .nvme_policy = config_.nvme_policy,
-                                               .write_through = config_.nvme_write_through,
+                                               .nvme_policy = config_.nvme.policy,
+                                               .write_through = config_.nvme.write_through,
                                                .cost = std::move(cost),
                                                .high_watermark = config_.host_high_watermark,
                                                .low_watermark = config_.host_low_watermark,
                                                .max_leased_blocks_per_session =
                                                    config_.limit_leased_blocks_per_session,
-                                               .shared_probe_budget_us = config_.remote_probe_budget_us,
-                                               .shared_probe_max_blocks = config_.remote_probe_max_blocks,
-                                               .shared_probe_blocks_per_s = config_.remote_probe_blocks_per_s,
-                                               .shared_records_per_tenant = config_.remote_records_per_tenant,
-                                               .shared_min_block_bytes = config_.remote_min_block_bytes,
+                                               .shared_probe_budget_us = config_.remote.probe_budget_us,
+                                               .shared_probe_max_blocks = config_.remote.probe_max_blocks,
+                                               .shared_probe_blocks_per_s = config_.remote.probe_blocks_per_s,
+                                               .shared_records_per_tenant = config_.remote.records_per_tenant,
+                                               .shared_min_block_bytes = config_.remote.min_block_bytes,
                                                .shared_writes = config_.RemoteWritePolicy(),
-                                               .nvme_admission_min_uses = config_.nvme_admission_min_uses,
-                                               .shared_admission_min_uses = config_.remote_admission_min_uses,
+                                               .nvme_admission_min_uses = config_.nvme.admission_min_uses,
+                                               .shared_admission_min_uses = config_.remote.admission_min_uses,
                                                .admission_history_uses = AdmissionHistoryUses(config_)},
                                               &stats_));
   for (const TenantConfig& t : config_.tenants) RETURN_IF_ERROR(OpenTenant(t));
@@ -415,7 +415,7 @@ void Daemon::AddReloadHooks() {
   };
   // The shared-tier keys govern every shared tier of the chain.
   reload_hooks_["tiers.remote"] = [this](const Config& next) {
-    store_->SetSharedPolicy(next.remote_probe_budget_us, next.RemoteWritePolicy());
+    store_->SetSharedPolicy(next.remote.probe_budget_us, next.RemoteWritePolicy());
     return absl::OkStatus();
   };
   reload_hooks_["cost_model"] = [this](const Config& next) {

@@ -57,15 +57,15 @@ absl::StatusOr<kvtier::Config> ResolveConfig(const Flags& f, bool* from_file) {
 // --check-config: the NVMe tier's space too: a capacity the disk cannot hold
 // fails the start, so it fails the check. (A default capacity shrinks to fit.)
 int CheckOnly(const kvtier::Config& config) {
-  if (config.nvme_capacity != 0 && config.nvme_capacity_explicit) {
-    if (absl::Status s = kvtier::CheckNvmeSpace(config.NvmeDirs(), config.nvme_capacity, config.nvme_segment_bytes);
+  if (config.nvme.capacity_bytes != 0 && config.nvme.capacity_explicit) {
+    if (absl::Status s = kvtier::CheckNvmeSpace(config.NvmeDirs(), config.nvme.capacity_bytes, config.nvme.segment_bytes);
         !s.ok()) {
       spdlog::critical("event=config_error detail=\"{}\"", kvtier::LogQuoted(s.message()));
       return 2;
     }
   }
   // The remote tier's secret files, by the rules the start applies.
-  if (!config.remote_seeds.empty()) {
+  if (!config.remote.seeds.empty()) {
     if (absl::StatusOr<std::vector<kvtier::RemoteTenant>> t = kvtier::RemoteTenantsFrom(config); !t.ok()) {
       spdlog::critical("event=config_error detail=\"{}\"", kvtier::LogQuoted(t.status().message()));
       return 2;

@@ -16,8 +16,8 @@ namespace {
 // The shared tier as each tenant's connections see it, summed: a node is
 // connected when every tenant's connection to it is.
 RemoteStatus RemoteStatusOf(const RemoteTier& tier, const Config& config) {
-  RemoteStatus r{.write_policy = config.remote_write_policy,
-                 .probe_budget_us = config.remote_probe_budget_us,
+  RemoteStatus r{.write_policy = config.remote.write_policy,
+                 .probe_budget_us = config.remote.probe_budget_us,
                  .misses = tier.misses(),
                  .budget = tier.budget(),
                  .slots_covered = RedisCluster::kSlots};

@@ -27,21 +27,17 @@
 #include "core/mutex.h"
 #include "core/unique_fd.h"
 #include "tiers/io_engine.h"
+#include "tiers/nvme_settings.h"
 #include "tiers/journal.h"
 #include "tiers/block_tier.h"
 #include "tiers/staging_pool.h"
 
 namespace kvtier {
 
-struct NvmeTierOptions {
-  std::vector<std::string> dirs;      // one slab file per directory
-  uint64_t capacity_bytes = 0;        // across all directories
-  uint64_t segment_bytes = 256ull << 20;
-  uint32_t queue_depth = 32;          // per I/O worker
-  uint32_t io_workers = 1;            // one io_uring each
-  std::string io_engine = "auto";     // "auto" | "io_uring" | "threads"
-  bool allow_buffered = false;        // use buffered I/O where O_DIRECT is refused
-  uint64_t staging_bytes = 64ull << 20;
+// The operator's settings (tiers/nvme_settings.h: directories, capacity,
+// segment size, queue depth, workers, engine, buffered I/O, staging) and
+// what only code sets.
+struct NvmeTierOptions : NvmeTierSettings {
   bool group_commit = true;
   // Rewrite the journal once it exceeds this and 8x the live records.
   uint64_t journal_compact_bytes = 64ull << 20;

@@ -108,7 +108,7 @@ remote_password_file = "/etc/kvtier/b.pass"
 remote_key_file = "/etc/kvtier/b.key"
 )", "t.toml");
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->remote_tenant_budget, 64ull << 30);
+  EXPECT_EQ(c->remote.tenant_budget, 64ull << 30);
   EXPECT_EQ(c->tenants[0].remote_budget, 2ull << 30);
   EXPECT_EQ(c->tenants[1].remote_budget, 0u) << "0: tiers.remote.tenant_budget applies";
   auto no_cluster = ParseConfig(R"(
@@ -213,7 +213,7 @@ TEST(ConfigTest, TwoSharedTiersChainAndSetTheirSharedKeysOnce) {
   EXPECT_EQ(Message(once).find("comes after the shared tier"), std::string::npos) << Message(once);
   if (once.ok()) {
     EXPECT_EQ(once->LowerChain(), (std::vector<std::string>{"redis", "fs"}));
-    EXPECT_EQ(once->remote_probe_budget_us, 5000u);
+    EXPECT_EQ(once->remote.probe_budget_us, 5000u);
   }
   auto twice = ParseConfig(
       redis + "[[tiers.lower]]\nkind = \"fs\"\ndir = \"/srv/kv\"\nprobe_budget_us = 9000\n" + tenant, "k.toml");

@@ -106,14 +106,14 @@ absl::StatusOr<CapacityPlan> PlanCapacity(const CapacityInput& in) {
   const uint64_t tenants = std::max<uint64_t>(1, config.tenants.size());
   const std::optional<uint64_t> gpu = CheckedMul(config.gpu_capacity, tenants);
   if (!gpu) return too_big(absl::StrCat(p.config_source, ": the tenants' GPU capacity"));
-  const std::pair<const char*, uint64_t> tiers[] = {{"gpu", *gpu}, {"host", host}, {"nvme", config.nvme_capacity}};
+  const std::pair<const char*, uint64_t> tiers[] = {{"gpu", *gpu}, {"host", host}, {"nvme", config.nvme.capacity_bytes}};
   for (const auto& [name, bytes] : tiers) {
     TierPlan t;
     t.tier = name;
     t.capacity_bytes = bytes;
     // NVMe as the tier cuts it (whole segments, a header sector a slot).
     t.blocks = std::string_view(name) == "nvme"
-                   ? NvmeBlocksThatFit(bytes, config.nvme_segment_bytes, config.NvmeDirs().size(), p.block_bytes)
+                   ? NvmeBlocksThatFit(bytes, config.nvme.segment_bytes, config.NvmeDirs().size(), p.block_bytes)
                    : bytes / p.block_bytes;
     t.tokens = t.blocks * in.block_tokens;
     t.share_of_logical = p.logical_tokens == 0 ? 0 : double(t.tokens) / double(p.logical_tokens);
