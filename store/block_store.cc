@@ -25,8 +25,6 @@ BlockStore::BlockStore(const Options& opts, DaemonStats* stats)
     : opts_(opts),
       adaptive_(opts.policy == "adaptive"),
       books_(stats, opts.cost),
-      shared_budget_us_(opts.shared_probe_budget_us),
-      shared_writes_(opts.shared_writes),
       migrator_(books_,
                 {.cascade_high = opts.cascade_high,
                  .cascade_low = opts.cascade_low,
@@ -35,6 +33,13 @@ BlockStore::BlockStore(const Options& opts, DaemonStats* stats)
                     ABSL_NO_THREAD_SAFETY_ANALYSIS {  // the migrator calls it under t.mu
                       return AllocateSlotLocked(t, bytes, tokens, owner);
                     }),
+      shared_(books_, migrator_,
+              {.probe_budget_us = opts.shared_probe_budget_us,
+               .writes = opts.shared_writes,
+               .probe_max_blocks = opts.shared_probe_max_blocks,
+               .probe_blocks_per_s = opts.shared_probe_blocks_per_s,
+               .records_per_tenant = opts.shared_records_per_tenant,
+               .min_block_bytes = opts.shared_min_block_bytes}),
       reclaimer_({opts.high_watermark, opts.low_watermark}, [this](Reclaimer::Marks) { ReclaimPass(); }) {}
 
 absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Create(const Options& opts, DaemonStats* stats) {
@@ -147,7 +152,7 @@ BlockStore::ChainHits BlockStore::ProbeChain(SessionHoldings& s, std::span<const
   h.hit = static_cast<uint32_t>(from);
   // Hits in host memory go up to the shared tier too on write_policy "reused".
   const bool publish_hits =
-      lease && !shared_lanes_.empty() && shared_writes_.load(std::memory_order_relaxed) == SharedWrites::kReused;
+      lease && shared_.Publishes(SharedWrites::kReused);
   // Probes are memory-bound: prefetch a window of keys ahead so their cache
   // misses overlap instead of queueing behind one another.
   constexpr size_t kWindow = 16;
@@ -195,7 +200,7 @@ BlockStore::ChainHits BlockStore::ProbeChain(SessionHoldings& s, std::span<const
         if (r->pins++ == 0) t.pinned.fetch_add(1, std::memory_order_relaxed);
         h.pinned.push_back(r);
         if (in_host) h.host_touch.push_back(r->host_slot);
-        if (in_host && publish_hits) QueuePublishLocked(s, r);
+        if (in_host && publish_hits) shared_.QueuePublishLocked(s, r);
         if (r->lower_state == LowerState::kReady) h.lower_touch.push_back({r->lower, r->lower_slot, r});
       }
     }
@@ -258,8 +263,8 @@ absl::StatusOr<uint32_t> BlockStore::Lookup(SessionHoldings& s, std::span<const 
   // reaches those blocks or not as the local prefix allows; an answer for
   // keys past a prefix that shrank since is dropped (no lookup reaches them).
   if (!h.cut_for_cost && h.hit < keys.size() &&
-      (shared != nullptr ? (shared->from <= h.hit && AdoptShared(s, keys, shared->from, shared->holder) > 0)
-                         : ProbeShared(s, keys, h.hit) > 0)) {
+      (shared != nullptr ? (shared->from <= h.hit && shared_.Adopt(s, keys, shared->from, shared->holder) > 0)
+                         : shared_.ProbeAndAdopt(s, keys, h.hit) > 0)) {
     h.Append(ProbeChain(s, keys, lease, out, h.hit));
   }
   if (h.cut_for_cost) {
@@ -288,7 +293,7 @@ absl::StatusOr<uint32_t> BlockStore::Lookup(SessionHoldings& s, std::span<const 
   for (size_t i = 0; i < books_.lanes.size(); ++i) {
     if (h.by_lane[i] == 0) continue;
     books_.lanes[i]->hits.fetch_add(h.by_lane[i], kRelaxed);
-    (IsSharedLane(static_cast<uint8_t>(i)) ? in_shared : in_local) += h.by_lane[i];
+    (shared_.IsShared(static_cast<uint8_t>(i)) ? in_shared : in_local) += h.by_lane[i];
   }
   books_.stats->blocks_hit_nvme.Add(in_local);
   books_.stats->blocks_hit_remote.Add(in_shared);
@@ -593,7 +598,7 @@ absl::StatusOr<uint64_t> BlockStore::AttachLowerTier(std::unique_ptr<BlockTier> 
   lane.tier->SetReadObserver([this, i = size_t{lane.index}](uint64_t bytes, const IoTiming& t) {
     books_.cost.RecordRead(i, bytes, t.share_s());
   });
-  if (lane.tier->shared()) shared_lanes_.push_back(lane.index);  // lookups ask it past their local prefix
+  if (lane.tier->shared()) shared_.AddLane(lane.index);  // lookups ask it past their local prefix
   // The first local tier takes host evictions through its gate; the shared
   // tier every write. Further local tiers (none in the daemon) have none.
   const bool first_local = !lane.tier->shared() && std::none_of(books_.lanes.begin(), books_.lanes.end(),

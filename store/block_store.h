@@ -47,6 +47,7 @@
 #include "store/migrator.h"
 #include "store/namespace_registry.h"
 #include "store/reclaimer.h"
+#include "store/shared_tiers.h"
 #include "store/shared_writes.h"
 #include "store/stats.h"
 #include "store/store_books.h"
@@ -221,17 +222,13 @@ class BlockStore {
   // tiers attach (their recovered blocks are announced) and sessions start.
   void SetEvents(KvEvents* events);
   // A config reload of the shared tier's probe budget and write policy. Thread-safe.
-  void SetSharedPolicy(uint32_t probe_budget_us, SharedWrites writes) {
-    shared_budget_us_.store(probe_budget_us, std::memory_order_relaxed);
-    shared_writes_.store(writes, std::memory_order_relaxed);
-  }
-  // The shared tier's lane, if the chain has one.
-  // The first shared lane: it takes publishes; lookups ask every shared
-  // lane (shared_lanes()).
+  void SetSharedPolicy(uint32_t probe_budget_us, SharedWrites writes) { shared_.SetPolicy(probe_budget_us, writes); }
+  // The first shared lane, if the chain has one: it takes publishes;
+  // lookups ask every shared lane (shared_lanes()).
   std::optional<size_t> shared_lane() const {
-    return shared_lanes_.empty() ? std::nullopt : std::optional<size_t>(shared_lanes_.front());
+    return shared_.empty() ? std::nullopt : std::optional<size_t>(shared_.lanes().front());
   }
-  const std::vector<uint8_t>& shared_lanes() const { return shared_lanes_; }
+  const std::vector<uint8_t>& shared_lanes() const { return shared_.lanes(); }
   // Draining (SIGTERM): from now on StoreBegin refuses with EBUSY. Thread-safe.
   void SetDraining() { draining_.store(true, std::memory_order_release); }
   // Writes every committed host block without a lower copy to the first
@@ -321,7 +318,7 @@ class BlockStore {
   // next blocks. Without `shared`, Lookup asks them and waits up to the
   // probe budget (tests, tools). A session asks first (StartSharedProbe),
   // keeps serving its other requests, and looks up with the answer.
-  static constexpr uint8_t kNoLane = 0xff;
+  static constexpr uint8_t kNoLane = SharedTiers::kNoLane;
   struct SharedAnswer {
     size_t from = 0;  // the key the probe asked from
     // Of keys[from..]: the shared lane that holds each (the first in the
@@ -345,7 +342,7 @@ class BlockStore {
                         absl::AnyInvocable<void(SharedAnswer) &&> answered,
                         std::function<SharedAnswer()>* so_far = nullptr);
   // The probe budget now (tiers.remote.probe_budget_us), in microseconds.
-  uint32_t shared_probe_budget_us() const { return shared_budget_us_.load(std::memory_order_relaxed); }
+  uint32_t shared_probe_budget_us() const { return shared_.budget_us(); }
   // Host locations of keys the lease pins (every key must be in it),
   // promoting NVMe-only blocks first. Returns the outcome at once when every
   // block is already in host memory; otherwise nullopt, and `done` runs later
@@ -462,33 +459,6 @@ class BlockStore {
   // From key `from` on (the keys before it hit already).
   ChainHits ProbeChain(SessionHoldings& s, std::span<const BlockKey> keys, bool lease, std::span<BlockLocation> out,
                        size_t from = 0);
-  // The shared tiers' part of a lookup (block_shared.cc): asks them which
-  // of keys[from..] they hold, within the probe budget, and indexes the
-  // present run that starts at `from` as copies in the lanes that hold
-  // them. Returns how many.
-  uint32_t ProbeShared(SessionHoldings& s, std::span<const BlockKey> keys, size_t from);
-  // ProbeShared's parts: how many blocks from `from` to ask about (0: none;
-  // otherwise the tenant's busy slot is taken: the answer's handler gives it
-  // back), the metas to ask with, asking every shared lane that takes
-  // blocks of this size at once (`answered` runs once, with the holders,
-  // when the last answered or the deadline passed), and indexing the present
-  // run as copies in the lanes that hold them (returns how many).
-  size_t SharedProbeBlocks(SessionHoldings& s, std::span<const BlockKey> keys, size_t from);
-  std::vector<BlockMeta> SharedProbeMetas(const SessionHoldings& s, std::span<const BlockKey> keys, size_t from,
-                                          size_t n) const;
-  // Returns what the lanes that answered so far say, callable any time.
-  std::function<std::vector<uint8_t>()> AskSharedLanes(const SessionHoldings& s, std::span<const BlockKey> keys,
-                                                       size_t from, size_t n, uint64_t deadline_ns,
-                                                       absl::AnyInvocable<void(std::vector<uint8_t>) &&> answered);
-  uint32_t AdoptShared(SessionHoldings& s, std::span<const BlockKey> keys, size_t from,
-                       const std::vector<uint8_t>& holder);
-  // Whether lane i is shared.
-  bool IsSharedLane(uint8_t i) const { return i < books_.lanes.size() && books_.lanes[i]->tier->shared(); }
-  // Queues r (io_ref taken here) for a write to the shared tier after the
-  // reply, unless it was written there already; under r's shard lock.
-  void QueuePublishLocked(SessionHoldings& s, BlockRecord* r);
-  // Starts the writes QueuePublishLocked queued.
-  void StartPublishes(SessionHoldings& s);
   // Marks the present blocks after a prefix cut for cost (out[from..]) as to
   // recompute; returns how many.
   uint32_t MarkRecompute(const SessionHoldings& s, std::span<const BlockKey> keys, size_t from,
@@ -525,11 +495,11 @@ class BlockStore {
   std::atomic<bool> draining_{false};  // read by stores
   const bool adaptive_;  // opts_.policy is "adaptive": leased lookups feed its shadows
   StoreBooks books_;
-  std::vector<uint8_t> shared_lanes_;  // in chain order; set by AttachLowerTier
-  std::atomic<uint32_t> shared_budget_us_;
-  std::atomic<SharedWrites> shared_writes_;
   // The destructor stops both before anything their passes touch goes.
   Migrator migrator_;
+  // The probe past the local prefix and the write policy (shared_tiers.h);
+  // its lanes are set by AttachLowerTier.
+  SharedTiers shared_;
   Reclaimer reclaimer_;
 };
 

@@ -161,7 +161,7 @@ void BlockStore::StoreCommit(SessionHoldings& s, uint64_t ticket, bool durable, 
   HostResidency& t = *books_.tenants[s.ns.tenant];
   // Every committed block goes up to the shared tier too on write_policy
   // "committed" (after the reply: AfterReply).
-  const bool publish = !shared_lanes_.empty() && shared_writes_.load(std::memory_order_relaxed) == SharedWrites::kCommitted;
+  const bool publish = shared_.Publishes(SharedWrites::kCommitted);
   {
     MutexLock l(&t.mu);
     // Chain order is root first; insert leaves first (see Lookup).
@@ -171,7 +171,7 @@ void BlockStore::StoreCommit(SessionHoldings& s, uint64_t ticket, bool durable, 
         BlockIndex::Shard& sh = books_.index.ShardFor(r);
         MutexLock sl(&sh.mu);
         r->state = BlockState::kReady;
-        if (publish) QueuePublishLocked(s, r);
+        if (publish) shared_.QueuePublishLocked(s, r);
       }
       t.PolicyForLocked(t.host->SlotBytes(r->host_slot))
           ->InsertInChain(r->host_slot, PolicyKeyOf(*r), parents[j], PositionOf(*r, s.ns.block_tokens));
@@ -185,10 +185,10 @@ void BlockStore::StoreCommit(SessionHoldings& s, uint64_t ticket, bool durable, 
       for (BlockRecord* r : blocks) migrator_.WriteThrough(t, r, IoPriority::kDemote, [](absl::Status) {});
     }
     std::move(done)(absl::OkStatus());
-    StartPublishes(s);  // a commit's reply is posted from `done`, with no AfterReply
+    shared_.StartPublishes(s);  // a commit's reply is posted from `done`, with no AfterReply
     return;
   }
-  StartPublishes(s);
+  shared_.StartPublishes(s);
   if (books_.lanes.empty()) {
     std::move(done)(CodedStatus(KVTIER_EINVAL,
                                 "the blocks are committed to host memory, but kvtierd has no NVMe tier to make them "

@@ -127,9 +127,9 @@ class HostResidency {
     std::atomic<uint64_t> lookups{0}, lookup_hits{0}, blocks_queried{0}, blocks_hit{0}, blocks_hit_nvme{0},
         blocks_hit_remote{0}, tokens_queried{0}, tokens_hit{0};
   } hits;
-  // Lookups of this tenant waiting on the shared tier now (BlockStore::
-  // ProbeShared): at most kMaxSharedProbesPerTenant, so one tenant's
-  // sessions cannot flood the cluster every node shares.
+  // Lookups of this tenant waiting on the shared tier now
+  // (SharedTiers::ProbeBlocks): at most kMaxSharedProbesPerTenant, so one
+  // tenant's sessions cannot flood the cluster every node shares.
   std::atomic<uint32_t> shared_probes{0};
   static constexpr uint32_t kMaxSharedProbesPerTenant = 8;
   // And the blocks they may ask about: a token bucket of `per_s` blocks a

@@ -103,23 +103,6 @@ class Migrator {
   // tier that is not durable, Unavailable while it is moving).
   void WriteThrough(HostResidency& t, BlockRecord* r, IoPriority prio, StatusCallback done);
 
-  // --- the shared tier (migrator_shared.cc)
-  // Writes r's host copy to the shared tier in `lane` for other nodes, as a
-  // value this node keeps no copy handle on (the tier's eviction decides
-  // how long it stays); marks r published once it landed. Takes over the
-  // io_ref the caller took on r. Skipped (counted) when r is no longer a
-  // ready host block, was published already, or too many such writes are
-  // in flight. Clears r->publishing.
-  void Publish(HostResidency& t, BlockRecord* r, LowerLane& lane);
-  // Thread-safe. Whether tenant t's publishes are paused: one of its
-  // writes failed (the cluster down or full, or t's user refused) within
-  // the last second, so its hits do not queue copies that would fail too.
-  // Per tenant: one tenant's wrong password pauses nobody else.
-  static bool PublishPaused(const HostResidency& t) {
-    return MonotonicNanos() < t.publish_paused_until_ns.load(std::memory_order_relaxed);
-  }
-
-
   // --- promotion (migrator_promotion.cc)
   // Brings r's lower copy into a host slot; `done(ok)` when it is there or
   // failed. parent_key: PolicyKeyOf the block before r in its chain (0:
@@ -258,12 +241,6 @@ class Migrator {
   StoreBooks& books_;
   AllocateHostSlot allocate_host_;
   std::atomic<uint64_t> cost_demotions_{0};  // a counter only: no lock
-  // Publishes in flight, at most kMaxPublishing (each holds its block's
-  // host slot and a copy of its bytes in a write command).
-  static constexpr uint32_t kMaxPublishing = 256;
-  std::atomic<uint32_t> publishing_{0};
-  static void PausePublishes(HostResidency& t);
-  static constexpr uint64_t kPublishPauseNs = 1'000'000'000;
   const uint64_t shared_min_block_bytes_;
   // Last: stopped first, before anything its passes touch goes.
   Cascade cascade_;
