@@ -29,10 +29,7 @@ BlockStore::BlockStore(const Options& opts, DaemonStats* stats)
                 {.cascade_high = opts.cascade_high,
                  .cascade_low = opts.cascade_low,
                  .shared_min_block_bytes = opts.shared_min_block_bytes},
-                [this](HostResidency& t, uint64_t bytes, uint32_t tokens, BlockRecord* owner)
-                    ABSL_NO_THREAD_SAFETY_ANALYSIS {  // the migrator calls it under t.mu
-                      return AllocateSlotLocked(t, bytes, tokens, owner);
-                    }),
+                &reclaimer_),  // constructed after it, used only once sessions run
       shared_(books_, migrator_,
               {.probe_budget_us = opts.shared_probe_budget_us,
                .writes = opts.shared_writes,

@@ -14,11 +14,12 @@
 // them.
 //
 // The store is several objects over one set of books (store_books.h): this
-// class holds the operations (lookups, leases, stores, loads, invalidation)
-// and each tenant's host slot allocation and eviction; HostResidency keeps a
-// tenant's host books, LowerLane a lower tier's, the Migrator makes every
-// move between tiers (demotion, promotion, write-through, the drain, the
-// cascade), the Reclaimer runs background host eviction.
+// class holds the operations (lookups, leases, stores, loads, invalidation);
+// HostResidency keeps a tenant's host books, LowerLane a lower tier's, the
+// Migrator makes every move between tiers (demotion, promotion,
+// write-through, the drain, the cascade) and the room in host tiers that
+// stores and promotions take, SharedTiers holds the shared tiers' probe and
+// write policy, the Reclaimer runs background host eviction.
 //
 // Lock order: docs/architecture.md, "Lock order" (tenant tier lock, then the
 // lane locks in chain order, then block-index shard locks; the rest are leaves).
@@ -394,39 +395,7 @@ class BlockStore {
 
   BlockStore(const Options& opts, DaemonStats* stats);
 
-  // --- host tier (block_host.cc)
-  // A host slot for a block of `bytes` holding `tokens` tokens, evicting
-  // while the arena is full or the tenant's token quota would be exceeded.
-  // With `busy_wait_ms` (a store's, on its session thread): when every
-  // block that could go is only busy with I/O for a moment (a
-  // write-through, a move of its lower copy down the chain), not pinned,
-  // wait for it in 1 ms steps (t.mu let go) while *busy_wait_ms lasts,
-  // spending it; one budget for all of a store's slots. Without it (the
-  // migrator's promotions, which may run on a tier's completion thread):
-  // refused at once.
-  absl::StatusOr<SlotHandle> AllocateSlotLocked(HostResidency& t, uint64_t bytes, uint32_t tokens, BlockRecord* owner,
-                                                uint32_t* busy_wait_ms = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
-  // What a store may wait in all for blocks busy a moment (AllocateSlotLocked).
-  static constexpr uint32_t kStoreBusyWaitMs = 50;
-  // The policy's coldest block that may go now (not pinned, not moving);
-  // *saw_busy (if given) is set when the policy offered one that is not
-  // pinned but busy (moving, or held by I/O): room that comes back soon.
-  std::optional<SlotHandle> PickHostVictimLocked(HostResidency& t, ChainGuard* policy, bool* saw_busy = nullptr)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
-  // Empties the coldest segment of another block size than `slot_bytes`
-  // whose blocks are all older than `min_age` ticks (any age without one)
-  // and may all go now; false when there is none.
-  bool ReclaimSegmentLocked(HostResidency& t, uint64_t slot_bytes, std::optional<uint32_t> min_age)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
-  // Evicts one block, from the block size that holds the most bytes; false
-  // when nothing can go. With `give_segments` (the background reclaimer),
-  // once per segment's worth of evictions of a size, a whole segment of
-  // another size whose blocks are all colder than that size's coldest goes
-  // instead (ReclaimSegmentLocked), as stores that need room do: else the
-  // reclaimer keeps a new size's own slots free, its stores never need
-  // room, and a cold size's segments are never given back.
-  bool EvictColdestLocked(HostResidency& t, std::vector<PendingDemotion>* deferred = nullptr,
-                          bool give_segments = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
+  // --- host tier (block_host.cc); its slots and eviction are the migrator's (migrator_room.cc)
   // One pass of the reclaimer: every tenant above the high mark, down to the low.
   void ReclaimPass();
 

@@ -17,9 +17,9 @@
 
 namespace kvtier {
 
-Migrator::Migrator(StoreBooks& books, const Options& opts, AllocateHostSlot allocate_host)
+Migrator::Migrator(StoreBooks& books, const Options& opts, Reclaimer* reclaimer)
     : books_(books),
-      allocate_host_(std::move(allocate_host)),
+      reclaimer_(reclaimer),
       shared_min_block_bytes_(opts.shared_min_block_bytes),
       cascade_(opts.cascade_high, opts.cascade_low, CascadeHooks()) {}
 

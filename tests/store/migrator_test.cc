@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // The migrator on its own, over a store's books with one tenant (a 64 KiB
 // host arena) and one lower lane on an in-memory block tier: host eviction
-// demotes or drops, promotion brings a copy back byte-exact through the
-// store's host-slot hook, joins a promotion in flight, and treats a copy
+// demotes or drops, promotion brings a copy back byte-exact into a host
+// slot it makes room for, joins a promotion in flight, and treats a copy
 // that fails its check (or no host slot) as a miss that leaves nothing
 // behind it should not.
 #include "store/migrator.h"
@@ -46,18 +46,7 @@ class MigratorTest : public ::testing::Test {
     ns.block_bytes = kBlock;
     ns.block_tokens = kTokens;
     books_->RegisterNamespace(ns);
-    migrator_ = std::make_unique<Migrator>(
-        *books_, Migrator::Options{},
-        [this](HostResidency& t, uint64_t bytes, uint32_t tokens, BlockRecord* owner) ABSL_NO_THREAD_SAFETY_ANALYSIS
-        -> absl::StatusOr<SlotHandle> {
-          ++host_allocations_;
-          if (refuse_host_slots_) return absl::ResourceExhaustedError("no room (test)");
-          absl::StatusOr<SlotHandle> slot = t.host->Allocate(bytes);
-          if (slot.ok()) {
-            EXPECT_TRUE(t.slots.Assign(*slot, owner, tokens));
-          }
-          return slot;
-        });
+    migrator_ = std::make_unique<Migrator>(*books_, Migrator::Options{}, /*reclaimer=*/nullptr);
   }
   void TearDown() override {
     for (auto& lane : books_->lanes) lane->tier->Drain();
@@ -136,8 +125,6 @@ class MigratorTest : public ::testing::Test {
   DaemonStats stats_;
   std::unique_ptr<StoreBooks> books_;
   std::unique_ptr<Migrator> migrator_;
-  std::atomic<int> host_allocations_{0};
-  std::atomic<bool> refuse_host_slots_{false};
 };
 
 TEST_F(MigratorTest, AnEvictedBlockIsDemotedAndPromotedBackByteExact) {
@@ -154,7 +141,7 @@ TEST_F(MigratorTest, AnEvictedBlockIsDemotedAndPromotedBackByteExact) {
   EXPECT_EQ(books_->lanes[0]->blocks.load(), 1u);
 
   ASSERT_TRUE(PromoteAndWait(r));
-  EXPECT_EQ(host_allocations_.load(), 1) << "the host slot comes from the store's hook";
+  EXPECT_EQ(tenant().host->Usage().used_slots, 1u) << "the promotion took one host slot";
   c = Look(r);
   EXPECT_EQ(c.state, BlockState::kReady);
   EXPECT_EQ(c.lower_state, LowerState::kReady) << "the lower copy stays: a later eviction only lets go";
@@ -207,16 +194,38 @@ TEST_F(MigratorTest, NoHostSlotIsAMissThatKeepsTheLowerCopy) {
   ASSERT_EQ(Evict(r), Migrator::EvictResult::kEvicted);
   ASSERT_TRUE(books_->lanes[0]->tier->Sync().ok());
   books_->lanes[0]->tier->Drain();
-  refuse_host_slots_ = true;
+  // Every host slot held by a block pinned by a lease: a promotion finds no
+  // room and no victim.
+  std::vector<BlockRecord*> held;
+  for (uint8_t i = 0; i < 16; ++i) {
+    held.push_back(StoreReady(static_cast<uint8_t>(0x80 + i)));
+    BlockIndex::Shard& sh = books_->index.ShardFor(held.back());
+    MutexLock sl(&sh.mu);
+    held.back()->pins = 1;
+  }
+  ASSERT_EQ(tenant().host->Usage().used_slots, 16u);
   EXPECT_FALSE(PromoteAndWait(r));
   const Copy c = Look(r);
   EXPECT_EQ(c.state, BlockState::kNone);
   EXPECT_EQ(c.lower_state, LowerState::kReady);
   EXPECT_EQ(c.io_refs, 0u) << "the promotion's reference is given back";
   EXPECT_EQ(stats_.promotions_failed.Get(), 1u);
-  refuse_host_slots_ = false;
+  for (BlockRecord* h : held) EXPECT_EQ(Look(h).state, BlockState::kReady) << "a pinned block stays";
+  // One lease let go: its block is evicted for the promotion.
+  {
+    BlockIndex::Shard& sh = books_->index.ShardFor(held[0]);
+    MutexLock sl(&sh.mu);
+    held[0]->pins = 0;
+  }
   ASSERT_TRUE(PromoteAndWait(r));
   EXPECT_TRUE(HostBytesAre(r, 3));
+  EXPECT_NE(Look(held[0]).state, BlockState::kReady) << "the unpinned block made the room";
+  EXPECT_EQ(tenant().host->Usage().used_slots, 16u);
+  for (BlockRecord* h : held) {
+    BlockIndex::Shard& sh = books_->index.ShardFor(h);
+    MutexLock sl(&sh.mu);
+    h->pins = 0;
+  }
 }
 
 TEST_F(MigratorTest, ACopyThatFailsItsCheckIsNeverServedAndIsDropped) {
@@ -253,7 +262,7 @@ TEST_F(MigratorTest, ASecondPromotionOfABlockJoinsTheFirst) {
   }
   done.wait();
   EXPECT_EQ(ok.load(), 2);
-  EXPECT_EQ(host_allocations_.load(), 1) << "one read, one slot";
+  EXPECT_EQ(tenant().host->Usage().used_slots, 1u) << "one read, one slot";
   EXPECT_EQ(books_->lanes[0]->tier->BlockStats().reads, 1u);
   EXPECT_TRUE(HostBytesAre(r, 5));
 }
