@@ -18,7 +18,10 @@ absl::StatusOr<std::unique_ptr<AdaptivePolicy>> AdaptivePolicy::Create(const Opt
   if (!(opts.switch_z >= 0 && opts.switch_z < 100)) {
     return absl::InvalidArgumentError(absl::StrCat("adaptive policy switch_z ", opts.switch_z, " is not in [0, 100)"));
   }
-  if (opts.max_shadow_blocks == 0) return absl::InvalidArgumentError("adaptive policy shadows need room for a block");
+  if (opts.max_shadow_blocks == 0 || opts.max_shadow_blocks > kMaxShadowLimit) {
+    return absl::InvalidArgumentError(absl::StrCat("adaptive policy max_shadow_blocks ", opts.max_shadow_blocks,
+                                                   " is not in [1, 2^32]"));
+  }
   std::unique_ptr<AdaptivePolicy> p(new AdaptivePolicy(opts));
   for (const std::string& name : opts.experts) {
     if (name == "adaptive") return absl::InvalidArgumentError("the adaptive policy cannot be its own expert");
@@ -68,8 +71,15 @@ void AdaptivePolicy::SetCapacityBlocks(uint64_t blocks) {
 
 void AdaptivePolicy::SetMaxShadowBlocks(uint64_t blocks) {
   MutexLock l(&shadow_mu_);
-  max_shadow_ = std::max<uint64_t>(1, blocks);
+  max_shadow_ = std::clamp<uint64_t>(blocks, 1, kMaxShadowLimit);
   Resample();
+}
+
+size_t AdaptivePolicy::shadow_blocks() const {
+  MutexLock l(&shadow_mu_);
+  size_t most = 0;
+  for (const Expert& e : experts_) most = std::max(most, e.shadow.handle_of.size());
+  return most;
 }
 
 double AdaptivePolicy::sample_rate() const {
@@ -89,9 +99,10 @@ void AdaptivePolicy::Resample() {
     sample_below_ = ~0ull;
     return;
   }
+  // max_shadow_ <= 2^32 < capacity_: the rate is below 1 - 2^-32, so the
+  // threshold is below 2^64 (a double holds it exactly enough).
   rate_ = static_cast<double>(max_shadow_) / static_cast<double>(capacity_);
-  // rate_ < 1, so the product is below 2^64.
-  sample_below_ = static_cast<uint64_t>(std::ldexp(rate_, 64));
+  sample_below_ = rate_ < 1 ? static_cast<uint64_t>(std::ldexp(rate_, 64)) : ~0ull;
 }
 
 bool AdaptivePolicy::Sampled(uint64_t key) const {

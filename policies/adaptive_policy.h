@@ -8,7 +8,8 @@
 //
 // - every expert tracks the tier's real resident set (Insert/Touch/Remove go
 //   to all of them), and the tier's victims come from the current leader;
-// - each expert also runs a shadow cache of the tier's capacity, holding
+// - each expert also runs a shadow cache of the tier's capacity (or of a
+//   sample of it, see below), holding
 //   block identities only (no data), fed with every request's chain of keys
 //   through Observe(). A shadow counts the prefix it would have hit, weighted
 //   by what each hit block is worth (by default 1; the cost model's prefill
@@ -34,8 +35,11 @@
 // scores its sampled blocks up to the first one that misses (divided by the
 // rate), so a deep block counts only when the sampled part of its prefix hit.
 // Counting every sampled block that hit instead, prefix or not, elected the
-// wrong expert on the Mooncake trace. Below the limit (every tier of the
-// workload suite at 1M and 3M tokens) the shadows are whole.
+// wrong expert on the Mooncake trace. Below the limit (1,953 blocks: the
+// workload suite at 1M tokens) the shadows are whole; at 3M (5,859) and 10M
+// (19,531) they are samples. A capacity or limit changed while the shadows
+// hold identities applies from the next request: the shadows shrink to the
+// new size, and identities no longer in the sample age out.
 #ifndef KVTIER_POLICIES_ADAPTIVE_POLICY_H_
 #define KVTIER_POLICIES_ADAPTIVE_POLICY_H_
 
@@ -89,20 +93,23 @@ class AdaptivePolicy final : public EvictionPolicy {
     // (adaptive_policy_test); give it as an expert for such workloads.
     std::vector<std::string> experts = {"s3fifo-deep", "lru", "arc"};
     // Most identities a shadow holds (see above): memory per shadow is
-    // bounded (~80 B an identity), whatever the tier's capacity.
+    // bounded (~90 B an identity), whatever the tier's capacity.
     uint64_t max_shadow_blocks = kDefaultMaxShadowBlocks;
   };
   static constexpr uint64_t kDefaultMaxShadowBlocks = 4096;
+  static constexpr uint64_t kMaxShadowLimit = uint64_t{1} << 32;
   struct ExpertScore {
     std::string name;
     double score = 0;
   };
 
   // InvalidArgument for an unknown or repeated expert, no expert, a decay
-  // outside (0, 1] or a switch_z outside [0, 100).
+  // outside (0, 1], a switch_z outside [0, 100) or max_shadow_blocks
+  // outside [1, 2^32].
   static absl::StatusOr<std::unique_ptr<AdaptivePolicy>> Create(const Options& opts);
 
-  // Observe, SetCapacityBlocks, leader, scores and switches are thread-safe
+  // Observe, SetCapacityBlocks, SetMaxShadowBlocks, sample_rate,
+  // InShadowSample, shadow_blocks, leader, scores and switches are thread-safe
   // (the shadows have their own lock, so a daemon can feed them outside its
   // tier lock); the EvictionPolicy methods need the caller's lock as usual.
 
@@ -115,9 +122,11 @@ class AdaptivePolicy final : public EvictionPolicy {
     Observe(chain, block_tokens, [](size_t) { return 1.0; });
   }
   void SetCapacityBlocks(uint64_t blocks);
-  // 0 is taken as 1. Shadows already fuller than the new size shrink at the
-  // next request.
+  // Clamped to [1, 2^32]. Shadows already fuller than the new size shrink
+  // at the next request.
   void SetMaxShadowBlocks(uint64_t blocks);
+  // Identities the fullest shadow holds now.
+  size_t shadow_blocks() const;
   // The share of block identities the shadows model (1: all), and whether
   // one identity is in the sample.
   double sample_rate() const;
@@ -139,7 +148,7 @@ class AdaptivePolicy final : public EvictionPolicy {
   }
   bool Contains(uint32_t handle) const override { return experts_[0].pol->Contains(handle); }
   size_t size() const override { return experts_[0].pol->size(); }
-  // Every expert's, plus the shadows' (bounded by the capacity they model).
+  // Every expert's, plus the shadows' (each bounded by max_shadow_blocks).
   size_t bookkeeping() const override;
   absl::string_view name() const override { return "adaptive"; }
   // To every expert over the tier's handles (each shadow has its own guard).

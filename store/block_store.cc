@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // The store's operations: tenants and the chain's assembly (with the blocks a
 // lower tier recovered); lookups, leases, loads, prefetch and invalidation.
-// Stores are in block_writes.cc, each tenant's host slot allocation, eviction
-// and reclaim in block_host.cc, the read-only reports in block_reports.cc.
-// Every move between tiers is the Migrator's (migrator.h); the books it
-// shares with this class, and a record's life, are StoreBooks'.
+// Stores are in block_writes.cc, the reclaimer's pass and the admin changes
+// to host residency in block_host.cc, the read-only reports in
+// block_reports.cc. Every move between tiers is the Migrator's (migrator.h),
+// and so are host slots (migrator_room.cc: making room is eviction); the
+// books it shares with this class, and a record's life, are StoreBooks'.
 #include "store/block_store.h"
 
 #include "core/checked.h"

@@ -170,7 +170,7 @@ TEST(AdaptivePolicyTest, ATierLargerThanTheShadowsIsModelledOnABoundedSample) {
     return std::pair(p->sample_rate(), p->bookkeeping());
   };
   const auto [rate, sampled] = run(1000);
-  const auto [whole_rate, whole] = run(uint64_t{1} << 40);
+  const auto [whole_rate, whole] = run(AdaptivePolicy::kMaxShadowLimit);
   EXPECT_DOUBLE_EQ(rate, 0.001);
   EXPECT_EQ(whole_rate, 1.0);
   // 200K distinct blocks went by: whole shadows hold them all (3 experts),
@@ -178,6 +178,29 @@ TEST(AdaptivePolicyTest, ATierLargerThanTheShadowsIsModelledOnABoundedSample) {
   EXPECT_GE(whole, 3u * 200'000u);
   EXPECT_LE(sampled, 3u * 4u * 1000u);
   EXPECT_GT(sampled, 0u);
+  // Full shadows: 10,000 blocks sampled at 0.1 over 200K distinct keys, so
+  // every shadow evicts; none ever holds more than its 1,000.
+  auto full = std::move(AdaptivePolicy::Create({.capacity_blocks = 10'000, .max_shadow_blocks = 1000})).value();
+  ASSERT_DOUBLE_EQ(full->sample_rate(), 0.1);
+  uint64_t key = 1;
+  for (int r = 0; r < 400; ++r) {
+    Chain c;
+    for (int i = 0; i < 500; ++i) c.push_back(key++);
+    full->Observe(c);
+    ASSERT_LE(full->shadow_blocks(), 1000u) << "request " << r;
+  }
+  EXPECT_GE(full->shadow_blocks(), 950u) << "shadows fill to their size";
+  // A smaller limit takes effect at the next request, and so does a
+  // capacity at or below it (every identity then sampled).
+  full->SetMaxShadowBlocks(300);
+  EXPECT_DOUBLE_EQ(full->sample_rate(), 0.03);
+  full->Observe(Chain{key, key + 1});
+  EXPECT_LE(full->shadow_blocks(), 300u);
+  full->SetCapacityBlocks(200);
+  EXPECT_EQ(full->sample_rate(), 1.0);
+  full->Observe(Chain{key + 2});
+  EXPECT_LE(full->shadow_blocks(), 200u);
+  EXPECT_FALSE(AdaptivePolicy::Create({.max_shadow_blocks = (uint64_t{1} << 32) + 1}).ok());
   // Below the limit every identity is in the sample.
   auto small = std::move(AdaptivePolicy::Create({.capacity_blocks = 1000, .max_shadow_blocks = 1000})).value();
   EXPECT_EQ(small->sample_rate(), 1.0);

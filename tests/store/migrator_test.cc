@@ -217,9 +217,12 @@ TEST_F(MigratorTest, NoHostSlotIsAMissThatKeepsTheLowerCopy) {
     MutexLock sl(&sh.mu);
     held[0]->pins = 0;
   }
+  const uint64_t demotions = stats_.demotions.Get();
   ASSERT_TRUE(PromoteAndWait(r));
   EXPECT_TRUE(HostBytesAre(r, 3));
-  EXPECT_NE(Look(held[0]).state, BlockState::kReady) << "the unpinned block made the room";
+  // The lane has room: the victim is demoted (its record stays), not dropped.
+  ASSERT_EQ(stats_.demotions.Get(), demotions + 1) << "the unpinned block made the room";
+  EXPECT_NE(Look(held[0]).state, BlockState::kReady);
   EXPECT_EQ(tenant().host->Usage().used_slots, 16u);
   for (BlockRecord* h : held) {
     BlockIndex::Shard& sh = books_->index.ShardFor(h);
