@@ -102,7 +102,7 @@ void AdaptivePolicy::Resample() {
   // max_shadow_ <= 2^32 < capacity_: the rate is below 1 - 2^-32, so the
   // threshold is below 2^64 (a double holds it exactly enough).
   rate_ = static_cast<double>(max_shadow_) / static_cast<double>(capacity_);
-  sample_below_ = rate_ < 1 ? static_cast<uint64_t>(std::ldexp(rate_, 64)) : ~0ull;
+  sample_below_ = static_cast<uint64_t>(std::ldexp(rate_, 64));
 }
 
 bool AdaptivePolicy::Sampled(uint64_t key) const {

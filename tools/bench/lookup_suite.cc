@@ -49,10 +49,14 @@ std::vector<Metric> RunLookupSuite(const Context& ctx) {
   // the arena's pages stay untouched and RssAnon counts the index alone.
   const uint64_t rss_before = RssAnonBytes(daemon.pid());
   if (!ctx.json) std::fprintf(stderr, "kvtier-bench: indexing %llu blocks...\n", static_cast<unsigned long long>(kBlocks));
+  // The blocks as chains of 4096 keys, from key i on.
   std::vector<BlockKey> batch;
-  for (uint64_t i = 0; i < kBlocks; i += batch.size()) {
+  auto chain_from = [&](uint64_t i) {
     batch.clear();
     for (uint64_t j = i; j < std::min(kBlocks, i + 4096); ++j) batch.push_back(KeyOf(j));
+  };
+  for (uint64_t i = 0; i < kBlocks; i += batch.size()) {
+    chain_from(i);
     auto t = client.StoreBegin(batch);
     if (!t.ok() || !client.StoreCommit(*t).ok()) {
       std::fprintf(stderr, "kvtier-bench: populate failed: %s\n", t.status().ToString().c_str());
@@ -64,8 +68,7 @@ std::vector<Metric> RunLookupSuite(const Context& ctx) {
   // the default (adaptive) policy's shadows learn from leased lookups, so they
   // are full when a daemon has served a while and count here too.
   for (uint64_t i = 0; i < kBlocks; i += batch.size()) {
-    batch.clear();
-    for (uint64_t j = i; j < std::min(kBlocks, i + 4096); ++j) batch.push_back(KeyOf(j));
+    chain_from(i);
     auto r = client.Lookup(batch, {.lease = true});
     if (!r.ok() || r->hit_blocks != batch.size() || !client.Release(r->lease).ok()) {
       std::fprintf(stderr, "kvtier-bench: a leased lookup of stored blocks failed or missed: %s\n",

@@ -108,8 +108,7 @@ absl::StatusOr<NodesSimRow> SimulateNodes(const Workload& w, const NodesSimOptio
   const Prepared p = Prepare(w, /*with_next_use=*/false);
   std::vector<Node> nodes(opts.nodes);
   for (Node& n : nodes) {
-    RETURN_IF_ERROR(n.host.Init(host_policy, p.distinct, so.capacity_blocks, p.parent));
-    if (n.host.adaptive != nullptr) n.host.adaptive->SetMaxShadowBlocks(so.max_shadow_blocks);
+    RETURN_IF_ERROR(n.host.Init(host_policy, p.distinct, so.capacity_blocks, p.parent, so.max_shadow_blocks));
     n.with_nvme = so.nvme_blocks > 0;
     if (n.with_nvme) RETURN_IF_ERROR(n.nvme.Init(so.nvme_policy, p.distinct, so.nvme_blocks, p.parent));
     for (uint32_t g = 0; g < so.gpus; ++g) n.gpu_free.push(0);

@@ -66,7 +66,9 @@ struct SimTier {
   uint64_t count = 0;
   uint64_t capacity = 0;
 
-  absl::Status Init(const std::string& policy, uint32_t distinct, uint64_t cap, const std::vector<uint32_t>& parents) {
+  // max_shadow_blocks: the adaptive policy's shadow size (as kvtierd's by default).
+  absl::Status Init(const std::string& policy, uint32_t distinct, uint64_t cap, const std::vector<uint32_t>& parents,
+                    uint64_t max_shadow_blocks = AdaptivePolicy::kDefaultMaxShadowBlocks) {
     parent = &parents;
     if (policy == "belady") {
       // No guard: a parent is used whenever its child is, so it is never
@@ -77,7 +79,10 @@ struct SimTier {
     } else {
       ASSIGN_OR_RETURN(std::unique_ptr<EvictionPolicy> inner, MakeEvictionPolicy(policy));
       adaptive = dynamic_cast<AdaptivePolicy*>(inner.get());
-      if (adaptive != nullptr) adaptive->SetCapacityBlocks(cap);
+      if (adaptive != nullptr) {
+        adaptive->SetCapacityBlocks(cap);
+        adaptive->SetMaxShadowBlocks(max_shadow_blocks);
+      }
       auto g = std::make_unique<ChainGuard>(std::move(inner));
       guard = g.get();
       owned = std::move(g);

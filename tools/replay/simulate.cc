@@ -96,8 +96,7 @@ absl::StatusOr<SimRow> SimulatePolicy(const Workload& w, const std::string& poli
   const Prepared p = Prepare(w, belady);
   SimTier host, nvme;
   if (cached) {
-    RETURN_IF_ERROR(host.Init(policy, p.distinct, opts.capacity_blocks, p.parent));
-    if (host.adaptive != nullptr) host.adaptive->SetMaxShadowBlocks(opts.max_shadow_blocks);
+    RETURN_IF_ERROR(host.Init(policy, p.distinct, opts.capacity_blocks, p.parent, opts.max_shadow_blocks));
     if (with_nvme) {
       if (opts.nvme_policy == "adaptive") {
         return absl::InvalidArgumentError("the NVMe tier's policy cannot be adaptive (as in the daemon)");
