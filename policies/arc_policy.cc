@@ -19,11 +19,10 @@
 // Victim search walks from the cold end past blocks the caller refuses
 // without moving them (as LRU does).
 #include <algorithm>
-#include <deque>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "policies/eviction_policy.h"
+#include "policies/ghost_fifo.h"
 
 namespace kvtier {
 namespace {
@@ -41,16 +40,13 @@ class ArcPolicy final : public EvictionPolicy {
     if (shared_keys_ == nullptr) key_[h] = key;
     uint8_t to = kT1;
     if (key != 0) {
-      if (auto g = ghosts_.find(key); g != ghosts_.end()) {
-        const double c = static_cast<double>(std::max<size_t>(size() + 1, 1));
-        const double b1 = static_cast<double>(ghost_size_[0]), b2 = static_cast<double>(ghost_size_[1]);
-        if (g->second.list == 0) {
-          p_ = std::min(c, p_ + std::max(1.0, b1 > 0 ? b2 / b1 : 1.0));
-        } else {
-          p_ = std::max(0.0, p_ - std::max(1.0, b2 > 0 ? b1 / b2 : 1.0));
-        }
-        --ghost_size_[g->second.list];
-        ghosts_.erase(g);  // its FIFO entry is skipped when it reaches the end
+      const double c = static_cast<double>(std::max<size_t>(size() + 1, 1));
+      const double b1 = static_cast<double>(ghosts_[0].size()), b2 = static_cast<double>(ghosts_[1].size());
+      if (ghosts_[0].Erase(key)) {
+        p_ = std::min(c, p_ + std::max(1.0, b1 > 0 ? b2 / b1 : 1.0));
+        to = kT2;
+      } else if (ghosts_[1].Erase(key)) {
+        p_ = std::max(0.0, p_ - std::max(1.0, b2 > 0 ? b1 / b2 : 1.0));
         to = kT2;
       }
     }
@@ -81,7 +77,7 @@ class ArcPolicy final : public EvictionPolicy {
 
   bool Contains(uint32_t h) const override { return h < list_.size() && list_[h] != kNone; }
   size_t size() const override { return size_[kT1] + size_[kT2]; }
-  size_t bookkeeping() const override { return size() + ghosts_.size() + fifo_[0].size() + fifo_[1].size(); }
+  size_t bookkeeping() const override { return size() + ghosts_[0].size() + ghosts_[1].size(); }
   absl::string_view name() const override { return "arc"; }
   void ShareKeys(const HandleKeys* keys) override {
     shared_keys_ = keys;
@@ -91,11 +87,6 @@ class ArcPolicy final : public EvictionPolicy {
  private:
   static constexpr uint32_t kNil = UINT32_MAX;
   static constexpr uint8_t kT1 = 0, kT2 = 1, kNone = 2;
-  struct Ghost {
-    uint64_t stamp;
-    uint8_t list;  // 0: B1, 1: B2
-  };
-
   void Grow(uint32_t h) {
     if (h >= list_.size()) {
       if (shared_keys_ == nullptr) key_.resize(h + 1, 0);
@@ -132,43 +123,13 @@ class ArcPolicy final : public EvictionPolicy {
     return kNil;
   }
   void AddGhost(uint64_t key, uint8_t b) {
-    if (auto g = ghosts_.find(key); g != ghosts_.end()) {
-      --ghost_size_[g->second.list];
-      ghosts_.erase(g);
-    }
-    ghosts_[key] = Ghost{++stamp_, b};
-    fifo_[b].push_back({key, stamp_});
-    ++ghost_size_[b];
+    ghosts_[1 - b].Erase(key);
+    ghosts_[b].Push(key);
     // |T1| + |B1| <= c and |T1| + |T2| + |B1| + |B2| <= 2c, c at least 64.
     const size_t c = std::max<size_t>(size(), 64);
-    while (size_[kT1] + ghost_size_[0] > c && ghost_size_[0] > 0) DropOldest(0);
-    while (size() + ghost_size_[0] + ghost_size_[1] > 2 * c && ghost_size_[1] > 0) DropOldest(1);
-    // Stale FIFO entries (ghosts that came back, or were forgotten) are
-    // compacted away once they outnumber the live ones by 64: popping the
-    // front instead would take the oldest live ghosts with them.
-    for (uint8_t l = 0; l < 2; ++l) {
-      if (fifo_[l].size() > 2 * ghost_size_[l] + 64) Compact(l);
+    while (size_[kT1] + ghosts_[0].size() > c && ghosts_[0].DropOldest()) {
     }
-  }
-  // Keeps only fifo_[b]'s live entries, in order (amortized O(1) per ghost:
-  // at least 64 + ghost_size_[b] stale entries went since the last one).
-  void Compact(uint8_t b) {
-    std::deque<std::pair<uint64_t, uint64_t>> live;
-    for (const auto& [k, st] : fifo_[b]) {
-      if (auto g = ghosts_.find(k); g != ghosts_.end() && g->second.stamp == st) live.emplace_back(k, st);
-    }
-    fifo_[b].swap(live);
-  }
-  // Forgets B's oldest live ghost (and any stale entries before it).
-  void DropOldest(uint8_t b) {
-    while (!fifo_[b].empty()) {
-      auto [k, st] = fifo_[b].front();
-      fifo_[b].pop_front();
-      if (auto g = ghosts_.find(k); g != ghosts_.end() && g->second.stamp == st) {
-        ghosts_.erase(g);
-        --ghost_size_[b];
-        return;
-      }
+    while (size() + ghosts_[0].size() + ghosts_[1].size() > 2 * c && ghosts_[1].DropOldest()) {
     }
   }
 
@@ -179,10 +140,7 @@ class ArcPolicy final : public EvictionPolicy {
   uint32_t head_[2] = {kNil, kNil}, tail_[2] = {kNil, kNil};  // head: most recent
   size_t size_[2] = {0, 0};
   double p_ = 0;  // target size of T1
-  absl::flat_hash_map<uint64_t, Ghost> ghosts_;
-  std::deque<std::pair<uint64_t, uint64_t>> fifo_[2];  // B1, B2: (key, stamp), oldest first
-  size_t ghost_size_[2] = {0, 0};
-  uint64_t stamp_ = 0;
+  GhostFifo ghosts_[2];  // B1, B2
 };
 
 }  // namespace
