@@ -19,6 +19,7 @@ struct kvtier_client {
     kvtier::LookupResult lookup;
     kvtier_lookup_result* lookup_out = nullptr;
     uint8_t* tiers_out = nullptr;
+    uint8_t* lanes_out = nullptr;
     std::vector<kvtier::BlockView> views;
     kvtier_block* blocks_out = nullptr;
     size_t requested = 0;
@@ -100,6 +101,9 @@ void Translate(kvtier_client* c, kvtier_client::Pending& p) {
     if (p.tiers_out != nullptr) {
       for (size_t i = 0; i < p.lookup.tiers.size(); ++i) p.tiers_out[i] = static_cast<uint8_t>(p.lookup.tiers[i]);
     }
+    if (p.lanes_out != nullptr) {
+      for (size_t i = 0; i < p.lookup.lanes.size(); ++i) p.lanes_out[i] = p.lookup.lanes[i];
+    }
   }
   if (p.blocks_out != nullptr) {
     for (size_t i = p.views.size(); i < p.requested; ++i) p.blocks_out[i] = kvtier_block{nullptr, 0, KVTIER_TIER_NONE, 0};
@@ -162,8 +166,10 @@ int kvtier_compute_keys(kvtier_client* c, const uint32_t* tokens, size_t n_token
   return KVTIER_OK;
 }
 
-int kvtier_lookup_async(kvtier_client* c, const kvtier_key* keys, size_t n, uint32_t flags,
-                        kvtier_lookup_result* result, uint8_t* tiers, kvtier_op* op) {
+namespace {
+
+int LookupAsync(kvtier_client* c, const kvtier_key* keys, size_t n, uint32_t flags, kvtier_lookup_result* result,
+                uint8_t* tiers, uint8_t* lanes, kvtier_op* op) {
   if (int rc = CheckKeys(c, keys, n); rc != 0) return rc;
   Begin(c);
   if (result == nullptr) return NullArg(c, "result");
@@ -171,11 +177,19 @@ int kvtier_lookup_async(kvtier_client* c, const kvtier_key* keys, size_t n, uint
   auto p = std::make_unique<kvtier_client::Pending>();
   p->lookup_out = result;
   p->tiers_out = tiers;
+  p->lanes_out = lanes;
   auto r = c->client->LookupAsync(Keys(keys, n), {.lease = (flags & KVTIER_LOOKUP_LEASE) != 0}, &p->lookup);
   if (!r.ok()) return Fail(c, r.status());
   *op = *r;
   c->pending.emplace(*r, std::move(p));
   return KVTIER_OK;
+}
+
+}  // namespace
+
+int kvtier_lookup_async(kvtier_client* c, const kvtier_key* keys, size_t n, uint32_t flags,
+                        kvtier_lookup_result* result, uint8_t* tiers, kvtier_op* op) {
+  return LookupAsync(c, keys, n, flags, result, tiers, nullptr, op);
 }
 
 int kvtier_load_async(kvtier_client* c, uint64_t lease, const kvtier_key* keys, size_t n, kvtier_block* blocks,
@@ -226,6 +240,13 @@ int kvtier_lookup(kvtier_client* c, const kvtier_key* keys, size_t n, uint32_t f
                   uint8_t* tiers) {
   kvtier_op op;
   if (int rc = kvtier_lookup_async(c, keys, n, flags, result, tiers, &op); rc != 0) return rc;
+  return kvtier_wait(c, op, -1);
+}
+
+int kvtier_lookup_lanes(kvtier_client* c, const kvtier_key* keys, size_t n, uint32_t flags,
+                        kvtier_lookup_result* result, uint8_t* tiers, uint8_t* lanes) {
+  kvtier_op op;
+  if (int rc = LookupAsync(c, keys, n, flags, result, tiers, lanes, &op); rc != 0) return rc;
   return kvtier_wait(c, op, -1);
 }
 

@@ -400,6 +400,7 @@ void Session::WriteResults(const RequestRecord& req, const std::vector<BlockLoca
     r.arena_offset = locs[i].arena_offset;
     r.gpu_offset = i < gpu_offsets.size() ? gpu_offsets[i] : ipc::kNoGpuCopy;
     r.tier = static_cast<uint8_t>(locs[i].tier);
+    r.lane = locs[i].lane;
     r.flags = static_cast<uint8_t>((locs[i].needed ? ipc::kBlockNeeded : 0) |
                                    (locs[i].recompute ? ipc::kBlockRecompute : 0));
     std::memcpy(out + i * sizeof(r), &r, sizeof(r));

@@ -27,7 +27,8 @@ namespace kvtier::ipc {
 inline constexpr uint64_t kSegmentMagic = 0x3130474553545654ull;  // "TVTSEG01" LE
 // 4: event pages and the simulated GPU arena are sealed against writable
 // mappings (clients map them read-only); client strings must be printable.
-inline constexpr uint32_t kAbiVersion = 4;
+// 5: BlockResult::lane names which lower tier of the chain holds a block.
+inline constexpr uint32_t kAbiVersion = 5;
 
 enum class Opcode : uint16_t {
   kPing = 1,
@@ -120,7 +121,11 @@ struct BlockResult {
   uint64_t gpu_offset;
   uint8_t tier;           // kvtier_tier
   uint8_t flags;
-  uint8_t pad[6];
+  // kLookup, where tier is a lower tier's kind: that tier's position in the
+  // daemon's chain (0: the first below host memory: the `lane` of status and
+  // metrics); kvtier::kNoLane otherwise.
+  uint8_t lane;
+  uint8_t pad[5];
 };
 static_assert(sizeof(BlockResult) == 24);
 inline constexpr uint64_t kNoGpuCopy = ~uint64_t{0};

@@ -84,7 +84,15 @@ struct PyLookup {
   uint32_t hit_blocks = 0, recompute_blocks = 0;
   uint64_t lease = 0;
   std::vector<std::string> tiers;
+  std::vector<std::optional<int>> lanes;
 };
+
+PyLookup ToPy(const LookupResult& v) {
+  PyLookup r{v.hit_blocks, v.recompute_blocks, v.lease, {}, {}};
+  for (TierKind t : v.tiers) r.tiers.push_back(TierString(t));
+  for (uint8_t l : v.lanes) r.lanes.push_back(l == kNoLane ? std::nullopt : std::optional<int>(l));
+  return r;
+}
 
 class PyClient;
 
@@ -141,9 +149,7 @@ class PyOp {
         return py::int_(count);
       case Kind::kLookup: {
         if (lookup.lease != 0 && leases_) leases_->insert(lookup.lease);
-        PyLookup r{lookup.hit_blocks, lookup.recompute_blocks, lookup.lease, {}};
-        for (TierKind t : lookup.tiers) r.tiers.push_back(TierString(t));
-        return py::cast(r);
+        return py::cast(ToPy(lookup));
       }
     }
     return py::none();
@@ -367,6 +373,9 @@ PYBIND11_MODULE(_kvtier, m) {
                     "Blocks right after the prefix that are present but cheaper to recompute.")
       .def_readonly("lease", &PyLookup::lease, "The lease pinning the prefix (0 without one).")
       .def_readonly("tiers", &PyLookup::tiers, "Per key: 'gpu', 'host', 'nvme', 'remote' (a store other nodes share), 'fs' (a file system other nodes mount) or 'none'.")
+      .def_readonly("lanes", &PyLookup::lanes,
+                    "Per key: for a block in a lower tier ('nvme', 'remote', 'fs'), that tier's position in the daemon's "
+                    "chain (0: the first below host memory, as kvtierctl tiers numbers them); None otherwise.")
       .def("__repr__", [](const PyLookup& r) {
         return "LookupResult(hit_blocks=" + std::to_string(r.hit_blocks) + ", lease=" + std::to_string(r.lease) + ")";
       });
@@ -524,9 +533,7 @@ PYBIND11_MODULE(_kvtier, m) {
             }();
             const LookupResult v = Check(std::move(r));
             if (v.lease != 0) c.leases()->insert(v.lease);
-            PyLookup out{v.hit_blocks, v.recompute_blocks, v.lease, {}};
-            for (TierKind t : v.tiers) out.tiers.push_back(TierString(t));
-            return out;
+            return ToPy(v);
           },
           py::arg("keys"), py::arg("lease") = false,
           "The longest present prefix of `keys`. With lease=True it is pinned until release(result.lease).")

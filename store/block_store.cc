@@ -191,7 +191,7 @@ BlockStore::ChainHits BlockStore::ProbeChain(SessionHoldings& s, std::span<const
         }
       }
       out[i] = in_host ? BlockLocation{TierKind::kHost, r->arena_offset(), false}
-                       : BlockLocation{books_.LaneOf(r).tier->kind(), 0, false};
+                       : BlockLocation{books_.LaneOf(r).tier->kind(), 0, false, false, r->lower};
       h.lower_pinned_bytes += lower_cost;
       if (!in_host) ++h.by_lane[r->lower];
       if (lease) {
@@ -219,7 +219,9 @@ uint32_t BlockStore::MarkRecompute(const SessionHoldings& s, std::span<const Blo
     MutexLock l(&sh.mu);
     BlockRecord* r = BlockIndex::Find(sh, s.ns.handle, keys[i]);
     if (r == nullptr || !r->visible()) break;
-    out[i] = BlockLocation{r->state == BlockState::kReady ? TierKind::kHost : books_.LaneOf(r).tier->kind(), 0, false, true};
+    const bool in_host = r->state == BlockState::kReady;
+    out[i] = BlockLocation{in_host ? TierKind::kHost : books_.LaneOf(r).tier->kind(), 0, false, true,
+                           in_host ? kNoLane : static_cast<uint8_t>(r->lower)};
     ++n;
   }
   return n;

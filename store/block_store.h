@@ -65,6 +65,7 @@ struct BlockLocation {
   uint64_t arena_offset = 0;
   bool needed = false;     // StoreBegin: the engine must fill this slot
   bool recompute = false;  // Lookup: present, but slower to load than to recompute
+  uint8_t lane = kNoLane;  // Lookup: the lower tier's position in the chain, when in one
 };
 
 // What one session holds. Touched only by that session's thread; the

@@ -196,9 +196,12 @@ class ClientImpl {
             c.count <= st.count ? static_cast<uint32_t>(std::min<uint64_t>(c.value, st.count - c.count)) : 0;
         st.lookup->lease = c.handle;
         st.lookup->tiers.resize(st.count);
+        st.lookup->lanes.assign(st.count, kNoLane);
         st.lookup->gpu_blocks.assign(st.count, nullptr);
         for (uint32_t i = 0; i < st.count; ++i) {
           st.lookup->tiers[i] = static_cast<TierKind>(r[i].tier);
+          const TierKind t = st.lookup->tiers[i];
+          if (t == TierKind::kNvme || t == TierKind::kRemote || t == TierKind::kFile) st.lookup->lanes[i] = r[i].lane;
           // A pinned GPU-tier copy, reachable once this client mapped the arena.
           const uint64_t g = r[i].gpu_offset;
           if (g != ipc::kNoGpuCopy && gpu_arena.base != nullptr && g <= gpu_arena.bytes &&

@@ -68,6 +68,11 @@ struct LookupResult {
   uint32_t recompute_blocks = 0;
   uint64_t lease = 0;            // 0 without a lease or without a hit
   std::vector<TierKind> tiers;   // per key; kNone past the prefix
+  // Per key, where tiers[i] is a lower tier's kind (kNvme, kRemote, kFile):
+  // that tier's position in the daemon's chain (0: the first below host
+  // memory, as kvtierctl tiers and the metrics' `lane` label number them);
+  // kNoLane otherwise.
+  std::vector<uint8_t> lanes;
   // Per key, with a lease and after MapGpuArena: the address, in this
   // process, of the block's copy in the daemon's GPU tier (device memory
   // for a CUDA daemon), pinned until the lease is released; nullptr when

@@ -86,6 +86,12 @@ typedef enum {
   KVTIER_TIER_FILE = 5
 } kvtier_tier;
 
+/* kvtier_lookup_lanes: a block in no lower tier (host memory, GPU, a miss).
+ * Otherwise a lane is the lower tier's position in the daemon's chain, 0 the
+ * first below host memory, as `kvtierctl tiers`, the status and the metrics'
+ * `lane` label number them. */
+#define KVTIER_NO_LANE 255
+
 /* A block key: the full 256-bit chained hash of a prefix. */
 typedef struct {
   uint8_t bytes[32];
@@ -155,6 +161,10 @@ int kvtier_compute_keys(kvtier_client* c, const uint32_t* tokens, size_t n_token
  * and kvtier_invalidate_namespace how many blocks they removed. */
 int kvtier_lookup(kvtier_client* c, const kvtier_key* keys, size_t n, uint32_t flags,
                   kvtier_lookup_result* result, uint8_t* tiers);
+/* As kvtier_lookup; lanes (may be NULL) receives n entries, each a lower
+ * tier's position in the chain or KVTIER_NO_LANE. */
+int kvtier_lookup_lanes(kvtier_client* c, const kvtier_key* keys, size_t n, uint32_t flags,
+                        kvtier_lookup_result* result, uint8_t* tiers, uint8_t* lanes);
 int kvtier_load(kvtier_client* c, uint64_t lease, const kvtier_key* keys, size_t n,
                 kvtier_block* blocks);
 int kvtier_store_begin(kvtier_client* c, const kvtier_key* keys, size_t n, uint64_t* ticket,

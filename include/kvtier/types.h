@@ -90,6 +90,9 @@ enum class TierKind : uint8_t {
   kFile = KVTIER_TIER_FILE,
 };
 std::string_view TierName(TierKind tier);
+// LookupResult::lanes for a block in no lower tier (host memory, the GPU
+// tier, a miss).
+inline constexpr uint8_t kNoLane = KVTIER_NO_LANE;
 
 // A block key: the full 256-bit chained hash standing for a whole prefix.
 struct BlockKey {

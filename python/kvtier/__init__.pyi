@@ -19,7 +19,9 @@ class LookupResult:
     @property
     def lease(self) -> int: ...
     @property
-    def tiers(self) -> list[str]: ...  # per key: "gpu", "host", "nvme", "none"
+    def tiers(self) -> list[str]: ...  # per key: "gpu", "host", "nvme", "remote", "fs", "none"
+    @property
+    def lanes(self) -> list[Optional[int]]: ...  # per key: a lower tier's position in the chain, else None
 
 class Operation:
     @property

@@ -312,6 +312,17 @@ TEST_F(ClientTest, CAbiRoundTrip) {
   kvtier_block blocks[2];
   ASSERT_EQ(kvtier_load(c, r.lease, keys, 2, blocks), 2) << "a load returns the loaded prefix's length";
   EXPECT_EQ(static_cast<uint8_t*>(blocks[1].data)[4095], 0xbb);
+  // Host blocks are in no lower tier's lane; past the prefix, none either.
+  kvtier_lookup_result r3{};
+  uint8_t tiers3[3] = {9, 9, 9}, lanes3[3] = {7, 7, 7};
+  kvtier_key three[3] = {keys[0], keys[1], keys[1]};
+  three[2].bytes[0] ^= 1;  // a key nobody stored
+  ASSERT_EQ(kvtier_lookup_lanes(c, three, 3, 0, &r3, tiers3, lanes3), KVTIER_OK);
+  EXPECT_EQ(r3.hit_blocks, 2u);
+  EXPECT_EQ(tiers3[0], KVTIER_TIER_HOST);
+  EXPECT_EQ(tiers3[2], KVTIER_TIER_NONE);
+  for (uint8_t l : lanes3) EXPECT_EQ(l, KVTIER_NO_LANE);
+  EXPECT_EQ(kvtier_lookup_lanes(c, three, 3, 0, nullptr, tiers3, lanes3), KVTIER_EINVAL);
   kvtier_op op;
   kvtier_lookup_result r2{};
   ASSERT_EQ(kvtier_lookup_async(c, keys, 2, 0, &r2, nullptr, &op), KVTIER_OK);

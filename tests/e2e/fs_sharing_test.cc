@@ -72,6 +72,10 @@ TEST(FsSharingTest, NodeBLoadsWhatNodeAWroteThroughOneDirectory) {
     ASSERT_TRUE(found.ok()) << found.status().ToString();
     ASSERT_EQ(found->hit_blocks, 24u) << "B finds A's 24 blocks, not the 8 nobody computed";
     for (size_t i = 0; i < 24; ++i) EXPECT_EQ(found->tiers[i], TierKind::kFile) << i;
+    // In the chain's second lane (NVMe is the first), as status numbers it.
+    ASSERT_EQ(found->lanes.size(), keys.size());
+    for (size_t i = 0; i < 24; ++i) EXPECT_EQ(found->lanes[i], 1) << i;
+    for (size_t i = 24; i < keys.size(); ++i) EXPECT_EQ(found->lanes[i], kNoLane) << i;
   }
   {
     auto r = cb->Lookup(keys, {.lease = true});

@@ -51,6 +51,8 @@ Tally LoadEach(Client& c, std::span<const BlockKey> keys) {
     if (!r.ok() || r->hit_blocks == 0) continue;
     ++t.hit;
     t.nvme += r->tiers[0] == TierKind::kNvme;
+    // NVMe is the chain's lane 0; a host hit is in no lane.
+    EXPECT_EQ(r->lanes.at(0), r->tiers[0] == TierKind::kNvme ? 0 : kNoLane);
     auto v = c.Load(r->lease, {&k, 1});
     if (v.ok() && v->size() == 1) {
       ++t.loaded;

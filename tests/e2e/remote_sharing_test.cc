@@ -162,6 +162,10 @@ TEST(RemoteSharingTest, APrefixSpreadOverTheClusterAndASharedDirectoryIsFoundInB
     ASSERT_EQ(found->hit_blocks, 16u) << "8 in the cluster, 8 more in the directory, none past them";
     for (size_t i = 0; i < 8; ++i) EXPECT_EQ(found->tiers[i], TierKind::kRemote) << i;
     for (size_t i = 8; i < 16; ++i) EXPECT_EQ(found->tiers[i], TierKind::kFile) << i;
+    // And by lane: the cluster is the chain's first, the directory its second.
+    for (size_t i = 0; i < 8; ++i) EXPECT_EQ(found->lanes[i], 0) << i;
+    for (size_t i = 8; i < 16; ++i) EXPECT_EQ(found->lanes[i], 1) << i;
+    for (size_t i = 16; i < keys.size(); ++i) EXPECT_EQ(found->lanes[i], kNoLane) << i;
   }
   const auto [hit, correct] = HitAndLoad(*cb, keys);
   EXPECT_EQ(hit, 16u);

@@ -58,6 +58,7 @@ def test_store_lookup_load_round_trip(daemon):
     probe = c.lookup(keys)
     assert probe.hit_blocks == 4 and probe.lease == 0
     assert probe.tiers == ["host"] * 4 + ["none"] * 2
+    assert probe.lanes == [None] * 6, "host blocks and misses are in no lower tier's lane"
     hit = c.lookup(keys, lease=True)
     assert hit.hit_blocks == 4 and hit.lease != 0
     views = c.load(hit.lease, keys[:4])

@@ -639,7 +639,7 @@ TEST(ToolsTest, ReplayWithHostAndNvmeReportsHitsPerTier) {
   const std::string ctl = Tool("kvtierctl") + " --socket " + d.admin_socket_path();
   Output human = RunCommand(ctl + " tiers");
   EXPECT_EQ(human.exit_code, 0);
-  EXPECT_NE(human.out.find("nvme tier"), std::string::npos) << human.out;
+  EXPECT_NE(human.out.find("nvme tier (lane 0, kind nvme):"), std::string::npos) << human.out;
   EXPECT_NE(human.out.find("checksum_failures"), std::string::npos);
   EXPECT_NE(human.out.find("journal.commits"), std::string::npos);
   nlohmann::json tiers = nlohmann::json::parse(RunCommand(ctl + " --json tiers").out);

@@ -256,7 +256,11 @@ void PrintStatus(const json& s) {
 void PrintTiers(const json& s) {
   for (const json& t : List(At(s, "tiers"))) {
     if (!t.is_object()) continue;
-    std::cout << Str(t, "tier") << " tier: " << Bytes(t, "used_bytes") << " of " << Bytes(t, "capacity_bytes")
+    // A lower tier says where it sits in the chain: lookups name it by that lane.
+    const std::string lane = At(t, "chain_position").is_number()
+                                 ? " (lane " + Num(t, "chain_position") + ", kind " + Str(t, "kind") + ")"
+                                 : "";
+    std::cout << Str(t, "tier") << " tier" << lane << ": " << Bytes(t, "used_bytes") << " of " << Bytes(t, "capacity_bytes")
               << " used, " << Num(t, "blocks") << " blocks, " << Str(t, "health") << "\n";
     Table d({"FIGURE", "VALUE"});
     for (const auto& [k, v] : t.items()) {
