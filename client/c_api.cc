@@ -192,6 +192,11 @@ int kvtier_lookup_async(kvtier_client* c, const kvtier_key* keys, size_t n, uint
   return LookupAsync(c, keys, n, flags, result, tiers, nullptr, op);
 }
 
+int kvtier_lookup_lanes_async(kvtier_client* c, const kvtier_key* keys, size_t n, uint32_t flags,
+                              kvtier_lookup_result* result, uint8_t* tiers, uint8_t* lanes, kvtier_op* op) {
+  return LookupAsync(c, keys, n, flags, result, tiers, lanes, op);
+}
+
 int kvtier_load_async(kvtier_client* c, uint64_t lease, const kvtier_key* keys, size_t n, kvtier_block* blocks,
                       kvtier_op* op) {
   if (int rc = CheckKeys(c, keys, n); rc != 0) return rc;

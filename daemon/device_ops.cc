@@ -206,13 +206,17 @@ void DeviceOps::MarkGpuCopies(std::span<const BlockKey> keys, uint32_t hit, uint
   if (gpu == nullptr) return;
   for (uint32_t i = 0; i < hit && i < keys.size(); ++i) {
     if (lease == 0) {
-      if (gpu->Contains(ctx_.ns.handle, keys[i])) locs[i].tier = TierKind::kGpu;
+      if (gpu->Contains(ctx_.ns.handle, keys[i])) {
+        locs[i].tier = TierKind::kGpu;
+        locs[i].lane = kNoLane;
+      }
       continue;
     }
     // Leased: pin the copy, so the engine may read it in place until it
     // releases the lease.
     if (std::optional<GpuCache::Pin> pin = gpu->Acquire(ctx_.ns.handle, keys[i], /*count_hit=*/false)) {
       locs[i].tier = TierKind::kGpu;
+      locs[i].lane = kNoLane;  // the engine reads the GPU copy: no lower tier's lane
       gpu_offsets[i] = gpu->OffsetOf(*pin);
       gpu_pins_[lease].push_back(keys[i]);
     }

@@ -200,8 +200,10 @@ class ClientImpl {
         st.lookup->gpu_blocks.assign(st.count, nullptr);
         for (uint32_t i = 0; i < st.count; ++i) {
           st.lookup->tiers[i] = static_cast<TierKind>(r[i].tier);
+          // Any tier below host memory (a kind this client does not know
+          // too) has a lane.
           const TierKind t = st.lookup->tiers[i];
-          if (t == TierKind::kNvme || t == TierKind::kRemote || t == TierKind::kFile) st.lookup->lanes[i] = r[i].lane;
+          if (t != TierKind::kNone && t != TierKind::kGpu && t != TierKind::kHost) st.lookup->lanes[i] = r[i].lane;
           // A pinned GPU-tier copy, reachable once this client mapped the arena.
           const uint64_t g = r[i].gpu_offset;
           if (g != ipc::kNoGpuCopy && gpu_arena.base != nullptr && g <= gpu_arena.bytes &&

@@ -189,6 +189,8 @@ int kvtier_report_prefill(kvtier_client* c, uint64_t cached_tokens, uint64_t com
  * KVTIER_ETIMEDOUT). */
 int kvtier_lookup_async(kvtier_client* c, const kvtier_key* keys, size_t n, uint32_t flags,
                         kvtier_lookup_result* result, uint8_t* tiers, kvtier_op* op);
+int kvtier_lookup_lanes_async(kvtier_client* c, const kvtier_key* keys, size_t n, uint32_t flags,
+                              kvtier_lookup_result* result, uint8_t* tiers, uint8_t* lanes, kvtier_op* op);
 int kvtier_load_async(kvtier_client* c, uint64_t lease, const kvtier_key* keys, size_t n,
                       kvtier_block* blocks, kvtier_op* op);
 /* 1 when done (its status in *status), 0 while in flight, <0 on error:

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstring>
 #include <thread>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "kvtier/kvtier.h"
@@ -287,6 +288,55 @@ kvtier_namespace_desc CNamespace() {
   ns.block_bytes = 4096;
   ns.tp_size = 1;
   return ns;
+}
+
+// A block host memory evicted to NVMe: the C lookup names its tier and the
+// lane NVMe has in the chain (0), synchronously and asynchronously; the
+// block still in host memory has no lane.
+TEST_F(ClientTest, CLookupNamesTheLaneOfABlockOnNvme) {
+  StartDaemon(
+      "[tiers.host]\ncapacity = \"1MiB\"\n"
+      "[tiers.nvme]\ncapacity = \"64MiB\"\nsegment_bytes = \"16MiB\"\nstaging_bytes = \"8MiB\"\n");
+  kvtier_namespace_desc ns = CNamespace();
+  kvtier_client* c = nullptr;
+  ASSERT_EQ(kvtier_attach(daemon_->socket_path().c_str(), &ns, &c), KVTIER_OK);
+  // 512 blocks of 4 KiB through a 1 MiB (256-block) host tier, in chains of 8.
+  std::vector<uint32_t> tokens(512 * 4);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>(i * 7 + 3);
+  std::vector<kvtier_key> keys(512);
+  size_t n = 0;
+  ASSERT_EQ(kvtier_compute_keys(c, tokens.data(), tokens.size(), nullptr, nullptr, 0, keys.data(), keys.size(), &n),
+            KVTIER_OK);
+  ASSERT_EQ(n, 512u);
+  std::vector<uint8_t> payload(4096, 0x5a);
+  const void* src[8];
+  for (const void*& p : src) p = payload.data();
+  for (size_t i = 0; i < n; i += 8) ASSERT_GE(kvtier_store(c, keys.data() + i, 8, src), 0) << kvtier_last_error(c);
+  // The first block went to NVMe (its demotion may still be landing), the
+  // last is in host memory.
+  kvtier_lookup_result r{};
+  uint8_t tier = 0, lane = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  do {
+    ASSERT_EQ(kvtier_lookup_lanes(c, keys.data(), 1, 0, &r, &tier, &lane), KVTIER_OK) << kvtier_last_error(c);
+    if (tier == KVTIER_TIER_NVME) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  } while (std::chrono::steady_clock::now() < deadline);
+  ASSERT_EQ(r.hit_blocks, 1u);
+  EXPECT_EQ(tier, KVTIER_TIER_NVME);
+  EXPECT_EQ(lane, 0);
+  kvtier_op op;
+  uint8_t tiers2[2] = {0, 0}, lanes2[2] = {9, 9};
+  kvtier_key two[2] = {keys[0], keys[511]};
+  ASSERT_EQ(kvtier_lookup_lanes_async(c, two, 1, 0, &r, tiers2, lanes2, &op), KVTIER_OK);
+  ASSERT_EQ(kvtier_wait(c, op, 5000), KVTIER_OK);
+  EXPECT_EQ(tiers2[0], KVTIER_TIER_NVME);
+  EXPECT_EQ(lanes2[0], 0);
+  ASSERT_EQ(kvtier_lookup_lanes_async(c, two + 1, 1, 0, &r, tiers2 + 1, lanes2 + 1, &op), KVTIER_OK);
+  ASSERT_EQ(kvtier_wait(c, op, 5000), KVTIER_OK);
+  EXPECT_EQ(tiers2[1], KVTIER_TIER_HOST);
+  EXPECT_EQ(lanes2[1], KVTIER_NO_LANE);
+  kvtier_detach(c);
 }
 
 TEST_F(ClientTest, CAbiRoundTrip) {
