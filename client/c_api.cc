@@ -166,10 +166,8 @@ int kvtier_compute_keys(kvtier_client* c, const uint32_t* tokens, size_t n_token
   return KVTIER_OK;
 }
 
-namespace {
-
-int LookupAsync(kvtier_client* c, const kvtier_key* keys, size_t n, uint32_t flags, kvtier_lookup_result* result,
-                uint8_t* tiers, uint8_t* lanes, kvtier_op* op) {
+int kvtier_lookup_lanes_async(kvtier_client* c, const kvtier_key* keys, size_t n, uint32_t flags,
+                              kvtier_lookup_result* result, uint8_t* tiers, uint8_t* lanes, kvtier_op* op) {
   if (int rc = CheckKeys(c, keys, n); rc != 0) return rc;
   Begin(c);
   if (result == nullptr) return NullArg(c, "result");
@@ -185,16 +183,9 @@ int LookupAsync(kvtier_client* c, const kvtier_key* keys, size_t n, uint32_t fla
   return KVTIER_OK;
 }
 
-}  // namespace
-
 int kvtier_lookup_async(kvtier_client* c, const kvtier_key* keys, size_t n, uint32_t flags,
                         kvtier_lookup_result* result, uint8_t* tiers, kvtier_op* op) {
-  return LookupAsync(c, keys, n, flags, result, tiers, nullptr, op);
-}
-
-int kvtier_lookup_lanes_async(kvtier_client* c, const kvtier_key* keys, size_t n, uint32_t flags,
-                              kvtier_lookup_result* result, uint8_t* tiers, uint8_t* lanes, kvtier_op* op) {
-  return LookupAsync(c, keys, n, flags, result, tiers, lanes, op);
+  return kvtier_lookup_lanes_async(c, keys, n, flags, result, tiers, nullptr, op);
 }
 
 int kvtier_load_async(kvtier_client* c, uint64_t lease, const kvtier_key* keys, size_t n, kvtier_block* blocks,
@@ -243,15 +234,13 @@ int kvtier_wait(kvtier_client* c, kvtier_op op, int timeout_ms) {
 
 int kvtier_lookup(kvtier_client* c, const kvtier_key* keys, size_t n, uint32_t flags, kvtier_lookup_result* result,
                   uint8_t* tiers) {
-  kvtier_op op;
-  if (int rc = kvtier_lookup_async(c, keys, n, flags, result, tiers, &op); rc != 0) return rc;
-  return kvtier_wait(c, op, -1);
+  return kvtier_lookup_lanes(c, keys, n, flags, result, tiers, nullptr);
 }
 
 int kvtier_lookup_lanes(kvtier_client* c, const kvtier_key* keys, size_t n, uint32_t flags,
                         kvtier_lookup_result* result, uint8_t* tiers, uint8_t* lanes) {
   kvtier_op op;
-  if (int rc = LookupAsync(c, keys, n, flags, result, tiers, lanes, &op); rc != 0) return rc;
+  if (int rc = kvtier_lookup_lanes_async(c, keys, n, flags, result, tiers, lanes, &op); rc != 0) return rc;
   return kvtier_wait(c, op, -1);
 }
 

@@ -76,7 +76,7 @@ void GhostFifo::Push(uint64_t key) {
 bool GhostFifo::DropOldest() {
   while (used_ > 0) {
     const size_t at = head_;
-    head_ = head_ + 1 == ring_.size() ? 0 : head_ + 1;
+    head_ = RingNext(head_);
     --used_;
     const uint32_t fp = ring_[at];
     if (fp == 0) continue;  // erased earlier
@@ -91,7 +91,7 @@ bool GhostFifo::DropOldest() {
 
 void GhostFifo::Reserve() {
   while (used_ > 0 && ring_[head_] == 0) {
-    head_ = head_ + 1 == ring_.size() ? 0 : head_ + 1;
+    head_ = RingNext(head_);
     --used_;
   }
   // A full ring (live and erased entries) is laid out anew with room for a
@@ -106,7 +106,7 @@ void GhostFifo::Relayout() {
   // Both vectors are built anew, so their capacity is what they hold.
   std::vector<uint32_t> ring(std::min(kMaxRing, std::max(kMinRing, n + n / 4 + 1)), 0);
   size_t k = 0;
-  for (size_t s = 0, at = head_; s < used_; ++s, at = at + 1 == ring_.size() ? 0 : at + 1) {
+  for (size_t s = 0, at = head_; s < used_; ++s, at = RingNext(at)) {
     if (const uint32_t fp = ring_[at]; fp != 0) ring[k++] = fp;
   }
   ring_.swap(ring);

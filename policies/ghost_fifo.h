@@ -60,6 +60,7 @@ class GhostFifo {
     return static_cast<size_t>((uint64_t{fp} * table_.size()) >> 32);
   }
   size_t Next(size_t i) const { return i + 1 == table_.size() ? 0 : i + 1; }
+  size_t RingNext(size_t i) const { return i + 1 == ring_.size() ? 0 : i + 1; }
   size_t Find(uint32_t fp) const;  // its table index, or kNpos
   void EraseAt(size_t t);          // the ghost at table index t
   void Insert(size_t ring_index);
