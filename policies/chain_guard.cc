@@ -59,11 +59,12 @@ void ChainGuard::InsertInChain(uint32_t h, uint64_t key, uint64_t parent, uint64
     inner_->Touch(h);
     return;
   }
-  if (h >= links_.size()) {
-    links_.resize(h + 1);
-    keys_.resize(h + 1, 0);
+  if (h >= links_.size()) links_.resize(h + 1);
+  if (external_ == nullptr) {
+    if (h >= keys_.size()) keys_.resize(h + 1, 0);
+    keys_[h] = key;
   }
-  keys_[h] = key;
+  assert(KeyOf(h) == key && "a caller that keeps the keys inserts each handle with its own");
   links_[h] = Links{};
   if (key != 0 && parent != 0) File(h, parent);
   inner_->InsertAt(h, key, position);
@@ -74,7 +75,7 @@ void ChainGuard::Remove(uint32_t h) {
   inner_->Remove(h);
   if (links_[h].parent != 0) Unfile(h);
   links_[h] = Links{};
-  keys_[h] = 0;
+  if (external_ == nullptr) keys_[h] = 0;
 }
 
 // Calls `f` with each child of the block with this key until it returns false.
@@ -88,7 +89,7 @@ void ChainGuard::ForEachChild(uint64_t key, F f) const {
 
 bool ChainGuard::HasKids(uint32_t h) const {
   bool any = false;
-  ForEachChild(keys_[h], [&](uint32_t) { return !(any = true); });
+  ForEachChild(KeyOf(h), [&](uint32_t) { return !(any = true); });
   return any;
 }
 
@@ -104,7 +105,7 @@ std::optional<uint32_t> ChainGuard::PickVictim(absl::FunctionRef<bool(uint32_t)>
   for (int depth = 0; depth < 1 << 16; ++depth) {
     bool has_kids = false;
     std::optional<uint32_t> next;
-    ForEachChild(keys_[at], [&](uint32_t k) {
+    ForEachChild(KeyOf(at), [&](uint32_t k) {
       has_kids = true;
       if (evictable(k)) next = k;
       return !next;

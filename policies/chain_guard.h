@@ -21,8 +21,10 @@
 // property of every tier instead of a habit of some policies.
 //
 // Memory: 24 bytes per handle (its key, its parent's key, and its place in
-// the list its parent's children are filed in) and, at the most children
-// filed so far, 1 to 2 per child (a power-of-two table of the lists' ends).
+// the list its parent's children are filed in), 16 when the caller keeps
+// the keys (a host tier's slots know their blocks), and, at the most
+// children filed so far, 1 to 2 per child (a power-of-two table of the
+// lists' ends).
 // Children as a vector per parent cost ~75 bytes per block on chains; the
 // same links with a hash map from parent to list, ~43. A 32-bit tag of the
 // parent instead of its key (20 bytes) was tried: two blocks of one chain
@@ -32,6 +34,7 @@
 #ifndef KVTIER_POLICIES_CHAIN_GUARD_H_
 #define KVTIER_POLICIES_CHAIN_GUARD_H_
 
+#include <cassert>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -43,7 +46,15 @@ namespace kvtier {
 class ChainGuard final : public EvictionPolicy, private HandleKeys {
  public:
   // Shares its keys with the inner policy (EvictionPolicy::ShareKeys).
-  explicit ChainGuard(std::unique_ptr<EvictionPolicy> inner) : inner_(std::move(inner)) { inner_->ShareKeys(this); }
+  // `keys`: where the tracked handles' identities are kept when the caller
+  // keeps them already (a host tier's slot table names each slot's block);
+  // it must outlive the guard, and every insert's key_hash must be
+  // keys->KeyOf(handle) from that insert until after the handle's Remove.
+  // nullptr: the guard keeps them, 8 bytes a handle.
+  explicit ChainGuard(std::unique_ptr<EvictionPolicy> inner, const HandleKeys* keys = nullptr)
+      : inner_(std::move(inner)), external_(keys) {
+    inner_->ShareKeys(this);
+  }
 
   // As InsertWithKey, naming the parent's identity (0: a root, or not known;
   // such a block constrains nothing).
@@ -93,10 +104,14 @@ class ChainGuard final : public EvictionPolicy, private HandleKeys {
   template <typename F>
   void ForEachChild(uint64_t key, F f) const;
   bool HasKids(uint32_t h) const;
-  uint64_t KeyOf(uint32_t h) const override { return h < keys_.size() ? keys_[h] : 0; }
+  uint64_t KeyOf(uint32_t h) const override {
+    if (external_ != nullptr) return external_->KeyOf(h);
+    return h < keys_.size() ? keys_[h] : 0;
+  }
 
   std::unique_ptr<EvictionPolicy> inner_;
-  std::vector<uint64_t> keys_;    // by handle
+  const HandleKeys* const external_;  // or nullptr: keys_
+  std::vector<uint64_t> keys_;    // by handle, unless external_
   std::vector<Links> links_;      // by handle
   std::vector<uint32_t> heads_;   // 2^head_bits_ lists' last child (kNil: empty)
   uint32_t head_bits_ = 0;     // at most 31

@@ -25,8 +25,13 @@ ChainGuard* HostResidency::PolicyForLocked(uint64_t slot_bytes) {
     // The shadows hold as many blocks of this size as the arena does.
     a->SetCapacityBlocks(std::max<uint64_t>(1, host->arena_bytes() / slot_bytes));
   }
-  auto guard = std::make_unique<ChainGuard>(std::move(p).value());
+  auto guard = std::make_unique<ChainGuard>(std::move(p).value(), &owner_keys_);
   return policy_by_size.emplace(slot_bytes, std::move(guard)).first->second.get();
+}
+
+uint64_t HostResidency::OwnerKeys::KeyOf(uint32_t slot) const {
+  const BlockRecord* r = slots_->owner(slot);
+  return r == nullptr ? 0 : PolicyKeyOf(*r);
 }
 
 void HostResidency::AnnounceLocked(SlotHandle slot) {

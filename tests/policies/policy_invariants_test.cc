@@ -121,6 +121,74 @@ TEST_P(PolicyInvariantsTest, BehindAChainGuardLeavesGoBeforeTheirParents) {
   EXPECT_GT(evictions, 1000u);
 }
 
+// A guard that reads each handle's key from its caller (as a host tier's
+// slot table names each slot's block) chooses exactly the victims of one
+// that keeps the keys itself. The caller's keys are set before an insert
+// and cleared after the Remove, as the slot table's owners are.
+TEST_P(PolicyInvariantsTest, AGuardReadingTheCallersKeysChoosesTheSameVictims) {
+  constexpr size_t kCapacity = 50;
+  struct Keys final : HandleKeys {
+    std::vector<uint64_t> key = std::vector<uint64_t>(4000, 0);
+    uint64_t KeyOf(uint32_t h) const override { return h < key.size() ? key[h] : 0; }
+  } keys;
+  ChainGuard own(std::move(MakeEvictionPolicy(GetParam())).value());
+  ChainGuard read(std::move(MakeEvictionPolicy(GetParam())).value(), &keys);
+  for (ChainGuard* g : {&own, &read}) {
+    if (auto* a = dynamic_cast<AdaptivePolicy*>(g->inner())) a->SetCapacityBlocks(kCapacity);
+  }
+  std::mt19937 rng(23);
+  std::vector<uint32_t> parent_of(1500, 0);
+  for (uint32_t b = 2; b < parent_of.size(); ++b) parent_of[b] = rng() % 4 == 0 ? 0 : 1 + rng() % (b - 1);
+  // Handles are not the blocks: each insert takes a free handle, as slots do.
+  std::map<uint32_t, uint32_t> handle_of;  // resident block -> handle
+  std::vector<uint32_t> free_handles;
+  for (uint32_t h = 0; h < 4000; ++h) free_handles.push_back(3999 - h);
+  uint64_t evictions = 0;
+  for (int req = 0; req < 6000; ++req) {
+    std::vector<uint32_t> chain;
+    for (uint32_t b = 1 + rng() % (parent_of.size() - 1); b != 0; b = parent_of[b]) chain.insert(chain.begin(), b);
+    if (chain.size() > 16) chain.resize(16);
+    std::vector<uint64_t> chain_keys;
+    for (uint32_t b : chain) chain_keys.push_back(b + 1);
+    for (ChainGuard* g : {&own, &read}) {
+      if (auto* a = dynamic_cast<AdaptivePolicy*>(g->inner())) a->Observe(chain_keys);
+    }
+    std::set<uint32_t> pinned;
+    for (size_t j = chain.size(); j-- > 0;) {
+      const uint32_t b = chain[j];
+      auto it = handle_of.find(b);
+      if (it != handle_of.end()) {
+        own.Touch(it->second);
+        read.Touch(it->second);
+        pinned.insert(it->second);
+        continue;
+      }
+      const uint32_t h = free_handles.back();
+      free_handles.pop_back();
+      handle_of[b] = h;
+      keys.key[h] = b + 1;
+      const uint64_t parent = j > 0 ? uint64_t{chain[j - 1]} + 1 : 0;
+      own.InsertInChain(h, b + 1, parent, j * 16);
+      read.InsertInChain(h, b + 1, parent, j * 16);
+      pinned.insert(h);
+    }
+    while (handle_of.size() > kCapacity) {
+      auto evictable = [&](uint32_t h) { return !pinned.contains(h); };
+      const std::optional<uint32_t> v = own.PickVictim(evictable);
+      ASSERT_EQ(read.PickVictim(evictable), v) << "request " << req;
+      ASSERT_TRUE(v.has_value());
+      own.Remove(*v);
+      read.Remove(*v);
+      handle_of.erase(static_cast<uint32_t>(keys.key[*v] - 1));
+      keys.key[*v] = 0;
+      free_handles.push_back(*v);
+      ++evictions;
+    }
+    ASSERT_EQ(read.size(), own.size());
+  }
+  EXPECT_GT(evictions, 1000u);
+}
+
 // The guard files children in lists chosen by a hash of their parent's key;
 // two parents whose children share a list still have only their own.
 TEST(ChainGuardTest, ParentsWhoseChildrenShareAListKeepTheirOwnChildren) {

@@ -24,7 +24,7 @@ SlotHandle Store(HostResidency& r, BlockRecord* owner, uint64_t bytes, uint32_t 
   absl::StatusOr<SlotHandle> slot = r.host->Allocate(bytes);
   EXPECT_TRUE(slot.ok()) << slot.status();
   EXPECT_TRUE(r.slots.Assign(*slot, owner, tokens));
-  r.PolicyForLocked(r.host->SlotSizeFor(bytes))->Insert(*slot);
+  r.PolicyForLocked(r.host->SlotSizeFor(bytes))->InsertWithKey(*slot, PolicyKeyOf(*owner));
   return *slot;
 }
 

@@ -74,7 +74,7 @@ class MigratorTest : public ::testing::Test {
     r->set_arena_offset(t.host->ArenaOffset(*slot));
     r->state = BlockState::kReady;
     books_->index.Insert(sh, r);
-    t.PolicyForLocked(kBlock)->Insert(*slot);
+    t.PolicyForLocked(kBlock)->InsertWithKey(*slot, PolicyKeyOf(*r));
     return r;
   }
 
