@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <new>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
@@ -135,29 +137,53 @@ struct BlockEq {
 
 // Records of one index shard, carved from chunks: a record costs its 60
 // bytes (from malloc a 64-byte record cost 80 with the allocator's header, the largest
-// share of the daemon's memory per block). Freed records are reused, last
-// freed first; under AddressSanitizer a freed record is poisoned until then.
-// Chunks stay until the index goes: memory freed by a mass invalidation is
-// reused by later records of the shard, not given back to the system.
-// Not thread-safe: BlockIndex guards each pool with a leaf mutex.
+// share of the daemon's memory per block). Each record has a number in its
+// pool (26 bits), which the shard's hash set holds instead of a pointer: 4
+// bytes a slot of the set instead of 8 (about 7 bytes a block at the set's
+// usual load). Freed records are reused, last freed first; under
+// AddressSanitizer a freed record is poisoned until then. Chunks stay until
+// the index goes: memory freed by a mass invalidation is reused by later
+// records of the shard, not given back to the system.
+// New, Delete and IdOf are not thread-safe (BlockIndex guards each pool with
+// a leaf mutex); At is, for the number of a record made before (a number
+// learned through the shard's lock, which the record's maker took after
+// making it): the chunks' directory only ever grows in place.
 class RecordPool {
  public:
+  static constexpr uint32_t kMaxRecords = uint32_t{1} << 26;
+
   RecordPool() = default;
   RecordPool(const RecordPool&) = delete;
   RecordPool& operator=(const RecordPool&) = delete;
 
-  BlockRecord* New();  // a default record
+  // A default record, or nullptr when the pool holds kMaxRecords already
+  // (67M records in one shard: beyond any memory the daemon is given).
+  BlockRecord* New();
   void Delete(BlockRecord* r);
+  // The number of a record New made and Delete has not taken back.
+  uint32_t IdOf(const BlockRecord* r) const;
+  BlockRecord* At(uint32_t id) const {
+    Cell* chunk = dir_[id >> (kChunkBits + kDirBits)][(id >> kChunkBits) & ((1u << kDirBits) - 1)];
+    return std::launder(reinterpret_cast<BlockRecord*>(&chunk[id & (kChunkRecords - 1)]));
+  }
   size_t live() const { return live_; }
 
  private:
   struct alignas(BlockRecord) Cell {
     unsigned char bytes[sizeof(BlockRecord)];
   };
-  static constexpr size_t kChunkRecords = 1024;  // 60 KiB
-  std::vector<std::unique_ptr<Cell[]>> chunks_;
-  size_t carved_ = kChunkRecords;  // cells handed out of the last chunk
-  std::vector<BlockRecord*> free_;
+  static constexpr uint32_t kChunkBits = 10;
+  static constexpr uint32_t kChunkRecords = uint32_t{1} << kChunkBits;  // 60 KiB
+  static constexpr uint32_t kDirBits = 10;                              // chunks a directory page
+  static constexpr size_t kDirPages = kMaxRecords >> (kChunkBits + kDirBits);
+  // Chunk c is dir_[c >> kDirBits][c % 2^kDirBits]; a page is made with its
+  // first chunk and neither moves after.
+  std::array<std::unique_ptr<Cell*[]>, kDirPages> dir_;
+  std::vector<std::unique_ptr<Cell[]>> chunks_;  // in number order
+  // (first cell's address, chunk number), by address: IdOf's search.
+  std::vector<std::pair<uintptr_t, uint32_t>> by_address_;
+  uint32_t carved_ = kChunkRecords;  // cells handed out of the last chunk
+  std::vector<uint32_t> free_;       // numbers of freed records
   size_t live_ = 0;
 };
 
@@ -165,13 +191,29 @@ class BlockIndex {
  public:
   static constexpr size_t kShards = 64;
 
+  // The shard's set holds its records' numbers in its pool; hashing and
+  // comparing one reads the record's namespace and key, which never change.
+  struct IdHash {
+    using is_transparent = void;
+    const RecordPool* pool;
+    size_t operator()(uint32_t id) const { return BlockHash{}(pool->At(id)); }
+    size_t operator()(const BlockRef& r) const { return BlockHash{}(r); }
+  };
+  struct IdEq {
+    using is_transparent = void;
+    const RecordPool* pool;
+    bool operator()(uint32_t a, uint32_t b) const { return a == b || BlockEq{}(pool->At(a), pool->At(b)); }
+    bool operator()(uint32_t a, const BlockRef& b) const { return BlockEq{}(pool->At(a), b); }
+    bool operator()(const BlockRef& a, uint32_t b) const { return BlockEq{}(a, pool->At(b)); }
+  };
   struct Shard {
+    Shard() : set(0, IdHash{&pool}, IdEq{&pool}) {}
     Mutex mu;
-    absl::flat_hash_set<BlockRecord*, BlockHash, BlockEq> set ABSL_GUARDED_BY(mu);
     // A leaf lock (docs/architecture.md, "Lock order"): records are made
     // and freed with or without the shard's lock held.
     Mutex pool_mu;
     RecordPool pool ABSL_GUARDED_BY(pool_mu);
+    absl::flat_hash_set<uint32_t, IdHash, IdEq> set ABSL_GUARDED_BY(mu);
   };
 
   BlockIndex() = default;
@@ -180,7 +222,8 @@ class BlockIndex {
   BlockIndex& operator=(const BlockIndex&) = delete;
 
   // A default record holding `ns` and `key`, from the pool of the shard they
-  // map to (so FreeRecord finds that pool again).
+  // map to (so FreeRecord finds that pool again); nullptr when that pool is
+  // full (RecordPool::kMaxRecords).
   BlockRecord* NewRecord(uint32_t ns, const BlockKey& key) {
     Shard& s = ShardFor(ns, key);
     BlockRecord* r;
@@ -188,6 +231,7 @@ class BlockIndex {
       MutexLock l(&s.pool_mu);
       r = s.pool.New();
     }
+    if (r == nullptr) return nullptr;
     r->ns = ns;
     r->key = key;
     return r;
@@ -211,14 +255,33 @@ class BlockIndex {
   }
   static BlockRecord* Find(Shard& s, uint32_t ns, const BlockKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
     auto it = s.set.find(BlockRef{ns, &key});
-    return it == s.set.end() ? nullptr : *it;
+    return it == s.set.end() ? nullptr : At(s, *it);
   }
+  // `r` comes from s's pool (NewRecord of its ns and key), and no record of
+  // its ns and key is indexed.
   void Insert(Shard& s, BlockRecord* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
-    s.set.insert(r);
-    size_.fetch_add(1, std::memory_order_relaxed);
+    uint32_t id;
+    {
+      MutexLock l(&s.pool_mu);
+      id = s.pool.IdOf(r);
+    }
+    if (s.set.insert(id).second) size_.fetch_add(1, std::memory_order_relaxed);
   }
+  // Takes `r` out of the index; nothing when it is not there (another
+  // record of its ns and key may be).
   void Erase(Shard& s, BlockRecord* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
-    if (s.set.erase(r) > 0) size_.fetch_sub(1, std::memory_order_relaxed);
+    auto it = s.set.find(BlockRef{r->ns, &r->key});
+    if (it == s.set.end() || At(s, *it) != r) return;
+    s.set.erase(it);
+    size_.fetch_sub(1, std::memory_order_relaxed);
+  }
+  // Calls f(BlockRecord*) for each record indexed in `s` until it returns
+  // false; f must not change the index.
+  template <typename F>
+  static void ForEach(Shard& s, F f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+    for (uint32_t id : s.set) {
+      if (!f(At(s, id))) return;
+    }
   }
 
   // Records currently indexed (writing or ready). Relaxed: for reporting.
@@ -227,6 +290,11 @@ class BlockIndex {
   std::array<Shard, kShards>& shards() { return shards_; }
 
  private:
+  // The record numbered `id` in s's pool: its numbers in s.set are of
+  // records made and indexed under s.mu, after their chunk was in the
+  // directory (RecordPool::At).
+  static BlockRecord* At(const Shard& s, uint32_t id) ABSL_NO_THREAD_SAFETY_ANALYSIS { return s.pool.At(id); }
+
   std::array<Shard, kShards> shards_;
   std::atomic<uint64_t> size_{0};
 };

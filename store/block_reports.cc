@@ -15,11 +15,11 @@ std::vector<BlockStore::BlockInfo> BlockStore::ListBlocks(std::optional<uint16_t
   std::vector<BlockInfo> out;
   for (BlockIndex::Shard& sh : books_.index.shards()) {
     MutexLock sl(&sh.mu);
-    for (const BlockRecord* r : sh.set) {
-      if (out.size() >= limit) break;
-      if (tenant && r->tenant != *tenant) continue;
-      if (key != nullptr && r->key != *key) continue;
-      if (!r->visible()) continue;
+    BlockIndex::ForEach(sh, [&](const BlockRecord* r) {
+      if (out.size() >= limit) return false;
+      if (tenant && r->tenant != *tenant) return true;
+      if (key != nullptr && r->key != *key) return true;
+      if (!r->visible()) return true;
       BlockInfo b;
       b.key = r->key;
       b.ns = r->ns;
@@ -35,7 +35,8 @@ std::vector<BlockStore::BlockInfo> BlockStore::ListBlocks(std::optional<uint16_t
       b.pins = r->pins;
       b.depth = r->depth;
       out.push_back(b);
-    }
+      return true;
+    });
   }
   for (BlockInfo& b : out) {
     const NamespaceInfo ns = books_.InfoOf(b.ns);

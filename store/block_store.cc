@@ -502,9 +502,10 @@ absl::StatusOr<uint32_t> BlockStore::InvalidateNamespace(SessionHoldings& s) {
     std::vector<BlockRecord*> victims, destroy;
     {
       MutexLock sl(&sh.mu);
-      for (BlockRecord* r : sh.set) {
+      BlockIndex::ForEach(sh, [&](BlockRecord* r) {
         if (r->ns == s.ns.handle && r->visible()) victims.push_back(r);
-      }
+        return true;
+      });
       for (BlockRecord* r : victims) {
         removed += RemoveFromIndex(t, r, sh);
         if (r->pins == 0 && r->io_refs == 0) destroy.push_back(r);
@@ -622,6 +623,11 @@ absl::StatusOr<uint64_t> BlockStore::AttachLowerTier(std::unique_ptr<BlockTier> 
         namespaces->RegisterRecovered(b.meta.ns, tenant->second, b.meta.payload_bytes, b.meta.block_tokens);
     books_.RegisterNamespace(ns);
     BlockRecord* r = books_.index.NewRecord(ns.handle, b.meta.key);
+    if (r == nullptr) {  // the index is full
+      (void)lane.tier->Remove(b.at, b.meta);
+      books_.stats->recovered_dropped.Add();
+      continue;
+    }
     r->tenant = tenant->second;
     r->state = BlockState::kNone;
     absl::StatusOr<SlotHandle> handle = lane.AdoptRecoveredLocked(b.at, b.meta);

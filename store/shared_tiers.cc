@@ -204,6 +204,7 @@ uint32_t SharedTiers::Adopt(SessionHoldings& s, std::span<const BlockKey> keys, 
     MutexLock ll(&lane.mu);
     const BlockKey& key = keys[from + i];
     BlockRecord* r = books_.index.NewRecord(s.ns.handle, key);
+    if (r == nullptr) break;  // the index is full: not adopted, as when the lane has no room
     r->tenant = s.ns.tenant;
     r->state = BlockState::kNone;
     r->lower = lane.index;

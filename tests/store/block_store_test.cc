@@ -177,6 +177,68 @@ TEST(RecordPoolTest, RecordsAreDistinctDefaultAndReused) {
   EXPECT_EQ(pool.live(), 0u);
 }
 
+// Each record has a number in its pool (what the index's sets hold): At and
+// IdOf agree, numbers are distinct, and a reused record keeps its number.
+TEST(RecordPoolTest, NumbersNameRecordsBothWays) {
+  RecordPool pool;
+  std::vector<BlockRecord*> recs;
+  std::set<uint32_t> ids;
+  for (int i = 0; i < 5000; ++i) {  // several chunks, in whatever address order malloc gives
+    BlockRecord* r = pool.New();
+    ASSERT_NE(r, nullptr);
+    const uint32_t id = pool.IdOf(r);
+    EXPECT_LT(id, RecordPool::kMaxRecords);
+    EXPECT_TRUE(ids.insert(id).second) << "number " << id << " given twice";
+    EXPECT_EQ(pool.At(id), r);
+    recs.push_back(r);
+  }
+  for (size_t i = 0; i < recs.size(); i += 97) EXPECT_EQ(pool.At(pool.IdOf(recs[i])), recs[i]);
+  const uint32_t id = pool.IdOf(recs[4321]);
+  pool.Delete(recs[4321]);
+  BlockRecord* again = pool.New();
+  EXPECT_EQ(again, recs[4321]);
+  EXPECT_EQ(pool.IdOf(again), id);
+  for (BlockRecord* r : recs) pool.Delete(r);
+}
+
+// The index holds records by number: a record is found by its key, erasing
+// a record takes out that record only (not another of the same key indexed
+// since), and the count follows.
+TEST(BlockIndexTest, EraseTakesOutThatRecordOnly) {
+  BlockIndex index;
+  BlockKey k{};
+  k.bytes[0] = 42;
+  BlockRecord* old_r = index.NewRecord(3, k);
+  BlockIndex::Shard& sh = index.ShardFor(old_r);
+  {
+    MutexLock l(&sh.mu);
+    index.Insert(sh, old_r);
+    EXPECT_EQ(BlockIndex::Find(sh, 3, k), old_r);
+    EXPECT_EQ(BlockIndex::Find(sh, 4, k), nullptr) << "another namespace";
+    index.Erase(sh, old_r);
+    EXPECT_EQ(BlockIndex::Find(sh, 3, k), nullptr);
+  }
+  BlockRecord* new_r = index.NewRecord(3, k);
+  ASSERT_NE(new_r, old_r);
+  {
+    MutexLock l(&sh.mu);
+    index.Insert(sh, new_r);
+    index.Erase(sh, old_r);  // stale: erased already
+    EXPECT_EQ(BlockIndex::Find(sh, 3, k), new_r);
+    EXPECT_EQ(index.size(), 1u);
+    size_t seen = 0;
+    BlockIndex::ForEach(sh, [&](BlockRecord* r) {
+      EXPECT_EQ(r, new_r);
+      return ++seen != 0;
+    });
+    EXPECT_EQ(seen, 1u);
+    index.Erase(sh, new_r);
+    EXPECT_EQ(index.size(), 0u);
+  }
+  index.FreeRecord(old_r);
+  index.FreeRecord(new_r);
+}
+
 #if defined(__SANITIZE_ADDRESS__)
 TEST(RecordPoolTest, AFreedRecordIsPoisonedUnderAddressSanitizer) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
