@@ -29,7 +29,9 @@ BlockRecord* RecordPool::New() {
       by_address_.insert(std::upper_bound(by_address_.begin(), by_address_.end(), entry), entry);
       carved_ = 0;
     }
-    id = static_cast<uint32_t>(((chunks_.size() - 1) << kChunkBits) + carved_++);
+    id = static_cast<uint32_t>(((chunks_.size() - 1) << kChunkBits) + carved_);
+    if (id == kMaxRecords - 1) return nullptr;
+    ++carved_;
   }
   ++live_;
   return new (At(id)) BlockRecord{};

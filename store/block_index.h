@@ -156,8 +156,10 @@ class RecordPool {
   RecordPool(const RecordPool&) = delete;
   RecordPool& operator=(const RecordPool&) = delete;
 
-  // A default record, or nullptr when the pool holds kMaxRecords already
-  // (67M records in one shard: beyond any memory the daemon is given).
+  // A default record, or nullptr when the pool holds kMaxRecords - 1
+  // already (67M records in one shard: beyond any memory the daemon is
+  // given; the last number stays unused, so no record's number across the
+  // index is BlockIndex::kNoRecord).
   BlockRecord* New();
   void Delete(BlockRecord* r);
   // The number of a record New made and Delete has not taken back.
@@ -215,6 +217,12 @@ class BlockIndex {
     RecordPool pool ABSL_GUARDED_BY(pool_mu);
     absl::flat_hash_set<uint32_t, IdHash, IdEq> set ABSL_GUARDED_BY(mu);
   };
+
+  // A record's number across the index (its shard's in the top bits, its
+  // number in the shard's pool below): 4 bytes where a table names a block
+  // (HostSlotTable's owners). Never kNoRecord.
+  static constexpr uint32_t kNoRecord = UINT32_MAX;
+  static_assert(uint64_t{kShards} * RecordPool::kMaxRecords == uint64_t{1} << 32);
 
   BlockIndex() = default;
   ~BlockIndex() = default;  // the pools free every record, indexed or not
@@ -282,6 +290,19 @@ class BlockIndex {
     for (uint32_t id : s.set) {
       if (!f(At(s, id))) return;
     }
+  }
+
+  // The number of a record made by NewRecord and not yet freed. Takes its
+  // pool's leaf lock.
+  uint32_t NumberOf(const BlockRecord* r) {
+    Shard& s = ShardFor(r);
+    MutexLock l(&s.pool_mu);
+    return static_cast<uint32_t>(&s - shards_.data()) * RecordPool::kMaxRecords + s.pool.IdOf(r);
+  }
+  // The record of a number NumberOf gave, while that record lives; any
+  // thread that learned the number after the record was made (RecordPool::At).
+  BlockRecord* Numbered(uint32_t n) const ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return shards_[n / RecordPool::kMaxRecords].pool.At(n % RecordPool::kMaxRecords);
   }
 
   // Records currently indexed (writing or ready). Relaxed: for reporting.

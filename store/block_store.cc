@@ -91,7 +91,8 @@ absl::StatusOr<uint16_t> BlockStore::AddTenant(std::string name, std::unique_ptr
                                                std::unique_ptr<GpuCache> gpu) {
   if (books_.tenants.size() >= UINT16_MAX) return absl::ResourceExhaustedError("too many tenants");
   const uint64_t hash = TenantHash(name);
-  auto t = std::make_unique<HostResidency>(std::move(name), hash, std::move(host), std::move(gpu), quota, opts_.policy);
+  auto t = std::make_unique<HostResidency>(std::move(name), hash, std::move(host), std::move(gpu), quota, opts_.policy,
+                                           &books_.index);
   for (auto& lane : books_.lanes) {
     MutexLock nl(&lane->mu);
     lane->GrowTenantsLocked(books_.tenants.size() + 1);

@@ -12,8 +12,13 @@
 namespace kvtier {
 
 HostResidency::HostResidency(std::string name, uint64_t hash, std::unique_ptr<HostTier> host,
-                             std::unique_ptr<GpuCache> gpu, TenantQuota quota, std::string policy)
-    : name(std::move(name)), hash(hash), host(std::move(host)), gpu(std::move(gpu)), policy_(std::move(policy)) {
+                             std::unique_ptr<GpuCache> gpu, TenantQuota quota, std::string policy, BlockIndex* index)
+    : name(std::move(name)),
+      hash(hash),
+      host(std::move(host)),
+      gpu(std::move(gpu)),
+      slots(index),
+      policy_(std::move(policy)) {
   SetQuota(quota);
 }
 

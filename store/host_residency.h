@@ -35,6 +35,7 @@ namespace kvtier {
 class KvEvents;
 
 struct BlockRecord;
+class BlockIndex;
 
 // A tenant's quotas; 0 = none beyond the tier's size. Counted in resident
 // blocks (admission in tokens, not requests): a store's blocks from
@@ -48,9 +49,10 @@ struct TenantQuota {
 class HostResidency {
  public:
   // `policy`: the eviction policy's name (checked by the caller), one
-  // instance per block size, made on first use.
+  // instance per block size, made on first use. `index`: the store's, whose
+  // records own the slots; it outlives the residency.
   HostResidency(std::string name, uint64_t hash, std::unique_ptr<HostTier> host, std::unique_ptr<GpuCache> gpu,
-                TenantQuota quota, std::string policy);
+                TenantQuota quota, std::string policy, BlockIndex* index);
   HostResidency(const HostResidency&) = delete;
   HostResidency& operator=(const HostResidency&) = delete;
 

@@ -5,9 +5,11 @@
 // blocks of different sizes, whose policies are separate). Guarded by the
 // tenant's tier lock, as the tier's allocations are.
 //
-// 14 bytes per slot: a table per field, grown to the highest slot handed out
-// (the allocator reuses low handles first). Tokens take 16 bits; a block of
-// 65,535 tokens or more keeps its count in a side map.
+// 10 bytes per slot: a table per field, grown to the highest slot handed out
+// (the allocator reuses low handles first). An owner is its record's number
+// in the block index (BlockIndex::NumberOf: 4 bytes, not a pointer's 8).
+// Tokens take 16 bits; a block of 65,535 tokens or more keeps its count in a
+// side map.
 #ifndef KVTIER_STORE_HOST_SLOTS_H_
 #define KVTIER_STORE_HOST_SLOTS_H_
 
@@ -15,26 +17,28 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "store/block_index.h"
 #include "tiers/tier.h"
 
 namespace kvtier {
 
-struct BlockRecord;
-
 class HostSlotTable {
  public:
+  // Owners are records of `index`, which outlives the table.
+  explicit HostSlotTable(BlockIndex* index) : index_(index) {}
+
   // `slot`, free until now, holds `owner`'s block of `tokens` tokens,
   // stored just now. False (and nothing changes) when the slot has an owner,
   // or for no owner.
   bool Assign(SlotHandle slot, BlockRecord* owner, uint32_t tokens) {
     if (owner == nullptr) return false;
     if (owner_.size() <= slot) {
-      owner_.resize(size_t{slot} + 1, nullptr);
+      owner_.resize(size_t{slot} + 1, BlockIndex::kNoRecord);
       tokens_.resize(owner_.size(), 0);
       tick_.resize(owner_.size(), 0);
     }
-    if (owner_[slot] != nullptr) return false;
-    owner_[slot] = owner;
+    if (owner_[slot] != BlockIndex::kNoRecord) return false;
+    owner_[slot] = index_->NumberOf(owner);
     if (announced_.size() > slot) announced_[slot] = false;
     if (tokens >= kBigTokens) {
       tokens_[slot] = kBigTokens;
@@ -48,8 +52,8 @@ class HostSlotTable {
   }
   // `slot` was freed: it holds nothing and its tokens leave the sum.
   void Release(SlotHandle slot) {
-    if (slot >= owner_.size() || owner_[slot] == nullptr) return;
-    owner_[slot] = nullptr;
+    if (slot >= owner_.size() || owner_[slot] == BlockIndex::kNoRecord) return;
+    owner_[slot] = BlockIndex::kNoRecord;
     if (announced_.size() > slot) announced_[slot] = false;
     tokens_held_ -= tokens(slot);
     if (tokens_[slot] == kBigTokens) big_tokens_.erase(slot);
@@ -58,7 +62,7 @@ class HostSlotTable {
   // KV events (events/kv_events.h): `slot`'s block was announced as held in
   // host memory. True the first time, so each copy is announced once.
   bool MarkAnnounced(SlotHandle slot) {
-    if (slot >= owner_.size() || owner_[slot] == nullptr) return false;
+    if (slot >= owner_.size() || owner_[slot] == BlockIndex::kNoRecord) return false;
     if (announced_.size() <= slot) announced_.resize(owner_.size(), false);
     if (announced_[slot]) return false;
     announced_[slot] = true;
@@ -71,7 +75,9 @@ class HostSlotTable {
   }
 
   // The block holding `slot`, or nullptr.
-  BlockRecord* owner(SlotHandle slot) const { return slot < owner_.size() ? owner_[slot] : nullptr; }
+  BlockRecord* owner(SlotHandle slot) const {
+    return slot < owner_.size() && owner_[slot] != BlockIndex::kNoRecord ? index_->Numbered(owner_[slot]) : nullptr;
+  }
   // The tokens of `slot`'s block (0: none).
   uint32_t tokens(SlotHandle slot) const {
     if (slot >= tokens_.size()) return 0;
@@ -89,13 +95,14 @@ class HostSlotTable {
   // Calls f(BlockRecord*) for each slot's owner.
   template <typename F>
   void ForEachOwner(F f) const {
-    for (BlockRecord* r : owner_) {
-      if (r != nullptr) f(r);
+    for (uint32_t n : owner_) {
+      if (n != BlockIndex::kNoRecord) f(index_->Numbered(n));
     }
   }
 
  private:
-  std::vector<BlockRecord*> owner_;  // by slot
+  BlockIndex* const index_;
+  std::vector<uint32_t> owner_;      // by slot: a record's number, or kNoRecord
   static constexpr uint16_t kBigTokens = UINT16_MAX;
   std::vector<uint16_t> tokens_;     // by slot; kBigTokens: in big_tokens_
   absl::flat_hash_map<SlotHandle, uint32_t> big_tokens_;

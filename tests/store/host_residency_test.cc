@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
+#include <vector>
 
 #include "store/block_index.h"
 
@@ -12,10 +14,29 @@ namespace {
 
 constexpr uint64_t kArena = 1 << 20;  // segments of 16 KiB: 4 slots of 4 KiB, 2 of 8 KiB
 
+// The store's index: slots are owned by its records.
+BlockIndex& Index() {
+  static BlockIndex* index = new BlockIndex;
+  return *index;
+}
+
+// `n` records of distinct keys.
+std::vector<BlockRecord*> Records(size_t n) {
+  static uint32_t next = 0;
+  std::vector<BlockRecord*> out;
+  for (size_t i = 0; i < n; ++i) {
+    BlockKey k{};
+    const uint32_t id = ++next;
+    std::memcpy(k.bytes.data(), &id, sizeof(id));
+    out.push_back(Index().NewRecord(1, k));
+  }
+  return out;
+}
+
 std::unique_ptr<HostResidency> MakeResidency(TenantQuota quota = {}, const std::string& policy = "lru") {
   auto host = HostTier::Create({"residency-test", kArena, false});
   EXPECT_TRUE(host.ok()) << host.status();
-  return std::make_unique<HostResidency>("t", 1, std::move(*host), nullptr, quota, policy);
+  return std::make_unique<HostResidency>("t", 1, std::move(*host), nullptr, quota, policy, &Index());
 }
 
 // A block of `bytes` and `tokens` stored in a new slot, in its size's policy.
@@ -31,8 +52,8 @@ SlotHandle Store(HostResidency& r, BlockRecord* owner, uint64_t bytes, uint32_t 
 TEST(HostResidencyTest, FullerThanCountsBytesAndTokensLessWhatIsBeingFreed) {
   auto r = MakeResidency({.host_tokens = 100});
   MutexLock l(&r->mu);
-  BlockRecord b[4];
-  for (BlockRecord& rec : b) Store(*r, &rec, 4096, 10);
+  const std::vector<BlockRecord*> b = Records(4);
+  for (BlockRecord* rec : b) Store(*r, rec, 4096, 10);
   // 16 KiB of 1 MiB by bytes; 40 of 100 tokens by the quota.
   EXPECT_FALSE(r->FullerThanLocked(0.5));
   EXPECT_TRUE(r->FullerThanLocked(0.3));                      // tokens: 0.4 > 0.3
@@ -51,9 +72,9 @@ TEST(HostResidencyTest, OnePolicyPerSizeAndFreeingLeavesEveryBook) {
   ChainGuard* small = r->PolicyForLocked(4096);
   EXPECT_EQ(r->PolicyForLocked(4096), small);
   EXPECT_NE(r->PolicyForLocked(8192), small);
-  BlockRecord a, b;
-  const SlotHandle sa = Store(*r, &a, 4096, 16);
-  Store(*r, &b, 4096, 16);
+  const std::vector<BlockRecord*> ab = Records(2);
+  const SlotHandle sa = Store(*r, ab[0], 4096, 16);
+  Store(*r, ab[1], 4096, 16);
   EXPECT_EQ(small->size(), 2u);
   r->FreeSlotLocked(sa);
   EXPECT_EQ(small->size(), 1u);
@@ -66,9 +87,9 @@ TEST(HostResidencyTest, OnePolicyPerSizeAndFreeingLeavesEveryBook) {
 TEST(HostResidencyTest, PoliciesComeLargestHolderFirstAndEmptyOnesNot) {
   auto r = MakeResidency();
   MutexLock l(&r->mu);
-  BlockRecord b[4];
-  Store(*r, &b[0], 8192, 16);  // 8 KiB in the 8 KiB policy
-  for (int i = 1; i < 4; ++i) Store(*r, &b[i], 4096, 8);  // 12 KiB in the 4 KiB one
+  const std::vector<BlockRecord*> b = Records(4);
+  Store(*r, b[0], 8192, 16);  // 8 KiB in the 8 KiB policy
+  for (int i = 1; i < 4; ++i) Store(*r, b[i], 4096, 8);  // 12 KiB in the 4 KiB one
   r->PolicyForLocked(65536);  // made, and empty
   std::vector<ChainGuard*> order = r->PoliciesByBytesLocked();
   ASSERT_EQ(order.size(), 2u);
@@ -79,11 +100,11 @@ TEST(HostResidencyTest, PoliciesComeLargestHolderFirstAndEmptyOnesNot) {
 TEST(HostResidencyTest, ColdSegmentsOfOtherSizesComeColdestFirst) {
   auto r = MakeResidency();
   MutexLock l(&r->mu);
-  BlockRecord b[5];
+  const std::vector<BlockRecord*> b = Records(5);
   // Two segments of 8 KiB slots (two slots each), then one 4 KiB block.
   SlotHandle s[4];
-  for (int i = 0; i < 4; ++i) s[i] = Store(*r, &b[i], 8192, 16);
-  const SlotHandle small = Store(*r, &b[4], 4096, 8);
+  for (int i = 0; i < 4; ++i) s[i] = Store(*r, b[i], 8192, 16);
+  const SlotHandle small = Store(*r, b[4], 4096, 8);
   r->slots.Touch(s[0]);  // the first segment now holds the youngest block
   const std::vector<HostResidency::Segment> segs = r->ColdSegmentsLocked(4096, std::nullopt, 8);
   ASSERT_EQ(segs.size(), 2u);

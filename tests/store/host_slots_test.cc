@@ -10,9 +10,19 @@
 namespace kvtier {
 namespace {
 
+// Owners are records of an index (the table keeps their numbers).
+BlockRecord* NewRecord(BlockIndex& index, uint8_t key) {
+  BlockKey k{};
+  k.bytes[0] = key;
+  return index.NewRecord(1, k);
+}
+
 TEST(HostSlotTableTest, OwnersAndTokensFollowAssignAndRelease) {
-  HostSlotTable t;
-  BlockRecord a, b;
+  BlockIndex index;
+  HostSlotTable t(&index);
+  BlockRecord& a = *NewRecord(index, 1);
+  BlockRecord& b = *NewRecord(index, 2);
+  ASSERT_NE(&a, &b);
   EXPECT_EQ(t.owner(0), nullptr);
   EXPECT_TRUE(t.Assign(5, &a, 16));
   EXPECT_TRUE(t.Assign(2, &b, 32));
@@ -54,8 +64,9 @@ TEST(HostSlotTableTest, OwnersAndTokensFollowAssignAndRelease) {
 // Tokens take 16 bits per slot; larger blocks keep theirs elsewhere, and
 // every count comes back whole.
 TEST(HostSlotTableTest, BlocksOfManyTokensCountWhole) {
-  HostSlotTable t;
-  BlockRecord r;
+  BlockIndex index;
+  HostSlotTable t(&index);
+  BlockRecord& r = *NewRecord(index, 1);
   ASSERT_TRUE(t.Assign(0, &r, 65534));
   ASSERT_TRUE(t.Assign(1, &r, 65535));
   ASSERT_TRUE(t.Assign(2, &r, 1u << 20));
@@ -75,8 +86,9 @@ TEST(HostSlotTableTest, BlocksOfManyTokensCountWhole) {
 }
 
 TEST(HostSlotTableTest, AgeCountsStoresAndHitsSinceTheLast) {
-  HostSlotTable t;
-  BlockRecord r;
+  BlockIndex index;
+  HostSlotTable t(&index);
+  BlockRecord& r = *NewRecord(index, 1);
   t.Assign(0, &r, 1);
   t.Assign(1, &r, 1);
   t.Assign(2, &r, 1);

@@ -33,7 +33,8 @@ class MigratorTest : public ::testing::Test {
     auto host = HostTier::Create({"migrator-test", 16 * kBlock, false});
     ASSERT_TRUE(host.ok()) << host.status();
     books_->tenants.push_back(
-        std::make_unique<HostResidency>("t", TenantHash("t"), std::move(*host), nullptr, TenantQuota{}, "lru"));
+        std::make_unique<HostResidency>("t", TenantHash("t"), std::move(*host), nullptr, TenantQuota{}, "lru",
+                                        &books_->index));
     books_->tenant_by_hash[books_->tenants[0]->hash] = 0;
     if (with_lane) {
       auto tier = MemoryBlockTier::Create({.capacity_bytes = 8 * kBlock, .op_latency_ns = op_latency_ns});
