@@ -14,7 +14,7 @@ BlockRecord* RecordPool::New() {
   if (!free_.empty()) {
     id = free_.back();
     free_.pop_back();
-    ASAN_UNPOISON_MEMORY_REGION(At(id), sizeof(BlockRecord));
+    ASAN_UNPOISON_MEMORY_REGION(CellAt(id), sizeof(BlockRecord));
   } else {
     if (carved_ == kChunkRecords) {
       const size_t c = chunks_.size();
@@ -34,7 +34,7 @@ BlockRecord* RecordPool::New() {
     ++carved_;
   }
   ++live_;
-  return new (At(id)) BlockRecord{};
+  return new (CellAt(id)) BlockRecord{};
 }
 
 uint32_t RecordPool::IdOf(const BlockRecord* r) const {

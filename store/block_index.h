@@ -164,10 +164,7 @@ class RecordPool {
   void Delete(BlockRecord* r);
   // The number of a record New made and Delete has not taken back.
   uint32_t IdOf(const BlockRecord* r) const;
-  BlockRecord* At(uint32_t id) const {
-    Cell* chunk = dir_[id >> (kChunkBits + kDirBits)][(id >> kChunkBits) & ((1u << kDirBits) - 1)];
-    return std::launder(reinterpret_cast<BlockRecord*>(&chunk[id & (kChunkRecords - 1)]));
-  }
+  BlockRecord* At(uint32_t id) const { return std::launder(reinterpret_cast<BlockRecord*>(CellAt(id))); }
   size_t live() const { return live_; }
 
  private:
@@ -181,6 +178,10 @@ class RecordPool {
   // Chunk c is dir_[c >> kDirBits][c % 2^kDirBits]; a page is made with its
   // first chunk and neither moves after.
   std::array<std::unique_ptr<Cell*[]>, kDirPages> dir_;
+  Cell* CellAt(uint32_t id) const {
+    Cell* chunk = dir_[id >> (kChunkBits + kDirBits)][(id >> kChunkBits) & ((1u << kDirBits) - 1)];
+    return &chunk[id & (kChunkRecords - 1)];
+  }
   std::vector<std::unique_ptr<Cell[]>> chunks_;  // in number order
   // (first cell's address, chunk number), by address: IdOf's search.
   std::vector<std::pair<uintptr_t, uint32_t>> by_address_;

@@ -30,7 +30,9 @@ BlockStore::NewBlocks BlockStore::IndexNewBlocks(const SessionHoldings& s, std::
     MutexLock l(&sh.mu);
     if (BlockIndex::Find(sh, s.ns.handle, keys[i]) != nullptr) continue;  // cached, moving, or being written
     BlockRecord* r = books_.index.NewRecord(s.ns.handle, keys[i]);
-    if (r == nullptr) continue;  // the index is full: the block is not taken (as one already cached)
+    // The index is full: neither this block nor the rest of the chain is
+    // taken (a lookup could not reach past it).
+    if (r == nullptr) break;
     r->tenant = s.ns.tenant;
     r->state = BlockState::kWriting;
     r->depth = depth ? static_cast<uint16_t>(std::min<size_t>(*depth + i, kUnknownDepth - 1)) : kUnknownDepth;

@@ -44,11 +44,16 @@ void HostResidency::AnnounceLocked(SlotHandle slot) {
   if (const BlockRecord* r = slots.owner(slot)) events->Stored(index, r->key, slots.tokens(slot), KvMedium::kCpu);
 }
 
-void HostResidency::FreeSlotLocked(SlotHandle slot) {
+void HostResidency::LeavePolicyLocked(SlotHandle slot) {
   if (events != nullptr && slots.announced(slot)) {
     if (const BlockRecord* r = slots.owner(slot)) events->Removed(index, r->key, KvMedium::kCpu);
+    slots.Unannounce(slot);
   }
   PolicyForLocked(host->SlotBytes(slot))->Remove(slot);
+}
+
+void HostResidency::FreeSlotLocked(SlotHandle slot) {
+  LeavePolicyLocked(slot);
   // Cannot fail: the slot was allocated for one record and is freed once.
   (void)host->Free(slot);
   slots.Release(slot);

@@ -58,7 +58,14 @@ class HostResidency {
 
   // The policy of blocks of `slot_bytes` (made on first use).
   ChainGuard* PolicyForLocked(uint64_t slot_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
-  // Frees a slot: out of its policy, back to the tier, out of the slot table.
+  // A slot's block leaves its policy (and, with KV events, is announced as
+  // gone from host memory); nothing more when it has left already. Reads
+  // the slot's owner record (its key): call it while that record surely
+  // lives, before the record's host_slot is cleared under its shard lock,
+  // since a record without a host slot may be freed without this lock.
+  void LeavePolicyLocked(SlotHandle slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Frees a slot: out of its policy (LeavePolicyLocked, unless done
+  // already), back to the tier, out of the slot table.
   void FreeSlotLocked(SlotHandle slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // Fuller than `share` of the arena, or of the token quota, not counting
   // the bytes and tokens of slots about to be freed.

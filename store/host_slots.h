@@ -69,6 +69,10 @@ class HostSlotTable {
     return true;
   }
   bool announced(SlotHandle slot) const { return slot < announced_.size() && announced_[slot]; }
+  // `slot`'s copy was announced as removed (before its slot is freed).
+  void Unannounce(SlotHandle slot) {
+    if (slot < announced_.size()) announced_[slot] = false;
+  }
   // `slot`'s block was hit.
   void Touch(SlotHandle slot) {
     if (slot < tick_.size()) tick_[slot] = ++clock_;

@@ -40,6 +40,9 @@ Migrator::EvictResult Migrator::EvictHostCopyLocked(HostResidency& t, BlockRecor
     offset = r->arena_offset();
     keep_on_nvme = r->lower_state == LowerState::kReady;
     if (keep_on_nvme) {
+      // While r surely lives: without a host slot it may be freed (another
+      // tenant's eviction on NVMe, the cascade) once the shard lock goes.
+      t.LeavePolicyLocked(host_slot);
       r->state = BlockState::kNone;
       r->host_slot = kNoSlot;
     } else {
@@ -137,6 +140,9 @@ bool Migrator::DemoteLocked(HostResidency& t, BlockRecord* r, SlotHandle host_sl
                                                             : &books_.stats->dropped_no_room;
     return false;
   }
+  // Out of its policy while r surely lives (the write may free it, inline
+  // when its tier refuses it), and never a victim twice.
+  t.LeavePolicyLocked(host_slot);
   {
     BlockIndex::Shard& sh = books_.index.ShardFor(r);
     MutexLock sl(&sh.mu);
@@ -149,7 +155,6 @@ bool Migrator::DemoteLocked(HostResidency& t, BlockRecord* r, SlotHandle host_sl
   books_.stats->demotions.Add();
   if (lane != 0) books_.stats->demotions_past_full_tier.Add();
   if (deferred != nullptr) {
-    t.PolicyForLocked(t.host->SlotBytes(host_slot))->Remove(host_slot);  // not a victim twice
     deferred->push_back(PendingDemotion{r, lane, host_slot, *nslot, offset, meta});
     return true;
   }
