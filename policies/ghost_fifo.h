@@ -3,8 +3,8 @@
 // evicted young, ARC's B1 and B2), kept compact. A ghost is a 32-bit
 // fingerprint of its key in a ring, in the order it arrived, found through
 // an open-addressed table of ring positions (linear probing, deletion by
-// backward shift): 4 to 5 bytes in the ring and 4.7 to 5.7 in the table
-// (70-85% full), where a hash map of 64-bit keys beside a deque of (key,
+// backward shift): 4 to 4.5 bytes in the ring and 4.5 to 5 in the table
+// (80-88% full), where a hash map of 64-bit keys beside a deque of (key,
 // stamp) entries cost ~40-60 bytes a ghost. The policies keep up to 1.5
 // (S3-FIFO) and 1 (ARC) ghosts per block the tier holds: in a tier that
 // evicts, ghosts were the largest part of what the daemon spends per block
@@ -28,7 +28,7 @@ namespace kvtier {
 class GhostFifo {
  public:
   // Ghosts beyond this many (~50M): the oldest is forgotten. Ring indexes
-  // have 26 bits in the table, and the ring keeps a quarter more entries
+  // have 26 bits in the table, and the ring keeps an eighth more entries
   // than it holds ghosts.
   static constexpr size_t kMaxRing = (size_t{1} << 26) - 1;
   static constexpr size_t kMaxGhosts = kMaxRing * 3 / 4;
@@ -67,7 +67,7 @@ class GhostFifo {
   // Room for one more ghost at the ring's end and in the table.
   void Reserve();
   // Lays the live ghosts out in order at the start of a new ring with room
-  // for a quarter more and rebuilds the table for them (70% full).
+  // for an eighth more and rebuilds the table for them (80% full).
   void Relayout();
   void ShrinkIfSparse() {
     if (ring_.size() > 4 * kMinRing && live_ * 8 < ring_.size()) Relayout();

@@ -15,7 +15,7 @@
 // and go round again. Blocks the caller cannot evict (pinned) go round too,
 // without losing frequency.
 //
-// Ghosts: 1.5 per tracked block, in a GhostFifo (~10 bytes each). The paper
+// Ghosts: 1.5 per tracked block, in a GhostFifo (~9 bytes each). The paper
 // keeps as many as the main queue holds; on the Mooncake conversation trace
 // a conversation comes back after a median ~4.5M tokens, far past a tier of
 // 1M, and more ghosts let more of its blocks skip probation. Default (and
