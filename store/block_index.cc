@@ -30,7 +30,7 @@ BlockRecord* RecordPool::New() {
       carved_ = 0;
     }
     id = static_cast<uint32_t>(((chunks_.size() - 1) << kChunkBits) + carved_);
-    if (id == kMaxRecords - 1) return nullptr;
+    if (id >= limit_ - 1) return nullptr;
     ++carved_;
   }
   ++live_;

@@ -7,6 +7,7 @@
 #ifndef KVTIER_STORE_BLOCK_INDEX_H_
 #define KVTIER_STORE_BLOCK_INDEX_H_
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -153,11 +154,14 @@ class RecordPool {
   static constexpr uint32_t kMaxRecords = uint32_t{1} << 26;
 
   RecordPool() = default;
+  // At most `limit` - 1 live records (numbers below limit - 1): a smaller
+  // bound than kMaxRecords lets a test fill a pool.
+  explicit RecordPool(uint32_t limit) : limit_(std::min(limit, kMaxRecords)) {}
   RecordPool(const RecordPool&) = delete;
   RecordPool& operator=(const RecordPool&) = delete;
 
-  // A default record, or nullptr when the pool holds kMaxRecords - 1
-  // already (67M records in one shard: beyond any memory the daemon is
+  // A default record, or nullptr when the pool holds kMaxRecords - 1 (or
+  // limit - 1) already (67M records in one shard: beyond any memory the daemon is
   // given; the last number stays unused, so no record's number across the
   // index is BlockIndex::kNoRecord).
   BlockRecord* New();
@@ -187,6 +191,7 @@ class RecordPool {
   std::vector<std::pair<uintptr_t, uint32_t>> by_address_;
   uint32_t carved_ = kChunkRecords;  // cells handed out of the last chunk
   std::vector<uint32_t> free_;       // numbers of freed records
+  const uint32_t limit_ = kMaxRecords;
   size_t live_ = 0;
 };
 

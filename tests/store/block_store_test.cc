@@ -201,6 +201,26 @@ TEST(RecordPoolTest, NumbersNameRecordsBothWays) {
   for (BlockRecord* r : recs) pool.Delete(r);
 }
 
+// A full pool makes no record (the callers then take no block) and never
+// hands out its last number, so no number across the index is kNoRecord;
+// a freed record makes room again.
+TEST(RecordPoolTest, AFullPoolMakesNoRecordAndKeepsItsLastNumber) {
+  RecordPool pool(2500);  // numbers 0..2498: three chunks, the last partly carved
+  std::vector<BlockRecord*> recs;
+  while (BlockRecord* r = pool.New()) {
+    recs.push_back(r);
+    ASSERT_LE(recs.size(), 2499u);
+  }
+  ASSERT_EQ(recs.size(), 2499u);
+  EXPECT_EQ(pool.IdOf(recs.back()), 2498u);
+  EXPECT_EQ(pool.New(), nullptr) << "still full";
+  pool.Delete(recs[7]);
+  BlockRecord* again = pool.New();
+  EXPECT_EQ(again, recs[7]);
+  EXPECT_EQ(pool.New(), nullptr);
+  for (BlockRecord* r : recs) pool.Delete(r);
+}
+
 // The index holds records by number: a record is found by its key, erasing
 // a record takes out that record only (not another of the same key indexed
 // since), and the count follows.
