@@ -18,7 +18,6 @@ BlockRecord* RecordPool::New() {
   } else {
     if (carved_ == kChunkRecords) {
       const size_t c = chunks_.size();
-      if (c >= size_t{kMaxRecords} / kChunkRecords) return nullptr;
       std::unique_ptr<Cell*[]>& page = dir_[c >> kDirBits];
       if (page == nullptr) page = std::make_unique<Cell*[]>(size_t{1} << kDirBits);
       // Not value-initialised: a chunk's pages cost memory once records use them.
