@@ -19,7 +19,7 @@
 #include "store/shared_writes.h"
 #include "kvtier/types.h"
 #include "policies/eviction_policy.h"
-#include "tiers/fs/fs_settings.h"
+#include "tiers/lower_kind_settings.h"  // generated: the kinds in folders of their own
 #include "tiers/nvme_settings.h"
 #include "tiers/remote_settings.h"
 
@@ -97,9 +97,11 @@ struct Config {
   // [tiers.remote]: a shared Redis Cluster below NVMe, none without seeds
   // (tiers/remote_settings.h).
   RemoteSettings remote;
-  // [tiers.fs]: a directory several nodes mount (none without dir); the
-  // tier's own settings struct, defaults and all (tiers/fs/fs_settings.h).
-  FsTierSettings fs;
+  // Each kind of lower tier in a folder of its own: its settings struct,
+  // defaults and all, as the member its kvtier_lower_kind() names; the
+  // struct holds its section's keys. Config::fs: [tiers.fs], a directory
+  // several nodes mount, none without dir (tiers/fs/fs_settings.h).
+  KVTIER_LOWER_KIND_SETTINGS
   // [[tiers.lower]]: the lower tiers' kinds in chain order ("nvme", "redis",
   // "fs"), each entry's options read as its kind's section. Empty (no
   // [[tiers.lower]] in the file): [tiers.nvme] when its capacity is not 0,

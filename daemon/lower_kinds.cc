@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 // The config halves of the lower tiers' kinds: NVMe's and the Redis
-// Cluster's (whose options are still Config's own members), then the kinds
-// that live in their own folders. One line per kind in LowerTierKinds().
+// Cluster's, then the kinds that live in folders of their own, listed by
+// the build (kvtier_lower_kind in the kind's CMakeLists.txt).
 #include "daemon/lower_kinds.h"
 
 #include "absl/strings/str_cat.h"
 #include "daemon/config.h"
-#include "tiers/fs/fs_kind_config.h"
+#include "tiers/lower_kind_configs.h"  // generated
 
 namespace kvtier {
 namespace {
@@ -125,7 +125,7 @@ std::span<const LowerTierKind> LowerTierKinds() {
   static const LowerTierKind kKinds[] = {
       NvmeKind(),
       RedisKind(),
-      FsTierKind(),
+      KVTIER_LOWER_KIND_CONFIGS
   };
   return kKinds;
 }

@@ -12,8 +12,10 @@
 // the running tier is the daemon's half of the kind (tier_registry.h): the
 // config half links into everything that reads kvtierd.toml (kvtierctl
 // too), the daemon half only into kvtierd. A kind of its own folder
-// (tiers/fs/fs_kind.h) defines both halves there; this table and the
-// registry's each take one line for it.
+// (tiers/fs/) defines both halves and its settings struct there and
+// registers them from its CMakeLists.txt (kvtier_lower_kind, in
+// cmake/KvtierHelpers.cmake); the build writes this table's entry, the
+// registry's and Config's member for it, and links its libraries.
 #ifndef KVTIER_DAEMON_LOWER_KINDS_H_
 #define KVTIER_DAEMON_LOWER_KINDS_H_
 

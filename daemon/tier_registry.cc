@@ -8,7 +8,7 @@
 #include "core/units.h"
 #include "daemon/assembly.h"
 #include "spdlog/spdlog.h"
-#include "tiers/fs/fs_kind.h"
+#include "tiers/lower_kind_openers.h"  // generated: the kinds in folders of their own
 
 namespace kvtier {
 namespace {
@@ -87,7 +87,7 @@ struct Opener {
 const Opener kOpeners[] = {
     {"nvme", &OpenNvmeKind},
     {"redis", &OpenRedisKind},
-    {"fs", &OpenFsTier},
+    KVTIER_LOWER_KIND_OPENERS
 };
 
 }  // namespace

@@ -2,7 +2,7 @@
 // The fs tier as a kind of lower tier (kind = "fs"), its daemon half: the
 // tier kvtierd runs as Config::fs configures it, with its log line and its
 // reload hook (kvtier_tier_fs_kind, linked into kvtierd only);
-// daemon/tier_registry.cc lists it. The config half is fs_kind_config.h.
+// tiers/fs/CMakeLists.txt registers it. The config half is fs_kind_config.h.
 #ifndef KVTIER_TIERS_FS_FS_KIND_H_
 #define KVTIER_TIERS_FS_FS_KIND_H_
 
