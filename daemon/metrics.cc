@@ -40,6 +40,19 @@ std::string Esc(const std::string& v) {
   return out;
 }
 
+// Hits below host memory by the kind of tier they were found in, kinds in
+// chain order, the chain's tiers of one kind summed: `hits(lane)` of each.
+template <typename F>
+std::vector<std::pair<std::string, uint64_t>> HitsByKind(const StatusSnapshot& s, F hits) {
+  std::vector<std::pair<std::string, uint64_t>> out;
+  for (const StatusSnapshot::Lower& l : s.lower) {
+    auto it = std::find_if(out.begin(), out.end(), [&](const auto& k) { return k.first == l.kind; });
+    if (it == out.end()) it = out.insert(out.end(), {l.kind, 0});
+    it->second += hits(l);
+  }
+  return out;
+}
+
 class Writer {
  public:
   // A family's HELP and TYPE, once; then its samples.
@@ -136,11 +149,16 @@ std::string PrometheusText(const StatusSnapshot& s, bool detailed) {
   w.Sample("kvtier_lookups_total", "", double(st.lookups.Get()));
   w.Family("kvtier_lookup_hits_total", "counter", "Leased lookups that hit at least one block.");
   w.Sample("kvtier_lookup_hits_total", "", double(st.lookup_hits.Get()));
-  w.Family("kvtier_blocks_hit_total", "counter", "Blocks found by leased lookups, by the tier they were in.");
-  w.Sample("kvtier_blocks_hit_total", "tier=\"host\"",
-           double(st.blocks_hit.Get() - st.blocks_hit_nvme.Get() - st.blocks_hit_remote.Get()));
-  w.Sample("kvtier_blocks_hit_total", "tier=\"nvme\"", double(st.blocks_hit_nvme.Get()));
-  w.Sample("kvtier_blocks_hit_total", "tier=\"remote\"", double(st.blocks_hit_remote.Get()));
+  w.Family("kvtier_blocks_hit_total", "counter",
+           "Blocks found by leased lookups, by the tier they were in: host, or a lower tier's kind (nvme, remote, "
+           "fs; the chain's tiers of one kind summed).");
+  {
+    const auto by_kind = HitsByKind(s, [](const StatusSnapshot::Lower& l) { return l.hits; });
+    uint64_t lower = 0;
+    for (const auto& [kind, n] : by_kind) lower += n;
+    w.Sample("kvtier_blocks_hit_total", "tier=\"host\"", double(st.blocks_hit.Get() - std::min(st.blocks_hit.Get(), lower)));
+    for (const auto& [kind, n] : by_kind) w.Sample("kvtier_blocks_hit_total", "tier=\"" + Esc(kind) + "\"", double(n));
+  }
   w.Family("kvtier_blocks_missed_total", "counter", "Blocks leased lookups asked for and did not find.");
   w.Sample("kvtier_blocks_missed_total", "", double(st.blocks_queried.Get() - st.blocks_hit.Get()));
   w.Family("kvtier_tokens_queried_total", "counter", "Tokens covered by the blocks leased lookups asked for.");
@@ -179,10 +197,15 @@ std::string PrometheusText(const StatusSnapshot& s, bool detailed) {
     for (const StatusSnapshot::Tenant& t : s.tenants) {
       const TenantUsage& u = t.usage;
       const std::string who = "tenant=\"" + Esc(u.name) + "\",";
-      const uint64_t lower = u.blocks_hit_nvme + u.blocks_hit_remote;
+      const auto by_kind = HitsByKind(s, [&u](const StatusSnapshot::Lower& l) {
+        return l.chain_position < u.blocks_hit_lane.size() ? u.blocks_hit_lane[l.chain_position] : 0;
+      });
+      uint64_t lower = 0;
+      for (const auto& [kind, n] : by_kind) lower += n;
       w.Sample("kvtier_tenant_blocks_hit_total", who + "tier=\"host\"", double(u.blocks_hit - std::min(u.blocks_hit, lower)));
-      w.Sample("kvtier_tenant_blocks_hit_total", who + "tier=\"nvme\"", double(u.blocks_hit_nvme));
-      w.Sample("kvtier_tenant_blocks_hit_total", who + "tier=\"remote\"", double(u.blocks_hit_remote));
+      for (const auto& [kind, n] : by_kind) {
+        w.Sample("kvtier_tenant_blocks_hit_total", who + "tier=\"" + Esc(kind) + "\"", double(n));
+      }
     }
     const std::tuple<const char*, const char*, uint64_t TenantUsage::*> tenant_gauges[] = {
         {"kvtier_tenant_host_used_bytes", "Host arena bytes the tenant's blocks use.", &TenantUsage::used_bytes},

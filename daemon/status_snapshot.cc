@@ -135,7 +135,7 @@ json LowerJson(const StatusSnapshot::Lower& l, const DaemonStats& s) {
   if (l.shared) {
     // The store's side of the shared tiers, whatever their kind: one set of
     // figures over every shared tier (the same on each shared row).
-    tier["shared"] = json{{"hits_loaded", s.blocks_hit_remote.Get()},
+    tier["shared"] = json{{"hits_loaded", s.blocks_hit_shared.Get()},
                           {"probes", s.remote_probes.Get()},
                           {"probe_blocks", s.remote_probe_blocks.Get()},
                           {"probe_found", s.remote_probe_found.Get()},
@@ -158,7 +158,7 @@ json LowerJson(const StatusSnapshot::Lower& l, const DaemonStats& s) {
     tier["remote"] = json{
         {"write_policy", r->write_policy},
         {"probe_budget_us", r->probe_budget_us},
-        {"hits_loaded", s.blocks_hit_remote.Get()},
+        {"hits_loaded", s.blocks_hit_shared.Get()},
         {"probes", s.remote_probes.Get()},
         {"probe_blocks", s.remote_probe_blocks.Get()},
         {"probe_found", s.remote_probe_found.Get()},
@@ -199,7 +199,7 @@ json LowerJson(const StatusSnapshot::Lower& l, const DaemonStats& s) {
         {"nodes", std::move(nodes)}};
   }
   if (l.chain_position != 0) return tier;
-  tier.update(json{{"hits_loaded", s.blocks_hit_nvme.Get()},
+  tier.update(json{{"hits_loaded", l.hits},
                    {"hits_reported_recompute", s.blocks_recompute.Get()},
                    {"evictions", s.nvme_evictions.Get()},
                    {"evictions_for_quota", s.nvme_evictions_for_quota.Get()},
@@ -273,9 +273,9 @@ json StatsJson(const DaemonStats& s) {
              {"probes", s.probes.Get()},
              {"blocks_queried", s.blocks_queried.Get()},
              {"blocks_hit", s.blocks_hit.Get()},
-             {"blocks_hit_host", s.blocks_hit.Get() - s.blocks_hit_nvme.Get() - s.blocks_hit_remote.Get()},
-             {"blocks_hit_nvme", s.blocks_hit_nvme.Get()},
-             {"blocks_hit_remote", s.blocks_hit_remote.Get()},
+             {"blocks_hit_host", s.blocks_hit.Get() - s.blocks_hit_local.Get() - s.blocks_hit_shared.Get()},
+             {"blocks_hit_local", s.blocks_hit_local.Get()},
+             {"blocks_hit_shared", s.blocks_hit_shared.Get()},
              {"blocks_missed", s.blocks_queried.Get() - s.blocks_hit.Get()},
              {"block_hit_rate", Ratio(s.blocks_hit.Get(), s.blocks_queried.Get())},
              {"tokens_queried", s.tokens_queried.Get()},

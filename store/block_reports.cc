@@ -63,8 +63,7 @@ std::vector<TenantUsage> BlockStore::Usage() const {
     tu.lookup_hits = h.lookup_hits.load(std::memory_order_relaxed);
     tu.blocks_queried = h.blocks_queried.load(std::memory_order_relaxed);
     tu.blocks_hit = h.blocks_hit.load(std::memory_order_relaxed);
-    tu.blocks_hit_nvme = h.blocks_hit_nvme.load(std::memory_order_relaxed);
-    tu.blocks_hit_remote = h.blocks_hit_remote.load(std::memory_order_relaxed);
+    for (size_t i = 0; i < kMaxLowerTiers; ++i) tu.blocks_hit_lane[i] = h.blocks_hit_lane[i].load(std::memory_order_relaxed);
     tu.tokens_queried = h.tokens_queried.load(std::memory_order_relaxed);
     tu.tokens_hit = h.tokens_hit.load(std::memory_order_relaxed);
     tu.quota = t->Quota();

@@ -294,15 +294,14 @@ absl::StatusOr<uint32_t> BlockStore::Lookup(SessionHoldings& s, std::span<const 
   for (size_t i = 0; i < books_.lanes.size(); ++i) {
     if (h.by_lane[i] == 0) continue;
     books_.lanes[i]->hits.fetch_add(h.by_lane[i], kRelaxed);
+    th.blocks_hit_lane[i].fetch_add(h.by_lane[i], kRelaxed);
     (shared_.IsShared(static_cast<uint8_t>(i)) ? in_shared : in_local) += h.by_lane[i];
   }
-  books_.stats->blocks_hit_nvme.Add(in_local);
-  books_.stats->blocks_hit_remote.Add(in_shared);
+  books_.stats->blocks_hit_local.Add(in_local);
+  books_.stats->blocks_hit_shared.Add(in_shared);
   books_.stats->tokens_hit.Add(uint64_t{h.hit} * s.ns.block_tokens);
   th.lookup_hits.fetch_add(1, kRelaxed);
   th.blocks_hit.fetch_add(h.hit, kRelaxed);
-  th.blocks_hit_nvme.fetch_add(in_local, kRelaxed);
-  th.blocks_hit_remote.fetch_add(in_shared, kRelaxed);
   th.tokens_hit.fetch_add(uint64_t{h.hit} * s.ns.block_tokens, kRelaxed);
   TouchHits(*books_.tenants[s.ns.tenant], h);
   *lease_id = s.next_id++;

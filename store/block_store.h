@@ -113,8 +113,10 @@ struct TenantUsage {
   uint64_t pinned_blocks = 0;  // blocks with at least one lease
   uint64_t evictions = 0;
   // Leased lookups and what they found (BlockStore::Lookup), per tenant.
-  uint64_t lookups = 0, lookup_hits = 0, blocks_queried = 0, blocks_hit = 0, blocks_hit_nvme = 0,
-           blocks_hit_remote = 0, tokens_queried = 0, tokens_hit = 0;
+  uint64_t lookups = 0, lookup_hits = 0, blocks_queried = 0, blocks_hit = 0, tokens_queried = 0, tokens_hit = 0;
+  // Of blocks_hit, those found in each lower tier (by chain position; the
+  // lanes' kinds are the store's LowerTiers()).
+  std::array<uint64_t, kMaxLowerTiers> blocks_hit_lane{};
   uint64_t host_tokens = 0;  // resident in the host arena
   uint64_t nvme_bytes = 0, nvme_tokens = 0;
   TenantQuota quota;

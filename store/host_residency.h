@@ -13,6 +13,7 @@
 #define KVTIER_STORE_HOST_RESIDENCY_H_
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -134,8 +135,10 @@ class HostResidency {
   std::atomic<uint64_t> evictions{0};
   // This tenant's leased lookups and what they found ([metrics] per_tenant).
   struct Hits {
-    std::atomic<uint64_t> lookups{0}, lookup_hits{0}, blocks_queried{0}, blocks_hit{0}, blocks_hit_nvme{0},
-        blocks_hit_remote{0}, tokens_queried{0}, tokens_hit{0};
+    std::atomic<uint64_t> lookups{0}, lookup_hits{0}, blocks_queried{0}, blocks_hit{0}, tokens_queried{0},
+        tokens_hit{0};
+    // Of blocks_hit, those found in each lower tier (by chain position).
+    std::array<std::atomic<uint64_t>, kMaxLowerTiers> blocks_hit_lane{};
   } hits;
   // Lookups of this tenant waiting on the shared tier now
   // (SharedTiers::ProbeBlocks): at most kMaxSharedProbesPerTenant, so one

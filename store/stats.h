@@ -102,8 +102,11 @@ struct DaemonStats {
   // feed hit statistics. Lookups without a lease (scheduler probes that may
   // repeat) are counted apart and change nothing.
   Counter lookups, lookup_hits, probes;
-  Counter blocks_queried, blocks_hit, blocks_hit_nvme, tokens_queried, tokens_hit;
-  Counter blocks_hit_remote;  // of blocks_hit: their copy was in the shared tier (not in blocks_hit_nvme)
+  Counter blocks_queried, blocks_hit, tokens_queried, tokens_hit;
+  // Of blocks_hit, those whose copy was below host memory: in a lower tier
+  // of this node's own (NVMe) or in a tier other nodes share (a Redis
+  // Cluster, a shared directory). Each lane's own are its `hits`.
+  Counter blocks_hit_local, blocks_hit_shared;
   Counter stores, blocks_stored, bytes_stored, store_aborts, blocks_already_present;
   Counter loads, blocks_loaded, bytes_loaded, load_failures;
   Counter evictions, invalidations, store_refused_no_space;

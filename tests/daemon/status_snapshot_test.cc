@@ -27,13 +27,14 @@ StatusSnapshot Distinct() {
   s.uptime_s = 12.5;
   s.host = {.policy = "adaptive", .capacity_bytes = 1000, .used_bytes = 600, .blocks = 7, .pinned_blocks = 2,
             .evictions = 3, .stranded_bytes = 40, .high_watermark = 0.9, .low_watermark = 0.8};
-  StatusSnapshot::Lower nvme{.name = "nvme", .chain_position = 0, .policy = "lru", .durable = true, .blocks = 11};
+  StatusSnapshot::Lower nvme{.name = "nvme", .kind = "nvme", .chain_position = 0, .policy = "lru", .durable = true,
+                              .blocks = 11, .hits = 25};
   nvme.io = {.capacity_bytes = 5000, .used_bytes = 2500, .used_slots = 12, .bytes_read = 333, .bytes_written = 444,
              .checksum_failures = 5};
   nvme.nvme = NvmeStats{.io_engine = "io_uring", .journal_records = 17};
   s.lower.push_back(nvme);
-  StatusSnapshot::Lower below{.name = "memory", .chain_position = 1, .durable = false, .blocks = 13,
-                              .health = TierHealth::kDegraded};
+  StatusSnapshot::Lower below{.name = "memory", .kind = "remote", .shared = true, .chain_position = 1,
+                              .durable = false, .blocks = 13, .hits = 7, .health = TierHealth::kDegraded};
   below.io = {.capacity_bytes = 8000, .used_bytes = 100};
   s.lower.push_back(below);
   StatusSnapshot::Tenant t;
@@ -57,7 +58,8 @@ StatusSnapshot Distinct() {
   st.lookup_hits.Add(40);
   st.blocks_queried.Add(90);
   st.blocks_hit.Add(60);
-  st.blocks_hit_nvme.Add(25);
+  st.blocks_hit_local.Add(25);
+  st.blocks_hit_shared.Add(7);
   st.tokens_queried.Add(1000);
   st.tokens_hit.Add(250);
   st.bytes_stored.Add(4096 * 3);
@@ -76,6 +78,32 @@ StatusSnapshot Distinct() {
   return s;
 }
 
+// Hits below host memory are shown by the kind of tier they came from: two
+// tiers of one kind are summed, and a shared directory's hits are not the
+// cluster's ("remote") or NVMe's.
+TEST(StatusSnapshotTest, HitsAreCountedByTheKindOfTierTheyCameFrom) {
+  StatusSnapshot s = Distinct();
+  s.lower.clear();
+  s.lower.push_back({.name = "fs", .kind = "fs", .shared = true, .chain_position = 0, .hits = 4});
+  s.lower.push_back({.name = "remote", .kind = "remote", .shared = true, .chain_position = 1, .hits = 9});
+  s.lower.push_back({.name = "fs", .kind = "fs", .shared = true, .chain_position = 2, .hits = 6});
+  s.stats.blocks_hit_local = Counter();
+  s.stats.blocks_hit_shared = Counter();
+  s.stats.blocks_hit_shared.Add(19);
+  TenantUsage& u = s.tenants[0].usage;
+  u.blocks_hit = 30;
+  u.blocks_hit_lane = {1, 2, 3};
+  const std::string p = PrometheusText(s, true);
+  EXPECT_EQ(Sample(p, "kvtier_blocks_hit_total{tier=\"fs\"}"), 10);
+  EXPECT_EQ(Sample(p, "kvtier_blocks_hit_total{tier=\"remote\"}"), 9);
+  EXPECT_EQ(Sample(p, "kvtier_blocks_hit_total{tier=\"nvme\"}"), -1) << "no series for a kind the chain lacks";
+  EXPECT_EQ(Sample(p, "kvtier_blocks_hit_total{tier=\"host\"}"), 60 - 19);
+  EXPECT_EQ(Sample(p, "kvtier_tenant_blocks_hit_total{tenant=\"team\\\"a\",tier=\"fs\"}"), 4);
+  EXPECT_EQ(Sample(p, "kvtier_tenant_blocks_hit_total{tenant=\"team\\\"a\",tier=\"remote\"}"), 2);
+  EXPECT_EQ(Sample(p, "kvtier_tenant_blocks_hit_total{tenant=\"team\\\"a\",tier=\"host\"}"), 24);
+  EXPECT_EQ(StatusJson(s)["stats"]["blocks_hit_shared"], 19);
+}
+
 TEST(StatusSnapshotTest, TheJsonAndThePrometheusTextSayTheSame) {
   const StatusSnapshot s = Distinct();
   const nlohmann::json j = StatusJson(s);
@@ -85,9 +113,12 @@ TEST(StatusSnapshotTest, TheJsonAndThePrometheusTextSayTheSame) {
   EXPECT_EQ(st["lookups"], 100);
   EXPECT_EQ(Sample(p, "kvtier_lookups_total"), 100);
   EXPECT_EQ(Sample(p, "kvtier_lookup_hits_total"), st["lookup_hits"].get<double>());
-  EXPECT_EQ(st["blocks_hit_host"], 35);
-  EXPECT_EQ(Sample(p, "kvtier_blocks_hit_total{tier=\"host\"}"), 35);
+  EXPECT_EQ(st["blocks_hit_host"], 28);
+  EXPECT_EQ(st["blocks_hit_local"], 25);
+  EXPECT_EQ(st["blocks_hit_shared"], 7);
+  EXPECT_EQ(Sample(p, "kvtier_blocks_hit_total{tier=\"host\"}"), 28);
   EXPECT_EQ(Sample(p, "kvtier_blocks_hit_total{tier=\"nvme\"}"), 25);
+  EXPECT_EQ(Sample(p, "kvtier_blocks_hit_total{tier=\"remote\"}"), 7);
   EXPECT_EQ(st["blocks_missed"], 30);
   EXPECT_EQ(Sample(p, "kvtier_blocks_missed_total"), 30);
   EXPECT_DOUBLE_EQ(st["hit_rate"].get<double>(), 0.4);
@@ -132,8 +163,8 @@ TEST(StatusSnapshotTest, TheJsonAndThePrometheusTextSayTheSame) {
   u.lookups = 11;
   u.lookup_hits = 7;
   u.blocks_hit = 20;
-  u.blocks_hit_nvme = 5;
-  u.blocks_hit_remote = 3;
+  u.blocks_hit_lane[0] = 5;
+  u.blocks_hit_lane[1] = 3;
   u.tokens_queried = 640;
   u.tokens_hit = 320;
   const std::string detailed = PrometheusText(with_hits, true);

@@ -90,7 +90,7 @@ TEST(NvmeE2eTest, BlocksEvictedFromHostComeBackFromNvmeWithTheirBytes) {
   EXPECT_EQ(StatusInt(d, "host", "evictions_dropped"), 0);
   EXPECT_EQ(StatusInt(d, "nvme", "checksum_failures"), 0);
   auto s = d.Status();
-  EXPECT_GE((*s)["stats"]["blocks_hit_nvme"].get<int>(), 16);
+  EXPECT_GE((*s)["stats"]["blocks_hit_local"].get<int>(), 16);
   EXPECT_EQ((*s)["tiers"][1]["io_engine"].get<std::string>().rfind("io_uring", 0), 0u);
 }
 

@@ -567,7 +567,7 @@ TEST_F(BlockStoreNvmeTest, HostEvictionDemotesAndLoadsPromoteBack) {
   // The promoted blocks are back in host memory (and still on NVMe).
   EXPECT_EQ(LoadVerified(*s, 0, 4, &tiers), 4u);
   EXPECT_EQ(tiers, std::vector<TierKind>(4, TierKind::kHost));
-  EXPECT_EQ(stats_.blocks_hit_nvme.Get(), 4u);
+  EXPECT_EQ(stats_.blocks_hit_local.Get(), 4u);
 }
 
 // The store reaches its lower tier only through BlockTier: an in-memory tier

@@ -50,7 +50,7 @@ TEST(ToolsTest, KvtierctlStatusInBothForms) {
   EXPECT_NE(human.out.find("cost model default (Llama-3.1-8B shape): prefill 300.0 TFLOP/s (prior"),
             std::string::npos)
       << human.out;
-  EXPECT_NE(human.out.find("decisions: NVMe hits loaded 0, reported recompute 0"), std::string::npos);
+  EXPECT_NE(human.out.find("decisions: hits loaded from local lower tiers 0, reported recompute 0"), std::string::npos);
   EXPECT_NE(human.out.find("EVICTING BY"), std::string::npos);
   Output js = RunCommand(ctl + " --json status");
   ASSERT_EQ(js.exit_code, 0);
@@ -634,7 +634,7 @@ TEST(ToolsTest, ReplayWithHostAndNvmeReportsHitsPerTier) {
   EXPECT_DOUBLE_EQ(j["token_hit_rate"].get<double>(), 8.0 / 32.0);
   auto s = d.Status();
   ASSERT_TRUE(s.ok()) << s.status() << "\n" << d.Log();
-  EXPECT_EQ((*s)["stats"]["blocks_hit_nvme"], 8);
+  EXPECT_EQ((*s)["stats"]["blocks_hit_local"], 8);
   // kvtierctl tiers shows the NVMe tier in both forms.
   const std::string ctl = Tool("kvtierctl") + " --socket " + d.admin_socket_path();
   Output human = RunCommand(ctl + " tiers");

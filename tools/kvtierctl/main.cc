@@ -228,14 +228,13 @@ void PrintStatus(const json& s) {
             << ", reused-token ratio " << Fixed(Dbl(At(st, "reused_token_ratio")), 3)
             << " of the tokens in full blocks, block hit rate "
             << Fixed(Dbl(At(st, "block_hit_rate")), 3) << ")  probes " << n("probes") << "\n"
-            << "blocks hit " << n("blocks_hit") << " (host " << n("blocks_hit_host") << ", nvme "
-            << n("blocks_hit_nvme") << (At(st, "blocks_hit_remote").is_number() ? ", remote " + n("blocks_hit_remote") : "")
-            << ")  missed " << n("blocks_missed") << "  tokens reused "
-            << n("tokens_hit") << " of " << n("tokens_queried") << "\n"
+            << "blocks hit " << n("blocks_hit") << " (host " << n("blocks_hit_host") << ", local lower tiers "
+            << n("blocks_hit_local") << ", shared tiers " << n("blocks_hit_shared") << ")  missed " << n("blocks_missed")
+            << "  tokens reused " << n("tokens_hit") << " of " << n("tokens_queried") << "\n"
             << "stored " << n("blocks_stored") << " blocks (" << Bytes(st, "bytes_stored") << ")  loaded "
             << n("blocks_loaded") << " blocks (" << Bytes(st, "bytes_loaded") << ")  evictions " << n("evictions")
             << "  refused (no space) " << n("store_refused_no_space") << "\n"
-            << "decisions: NVMe hits loaded " << n("blocks_hit_nvme") << ", reported recompute "
+            << "decisions: hits loaded from local lower tiers " << n("blocks_hit_local") << ", reported recompute "
             << n("blocks_recompute") << "; evictions demoted " << Num(t0, "demotions") << ", dropped "
             << Num(t0, "evictions_dropped") << " (by cost " << Num(t0, "evictions_dropped_by_cost")
             << "); in the background " << Num(t0, "evictions_background") << " (watermarks "
