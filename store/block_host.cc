@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // BlockStore: each tenant's host residency. The background reclaimer's pass
 // and the admin changes to it (evict a tenant, quotas, watermarks); slot
-// allocation and eviction are the migrator's (migrator_room.cc).
+// allocation and victim choice are HostResidency's (host_room.cc), the
+// victims' moves the migrator's.
 #include "store/block_store.h"
 
 #include "core/checked.h"
@@ -34,7 +35,7 @@ absl::StatusOr<uint64_t> BlockStore::EvictTenant(const std::string& tenant) {
     const uint64_t slots = t.host->Usage().used_slots;
     for (uint64_t i = 0; i < slots; ++i) {
       const uint64_t before = t.host->Usage().used_slots;
-      if (!migrator_.EvictColdestLocked(t)) break;  // counts its evictions
+      if (!t.EvictColdestLocked()) break;  // counts its evictions
       if (t.host->Usage().used_slots < before) ++evicted;
     }
     return evicted;
@@ -88,7 +89,7 @@ void BlockStore::ReclaimPass() {
             break;
           }
           const size_t before = pending.size();
-          if (!migrator_.EvictColdestLocked(t, &pending, /*give_segments=*/true)) break;  // everything left is pinned or moving
+          if (!t.EvictColdestLocked(&pending, /*give_segments=*/true)) break;  // everything left is pinned or moving
           for (size_t i = before; i < pending.size(); ++i) {
             freeing_bytes += t.host->SlotBytes(pending[i].host_slot);
             freeing_tokens += t.slots.tokens(pending[i].host_slot);

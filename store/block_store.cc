@@ -3,9 +3,11 @@
 // lower tier recovered); lookups, leases, loads, prefetch and invalidation.
 // Stores are in block_writes.cc, the reclaimer's pass and the admin changes
 // to host residency in block_host.cc, the read-only reports in
-// block_reports.cc. Every move between tiers is the Migrator's (migrator.h),
-// and so are host slots (migrator_room.cc: making room is eviction); the
-// books it shares with this class, and a record's life, are StoreBooks'.
+// block_reports.cc. Every move between tiers is the Migrator's (migrator.h);
+// host slots and the victims that make room for them are each tenant's
+// HostResidency's (host_room.cc), which hands each victim to the migrator
+// to move. The books they share with this class, and a record's life, are
+// StoreBooks'.
 #include "store/block_store.h"
 
 #include "core/checked.h"
@@ -29,8 +31,7 @@ BlockStore::BlockStore(const Options& opts, DaemonStats* stats)
       migrator_(books_,
                 {.cascade_high = opts.cascade_high,
                  .cascade_low = opts.cascade_low,
-                 .shared_min_block_bytes = opts.shared_min_block_bytes},
-                &reclaimer_),  // constructed after it, used only once sessions run
+                 .shared_min_block_bytes = opts.shared_min_block_bytes}),
       shared_(books_, migrator_,
               {.probe_budget_us = opts.shared_probe_budget_us,
                .writes = opts.shared_writes,
@@ -92,7 +93,8 @@ absl::StatusOr<uint16_t> BlockStore::AddTenant(std::string name, std::unique_ptr
   if (books_.tenants.size() >= UINT16_MAX) return absl::ResourceExhaustedError("too many tenants");
   const uint64_t hash = TenantHash(name);
   auto t = std::make_unique<HostResidency>(std::move(name), hash, std::move(host), std::move(gpu), quota, opts_.policy,
-                                           &books_.index);
+                                           &books_.index,
+                                           HostResidency::Room{.evictor = &migrator_, .stats = books_.stats, .reclaimer = &reclaimer_});
   for (auto& lane : books_.lanes) {
     MutexLock nl(&lane->mu);
     lane->GrowTenantsLocked(books_.tenants.size() + 1);

@@ -398,7 +398,7 @@ class BlockStore {
 
   BlockStore(const Options& opts, DaemonStats* stats);
 
-  // --- host tier (block_host.cc); its slots and eviction are the migrator's (migrator_room.cc)
+  // --- host tier (block_host.cc); its slots and victims are each tenant's HostResidency's (host_room.cc)
   // One pass of the reclaimer: every tenant above the high mark, down to the low.
   void ReclaimPass();
 

@@ -124,10 +124,10 @@ absl::StatusOr<uint32_t> BlockStore::StoreBegin(SessionHoldings& s, std::span<co
     books_.stats->store_refused_no_space.Add();
     return CodedStatus(KVTIER_ENOSPC, too_big);
   }
-  uint32_t busy_wait_ms = Migrator::kStoreBusyWaitMs;  // for all of this store's slots together
+  uint32_t busy_wait_ms = HostResidency::kStoreBusyWaitMs;  // for all of this store's slots together
   for (size_t j = 0; j < created.records.size(); ++j) {
     BlockRecord* r = created.records[j];
-    absl::StatusOr<SlotHandle> slot = migrator_.AllocateHostSlotLocked(t, s.ns.block_bytes, s.ns.block_tokens, r, &busy_wait_ms);
+    absl::StatusOr<SlotHandle> slot = t.AllocateSlotLocked(s.ns.block_bytes, s.ns.block_tokens, r, &busy_wait_ms);
     if (!slot.ok()) {
       give_back();
       return slot.status();

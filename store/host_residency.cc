@@ -12,13 +12,16 @@
 namespace kvtier {
 
 HostResidency::HostResidency(std::string name, uint64_t hash, std::unique_ptr<HostTier> host,
-                             std::unique_ptr<GpuCache> gpu, TenantQuota quota, std::string policy, BlockIndex* index)
+                             std::unique_ptr<GpuCache> gpu, TenantQuota quota, std::string policy, BlockIndex* index,
+                             Room room)
     : name(std::move(name)),
       hash(hash),
       host(std::move(host)),
       gpu(std::move(gpu)),
       slots(index),
-      policy_(std::move(policy)) {
+      policy_(std::move(policy)),
+      index_(index),
+      room_(room) {
   SetQuota(quota);
 }
 

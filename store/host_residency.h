@@ -3,9 +3,10 @@
 // eviction policy per block size behind a ChainGuard (leaves before
 // parents), each slot's owner, tokens and age (HostSlotTable), its quotas,
 // and what waits on its slots (deferred demotions, promotions in flight).
-// The store (BlockStore) decides what to evict and moves the copies; the
-// residency keeps the books and answers how full it is, which policy holds
-// a size, and which of other sizes' segments are coldest.
+// The residency keeps the books and makes room: it hands out host slots
+// (AllocateSlotLocked), choosing victims while the arena or a quota is full
+// (host_room.cc); moving a victim's copy (keep below, demote, drop) is its
+// evictor's, the migrator's.
 //
 // Everything marked Locked needs `mu`, the tenant's tier lock
 // (docs/architecture.md, "Lock order").
@@ -24,6 +25,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/functional/any_invocable.h"
+#include "absl/status/statusor.h"
 #include "core/mutex.h"
 #include "core/units.h"
 #include "store/gpu_cache.h"
@@ -34,9 +36,14 @@
 namespace kvtier {
 
 class KvEvents;
+class Reclaimer;
+class HostResidency;
 
 struct BlockRecord;
+struct DaemonStats;
+struct PendingDemotion;
 class BlockIndex;
+class HostEvictor;
 
 // A tenant's quotas; 0 = none beyond the tier's size. Counted in resident
 // blocks (admission in tokens, not requests): a store's blocks from
@@ -49,11 +56,44 @@ struct TenantQuota {
 
 class HostResidency {
  public:
+  // What making room uses; each outlives the residency. `evictor` moves
+  // victims out; `stats` counts evictions and refusals; `reclaimer` (may be
+  // null) is woken when an allocation leaves the tenant past its high mark.
+  struct Room {
+    HostEvictor* evictor = nullptr;
+    DaemonStats* stats = nullptr;
+    Reclaimer* reclaimer = nullptr;
+  };
   // `policy`: the eviction policy's name (checked by the caller), one
   // instance per block size, made on first use. `index`: the store's, whose
   // records own the slots; it outlives the residency.
   HostResidency(std::string name, uint64_t hash, std::unique_ptr<HostTier> host, std::unique_ptr<GpuCache> gpu,
-                TenantQuota quota, std::string policy, BlockIndex* index);
+                TenantQuota quota, std::string policy, BlockIndex* index, Room room);
+
+  // --- room (host_room.cc)
+  // A host slot for a block of `bytes` holding `tokens` tokens, owned by
+  // `owner`, evicting while the arena is full or the token quota would be
+  // exceeded. With `busy_wait_ms` (a store's, on its session thread): when
+  // every block that could go is only busy with I/O for a moment (a
+  // write-through, a move of its lower copy down the chain), not pinned,
+  // wait for it in 1 ms steps (mu let go) while *busy_wait_ms lasts,
+  // spending it; one budget for all of a store's slots. Without it
+  // (promotions, which may run on a tier's completion thread): refused at
+  // once. Wakes the reclaimer past its high mark.
+  absl::StatusOr<SlotHandle> AllocateSlotLocked(uint64_t bytes, uint32_t tokens, BlockRecord* owner,
+                                                uint32_t* busy_wait_ms = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // What a store may wait in all for blocks busy a moment (AllocateSlotLocked).
+  static constexpr uint32_t kStoreBusyWaitMs = 50;
+  // Evicts one block, from the block size that holds the most bytes; false
+  // when nothing can go. With `give_segments` (the background reclaimer),
+  // once per segment's worth of evictions of a size, a whole segment of
+  // another size whose blocks are all colder than that size's coldest goes
+  // instead (ReclaimSegmentLocked), as stores that need room do: else the
+  // reclaimer keeps a new size's own slots free, its stores never need
+  // room, and a cold size's segments are never given back.
+  bool EvictColdestLocked(std::vector<PendingDemotion>* deferred = nullptr, bool give_segments = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
   HostResidency(const HostResidency&) = delete;
   HostResidency& operator=(const HostResidency&) = delete;
 
@@ -175,11 +215,40 @@ class HostResidency {
   };
   OwnerKeys owner_keys_{&slots};
   const std::string policy_;
+  BlockIndex* const index_;
+  const Room room_;
+
+  // The policy's coldest block that may go now (not pinned, not moving);
+  // *saw_busy (if given) is set when the policy offered one that is not
+  // pinned but busy (moving, or held by I/O): room that comes back soon.
+  std::optional<SlotHandle> PickVictimLocked(ChainGuard* policy, bool* saw_busy = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Empties the coldest segment of another block size than `slot_bytes`
+  // whose blocks are all older than `min_age` ticks (any age without one)
+  // and may all go now; false when there is none.
+  bool ReclaimSegmentLocked(uint64_t slot_bytes, std::optional<uint32_t> min_age) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // One victim out through the evictor; counts it when it went.
+  void EvictOneLocked(BlockRecord* r, std::vector<PendingDemotion>* deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   Mutex probe_mu_;
   double probe_tokens_ ABSL_GUARDED_BY(probe_mu_) = 0;
   uint64_t probe_refill_ns_ ABSL_GUARDED_BY(probe_mu_) = 0;
   // Quotas: SetQuota (a config reload) may change them while sessions run.
   std::atomic<uint64_t> quota_host_tokens{0}, quota_nvme_bytes{0}, quota_nvme_tokens{0};
+};
+
+// What moves a host victim's copy out (the migrator: kept below, demoted,
+// or dropped). HostResidency chooses the victims; this only moves them.
+class HostEvictor {
+ public:
+  enum class Result { kSkipped, kEvicted };
+  // Takes r's host copy away; kSkipped when it may not go now (pinned,
+  // busy, not ready). With `deferred`, a demotion's write is left to the
+  // caller (appended there) instead of copying under t.mu.
+  virtual Result EvictHostCopyLocked(HostResidency& t, BlockRecord* r, std::vector<PendingDemotion>* deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu) = 0;
+
+ protected:
+  ~HostEvictor() = default;
 };
 
 }  // namespace kvtier

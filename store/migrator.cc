@@ -17,9 +17,8 @@
 
 namespace kvtier {
 
-Migrator::Migrator(StoreBooks& books, const Options& opts, Reclaimer* reclaimer)
+Migrator::Migrator(StoreBooks& books, const Options& opts)
     : books_(books),
-      reclaimer_(reclaimer),
       shared_min_block_bytes_(opts.shared_min_block_bytes),
       cascade_(opts.cascade_high, opts.cascade_low, CascadeHooks()) {}
 

@@ -13,9 +13,10 @@
 //     written down, with flow control (migrator_flush.cc).
 //   - The cascade (migrator_cascade.cc): cold copies move one tier down
 //     the chain; lower-tier eviction makes room on the allocating path.
-//   - Room in a host tier (AllocateHostSlotLocked, migrator_room.cc): the
-//     host slots stores and promotions take, evicting (and so demoting)
-//     the policy's coldest blocks while the arena or a quota is full.
+//
+// Room in a host tier is the tenant's HostResidency's (AllocateSlotLocked,
+// host_room.cc): it chooses the victims and calls the migrator, its
+// HostEvictor, to move each one's copy out.
 //
 // It works on the store's books (store_books.h). An operation with a tier I/O in flight on a block holds an
 // io_ref on its record: such a block is neither evicted nor destroyed until
@@ -37,7 +38,6 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "store/cascade.h"
-#include "store/reclaimer.h"
 #include "store/store_books.h"
 #include "tiers/block_tier.h"
 
@@ -52,7 +52,18 @@ struct FlushResult {
   absl::Status sync;
 };
 
-class Migrator {
+// A demotion whose copy into the first lower tier waits until the tier
+// lock is released: its block is invisible in host memory and out of the
+// policy, and its host slot stays allocated until Migrator::FinishDemotion.
+struct PendingDemotion {
+  BlockRecord* r = nullptr;
+  uint8_t lane = 0;  // the lane written: the first, or one below it when the first was full
+  SlotHandle host_slot = 0, lower_slot = 0;
+  uint64_t offset = 0;
+  BlockMeta meta;
+};
+
+class Migrator final : public HostEvictor {
  public:
   struct Options {
     // The cascade between lower tiers (with two or more): above
@@ -63,34 +74,24 @@ class Migrator {
     // Blocks smaller than this never go to a shared tier.
     uint64_t shared_min_block_bytes = 0;
   };
-  // `reclaimer` (may be null): woken when an allocation leaves a tenant
-  // past its high mark; it runs the store's ReclaimPass.
-  Migrator(StoreBooks& books, const Options& opts, Reclaimer* reclaimer);
+  Migrator(StoreBooks& books, const Options& opts);
   ~Migrator();  // stops the cascade
   Migrator(const Migrator&) = delete;
   Migrator& operator=(const Migrator&) = delete;
 
   // --- host eviction (migrator.cc)
-  // A demotion whose copy into the first lower tier waits until the tier
-  // lock is released: its block is invisible in host memory and out of the
-  // policy, and its host slot stays allocated until FinishDemotion.
-  struct PendingDemotion {
-    BlockRecord* r = nullptr;
-    uint8_t lane = 0;  // the lane written: the first, or one below it when the first was full
-    SlotHandle host_slot = 0, lower_slot = 0;
-    uint64_t offset = 0;
-    BlockMeta meta;
-  };
-  enum class EvictResult { kSkipped, kEvicted };
+  using PendingDemotion = ::kvtier::PendingDemotion;
+  using EvictResult = HostEvictor::Result;
   // Takes a host victim's copy away: kept below, demoted, or dropped (then
   // the block leaves the store). kSkipped when it may not go now (pinned,
   // busy, not ready). With `deferred`, a demotion's write is left to
   // FinishDemotion (appended there) instead of copying under the tier lock.
+  // HostResidency calls it for the victims it chooses.
   // The cascade's victim r on `from` is not admitted to the tier below:
   // drops that copy as the tier's eviction would. False (nothing done) when
   // r changed since the policy chose it.
   bool DropUnadmittedLocked(LowerLane& from, BlockRecord* r, SlotHandle slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(from.mu);
-  EvictResult EvictHostCopyLocked(HostResidency& t, BlockRecord* r, std::vector<PendingDemotion>* deferred = nullptr)
+  EvictResult EvictHostCopyLocked(HostResidency& t, BlockRecord* r, std::vector<PendingDemotion>* deferred) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
   // Starts a deferred demotion's write, then frees its host slot.
   void FinishDemotion(HostResidency& t, const PendingDemotion& d) ABSL_LOCKS_EXCLUDED(t.mu);
@@ -100,40 +101,6 @@ class Migrator {
   // write's status (FailedPrecondition when the block is already kept on a
   // tier that is not durable, Unavailable while it is moving).
   void WriteThrough(HostResidency& t, BlockRecord* r, IoPriority prio, StatusCallback done);
-
-  // --- room in a tenant's host tier (migrator_room.cc)
-  // A host slot for a block of `bytes` holding `tokens` tokens, evicting
-  // while the arena is full or the tenant's token quota would be exceeded.
-  // With `busy_wait_ms` (a store's, on its session thread): when every
-  // block that could go is only busy with I/O for a moment (a
-  // write-through, a move of its lower copy down the chain), not pinned,
-  // wait for it in 1 ms steps (t.mu let go) while *busy_wait_ms lasts,
-  // spending it; one budget for all of a store's slots. Without it
-  // (promotions, which may run on a tier's completion thread): refused at
-  // once. Wakes the reclaimer past its high mark.
-  absl::StatusOr<SlotHandle> AllocateHostSlotLocked(HostResidency& t, uint64_t bytes, uint32_t tokens, BlockRecord* owner,
-                                                    uint32_t* busy_wait_ms = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
-  // What a store may wait in all for blocks busy a moment (AllocateHostSlotLocked).
-  static constexpr uint32_t kStoreBusyWaitMs = 50;
-  // The policy's coldest block that may go now (not pinned, not moving);
-  // *saw_busy (if given) is set when the policy offered one that is not
-  // pinned but busy (moving, or held by I/O): room that comes back soon.
-  std::optional<SlotHandle> PickHostVictimLocked(HostResidency& t, ChainGuard* policy, bool* saw_busy = nullptr)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
-  // Empties the coldest segment of another block size than `slot_bytes`
-  // whose blocks are all older than `min_age` ticks (any age without one)
-  // and may all go now; false when there is none.
-  bool ReclaimSegmentLocked(HostResidency& t, uint64_t slot_bytes, std::optional<uint32_t> min_age)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
-  // Evicts one block, from the block size that holds the most bytes; false
-  // when nothing can go. With `give_segments` (the background reclaimer),
-  // once per segment's worth of evictions of a size, a whole segment of
-  // another size whose blocks are all colder than that size's coldest goes
-  // instead (ReclaimSegmentLocked), as stores that need room do: else the
-  // reclaimer keeps a new size's own slots free, its stores never need
-  // room, and a cold size's segments are never given back.
-  bool EvictColdestLocked(HostResidency& t, std::vector<PendingDemotion>* deferred = nullptr,
-                          bool give_segments = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
 
   // --- promotion (migrator_promotion.cc)
   // Brings r's lower copy into a host slot; `done(ok)` when it is there or
@@ -271,7 +238,6 @@ class Migrator {
   bool FinishCascadeMove(LowerLane& from, LowerLane& to, CascadeMove& m) ABSL_LOCKS_EXCLUDED(from.mu, to.mu);
 
   StoreBooks& books_;
-  Reclaimer* const reclaimer_;  // may be null
   std::atomic<uint64_t> cost_demotions_{0};  // a counter only: no lock
   const uint64_t shared_min_block_bytes_;
   // Last: stopped first, before anything its passes touch goes.

@@ -41,7 +41,7 @@ Migrator::PromotionPlan Migrator::PlanPromotionLocked(HostResidency& t, BlockRec
     }
   }
   if (p.next != PromotionPlan::kRead) return p;
-  absl::StatusOr<SlotHandle> slot = AllocateHostSlotLocked(t, meta.payload_bytes, meta.block_tokens, r);
+  absl::StatusOr<SlotHandle> slot = t.AllocateSlotLocked(meta.payload_bytes, meta.block_tokens, r);
   BlockIndex::Shard& sh = books_.index.ShardFor(r);
   if (!slot.ok()) {
     MutexLock sl(&sh.mu);

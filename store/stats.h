@@ -111,7 +111,7 @@ struct DaemonStats {
   Counter loads, blocks_loaded, bytes_loaded, load_failures;
   Counter evictions, invalidations, store_refused_no_space;
   // Stores that found every block they could evict busy with I/O for a
-  // moment, and waited for it (Migrator::AllocateHostSlotLocked).
+  // moment, and waited for it (HostResidency::AllocateSlotLocked).
   Counter stores_waited_for_busy_blocks;
   // Movement between tiers. Host evictions end as kept (an NVMe copy already
   // existed), demoted (written to NVMe) or dropped.

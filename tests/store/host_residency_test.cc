@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "store/block_index.h"
+#include "store/stats.h"
 
 namespace kvtier {
 namespace {
@@ -33,10 +34,43 @@ std::vector<BlockRecord*> Records(size_t n) {
   return out;
 }
 
-std::unique_ptr<HostResidency> MakeResidency(TenantQuota quota = {}, const std::string& policy = "lru") {
-  auto host = HostTier::Create({"residency-test", kArena, false});
+// Lets each victim's host copy go, as the migrator does when a lower copy
+// is kept, and remembers whom HostResidency chose, in order.
+class RecordingEvictor final : public HostEvictor {
+ public:
+  Result EvictHostCopyLocked(HostResidency& t, BlockRecord* r, std::vector<PendingDemotion>* /*deferred*/) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu) {
+    evicted.push_back(r);
+    SlotHandle slot;
+    {
+      BlockIndex::Shard& sh = Index().ShardFor(r);
+      MutexLock l(&sh.mu);
+      slot = r->host_slot;
+      t.LeavePolicyLocked(slot);
+      r->host_slot = kNoSlot;
+      r->state = BlockState::kNone;
+    }
+    t.FreeSlotLocked(slot);
+    return Result::kEvicted;
+  }
+  std::vector<BlockRecord*> evicted;
+};
+
+RecordingEvictor& Evictor() {
+  static RecordingEvictor* e = new RecordingEvictor;
+  return *e;
+}
+DaemonStats& Stats() {
+  static DaemonStats* s = new DaemonStats;
+  return *s;
+}
+
+std::unique_ptr<HostResidency> MakeResidency(TenantQuota quota = {}, const std::string& policy = "lru",
+                                             uint64_t arena = kArena) {
+  auto host = HostTier::Create({"residency-test", arena, false});
   EXPECT_TRUE(host.ok()) << host.status();
-  return std::make_unique<HostResidency>("t", 1, std::move(*host), nullptr, quota, policy, &Index());
+  return std::make_unique<HostResidency>("t", 1, std::move(*host), nullptr, quota, policy, &Index(),
+                                         HostResidency::Room{.evictor = &Evictor(), .stats = &Stats()});
 }
 
 // A block of `bytes` and `tokens` stored in a new slot, in its size's policy.
@@ -124,6 +158,77 @@ TEST(HostResidencyTest, ColdSegmentsOfOtherSizesComeColdestFirst) {
   const std::vector<HostResidency::Segment> others = r->ColdSegmentsLocked(8192, std::nullopt, 8);
   ASSERT_EQ(others.size(), 1u);
   EXPECT_EQ(others[0].slots, (std::vector<SlotHandle>{small}));
+}
+
+// A committed block of 4 KiB in a slot AllocateSlotLocked gave, in its policy.
+SlotHandle Commit(HostResidency& r, BlockRecord* owner, uint32_t tokens) ABSL_EXCLUSIVE_LOCKS_REQUIRED(r.mu) {
+  absl::StatusOr<SlotHandle> slot = r.AllocateSlotLocked(4096, tokens, owner);
+  EXPECT_TRUE(slot.ok()) << slot.status();
+  if (!slot.ok()) return kNoSlot;
+  {
+    BlockIndex::Shard& sh = Index().ShardFor(owner);
+    MutexLock l(&sh.mu);
+    owner->host_slot = *slot;
+    owner->state = BlockState::kReady;
+  }
+  r.PolicyForLocked(4096)->InsertWithKey(*slot, PolicyKeyOf(*owner));
+  return *slot;
+}
+
+void Pin(BlockRecord* r, uint32_t pins) {
+  BlockIndex::Shard& sh = Index().ShardFor(r);
+  MutexLock l(&sh.mu);
+  r->pins = pins;
+}
+
+// Room is the residency's: a full arena gives a slot by choosing the
+// policy's coldest block that may go (not a pinned one) and handing it to
+// its evictor, and counts the eviction.
+TEST(HostResidencyTest, AFullArenaMakesRoomByEvictingItsColdestUnpinnedBlock) {
+  constexpr uint64_t kSmall = 64 << 10;  // 16 slots of 4 KiB
+  auto r = MakeResidency({}, "lru", kSmall);
+  Evictor().evicted.clear();
+  const uint64_t evictions_before = Stats().evictions.Get();
+  MutexLock l(&r->mu);
+  const std::vector<BlockRecord*> b = Records(18);
+  for (size_t i = 0; i < 16; ++i) Commit(*r, b[i], 16);
+  EXPECT_TRUE(Evictor().evicted.empty()) << "room was there";
+  Commit(*r, b[16], 16);
+  ASSERT_EQ(Evictor().evicted.size(), 1u);
+  EXPECT_EQ(Evictor().evicted[0], b[0]) << "LRU: the first committed goes first";
+  Pin(b[1], 1);
+  Commit(*r, b[17], 16);
+  ASSERT_EQ(Evictor().evicted.size(), 2u);
+  EXPECT_EQ(Evictor().evicted[1], b[2]) << "a pinned block is passed over";
+  EXPECT_EQ(Stats().evictions.Get() - evictions_before, 2u);
+  EXPECT_EQ(r->evictions.load(), 2u);
+  Pin(b[1], 0);
+}
+
+// Over the token quota it evicts until the block fits; a block larger than
+// the quota, or one with every block pinned, is refused with ENOSPC and
+// counted, and nothing is evicted for it.
+TEST(HostResidencyTest, TheTokenQuotaEvictsAndAFullyPinnedTenantIsRefused) {
+  auto r = MakeResidency({.host_tokens = 64});
+  Evictor().evicted.clear();
+  MutexLock l(&r->mu);
+  const std::vector<BlockRecord*> b = Records(6);
+  for (size_t i = 0; i < 4; ++i) Commit(*r, b[i], 16);  // 64 of 64 tokens
+  Commit(*r, b[4], 32);                                 // two must go
+  ASSERT_EQ(Evictor().evicted.size(), 2u);
+  EXPECT_EQ(Evictor().evicted[0], b[0]);
+  EXPECT_EQ(Evictor().evicted[1], b[1]);
+  const uint64_t refused_before = Stats().store_refused_no_space.Get();
+  absl::StatusOr<SlotHandle> too_big = r->AllocateSlotLocked(4096, 65, b[5]);
+  EXPECT_FALSE(too_big.ok());
+  EXPECT_NE(too_big.status().message().find("host_tokens quota"), std::string::npos) << too_big.status();
+  for (size_t i = 2; i < 5; ++i) Pin(b[i], 1);
+  absl::StatusOr<SlotHandle> pinned = r->AllocateSlotLocked(4096, 16, b[5]);
+  EXPECT_FALSE(pinned.ok());
+  EXPECT_NE(pinned.status().message().find("pinned by leases"), std::string::npos) << pinned.status();
+  EXPECT_EQ(Evictor().evicted.size(), 2u) << "nothing pinned was evicted";
+  EXPECT_EQ(Stats().store_refused_no_space.Get() - refused_before, 2u);
+  for (size_t i = 2; i < 5; ++i) Pin(b[i], 0);
 }
 
 }  // namespace

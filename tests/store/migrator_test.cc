@@ -30,11 +30,12 @@ class MigratorTest : public ::testing::Test {
   void Make(bool with_lane, uint64_t op_latency_ns = 0) {
     migrator_.reset();
     books_ = std::make_unique<StoreBooks>(&stats_, CostTracker::Options{});
+    migrator_ = std::make_unique<Migrator>(*books_, Migrator::Options{});
     auto host = HostTier::Create({"migrator-test", 16 * kBlock, false});
     ASSERT_TRUE(host.ok()) << host.status();
     books_->tenants.push_back(
         std::make_unique<HostResidency>("t", TenantHash("t"), std::move(*host), nullptr, TenantQuota{}, "lru",
-                                        &books_->index));
+                                        &books_->index, HostResidency::Room{.evictor = migrator_.get(), .stats = &stats_}));
     books_->tenant_by_hash[books_->tenants[0]->hash] = 0;
     if (with_lane) {
       auto tier = MemoryBlockTier::Create({.capacity_bytes = 8 * kBlock, .op_latency_ns = op_latency_ns});
@@ -47,7 +48,6 @@ class MigratorTest : public ::testing::Test {
     ns.block_bytes = kBlock;
     ns.block_tokens = kTokens;
     books_->RegisterNamespace(ns);
-    migrator_ = std::make_unique<Migrator>(*books_, Migrator::Options{}, /*reclaimer=*/nullptr);
   }
   void TearDown() override {
     for (auto& lane : books_->lanes) lane->tier->Drain();
@@ -82,7 +82,7 @@ class MigratorTest : public ::testing::Test {
   Migrator::EvictResult Evict(BlockRecord* r) {
     HostResidency& t = tenant();
     MutexLock l(&t.mu);
-    return migrator_->EvictHostCopyLocked(t, r);
+    return migrator_->EvictHostCopyLocked(t, r, nullptr);
   }
 
   // Promotes r and waits for the answer.
