@@ -153,11 +153,13 @@ std::string PrometheusText(const StatusSnapshot& s, bool detailed) {
            "Blocks found by leased lookups, by the tier they were in: host, or a lower tier's kind (nvme, remote, "
            "fs; the chain's tiers of one kind summed).");
   {
-    const auto by_kind = HitsByKind(s, [](const StatusSnapshot::Lower& l) { return l.hits; });
-    uint64_t lower = 0;
-    for (const auto& [kind, n] : by_kind) lower += n;
+    // Host: from the same copy of the counters as blocks_hit (the lanes'
+    // hits are read apart, a moment earlier), so the series never goes back.
+    const uint64_t lower = st.blocks_hit_local.Get() + st.blocks_hit_shared.Get();
     w.Sample("kvtier_blocks_hit_total", "tier=\"host\"", double(st.blocks_hit.Get() - std::min(st.blocks_hit.Get(), lower)));
-    for (const auto& [kind, n] : by_kind) w.Sample("kvtier_blocks_hit_total", "tier=\"" + Esc(kind) + "\"", double(n));
+    for (const auto& [kind, n] : HitsByKind(s, [](const StatusSnapshot::Lower& l) { return l.hits; })) {
+      w.Sample("kvtier_blocks_hit_total", "tier=\"" + Esc(kind) + "\"", double(n));
+    }
   }
   w.Family("kvtier_blocks_missed_total", "counter", "Blocks leased lookups asked for and did not find.");
   w.Sample("kvtier_blocks_missed_total", "", double(st.blocks_queried.Get() - st.blocks_hit.Get()));

@@ -158,7 +158,7 @@ json LowerJson(const StatusSnapshot::Lower& l, const DaemonStats& s) {
     tier["remote"] = json{
         {"write_policy", r->write_policy},
         {"probe_budget_us", r->probe_budget_us},
-        {"hits_loaded", s.blocks_hit_shared.Get()},
+        {"hits_loaded", l.hits},
         {"probes", s.remote_probes.Get()},
         {"probe_blocks", s.remote_probe_blocks.Get()},
         {"probe_found", s.remote_probe_found.Get()},
@@ -273,7 +273,8 @@ json StatsJson(const DaemonStats& s) {
              {"probes", s.probes.Get()},
              {"blocks_queried", s.blocks_queried.Get()},
              {"blocks_hit", s.blocks_hit.Get()},
-             {"blocks_hit_host", s.blocks_hit.Get() - s.blocks_hit_local.Get() - s.blocks_hit_shared.Get()},
+             {"blocks_hit_host", s.blocks_hit.Get() - std::min(s.blocks_hit.Get(), s.blocks_hit_local.Get() +
+                                                                                    s.blocks_hit_shared.Get())},
              {"blocks_hit_local", s.blocks_hit_local.Get()},
              {"blocks_hit_shared", s.blocks_hit_shared.Get()},
              {"blocks_missed", s.blocks_queried.Get() - s.blocks_hit.Get()},

@@ -56,9 +56,12 @@ struct TenantQuota {
 
 class HostResidency {
  public:
-  // What making room uses; each outlives the residency. `evictor` moves
-  // victims out; `stats` counts evictions and refusals; `reclaimer` (may be
-  // null) is woken when an allocation leaves the tenant past its high mark.
+  // What making room uses: `evictor` moves victims out; `stats` counts
+  // evictions and refusals; `reclaimer` (may be null) is woken when an
+  // allocation leaves the tenant past its high mark. Each must outlive every
+  // call into the residency's room (the store stops its threads before it
+  // destroys the migrator and the reclaimer, and the residency's own
+  // destruction touches none of them).
   struct Room {
     HostEvictor* evictor = nullptr;
     DaemonStats* stats = nullptr;

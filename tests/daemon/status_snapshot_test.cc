@@ -102,6 +102,16 @@ TEST(StatusSnapshotTest, HitsAreCountedByTheKindOfTierTheyCameFrom) {
   EXPECT_EQ(Sample(p, "kvtier_tenant_blocks_hit_total{tenant=\"team\\\"a\",tier=\"remote\"}"), 2);
   EXPECT_EQ(Sample(p, "kvtier_tenant_blocks_hit_total{tenant=\"team\\\"a\",tier=\"host\"}"), 24);
   EXPECT_EQ(StatusJson(s)["stats"]["blocks_hit_shared"], 19);
+  // The cluster's own row loads only its own hits, not the directories'.
+  s.lower[1].remote = RemoteStatus{};
+  bool seen = false;
+  const nlohmann::json j = StatusJson(s);
+  for (const nlohmann::json& t : j["tiers"]) {
+    if (t.value("kind", "") != "remote") continue;
+    seen = true;
+    EXPECT_EQ(t["remote"]["hits_loaded"], 9) << t.dump();
+  }
+  EXPECT_TRUE(seen);
 }
 
 TEST(StatusSnapshotTest, TheJsonAndThePrometheusTextSayTheSame) {
