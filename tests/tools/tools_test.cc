@@ -627,7 +627,7 @@ TEST(ToolsTest, ReplayWithHostAndNvmeReportsHitsPerTier) {
   ASSERT_EQ(o.exit_code, 0) << o.out;
   nlohmann::json j = nlohmann::json::parse(o.out);
   EXPECT_EQ(j["blocks_hit"], 8);
-  EXPECT_EQ(j["nvme_hit_blocks"], 8);
+  EXPECT_EQ(j["lower_hit_blocks"], 8);
   EXPECT_EQ(j["host_hit_blocks"], 0);
   EXPECT_EQ(j["load_failures"], 0);
   EXPECT_EQ(j["verify_failures"], 0);

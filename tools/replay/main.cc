@@ -551,7 +551,8 @@ int main(int argc, char** argv) {
     t.AddRow({"request hit rate", Fixed(r.request_hit_rate(), 3), "requests that reused at least one block"});
     t.AddRow({"reused-token ratio", Fixed(r.reused_token_ratio(), 3), "reused tokens / prompt tokens"});
     t.AddRow({"hits from host", std::to_string(r.blocks_hit_host), "blocks found in host memory"});
-    t.AddRow({"hits from NVMe", std::to_string(r.blocks_hit_nvme), "blocks promoted from NVMe by the load"});
+    t.AddRow({"hits from lower tiers", std::to_string(r.blocks_hit_lower),
+              "blocks promoted from NVMe or a shared tier by the load"});
     t.AddRow({"load failures", std::to_string(r.load_failures), "hits that failed to come back: recomputed"});
     t.AddRow({"prompt tokens", std::to_string(r.prompt_tokens), ""});
     t.AddRow({"stored", kvtier::FormatBytes(r.bytes_stored), std::to_string(r.blocks_stored) + " blocks"});

@@ -87,7 +87,7 @@ class SessionWorker {
       for (uint32_t i = 0; i < hit; ++i) {
         // Below host memory (NVMe, or a shared tier), or in it.
         (found->tiers[i] == TierKind::kHost || found->tiers[i] == TierKind::kGpu ? result_.blocks_hit_host
-                                                                                 : result_.blocks_hit_nvme)++;
+                                                                                 : result_.blocks_hit_lower)++;
       }
       uint32_t loaded = 0;
       if (hit > 0) {
@@ -187,7 +187,7 @@ nlohmann::json ReplayResult::ToJson() {
                         {"blocks_requested", blocks_requested},
                         {"blocks_hit", blocks_hit},
                         {"host_hit_blocks", blocks_hit_host},
-                        {"nvme_hit_blocks", blocks_hit_nvme},
+                        {"lower_hit_blocks", blocks_hit_lower},
                         {"load_failures", load_failures},
                         {"token_hit_rate", token_hit_rate()},
                         {"request_hit_rate", request_hit_rate()},
@@ -257,7 +257,7 @@ ReplayResult Replay(Workload& workload, const ReplayOptions& opts) {
     out.blocks_requested += r.blocks_requested;
     out.blocks_hit += r.blocks_hit;
     out.blocks_hit_host += r.blocks_hit_host;
-    out.blocks_hit_nvme += r.blocks_hit_nvme;
+    out.blocks_hit_lower += r.blocks_hit_lower;
     out.load_failures += r.load_failures;
     out.requests_with_hit += r.requests_with_hit;
     out.blocks_stored += r.blocks_stored;

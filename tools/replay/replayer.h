@@ -33,7 +33,7 @@ struct ReplayResult {
   uint64_t blocks_requested = 0;
   uint64_t blocks_hit = 0;
   uint64_t blocks_hit_host = 0;  // found in host memory
-  uint64_t blocks_hit_nvme = 0;  // found on NVMe (promoted by the load)
+  uint64_t blocks_hit_lower = 0;  // found below host memory (NVMe or a shared tier; promoted by the load)
   uint64_t load_failures = 0;    // hit, but failed to come back: recomputed
   uint64_t requests_with_hit = 0;
   uint64_t blocks_stored = 0;
