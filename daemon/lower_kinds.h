@@ -14,7 +14,7 @@
 // too), the daemon half only into kvtierd. A kind of its own folder
 // (tiers/fs/) defines both halves and its settings struct there and
 // registers them from its CMakeLists.txt (kvtier_lower_kind, in
-// cmake/KvtierHelpers.cmake); the build writes this table's entry, the
+// cmake/KvtierLowerKinds.cmake); the build writes this table's entry, the
 // registry's and Config's member for it, and links its libraries.
 #ifndef KVTIER_DAEMON_LOWER_KINDS_H_
 #define KVTIER_DAEMON_LOWER_KINDS_H_
