@@ -15,10 +15,12 @@
 # its library joins kvtier_daemon. kvtier_write_lower_kinds() writes the
 # lists out once every kind has registered (tiers/CMakeLists.txt), so the
 # only line outside a kind's folder is the add_subdirectory() that finds it.
+# What the lists are written from, per kind; the libraries are kept apart.
+set(KVTIER_LOWER_KIND_FIELDS MEMBER SETTINGS SETTINGS_HEADER CONFIG CONFIG_HEADER OPEN OPEN_HEADER)
+
 function(kvtier_lower_kind)
-  cmake_parse_arguments(K "" "NAME;MEMBER;SETTINGS;SETTINGS_HEADER;CONFIG;CONFIG_HEADER;CONFIG_LIB;OPEN;OPEN_HEADER;OPEN_LIB"
-                        "" ${ARGN})
-  foreach(arg NAME MEMBER SETTINGS SETTINGS_HEADER CONFIG CONFIG_HEADER CONFIG_LIB OPEN OPEN_HEADER OPEN_LIB)
+  cmake_parse_arguments(K "" "NAME;${KVTIER_LOWER_KIND_FIELDS};CONFIG_LIB;OPEN_LIB" "" ${ARGN})
+  foreach(arg NAME ${KVTIER_LOWER_KIND_FIELDS} CONFIG_LIB OPEN_LIB)
     if(NOT K_${arg})
       message(FATAL_ERROR "kvtier_lower_kind(${K_NAME}): ${arg} is missing")
     endif()
@@ -33,7 +35,7 @@ function(kvtier_lower_kind)
     message(FATAL_ERROR "kvtier_lower_kind: a kind named \"${K_NAME}\" is already registered")
   endif()
   set_property(GLOBAL APPEND PROPERTY KVTIER_LOWER_KIND_NAMES ${K_NAME})
-  foreach(arg MEMBER SETTINGS SETTINGS_HEADER CONFIG CONFIG_HEADER OPEN OPEN_HEADER)
+  foreach(arg ${KVTIER_LOWER_KIND_FIELDS})
     set_property(GLOBAL PROPERTY KVTIER_LOWER_KIND_${K_NAME}_${arg} ${K_${arg}})
   endforeach()
   set_property(GLOBAL APPEND PROPERTY KVTIER_LOWER_KIND_CONFIG_LIBS ${K_CONFIG_LIB})
@@ -54,7 +56,7 @@ function(kvtier_write_lower_kinds)
     set(${part} "")
   endforeach()
   foreach(n IN LISTS names)
-    foreach(arg MEMBER SETTINGS SETTINGS_HEADER CONFIG CONFIG_HEADER OPEN OPEN_HEADER)
+    foreach(arg ${KVTIER_LOWER_KIND_FIELDS})
       get_property(${arg} GLOBAL PROPERTY KVTIER_LOWER_KIND_${n}_${arg})
     endforeach()
     string(APPEND SETTINGS_INCLUDES "#include \"${SETTINGS_HEADER}\"\n")

@@ -230,8 +230,8 @@ class HostResidency {
   // whose blocks are all older than `min_age` ticks (any age without one)
   // and may all go now; false when there is none.
   bool ReclaimSegmentLocked(uint64_t slot_bytes, std::optional<uint32_t> min_age) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
-  // One victim out through the evictor; counts it when it went.
-  void EvictOneLocked(BlockRecord* r, std::vector<PendingDemotion>* deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // One victim out through the evictor; counts it when it went (true).
+  bool EvictOneLocked(BlockRecord* r, std::vector<PendingDemotion>* deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   Mutex probe_mu_;
   double probe_tokens_ ABSL_GUARDED_BY(probe_mu_) = 0;
   uint64_t probe_refill_ns_ ABSL_GUARDED_BY(probe_mu_) = 0;

@@ -6,10 +6,7 @@
 // victim's copy (keep, demote or drop) is the evictor's (the migrator).
 #include "store/host_residency.h"
 
-#include <algorithm>
-
 #include "absl/strings/str_cat.h"
-#include "core/checked.h"
 #include "core/status.h"
 #include "core/units.h"
 #include "store/block_index.h"
@@ -17,12 +14,20 @@
 #include "store/stats.h"
 
 namespace kvtier {
+namespace {
 
-void HostResidency::EvictOneLocked(BlockRecord* r, std::vector<PendingDemotion>* deferred) {
-  if (room_.evictor->EvictHostCopyLocked(*this, r, deferred) == HostEvictor::Result::kEvicted) {
-    evictions.fetch_add(1, std::memory_order_relaxed);
-    room_.stats->evictions.Add();
-  }
+// Not pinned or gone (it may still be busy with I/O, or not committed yet).
+bool Unpinned(const BlockRecord& v) { return !v.removed && v.pins == 0; }
+// And neither busy nor being written or loaded: it may go now.
+bool MayGoNow(const BlockRecord& v) { return Unpinned(v) && v.io_refs == 0 && v.state == BlockState::kReady; }
+
+}  // namespace
+
+bool HostResidency::EvictOneLocked(BlockRecord* r, std::vector<PendingDemotion>* deferred) {
+  if (room_.evictor->EvictHostCopyLocked(*this, r, deferred) != HostEvictor::Result::kEvicted) return false;
+  evictions.fetch_add(1, std::memory_order_relaxed);
+  room_.stats->evictions.Add();
+  return true;
 }
 
 std::optional<SlotHandle> HostResidency::PickVictimLocked(ChainGuard* policy, bool* saw_busy) {
@@ -30,9 +35,9 @@ std::optional<SlotHandle> HostResidency::PickVictimLocked(ChainGuard* policy, bo
     BlockRecord* v = slots.owner(h);
     BlockIndex::Shard& sh = index_->ShardFor(v);
     MutexLock sl(&sh.mu);
-    const bool free_to_go = !v->removed && v->pins == 0;
-    if (free_to_go && (v->io_refs != 0 || v->state != BlockState::kReady) && saw_busy != nullptr) *saw_busy = true;
-    return free_to_go && v->io_refs == 0 && v->state == BlockState::kReady;
+    const bool may_go = MayGoNow(*v);
+    if (!may_go && Unpinned(*v) && saw_busy != nullptr) *saw_busy = true;
+    return may_go;
   });
 }
 
@@ -68,18 +73,12 @@ bool HostResidency::ReclaimSegmentLocked(uint64_t slot_bytes, std::optional<uint
       }
       BlockIndex::Shard& sh = index_->ShardFor(v);
       MutexLock sl(&sh.mu);
-      all_may_go = !v->removed && v->pins == 0 && v->io_refs == 0 && v->state == BlockState::kReady;
+      all_may_go = MayGoNow(*v);
       if (!all_may_go) break;
     }
     if (!all_may_go) continue;
     uint64_t evicted = 0;
-    for (SlotHandle h : seg.slots) {
-      if (room_.evictor->EvictHostCopyLocked(*this, slots.owner(h), nullptr) == HostEvictor::Result::kEvicted) {
-        ++evicted;
-      }
-    }
-    evictions.fetch_add(evicted, std::memory_order_relaxed);
-    room_.stats->evictions.Add(evicted);
+    for (SlotHandle h : seg.slots) evicted += EvictOneLocked(slots.owner(h), nullptr) ? 1 : 0;
     room_.stats->evictions_for_other_size.Add(evicted);
     room_.stats->host_segments_reclaimed.Add();
     return evicted > 0;
