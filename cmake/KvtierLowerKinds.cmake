@@ -11,7 +11,7 @@
 # here, from that folder's CMakeLists.txt: its settings struct becomes the
 # Config member MEMBER, its config half (CONFIG() returns its LowerTierKind)
 # joins daemon/lower_kinds.cc's list and its library joins kvtier_config,
-# its daemon half (OPEN(config) opens the tier) joins the tier registry and
+# its daemon half (OPEN(config, name) opens the tier under its chain name) joins the tier registry and
 # its library joins kvtier_daemon. kvtier_write_lower_kinds() writes the
 # lists out once every kind has registered (tiers/CMakeLists.txt), so the
 # only line outside a kind's folder is the add_subdirectory() that finds it.

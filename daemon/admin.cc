@@ -17,6 +17,7 @@
 #include "core/units.h"
 #include "daemon/config_schema.h"
 #include "daemon/daemon.h"
+#include "daemon/lower_kinds.h"
 #include "ipc/admin_commands.h"
 #include "ipc/admin_client.h"
 #include "ipc/unix_socket.h"
@@ -289,15 +290,18 @@ nlohmann::json Daemon::ConfigJson() const {
                        {"nvme_bytes", t.nvme_bytes},
                        {"nvme_tokens", t.nvme_tokens}});
   }
-  json out = json::object();
-  for (const ConfigKey& k : ConfigSchema()) {
-    json value = VisitConfigValue(k, c, [](const auto& v) -> json {
+  auto value_of = [](const ConfigKey& k, const Config& from) {
+    return VisitConfigValue(k, from, [](const auto& v) -> json {
       if constexpr (std::is_same_v<std::decay_t<decltype(v)>, HashAlgorithm>) {
         return std::string(HashAlgorithmName(v));
       } else {
         return v;
       }
     });
+  };
+  json out = json::object();
+  for (const ConfigKey& k : ConfigSchema()) {
+    json value = value_of(k, c);
     json* at = &out;
     for (absl::string_view part : absl::StrSplit(absl::string_view(k.section.data(), k.section.size()), '.')) {
       at = &(*at)[std::string(part)];
@@ -305,6 +309,17 @@ nlohmann::json Daemon::ConfigJson() const {
     (*at)[std::string(k.name)] = std::move(value);
   }
   out["tiers"]["nvme"]["dirs"] = c.NvmeDirs();  // the directories in effect
+  // The chain, each tier by its name with its kind and options (a later
+  // entry of a kind has its own, which no section shows).
+  for (const Config::LowerEntry& e : c.LowerChain()) {
+    json& tier = out["tiers"]["lower"][e.name];
+    tier["kind"] = e.kind;
+    if (const LowerTierKind* k = FindLowerTierKind(e.kind)) {
+      const Config options = c.OptionsOf(e);
+      for (const ConfigKey& key : k->keys) tier[std::string(key.name)] = value_of(key, options);
+    }
+    if (e.kind == "nvme") tier["dirs"] = c.NvmeDirs();
+  }
   out["tenants"] = std::move(tenants);
   return out;
 }

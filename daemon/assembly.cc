@@ -117,12 +117,13 @@ absl::StatusOr<std::vector<RemoteTenant>> RemoteTenantsFrom(const Config& c) {
   return out;
 }
 
-absl::StatusOr<std::unique_ptr<RemoteTier>> OpenRemoteFrom(const Config& c) {
+absl::StatusOr<std::unique_ptr<RemoteTier>> OpenRemoteFrom(const Config& c, std::string_view name) {
   if (c.remote.seeds.empty()) {
     spdlog::info("event=remote_tier state=off detail=\"tiers.remote.seeds is empty\"");
     return nullptr;
   }
   RemoteTierOptions o;
+  o.name = std::string(name);
   o.seeds = c.remote.seeds;
   o.key_prefix = c.remote.key_prefix;
   o.capacity_bytes = c.remote.capacity_bytes;
@@ -180,7 +181,7 @@ absl::StatusOr<std::unique_ptr<RemoteTier>> OpenRemoteFrom(const Config& c) {
   return tier;
 }
 
-absl::StatusOr<OpenedNvme> OpenNvmeFrom(const Config& c) {
+absl::StatusOr<OpenedNvme> OpenNvmeFrom(const Config& c, std::string_view name) {
   if (c.nvme.capacity_bytes == 0) {
     spdlog::info("event=nvme_tier state=off detail=\"tiers.nvme.capacity = 0\"");
     return OpenedNvme{};
@@ -224,6 +225,7 @@ absl::StatusOr<OpenedNvme> OpenNvmeFrom(const Config& c) {
   }
   NvmeTierOptions o;
   static_cast<NvmeTierSettings&>(o) = c.nvme;  // the tier's own keys, as set
+  o.name = std::string(name);
   o.dirs = dirs;                               // resolved: <data_dir>/nvme when none
   o.capacity_bytes = capacity;                 // resolved: a default shrinks to fit
   uint64_t last_report = 0;

@@ -32,8 +32,9 @@ absl::StatusOr<std::vector<RemoteTenant>> RemoteTenantsFrom(const Config& c);
 // [tiers.remote]: a RemoteTier on the cluster the seeds name, each tenant
 // with its ACL user, password and keys (RemoteTenantsFrom).
 // nullptr without seeds. The cluster need not be up: the tier starts
-// degraded and heals when it answers.
-absl::StatusOr<std::unique_ptr<RemoteTier>> OpenRemoteFrom(const Config& c);
+// degraded and heals when it answers. `name`: the tier's, in status and
+// metrics (Config::LowerEntry).
+absl::StatusOr<std::unique_ptr<RemoteTier>> OpenRemoteFrom(const Config& c, std::string_view name = "remote");
 
 struct OpenedNvme {
   std::unique_ptr<NvmeTier> tier;  // null: no NVMe tier (capacity 0, or no room for the default)
@@ -43,7 +44,7 @@ struct OpenedNvme {
 // [tiers.nvme]: the default capacity shrinks to half the free space (with a
 // warning), a directory in RAM is warned about, the tier is opened and its
 // journal replayed (progress logged), and the engine it runs is logged.
-absl::StatusOr<OpenedNvme> OpenNvmeFrom(const Config& c);
+absl::StatusOr<OpenedNvme> OpenNvmeFrom(const Config& c, std::string_view name = "nvme");
 // The log lines of an opened NVMe tier once its recovered blocks are indexed:
 // a resize, a damaged journal, a capacity rounded down, then the summary.
 // requested_bytes: as OpenedNvme has it; recovered: how many blocks the tier handed back.

@@ -10,6 +10,7 @@
 #include <memory>
 #include <sstream>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -278,6 +279,9 @@ void ReadTenants(const toml::array& arr, std::string_view origin, Config* c, std
 // read with the same schema rows as its section ([tiers.nvme] for "nvme"),
 // so each key has one default and one set of bounds. Messages name the
 // key as its section's (tiers.nvme.capacity), at the entry's file:line.
+// The first entry of each kind fills its section in *c; a later one (a kind
+// that may repeat) keeps its section apart, as the entry's `own` options
+// (Config::OptionsOf).
 void ReadLowerChain(const toml::array& arr, const toml::table* tiers, std::string_view origin, Config* c,
                     std::vector<std::string>* errors) {
   for (const LowerTierKind& k : LowerTierKinds()) {
@@ -289,8 +293,17 @@ void ReadLowerChain(const toml::array& arr, const toml::table* tiers, std::strin
     }
   }
   c->lower_chain.clear();
+  // Each entry may hold a copy of the config: bounded before any is made.
+  if (arr.size() > kMaxLowerChain) {
+    errors->push_back(Cat(Where(origin, arr.source()), ": [[tiers.lower]] has ", arr.size(),
+                          " entries; a chain holds at most ", kMaxLowerChain, " tiers below host memory"));
+    return;
+  }
   absl::flat_hash_set<std::string> shared_keys_set;  // shared-tier keys some entry set
+  absl::flat_hash_map<std::string, size_t> of_kind;   // entries so far, by kind
+  size_t index = 0;
   for (const toml::node& n : arr) {
+    const size_t i = index++;
     const toml::table* t = n.as_table();
     const std::string where = Where(origin, n.source());
     if (t == nullptr) {
@@ -298,38 +311,76 @@ void ReadLowerChain(const toml::array& arr, const toml::table* tiers, std::strin
       continue;
     }
     std::string kind;
-    TableReader kr(*t, Cat("tiers.lower[", c->lower_chain.size(), "]"), origin, &c->key_source);
+    TableReader kr(*t, Cat("tiers.lower[", i, "]"), origin, &c->key_source);
     KVTIER_KEEP_ERROR(*errors, kr.String("kind", &kind));
     const LowerTierKind* k = FindLowerTierKind(kind);
     if (k == nullptr) {
       std::vector<std::string> names;
       for (const LowerTierKind& known : LowerTierKinds()) names.emplace_back(known.kind);
-      errors->push_back(Cat(where, ": tiers.lower[", c->lower_chain.size(), "].kind must be one of ",
-                            absl::StrJoin(names, ", "),
+      errors->push_back(Cat(where, ": tiers.lower[", i, "].kind must be one of ", absl::StrJoin(names, ", "),
                             kind.empty() ? " (it is missing)" : Cat(", not \"", kind.substr(0, 40), "\"")));
       continue;
     }
-    if (std::find(c->lower_chain.begin(), c->lower_chain.end(), kind) != c->lower_chain.end()) {
-      errors->push_back(Cat(where, ": a second [[tiers.lower]] of kind \"", kind,
-                            "\": this version keeps at most one tier of each kind"));
+    const size_t nth = ++of_kind[kind];
+    if (nth > 1 && !k->repeatable) {
+      errors->push_back(Cat(where, ": a second [[tiers.lower]] of kind \"", kind, "\": the chain holds one tier of "
+                            "this kind, which [[tenants]] keys configure; list several directories or nodes in "
+                            "the one entry instead"));
       continue;
     }
-    c->lower_chain.push_back(kind);
-    TableReader r(*t, std::string(k->section), origin, &c->key_source);
-    KVTIER_KEEP_ERROR(*errors, r.String("kind", &kind));
+    Config::LowerEntry e{.kind = kind, .name = nth == 1 ? std::string(k->default_name)
+                                                        : Cat(k->default_name, "-", nth)};
+    KVTIER_KEEP_ERROR(*errors, kr.String("name", &e.name));
+    const bool named = t->contains("name");
+    // Names label the tier rows of status and metrics, beside host and gpu
+    // and the kinds' default names.
+    const bool reserved = e.name == "host" || e.name == "gpu" ||
+                          std::any_of(LowerTierKinds().begin(), LowerTierKinds().end(), [&](const LowerTierKind& o) {
+                            return o.default_name == e.name && o.kind != kind;
+                          });
+    if (!TenantNameIsSafe(e.name)) {
+      errors->push_back(Cat(where, ": tiers.lower[", i, "].name must be 1 to 64 of A-Z a-z 0-9 _ . - (it names the "
+                            "tier in metrics and logs)"));
+    } else if (reserved) {
+      errors->push_back(Cat(where, ": tiers.lower[", i, "].name \"", e.name, "\" is reserved: it names host memory, "
+                            "the GPU tier or another kind's tier in status and metrics"));
+    } else if (std::any_of(c->lower_chain.begin(), c->lower_chain.end(),
+                           [&](const Config::LowerEntry& o) { return o.name == e.name; })) {
+      errors->push_back(Cat(where, ": tiers.lower[", i, "]", named ? ".name" : "'s default name", " \"", e.name,
+                            "\" is taken by an earlier entry: each tier of the chain needs a name of its own",
+                            named ? "" : "; give this entry a name"));
+    }
+    // The entry's keys land in a config of their own first: a later entry
+    // of a kind must not overwrite the first's section.
+    auto read = std::make_shared<Config>();
+    TableReader r(*t, std::string(k->section), origin, &read->key_source);
+    std::string again;  // kr read (and checked) them; r only marks them known
+    (void)r.String("kind", &again);
+    (void)r.String("name", &again);
     for (const ConfigKey& key : ConfigSchema()) {
       const bool shared_key = k->shared && key.section == "tiers.remote" && IsSharedTierKey(key.name);
+      if (key.section != k->section && !shared_key) continue;
       // One setting for every shared tier: given in two entries, which one
       // holds would depend on their order.
       if (shared_key && t->contains(key.name) && !shared_keys_set.insert(std::string(key.name)).second) {
-        errors->push_back(Cat(where, ": tiers.lower[", c->lower_chain.size() - 1, "].", key.name,
+        errors->push_back(Cat(where, ": tiers.lower[", i, "].", key.name,
                               " is set in two shared entries: the shared-tier keys govern every shared tier, set "
                               "each in one entry"));
         continue;
       }
-      if (key.section == k->section || shared_key) KVTIER_KEEP_ERROR(*errors, ReadKey(r, key, origin, c));
+      KVTIER_KEEP_ERROR(*errors, ReadKey(r, key, origin, read.get()));
+      // Shared-tier keys are the whole chain's, and the first entry of a
+      // kind fills its section.
+      if (shared_key ? t->contains(key.name) : nth == 1) {
+        CopyConfigValue(key, *read, c);
+        if (auto src = read->key_source.find(key.full_name()); src != read->key_source.end()) {
+          c->key_source[src->first] = src->second;
+        }
+      }
     }
     KVTIER_KEEP_ERROR(*errors, r.RejectUnknown());
+    if (nth > 1) e.own = std::move(read);
+    c->lower_chain.push_back(std::move(e));
   }
   if (arr.empty()) errors->push_back(Cat(origin, ": [[tiers.lower]] is empty: leave it out for the default chain"));
 }
@@ -444,13 +495,34 @@ absl::Status CheckConfigShape(std::string_view text, std::string_view origin) {
 
 }  // namespace
 
-std::vector<std::string> Config::LowerChain() const {
+std::vector<Config::LowerEntry> Config::LowerChain() const {
   if (!lower_chain.empty()) return lower_chain;
-  std::vector<std::string> chain;
+  std::vector<LowerEntry> chain;
   for (const LowerTierKind& k : LowerTierKinds()) {
-    if (k.configured(*this)) chain.emplace_back(k.kind);
+    if (k.configured(*this)) chain.push_back({.kind = std::string(k.kind), .name = std::string(k.default_name)});
   }
   return chain;
+}
+
+Config Config::OptionsOf(const LowerEntry& e) const {
+  Config out = *this;
+  out.lower_chain.clear();
+  const LowerTierKind* k = FindLowerTierKind(e.kind);
+  if (!e.own || k == nullptr) return out;
+  const std::string prefix = Cat(k->section, ".");
+  std::erase_if(out.key_source, [&](const auto& kv) { return kv.first.starts_with(prefix); });
+  for (const ConfigKey& key : k->keys) {
+    CopyConfigValue(key, *e.own, &out);
+    if (auto src = e.own->key_source.find(key.full_name()); src != e.own->key_source.end()) {
+      out.key_source.insert(*src);
+    }
+  }
+  return out;
+}
+
+bool Config::ChainHolds(std::string_view kind) const {
+  const std::vector<LowerEntry> chain = LowerChain();
+  return std::any_of(chain.begin(), chain.end(), [&](const LowerEntry& e) { return e.kind == kind; });
 }
 
 SharedWrites Config::RemoteWritePolicy() const {

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <optional>
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -50,6 +51,10 @@ struct TenantConfig {
   // in the cluster); 0: tiers.remote.tenant_budget.
   uint64_t remote_budget = 0;
 };
+
+// The most lower tiers a chain holds: the store's lanes (kMaxLowerTiers,
+// store/block_index.h; daemon.cc checks they agree).
+inline constexpr size_t kMaxLowerChain = 8;
 
 struct Config {
   // [daemon]
@@ -102,13 +107,36 @@ struct Config {
   // struct holds its section's keys. Config::fs: [tiers.fs], a directory
   // several nodes mount, none without dir (tiers/fs/fs_settings.h).
   KVTIER_LOWER_KIND_SETTINGS
-  // [[tiers.lower]]: the lower tiers' kinds in chain order ("nvme", "redis",
-  // "fs"), each entry's options read as its kind's section. Empty (no
-  // [[tiers.lower]] in the file): [tiers.nvme] when its capacity is not 0,
-  // then [tiers.remote] when it has seeds, then [tiers.fs] when it has a dir.
-  std::vector<std::string> lower_chain;
+  // One lower tier of the chain.
+  struct LowerEntry {
+    std::string kind;  // "nvme", "redis", "fs"
+    // Unique in the chain; the tier's name in status, metrics and logs. The
+    // entry's `name`, else the kind's (LowerTierKind::default_name), with
+    // "-<n>" for the n-th entry of a kind.
+    std::string name;
+    // For an entry after the first of its kind (a kind that may repeat,
+    // LowerTierKind::repeatable): its kind's section as the entry sets it
+    // (the rest of this Config at its defaults; key_source: where the entry
+    // set those keys). Null: the section's values in the Config that holds
+    // the entry, as for the first entry of each kind. OptionsOf merges.
+    std::shared_ptr<const Config> own;
+    // Which tier it is; `own`'s options compare key by key (Daemon::Reload).
+    bool operator==(const LowerEntry& o) const { return kind == o.kind && name == o.name; }
+  };
+  // [[tiers.lower]]: the lower tiers in chain order, each entry's options
+  // read as its kind's section. Empty (no [[tiers.lower]] in the file):
+  // [tiers.nvme] when its capacity is not 0, then [tiers.remote] when it has
+  // seeds, then [tiers.fs] when it has a dir.
+  std::vector<LowerEntry> lower_chain;
   // The chain in effect: lower_chain, or the sections' order as above.
-  std::vector<std::string> LowerChain() const;
+  std::vector<LowerEntry> LowerChain() const;
+  // The options the entry opens with: this config, with the kind's section
+  // (and where its keys were set) from the entry for a later entry of a
+  // kind. Built when asked, so a later entry sees the rest of the config as
+  // it is now (flags, a reload).
+  Config OptionsOf(const LowerEntry& e) const;
+  // Whether the chain holds a tier of `kind`.
+  bool ChainHolds(std::string_view kind) const;
   // tiers.remote.write_policy as the store takes it (validated by
   // ValidateConfig; "demoted" for a name it would refuse).
   SharedWrites RemoteWritePolicy() const;

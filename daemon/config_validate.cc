@@ -5,6 +5,7 @@
 #include <sys/types.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -98,29 +99,87 @@ void ValidateRemote(const Config& c, Fail& fail) {
   }
 }
 
+// Two directories as one tier would see them: the same after "." and ".."
+// and repeated or trailing slashes go, and symbolic links in the part that
+// exists here resolve; or one inside the other.
+bool DirsOverlap(const std::string& a, const std::string& b) {
+  auto norm = [](const std::string& d) {
+    std::error_code ec;
+    std::filesystem::path p = std::filesystem::weakly_canonical(d, ec);
+    if (ec) p = std::filesystem::path(d).lexically_normal();
+    std::string s = p.lexically_normal().string();
+    while (s.size() > 1 && s.back() == '/') s.pop_back();
+    return s;
+  };
+  const std::string x = norm(a), y = norm(b);
+  auto inside = [](const std::string& in, const std::string& dir) {
+    return in.size() > dir.size() && in.compare(0, dir.size(), dir) == 0 && (dir == "/" || in[dir.size()] == '/');
+  };
+  return x == y || inside(x, y) || inside(y, x);
+}
+
 // The lower tiers' chain: the shared tiers after every local one (blocks
-// move down from local tiers to shared ones, never back); each kind's own
-// musts.
+// move down from local tiers to shared ones, never back); no two tiers of a
+// kind over one directory (LowerTierKind::distinct_dir_key); each entry's
+// kind's own musts, a later entry of a kind checked on its own options.
 template <typename Fail>
 void ValidateChain(const Config& c, Fail& fail) {
-  const std::vector<std::string> chain = c.LowerChain();
+  const std::vector<Config::LowerEntry> chain = c.LowerChain();
+  std::vector<std::string> names;
+  std::vector<Config> options;  // each entry's
+  for (const Config::LowerEntry& e : chain) {
+    names.push_back(e.name);
+    options.push_back(c.OptionsOf(e));
+  }
   std::optional<size_t> first_shared;
   for (size_t i = 0; i < chain.size(); ++i) {
-    const LowerTierKind* k = FindLowerTierKind(chain[i]);
+    const LowerTierKind* k = FindLowerTierKind(chain[i].kind);
     if (k == nullptr) continue;
     if (k->shared) {
       if (!first_shared) first_shared = i;
     } else if (first_shared) {
       fail(Cat("tiers.lower[", i, "].kind"),
-           Cat("the local tier \"", chain[i], "\" comes after the shared tier \"", chain[*first_shared], "\" (",
-               absl::StrJoin(chain, " -> "), "): blocks move down from local tiers to shared ones, so shared tiers "
-               "end the chain"));
+           Cat("the local tier \"", chain[i].name, "\" comes after the shared tier \"", chain[*first_shared].name,
+               "\" (", absl::StrJoin(names, " -> "), "): blocks move down from local tiers to shared ones, so "
+               "shared tiers end the chain"));
+    }
+    if (k->distinct_dir_key.empty()) continue;
+    for (const ConfigKey& key : k->keys) {
+      if (key.name != k->distinct_dir_key) continue;
+      const std::string& dir = std::get<ConfigRef<std::string>>(key.field).at(options[i]);
+      for (size_t j = 0; j < i; ++j) {
+        const std::string& other = std::get<ConfigRef<std::string>>(key.field).at(options[j]);
+        if (chain[j].kind == chain[i].kind && !dir.empty() && !other.empty() && DirsOverlap(dir, other)) {
+          fail(Cat("tiers.lower[", i, "].kind"),
+               Cat("the tiers \"", chain[j].name, "\" and \"", chain[i].name, "\" have one ", key.name, " (\"",
+                   other.substr(0, 200), "\", \"", dir.substr(0, 200), "\": the same, or one inside the other): "
+                   "each tier of kind \"", chain[i].kind, "\" needs a directory of its own, or its capacity scan "
+                   "deletes the other's files"));
+        }
+      }
     }
   }
-  // Each kind in the chain checks its own.
-  for (const std::string& kind : chain) {
-    const LowerTierKind* k = FindLowerTierKind(kind);
-    if (k != nullptr && k->validate != nullptr) k->validate(c, fail);
+  // Each kind in the chain checks its own; a later entry of a kind, its own
+  // options, each message led by where that entry set the key (or where
+  // the entry starts).
+  for (size_t i = 0; i < chain.size(); ++i) {
+    const Config::LowerEntry& e = chain[i];
+    const LowerTierKind* k = FindLowerTierKind(e.kind);
+    if (k == nullptr || k->validate == nullptr) continue;
+    if (!e.own) {
+      k->validate(c, fail);
+      continue;
+    }
+    const Config& own = options[i];
+    k->validate(own, [&](std::string_view key, std::string message) {
+      std::string where;
+      if (auto it = own.key_source.find(std::string(key)); it != own.key_source.end()) {
+        where = Cat(it->second, ": ");
+      } else if (auto at = c.key_source.find(Cat("tiers.lower[", i, "].kind")); at != c.key_source.end()) {
+        where = Cat(at->second, ": ");
+      }
+      fail("", Cat(where, "the tier \"", e.name, "\": ", message));
+    });
   }
 }
 

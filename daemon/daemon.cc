@@ -34,14 +34,14 @@
 #include "spdlog/spdlog.h"
 
 namespace kvtier {
+static_assert(kMaxLowerChain == kMaxLowerTiers, "a chain the config accepts must fit the store's lanes");
 namespace {
 
 // The admission gates' history (BlockStore::Options::admission_history_uses),
 // from what host memory and NVMe hold (ReuseGate::HistoryUsesFor).
 uint64_t AdmissionHistoryUses(const Config& c) {
   if (c.nvme.admission_min_uses <= 1 && c.remote.admission_min_uses <= 1) return 0;
-  const std::vector<std::string> chain = c.LowerChain();
-  uint64_t bytes = std::find(chain.begin(), chain.end(), "nvme") != chain.end() ? c.nvme.capacity_bytes : 0;
+  uint64_t bytes = c.ChainHolds("nvme") ? c.nvme.capacity_bytes : 0;
   for (const TenantConfig& t : c.tenants) bytes += t.host_bytes ? t.host_bytes : c.host_capacity;
   return ReuseGate::HistoryUsesFor(bytes);
 }
@@ -273,7 +273,7 @@ absl::Status Daemon::StartMetrics() {
 }
 
 absl::Status Daemon::OpenLowerTiers() {
-  const std::vector<std::string> chain = config_.LowerChain();
+  const std::vector<Config::LowerEntry> chain = config_.LowerChain();
   if (config_.lower_chain.empty()) {
     std::vector<std::string> sections;
     for (const LowerTierKind& k : LowerTierKinds()) {
@@ -289,17 +289,26 @@ absl::Status Daemon::OpenLowerTiers() {
                    absl::StrJoin(sections, ", "));
     }
   }
-  for (const std::string& kind : chain) {
-    ASSIGN_OR_RETURN(OpenedLowerTier opened, OpenLowerTier(kind, config_));
+  std::vector<std::string> names;
+  for (const Config::LowerEntry& e : chain) {
+    // A later entry of a kind opens with options of its own, kept here
+    // while its hooks may read them; the first, with the daemon's config.
+    if (e.own) lower_options_.push_back(std::make_shared<const Config>(config_.OptionsOf(e)));
+    ASSIGN_OR_RETURN(OpenedLowerTier opened, OpenLowerTier(e, e.own ? *lower_options_.back() : config_));
     if (opened.tier == nullptr) continue;
+    // By kind, as before names, unless the entry's name is not its kind's.
+    names.push_back(e.name == FindLowerTierKind(e.kind)->default_name ? e.kind
+                                                                      : absl::StrCat(e.name, " (", e.kind, ")"));
     ASSIGN_OR_RETURN(uint64_t indexed,
                      store_->AttachLowerTier(std::move(opened.tier), opened.recovered, &namespaces_));
     if (opened.attached) opened.attached(indexed);
     lower_describe_.push_back(std::move(opened.describe));
     if (opened.reload) {
-      // After the section's own hook, if it has one (AddReloadHooks ran first).
+      // A section's hook runs after the section's own, if it has one
+      // (AddReloadHooks ran first); a later entry's, on its own.
       const size_t lane = store_->lower_tier_count() - 1;
-      ReloadHook& at = reload_hooks_[std::string(FindLowerTierKind(kind)->section)];
+      ReloadHook& at =
+          e.own ? entry_reload_hooks_[e.name] : reload_hooks_[std::string(FindLowerTierKind(e.kind)->section)];
       at = [this, lane, before = std::move(at), hook = std::move(opened.reload)](const Config& next) -> absl::Status {
         if (before) RETURN_IF_ERROR(before(next));
         RETURN_IF_ERROR(hook(next));
@@ -308,7 +317,7 @@ absl::Status Daemon::OpenLowerTiers() {
       };
     }
   }
-  spdlog::info("event=lower_chain chain=\"{}\" lanes={}", chain.empty() ? "none" : absl::StrJoin(chain, " -> "),
+  spdlog::info("event=lower_chain chain=\"{}\" lanes={}", names.empty() ? "none" : absl::StrJoin(names, " -> "),
                store_->lower_tier_count());
   return absl::OkStatus();
 }
@@ -479,8 +488,14 @@ void Daemon::Reload() {
   }
   if (!same_tenants) restart.push_back("tenants (added, removed, credentials, salt or host_bytes)");
   if (n.LowerChain() != config_.LowerChain()) {
-    restart.push_back(absl::StrCat("tiers.lower (the chain ", absl::StrJoin(config_.LowerChain(), " -> "), " becomes ",
-                                   absl::StrJoin(n.LowerChain(), " -> "), ")"));
+    auto names = [](const Config& c) {
+      std::vector<std::string> out;
+      for (const Config::LowerEntry& e : c.LowerChain()) out.push_back(e.name);
+      return out.empty() ? std::string("none") : absl::StrJoin(out, " -> ");
+    };
+    restart.push_back(absl::StrCat("tiers.lower (the chain ", names(config_), " becomes ", names(n), ")"));
+  } else {
+    ReloadLowerEntries(n, &applied, &restart);
   }
   for (const TenantConfig& t : n.tenants) {
     for (TenantConfig& cur : config_.tenants) {
@@ -504,6 +519,41 @@ void Daemon::Reload() {
                  LogQuoted(applied.empty() ? "nothing" : absl::StrJoin(applied, ", ")), LogQuoted(absl::StrJoin(restart, "; ")));
   }
   notifier_.Ready(StatusLine());
+}
+
+void Daemon::ReloadLowerEntries(const Config& next, std::vector<std::string>* applied,
+                                std::vector<std::string>* restart) {
+  // The same chain (the caller checked): its kinds and names. A chain from
+  // sections has no later entries.
+  for (size_t i = 0; i < std::min(next.lower_chain.size(), config_.lower_chain.size()); ++i) {
+    const Config::LowerEntry& ne = next.lower_chain[i];
+    Config::LowerEntry& cur = config_.lower_chain[i];
+    if (!ne.own || !cur.own) continue;
+    const LowerTierKind* k = FindLowerTierKind(ne.kind);
+    std::vector<const ConfigKey*> changed;
+    for (const ConfigKey& key : k->keys) {
+      if (!ConfigValuesDiffer(key, *ne.own, *cur.own)) continue;
+      if (key.reloadable) {
+        changed.push_back(&key);
+      } else {
+        restart->push_back(absl::StrCat("tiers.lower[", i, "].", std::string(key.name), " (", ne.name, ")"));
+      }
+    }
+    if (changed.empty()) continue;
+    std::vector<std::string> names;
+    for (const ConfigKey* key : changed) names.push_back(absl::StrCat("tiers.lower[", i, "].", std::string(key->name)));
+    auto hook = entry_reload_hooks_.find(ne.name);
+    const absl::Status s = hook == entry_reload_hooks_.end() ? absl::OkStatus() : hook->second(next.OptionsOf(ne));
+    if (!s.ok()) {
+      restart->push_back(absl::StrCat(absl::StrJoin(names, ", "), " (", ne.name, ": ", s.message(), ")"));
+      continue;
+    }
+    // The running entry with these keys applied.
+    auto updated = std::make_shared<Config>(*cur.own);
+    for (const ConfigKey* key : changed) CopyConfigValue(*key, *ne.own, updated.get());
+    cur.own = std::move(updated);
+    applied->insert(applied->end(), names.begin(), names.end());
+  }
 }
 
 std::optional<StatusSnapshot> Daemon::StatusFromLoop() {

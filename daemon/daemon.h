@@ -169,6 +169,9 @@ class Daemon {
   // KV events for routers ([events]); declared before store_, which calls
   // it from its threads, so that it outlives the store.
   std::unique_ptr<KvEvents> events_;
+  // The options each later entry of a kind opened with
+  // (Config::LowerEntry::own), kept while its tier's hooks may read them.
+  std::vector<std::shared_ptr<const Config>> lower_options_;
   std::unique_ptr<BlockStore> store_;
   // Per lower lane, what only its kind shows in status (OpenedLowerTier::describe).
   std::vector<std::function<void(StatusSnapshot::Lower&)>> lower_describe_;
@@ -179,7 +182,14 @@ class Daemon {
   // each lower tier's OpenedLowerTier::reload).
   using ReloadHook = std::function<absl::Status(const Config& next)>;
   absl::flat_hash_map<std::string, ReloadHook> reload_hooks_;
+  // Per later entry of a kind, by its name: the hook that applies its
+  // reloadable keys, given that entry's options in the next config.
+  absl::flat_hash_map<std::string, ReloadHook> entry_reload_hooks_;
   void AddReloadHooks();
+  // SIGHUP for the later entries of a kind (their keys are not the
+  // sections'): each changed key applied through its entry's hook or named
+  // in *restart.
+  void ReloadLowerEntries(const Config& next, std::vector<std::string>* applied, std::vector<std::string>* restart);
   // Per tenant: its registered KV caches, across sessions. Declared before
   // sessions_, so it outlives them.
   absl::flat_hash_map<std::string, std::unique_ptr<KvCacheBudget>> kv_budgets_;

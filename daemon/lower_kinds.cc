@@ -84,6 +84,7 @@ LowerTierKind NvmeKind() {
           .section = "tiers.nvme",
           .preamble = "",
           .shared = false,
+          .default_name = "nvme",
           .keys = kNvmeKeys,
           .configured = [](const Config& c) { return c.nvme.capacity_bytes != 0; },
           .validate = [](const Config& c, ConfigFail fail) {
@@ -104,6 +105,7 @@ LowerTierKind RedisKind() {
                       "# ACL user ([[tenants]] remote_user, remote_password_file) and seals its values with a\n"
                       "# key of its own ([[tenants]] remote_key_file).\n",
           .shared = true,
+          .default_name = "remote",
           .keys = kRedisKeys,
           .configured = [](const Config& c) { return !c.remote.seeds.empty(); },
           .validate = nullptr};

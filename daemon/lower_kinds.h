@@ -4,8 +4,9 @@
 // section whose keys are its options, those keys' schema rows (each with its
 // doc, bounds and whether SIGHUP applies it; the default is the member's
 // initialiser in the kind's settings struct), the section's comment lines,
-// whether other nodes share it, whether a file without [[tiers.lower]] turns
-// it on, and its own checks. ConfigSchema() and ConfigSections() take the
+// whether other nodes share it, its tier's default name, whether a chain
+// may hold several of it, whether a file without [[tiers.lower]] turns it
+// on, and its own checks. ConfigSchema() and ConfigSections() take the
 // kinds' rows and sections from here.
 //
 // What opens a kind, shows it in status and applies its reloadable keys to
@@ -39,6 +40,18 @@ struct LowerTierKind {
   std::string_view section;   // "tiers.nvme": its keys
   std::string_view preamble;  // "" or whole comment lines, each ending in \n
   bool shared;                // other nodes read and write it too
+  // Its tier's name in status, metrics and logs when the entry sets none:
+  // "nvme", "remote", "fs".
+  std::string_view default_name;
+  // Whether a chain may hold several tiers of this kind, each entry with
+  // options of its own (Config::LowerEntry::own). A kind whose tier
+  // [[tenants]] keys configure (NVMe's quotas, the Redis Cluster's users and
+  // seeds) may not: those keys could not say which tier they mean.
+  bool repeatable = false;
+  // With repeatable: the string key (of its section) naming a directory no
+  // two of its entries may share or nest ("dir": two tiers over one
+  // directory would each count, and scan away, the other's files).
+  std::string_view distinct_dir_key = "";
   std::span<const ConfigKey> keys;  // its section's keys, in file order
   // Without [[tiers.lower]]: whether its section turns it on (the chain is
   // the kinds so configured, in this table's order).

@@ -57,8 +57,8 @@ RemoteStatus RemoteStatusOf(const RemoteTier& tier, const Config& config) {
 }
 
 
-absl::StatusOr<OpenedLowerTier> OpenNvmeKind(const Config& c) {
-  ASSIGN_OR_RETURN(OpenedNvme opened, OpenNvmeFrom(c));
+absl::StatusOr<OpenedLowerTier> OpenNvmeKind(const Config& c, std::string_view name) {
+  ASSIGN_OR_RETURN(OpenedNvme opened, OpenNvmeFrom(c, name));
   OpenedLowerTier out;
   if (opened.tier == nullptr) return out;
   const NvmeStats st = opened.tier->Stats();
@@ -71,8 +71,8 @@ absl::StatusOr<OpenedLowerTier> OpenNvmeKind(const Config& c) {
   return out;
 }
 
-absl::StatusOr<OpenedLowerTier> OpenRedisKind(const Config& c) {
-  ASSIGN_OR_RETURN(std::unique_ptr<RemoteTier> tier, OpenRemoteFrom(c));
+absl::StatusOr<OpenedLowerTier> OpenRedisKind(const Config& c, std::string_view name) {
+  ASSIGN_OR_RETURN(std::unique_ptr<RemoteTier> tier, OpenRemoteFrom(c, name));
   OpenedLowerTier out;
   out.describe = [remote = tier.get(), &c](StatusSnapshot::Lower& l) { l.remote = RemoteStatusOf(*remote, c); };
   out.tier = std::move(tier);
@@ -81,7 +81,7 @@ absl::StatusOr<OpenedLowerTier> OpenRedisKind(const Config& c) {
 
 struct Opener {
   std::string_view kind;
-  absl::StatusOr<OpenedLowerTier> (*open)(const Config&);
+  absl::StatusOr<OpenedLowerTier> (*open)(const Config&, std::string_view name);
 };
 
 const Opener kOpeners[] = {
@@ -92,11 +92,11 @@ const Opener kOpeners[] = {
 
 }  // namespace
 
-absl::StatusOr<OpenedLowerTier> OpenLowerTier(std::string_view kind, const Config& c) {
+absl::StatusOr<OpenedLowerTier> OpenLowerTier(const Config::LowerEntry& e, const Config& c) {
   for (const Opener& o : kOpeners) {
-    if (o.kind == kind) return o.open(c);
+    if (o.kind == e.kind) return o.open(c, e.name);
   }
-  return absl::InvalidArgumentError(absl::StrCat("no lower tier of kind \"", std::string(kind), "\""));
+  return absl::InvalidArgumentError(absl::StrCat("no lower tier of kind \"", e.kind, "\""));
 }
 
 }  // namespace kvtier

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // What opens each kind of lower tier (lower_kinds.h lists the kinds the
 // config knows): one row per kind, from the config to a BlockTier ready to
-// attach, with the blocks it kept across a restart and the log line it
-// ends with. Daemon::Open walks Config::LowerChain() through here.
+// attach, named as its entry says, with the blocks it kept across a restart
+// and the log line it ends with. Daemon::Open walks Config::LowerChain()
+// through here.
 #ifndef KVTIER_DAEMON_TIER_REGISTRY_H_
 #define KVTIER_DAEMON_TIER_REGISTRY_H_
 
@@ -36,9 +37,11 @@ struct OpenedLowerTier {
   std::function<absl::Status(const Config& next)> reload;
 };
 
-// The tier of `kind` as `c` configures it; InvalidArgument for a kind no
-// row opens.
-absl::StatusOr<OpenedLowerTier> OpenLowerTier(std::string_view kind, const Config& c);
+// The chain's tier `e` as `c` configures it (c: the daemon's config for the
+// first entry of a kind, the entry's own options, Config::OptionsOf, for a
+// later one; the returned hooks may keep a reference to it); InvalidArgument
+// for a kind no row opens.
+absl::StatusOr<OpenedLowerTier> OpenLowerTier(const Config::LowerEntry& e, const Config& c);
 
 }  // namespace kvtier
 

@@ -38,6 +38,7 @@ namespace kvtier {
 // segment size, queue depth, workers, engine, buffered I/O, staging) and
 // what only code sets.
 struct NvmeTierOptions : NvmeTierSettings {
+  std::string name = "nvme";  // in status, metrics and logs
   bool group_commit = true;
   // Rewrite the journal once it exceeds this and 8x the live records.
   uint64_t journal_compact_bytes = 64ull << 20;
@@ -121,7 +122,7 @@ class NvmeTier final : public BlockTier {
   TierUsage Usage() const override;
   TierHealth Health() const override;
 
-  std::string_view name() const override { return "nvme"; }
+  std::string_view name() const override { return opts_.name; }
   bool durable() const override { return true; }
   // Waits until every write so far is durable (journal and slab files).
   absl::Status Sync() override;

@@ -10,6 +10,12 @@ namespace {
 
 std::string Message(const absl::StatusOr<Config>& c) { return std::string(c.status().message()); }
 
+std::vector<std::string> Kinds(const Config& c) {
+  std::vector<std::string> out;
+  for (const Config::LowerEntry& e : c.LowerChain()) out.push_back(e.kind);
+  return out;
+}
+
 TEST(ConfigTest, EmptyFileIsTheEmbeddedDefaults) {
   auto c = ParseConfig("", "test.toml");
   ASSERT_TRUE(c.ok()) << c.status();
@@ -212,7 +218,7 @@ TEST(ConfigTest, TwoSharedTiersChainAndSetTheirSharedKeysOnce) {
   EXPECT_EQ(Message(once).find("two shared entries"), std::string::npos) << Message(once);
   EXPECT_EQ(Message(once).find("comes after the shared tier"), std::string::npos) << Message(once);
   if (once.ok()) {
-    EXPECT_EQ(once->LowerChain(), (std::vector<std::string>{"redis", "fs"}));
+    EXPECT_EQ(Kinds(*once), (std::vector<std::string>{"redis", "fs"}));
     EXPECT_EQ(once->remote.probe_budget_us, 5000u);
   }
   auto twice = ParseConfig(
@@ -227,6 +233,129 @@ TEST(ConfigTest, TwoSharedTiersChainAndSetTheirSharedKeysOnce) {
   EXPECT_NE(Message(local_last).find("the local tier \"nvme\" comes after the shared tier \"fs\""),
             std::string::npos)
       << Message(local_last);
+}
+
+// A kind that may repeat (fs) takes several entries, each with options of
+// its own: the first fills [tiers.fs] as before, a later one keeps its own
+// (the rest of the file as read, its section from the entry), and each has
+// a name of its own.
+TEST(ConfigTest, TwoFsTiersEachKeepTheirOwnOptionsAndNames) {
+  const std::string text =
+      "[[tiers.lower]]\nkind = \"fs\"\ndir = \"/srv/fast\"\ncapacity = \"1TiB\"\nwrite_policy = \"reused\"\n"
+      "[[tiers.lower]]\nkind = \"fs\"\ndir = \"/srv/big\"\nio_threads = 16\n"
+      "[[tiers.lower]]\nkind = \"fs\"\nname = \"archive\"\ndir = \"/srv/archive\"\nfsync = false\n"
+      "[ipc]\nspin_us = 7\n";
+  auto c = ParseConfig(text, "k.toml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  const std::vector<Config::LowerEntry> chain = c->LowerChain();
+  ASSERT_EQ(chain.size(), 3u);
+  EXPECT_EQ(chain[0].name, "fs");
+  EXPECT_EQ(chain[1].name, "fs-2") << "the n-th entry of a kind, unnamed";
+  EXPECT_EQ(chain[2].name, "archive");
+  EXPECT_EQ(Kinds(*c), (std::vector<std::string>{"fs", "fs", "fs"}));
+  // The first entry is the section; its keys do not leak into the others.
+  EXPECT_EQ(chain[0].own, nullptr);
+  EXPECT_EQ(c->fs.dir, "/srv/fast");
+  EXPECT_EQ(c->fs.capacity_bytes, 1ull << 40);
+  EXPECT_EQ(c->fs.io_threads, FsTierSettings{}.io_threads);
+  ASSERT_NE(chain[1].own, nullptr);
+  const Config& big = c->OptionsOf(chain[1]);
+  EXPECT_EQ(big.fs.dir, "/srv/big");
+  EXPECT_EQ(big.fs.io_threads, 16u);
+  EXPECT_EQ(big.fs.capacity_bytes, FsTierSettings{}.capacity_bytes) << "a key the entry leaves out has its default";
+  const Config& archive = c->OptionsOf(chain[2]);
+  EXPECT_EQ(archive.fs.dir, "/srv/archive");
+  EXPECT_FALSE(archive.fs.fsync);
+  EXPECT_TRUE(big.fs.fsync);
+  // The rest of the file, read after the entries, is in each entry's options.
+  EXPECT_EQ(big.spin_us, 7u);
+  EXPECT_EQ(archive.remote.write_policy, "reused") << "the shared-tier keys are the whole chain's";
+  // Where each entry set its keys, for messages about them.
+  EXPECT_EQ(c->key_source.at("tiers.fs.dir"), "k.toml:3");
+  EXPECT_EQ(big.key_source.at("tiers.fs.dir"), "k.toml:8");
+  EXPECT_EQ(archive.key_source.at("tiers.fs.dir"), "k.toml:13");
+  EXPECT_FALSE(archive.key_source.contains("tiers.fs.capacity")) << "the first entry's line is not the archive's";
+}
+
+TEST(ConfigTest, RepeatedLowerTiersNeedTheirOwnNamesAndPlacesAndARepeatableKind) {
+  const std::string fs = "[[tiers.lower]]\nkind = \"fs\"\ndir = \"/srv/a\"\n";
+  auto same_dir = ParseConfig(fs + fs, "k.toml");
+  ASSERT_FALSE(same_dir.ok());
+  EXPECT_NE(Message(same_dir).find("the tiers \"fs\" and \"fs-2\" have one dir (\"/srv/a\", \"/srv/a\""),
+            std::string::npos)
+      << Message(same_dir);
+  // Spelt differently, or one inside the other, is still one directory.
+  for (const char* other : {"/srv/a/", "/srv//a", "/srv/b/../a", "/srv/a/deeper", "/srv"}) {
+    auto overlap = ParseConfig(fs + "[[tiers.lower]]\nkind = \"fs\"\ndir = \"" + other + "\"\n", "k.toml");
+    ASSERT_FALSE(overlap.ok()) << other;
+    EXPECT_NE(Message(overlap).find("needs a directory of its own"), std::string::npos) << Message(overlap);
+  }
+  EXPECT_TRUE(ParseConfig(fs + "[[tiers.lower]]\nkind = \"fs\"\ndir = \"/srv/ab\"\n", "k.toml").ok())
+      << "a sibling whose name starts the same is another directory";
+  auto same_name = ParseConfig(
+      fs + "[[tiers.lower]]\nkind = \"fs\"\nname = \"fs\"\ndir = \"/srv/b\"\n", "k.toml");
+  ASSERT_FALSE(same_name.ok());
+  EXPECT_NE(Message(same_name).find("k.toml:4: tiers.lower[1].name \"fs\" is taken by an earlier entry"),
+            std::string::npos)
+      << Message(same_name);
+  auto bad_name = ParseConfig("[[tiers.lower]]\nkind = \"fs\"\nname = \"a b\"\ndir = \"/srv/a\"\n", "k.toml");
+  ASSERT_FALSE(bad_name.ok());
+  EXPECT_NE(Message(bad_name).find("tiers.lower[0].name must be 1 to 64"), std::string::npos) << Message(bad_name);
+  // Names share the tier rows with host memory, the GPU and the kinds' own.
+  for (const char* reserved : {"host", "gpu", "nvme", "remote"}) {
+    auto r = ParseConfig(fs + "[[tiers.lower]]\nkind = \"fs\"\nname = \"" + reserved + "\"\ndir = \"/srv/b\"\n",
+                         "k.toml");
+    ASSERT_FALSE(r.ok()) << reserved;
+    EXPECT_NE(Message(r).find("is reserved"), std::string::npos) << Message(r);
+  }
+  // An unnamed entry whose default name an earlier one took is told to take a name.
+  auto taken = ParseConfig("[[tiers.lower]]\nkind = \"fs\"\nname = \"fs-2\"\ndir = \"/srv/a\"\n"
+                           "[[tiers.lower]]\nkind = \"fs\"\ndir = \"/srv/b\"\n",
+                           "k.toml");
+  ASSERT_FALSE(taken.ok());
+  EXPECT_NE(Message(taken).find("tiers.lower[1]'s default name \"fs-2\" is taken by an earlier entry: each tier of "
+                                "the chain needs a name of its own; give this entry a name"),
+            std::string::npos)
+      << Message(taken);
+  // A later entry's own checks run on its own options, at its own line.
+  auto relative = ParseConfig(fs + "[[tiers.lower]]\nkind = \"fs\"\ndir = \"relative\"\n", "k.toml");
+  ASSERT_FALSE(relative.ok());
+  EXPECT_NE(Message(relative).find("k.toml:6: the tier \"fs-2\": tiers.fs.dir must be an absolute path"),
+            std::string::npos)
+      << Message(relative);
+  EXPECT_EQ(Message(relative).find("k.toml:3"), std::string::npos) << "the first entry is fine: " << Message(relative);
+  // A key the later entry leaves out: the message points at the entry.
+  auto no_dir = ParseConfig(fs + "\n[[tiers.lower]]\nkind = \"fs\"\nname = \"b\"\n", "k.toml");
+  ASSERT_FALSE(no_dir.ok());
+  EXPECT_NE(Message(no_dir).find("k.toml:6: the tier \"b\": tiers.fs.dir must be an absolute path"), std::string::npos)
+      << Message(no_dir);
+  // Each later entry copies the config: a file may not list more tiers than
+  // the store has lanes.
+  std::string many;
+  for (int i = 0; i < 9; ++i) many += "[[tiers.lower]]\nkind = \"fs\"\ndir = \"/srv/" + std::to_string(i) + "\"\n";
+  auto nine = ParseConfig(many, "k.toml");
+  ASSERT_FALSE(nine.ok());
+  EXPECT_NE(Message(nine).find("[[tiers.lower]] has 9 entries; a chain holds at most 8"), std::string::npos)
+      << Message(nine);
+  EXPECT_TRUE(ParseConfig(many.substr(0, many.rfind("[[tiers.lower]]")), "k.toml").ok()) << "8 fit";
+  // NVMe's and the Redis Cluster's tiers are what [[tenants]] keys configure.
+  const std::string nvme = "[[tiers.lower]]\nkind = \"nvme\"\ncapacity = \"1GiB\"\n";
+  auto two_nvme = ParseConfig(nvme + nvme, "k.toml");
+  ASSERT_FALSE(two_nvme.ok());
+  EXPECT_NE(Message(two_nvme).find("k.toml:4: a second [[tiers.lower]] of kind \"nvme\""), std::string::npos)
+      << Message(two_nvme);
+  const std::string redis = "[[tiers.lower]]\nkind = \"redis\"\nseeds = [\"127.0.0.1:7000\"]\n";
+  auto two_redis = ParseConfig(redis + redis, "k.toml");
+  ASSERT_FALSE(two_redis.ok());
+  EXPECT_NE(Message(two_redis).find("a second [[tiers.lower]] of kind \"redis\""), std::string::npos)
+      << Message(two_redis);
+  // The chain compares by kinds and names (what a reload must restart for).
+  auto a = ParseConfig(fs + "[[tiers.lower]]\nkind = \"fs\"\ndir = \"/srv/b\"\n", "k.toml");
+  auto b = ParseConfig(fs + "[[tiers.lower]]\nkind = \"fs\"\ndir = \"/srv/c\"\n", "k.toml");
+  auto named = ParseConfig(fs + "[[tiers.lower]]\nkind = \"fs\"\nname = \"x\"\ndir = \"/srv/b\"\n", "k.toml");
+  ASSERT_TRUE(a.ok() && b.ok() && named.ok()) << a.status() << b.status() << named.status();
+  EXPECT_EQ(a->LowerChain(), b->LowerChain());
+  EXPECT_NE(a->LowerChain(), named->LowerChain());
 }
 
 TEST(ConfigTest, DefaultConfigTextParsesToTheDefaults) {

@@ -18,7 +18,12 @@ std::vector<std::string> FuzzSeeds() {
   return {kvtier::DefaultConfigToml(), "[ipc]\nring_entries = 64\n",
           "[[tenants]]\nname = \"a\"\nuids = [1]\n[[tenants]]\nname = \"b\"\ngids = [2]\n",
           "[tiers.host]\ncapacity = \"1GiB\"\n", "[" + deep + "]\n", "x = { " + deep + " = [[[[1]]]] }\n",
-          "[daemon]\nrun_dir = \"/tmp/a.b[[[\" # {{{.\ndata_dir = '''\n..[[\n'''\n"};
+          "[daemon]\nrun_dir = \"/tmp/a.b[[[\" # {{{.\ndata_dir = '''\n..[[\n'''\n",
+          // A chain with repeated fs tiers, named and not.
+          "[[tiers.lower]]\nkind = \"nvme\"\ncapacity = \"1GiB\"\n[[tiers.lower]]\nkind = \"fs\"\ndir = \"/a\"\n"
+          "[[tiers.lower]]\nkind = \"fs\"\ndir = \"/b\"\ncapacity = \"1GiB\"\n[[tiers.lower]]\nkind = \"fs\"\n"
+          "name = \"c\"\ndir = \"/c\"\nwrite_policy = \"reused\"\n",
+          "[[tiers.lower]]\nkind = \"fs\"\nname = \"fs-2\"\ndir = \"/a/\"\n[[tiers.lower]]\nkind = \"fs\"\ndir = \"/a/b\"\n"};
 }
 
 long FuzzDefaultIterations() { return 20000; }

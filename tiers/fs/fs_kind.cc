@@ -12,24 +12,26 @@
 
 namespace kvtier {
 
-absl::StatusOr<OpenedLowerTier> OpenFsTier(const Config& c) {
+absl::StatusOr<OpenedLowerTier> OpenFsTier(const Config& c, std::string_view name) {
   FsTierOptions o;
   static_cast<FsTierSettings&>(o) = c.fs;
+  o.name = std::string(name);
   for (const TenantConfig& t : c.tenants) o.tenants.push_back({t.name, TenantHash(t.name)});
-  o.on_failure = [dir = c.fs.dir](const std::string& why) {
-    spdlog::error("event=fs_tier_failed dir=\"{}\" detail=\"{}\" hint=\"the fs tier is degraded: its reads are misses "
+  o.on_failure = [dir = c.fs.dir, name = o.name](const std::string& why) {
+    spdlog::error("event=fs_tier_failed tier={} dir=\"{}\" detail=\"{}\" hint=\"the fs tier is degraded: its reads are misses "
                   "and blocks stay in the tiers above until it works; check that the directory is mounted, has "
                   "room and is writable by kvtierd's user\"",
-                  LogQuoted(dir), LogQuoted(why));
+                  name, LogQuoted(dir), LogQuoted(why));
   };
   absl::StatusOr<std::unique_ptr<FsTier>> tier = FsTier::Create(o);
   if (!tier.ok()) {
-    return absl::Status(tier.status().code(), absl::StrCat("opening the fs tier: ", tier.status().message()));
+    return absl::Status(tier.status().code(),
+                        absl::StrCat("opening the fs tier \"", o.name, "\": ", tier.status().message()));
   }
-  spdlog::info("event=fs_tier state=on dir=\"{}\" capacity=\"{}\" tenants={} io_threads={} fsync={} detail=\"a "
+  spdlog::info("event=fs_tier state=on tier={} dir=\"{}\" capacity=\"{}\" tenants={} io_threads={} fsync={} detail=\"a "
                "directory several nodes mount; every file checked on read, misses there cost a recompute, never a "
                "wrong block\"",
-               LogQuoted(c.fs.dir), FormatBytes(c.fs.capacity_bytes), o.tenants.size(), o.io_threads, o.fsync);
+               o.name, LogQuoted(c.fs.dir), FormatBytes(c.fs.capacity_bytes), o.tenants.size(), o.io_threads, o.fsync);
   OpenedLowerTier out;
   out.reload = [fs = tier->get()](const Config& next) {
     // The reloadable settings only: a new dir or io_threads in the same file

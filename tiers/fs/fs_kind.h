@@ -6,12 +6,15 @@
 #ifndef KVTIER_TIERS_FS_FS_KIND_H_
 #define KVTIER_TIERS_FS_FS_KIND_H_
 
+#include <string_view>
+
 #include "absl/status/statusor.h"
 #include "daemon/tier_registry.h"
 
 namespace kvtier {
 
-absl::StatusOr<OpenedLowerTier> OpenFsTier(const Config& c);
+// `name`: the tier's, in status, metrics and logs (Config::LowerEntry).
+absl::StatusOr<OpenedLowerTier> OpenFsTier(const Config& c, std::string_view name);
 
 }  // namespace kvtier
 

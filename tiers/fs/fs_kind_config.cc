@@ -43,6 +43,11 @@ LowerTierKind FsTierKind() {
                       "# whichever shared tier the chain has). Or list the chain as [[tiers.lower]]\n"
                       "# entries: kind = \"nvme\" | \"redis\" | \"fs\" and that kind's keys.\n",
           .shared = true,
+          .default_name = "fs",
+          // No [[tenants]] key configures it: two directories (a fast
+          // cluster file system and a larger, slower one) may each be a tier.
+          .repeatable = true,
+          .distinct_dir_key = "dir",
           .keys = kFsKeys,
           .configured = [](const Config& c) { return !c.fs.dir.empty(); },
           .validate = &ValidateFs};
