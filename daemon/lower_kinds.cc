@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/config.h"
+#include "tiers/nvme_format.h"
 #include "tiers/lower_kind_configs.h"  // generated
 
 namespace kvtier {
@@ -94,6 +95,13 @@ LowerTierKind NvmeKind() {
               fail("tiers.nvme.capacity",
                    "a [[tiers.lower]] entry of kind \"nvme\" with capacity 0: leave the entry out instead");
             }
+          },
+          // As the tier cuts it: whole segments, a header sector a slot.
+          .fit = [](const Config& c, uint64_t block_bytes) {
+            return LowerTierKind::Fit{
+                .capacity_bytes = c.nvme.capacity_bytes,
+                .blocks = NvmeBlocksThatFit(c.nvme.capacity_bytes, c.nvme.segment_bytes, c.NvmeDirs().size(),
+                                            block_bytes)};
           }};
 }
 
@@ -108,7 +116,12 @@ LowerTierKind RedisKind() {
           .default_name = "remote",
           .keys = kRedisKeys,
           .configured = [](const Config& c) { return !c.remote.seeds.empty(); },
-          .validate = nullptr};
+          .validate = nullptr,
+          // What this node may place there (the cluster may hold more).
+          .fit = [](const Config& c, uint64_t block_bytes) {
+            return LowerTierKind::Fit{.capacity_bytes = c.remote.capacity_bytes,
+                                      .blocks = block_bytes == 0 ? 0 : c.remote.capacity_bytes / block_bytes};
+          }};
 }
 
 }  // namespace

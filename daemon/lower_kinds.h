@@ -6,7 +6,7 @@
 // initialiser in the kind's settings struct), the section's comment lines,
 // whether other nodes share it, its tier's default name, whether a chain
 // may hold several of it, whether a file without [[tiers.lower]] turns it
-// on, and its own checks. ConfigSchema() and ConfigSections() take the
+// on, its own checks, and how many blocks its tier holds. ConfigSchema() and ConfigSections() take the
 // kinds' rows and sections from here.
 //
 // What opens a kind, shows it in status and applies its reloadable keys to
@@ -20,6 +20,7 @@
 #ifndef KVTIER_DAEMON_LOWER_KINDS_H_
 #define KVTIER_DAEMON_LOWER_KINDS_H_
 
+#include <cstdint>
 #include <span>
 #include <string>
 #include <string_view>
@@ -59,6 +60,14 @@ struct LowerTierKind {
   // Its own checks, when the chain holds it (after every key's type and
   // range); nullptr: none beyond those.
   void (*validate)(const Config&, ConfigFail fail);
+  // What its tier as `c` configures it holds of blocks of `block_bytes`
+  // (kvtierctl capacity): its capacity, and the blocks that fit with its
+  // own headers and rounding counted.
+  struct Fit {
+    uint64_t capacity_bytes = 0;
+    uint64_t blocks = 0;
+  };
+  Fit (*fit)(const Config& c, uint64_t block_bytes);
 };
 
 // Keys of [tiers.remote] that govern whichever shared tier the chain has

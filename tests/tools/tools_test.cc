@@ -120,7 +120,7 @@ TEST(ToolsTest, CapacityPlannerGivesBytesPerTokenAndTheLogicalCache) {
   for (const auto& t : j["tiers"]) tokens[t["tier"]] = t["tokens"];
   EXPECT_EQ(tokens["host"], 512u);   // 32 blocks of 2 MiB
   EXPECT_EQ(tokens["gpu"], 8192u);   // 512 blocks
-  EXPECT_EQ(tokens["nvme"], 0u);
+  EXPECT_FALSE(tokens.contains("nvme")) << "capacity 0: no NVMe tier in the chain, no row";
   // NVMe as the tier cuts it: 150 MiB over 2 directories in 16 MiB
   // segments is 8 segments of 7 slots of 2 MiB (a header sector each): 56
   // blocks, not 75 (the planner once counted capacity / block size).
@@ -134,6 +134,26 @@ TEST(ToolsTest, CapacityPlannerGivesBytesPerTokenAndTheLogicalCache) {
       EXPECT_EQ(t["blocks"], 56u) << t.dump();
     }
   }
+
+  // The chain's tiers in order, each by its name and kind, as the kind
+  // counts what fits: a file of the fs tier is a 104-byte header and the
+  // block, so 150 MiB holds 74 blocks of 2 MiB, not 75.
+  const std::string chain = WriteFile(
+      "chain.toml",
+      "[[tiers.lower]]\nkind = \"fs\"\ndir = \"/a\"\ncapacity = \"150MiB\"\n"
+      "[[tiers.lower]]\nkind = \"fs\"\nname = \"archive\"\ndir = \"/b\"\ncapacity = \"20MiB\"\n");
+  js = RunCommand(ctl + " --json capacity -m " + gqa + " --seq 4096 -c " + chain);
+  ASSERT_EQ(js.exit_code, 0) << js.out;
+  const nlohmann::json lowered = nlohmann::json::parse(js.out);
+  std::vector<std::string> rows;
+  for (const auto& t : lowered["tiers"]) rows.push_back(t["tier"].get<std::string>() + ":" + t["kind"].get<std::string>());
+  EXPECT_EQ(rows, (std::vector<std::string>{"gpu:gpu", "host:host", "fs:fs", "archive:fs"})) << lowered.dump();
+  EXPECT_EQ(lowered["tiers"][2]["blocks"], 74u) << lowered.dump();
+  EXPECT_EQ(lowered["tiers"][3]["blocks"], 9u) << lowered.dump();
+  EXPECT_EQ(lowered["tiers"][3]["capacity_bytes"], 20ull << 20);
+  Output table = RunCommand(ctl + " capacity -m " + gqa + " --seq 4096 -c " + chain);
+  ASSERT_EQ(table.exit_code, 0) << table.out;
+  EXPECT_NE(table.out.find("archive"), std::string::npos) << table.out;
 
   // A trace: its prompt lengths, and the distinct prefix blocks it reuses.
   const std::string trace = WriteFile("trace.jsonl",

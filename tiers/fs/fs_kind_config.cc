@@ -50,7 +50,13 @@ LowerTierKind FsTierKind() {
           .distinct_dir_key = "dir",
           .keys = kFsKeys,
           .configured = [](const Config& c) { return !c.fs.dir.empty(); },
-          .validate = &ValidateFs};
+          .validate = &ValidateFs,
+          // Every node's files together; each is a header and the block.
+          .fit = [](const Config& c, uint64_t block_bytes) {
+            return LowerTierKind::Fit{
+                .capacity_bytes = c.fs.capacity_bytes,
+                .blocks = block_bytes == 0 ? 0 : c.fs.capacity_bytes / (block_bytes + kFsBlockHeaderBytes)};
+          }};
 }
 
 }  // namespace kvtier

@@ -11,6 +11,10 @@
 
 namespace kvtier {
 
+// The header before each block's payload in its file (FsBlockHeader,
+// fs_tier.h, asserts it), for what a capacity holds.
+inline constexpr uint64_t kFsBlockHeaderBytes = 104;
+
 struct FsTierSettings {
   // Must exist: a mount point that vanished must not become a local folder.
   std::string dir;

@@ -87,7 +87,7 @@ struct FsBlockHeader {
   uint64_t checksum = 0;  // XXH3-64 of the payload
   uint64_t header_check = 0;  // XXH3-64 of the bytes above
 };
-static_assert(sizeof(FsBlockHeader) == 104, "the fs block header is 104 bytes on disk");
+static_assert(sizeof(FsBlockHeader) == kFsBlockHeaderBytes, "the fs block header is 104 bytes on disk");
 
 // Whether `h` (read from a file of `file_bytes`) is the header of the block
 // `meta` names: OK or DataLoss saying why not. The payload's checksum is

@@ -1,8 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "tools/kvtierctl/capacity.h"
 
-#include "tiers/nvme_format.h"
-
 #include <sys/stat.h>
 
 #include <ostream>
@@ -13,6 +11,7 @@
 #include "core/checked.h"
 #include "core/status.h"
 #include "core/units.h"
+#include "daemon/lower_kinds.h"
 #include "tools/common/table.h"
 #include "tools/common/trace.h"
 
@@ -106,18 +105,22 @@ absl::StatusOr<CapacityPlan> PlanCapacity(const CapacityInput& in) {
   const uint64_t tenants = std::max<uint64_t>(1, config.tenants.size());
   const std::optional<uint64_t> gpu = CheckedMul(config.gpu_capacity, tenants);
   if (!gpu) return too_big(absl::StrCat(p.config_source, ": the tenants' GPU capacity"));
-  const std::pair<const char*, uint64_t> tiers[] = {{"gpu", *gpu}, {"host", host}, {"nvme", config.nvme.capacity_bytes}};
-  for (const auto& [name, bytes] : tiers) {
-    TierPlan t;
-    t.tier = name;
-    t.capacity_bytes = bytes;
-    // NVMe as the tier cuts it (whole segments, a header sector a slot).
-    t.blocks = std::string_view(name) == "nvme"
-                   ? NvmeBlocksThatFit(bytes, config.nvme.segment_bytes, config.NvmeDirs().size(), p.block_bytes)
-                   : bytes / p.block_bytes;
+  auto add = [&](std::string name, std::string kind, uint64_t capacity_bytes, uint64_t blocks) {
+    TierPlan t{.tier = std::move(name), .kind = std::move(kind), .capacity_bytes = capacity_bytes, .blocks = blocks};
     t.tokens = t.blocks * in.block_tokens;
     t.share_of_logical = p.logical_tokens == 0 ? 0 : double(t.tokens) / double(p.logical_tokens);
-    p.tiers.push_back(t);
+    p.tiers.push_back(std::move(t));
+  };
+  add("gpu", "gpu", *gpu, *gpu / p.block_bytes);
+  add("host", "host", host, host / p.block_bytes);
+  // The lower tiers in chain order, each by its name, as its kind counts
+  // what fits (NVMe: whole segments, a header sector a slot; fs: a header
+  // a file).
+  for (const Config::LowerEntry& e : config.LowerChain()) {
+    const LowerTierKind* k = FindLowerTierKind(e.kind);
+    if (k == nullptr || k->fit == nullptr) continue;
+    const LowerTierKind::Fit fit = k->fit(config.OptionsOf(e), p.block_bytes);
+    add(e.name, e.kind, fit.capacity_bytes, fit.blocks);
   }
   return p;
 }
@@ -138,9 +141,9 @@ void PrintCapacity(const CapacityPlan& p, std::ostream& out) {
   }
   out << "\ntiers of " << p.config_source << ", in " << p.block_tokens << "-token blocks of "
       << FormatBytes(p.block_bytes) << ":\n";
-  Table t({"TIER", "CAPACITY", "BLOCKS", "TOKENS", "OF THE SEQUENCES"});
+  Table t({"TIER", "KIND", "CAPACITY", "BLOCKS", "TOKENS", "OF THE SEQUENCES"});
   for (const TierPlan& tp : p.tiers) {
-    t.AddRow({tp.tier, tp.capacity_bytes == 0 ? "off" : FormatBytes(tp.capacity_bytes), absl::StrCat(tp.blocks),
+    t.AddRow({tp.tier, tp.kind, tp.capacity_bytes == 0 ? "off" : FormatBytes(tp.capacity_bytes), absl::StrCat(tp.blocks),
               absl::StrCat(tp.tokens), tp.capacity_bytes == 0 ? "-" : Fixed(100.0 * tp.share_of_logical, 1) + "%"});
   }
   t.Print(out);
@@ -150,6 +153,7 @@ nlohmann::json CapacityJson(const CapacityPlan& p) {
   nlohmann::json tiers = nlohmann::json::array();
   for (const TierPlan& t : p.tiers) {
     tiers.push_back({{"tier", t.tier},
+                     {"kind", t.kind},
                      {"capacity_bytes", t.capacity_bytes},
                      {"blocks", t.blocks},
                      {"tokens", t.tokens},

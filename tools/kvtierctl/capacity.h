@@ -28,7 +28,8 @@ struct CapacityInput {
 };
 
 struct TierPlan {
-  std::string tier;
+  std::string tier;  // gpu, host, or a lower tier's name in the chain
+  std::string kind;  // gpu, host, nvme, redis, fs
   uint64_t capacity_bytes = 0;
   uint64_t blocks = 0;
   uint64_t tokens = 0;
