@@ -99,15 +99,13 @@ void ValidateRemote(const Config& c, Fail& fail) {
   }
 }
 
-// Two directories as one tier would see them: the same after "." and ".."
-// and repeated or trailing slashes go, and symbolic links in the part that
-// exists here resolve; or one inside the other.
+// Two directories as one tier would see them: the same once "." and ".."
+// and repeated or trailing slashes go, or one inside the other. Lexical
+// only: validation runs on the control loop at SIGHUP, and a hung mount
+// must not stall it (a symbolic link or bind mount between two is not seen).
 bool DirsOverlap(const std::string& a, const std::string& b) {
   auto norm = [](const std::string& d) {
-    std::error_code ec;
-    std::filesystem::path p = std::filesystem::weakly_canonical(d, ec);
-    if (ec) p = std::filesystem::path(d).lexically_normal();
-    std::string s = p.lexically_normal().string();
+    std::string s = std::filesystem::path(d).lexically_normal().string();
     while (s.size() > 1 && s.back() == '/') s.pop_back();
     return s;
   };

@@ -97,7 +97,8 @@ inline uint64_t NvmeSlotsPerSegment(uint64_t segment_bytes, uint64_t slot_bytes)
 // capacity) both count with this: the planner once said 150 blocks of
 // 2 MiB fit where the tier held 126.
 inline uint64_t NvmeBlocksThatFit(uint64_t capacity, uint64_t segment_bytes, uint64_t dirs, uint64_t payload) {
-  if (segment_bytes == 0 || dirs == 0 || payload == 0) return 0;
+  // A block larger than a segment never fits (and its slot size could wrap).
+  if (segment_bytes == 0 || dirs == 0 || payload == 0 || payload > segment_bytes) return 0;
   const uint64_t segments = capacity / dirs / segment_bytes * dirs;
   return segments * NvmeSlotsPerSegment(segment_bytes, SlotBytesFor(payload));
 }

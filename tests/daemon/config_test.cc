@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "daemon/config.h"
+#include "daemon/lower_kinds.h"
 
 #include <unistd.h>
 
@@ -356,6 +357,29 @@ TEST(ConfigTest, RepeatedLowerTiersNeedTheirOwnNamesAndPlacesAndARepeatableKind)
   ASSERT_TRUE(a.ok() && b.ok() && named.ok()) << a.status() << b.status() << named.status();
   EXPECT_EQ(a->LowerChain(), b->LowerChain());
   EXPECT_NE(a->LowerChain(), named->LowerChain());
+}
+
+// What each kind's tier holds (kvtierctl capacity), its headers counted,
+// and never a count from a sum that wrapped.
+TEST(ConfigTest, EachKindCountsTheBlocksItsTierHolds) {
+  Config c = DefaultConfig();
+  c.fs.capacity_bytes = 150ull << 20;
+  const LowerTierKind* fs = FindLowerTierKind("fs");
+  ASSERT_NE(fs, nullptr);
+  EXPECT_EQ(fs->fit(c, 2ull << 20).blocks, 74u) << "a 104-byte header a file";
+  EXPECT_EQ(fs->fit(c, 150ull << 20).blocks, 0u) << "the header does not fit beside it";
+  EXPECT_EQ(fs->fit(c, UINT64_MAX).blocks, 0u);
+  c.fs.capacity_bytes = UINT64_MAX;
+  EXPECT_EQ(fs->fit(c, UINT64_MAX - 50).blocks, 0u);
+  EXPECT_EQ(fs->fit(c, 0).blocks, 0u);
+  c.nvme.capacity_bytes = 150ull << 20;
+  c.nvme.segment_bytes = 16ull << 20;
+  c.nvme.dirs = {"/a", "/b"};
+  const LowerTierKind* nvme = FindLowerTierKind("nvme");
+  EXPECT_EQ(nvme->fit(c, 2ull << 20).blocks, 56u) << "8 segments of 7 slots";
+  EXPECT_EQ(nvme->fit(c, UINT64_MAX).blocks, 0u) << "larger than a segment";
+  c.remote.capacity_bytes = 10ull << 20;
+  EXPECT_EQ(FindLowerTierKind("redis")->fit(c, 2ull << 20).blocks, 5u);
 }
 
 TEST(ConfigTest, DefaultConfigTextParsesToTheDefaults) {

@@ -55,7 +55,11 @@ LowerTierKind FsTierKind() {
           .fit = [](const Config& c, uint64_t block_bytes) {
             return LowerTierKind::Fit{
                 .capacity_bytes = c.fs.capacity_bytes,
-                .blocks = block_bytes == 0 ? 0 : c.fs.capacity_bytes / (block_bytes + kFsBlockHeaderBytes)};
+                // Not one file fits: 0, and no sum that could wrap.
+                .blocks = block_bytes == 0 || block_bytes > c.fs.capacity_bytes ||
+                                  c.fs.capacity_bytes - block_bytes < kFsBlockHeaderBytes
+                              ? 0
+                              : c.fs.capacity_bytes / (block_bytes + kFsBlockHeaderBytes)};
           }};
 }
 
