@@ -296,7 +296,8 @@ absl::Status Daemon::OpenLowerTiers() {
     if (e.own) lower_options_.push_back(std::make_shared<const Config>(config_.OptionsOf(e)));
     ASSIGN_OR_RETURN(OpenedLowerTier opened, OpenLowerTier(e, e.own ? *lower_options_.back() : config_));
     if (opened.tier == nullptr) continue;
-    // By kind, as before names, unless the entry's name is not its kind's.
+    // By its kind, as the log said before tiers had names, unless the
+    // entry's name is not its kind's default.
     names.push_back(e.name == FindLowerTierKind(e.kind)->default_name ? e.kind
                                                                       : absl::StrCat(e.name, " (", e.kind, ")"));
     ASSIGN_OR_RETURN(uint64_t indexed,

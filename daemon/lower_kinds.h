@@ -6,8 +6,8 @@
 // initialiser in the kind's settings struct), the section's comment lines,
 // whether other nodes share it, its tier's default name, whether a chain
 // may hold several of it, whether a file without [[tiers.lower]] turns it
-// on, its own checks, and how many blocks its tier holds. ConfigSchema() and ConfigSections() take the
-// kinds' rows and sections from here.
+// on, its own checks, and how many blocks its tier holds. ConfigSchema()
+// and ConfigSections() take the kinds' rows and sections from here.
 //
 // What opens a kind, shows it in status and applies its reloadable keys to
 // the running tier is the daemon's half of the kind (tier_registry.h): the
