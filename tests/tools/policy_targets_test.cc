@@ -70,6 +70,21 @@ TEST_F(PolicyTargetsTest, TheDefaultBeatsLruWhereRoomIsShortAndAdaptsEverywhere)
   }
 }
 
+// The online bound (what a policy deciding on a block's uses, position,
+// turn and last gap could hit at most) lies above every policy and below
+// Belady.
+TEST_F(PolicyTargetsTest, TheOnlineBoundLiesBetweenThePoliciesAndBelady) {
+  for (uint64_t tokens : {1'000'000u, 3'000'000u, 10'000'000u}) {
+    SCOPED_TRACE(tokens);
+    const double bound = HitRate(std::string(kOnlineBoundPolicy), tokens);
+    const double belady = HitRate("belady", tokens);
+    for (const char* p : {"lru", "s3fifo", "s3fifo-deep", "tinylfu", "arc", "adaptive"}) {
+      EXPECT_LE(HitRate(p, tokens), bound) << p;
+    }
+    EXPECT_LT(bound, belady);
+  }
+}
+
 TEST_F(PolicyTargetsTest, HostAndNvmeComeCloseToUnboundedRoom) {
   const double tiered = HitRate("adaptive", 3'000'000, 30'000'000);
   const double unbounded = HitRate("infinite", 0);

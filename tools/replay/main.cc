@@ -160,10 +160,15 @@ int RunSuite(const kvtier::tools::Workload& trace, const SimFlags& f, const kvti
   const std::vector<std::string> policies = base.policies;
   std::vector<std::string> header = {"WORKLOAD", "HOST TOKENS"};
   for (const auto& p : policies) header.push_back(p == base.default_policy ? p + "*" : p);
+  const bool with_bound = std::find(policies.begin(), policies.end(), kvtier::tools::kOnlineBoundPolicy) != policies.end();
   header.insert(header.end(), {"BEST ONLINE", "DEFAULT / BEST", "DEFAULT / BELADY"});
+  if (with_bound) header.push_back("DEFAULT / ONLINE BOUND");
   kvtier::tools::Table t(header);
   double worst = 1e9;
   std::string worst_at;
+  // Online policies above the online bound: its model (nothing but the
+  // features tells when a block returns) does not hold there.
+  std::vector<std::string> above_bound;
   for (const auto& [name, w] : workloads) {
     for (uint64_t cap512 : capacities_512) {
       const uint64_t tokens = cap512 * trace.block_tokens;
@@ -178,13 +183,15 @@ int RunSuite(const kvtier::tools::Workload& trace, const SimFlags& f, const kvti
         std::cerr << "kvtier-replay: " << name << ": " << rows.status().message() << "\n";
         return 2;
       }
-      double def = -1, best = -1, belady = -1;
+      double def = -1, best = -1, belady = -1, bound = -1;
       std::string best_name = "-";
       std::vector<std::string> cells = {name, std::to_string(o.capacity_blocks * w.block_tokens)};
       for (const auto& row : *rows) {
         cells.push_back(Fixed(row.token_hit_rate(), 3));
         if (row.policy == "belady") {
           belady = row.token_hit_rate();
+        } else if (row.policy == kvtier::tools::kOnlineBoundPolicy) {
+          bound = row.token_hit_rate();
         } else if (row.is_default) {
           def = row.token_hit_rate();
         } else if (row.policy != "none" && row.token_hit_rate() > best) {
@@ -197,6 +204,14 @@ int RunSuite(const kvtier::tools::Workload& trace, const SimFlags& f, const kvti
           std::cout << j.dump() << "\n";
         }
       }
+      if (bound >= 0) {
+        for (const auto& row : *rows) {
+          if (!kvtier::tools::IsBoundRow(row.policy) && row.policy != "none" && row.token_hit_rate() > bound) {
+            above_bound.push_back(row.policy + " on " + name + " at " +
+                                  std::to_string(o.capacity_blocks * w.block_tokens) + " tokens");
+          }
+        }
+      }
       const double vs_best = def >= 0 && best > 0 ? def / best : -1;
       if (vs_best >= 0 && vs_best < worst) {
         worst = vs_best;
@@ -205,6 +220,7 @@ int RunSuite(const kvtier::tools::Workload& trace, const SimFlags& f, const kvti
       cells.push_back(best_name);
       cells.push_back(vs_best >= 0 ? Fixed(vs_best, 3) : "-");
       cells.push_back(def >= 0 && belady > 0 ? Fixed(def / belady, 2) : "-");
+      if (with_bound) cells.push_back(def >= 0 && bound > 0 ? Fixed(def / bound, 2) : "-");
       t.AddRow(cells);
     }
   }
@@ -215,8 +231,16 @@ int RunSuite(const kvtier::tools::Workload& trace, const SimFlags& f, const kvti
   std::cout << "BEST ONLINE: the best policy other than the default and Belady (offline); DEFAULT / BEST: the\n"
                "default's token hit rate over it";
   if (!worst_at.empty()) std::cout << " (lowest: " << Fixed(worst, 3) << ", " << worst_at << ")";
+  if (with_bound) {
+    std::cout << "\nONLINE BOUND: the most a policy could hit that decides on what a block shows (its uses, position\n"
+                 "in its chain, its prompt's turn, its age), even knowing the workload's statistics in advance";
+  }
   std::cout << "\nworkloads:\n";
   for (const auto& [name, w] : workloads) std::cout << "  " << name << ": " << w.description << "\n";
+  for (const std::string& a : above_bound) {
+    std::cerr << "kvtier-replay: " << a << " hits more than the online bound: something besides uses, position,\n"
+                 "  turn and age tells when its blocks return, so the bound does not hold there\n";
+  }
   return 0;
 }
 
@@ -299,6 +323,13 @@ int RunSimulation(const kvtier::tools::Workload& workload, const SimFlags& f, ui
     std::cerr << "kvtier-replay: --nvme-admit-uses gates writes to NVMe: give --tier nvme=CAPACITY too\n";
     return 2;
   }
+  // With the host tier alone, the default rows include the online bound
+  // (what no policy deciding on a block's uses, position, turn and age can
+  // beat), before Belady.
+  if (f.policies.empty() && base.nvme_blocks == 0) {
+    auto at = std::find(base.policies.begin(), base.policies.end(), "belady");
+    base.policies.insert(at, std::string(kvtier::tools::kOnlineBoundPolicy));
+  }
   if (f.suite) {
     if (f.infinite) {
       std::cerr << "kvtier-replay: --suite compares bounded tiers; drop --infinite\n";
@@ -345,6 +376,13 @@ int RunSimulation(const kvtier::tools::Workload& workload, const SimFlags& f, ui
       if (b.policy == "belady" && b.capacity_blocks == row.capacity_blocks) belady = b.token_hit_rate();
     }
     const double req = row.blocks_requested ? double(row.blocks_requested) : 1;
+    if (row.policy == kvtier::tools::kOnlineBoundPolicy) {  // hit counts only
+      t.AddRow({row.policy, std::to_string(row.capacity_tokens), "-", Fixed(row.token_hit_rate(), 3),
+                Fixed(double(row.blocks_hit_host) / req, 3), "-",
+                belady > 0 ? Fixed(row.token_hit_rate() / belady, 2) : "-", "-", Fixed(row.reused_token_ratio(), 3),
+                "-", "-", "-"});
+      continue;
+    }
     t.AddRow({row.policy + (row.is_default ? " (default)" : ""),
               row.policy == "infinite" ? "infinite" : std::to_string(row.capacity_tokens),
               row.nvme_blocks ? std::to_string(row.nvme_tokens) : "-", Fixed(row.token_hit_rate(), 3),
@@ -356,6 +394,11 @@ int RunSimulation(const kvtier::tools::Workload& workload, const SimFlags& f, ui
   t.Print(std::cout);
   std::cout << "token hit = hit blocks / requested full blocks (prefix hits only); VS BELADY = that / the\n"
                "offline-optimal bound at the same capacity; TTFT on the simulated GPUs, queueing included\n";
+  if (std::find(base.policies.begin(), base.policies.end(), kvtier::tools::kOnlineBoundPolicy) != base.policies.end()) {
+    std::cout << "online-bound: the most a policy could hit that decides on what a block shows (its uses,\n"
+                 "position in its chain, its prompt's turn, its age), even knowing the workload's statistics\n"
+                 "in advance; hit counts only\n";
+  }
   return 0;
 }
 
@@ -396,7 +439,8 @@ int main(int argc, char** argv) {
                  "simulate: host=CAPACITY (a comma list gives one set of rows each) and nvme=CAPACITY, in "
                  "tokens (500K, 3M) or bytes (4GiB, with --block-bytes)");
   app.add_option("--policies", sim.policies,
-                 "simulate: policies to compare (default lru,s3fifo,s3fifo-deep,tinylfu,adaptive,belady; also none)")
+                 "simulate: policies to compare (default lru,s3fifo,s3fifo-deep,tinylfu,arc,adaptive, then online-bound "
+                 "with the host tier alone, then belady; also none)")
       ->delimiter(',');
   app.add_flag("--infinite", sim.infinite, "simulate: add a row with unbounded capacity");
   app.add_option("--nvme-policy", sim.nvme_policy,

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <queue>
@@ -16,6 +17,7 @@
 #include "policies/chain_guard.h"
 #include "policies/eviction_policy.h"
 #include "policies/reuse_gate.h"
+#include "tools/replay/online_bound.h"
 #include "tools/replay/sim_tier.h"
 
 namespace kvtier::tools {
@@ -53,6 +55,9 @@ double SimRow::TtftPercentile(double pct) const {
 
 nlohmann::json SimRow::ToJson() const {
   const bool unbounded = capacity_blocks == 0 && policy == "infinite";
+  // The online bound counts hits only: no times, no requests served.
+  const bool counts_only = policy == kOnlineBoundPolicy;
+  auto timed = [&](double v) { return counts_only ? nlohmann::json(nullptr) : nlohmann::json(v); };
   nlohmann::json cap{{"host", unbounded ? nlohmann::json("infinite") : nlohmann::json(capacity_tokens)}};
   if (nvme_blocks > 0) cap["nvme"] = nvme_tokens;
   return nlohmann::json{{"policy", policy},
@@ -62,11 +67,11 @@ nlohmann::json SimRow::ToJson() const {
                         {"token_hit_rate", token_hit_rate()},
                         {"token_hit_rate_host", blocks_requested ? double(blocks_hit_host) / double(blocks_requested) : 0},
                         {"token_hit_rate_nvme", blocks_requested ? double(blocks_hit_nvme) / double(blocks_requested) : 0},
-                        {"request_hit_rate", request_hit_rate()},
+                        {"request_hit_rate", timed(request_hit_rate())},
                         {"reused_token_ratio", reused_token_ratio()},
-                        {"prefill_seconds_saved", prefill_seconds_saved},
-                        {"ttft_p50_s", TtftPercentile(50)},
-                        {"ttft_p95_s", TtftPercentile(95)},
+                        {"prefill_seconds_saved", timed(prefill_seconds_saved)},
+                        {"ttft_p50_s", timed(TtftPercentile(50))},
+                        {"ttft_p95_s", timed(TtftPercentile(95))},
                         {"requests_slower_than_no_cache", requests_slower_than_no_cache},
                         {"blocks_requested", blocks_requested},
                         {"blocks_hit", blocks_hit},
@@ -85,7 +90,36 @@ nlohmann::json SimRow::ToJson() const {
 }
 
 
+namespace {
+
+absl::StatusOr<SimRow> OnlineBoundRow(const Workload& w, const SimOptions& opts) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (opts.infinite || opts.capacity_blocks == 0) {
+    return absl::InvalidArgumentError("the online bound is for a tier with room; an unbounded one hits everything");
+  }
+  if (opts.nvme_blocks > 0) {
+    return absl::InvalidArgumentError("the online bound models the host tier alone; drop the NVMe tier or the policy");
+  }
+  const Prepared p = Prepare(w, true);
+  ASSIGN_OR_RETURN(OnlineBound b, ComputeOnlineBound(w, p, opts.capacity_blocks));
+  SimRow row;
+  row.policy = std::string(kOnlineBoundPolicy);
+  row.capacity_blocks = opts.capacity_blocks;
+  row.capacity_tokens = opts.capacity_blocks * w.block_tokens;
+  row.requests = w.requests.size();
+  for (const Request& r : w.requests) row.prompt_tokens += r.prompt_tokens;
+  row.blocks_requested = b.requested;
+  // Rounded up: it is a bound.
+  row.blocks_hit = row.blocks_hit_host = static_cast<uint64_t>(std::ceil(b.hits - 1e-9));
+  row.tokens_reused = row.blocks_hit * w.block_tokens;
+  row.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return row;
+}
+
+}  // namespace
+
 absl::StatusOr<SimRow> SimulatePolicy(const Workload& w, const std::string& policy, const SimOptions& opts) {
+  if (policy == kOnlineBoundPolicy) return OnlineBoundRow(w, opts);
   const auto t0 = std::chrono::steady_clock::now();
   const bool infinite = opts.infinite || policy == "infinite";
   const bool none = policy == "none";

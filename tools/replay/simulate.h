@@ -29,6 +29,13 @@
 
 namespace kvtier::tools {
 
+// The row that is no policy but the online bound (online_bound.h): the most
+// a policy that decides on a block's uses, position, turn and age could hit.
+// It models the host tier alone.
+inline constexpr absl::string_view kOnlineBoundPolicy = "online-bound";
+// Rows that are bounds, not policies a tier can run.
+inline bool IsBoundRow(absl::string_view policy) { return policy == "belady" || policy == kOnlineBoundPolicy; }
+
 struct SimOptions {
   uint64_t capacity_blocks = 0;  // the host tier; 0 with infinite
   uint64_t nvme_blocks = 0;      // 0: no NVMe tier
@@ -83,9 +90,11 @@ struct SimRow {
 };
 
 // Keys must be filled (a synthetic chat's are computed by the caller).
-// Policies: the eviction policy names, "belady", "infinite" (unbounded host,
+// Policies: the eviction policy names, "belady", "online-bound" (host tier
+// alone: its row has hit counts only, no times), "infinite" (unbounded host,
 // no NVMe) and "none" (no cache: every token recomputed). Errors: an unknown
-// policy name, a request with more blocks than the host tier holds.
+// policy name, a request with more blocks than the host tier holds, the
+// online bound with an NVMe tier.
 absl::StatusOr<SimRow> SimulatePolicy(const Workload& w, const std::string& policy, const SimOptions& opts);
 // Every policy in opts.policies (or the infinite row), in order.
 absl::StatusOr<std::vector<SimRow>> Simulate(const Workload& w, const SimOptions& opts);

@@ -1,0 +1,212 @@
+// SPDX-License-Identifier: Apache-2.0
+// The online bound (tools/replay/online_bound.h): its knapsack worked out by
+// hand on a loop, and its relation to what the policies and an unbounded
+// tier hit on a generated chat.
+#include "tools/replay/online_bound.h"
+
+#include <string>
+#include <vector>
+
+#include "core/block_key.h"
+#include "gtest/gtest.h"
+#include "tools/replay/simulate.h"
+#include "tools/replay/suite.h"
+
+namespace kvtier::tools {
+namespace {
+
+BlockKey K(uint32_t id) {
+  BlockKey k{};
+  k.bytes[0] = static_cast<uint8_t>(id);
+  k.bytes[1] = static_cast<uint8_t>(id >> 8);
+  k.bytes[31] = 0x3c;
+  return k;
+}
+
+// Single-block requests asking for blocks 0..n-1 in turn, `loops` times.
+Workload Loop(uint32_t n, uint32_t loops) {
+  Workload w;
+  w.block_tokens = 1;
+  for (uint32_t l = 0; l < loops; ++l) {
+    for (uint32_t i = 0; i < n; ++i) {
+      Request r;
+      r.prompt_tokens = 1;
+      r.keys = {K(i)};
+      w.requests.push_back(r);
+    }
+  }
+  return w;
+}
+
+double BoundHits(const Workload& w, uint64_t capacity) {
+  auto b = ComputeOnlineBound(w, Prepare(w, true), capacity);
+  EXPECT_TRUE(b.ok()) << b.status();
+  return b.ok() ? b->hits : -1;
+}
+
+// Ten blocks asked for in turn, eight times (80 requests). Every ask that
+// comes back does so 10 requests later, so a hit costs 10 slots-between-
+// requests of room, and C blocks of room pay for C * 80 of them. The asks
+// fall in four classes by uses: 1 (10 asks), 2 (10), 3-4 (20), all coming
+// back (0.1 hits per slot); 5-8 (40 asks: 30 come back, and the last loop's
+// 10 never do, with 10, 9, ..., 1 requests left to pay for: 30 hits for
+// 300 + 55 of room).
+TEST(OnlineBoundTest, ALoopLargerThanTheTierBuysTheHitsItsRoomPaysFor) {
+  const Workload w = Loop(10, 8);
+  // 240 of room: 24 of the 0.1-a-slot hits.
+  EXPECT_NEAR(BoundHits(w, 3), 24.0, 1e-9);
+  // 480: all 40 of them (400), then 80 of the last class's 355 (30 hits).
+  // Charging the never-again asks the whole hold (400) gives 46, charging
+  // them nothing 48.
+  EXPECT_NEAR(BoundHits(w, 6), 40.0 + 80.0 * 30.0 / 355.0, 1e-9);
+  // Room for every hold: all 70 asks that come back.
+  EXPECT_NEAR(BoundHits(w, 10), 70.0, 1e-9);
+  // LRU gets nothing from a loop longer than the tier, while a policy that
+  // keeps some blocks for a whole loop gets what the bound says it can.
+  SimOptions o;
+  o.capacity_blocks = 6;
+  auto lru = SimulatePolicy(w, "lru", o);
+  auto bound = SimulatePolicy(w, std::string(kOnlineBoundPolicy), o);
+  ASSERT_TRUE(lru.ok() && bound.ok());
+  EXPECT_EQ(lru->blocks_hit, 0u);
+  EXPECT_EQ(bound->blocks_hit, 47u) << "46.76, rounded up";
+  EXPECT_EQ(bound->blocks_requested, 80u);
+  EXPECT_EQ(bound->policy, "online-bound");
+}
+
+// Blocks x0..x9 asked for at requests 0..9 and again at 10..19 (10 later),
+// then y at 20 and 21 (1 later). The first asks share a class: keeping them
+// 1 request wins y's (1 hit for 1 + 10 of room), 10 requests wins all 11
+// (101 of room). The second step is steeper than the first, so no hold
+// time is worth its room alone: the best is to keep the class 10 requests
+// some of the time, 11 / 101 hits a slot. 1 block of room pays for 22:
+// 2.396 hits. Taking the steeper step on its own would claim 22 * 10 / 90
+// = 2.444.
+TEST(OnlineBoundTest, ACurveThatBendsUpIsFilledByMixingItsEnds) {
+  Workload w;
+  w.block_tokens = 1;
+  auto ask = [&](uint32_t id) {
+    Request r;
+    r.prompt_tokens = 1;
+    r.keys = {K(id)};
+    w.requests.push_back(r);
+  };
+  for (uint32_t round = 0; round < 2; ++round) {
+    for (uint32_t i = 0; i < 10; ++i) ask(i);
+  }
+  ask(100);
+  ask(100);
+  EXPECT_NEAR(BoundHits(w, 1), 22.0 * 11.0 / 101.0, 1e-9);
+}
+
+Workload Chat() {
+  auto w = MakeSuiteWorkload("chat", 3);
+  EXPECT_TRUE(w.ok()) << w.status();
+  // The first 1500 requests: seconds in a debug build.
+  if (w->requests.size() > 1500) w->requests.resize(1500);
+  return *w;
+}
+
+// With room to keep every block until its next ask, the bound hits every
+// ask but a block's first: what an unbounded tier hits.
+TEST(OnlineBoundTest, WithRoomForEveryHoldItHitsWhatAnUnboundedTierHits) {
+  const Workload w = Chat();
+  SimOptions inf;
+  inf.infinite = true;
+  auto all = SimulatePolicy(w, "infinite", inf);
+  ASSERT_TRUE(all.ok());
+  const Prepared p = Prepare(w, true);
+  auto b = ComputeOnlineBound(w, p, all->blocks_requested);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->requested, all->blocks_requested);
+  EXPECT_NEAR(b->hits, double(all->blocks_requested - p.distinct), 1e-6);
+  EXPECT_NEAR(b->hits, double(all->blocks_hit), 1e-6);
+  EXPECT_GT(b->classes, 10u) << "the chat's asks fall in many classes";
+}
+
+// More room never lowers it, it never passes an unbounded tier, and no
+// policy that decides on what it models beats it.
+TEST(OnlineBoundTest, ItGrowsWithRoomAndNoPolicyBeatsIt) {
+  const Workload w = Chat();
+  SimOptions inf;
+  inf.infinite = true;
+  auto all = SimulatePolicy(w, "infinite", inf);
+  ASSERT_TRUE(all.ok());
+  double last = 0;
+  for (uint64_t cap : {64u, 256u, 1024u, 4096u}) {
+    SCOPED_TRACE(cap);
+    SimOptions o;
+    o.capacity_blocks = cap;
+    o.policies = {"lru", "s3fifo", "s3fifo-deep", "arc", "adaptive", std::string(kOnlineBoundPolicy), "belady"};
+    auto rows = Simulate(w, o);
+    ASSERT_TRUE(rows.ok()) << rows.status();
+    const SimRow& bound = (*rows)[5];
+    ASSERT_EQ(bound.policy, kOnlineBoundPolicy);
+    EXPECT_GE(bound.token_hit_rate(), last);
+    EXPECT_LE(bound.blocks_hit, all->blocks_hit);
+    for (const SimRow& r : *rows) {
+      if (!IsBoundRow(r.policy)) {
+        EXPECT_LE(r.blocks_hit, bound.blocks_hit) << r.policy;
+      }
+    }
+    last = bound.token_hit_rate();
+  }
+  EXPECT_GT(last, 0.3);
+}
+
+// A block's class: uses (1, 2, 3-4, 5-8, 9-16, 17-64, 65+), tokens before
+// it (< 1K, < 4K, < 12K, more), its prompt's turn (1..4, 5+) and how long
+// ago it was asked for before (never, 1-3, 4-15, ..., 1024+ requests).
+TEST(OnlineBoundTest, AClassIsUsesPositionTurnAndLastGap) {
+  using C = OnlineBoundClass;
+  const uint32_t base = C::Of(1, 0, 1, 0);
+  EXPECT_EQ(C::Of(0, 0, 0, 0), base) << "no uses or turn yet counts as the first";
+  EXPECT_NE(C::Of(2, 0, 1, 0), base);
+  EXPECT_EQ(C::Of(3, 0, 1, 0), C::Of(4, 0, 1, 0));
+  EXPECT_NE(C::Of(4, 0, 1, 0), C::Of(5, 0, 1, 0));
+  EXPECT_EQ(C::Of(65, 0, 1, 0), C::Of(1'000'000, 0, 1, 0));
+  EXPECT_NE(C::Of(64, 0, 1, 0), C::Of(65, 0, 1, 0));
+  EXPECT_EQ(C::Of(1, 1023, 1, 0), base);
+  EXPECT_NE(C::Of(1, 1024, 1, 0), base);
+  EXPECT_NE(C::Of(1, 12287, 1, 0), C::Of(1, 12288, 1, 0));
+  EXPECT_EQ(C::Of(1, 12288, 1, 0), C::Of(1, 1 << 30, 1, 0));
+  EXPECT_NE(C::Of(1, 0, 4, 0), C::Of(1, 0, 5, 0));
+  EXPECT_EQ(C::Of(1, 0, 5, 0), C::Of(1, 0, 99, 0));
+  EXPECT_NE(C::Of(2, 0, 1, 1), C::Of(2, 0, 1, 0));
+  EXPECT_EQ(C::Of(2, 0, 1, 1), C::Of(2, 0, 1, 3));
+  EXPECT_NE(C::Of(2, 0, 1, 3), C::Of(2, 0, 1, 4));
+  EXPECT_NE(C::Of(2, 0, 1, 1023), C::Of(2, 0, 1, 1024));
+  EXPECT_EQ(C::Of(2, 0, 1, 1024), C::Of(2, 0, 1, uint64_t{1} << 40));
+  // Every class has its own number below kCount.
+  std::vector<bool> seen(C::kCount, false);
+  for (uint64_t u : {1, 2, 3, 5, 9, 17, 65}) {
+    for (uint64_t pos : {0, 1024, 4096, 12288}) {
+      for (uint64_t t : {1, 2, 3, 4, 5}) {
+        for (uint64_t g : {0, 1, 4, 16, 64, 256, 1024}) {
+          const uint32_t c = C::Of(u, pos, t, g);
+          ASSERT_LT(c, C::kCount);
+          EXPECT_FALSE(seen[c]) << u << " " << pos << " " << t << " " << g;
+          seen[c] = true;
+        }
+      }
+    }
+  }
+}
+
+TEST(OnlineBoundTest, ItNeedsRoomNextUsesAndTheHostTierAlone) {
+  const Workload w = Loop(4, 2);
+  EXPECT_FALSE(ComputeOnlineBound(w, Prepare(w, true), 0).ok());
+  EXPECT_FALSE(ComputeOnlineBound(w, Prepare(w, false), 2).ok());
+  SimOptions o;
+  o.capacity_blocks = 2;
+  o.nvme_blocks = 4;
+  auto with_nvme = SimulatePolicy(w, std::string(kOnlineBoundPolicy), o);
+  ASSERT_FALSE(with_nvme.ok());
+  EXPECT_NE(with_nvme.status().message().find("host tier alone"), std::string::npos);
+  SimOptions inf;
+  inf.infinite = true;
+  EXPECT_FALSE(SimulatePolicy(w, std::string(kOnlineBoundPolicy), inf).ok());
+}
+
+}  // namespace
+}  // namespace kvtier::tools
