@@ -228,8 +228,8 @@ int RunSuite(const kvtier::tools::Workload& trace, const SimFlags& f, const kvti
   std::cout << "kvtier-replay --simulate --suite: token hit rate of each policy (* the default, "
             << base.default_policy << ")\n";
   t.Print(std::cout);
-  std::cout << "BEST ONLINE: the best policy other than the default and Belady (offline); DEFAULT / BEST: the\n"
-               "default's token hit rate over it";
+  std::cout << "BEST ONLINE: the best policy other than the default and the bounds (Belady, offline; the online\n"
+               "bound); DEFAULT / BEST: the default's token hit rate over it";
   if (!worst_at.empty()) std::cout << " (lowest: " << Fixed(worst, 3) << ", " << worst_at << ")";
   if (with_bound) {
     std::cout << "\nONLINE BOUND: the most a policy could hit that decides on what a block shows (its uses, position\n"
