@@ -99,6 +99,29 @@ TEST(OnlineBoundTest, ACurveThatBendsUpIsFilledByMixingItsEnds) {
   EXPECT_NEAR(BoundHits(w, 1), 22.0 * 11.0 / 101.0, 1e-9);
 }
 
+// The hold oracle runs the bound's plan as a tier. On the loop LRU keeps
+// the last 6 blocks and every ask misses; the plan keeps the classes worth
+// their room longest, so some blocks outlive a loop and hit, but no more
+// than the bound. With room for everything nothing is evicted: it hits what
+// an unbounded tier hits.
+TEST(OnlineBoundTest, TheHoldOracleRunsThePlanAsATier) {
+  const Workload w = Loop(10, 8);
+  const Prepared p = Prepare(w, true);
+  auto six = SimulateHoldOracle(w, p, 6);
+  ASSERT_TRUE(six.ok()) << six.status();
+  EXPECT_EQ(six->requested, 80u);
+  EXPECT_GT(six->hits, 10u);
+  EXPECT_LE(double(six->hits), BoundHits(w, 6));
+  EXPECT_GT(six->room_share, 0);
+  auto again = SimulateHoldOracle(w, p, 6);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->hits, six->hits) << "its coin is seeded";
+  auto all = SimulateHoldOracle(w, p, 10);
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(all->hits, 70u);
+  EXPECT_FALSE(SimulateHoldOracle(w, p, 0).ok());
+}
+
 Workload Chat() {
   auto w = MakeSuiteWorkload("chat", 3);
   EXPECT_TRUE(w.ok()) << w.status();
@@ -125,7 +148,7 @@ TEST(OnlineBoundTest, WithRoomForEveryHoldItHitsWhatAnUnboundedTierHits) {
 }
 
 // More room never lowers it, it never passes an unbounded tier, and no
-// policy that decides on what it models beats it.
+// policy that decides on what it models beats it, the hold oracle included.
 TEST(OnlineBoundTest, ItGrowsWithRoomAndNoPolicyBeatsIt) {
   const Workload w = Chat();
   SimOptions inf;
@@ -137,11 +160,14 @@ TEST(OnlineBoundTest, ItGrowsWithRoomAndNoPolicyBeatsIt) {
     SCOPED_TRACE(cap);
     SimOptions o;
     o.capacity_blocks = cap;
-    o.policies = {"lru", "s3fifo", "s3fifo-deep", "arc", "adaptive", std::string(kOnlineBoundPolicy), "belady"};
+    o.policies = {"lru",    "s3fifo", "s3fifo-deep", "arc", "adaptive", std::string(kOnlineBoundPolicy),
+                  "belady", std::string(kHoldOraclePolicy)};
     auto rows = Simulate(w, o);
     ASSERT_TRUE(rows.ok()) << rows.status();
     const SimRow& bound = (*rows)[5];
     ASSERT_EQ(bound.policy, kOnlineBoundPolicy);
+    ASSERT_EQ(rows->back().policy, kHoldOraclePolicy);
+    EXPECT_GT(rows->back().blocks_hit, 0u);
     EXPECT_GE(bound.token_hit_rate(), last);
     EXPECT_LE(bound.blocks_hit, all->blocks_hit);
     for (const SimRow& r : *rows) {
@@ -206,6 +232,7 @@ TEST(OnlineBoundTest, ItNeedsRoomNextUsesAndTheHostTierAlone) {
   SimOptions inf;
   inf.infinite = true;
   EXPECT_FALSE(SimulatePolicy(w, std::string(kOnlineBoundPolicy), inf).ok());
+  EXPECT_FALSE(SimulatePolicy(w, std::string(kHoldOraclePolicy), o).ok()) << "host tier alone";
 }
 
 }  // namespace

@@ -194,7 +194,7 @@ int RunSuite(const kvtier::tools::Workload& trace, const SimFlags& f, const kvti
           bound = row.token_hit_rate();
         } else if (row.is_default) {
           def = row.token_hit_rate();
-        } else if (row.policy != "none" && row.token_hit_rate() > best) {
+        } else if (kvtier::tools::IsOnlinePolicyRow(row.policy) && row.token_hit_rate() > best) {
           best = row.token_hit_rate();
           best_name = row.policy;
         }
@@ -376,7 +376,8 @@ int RunSimulation(const kvtier::tools::Workload& workload, const SimFlags& f, ui
       if (b.policy == "belady" && b.capacity_blocks == row.capacity_blocks) belady = b.token_hit_rate();
     }
     const double req = row.blocks_requested ? double(row.blocks_requested) : 1;
-    if (row.policy == kvtier::tools::kOnlineBoundPolicy) {  // hit counts only
+    if (row.policy == kvtier::tools::kOnlineBoundPolicy || row.policy == kvtier::tools::kHoldOraclePolicy) {
+      // hit counts only
       t.AddRow({row.policy, std::to_string(row.capacity_tokens), "-", Fixed(row.token_hit_rate(), 3),
                 Fixed(double(row.blocks_hit_host) / req, 3), "-",
                 belady > 0 ? Fixed(row.token_hit_rate() / belady, 2) : "-", "-", Fixed(row.reused_token_ratio(), 3),
@@ -398,6 +399,10 @@ int RunSimulation(const kvtier::tools::Workload& workload, const SimFlags& f, ui
     std::cout << "online-bound: the most a policy could hit that decides on what a block shows (its uses,\n"
                  "position in its chain, its prompt's turn, its age), even knowing the workload's statistics\n"
                  "in advance; hit counts only\n";
+  }
+  if (std::find(base.policies.begin(), base.policies.end(), kvtier::tools::kHoldOraclePolicy) != base.policies.end()) {
+    std::cout << "hold-oracle: the online bound's plan (how long to keep each class of block) run as a tier,\n"
+                 "its statistics known in advance, so no policy kvtierd could run; hit counts only\n";
   }
   return 0;
 }
@@ -440,7 +445,8 @@ int main(int argc, char** argv) {
                  "tokens (500K, 3M) or bytes (4GiB, with --block-bytes)");
   app.add_option("--policies", sim.policies,
                  "simulate: policies to compare (default lru,s3fifo,s3fifo-deep,tinylfu,arc,adaptive, then online-bound "
-                 "with the host tier alone, then belady; also none)")
+                 "with the host tier alone, then belady; also none, and hold-oracle: the online bound's plan, its "
+                 "statistics known in advance, run as a tier)")
       ->delimiter(',');
   app.add_flag("--infinite", sim.infinite, "simulate: add a row with unbounded capacity");
   app.add_option("--nvme-policy", sim.nvme_policy,

@@ -58,6 +58,25 @@ struct OnlineBound {
 // workload prepared without next uses.
 absl::StatusOr<OnlineBound> ComputeOnlineBound(const Workload& w, const Prepared& p, uint64_t capacity_blocks);
 
+// The hold oracle: the bound's own answer (how long to keep each class's
+// asks, its statistics known in advance) run as a real tier, whose room is
+// counted at every moment and whose hits are prefix hits: a block's
+// deadline is when it was last asked for plus its class's hold, and the
+// tier evicts the earliest deadline first, leaves before parents. No
+// online policy knows the statistics in advance, so this is not a policy
+// kvtierd could run; it says how much of the bound such knowledge turns
+// into hits, which the bound's relaxations do not. The plan is solved for
+// several shares of the room (the relaxation spends room on average, a
+// tier at every moment) and the best is kept.
+struct HoldOracle {
+  static constexpr double kRoomShares[] = {0.5, 0.6, 0.7, 0.8, 0.9, 1.0};
+  uint64_t hits = 0;
+  uint64_t requested = 0;
+  double room_share = 0;  // the share of the room the best plan was solved for
+  double token_hit_rate() const { return requested ? double(hits) / double(requested) : 0; }
+};
+absl::StatusOr<HoldOracle> SimulateHoldOracle(const Workload& w, const Prepared& p, uint64_t capacity_blocks);
+
 }  // namespace kvtier::tools
 
 #endif  // KVTIER_TOOLS_REPLAY_ONLINE_BOUND_H_

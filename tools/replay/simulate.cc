@@ -55,8 +55,8 @@ double SimRow::TtftPercentile(double pct) const {
 
 nlohmann::json SimRow::ToJson() const {
   const bool unbounded = capacity_blocks == 0 && policy == "infinite";
-  // The online bound counts hits only: no times, no requests served.
-  const bool counts_only = policy == kOnlineBoundPolicy;
+  // The online bound and the hold oracle count hits only: no times.
+  const bool counts_only = policy == kOnlineBoundPolicy || policy == kHoldOraclePolicy;
   auto timed = [&](double v) { return counts_only ? nlohmann::json(nullptr) : nlohmann::json(v); };
   nlohmann::json cap{{"host", unbounded ? nlohmann::json("infinite") : nlohmann::json(capacity_tokens)}};
   if (nvme_blocks > 0) cap["nvme"] = nvme_tokens;
@@ -92,25 +92,36 @@ nlohmann::json SimRow::ToJson() const {
 
 namespace {
 
-absl::StatusOr<SimRow> OnlineBoundRow(const Workload& w, const SimOptions& opts) {
+// The online bound's and the hold oracle's rows: hit counts of the host
+// tier alone.
+absl::StatusOr<SimRow> CountsOnlyRow(const Workload& w, const std::string& policy, const SimOptions& opts) {
   const auto t0 = std::chrono::steady_clock::now();
   if (opts.infinite || opts.capacity_blocks == 0) {
-    return absl::InvalidArgumentError("the online bound is for a tier with room; an unbounded one hits everything");
+    return absl::InvalidArgumentError(
+        absl::StrCat(policy, " is for a tier with room; an unbounded one hits everything"));
   }
   if (opts.nvme_blocks > 0) {
-    return absl::InvalidArgumentError("the online bound models the host tier alone; drop the NVMe tier or the policy");
+    return absl::InvalidArgumentError(
+        absl::StrCat(policy, " models the host tier alone; drop the NVMe tier or the policy"));
   }
   const Prepared p = Prepare(w, true);
-  ASSIGN_OR_RETURN(OnlineBound b, ComputeOnlineBound(w, p, opts.capacity_blocks));
   SimRow row;
-  row.policy = std::string(kOnlineBoundPolicy);
+  row.policy = policy;
   row.capacity_blocks = opts.capacity_blocks;
   row.capacity_tokens = opts.capacity_blocks * w.block_tokens;
   row.requests = w.requests.size();
   for (const Request& r : w.requests) row.prompt_tokens += r.prompt_tokens;
-  row.blocks_requested = b.requested;
-  // Rounded up: it is a bound.
-  row.blocks_hit = row.blocks_hit_host = static_cast<uint64_t>(std::ceil(b.hits - 1e-9));
+  if (policy == kOnlineBoundPolicy) {
+    ASSIGN_OR_RETURN(OnlineBound b, ComputeOnlineBound(w, p, opts.capacity_blocks));
+    row.blocks_requested = b.requested;
+    // Rounded up: it is a bound.
+    row.blocks_hit = static_cast<uint64_t>(std::ceil(b.hits - 1e-9));
+  } else {
+    ASSIGN_OR_RETURN(HoldOracle h, SimulateHoldOracle(w, p, opts.capacity_blocks));
+    row.blocks_requested = h.requested;
+    row.blocks_hit = h.hits;
+  }
+  row.blocks_hit_host = row.blocks_hit;
   row.tokens_reused = row.blocks_hit * w.block_tokens;
   row.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return row;
@@ -119,7 +130,7 @@ absl::StatusOr<SimRow> OnlineBoundRow(const Workload& w, const SimOptions& opts)
 }  // namespace
 
 absl::StatusOr<SimRow> SimulatePolicy(const Workload& w, const std::string& policy, const SimOptions& opts) {
-  if (policy == kOnlineBoundPolicy) return OnlineBoundRow(w, opts);
+  if (policy == kOnlineBoundPolicy || policy == kHoldOraclePolicy) return CountsOnlyRow(w, policy, opts);
   const auto t0 = std::chrono::steady_clock::now();
   const bool infinite = opts.infinite || policy == "infinite";
   const bool none = policy == "none";

@@ -33,8 +33,15 @@ namespace kvtier::tools {
 // a policy that decides on a block's uses, position, turn and age could hit.
 // It models the host tier alone.
 inline constexpr absl::string_view kOnlineBoundPolicy = "online-bound";
-// Rows that are bounds, not policies a tier can run.
+// The row that runs the online bound's plan as a tier (online_bound.h,
+// HoldOracle): what knowing each class's statistics in advance would hit.
+inline constexpr absl::string_view kHoldOraclePolicy = "hold-oracle";
+// Rows that are bounds, not tiers under the tier's rules.
 inline bool IsBoundRow(absl::string_view policy) { return policy == "belady" || policy == kOnlineBoundPolicy; }
+// Rows of policies kvtierd can run (not a bound, an oracle, or no cache).
+inline bool IsOnlinePolicyRow(absl::string_view policy) {
+  return !IsBoundRow(policy) && policy != kHoldOraclePolicy && policy != "none" && policy != "infinite";
+}
 
 struct SimOptions {
   uint64_t capacity_blocks = 0;  // the host tier; 0 with infinite
@@ -90,11 +97,12 @@ struct SimRow {
 };
 
 // Keys must be filled (a synthetic chat's are computed by the caller).
-// Policies: the eviction policy names, "belady", "online-bound" (host tier
-// alone: its row has hit counts only, no times), "infinite" (unbounded host,
-// no NVMe) and "none" (no cache: every token recomputed). Errors: an unknown
-// policy name, a request with more blocks than the host tier holds, the
-// online bound with an NVMe tier.
+// Policies: the eviction policy names, "belady", "online-bound" and
+// "hold-oracle" (host tier alone: their rows have hit counts only, no
+// times), "infinite" (unbounded host, no NVMe) and "none" (no cache: every
+// token recomputed). Errors: an unknown policy name, a request with more
+// blocks than the host tier holds, the online bound or the hold oracle with
+// an NVMe tier.
 absl::StatusOr<SimRow> SimulatePolicy(const Workload& w, const std::string& policy, const SimOptions& opts);
 // Every policy in opts.policies (or the infinite row), in order.
 absl::StatusOr<std::vector<SimRow>> Simulate(const Workload& w, const SimOptions& opts);
