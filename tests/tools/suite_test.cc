@@ -79,8 +79,7 @@ TEST(SuiteTest, KeysArePrefixesAndReuseHasTheDescribedShape) {
 }
 
 // The default against every other online policy, on every workload of the
-// suite at 1M / 3M / 10M tokens: at least 0.98x the best of them; and none
-// of them above the online bound.
+// suite at 1M / 3M / 10M tokens: at least 0.98x the best of them.
 TEST(SuiteTest, TheDefaultIsNeverTheWrongChoice) {
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   GTEST_SKIP() << "figures are checked in the plain builds (minutes under sanitizers)";
@@ -92,19 +91,9 @@ TEST(SuiteTest, TheDefaultIsNeverTheWrongChoice) {
       SCOPED_TRACE(info.name + " at " + std::to_string(tokens));
       SimOptions o;
       o.capacity_blocks = tokens / 512;
-      o.policies = {"lru", "s3fifo", "s3fifo-deep", "tinylfu", "arc", std::string(kDefaultHostPolicy),
-                    std::string(kOnlineBoundPolicy)};
+      o.policies = {"lru", "s3fifo", "s3fifo-deep", "tinylfu", "arc", std::string(kDefaultHostPolicy)};
       auto rows = Simulate(*w, o);
       ASSERT_TRUE(rows.ok()) << rows.status();
-      // No policy hits more than the online bound (its model holds here).
-      const SimRow& bound = rows->back();
-      ASSERT_EQ(bound.policy, kOnlineBoundPolicy);
-      for (const SimRow& r : *rows) {
-        if (&r != &bound) {
-          EXPECT_LE(r.blocks_hit, bound.blocks_hit) << r.policy;
-        }
-      }
-      rows->pop_back();
       double def = 0, best = 0;
       std::string best_name;
       for (const SimRow& r : *rows) {

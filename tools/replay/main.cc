@@ -160,14 +160,14 @@ int RunSuite(const kvtier::tools::Workload& trace, const SimFlags& f, const kvti
   const std::vector<std::string> policies = base.policies;
   std::vector<std::string> header = {"WORKLOAD", "HOST TOKENS"};
   for (const auto& p : policies) header.push_back(p == base.default_policy ? p + "*" : p);
-  const bool with_bound = std::find(policies.begin(), policies.end(), kvtier::tools::kOnlineBoundPolicy) != policies.end();
+  const bool with_bound = std::find(policies.begin(), policies.end(), kvtier::tools::kHoldOptimumPolicy) != policies.end();
   header.insert(header.end(), {"BEST ONLINE", "DEFAULT / BEST", "DEFAULT / BELADY"});
-  if (with_bound) header.push_back("DEFAULT / ONLINE BOUND");
+  if (with_bound) header.push_back("DEFAULT / HOLD OPTIMUM");
   kvtier::tools::Table t(header);
   double worst = 1e9;
   std::string worst_at;
-  // Online policies above the online bound: its model (nothing but the
-  // features tells when a block returns) does not hold there.
+  // Policies above the hold optimum: their holds adapt to what later
+  // requests bring, which the optimum's fixed per-class holds cannot.
   std::vector<std::string> above_bound;
   for (const auto& [name, w] : workloads) {
     for (uint64_t cap512 : capacities_512) {
@@ -190,7 +190,7 @@ int RunSuite(const kvtier::tools::Workload& trace, const SimFlags& f, const kvti
         cells.push_back(Fixed(row.token_hit_rate(), 3));
         if (row.policy == "belady") {
           belady = row.token_hit_rate();
-        } else if (row.policy == kvtier::tools::kOnlineBoundPolicy) {
+        } else if (row.policy == kvtier::tools::kHoldOptimumPolicy) {
           bound = row.token_hit_rate();
         } else if (row.is_default) {
           def = row.token_hit_rate();
@@ -228,18 +228,18 @@ int RunSuite(const kvtier::tools::Workload& trace, const SimFlags& f, const kvti
   std::cout << "kvtier-replay --simulate --suite: token hit rate of each policy (* the default, "
             << base.default_policy << ")\n";
   t.Print(std::cout);
-  std::cout << "BEST ONLINE: the best policy other than the default and the bounds (Belady, offline; the online\n"
-               "bound); DEFAULT / BEST: the default's token hit rate over it";
+  std::cout << "BEST ONLINE: the best policy other than the default (not Belady, offline, nor the hold optimum\n"
+               "or oracle); DEFAULT / BEST: the default's token hit rate over it";
   if (!worst_at.empty()) std::cout << " (lowest: " << Fixed(worst, 3) << ", " << worst_at << ")";
   if (with_bound) {
-    std::cout << "\nONLINE BOUND: the most a policy could hit that decides on what a block shows (its uses, position\n"
-                 "in its chain, its prompt's turn, its age), even knowing the workload's statistics in advance";
+    std::cout << "\nHOLD OPTIMUM: the most a policy could hit that keeps each block for a time set by its uses,\n"
+                 "position, turn and last gap, knowing their statistics in advance (not a bound on every policy)";
   }
   std::cout << "\nworkloads:\n";
   for (const auto& [name, w] : workloads) std::cout << "  " << name << ": " << w.description << "\n";
   for (const std::string& a : above_bound) {
-    std::cerr << "kvtier-replay: " << a << " hits more than the online bound: something besides uses, position,\n"
-                 "  turn and age tells when its blocks return, so the bound does not hold there\n";
+    std::cerr << "kvtier-replay: " << a << " hits more than the hold optimum: its holds adapt to what later\n"
+                 "  requests bring, which the optimum's fixed per-class holds do not model\n";
   }
   return 0;
 }
@@ -312,6 +312,12 @@ int RunSimulation(const kvtier::tools::Workload& workload, const SimFlags& f, ui
       std::cerr << "kvtier-replay: --remote-gbps must be positive and --remote-latency-us not negative\n";
       return 2;
     }
+    if (!f.policies.empty() && (f.policies.front() == kvtier::tools::kHoldOptimumPolicy ||
+                                f.policies.front() == kvtier::tools::kHoldOraclePolicy)) {
+      std::cerr << "kvtier-replay: --nodes runs an eviction policy on each node; " << f.policies.front()
+                << " is not one\n";
+      return 2;
+    }
     base.capacity_blocks = capacities[0];
     return RunNodes(workload, f, base, remote_blocks, as_json);
   }
@@ -323,12 +329,12 @@ int RunSimulation(const kvtier::tools::Workload& workload, const SimFlags& f, ui
     std::cerr << "kvtier-replay: --nvme-admit-uses gates writes to NVMe: give --tier nvme=CAPACITY too\n";
     return 2;
   }
-  // With the host tier alone, the default rows include the online bound
-  // (what no policy deciding on a block's uses, position, turn and age can
-  // beat), before Belady.
+  // With the host tier alone, the default rows include the hold optimum
+  // (how far a policy keeping each block for a time set by its class could
+  // go), before Belady.
   if (f.policies.empty() && base.nvme_blocks == 0) {
     auto at = std::find(base.policies.begin(), base.policies.end(), "belady");
-    base.policies.insert(at, std::string(kvtier::tools::kOnlineBoundPolicy));
+    base.policies.insert(at, std::string(kvtier::tools::kHoldOptimumPolicy));
   }
   if (f.suite) {
     if (f.infinite) {
@@ -376,7 +382,7 @@ int RunSimulation(const kvtier::tools::Workload& workload, const SimFlags& f, ui
       if (b.policy == "belady" && b.capacity_blocks == row.capacity_blocks) belady = b.token_hit_rate();
     }
     const double req = row.blocks_requested ? double(row.blocks_requested) : 1;
-    if (row.policy == kvtier::tools::kOnlineBoundPolicy || row.policy == kvtier::tools::kHoldOraclePolicy) {
+    if (row.policy == kvtier::tools::kHoldOptimumPolicy || row.policy == kvtier::tools::kHoldOraclePolicy) {
       // hit counts only
       t.AddRow({row.policy, std::to_string(row.capacity_tokens), "-", Fixed(row.token_hit_rate(), 3),
                 Fixed(double(row.blocks_hit_host) / req, 3), "-",
@@ -395,13 +401,13 @@ int RunSimulation(const kvtier::tools::Workload& workload, const SimFlags& f, ui
   t.Print(std::cout);
   std::cout << "token hit = hit blocks / requested full blocks (prefix hits only); VS BELADY = that / the\n"
                "offline-optimal bound at the same capacity; TTFT on the simulated GPUs, queueing included\n";
-  if (std::find(base.policies.begin(), base.policies.end(), kvtier::tools::kOnlineBoundPolicy) != base.policies.end()) {
-    std::cout << "online-bound: the most a policy could hit that decides on what a block shows (its uses,\n"
-                 "position in its chain, its prompt's turn, its age), even knowing the workload's statistics\n"
-                 "in advance; hit counts only\n";
+  if (std::find(base.policies.begin(), base.policies.end(), kvtier::tools::kHoldOptimumPolicy) != base.policies.end()) {
+    std::cout << "hold-optimum: the most a policy could hit that keeps each block for a time set by its\n"
+                 "uses, position, turn and last gap, knowing their statistics in advance, with prefix hits\n"
+                 "and room at every moment relaxed (not a bound on every policy); hit counts only\n";
   }
   if (std::find(base.policies.begin(), base.policies.end(), kvtier::tools::kHoldOraclePolicy) != base.policies.end()) {
-    std::cout << "hold-oracle: the online bound's plan (how long to keep each class of block) run as a tier,\n"
+    std::cout << "hold-oracle: the hold optimum's plan (how long to keep each class of block) run as a tier,\n"
                  "its statistics known in advance, so no policy kvtierd could run; hit counts only\n";
   }
   return 0;
@@ -444,8 +450,8 @@ int main(int argc, char** argv) {
                  "simulate: host=CAPACITY (a comma list gives one set of rows each) and nvme=CAPACITY, in "
                  "tokens (500K, 3M) or bytes (4GiB, with --block-bytes)");
   app.add_option("--policies", sim.policies,
-                 "simulate: policies to compare (default lru,s3fifo,s3fifo-deep,tinylfu,arc,adaptive, then online-bound "
-                 "with the host tier alone, then belady; also none, and hold-oracle: the online bound's plan, its "
+                 "simulate: policies to compare (default lru,s3fifo,s3fifo-deep,tinylfu,arc,adaptive, then hold-optimum "
+                 "with the host tier alone, then belady; also none, and hold-oracle: the hold optimum's plan, its "
                  "statistics known in advance, run as a tier)")
       ->delimiter(',');
   app.add_flag("--infinite", sim.infinite, "simulate: add a row with unbounded capacity");

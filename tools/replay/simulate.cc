@@ -17,7 +17,7 @@
 #include "policies/chain_guard.h"
 #include "policies/eviction_policy.h"
 #include "policies/reuse_gate.h"
-#include "tools/replay/online_bound.h"
+#include "tools/replay/hold_optimum.h"
 #include "tools/replay/sim_tier.h"
 
 namespace kvtier::tools {
@@ -55,12 +55,12 @@ double SimRow::TtftPercentile(double pct) const {
 
 nlohmann::json SimRow::ToJson() const {
   const bool unbounded = capacity_blocks == 0 && policy == "infinite";
-  // The online bound and the hold oracle count hits only: no times.
-  const bool counts_only = policy == kOnlineBoundPolicy || policy == kHoldOraclePolicy;
+  // The hold optimum and the hold oracle count hits only: no times.
+  const bool counts_only = policy == kHoldOptimumPolicy || policy == kHoldOraclePolicy;
   auto timed = [&](double v) { return counts_only ? nlohmann::json(nullptr) : nlohmann::json(v); };
   nlohmann::json cap{{"host", unbounded ? nlohmann::json("infinite") : nlohmann::json(capacity_tokens)}};
   if (nvme_blocks > 0) cap["nvme"] = nvme_tokens;
-  return nlohmann::json{{"policy", policy},
+  nlohmann::json j{{"policy", policy},
                         {"default", is_default},
                         {"capacity_tokens", cap},
                         {"requests", requests},
@@ -87,12 +87,20 @@ nlohmann::json SimRow::ToJson() const {
                         {"bytes_read_nvme", bytes_read_nvme},
                         {"bytes_read_host", bytes_read_host},
                         {"seconds", seconds}};
+  if (counts_only) {  // what such a row does not count
+    for (const char* k : {"requests_slower_than_no_cache", "nvme_hits_recomputed", "blocks_inserted", "evictions",
+                          "demotions", "demotions_refused", "nvme_write_amplification", "nvme_evictions",
+                          "bytes_written_nvme", "nvme_writes_read", "bytes_read_nvme", "bytes_read_host"}) {
+      j[k] = nullptr;
+    }
+  }
+  return j;
 }
 
 
 namespace {
 
-// The online bound's and the hold oracle's rows: hit counts of the host
+// The hold optimum's and the hold oracle's rows: hit counts of the host
 // tier alone.
 absl::StatusOr<SimRow> CountsOnlyRow(const Workload& w, const std::string& policy, const SimOptions& opts) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -111,10 +119,10 @@ absl::StatusOr<SimRow> CountsOnlyRow(const Workload& w, const std::string& polic
   row.capacity_tokens = opts.capacity_blocks * w.block_tokens;
   row.requests = w.requests.size();
   for (const Request& r : w.requests) row.prompt_tokens += r.prompt_tokens;
-  if (policy == kOnlineBoundPolicy) {
-    ASSIGN_OR_RETURN(OnlineBound b, ComputeOnlineBound(w, p, opts.capacity_blocks));
+  if (policy == kHoldOptimumPolicy) {
+    ASSIGN_OR_RETURN(HoldOptimum b, ComputeHoldOptimum(w, p, opts.capacity_blocks));
     row.blocks_requested = b.requested;
-    // Rounded up: it is a bound.
+    // Rounded up: an optimum of a relaxed family.
     row.blocks_hit = static_cast<uint64_t>(std::ceil(b.hits - 1e-9));
   } else {
     ASSIGN_OR_RETURN(HoldOracle h, SimulateHoldOracle(w, p, opts.capacity_blocks));
@@ -130,7 +138,7 @@ absl::StatusOr<SimRow> CountsOnlyRow(const Workload& w, const std::string& polic
 }  // namespace
 
 absl::StatusOr<SimRow> SimulatePolicy(const Workload& w, const std::string& policy, const SimOptions& opts) {
-  if (policy == kOnlineBoundPolicy || policy == kHoldOraclePolicy) return CountsOnlyRow(w, policy, opts);
+  if (policy == kHoldOptimumPolicy || policy == kHoldOraclePolicy) return CountsOnlyRow(w, policy, opts);
   const auto t0 = std::chrono::steady_clock::now();
   const bool infinite = opts.infinite || policy == "infinite";
   const bool none = policy == "none";

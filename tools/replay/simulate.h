@@ -29,15 +29,16 @@
 
 namespace kvtier::tools {
 
-// The row that is no policy but the online bound (online_bound.h): the most
-// a policy that decides on a block's uses, position, turn and age could hit.
-// It models the host tier alone.
-inline constexpr absl::string_view kOnlineBoundPolicy = "online-bound";
-// The row that runs the online bound's plan as a tier (online_bound.h,
+// The row that is no policy but the hold optimum (hold_optimum.h): the most
+// a policy could hit that keeps each ask for a time fixed by the block's
+// uses, position, turn and last gap, knowing their statistics in advance,
+// with two rules of a real tier relaxed. It models the host tier alone.
+inline constexpr absl::string_view kHoldOptimumPolicy = "hold-optimum";
+// The row that runs the hold optimum's plan as a tier (hold_optimum.h,
 // HoldOracle): what knowing each class's statistics in advance would hit.
 inline constexpr absl::string_view kHoldOraclePolicy = "hold-oracle";
-// Rows that are bounds, not tiers under the tier's rules.
-inline bool IsBoundRow(absl::string_view policy) { return policy == "belady" || policy == kOnlineBoundPolicy; }
+// Rows that are not tiers under the tier's rules: Belady and the hold optimum.
+inline bool IsBoundRow(absl::string_view policy) { return policy == "belady" || policy == kHoldOptimumPolicy; }
 // Rows of policies kvtierd can run (not a bound, an oracle, or no cache).
 inline bool IsOnlinePolicyRow(absl::string_view policy) {
   return !IsBoundRow(policy) && policy != kHoldOraclePolicy && policy != "none" && policy != "infinite";
@@ -97,11 +98,11 @@ struct SimRow {
 };
 
 // Keys must be filled (a synthetic chat's are computed by the caller).
-// Policies: the eviction policy names, "belady", "online-bound" and
+// Policies: the eviction policy names, "belady", "hold-optimum" and
 // "hold-oracle" (host tier alone: their rows have hit counts only, no
 // times), "infinite" (unbounded host, no NVMe) and "none" (no cache: every
 // token recomputed). Errors: an unknown policy name, a request with more
-// blocks than the host tier holds, the online bound or the hold oracle with
+// blocks than the host tier holds, the hold optimum or the hold oracle with
 // an NVMe tier.
 absl::StatusOr<SimRow> SimulatePolicy(const Workload& w, const std::string& policy, const SimOptions& opts);
 // Every policy in opts.policies (or the infinite row), in order.

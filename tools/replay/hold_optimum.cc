@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "tools/replay/online_bound.h"
+#include "tools/replay/hold_optimum.h"
 
 #include <algorithm>
 #include <limits>
@@ -59,7 +59,7 @@ void AddHullEdges(uint32_t cls, const std::vector<uint32_t>& gaps, const std::ve
 
 }  // namespace
 
-uint32_t OnlineBoundClass::Of(uint64_t uses, uint64_t position_tokens, uint64_t turn, uint64_t last_gap) {
+uint32_t HoldClass::Of(uint64_t uses, uint64_t position_tokens, uint64_t turn, uint64_t last_gap) {
   const uint32_t u = uses <= 2    ? static_cast<uint32_t>(std::max<uint64_t>(uses, 1) - 1)
                      : uses <= 4  ? 2
                      : uses <= 8  ? 3
@@ -89,10 +89,10 @@ struct Classified {
 
 absl::StatusOr<Classified> Classify(const Workload& w, const Prepared& p) {
   if (p.next_use.size() != p.ids.size()) {
-    return absl::InvalidArgumentError("the online bound needs the workload prepared with next uses");
+    return absl::InvalidArgumentError("the hold optimum needs the workload prepared with next uses");
   }
   if (p.ids.size() >= std::numeric_limits<uint32_t>::max()) {
-    return absl::InvalidArgumentError(absl::StrCat("the online bound takes fewer than 2^32 requests, not ",
+    return absl::InvalidArgumentError(absl::StrCat("the hold optimum takes fewer than 2^32 requests, not ",
                                                    p.ids.size()));
   }
   const uint64_t bt = w.block_tokens;
@@ -102,8 +102,8 @@ absl::StatusOr<Classified> Classify(const Workload& w, const Prepared& p) {
   std::vector<uint32_t> turn_of(p.distinct, 0);
   Classified k;
   k.cls_of.resize(p.ids.size());
-  k.gaps.resize(OnlineBoundClass::kCount);
-  k.tails.resize(OnlineBoundClass::kCount);
+  k.gaps.resize(HoldClass::kCount);
+  k.tails.resize(HoldClass::kCount);
   for (size_t r = 0; r < p.ids.size(); ++r) {
     const std::vector<uint32_t>& ids = p.ids[r];
     // The turn: one more than that of the deepest block past the root an
@@ -122,7 +122,7 @@ absl::StatusOr<Classified> Classify(const Workload& w, const Prepared& p) {
       turn_of[id] = std::max(turn_of[id], turn);
       const uint64_t last_gap = last_asked[id] == 0 ? 0 : r + 1 - last_asked[id];
       last_asked[id] = static_cast<uint32_t>(r + 1);
-      const uint32_t c = OnlineBoundClass::Of(uses[id], j * bt, turn, last_gap);
+      const uint32_t c = HoldClass::Of(uses[id], j * bt, turn, last_gap);
       k.cls_of[r][j] = c;
       ++k.requested;
       const uint64_t next = p.next_use[r][j];
@@ -133,7 +133,7 @@ absl::StatusOr<Classified> Classify(const Workload& w, const Prepared& p) {
       }
     }
   }
-  for (uint32_t c = 0; c < OnlineBoundClass::kCount; ++c) {
+  for (uint32_t c = 0; c < HoldClass::kCount; ++c) {
     if (k.gaps[c].empty() && k.tails[c].empty()) continue;
     ++k.classes;
     std::sort(k.gaps[c].begin(), k.gaps[c].end());
@@ -153,12 +153,12 @@ struct HoldPlan {
 // fall in slope, so this takes each class's in order, and it is the optimum.
 double Solve(const Classified& k, double budget, HoldPlan* plan) {
   std::vector<Edge> edges;
-  for (uint32_t c = 0; c < OnlineBoundClass::kCount; ++c) AddHullEdges(c, k.gaps[c], k.tails[c], edges);
+  for (uint32_t c = 0; c < HoldClass::kCount; ++c) AddHullEdges(c, k.gaps[c], k.tails[c], edges);
   std::stable_sort(edges.begin(), edges.end(), [](const Edge& a, const Edge& c) { return a.slope > c.slope; });
   if (plan != nullptr) {
-    plan->h_lo.assign(OnlineBoundClass::kCount, 0);
-    plan->h_hi.assign(OnlineBoundClass::kCount, 0);
-    plan->p_hi.assign(OnlineBoundClass::kCount, 0);
+    plan->h_lo.assign(HoldClass::kCount, 0);
+    plan->h_hi.assign(HoldClass::kCount, 0);
+    plan->p_hi.assign(HoldClass::kCount, 0);
   }
   double hits = 0;
   for (const Edge& e : edges) {
@@ -166,13 +166,16 @@ double Solve(const Classified& k, double budget, HoldPlan* plan) {
     const double take = std::min(1.0, budget / double(e.room));
     hits += take * double(e.hits);
     budget -= take * double(e.room);
-    if (plan == nullptr) continue;
-    if (take >= 1.0) {
-      plan->h_lo[e.cls] = e.hold;
-    } else {
-      plan->h_hi[e.cls] = e.hold;
-      plan->p_hi[e.cls] = take;
+    if (take < 1.0) {
+      // The room ends in this edge (what rounding leaves of it must not
+      // reach later edges and overwrite their classes' plans).
+      if (plan != nullptr) {
+        plan->h_hi[e.cls] = e.hold;
+        plan->p_hi[e.cls] = take;
+      }
+      break;
     }
+    if (plan != nullptr) plan->h_lo[e.cls] = e.hold;
   }
   return hits;
 }
@@ -181,7 +184,8 @@ double Solve(const Classified& k, double budget, HoldPlan* plan) {
 // block's deadline is the request it was last asked for plus its hold, and
 // the tier evicts the earliest deadline first, leaves before parents, never
 // the blocks of the request it serves. Returns the prefix hits.
-uint64_t RunHoldPlan(const Prepared& p, const Classified& k, const HoldPlan& plan, uint64_t capacity) {
+absl::StatusOr<uint64_t> RunHoldPlan(const Prepared& p, const Classified& k, const HoldPlan& plan,
+                                     uint64_t capacity) {
   std::mt19937_64 rng(1);
   std::uniform_real_distribution<double> coin(0, 1);
   std::vector<uint64_t> deadline(p.distinct, 0);
@@ -232,16 +236,24 @@ uint64_t RunHoldPlan(const Prepared& p, const Classified& k, const HoldPlan& pla
     }
     for (const Entry& e : serving_now) order.push(e);
     serving_now.clear();
+    if (count > capacity) {
+      // Only a parent whose recorded child is this request's, while it is
+      // not (a trace whose ids are not chained), can be left: no tier could
+      // keep that prefix.
+      return absl::InvalidArgumentError(absl::StrCat("the hold oracle cannot bring the tier back to ", capacity,
+                                                     " blocks after request ", r + 1,
+                                                     ": its blocks' chains are not prefixes"));
+    }
   }
   return hits;
 }
 
 }  // namespace
 
-absl::StatusOr<OnlineBound> ComputeOnlineBound(const Workload& w, const Prepared& p, uint64_t capacity_blocks) {
-  if (capacity_blocks == 0) return absl::InvalidArgumentError("the online bound needs a tier with room");
+absl::StatusOr<HoldOptimum> ComputeHoldOptimum(const Workload& w, const Prepared& p, uint64_t capacity_blocks) {
+  if (capacity_blocks == 0) return absl::InvalidArgumentError("the hold optimum needs a tier with room");
   ASSIGN_OR_RETURN(Classified k, Classify(w, p));
-  OnlineBound b;
+  HoldOptimum b;
   b.requested = k.requested;
   b.classes = k.classes;
   b.hits = Solve(k, double(capacity_blocks) * double(p.ids.size()), nullptr);
@@ -250,13 +262,20 @@ absl::StatusOr<OnlineBound> ComputeOnlineBound(const Workload& w, const Prepared
 
 absl::StatusOr<HoldOracle> SimulateHoldOracle(const Workload& w, const Prepared& p, uint64_t capacity_blocks) {
   if (capacity_blocks == 0) return absl::InvalidArgumentError("the hold oracle needs a tier with room");
+  for (size_t r = 0; r < p.ids.size(); ++r) {
+    if (p.ids[r].size() > capacity_blocks) {
+      return absl::InvalidArgumentError(absl::StrCat("request ", r + 1, " has ", p.ids[r].size(),
+                                                     " blocks, more than the simulated tier holds (",
+                                                     capacity_blocks, "); give it more capacity"));
+    }
+  }
   ASSIGN_OR_RETURN(Classified k, Classify(w, p));
   HoldOracle best;
   best.requested = k.requested;
   for (double share : HoldOracle::kRoomShares) {
     HoldPlan plan;
     Solve(k, share * double(capacity_blocks) * double(p.ids.size()), &plan);
-    const uint64_t hits = RunHoldPlan(p, k, plan, capacity_blocks);
+    ASSIGN_OR_RETURN(const uint64_t hits, RunHoldPlan(p, k, plan, capacity_blocks));
     if (hits > best.hits || best.room_share == 0) {
       best.hits = hits;
       best.room_share = share;
