@@ -118,6 +118,25 @@ TEST(HoldOptimumTest, TheHoldOracleRunsThePlanAsATier) {
   EXPECT_FALSE(SimulateHoldOracle(w, p, 0).ok());
 }
 
+// A tier keeps every block of the request it serves. With room for one
+// block and requests o, o, n1, o, n2, o, n3, o, each n pushes o out (o hits
+// only at the second request), although the plan keeps o longer than the
+// n's (it comes back; they never do): a tier that evicted the n it is
+// serving would hit o at every return.
+TEST(HoldOptimumTest, TheHoldOracleNeverEvictsTheRequestItServes) {
+  Workload w;
+  w.block_tokens = 1;
+  for (uint32_t id : {0u, 0u, 1u, 0u, 2u, 0u, 3u, 0u}) {
+    Request r;
+    r.prompt_tokens = 1;
+    r.keys = {K(id)};
+    w.requests.push_back(r);
+  }
+  auto o = SimulateHoldOracle(w, Prepare(w, true), 1);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->hits, 1u);
+}
+
 // Blocks a-b-c (one request), then d alone, then a-b-c again, with room for
 // 3. Every first ask is one class that comes back 2 requests later (d never
 // does, with 2 requests left): the plan keeps it 2 requests. When d comes,

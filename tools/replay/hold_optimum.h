@@ -4,8 +4,8 @@
 // (how many requests have asked for it, its position in its chain, its
 // prompt's turn, how long ago it was last asked for) and from then on its
 // age. Belady bounds every policy under the tier's rules, but it knows when
-// each block comes back, so its figure is far above any online policy's and
-// says little about how far one could still go.
+// each block comes back, so where room is short its figure is far above any
+// online policy's and says little about how far one could still go.
 //
 // The model. Each time a block is asked for, a policy that cannot tell the
 // blocks of one class apart keeps it for a number of requests h chosen from
@@ -65,9 +65,11 @@ absl::StatusOr<HoldOptimum> ComputeHoldOptimum(const Workload& w, const Prepared
 // counted at every moment and whose hits are prefix hits: a block's
 // deadline is when it was last asked for plus its class's hold, and the
 // tier evicts the earliest deadline first, leaves before parents, never a
-// block of the request it serves. No online policy knows the statistics in
-// advance, so this is not a policy kvtierd could run; it says how much of
-// the optimum such knowledge turns into hits. The plan is solved for
+// block of the request it serves; a block past its deadline stays while
+// there is room (so the oracle is not bounded by the optimum). No online
+// policy knows the statistics in advance, so this is not a policy kvtierd
+// could run; it is one way of turning that knowledge into hits under the
+// tier's rules, not the best one. The plan is solved for
 // several shares of the room (the optimum spends room on average, a tier
 // at every moment) and the best is kept. Errors: no room, a request with
 // more blocks than the tier holds.
