@@ -9,19 +9,14 @@
 
 #include "core/block_key.h"
 #include "gtest/gtest.h"
+#include "tests/tools/sim_keys.h"
 #include "tools/replay/simulate.h"
 #include "tools/replay/suite.h"
 
 namespace kvtier::tools {
 namespace {
 
-BlockKey K(uint32_t id) {
-  BlockKey k{};
-  k.bytes[0] = static_cast<uint8_t>(id);
-  k.bytes[1] = static_cast<uint8_t>(id >> 8);
-  k.bytes[31] = 0x3c;
-  return k;
-}
+BlockKey K(uint32_t id) { return SimKey(id, 0x3c); }
 
 // Single-block requests asking for blocks 0..n-1 in turn, `loops` times.
 Workload Loop(uint32_t n, uint32_t loops) {
@@ -165,6 +160,15 @@ TEST(HoldOptimumTest, TheHoldOracleEvictsLeavesBeforeParentsAndKeepsItsRoom) {
   EXPECT_NE(small.status().message().find("request 1 has 3 blocks"), std::string::npos) << small.status();
 }
 
+// What an unbounded tier hits on w.
+SimRow Unbounded(const Workload& w) {
+  SimOptions inf;
+  inf.infinite = true;
+  auto all = SimulatePolicy(w, "infinite", inf);
+  EXPECT_TRUE(all.ok()) << all.status();
+  return all.ok() ? *all : SimRow{};
+}
+
 Workload Chat() {
   auto w = MakeSuiteWorkload("chat", 3);
   EXPECT_TRUE(w.ok()) << w.status();
@@ -177,26 +181,20 @@ Workload Chat() {
 // ask but a block's first: what an unbounded tier hits.
 TEST(HoldOptimumTest, WithRoomForEveryHoldItHitsWhatAnUnboundedTierHits) {
   const Workload w = Chat();
-  SimOptions inf;
-  inf.infinite = true;
-  auto all = SimulatePolicy(w, "infinite", inf);
-  ASSERT_TRUE(all.ok());
+  const SimRow all = Unbounded(w);
   const Prepared p = Prepare(w, true);
-  auto b = ComputeHoldOptimum(w, p, all->blocks_requested);
+  auto b = ComputeHoldOptimum(w, p, all.blocks_requested);
   ASSERT_TRUE(b.ok());
-  EXPECT_EQ(b->requested, all->blocks_requested);
-  EXPECT_NEAR(b->hits, double(all->blocks_requested - p.distinct), 1e-6);
-  EXPECT_NEAR(b->hits, double(all->blocks_hit), 1e-6);
+  EXPECT_EQ(b->requested, all.blocks_requested);
+  EXPECT_NEAR(b->hits, double(all.blocks_requested - p.distinct), 1e-6);
+  EXPECT_NEAR(b->hits, double(all.blocks_hit), 1e-6);
   EXPECT_GT(b->classes, 10u) << "the chat's asks fall in many classes";
 }
 
 // More room never lowers it and it never passes an unbounded tier.
 TEST(HoldOptimumTest, ItGrowsWithRoomAndNeverPassesAnUnboundedTier) {
   const Workload w = Chat();
-  SimOptions inf;
-  inf.infinite = true;
-  auto all = SimulatePolicy(w, "infinite", inf);
-  ASSERT_TRUE(all.ok());
+  const SimRow all = Unbounded(w);
   double last = 0;
   for (uint64_t cap : {64u, 256u, 1024u, 4096u}) {
     SCOPED_TRACE(cap);
@@ -210,7 +208,7 @@ TEST(HoldOptimumTest, ItGrowsWithRoomAndNeverPassesAnUnboundedTier) {
     ASSERT_EQ(rows->back().policy, kHoldOraclePolicy);
     EXPECT_GT(rows->back().blocks_hit, 0u);
     EXPECT_GE(optimum.token_hit_rate(), last);
-    EXPECT_LE(optimum.blocks_hit, all->blocks_hit);
+    EXPECT_LE(optimum.blocks_hit, all.blocks_hit);
     last = optimum.token_hit_rate();
   }
   EXPECT_GT(last, 0.3);

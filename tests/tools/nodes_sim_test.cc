@@ -4,17 +4,12 @@
 #include "tools/replay/nodes_sim.h"
 
 #include "gtest/gtest.h"
+#include "tests/tools/sim_keys.h"
 
 namespace kvtier::tools {
 namespace {
 
-BlockKey K(uint32_t id) {
-  BlockKey k{};
-  k.bytes[0] = static_cast<uint8_t>(id);
-  k.bytes[1] = static_cast<uint8_t>(id >> 8);
-  k.bytes[31] = 0xa5;
-  return k;
-}
+BlockKey K(uint32_t id) { return SimKey(id, 0xa5); }
 
 // One request per chain (block_tokens 1; ids name the blocks).
 Workload Chains(std::initializer_list<std::initializer_list<uint32_t>> chains) {

@@ -5,17 +5,12 @@
 
 #include "core/block_key.h"
 #include "gtest/gtest.h"
+#include "tests/tools/sim_keys.h"
 
 namespace kvtier::tools {
 namespace {
 
-BlockKey K(uint32_t id) {
-  BlockKey k{};
-  k.bytes[0] = static_cast<uint8_t>(id);
-  k.bytes[1] = static_cast<uint8_t>(id >> 8);
-  k.bytes[31] = 0x5a;
-  return k;
-}
+BlockKey K(uint32_t id) { return SimKey(id, 0x5a); }
 
 // Requests of single blocks (block_tokens 1): a, b, c, a, b, c, ...
 Workload Single(std::initializer_list<uint32_t> ids) {
