@@ -613,7 +613,8 @@ TEST(RemoteSharingTest, PublishesDoNotWaitForTheNodesOwnHandles) {
 // from 8 sessions while alice, on another node, looks up 300 blocks her
 // first node published. Bob's probes are throttled and his adopted records
 // bounded on his own node; alice keeps >= 90% of her remote hits and her
-// lookups' p99 within twice the probe budget.
+// lookups' p99 within twice the probe budget (80% and three times under the
+// sanitizers, whose slower probes run into the budget on a loaded machine).
 TEST(RemoteSharingTest, AFloodingTenantCostsItselfNotTheOthers) {
   auto cluster = RedisClusterProcess::Start({"alice", "bob"}, "--tls");
   if (cluster == nullptr) GTEST_SKIP() << "redis-server is not installed";
@@ -678,12 +679,17 @@ TEST(RemoteSharingTest, AFloodingTenantCostsItselfNotTheOthers) {
   for (std::thread& t : flood) t.join();
   std::sort(ms.begin(), ms.end());
   const double p99 = ms[ms.size() * 99 / 100];
-  EXPECT_GE(hits, 270u) << "alice keeps 90% of her remote hits while bob floods";
 #ifdef KVTIER_SANITIZER
   constexpr double kSlack = 3;  // instrumented, and .ci/run builds the next suite beside it (p99 40.8 ms seen)
+  // A probe that the loaded machine keeps past its budget is a miss: 260 of
+  // 300 were seen under ASan with the TSan tree building beside it (p99
+  // 44.8 ms, bob throttled as meant).
+  constexpr uint32_t kHitsFloor = 240;
 #else
   constexpr double kSlack = 2;
+  constexpr uint32_t kHitsFloor = 270;
 #endif
+  EXPECT_GE(hits, kHitsFloor) << "alice keeps " << kHitsFloor * 100 / 300 << "% of her remote hits while bob floods";
   EXPECT_LE(p99, kSlack * kBudgetUs / 1000.0) << "alice's lookups within " << kSlack << "x the probe budget";
   const nlohmann::json rb = Remote(b)["remote"];
   EXPECT_GT(rb.value("probes_throttled", 0), 0) << rb.dump();
