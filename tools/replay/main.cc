@@ -313,8 +313,7 @@ int RunSimulation(const kvtier::tools::Workload& workload, const SimFlags& f, ui
       std::cerr << "kvtier-replay: --remote-gbps must be positive and --remote-latency-us not negative\n";
       return 2;
     }
-    if (!f.policies.empty() && (f.policies.front() == kvtier::tools::kHoldOptimumPolicy ||
-                                f.policies.front() == kvtier::tools::kHoldOraclePolicy)) {
+    if (!f.policies.empty() && kvtier::tools::IsCountsOnlyRow(f.policies.front())) {
       std::cerr << "kvtier-replay: --nodes runs an eviction policy on each node; " << f.policies.front()
                 << " is not one\n";
       return 2;
@@ -383,8 +382,7 @@ int RunSimulation(const kvtier::tools::Workload& workload, const SimFlags& f, ui
       if (b.policy == "belady" && b.capacity_blocks == row.capacity_blocks) belady = b.token_hit_rate();
     }
     const double req = row.blocks_requested ? double(row.blocks_requested) : 1;
-    if (row.policy == kvtier::tools::kHoldOptimumPolicy || row.policy == kvtier::tools::kHoldOraclePolicy) {
-      // hit counts only
+    if (kvtier::tools::IsCountsOnlyRow(row.policy)) {
       t.AddRow({row.policy, std::to_string(row.capacity_tokens), "-", Fixed(row.token_hit_rate(), 3),
                 Fixed(double(row.blocks_hit_host) / req, 3), "-",
                 belady > 0 ? Fixed(row.token_hit_rate() / belady, 2) : "-", "-", Fixed(row.reused_token_ratio(), 3),

@@ -55,40 +55,38 @@ double SimRow::TtftPercentile(double pct) const {
 
 nlohmann::json SimRow::ToJson() const {
   const bool unbounded = capacity_blocks == 0 && policy == "infinite";
-  // The hold optimum and the hold oracle count hits only: no times.
-  const bool counts_only = policy == kHoldOptimumPolicy || policy == kHoldOraclePolicy;
-  auto timed = [&](double v) { return counts_only ? nlohmann::json(nullptr) : nlohmann::json(v); };
   nlohmann::json cap{{"host", unbounded ? nlohmann::json("infinite") : nlohmann::json(capacity_tokens)}};
   if (nvme_blocks > 0) cap["nvme"] = nvme_tokens;
   nlohmann::json j{{"policy", policy},
-                        {"default", is_default},
-                        {"capacity_tokens", cap},
-                        {"requests", requests},
-                        {"token_hit_rate", token_hit_rate()},
-                        {"token_hit_rate_host", blocks_requested ? double(blocks_hit_host) / double(blocks_requested) : 0},
-                        {"token_hit_rate_nvme", blocks_requested ? double(blocks_hit_nvme) / double(blocks_requested) : 0},
-                        {"request_hit_rate", timed(request_hit_rate())},
-                        {"reused_token_ratio", reused_token_ratio()},
-                        {"prefill_seconds_saved", timed(prefill_seconds_saved)},
-                        {"ttft_p50_s", timed(TtftPercentile(50))},
-                        {"ttft_p95_s", timed(TtftPercentile(95))},
-                        {"requests_slower_than_no_cache", requests_slower_than_no_cache},
-                        {"blocks_requested", blocks_requested},
-                        {"blocks_hit", blocks_hit},
-                        {"nvme_hits_recomputed", nvme_hits_recomputed},
-                        {"blocks_inserted", blocks_inserted},
-                        {"evictions", evictions},
-                        {"demotions", demotions},
-                        {"demotions_refused", demotions_refused},
-                        {"nvme_write_amplification", bytes_read_nvme ? double(bytes_written_nvme) / double(bytes_read_nvme) : 0.0},
-                        {"nvme_evictions", nvme_evictions},
-                        {"bytes_written_nvme", bytes_written_nvme},
-                        {"nvme_writes_read", nvme_writes_read},
-                        {"bytes_read_nvme", bytes_read_nvme},
-                        {"bytes_read_host", bytes_read_host},
-                        {"seconds", seconds}};
-  if (counts_only) {  // what such a row does not count
-    for (const char* k : {"requests_slower_than_no_cache", "nvme_hits_recomputed", "blocks_inserted", "evictions",
+                   {"default", is_default},
+                   {"capacity_tokens", cap},
+                   {"requests", requests},
+                   {"token_hit_rate", token_hit_rate()},
+                   {"token_hit_rate_host", blocks_requested ? double(blocks_hit_host) / double(blocks_requested) : 0},
+                   {"token_hit_rate_nvme", blocks_requested ? double(blocks_hit_nvme) / double(blocks_requested) : 0},
+                   {"request_hit_rate", request_hit_rate()},
+                   {"reused_token_ratio", reused_token_ratio()},
+                   {"prefill_seconds_saved", prefill_seconds_saved},
+                   {"ttft_p50_s", TtftPercentile(50)},
+                   {"ttft_p95_s", TtftPercentile(95)},
+                   {"requests_slower_than_no_cache", requests_slower_than_no_cache},
+                   {"blocks_requested", blocks_requested},
+                   {"blocks_hit", blocks_hit},
+                   {"nvme_hits_recomputed", nvme_hits_recomputed},
+                   {"blocks_inserted", blocks_inserted},
+                   {"evictions", evictions},
+                   {"demotions", demotions},
+                   {"demotions_refused", demotions_refused},
+                   {"nvme_write_amplification", bytes_read_nvme ? double(bytes_written_nvme) / double(bytes_read_nvme) : 0.0},
+                   {"nvme_evictions", nvme_evictions},
+                   {"bytes_written_nvme", bytes_written_nvme},
+                   {"nvme_writes_read", nvme_writes_read},
+                   {"bytes_read_nvme", bytes_read_nvme},
+                   {"bytes_read_host", bytes_read_host},
+                   {"seconds", seconds}};
+  if (IsCountsOnlyRow(policy)) {  // no times, and none of the tier's own counters
+    for (const char* k : {"request_hit_rate", "prefill_seconds_saved", "ttft_p50_s", "ttft_p95_s",
+                          "requests_slower_than_no_cache", "nvme_hits_recomputed", "blocks_inserted", "evictions",
                           "demotions", "demotions_refused", "nvme_write_amplification", "nvme_evictions",
                           "bytes_written_nvme", "nvme_writes_read", "bytes_read_nvme", "bytes_read_host"}) {
       j[k] = nullptr;
@@ -138,7 +136,7 @@ absl::StatusOr<SimRow> CountsOnlyRow(const Workload& w, const std::string& polic
 }  // namespace
 
 absl::StatusOr<SimRow> SimulatePolicy(const Workload& w, const std::string& policy, const SimOptions& opts) {
-  if (policy == kHoldOptimumPolicy || policy == kHoldOraclePolicy) return CountsOnlyRow(w, policy, opts);
+  if (IsCountsOnlyRow(policy)) return CountsOnlyRow(w, policy, opts);
   const auto t0 = std::chrono::steady_clock::now();
   const bool infinite = opts.infinite || policy == "infinite";
   const bool none = policy == "none";

@@ -39,6 +39,10 @@ inline constexpr absl::string_view kHoldOptimumPolicy = "hold-optimum";
 inline constexpr absl::string_view kHoldOraclePolicy = "hold-oracle";
 // Rows that are not tiers under the tier's rules: Belady and the hold optimum.
 inline bool IsBoundRow(absl::string_view policy) { return policy == "belady" || policy == kHoldOptimumPolicy; }
+// Rows with hit counts only (no times): the hold optimum and the oracle.
+inline bool IsCountsOnlyRow(absl::string_view policy) {
+  return policy == kHoldOptimumPolicy || policy == kHoldOraclePolicy;
+}
 // Rows of policies kvtierd can run (not a bound, an oracle, or no cache).
 inline bool IsOnlinePolicyRow(absl::string_view policy) {
   return !IsBoundRow(policy) && policy != kHoldOraclePolicy && policy != "none" && policy != "infinite";
