@@ -32,6 +32,7 @@ absl::StatusOr<std::unique_ptr<AdaptivePolicy>> AdaptivePolicy::Create(const Opt
     ASSIGN_OR_RETURN(e.pol, MakeEvictionPolicy(name));
     ASSIGN_OR_RETURN(std::unique_ptr<EvictionPolicy> shadow, MakeEvictionPolicy(name));
     e.shadow.pol = std::make_unique<ChainGuard>(std::move(shadow));
+    p->observes_ = p->observes_ || e.pol->ObservesRequests();
     p->experts_.push_back(std::move(e));
   }
   return p;
@@ -51,6 +52,12 @@ void AdaptivePolicy::Touch(uint32_t h) {
 }
 void AdaptivePolicy::Remove(uint32_t h) {
   for (Expert& e : experts_) e.pol->Remove(h);
+}
+void AdaptivePolicy::ObserveRequest(std::span<const uint64_t> chain, std::span<const uint32_t> depths,
+                                    uint32_t block_tokens) {
+  for (Expert& e : experts_) {
+    if (e.pol->ObservesRequests()) e.pol->ObserveRequest(chain, depths, block_tokens);
+  }
 }
 std::optional<uint32_t> AdaptivePolicy::PickVictim(absl::FunctionRef<bool(uint32_t)> evictable) {
   return experts_[leader_.load(std::memory_order_relaxed)].pol->PickVictim(evictable);
@@ -123,6 +130,11 @@ std::vector<AdaptivePolicy::ExpertScore> AdaptivePolicy::scores() const {
 
 double AdaptivePolicy::Serve(Shadow& s, std::span<const uint64_t> chain, std::span<const uint32_t> at,
                              uint64_t block_tokens, absl::FunctionRef<double(size_t)> value) {
+  if (s.pol->ObservesRequests()) {
+    sampled_.clear();
+    for (uint32_t j : at) sampled_.push_back(chain[j]);
+    s.pol->ObserveRequest(sampled_, at, static_cast<uint32_t>(block_tokens));
+  }
   double got = 0;
   for (size_t k = 0; k < at.size() && s.handle_of.contains(chain[at[k]]); ++k) got += value(at[k]);
   // Leaves first, root last, as the tier sees a request: recency policies

@@ -151,6 +151,11 @@ class AdaptivePolicy final : public EvictionPolicy {
   // Every expert's, plus the shadows' (each bounded by max_shadow_blocks).
   size_t bookkeeping() const override;
   absl::string_view name() const override { return "adaptive"; }
+  // When an expert learns from requests (holds): the experts over the
+  // tier's handles, under the caller's lock (Observe feeds the shadows).
+  bool ObservesRequests() const override { return observes_; }
+  void ObserveRequest(std::span<const uint64_t> chain, std::span<const uint32_t> depths,
+                      uint32_t block_tokens) override;
   // To every expert over the tier's handles (each shadow has its own guard).
   void ShareKeys(const HandleKeys* keys) override {
     for (Expert& e : experts_) e.pol->ShareKeys(keys);
@@ -188,6 +193,8 @@ class AdaptivePolicy final : public EvictionPolicy {
                absl::FunctionRef<double(size_t)> value) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shadow_mu_);
 
   std::vector<Expert> experts_;  // fixed after Create
+  bool observes_ = false;        // some expert ObservesRequests
+  std::vector<uint64_t> sampled_ ABSL_GUARDED_BY(shadow_mu_);  // this request's sampled keys
   mutable Mutex shadow_mu_;
   uint64_t capacity_ ABSL_GUARDED_BY(shadow_mu_);
   uint64_t max_shadow_ ABSL_GUARDED_BY(shadow_mu_);

@@ -75,6 +75,11 @@ class ChainGuard final : public EvictionPolicy, private HandleKeys {
   size_t size() const override { return inner_->size(); }
   size_t bookkeeping() const override { return inner_->bookkeeping() + lists_; }
   absl::string_view name() const override { return inner_->name(); }
+  bool ObservesRequests() const override { return inner_->ObservesRequests(); }
+  void ObserveRequest(std::span<const uint64_t> chain, std::span<const uint32_t> depths,
+                      uint32_t block_tokens) override {
+    inner_->ObserveRequest(chain, depths, block_tokens);
+  }
 
   EvictionPolicy* inner() const { return inner_.get(); }
   // Resident children of the block with this identity.

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string_view>
 
 #include "absl/functional/function_ref.h"
@@ -82,6 +83,22 @@ class EvictionPolicy {
   // copy of its own. Policies that keep no keys, or name handles differently
   // (the sparse-handle adapter), ignore it.
   virtual void ShareKeys(const HandleKeys* keys) { (void)keys; }
+  // Policies that learn from every request, its misses included ("holds",
+  // and the adaptive policy with it as an expert): true, and they are fed
+  // each looked-up chain of block identities (root first, never 0) through
+  // ObserveRequest, under the caller's lock, once per request, after the
+  // lookup touched its hits and before the blocks it missed are inserted.
+  // depths: each identity's place in the engine's chain when `chain` is a
+  // sample of it (empty: its place in `chain`); a block's position is its
+  // depth times block_tokens (0: not known). The adaptive policy's shadows
+  // observe through its own thread-safe Observe.
+  virtual bool ObservesRequests() const { return false; }
+  virtual void ObserveRequest(std::span<const uint64_t> chain, std::span<const uint32_t> depths,
+                              uint32_t block_tokens) {
+    (void)chain;
+    (void)depths;
+    (void)block_tokens;
+  }
 };
 
 // Least recently used first. Handles should be dense (0..n): the links live
@@ -123,11 +140,33 @@ std::unique_ptr<EvictionPolicy> MakeTinyLfuPolicy(double window_share = 0.01);
 // handles.
 std::unique_ptr<EvictionPolicy> MakeArcPolicy();
 
+// "holds": learned per-class hold times (see holds_policy.cc). Each time a
+// block is asked for it gets a class (policies/hold_class.h) and a deadline
+// (now + that class's hold, in requests); the tier evicts the earliest
+// deadline first. Hold times are re-planned every replan_every requests
+// from decayed per-class histograms of the gaps after which asks came
+// back: the room-constrained choice that wins most asks (a fractional
+// knapsack over each class's upper concave hull). Needs ObserveRequest;
+// without it, it is LRU. Dense handles.
+struct HoldsOptions {
+  double decay = 0.9995;         // per request, of the learned statistics
+  uint32_t replan_every = 200;   // requests
+  // The share of the room the plan spends: holds are planned on average,
+  // and the room they take at one moment runs above it.
+  double room_share = 0.8;
+  uint32_t history_per_block = 16;  // identities remembered per block of room (at least 1,024)
+};
+std::unique_ptr<EvictionPolicy> MakeHoldsPolicy(const HoldsOptions& opts = {});
+
+
+// Policies that learn from the host tier's lookups (the adaptive policy's
+// shadows, the holds policy's plan), so only the host tier can run them.
+inline bool IsHostOnlyPolicy(absl::string_view name) { return name == "adaptive" || name == "holds"; }
 
 // The host tier's policy unless the config names another.
 inline constexpr absl::string_view kDefaultHostPolicy = "adaptive";
 
-// By config name: "lru", "s3fifo", "s3fifo-deep", "tinylfu", "arc", or "adaptive" (an
+// By config name: "lru", "s3fifo", "s3fifo-deep", "tinylfu", "arc", "holds", or "adaptive" (an
 // AdaptivePolicy over all three with its shadows idle until the caller
 // sets a capacity: see adaptive_policy.h).
 absl::StatusOr<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(absl::string_view name);
