@@ -320,10 +320,10 @@ absl::Status ValidateConfig(const Config& c) {
   }
   if (auto p = MakeEvictionPolicy(c.nvme.policy); !p.ok()) {
     fail("tiers.nvme.policy", Cat("tiers.nvme.policy: ", p.status().message()));
-  } else if (c.nvme.policy == "adaptive") {
-    fail("tiers.nvme.policy",
-         "tiers.nvme.policy = \"adaptive\" is host-only (its shadows learn from host lookups); use lru, s3fifo, "
-         "s3fifo-deep or tinylfu");
+  } else if (IsHostOnlyPolicy(c.nvme.policy)) {
+    fail("tiers.nvme.policy", Cat("tiers.nvme.policy = \"", c.nvme.policy,
+                                  "\" is host-only (it learns from host lookups); use lru, s3fifo, s3fifo-deep, "
+                                  "tinylfu or arc"));
   }
   if (c.host_low_watermark > c.host_high_watermark) {
     fail("tiers.host.low_watermark", Cat("tiers.host.low_watermark = ", c.host_low_watermark,

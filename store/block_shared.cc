@@ -57,13 +57,18 @@ void BlockStore::AfterReply(SessionHoldings& s) {
     for (uint64_t k : s.last_chain) books_.reuse->Record(k);
   }
   shared_.StartPublishes(s);
-  if (!observe || !adaptive_) return;
+  if (!observe || !observes_) return;
   HostResidency& t = *books_.tenants[s.ns.tenant];
   AdaptivePolicy* a;
   {
     // Policies live as long as the cache: the pointer outlives the lock.
     MutexLock l(&t.mu);
-    a = static_cast<AdaptivePolicy*>(t.PolicyForLocked(t.host->SlotSizeFor(s.ns.block_bytes))->inner());
+    ChainGuard* g = t.PolicyForLocked(t.host->SlotSizeFor(s.ns.block_bytes));
+    // The holds policy's plan and deadlines (alone, or as an adaptive
+    // expert) are the tier's: its lock.
+    if (g->ObservesRequests()) g->ObserveRequest(s.last_chain, {}, s.ns.block_tokens);
+    if (!adaptive_) return;
+    a = static_cast<AdaptivePolicy*>(g->inner());
   }
   a->Observe(s.last_chain, s.ns.block_tokens);  // on the shadows' own lock, not the tier's
 }

@@ -27,6 +27,7 @@ namespace kvtier {
 BlockStore::BlockStore(const Options& opts, DaemonStats* stats)
     : opts_(opts),
       adaptive_(opts.policy == "adaptive"),
+      observes_(IsHostOnlyPolicy(opts.policy)),
       books_(stats, opts.cost),
       migrator_(books_,
                 {.cascade_high = opts.cascade_high,
@@ -44,8 +45,9 @@ BlockStore::BlockStore(const Options& opts, DaemonStats* stats)
 absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Create(const Options& opts, DaemonStats* stats) {
   RETURN_IF_ERROR(MakeEvictionPolicy(opts.policy).status());
   RETURN_IF_ERROR(MakeEvictionPolicy(opts.nvme_policy).status());
-  if (opts.nvme_policy == "adaptive") {
-    return absl::InvalidArgumentError("the NVMe tier's policy cannot be adaptive (its shadows learn from host lookups)");
+  if (IsHostOnlyPolicy(opts.nvme_policy)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the NVMe tier's policy cannot be ", opts.nvme_policy, " (it learns from host lookups)"));
   }
   for (uint32_t m : {opts.nvme_admission_min_uses, opts.shared_admission_min_uses}) {
     if (m < 1 || m > 15) {
@@ -117,7 +119,7 @@ std::vector<BlockRecord*> BlockStore::FindAll(uint32_t ns, std::span<const Block
 void BlockStore::ObserveRequest(SessionHoldings& s, std::span<const BlockKey> keys) {
   s.last_chain.resize(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) s.last_chain[i] = PolicyKeyOf(s.ns.handle, keys[i]);
-  s.observe_pending = !keys.empty() && (adaptive_ || books_.reuse != nullptr);
+  s.observe_pending = !keys.empty() && (observes_ || books_.reuse != nullptr);
 }
 
 absl::Status BlockStore::LeaseRoomFor(const SessionHoldings& s, size_t blocks) {

@@ -143,7 +143,7 @@ class BlockStore {
   struct Options {
     uint32_t max_leases_per_session = 65536;
     std::string policy = "lru";
-    // The NVMe tier's policy: any but "adaptive" (its shadows learn from host lookups).
+    // The NVMe tier's policy: any but the host-only ones (IsHostOnlyPolicy).
     std::string nvme_policy = "lru";
     bool write_through = false;  // also write every committed block to NVMe at once
     CostTracker::Options cost;
@@ -465,7 +465,10 @@ class BlockStore {
 
   const Options opts_;
   std::atomic<bool> draining_{false};  // read by stores
-  const bool adaptive_;  // opts_.policy is "adaptive": leased lookups feed its shadows
+  // opts_.policy learns from lookups (IsHostOnlyPolicy): leased lookups feed
+  // the adaptive policy's shadows, or the holds policy's plan.
+  const bool adaptive_;
+  const bool observes_;
   StoreBooks books_;
   // The destructor stops both before anything their passes touch goes.
   Migrator migrator_;

@@ -1237,6 +1237,7 @@ TEST_F(BlockStoreNvmeTest, AFullNvmeTierEvictsItsLeastRecentlyUsedBlocks) {
 // kept by S3-FIFO through a stream of blocks demoted once; LRU lets it go.
 TEST_F(BlockStoreNvmeTest, TheNvmeTierEvictsByItsConfiguredPolicy) {
   EXPECT_FALSE(BlockStore::Create({.nvme_policy = "adaptive"}, &stats_).ok());
+  EXPECT_FALSE(BlockStore::Create({.nvme_policy = "holds"}, &stats_).ok()) << "holds learns from host lookups";
   EXPECT_FALSE(BlockStore::Create({.nvme_policy = "mru"}, &stats_).ok());
   uint64_t base = 0;  // each run its own keys (the NVMe files outlive a run)
   for (const char* policy : {"lru", "s3fifo", "s3fifo-deep", "tinylfu"}) {

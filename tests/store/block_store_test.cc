@@ -443,7 +443,7 @@ TEST_F(BlockStoreTest, ASizeInUseKeepsItsSegments) {
 // is left of a chain after evictions is a prefix of it. (The cache touches
 // and inserts a chain's blocks leaves first.)
 TEST_F(BlockStoreTest, EvictionsLeaveEveryChainAPrefix) {
-  for (const char* policy : {"lru", "s3fifo", "s3fifo-deep", "tinylfu", "arc", "adaptive"}) {
+  for (const char* policy : {"lru", "s3fifo", "s3fifo-deep", "tinylfu", "arc", "adaptive", "holds"}) {
     SCOPED_TRACE(policy);
     SetUpCache(12, 1, policy);
     auto s = Session();

@@ -102,8 +102,9 @@ absl::StatusOr<NodesSimRow> SimulateNodes(const Workload& w, const NodesSimOptio
   if (host_policy == "belady" || host_policy == "none" || host_policy == "infinite") {
     return absl::InvalidArgumentError("--nodes simulates an online host policy (not belady, none or infinite)");
   }
-  if (so.nvme_blocks > 0 && so.nvme_policy == "adaptive") {
-    return absl::InvalidArgumentError("the NVMe tier's policy cannot be adaptive (as in the daemon)");
+  if (so.nvme_blocks > 0 && IsHostOnlyPolicy(so.nvme_policy)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the NVMe tier's policy cannot be ", so.nvme_policy, " (as in the daemon)"));
   }
   const Prepared p = Prepare(w, /*with_next_use=*/false);
   std::vector<Node> nodes(opts.nodes);
@@ -234,11 +235,7 @@ absl::StatusOr<NodesSimRow> SimulateNodes(const Workload& w, const NodesSimOptio
     n.gpu_free.push(done);
     row.ttft_s.push_back(done - arrival);
 
-    if (n.host.adaptive != nullptr) {
-      chain.clear();
-      for (uint32_t id : ids) chain.push_back(uint64_t{id} + 1);
-      n.host.adaptive->Observe(chain, static_cast<uint32_t>(bt));
-    }
+    if (n.host.Observes()) n.host.Observe(ids, bt, chain);
     std::vector<uint32_t>& pin = pinned[k];
     for (size_t j = 0; j < hit; ++j) pin[ids[j]] = static_cast<uint32_t>(r);
     for (size_t j = ids.size(); j-- > 0;) {

@@ -149,8 +149,9 @@ absl::StatusOr<SimRow> SimulatePolicy(const Workload& w, const std::string& poli
   if (cached) {
     RETURN_IF_ERROR(host.Init(policy, p.distinct, opts.capacity_blocks, p.parent, opts.max_shadow_blocks));
     if (with_nvme) {
-      if (opts.nvme_policy == "adaptive") {
-        return absl::InvalidArgumentError("the NVMe tier's policy cannot be adaptive (as in the daemon)");
+      if (IsHostOnlyPolicy(opts.nvme_policy)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("the NVMe tier's policy cannot be ", opts.nvme_policy, " (as in the daemon)"));
       }
       RETURN_IF_ERROR(nvme.Init(belady ? "belady" : opts.nvme_policy, p.distinct, opts.nvme_blocks, p.parent));
     }
@@ -249,11 +250,7 @@ absl::StatusOr<SimRow> SimulatePolicy(const Workload& w, const std::string& poli
     if (gate.enabled()) {
       for (uint32_t id : ids) gate.Record(uint64_t{id} + 1);
     }
-    if (host.adaptive != nullptr) {
-      chain.clear();
-      for (uint32_t id : ids) chain.push_back(uint64_t{id} + 1);
-      host.adaptive->Observe(chain, static_cast<uint32_t>(bt));
-    }
+    if (host.Observes()) host.Observe(ids, bt, chain);
     // One host eviction (the victim demoted to NVMe, or dropped).
     auto evict_one = [&](absl::FunctionRef<bool(uint32_t)> evictable) {
       std::optional<uint32_t> v = host.pol->PickVictim(evictable);
