@@ -5,8 +5,9 @@
 // class (HoldClass: its uses so far, its position, its prompt's turn, the
 // requests since it was last asked for) and a deadline: now plus the hold
 // time its class has in the current plan, counted in requests. The tier
-// evicts the earliest deadline first; ties (and blocks never asked for
-// through ObserveRequest) go least recently used first.
+// evicts the earliest deadline first; ties go to the block deeper in the
+// chain that asked for it, then least recently used (blocks never asked
+// for through ObserveRequest: least recently used first).
 //
 // The plan. Per class the policy keeps decayed counts of its asks and of
 // the gaps (in requests) after which they came back, in 80 geometric bins.
@@ -88,13 +89,17 @@ class HoldsPolicy final : public EvictionPolicy {
     in_[h] = 1;
     ++size_;
     capacity_ = std::max<uint64_t>(capacity_, size_);
+    (void)position;  // depths come from the asks: callers often do not know positions
     key_[h] = key;
-    position_[h] = position;  // ties go deeper first (the class takes it from the chain)
+    depth_[h] = 0;
     uint64_t deadline = clock_;
     if (key != 0) {
       handle_of_[key] = h;
       // Stored after the lookup that asked for it: the deadline its ask set.
-      if (const Seen* s = Recall(key)) deadline = s->deadline;
+      if (const Seen* s = Recall(key)) {
+        deadline = s->deadline;
+        depth_[h] = s->depth;
+      }
     }
     SetDeadline(h, deadline);
   }
@@ -174,7 +179,8 @@ class HoldsPolicy final : public EvictionPolicy {
           back_gaps_[at] += double(gap) * w;
         }
       }
-      if (s.uses < UINT32_MAX) ++s.uses;
+      if (s.uses < UINT16_MAX) ++s.uses;
+      s.depth = static_cast<uint16_t>(std::min<uint64_t>(depth(j), UINT16_MAX));
       s.turn = static_cast<uint16_t>(std::max<uint32_t>(s.turn, std::min<uint32_t>(turn, 60000)));
       const uint32_t cls = HoldClass::Of(s.uses, uint64_t{block_tokens} * depth(j), turn, gap);
       asks_[cls] += w;
@@ -184,12 +190,13 @@ class HoldsPolicy final : public EvictionPolicy {
       asked_.push_back(key);
     }
     // A block is kept at least as long as the rest of the chain under it,
-    // and ties go deeper first (Later), so within a chain the policy alone
-    // picks leaves first: a parent due first would be passed over by the
-    // tier's leaves-first rule on every eviction until its children went.
-    // Across chains it still can be (a shared root asked again with a
-    // shorter hold than another chain's blocks under it); the guard passes
-    // it over then. Keeping a resident block's deadline from ever coming
+    // and ties go deeper first (Later), so within the chain one request
+    // asked for the policy alone picks leaves first: a parent due first
+    // would be passed over by the tier's leaves-first rule on every
+    // eviction until its children went. It still can be due first when a
+    // later request asks for only a prefix of a resident chain, or a shared
+    // root with a shorter hold than another chain's blocks under it; the
+    // guard passes it over then. Keeping a resident block's deadline from ever coming
     // earlier avoids that, but keeps roots for children long gone: on the
     // suite it cost 0.09 of agent at 3M tokens and 0.15 of tenants at 1M.
     uint64_t later = 0;
@@ -197,7 +204,10 @@ class HoldsPolicy final : public EvictionPolicy {
       Seen& s = seen_.find(asked_[j])->second;  // asked for this request: in seen_
       later = std::max(later, s.deadline);
       s.deadline = later;
-      if (auto r = handle_of_.find(asked_[j]); r != handle_of_.end() && in_[r->second]) SetDeadline(r->second, later);
+      if (auto r = handle_of_.find(asked_[j]); r != handle_of_.end() && in_[r->second]) {
+        depth_[r->second] = s.depth;
+        SetDeadline(r->second, later);
+      }
     }
     asked_.clear();
     if (clock_ % opts_.replan_every == 0) Replan();
@@ -207,23 +217,25 @@ class HoldsPolicy final : public EvictionPolicy {
  private:
   struct Entry {
     uint64_t deadline;
-    uint64_t position;  // tokens before the block
+    uint64_t depth;  // its place in the chain that last asked for it
     uint64_t seq;
     uint32_t handle;
   };
   struct Seen {
     uint64_t last = 0;      // the request that last asked for it
     uint64_t deadline = 0;  // when that ask's hold ends
-    uint32_t uses = 0;
+    uint16_t uses = 0;   // saturating: the classes end at 65 or more
+    uint16_t depth = 0;  // its place in the chain that asked (saturating)
     uint16_t cls = 0;
     uint16_t turn = 0;
   };
   // A max-heap comparator that puts the earliest deadline on top, then the
-  // deepest block (a chain's blocks share deadlines: leaves go first), then
-  // the oldest entry.
+  // deepest block as asked for (a chain's blocks share deadlines: leaves go
+  // first; depths come from the asks, so blocks never asked for tie at 0),
+  // then the oldest entry.
   static bool Later(const Entry& a, const Entry& b) {
     if (a.deadline != b.deadline) return a.deadline > b.deadline;
-    if (a.position != b.position) return a.position < b.position;
+    if (a.depth != b.depth) return a.depth < b.depth;
     return a.seq > b.seq;
   }
   bool Live(const Entry& e) const { return in_[e.handle] && seq_[e.handle] == e.seq; }
@@ -233,7 +245,7 @@ class HoldsPolicy final : public EvictionPolicy {
       in_.resize(size_t{h} + 1, 0);
       key_.resize(size_t{h} + 1, 0);
       deadline_.resize(size_t{h} + 1, 0);
-      position_.resize(size_t{h} + 1, 0);
+      depth_.resize(size_t{h} + 1, 0);
       seq_.resize(size_t{h} + 1, 0);
     }
   }
@@ -246,7 +258,7 @@ class HoldsPolicy final : public EvictionPolicy {
       std::erase_if(heap_, [&](const Entry& e) { return !Live(e); });
       std::make_heap(heap_.begin(), heap_.end(), Later);
     }
-    heap_.push_back(Entry{deadline, position_[h], seq_[h], h});
+    heap_.push_back(Entry{deadline, depth_[h], seq_[h], h});
     std::push_heap(heap_.begin(), heap_.end(), Later);
   }
 
@@ -368,7 +380,8 @@ class HoldsPolicy final : public EvictionPolicy {
   HoldsOptions opts_;
   // Per handle.
   std::vector<uint8_t> in_;
-  std::vector<uint64_t> key_, deadline_, position_, seq_;
+  std::vector<uint64_t> key_, deadline_, seq_;
+  std::vector<uint16_t> depth_;
   size_t size_ = 0;
   uint64_t capacity_ = 0;  // the most blocks tracked at once: the tier's room
   uint64_t next_seq_ = 0;

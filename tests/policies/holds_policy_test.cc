@@ -14,8 +14,9 @@
 namespace kvtier {
 namespace {
 
-// A tier of `capacity` slots serving chains as kvtierd does: observe the
-// lookup, touch its hit prefix, store what missed (evicting, never a block
+// A tier of `capacity` slots serving chains as kvtierd does (which touches
+// the hit prefix before it observes the lookup; either order gives the
+// same deadlines): observe the lookup, touch its hit prefix, store what missed (evicting, never a block
 // of the request itself), leaves inserted first. Handles are keys - 1.
 // guarded: behind a ChainGuard, as in kvtierd; otherwise the policy alone
 // chooses, and a victim with a resident child fails the test.
@@ -55,11 +56,15 @@ class Tier {
       }
     }
     for (size_t j = chain.size(); j-- > hit;) {
-      g_.InsertInChain(static_cast<uint32_t>(chain[j] - 1), chain[j], j > 0 ? chain[j - 1] : 0, j * block_tokens);
+      g_.InsertInChain(static_cast<uint32_t>(chain[j] - 1), chain[j], j > 0 ? chain[j - 1] : 0,
+                       positions ? j * block_tokens : 0);
     }
     return hit;
   }
   size_t resident() const { return resident_.size(); }
+  // Whether stores tell the policy their blocks' positions (kvtierd often
+  // cannot: a pooled session's store, or one that starts past the root).
+  bool positions = true;
 
  private:
   ChainGuard g_;
@@ -184,9 +189,11 @@ TEST(HoldsPolicyTest, WithoutObservedRequestsItIsLru) {
 // over on every eviction until its children went: with a 8,000-block hit
 // prefix and 8,000 blocks stored under it, 0.8 ms an eviction.)
 TEST(HoldsPolicyTest, WithinAChainTheDeepestBlockIsDueFirst) {
-  {
+  for (bool positions : {true, false}) {
+    SCOPED_TRACE(positions ? "stores name positions" : "stores name no positions");
     // [1, 2], then [1, 2, 3] hitting 1 and 2: 3 is stored after the lookup.
     Tier t("holds", 3, /*guarded=*/false);
+    t.positions = positions;
     t.Serve({1, 2});
     t.Serve({1, 2, 3});
     t.Serve({9});  // the tier is full: the policy alone chooses a victim (3, a leaf)
@@ -197,6 +204,7 @@ TEST(HoldsPolicyTest, WithinAChainTheDeepestBlockIsDueFirst) {
   for (size_t capacity : {40u, 120u}) {
     SCOPED_TRACE(capacity);
     Tier t("holds", capacity, /*guarded=*/false);
+    t.positions = capacity > 100;
     std::vector<std::vector<uint64_t>> talk(12);
     uint64_t next = 1'000'000;
     for (int r = 0; r < 6000; ++r) {
