@@ -176,7 +176,16 @@ int kvtier_lookup_lanes_async(kvtier_client* c, const kvtier_key* keys, size_t n
   p->lookup_out = result;
   p->tiers_out = tiers;
   p->lanes_out = lanes;
-  auto r = c->client->LookupAsync(Keys(keys, n), {.lease = (flags & KVTIER_LOOKUP_LEASE) != 0}, &p->lookup);
+  constexpr uint32_t kKnown = KVTIER_LOOKUP_LEASE | KVTIER_LOOKUP_ASK | KVTIER_LOOKUP_NOT_ASK;
+  if ((flags & ~kKnown) != 0 || ((flags & KVTIER_LOOKUP_ASK) != 0 && (flags & KVTIER_LOOKUP_NOT_ASK) != 0)) {
+    return Fail(c, kvtier::Status(kvtier::ErrorCode::kInvalidArgument,
+                                  "lookup flags: LEASE, and at most one of ASK and NOT_ASK"));
+  }
+  const kvtier::LookupOptions::Ask ask = (flags & KVTIER_LOOKUP_ASK) != 0       ? kvtier::LookupOptions::Ask::kYes
+                                         : (flags & KVTIER_LOOKUP_NOT_ASK) != 0 ? kvtier::LookupOptions::Ask::kNo
+                                                                                : kvtier::LookupOptions::Ask::kIfLeased;
+  auto r = c->client->LookupAsync(Keys(keys, n), {.lease = (flags & KVTIER_LOOKUP_LEASE) != 0, .ask = ask},
+                                  &p->lookup);
   if (!r.ok()) return Fail(c, r.status());
   *op = *r;
   c->pending.emplace(*r, std::move(p));

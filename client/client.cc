@@ -74,7 +74,16 @@ std::vector<BlockKey> Client::ComputeKeys(std::span<const uint32_t> tokens, cons
 Result<OpId> Client::LookupAsync(std::span<const BlockKey> keys, LookupOptions options, LookupResult* out) {
   ClientImpl::OpState st;
   st.lookup = out;
-  return impl_->Submit(Opcode::kLookup, options.lease ? ipc::kFlagLease : 0, 0, keys, st);
+  uint16_t flags = options.lease ? ipc::kFlagLease : 0;
+  if (options.ask == LookupOptions::Ask::kYes) flags |= ipc::kFlagAsk;
+  if (options.ask == LookupOptions::Ask::kNo) {
+    if (!options.lease) {
+      return Status(ErrorCode::kInvalidArgument,
+                    "a lookup that is not its request's ask needs a lease (without one it is not an ask anyway)");
+    }
+    flags |= ipc::kFlagNotAsk;
+  }
+  return impl_->Submit(Opcode::kLookup, flags, 0, keys, st);
 }
 
 Result<OpId> Client::LoadAsync(uint64_t lease, std::span<const BlockKey> keys, std::vector<BlockView>* out) {

@@ -513,8 +513,11 @@ Session::Deferred Session::FinishLookup(const RequestRecord& req, const std::vec
                                         std::vector<BlockLocation>& locs, const BlockStore::SharedAnswer* shared) {
   uint64_t lease = 0;
   uint32_t recompute = 0;
-  absl::StatusOr<uint32_t> hit =
-      store_->Lookup(holdings_, keys, (req.flags & ipc::kFlagLease) != 0, &lease, std::span(locs), &recompute, shared);
+  const BlockStore::Ask ask = (req.flags & ipc::kFlagAsk) != 0      ? BlockStore::Ask::kYes
+                              : (req.flags & ipc::kFlagNotAsk) != 0 ? BlockStore::Ask::kNo
+                                                                    : BlockStore::Ask::kIfLeased;
+  absl::StatusOr<uint32_t> hit = store_->Lookup(holdings_, keys, (req.flags & ipc::kFlagLease) != 0, &lease,
+                                                std::span(locs), &recompute, shared, ask);
   if (!hit.ok()) return Deferred{req, FromStatus(hit.status()), {}};
   std::vector<uint64_t> gpu_offsets(locs.size(), ipc::kNoGpuCopy);
   device_.MarkGpuCopies(keys, *hit, lease, std::span(locs), std::span(gpu_offsets));
@@ -525,6 +528,13 @@ Session::Deferred Session::FinishLookup(const RequestRecord& req, const std::vec
 }
 
 Session::Outcome Session::OnLookup(Request& r) {
+  if ((r.req.flags & ipc::kFlagAsk) != 0 && (r.req.flags & ipc::kFlagNotAsk) != 0) {
+    return FromStatus(absl::InvalidArgumentError("a lookup flagged both as its request's ask and not as it"));
+  }
+  if ((r.req.flags & ipc::kFlagNotAsk) != 0 && (r.req.flags & ipc::kFlagLease) == 0) {
+    return FromStatus(absl::InvalidArgumentError(
+        "a lookup flagged not its request's ask needs a lease (without one it is not an ask anyway)"));
+  }
   // Past its local prefix a lookup may ask the shared tier (a network or a
   // shared file system away): the session serves its other requests while
   // the answer comes, and the lookup finishes on this thread when it does,

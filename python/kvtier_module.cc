@@ -52,6 +52,12 @@ BlockKey KeyFrom(const py::handle& h) {
   return k;
 }
 
+// lookup(ask=...): None, True, False.
+LookupOptions::Ask AskOf(std::optional<bool> ask) {
+  if (!ask) return LookupOptions::Ask::kIfLeased;
+  return *ask ? LookupOptions::Ask::kYes : LookupOptions::Ask::kNo;
+}
+
 std::vector<BlockKey> KeysFrom(const py::sequence& seq) {
   std::vector<BlockKey> out;
   out.reserve(py::len(seq));
@@ -525,18 +531,21 @@ PYBIND11_MODULE(_kvtier, m) {
           "earlier chain; `extra` carries multimodal hashes or a per-request salt.")
       .def(
           "lookup",
-          [](PyClient& c, const py::sequence& keys, bool lease) {
+          [](PyClient& c, const py::sequence& keys, bool lease, std::optional<bool> ask) {
             const std::vector<BlockKey> k = KeysFrom(keys);
             Result<LookupResult> r = [&] {
               py::gil_scoped_release nogil;
-              return c.c().Lookup(k, {.lease = lease});
+              return c.c().Lookup(k, {.lease = lease, .ask = AskOf(ask)});
             }();
             const LookupResult v = Check(std::move(r));
             if (v.lease != 0) c.leases()->insert(v.lease);
             return ToPy(v);
           },
-          py::arg("keys"), py::arg("lease") = false,
-          "The longest present prefix of `keys`. With lease=True it is pinned until release(result.lease).")
+          py::arg("keys"), py::arg("lease") = false, py::arg("ask") = py::none(),
+          "The longest present prefix of `keys`. With lease=True it is pinned until release(result.lease). "
+          "ask: whether this lookup is its request's ask, the one kvtierd's policies, admission gates and hit "
+          "counters learn from (None: a leased lookup is, an unleased one is not). An engine that probes the "
+          "whole chain first and leases only what it loads passes ask=True to the probe, ask=False to the lease.")
       .def(
           "load",
           [](py::object self, uint64_t lease, const py::sequence& keys) {
@@ -635,15 +644,15 @@ PYBIND11_MODULE(_kvtier, m) {
           py::arg("keys"), "Brings NVMe blocks of the present prefix into host memory ahead of need.")
       .def(
           "lookup_async",
-          [](py::object self, const py::sequence& keys, bool lease) {
+          [](py::object self, const py::sequence& keys, bool lease, std::optional<bool> ask) {
             PyClient& c = py::cast<PyClient&>(self);
             const std::vector<BlockKey> k = KeysFrom(keys);
             auto op = std::make_shared<PyOp>(c.shared(), KeepAlive(c.shared()), PyOp::Kind::kLookup, 0, c.leases());
             // The results land in op's members when the completion is taken.
-            op->set_id(Check(c.c().LookupAsync(k, {.lease = lease}, &op->lookup)));
+            op->set_id(Check(c.c().LookupAsync(k, {.lease = lease, .ask = AskOf(ask)}, &op->lookup)));
             return op;
           },
-          py::arg("keys"), py::arg("lease") = false, "lookup(), returning an Operation.")
+          py::arg("keys"), py::arg("lease") = false, py::arg("ask") = py::none(), "lookup(), returning an Operation.")
       .def(
           "load_async",
           [](py::object self, uint64_t lease, const py::sequence& keys) {

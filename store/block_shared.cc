@@ -54,7 +54,7 @@ void BlockStore::AfterReply(SessionHoldings& s) {
   const bool observe = s.observe_pending;
   s.observe_pending = false;
   if (observe && books_.reuse != nullptr) {
-    for (uint64_t k : s.last_chain) books_.reuse->Record(k);
+    for (size_t i = 0; i < s.last_counted; ++i) books_.reuse->Record(s.last_chain[i]);
   }
   shared_.StartPublishes(s);
   if (!observe || !observes_) return;

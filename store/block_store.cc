@@ -116,10 +116,11 @@ std::vector<BlockRecord*> BlockStore::FindAll(uint32_t ns, std::span<const Block
   return out;
 }
 
-void BlockStore::ObserveRequest(SessionHoldings& s, std::span<const BlockKey> keys) {
+void BlockStore::NoteChain(SessionHoldings& s, std::span<const BlockKey> keys, size_t counted, bool ask) {
   s.last_chain.resize(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) s.last_chain[i] = PolicyKeyOf(s.ns.handle, keys[i]);
-  s.observe_pending = !keys.empty() && (observes_ || books_.reuse != nullptr);
+  s.last_counted = std::min(counted, keys.size());
+  s.observe_pending = ask && !keys.empty() && (observes_ || books_.reuse != nullptr);
 }
 
 absl::Status BlockStore::LeaseRoomFor(const SessionHoldings& s, size_t blocks) {
@@ -257,7 +258,7 @@ void BlockStore::TouchHits(HostResidency& t, const ChainHits& hits) {
 
 absl::StatusOr<uint32_t> BlockStore::Lookup(SessionHoldings& s, std::span<const BlockKey> keys, bool lease,
                                             uint64_t* lease_id, std::span<BlockLocation> out, uint32_t* recompute,
-                                            const SharedAnswer* shared) {
+                                            const SharedAnswer* shared, Ask ask) {
   *lease_id = 0;
   if (recompute != nullptr) *recompute = 0;
   if (lease) RETURN_IF_ERROR(LeaseRoomFor(s, keys.size()));
@@ -272,14 +273,20 @@ absl::StatusOr<uint32_t> BlockStore::Lookup(SessionHoldings& s, std::span<const 
                          : shared_.ProbeAndAdopt(s, keys, h.hit) > 0)) {
     h.Append(ProbeChain(s, keys, lease, out, h.hit));
   }
+  const bool asks = ask == Ask::kYes || (ask == Ask::kIfLeased && lease);
   if (h.cut_for_cost) {
     const uint32_t n = MarkRecompute(s, keys, h.hit, out);
-    if (lease) books_.stats->blocks_recompute.Add(n);
+    if (asks) books_.stats->blocks_recompute.Add(n);
     if (recompute != nullptr) *recompute = n;
   }
-  if (!lease) {
-    books_.stats->probes.Add();
-    return h.hit;
+  if (!asks) {
+    if (!lease) {
+      books_.stats->probes.Add();
+      return h.hit;
+    }
+    // Its request's ask came before and counted it: pin, touch and lease only.
+    NoteChain(s, keys, keys.size(), /*ask=*/false);
+    return LeaseHits(s, h, lease_id);
   }
   books_.stats->lookups.Add();
   books_.stats->blocks_queried.Add(keys.size());
@@ -289,7 +296,9 @@ absl::StatusOr<uint32_t> BlockStore::Lookup(SessionHoldings& s, std::span<const 
   th.lookups.fetch_add(1, kRelaxed);
   th.blocks_queried.fetch_add(keys.size(), kRelaxed);
   th.tokens_queried.fetch_add(keys.size() * s.ns.block_tokens, kRelaxed);
-  ObserveRequest(s, keys);
+  // An unleased ask's uses are the blocks it found: the stores that follow
+  // it (maybe another session's) count the others.
+  NoteChain(s, keys, lease ? keys.size() : h.hit, /*ask=*/true);
   if (h.hit == 0) return 0u;
   books_.stats->lookup_hits.Add();
   books_.stats->blocks_hit.Add(h.hit);
@@ -307,6 +316,11 @@ absl::StatusOr<uint32_t> BlockStore::Lookup(SessionHoldings& s, std::span<const 
   th.lookup_hits.fetch_add(1, kRelaxed);
   th.blocks_hit.fetch_add(h.hit, kRelaxed);
   th.tokens_hit.fetch_add(uint64_t{h.hit} * s.ns.block_tokens, kRelaxed);
+  return lease ? LeaseHits(s, h, lease_id) : h.hit;
+}
+
+uint32_t BlockStore::LeaseHits(SessionHoldings& s, ChainHits& h, uint64_t* lease_id) {
+  if (h.hit == 0) return 0u;
   TouchHits(*books_.tenants[s.ns.tenant], h);
   *lease_id = s.next_id++;
   if (h.lower_pinned_bytes != 0) {

@@ -85,11 +85,14 @@ struct SessionHoldings {
   std::atomic<uint64_t> lease_count{0};
   std::atomic<uint64_t> pinned_blocks{0};
   std::atomic<uint64_t> ticket_count{0};  // stores begun and not yet committed or aborted
-  // The last leased lookup's chain (PolicyKeyOf each key): for the adaptive
-  // policy (AfterReply), and to know the depth of the blocks a store
-  // after it brings.
+  // The last leased lookup's or ask's chain (PolicyKeyOf each key): for
+  // the policies that learn from requests (AfterReply), and to know the
+  // depth of the blocks a store after it brings. Its first `last_counted`
+  // keys were counted as used (AfterReply, or the ask before a lease that
+  // is not one): a store does not count them again.
   std::vector<uint64_t> last_chain;
-  bool observe_pending = false;
+  size_t last_counted = 0;
+  bool observe_pending = false;  // AfterReply: the policies learn from last_chain
   // Blocks to write to the shared tier after the reply (write_policy), each
   // with an io_ref taken for it.
   std::vector<BlockRecord*> publish_pending;
@@ -330,9 +333,18 @@ class BlockStore {
     // or not asked).
     std::vector<uint8_t> holder;
   };
+  //
+  // `ask`: whether this lookup is its request's ask (ipc::kFlagAsk), the
+  // one the policies, the admission gates and the hit counters learn from.
+  // kIfLeased: a leased lookup is, an unleased one is a probe. kYes: also
+  // unleased (an engine that probes the whole chain once, then leases only
+  // what it loads, maybe from another session); its uses are its hit
+  // prefix, the stores that follow count the rest. kNo: a lease whose
+  // request asked before; it pins and loads only.
+  enum class Ask : uint8_t { kIfLeased, kYes, kNo };
   absl::StatusOr<uint32_t> Lookup(SessionHoldings& s, std::span<const BlockKey> keys, bool lease,
                                   uint64_t* lease_id, std::span<BlockLocation> out, uint32_t* recompute = nullptr,
-                                  const SharedAnswer* shared = nullptr);
+                                  const SharedAnswer* shared = nullptr, Ask ask = Ask::kIfLeased);
   // Whether a lookup of keys would ask the shared tiers (its local prefix
   // ends before the keys do, nothing cut it for cost, the tenant is within
   // its probe rate and busy bound); if so, asks it now and returns true, and
@@ -404,10 +416,11 @@ class BlockStore {
 
   // --- lookups, loads, invalidation (block_store.cc); stores (block_writes.cc)
   void Unpin(SessionHoldings& s, const std::vector<BlockRecord*>& blocks);
-  // Queues a leased lookup's chain for the adaptive policy's shadows.
-  void ObserveRequest(SessionHoldings& s, std::span<const BlockKey> keys);
+  // Keeps a lookup's chain (see last_chain); an ask's is queued for the
+  // policies and gates (AfterReply), its first `counted` keys as uses.
+  void NoteChain(SessionHoldings& s, std::span<const BlockKey> keys, size_t counted, bool ask);
   // Counts a store's blocks as used for the admission gates, except those
-  // the session's last leased lookup named (counted there).
+  // the session's last lookup counted (last_counted).
   void CountStoreUses(const SessionHoldings& s, std::span<const BlockKey> keys);
   // Lookup's parts. The session's lease limits (KVTIER_EBUSY past them).
   absl::Status LeaseRoomFor(const SessionHoldings& s, size_t blocks);
@@ -437,6 +450,9 @@ class BlockStore {
                          std::span<BlockLocation> out);
   // A leased hit's blocks are touched in their policies, leaves first.
   void TouchHits(HostResidency& t, const ChainHits& h);
+  // A leased lookup's hits: touched, and pinned under a new lease
+  // (*lease_id; none when nothing hit). Returns the hit count.
+  uint32_t LeaseHits(SessionHoldings& s, ChainHits& h, uint64_t* lease_id);
   // Load's parts. The records `keys` name among those lease `lease_id`
   // pinned (ENOENT: no such lease; EINVAL: a key it does not pin).
   absl::StatusOr<std::vector<BlockRecord*>> LeasedRecords(const SessionHoldings& s, uint64_t lease_id,

@@ -58,6 +58,14 @@ struct LookupOptions {
   // Pin the hit prefix so it stays until Release(lease). Without a lease a
   // lookup changes nothing (engines may call it repeatedly while scheduling).
   bool lease = false;
+  // Whether this lookup is its request's ask: the one kvtierd's eviction
+  // policies, admission gates and hit counters learn from, once per request.
+  // kIfLeased: a leased lookup is, an unleased one is not. An engine that
+  // probes a request's whole chain first and leases only what it then loads
+  // (perhaps from another process) flags the probe kYes and the lease kNo
+  // (kNo needs a lease): otherwise kvtierd learns only of the hits.
+  enum class Ask : uint8_t { kIfLeased, kYes, kNo };
+  Ask ask = Ask::kIfLeased;
 };
 
 struct LookupResult {

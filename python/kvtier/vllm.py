@@ -332,6 +332,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         self._plans: dict[str, _Plan] = {}          # provisional: get_num_new_matched_tokens
         self._reqs: dict[str, _ReqState] = {}
         self._failed_at: dict[str, int] = {}       # request -> first block that failed to load
+        # Requests whose chain kvtierd was told as their ask (see _present).
+        self._asked: set[str] = set()
         self._loads: list[LoadSpec] = []
         self.stats = {"lookups": 0, "offered_tokens": 0, "declined_by_cost_tokens": 0, "daemon_errors": 0,
                       "loads_planned": 0, "async_loads": 0, "saves_planned_blocks": 0}
@@ -363,15 +365,21 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         self._lookup_clients = None
         self._retry_at = time.monotonic() + 1.0
 
-    def _present(self, clients, keys: list, cost: bool) -> tuple[int, bool, int]:
-        """Blocks of `keys` every rank holds (a prefix): (count, any below the
-        host tier, blocks the cost model declined)."""
-        n = len(keys)
+    def _present(self, clients, keys: list, cost: bool, upto: int | None = None,
+                 ask: bool = False) -> tuple[int, bool, int]:
+        """Blocks of keys[:upto] every rank holds (a prefix): (count, any below
+        the host tier, blocks the cost model declined). With `ask`, the lookup
+        names all of `keys` as the request's ask: kvtierd's policies, admission
+        gates and hit counters learn from it, misses included, once per
+        request (the worker's leases are then not asks). Without it they would
+        see only what the worker leases: the hits."""
+        n = len(keys) if upto is None else min(upto, len(keys))
         slow = False
         declined = 0
+        flag = True if ask else None
         # Every rank's lookup in flight at once: one round trip, not tp_size.
-        results = [clients[0].lookup(keys)] if len(clients) == 1 else \
-            [op.wait(self._opts.load_timeout_s) for op in [c.lookup_async(keys) for c in clients]]
+        results = [clients[0].lookup(keys, ask=flag)] if len(clients) == 1 else \
+            [op.wait(self._opts.load_timeout_s) for op in [c.lookup_async(keys, ask=flag) for c in clients]]
         for r in results:
             hit = r.hit_blocks
             if cost and not self._opts.always_load:
@@ -404,12 +412,17 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             # vLLM's SHA-256 hashes are the keys as they are; the client
             # refuses anything that is not 32 bytes, and then they are widened.
             keys = hashes[start:limit]
+            ask = request.request_id not in self._asked
             try:
-                end, slow = self._present_all(clients, keys, start, limit)
+                end, slow = self._present_all(clients, keys, start, limit, ask)
             except (ValueError, TypeError, RuntimeError) as e:
                 if isinstance(e, KvtierError):
                     raise
-                end, slow = self._present_all(clients, [block_key(h) for h in keys], start, limit)
+                end, slow = self._present_all(clients, [block_key(h) for h in keys], start, limit, ask)
+            if ask:
+                # vLLM asks again while the request waits, after a failed
+                # load, and on resuming it: one ask per request.
+                self._asked.add(request.request_id)
         except KvtierError as e:
             self._drop_clients(e)
             return None
@@ -419,15 +432,17 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         is_async = mode == "async" or (mode == "auto" and slow)
         return _Plan(start, end, is_async)
 
-    def _present_all(self, clients, keys: list, start: int, limit: int) -> tuple[int, bool]:
+    def _present_all(self, clients, keys: list, start: int, limit: int, ask: bool = False) -> tuple[int, bool]:
         """The end (in blocks) of the prefix every group and rank holds, and
-        whether a block of it is below host memory."""
+        whether a block of it is below host memory. With `ask`, each
+        full-attention group's lookup is the request's ask (_present)."""
         bs = self._block_size
         end = limit
         slow = False
         for g, group in enumerate(self._groups):
             if group.kind == "full":
-                n, s, declined = self._present(clients[g], keys[: end - start], cost=True)
+                n, s, declined = self._present(clients[g], keys if ask else keys[: end - start], cost=True,
+                                               upto=end - start, ask=ask)
                 self.stats["declined_by_cost_tokens"] += declined * bs
                 end = start + n
                 slow = slow or s
@@ -592,6 +607,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         self._reqs.pop(request.request_id, None)
         self._plans.pop(request.request_id, None)
         self._failed_at.pop(request.request_id, None)
+        self._asked.discard(request.request_id)
         return False, None
 
     def request_finished_all_groups(self, request, block_ids) -> tuple[bool, dict | None]:
@@ -733,7 +749,9 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         rng = part.range
         try:
             client = part.client = self._client(rng.group)
-            hit = client.lookup(rng.keys, lease=True)
+            # A full-attention group's ask was the scheduler's lookup (_present).
+            ask = False if self._groups[rng.group].kind == "full" else None
+            hit = client.lookup(rng.keys, lease=True, ask=ask)
             part.lease = hit.lease
             if hit.hit_blocks < len(rng.keys) and hit.recompute_blocks and part.prefetch_op is None \
                     and not part.prefetched:

@@ -450,6 +450,21 @@ TEST_F(ClientTest, CAbiSaysWhyAndCounts) {
   EXPECT_EQ(kvtier_load(c, r.lease, keys, 3, blocks), 3);
   EXPECT_EQ(static_cast<uint8_t*>(blocks[2].data)[0], 3);
   ASSERT_EQ(kvtier_release(c, r.lease), KVTIER_OK);
+  // Lookup flags: LEASE, and at most one of ASK and NOT_ASK; nothing else.
+  for (uint32_t bad : {KVTIER_LOOKUP_ASK | KVTIER_LOOKUP_NOT_ASK, KVTIER_LOOKUP_LEASE | 8u, 1u << 31}) {
+    SCOPED_TRACE(bad);
+    EXPECT_EQ(kvtier_lookup(c, keys, 3, bad, &r, nullptr), KVTIER_EINVAL);
+    EXPECT_NE(std::string(kvtier_last_error(c)).find("at most one of ASK and NOT_ASK"), std::string::npos)
+        << kvtier_last_error(c);
+  }
+  EXPECT_EQ(kvtier_lookup(c, keys, 3, KVTIER_LOOKUP_NOT_ASK, &r, nullptr), KVTIER_EINVAL);
+  EXPECT_NE(std::string(kvtier_last_error(c)).find("needs a lease"), std::string::npos) << kvtier_last_error(c);
+  ASSERT_EQ(kvtier_lookup(c, keys, 3, KVTIER_LOOKUP_ASK, &r, nullptr), KVTIER_OK);
+  EXPECT_EQ(r.hit_blocks, 3u);
+  EXPECT_EQ(r.lease, 0u) << "an ask without LEASE pins nothing";
+  ASSERT_EQ(kvtier_lookup(c, keys, 3, KVTIER_LOOKUP_LEASE | KVTIER_LOOKUP_NOT_ASK, &r, nullptr), KVTIER_OK);
+  EXPECT_NE(r.lease, 0u);
+  ASSERT_EQ(kvtier_release(c, r.lease), KVTIER_OK);
 
   // Operations that are not outstanding.
   int status = 12345;

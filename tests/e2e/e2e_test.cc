@@ -364,6 +364,56 @@ TEST(E2eTest, AMalformedRecordsErrorSaysWhatWasWrong) {
   EXPECT_TRUE(testing::Eventually([&] { return d.Log().find("reason=protocol_error") != std::string::npos; }));
 }
 
+// A lookup is its request's ask (kFlagAsk) or not (kFlagNotAsk, on a
+// lease), not both, and "not an ask" needs a lease. A record that breaks
+// that gets EINVAL and a message; its session serves on. The client
+// libraries refuse the same before sending.
+TEST(E2eTest, ALookupsAskFlagsAreCheckedAtBothEnds) {
+  DaemonProcess d;
+  ASSERT_TRUE(d.Start().ok());
+  auto raw = RawAttach(d.socket_path());
+  ASSERT_TRUE(raw.ok());
+  const BlockKey key = testing::KeyOf(1);
+  std::memcpy(raw->segment.scratch().data(), key.bytes.data(), sizeof(key.bytes));
+  ipc::RequestRecord r{};
+  r.opcode = static_cast<uint16_t>(ipc::Opcode::kLookup);
+  r.count = 1;
+  r.keys_offset = 0;
+  r.out_offset = 4096;
+  r.out_bytes = ipc::kErrorMessageBytes;
+  const std::pair<uint16_t, const char*> cases[] = {
+      {ipc::kFlagLease | ipc::kFlagAsk | ipc::kFlagNotAsk, "both as its request's ask and not"},
+      {ipc::kFlagNotAsk, "needs a lease"}};
+  for (const auto& [flags, why] : cases) {
+    SCOPED_TRACE(why);
+    r.op_id += 1;
+    r.flags = flags;
+    auto c = RoundTrip(*raw, r);
+    ASSERT_TRUE(c.has_value());
+    EXPECT_EQ(c->status, KVTIER_EINVAL);
+    const std::string msg(reinterpret_cast<const char*>(raw->segment.scratch().data() + 4096));
+    EXPECT_NE(msg.find(why), std::string::npos) << msg;
+  }
+  r.op_id += 1;
+  r.flags = ipc::kFlagAsk;  // well formed: answered (nothing there)
+  auto fine = RoundTrip(*raw, r);
+  ASSERT_TRUE(fine.has_value());
+  EXPECT_EQ(fine->status, 0);
+  EXPECT_EQ(fine->count, 0u);
+  EXPECT_EQ(StatusInt(d, "stats", "lookups"), 1) << "the ask counts as its request's lookup";
+  EXPECT_EQ(StatusInt(d, "stats", "protocol_errors"), 0);
+
+  auto c = AttachTo(d, testing::TestNamespace());
+  ASSERT_NE(c, nullptr);
+  auto keys = PromptKeys(*c, 3, 2);
+  auto no = c->Lookup(keys, {.lease = false, .ask = LookupOptions::Ask::kNo});
+  ASSERT_FALSE(no.ok());
+  EXPECT_EQ(no.status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(no.status().message().find("needs a lease"), std::string::npos) << no.status().message();
+  EXPECT_TRUE(c->Lookup(keys, {.lease = true, .ask = LookupOptions::Ask::kNo}).ok());
+  EXPECT_EQ(StatusInt(d, "stats", "lookups"), 1) << "a lease that is not an ask is not counted as one";
+}
+
 TEST(E2eTest, AbiMismatchIsRefusedAtAttachWithBothVersions) {
   DaemonProcess d;
   ASSERT_TRUE(d.Start().ok());

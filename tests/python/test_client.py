@@ -113,6 +113,12 @@ def test_errors_carry_the_code_and_say_why(daemon):
         c.release(123456)
     assert e.value.code == -2, "ENOENT: no such lease"
     assert "lease" in str(e.value)
+    with pytest.raises(kvtier.KvtierError, match="needs a lease") as e:
+        c.lookup(keys, ask=False)
+    assert e.value.code == -22, "EINVAL"
+    before = daemon.status()["stats"]["lookups"]
+    assert c.lookup(keys, ask=True).lease == 0, "an ask without a lease pins nothing"
+    assert daemon.status()["stats"]["lookups"] == before + 1, "but counts as its request's lookup"
     with pytest.raises(kvtier.KvtierError):
         kvtier.Client.attach("m", 16, 4096, socket=daemon.dir + "/no-such.sock", kv_dtype="fp16",
                              kv_layout="layer_major")

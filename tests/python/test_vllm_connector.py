@@ -136,6 +136,29 @@ def test_lookups_are_side_effect_free_and_salted(daemon):
             tiny_vllm.scheduler_output(T, [], tiny_vllm.empty_cached(T), {}, set(), set())).loads == []
 
 
+def test_each_request_is_asked_once_with_its_whole_chain(daemon):
+    """kvtierd's policies, admission gates and hit counters learn from each
+    request's ask. vLLM's scheduler probes a request's chain, again and again
+    while it waits, and the worker leases only the blocks it loads: the first
+    probe is the ask, misses included; the lease and the later probes are not."""
+    shared = prompt(5, 100)
+    before = daemon.status()["stats"]
+    with tiny_vllm.TinyEngine(kv_transfer_config=ktc(daemon)) as eng:
+        eng.generate({"a": shared + [1, 2, 3]})       # 6 blocks asked, none there
+        r = tiny_vllm.Request("w", shared + [4, 5, 6, 7, 8], 4, BS)
+        for _ in range(5):                             # a request that waits
+            assert eng.connector.get_num_new_matched_tokens(r, 0) == (96, False)
+        eng.generate({"b": shared + [9, 10]})         # 6 asked, 6 found and loaded
+        assert eng.worker_stats[0]["loaded_blocks"] == 6
+    after = daemon.status()["stats"]
+    d = {k: after[k] - before[k] for k in ("lookups", "lookup_hits", "tokens_queried", "tokens_hit", "probes")}
+    assert d["lookups"] == 3, d                    # a, w once, b; not b's lease
+    assert d["tokens_queried"] == 3 * 6 * BS, d    # each whole chain, misses included
+    assert d["tokens_hit"] == 2 * 6 * BS, d        # w and b found the 6 blocks a stored
+    assert d["lookup_hits"] == 2, d
+    assert d["probes"] == 4, d                     # w's four asks again
+
+
 def test_blocks_that_failed_to_load_are_not_offered_again_to_that_request(daemon):
     """vLLM asks again for a request whose load failed; offering the same
     blocks again could fail again, forever."""

@@ -138,12 +138,12 @@ class BlockStoreNvmeTest : public ::testing::Test {
   }
   // Leased lookup + load; returns how many blocks loaded with the right bytes.
   uint32_t LoadVerified(SessionHoldings& s, uint64_t from, uint64_t n, std::vector<TierKind>* tiers = nullptr,
-                        uint32_t* hit_out = nullptr) {
+                        uint32_t* hit_out = nullptr, BlockStore::Ask ask = BlockStore::Ask::kIfLeased) {
     std::vector<BlockKey> keys;
     for (uint64_t i = from; i < from + n; ++i) keys.push_back(KeyOf(i));
     std::vector<BlockLocation> out(keys.size());
     uint64_t lease;
-    auto hit = store_->Lookup(s, keys, true, &lease, std::span(out));
+    auto hit = store_->Lookup(s, keys, true, &lease, std::span(out), nullptr, nullptr, ask);
     EXPECT_TRUE(hit.ok());
     if (hit_out) *hit_out = *hit;
     if (tiers) {
@@ -1460,6 +1460,51 @@ TEST_F(BlockStoreNvmeTest, TheAdmissionGateDemotesBlocksUsedTwiceAndDropsTheRest
   EXPECT_EQ(stats_.dropped_not_admitted.Get(), 6u);
   EXPECT_EQ(stats_.evictions_dropped.Get(), 6u);
   EXPECT_EQ(LoadVerified(*s, 0, 2), 2u) << "the admitted blocks come back whole";
+}
+
+// Engines that probe a request's whole chain on one session and lease only
+// what they load on another (kvtier.vllm's scheduler and worker) flag the
+// probe as the request's ask and the lease as not one. Each block's use is
+// then counted once: by the ask where it found the block, by the store
+// where it did not. Blocks 0, 1: stored, then asked for again (two uses:
+// demoted). 2, 3: stored, then leased, not asked for (one use). 4..7:
+// asked for while missing, then stored (one use: dropped).
+TEST_F(BlockStoreNvmeTest, AnAskAndALeaseOnAnotherSessionCountEachUseOnce) {
+  nvme_admit_ = 2;
+  Open(8);
+  auto sched = Session();
+  auto worker = Session();
+  auto ask = [&](uint64_t from, uint64_t n) -> uint32_t {
+    std::vector<BlockKey> keys;
+    for (uint64_t i = from; i < from + n; ++i) keys.push_back(KeyOf(i));
+    std::vector<BlockLocation> out(keys.size());
+    uint64_t lease = 7;
+    auto hit = store_->Lookup(*sched, keys, false, &lease, std::span(out), nullptr, nullptr, BlockStore::Ask::kYes);
+    EXPECT_TRUE(hit.ok()) << hit.status();
+    EXPECT_EQ(lease, 0u) << "an ask without a lease pins nothing";
+    store_->AfterReply(*sched);
+    return hit.ok() ? *hit : 0u;
+  };
+  const uint64_t lookups = stats_.lookups.Get(), queried = stats_.blocks_queried.Get();
+  const uint64_t hits = stats_.blocks_hit.Get(), probes = stats_.probes.Get();
+  EXPECT_EQ(ask(0, 8), 0u);  // a first request: nothing there
+  Store(*worker, 0, 8);      // its worker stores the blocks: a first use of each
+  store_->AfterReply(*worker);
+  EXPECT_EQ(ask(0, 2), 2u);  // a second request finds 0, 1
+  EXPECT_EQ(LoadVerified(*worker, 0, 2, nullptr, nullptr, BlockStore::Ask::kNo), 2u);
+  store_->AfterReply(*worker);
+  EXPECT_EQ(LoadVerified(*worker, 2, 2, nullptr, nullptr, BlockStore::Ask::kNo), 2u);
+  store_->AfterReply(*worker);
+  EXPECT_EQ(stats_.lookups.Get() - lookups, 2u) << "the asks count, the leases do not";
+  EXPECT_EQ(stats_.blocks_queried.Get() - queried, 10u);
+  EXPECT_EQ(stats_.blocks_hit.Get() - hits, 2u);
+  EXPECT_EQ(stats_.probes.Get(), probes) << "an ask is not a probe";
+  Store(*worker, 100, 8);  // evicts 0..7
+  SyncNvme();
+  EXPECT_EQ(OnNvme(*worker, 0, 2), 2u) << "asked for after their store: two uses";
+  EXPECT_EQ(OnNvme(*worker, 2, 6), 0u) << "a lease that is not an ask, or an ask that missed, is no second use";
+  EXPECT_EQ(stats_.demotions.Get(), 2u);
+  EXPECT_EQ(stats_.dropped_not_admitted.Get(), 6u);
 }
 
 // tiers.remote.admission_min_uses = 2 with write_policy "committed": a block
