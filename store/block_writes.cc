@@ -76,11 +76,10 @@ std::vector<uint64_t> BlockStore::ParentsOf(const SessionHoldings& s, std::span<
 void BlockStore::CountStoreUses(const SessionHoldings& s, std::span<const BlockKey> keys) {
   if (books_.reuse == nullptr) return;
   // A store is a request using its blocks. Those the session's last leased
-  // lookup or ask counted (AfterReply) are not counted again: engines that
-  // probe without a lease and lease only what they found (kvtier.sglang),
-  // or ask on one session and lease and store on another (kvtier.vllm:
-  // the ask counts what it found, the lease is not an ask), are counted
-  // once per block either way.
+  // lookup or ask counted (AfterReply) are not counted again. An engine
+  // that asks without a lease and then leases only what it found, on the
+  // same session or another (kvtier.sglang, kvtier.vllm: the ask counts
+  // what it found, the lease is not an ask), is counted once per block.
   const absl::flat_hash_set<uint64_t> looked_up(s.last_chain.begin(),
                                                 s.last_chain.begin() + static_cast<ptrdiff_t>(s.last_counted));
   for (const BlockKey& k : keys) {

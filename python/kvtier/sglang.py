@@ -383,18 +383,26 @@ class KvtierStorage(HiCacheStorage):
 
     # --- lookups ---------------------------------------------------------------
     def batch_exists(self, keys: List[str], extra_info=None) -> int:
-        """Leading pages kvtier holds (one lookup, nothing pinned)."""
+        """Leading pages kvtier holds (one lookup, nothing pinned). SGLang
+        asks this before it prefetches a request's pages (a slice of at most
+        128 at a time): it is the request's ask, the lookup kvtierd's
+        eviction policies, admission gates and hit counters learn from,
+        misses included. The loads that follow lease only what it found
+        and are not asks: otherwise kvtierd would learn only of the hits."""
+        return self._exists(keys, ask=True)
+
+    def exists(self, key: str) -> bool:
+        return self._exists([key], ask=None) == 1   # one page: a probe, not a request's ask
+
+    def _exists(self, keys: List[str], ask) -> int:
         if not keys:
             return 0
         with self._session("lookup") as c:
             if c is None:
                 return 0
-            r = c.lookup([page_key(k) for k in keys])
+            r = c.lookup([page_key(k) for k in keys], ask=ask)
             return min(len(keys), r.hit_blocks + r.recompute_blocks)
         return 0
-
-    def exists(self, key: str) -> bool:
-        return self.batch_exists([key]) == 1
 
     # --- zero copy (interface_v1) ------------------------------------------------
     def _load(self, keys: List[str], place) -> int:
@@ -405,7 +413,7 @@ class KvtierStorage(HiCacheStorage):
             if c is None:
                 return 0
             kk = [page_key(k) for k in keys]
-            hit = c.lookup(kk, lease=True)
+            hit = c.lookup(kk, lease=True, ask=False)   # batch_exists asked
             try:
                 m = min(len(keys), hit.hit_blocks + hit.recompute_blocks)
                 if m:

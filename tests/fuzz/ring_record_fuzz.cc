@@ -100,7 +100,16 @@ std::vector<std::string> FuzzSeeds() {
                     rec(ipc::Opcode::kLookup, ipc::kFlagLease, 4, 0) + rec(ipc::Opcode::kLoad, 0, 4, 2) +
                     rec(ipc::Opcode::kRelease, 0, 0, 2) + rec(ipc::Opcode::kInvalidate, 0, 2, 0) +
                     rec(ipc::Opcode::kInvalidateNamespace, 0, 0, 0) + rec(ipc::Opcode::kPing, 0, 0, 0);
-  return {seq, scratch + rec(ipc::Opcode::kLookup, 0, 4, 0)};
+  // A request's ask without a lease, then its lease that is not an ask
+  // (kvtier.vllm's scheduler and worker), and the combinations refused.
+  std::string asks = scratch + rec(ipc::Opcode::kStoreBegin, 0, 4, 0) + rec(ipc::Opcode::kStoreCommit, 0, 0, 1) +
+                     rec(ipc::Opcode::kLookup, ipc::kFlagAsk, 4, 0) +
+                     rec(ipc::Opcode::kLookup, ipc::kFlagLease | ipc::kFlagNotAsk, 4, 0) +
+                     rec(ipc::Opcode::kLoad, 0, 4, 2) + rec(ipc::Opcode::kRelease, 0, 0, 2) +
+                     rec(ipc::Opcode::kLookup, ipc::kFlagNotAsk, 4, 0) +
+                     rec(ipc::Opcode::kLookup, ipc::kFlagAsk | ipc::kFlagNotAsk | ipc::kFlagLease, 4, 0) +
+                     rec(ipc::Opcode::kStoreBegin, 0, 4, 0);
+  return {seq, scratch + rec(ipc::Opcode::kLookup, 0, 4, 0), asks};
 }
 
 long FuzzDefaultIterations() { return 3000; }

@@ -102,6 +102,25 @@ def test_batch_exists_counts_leading_hits(daemon):
     assert be.get("missing") is None
 
 
+def test_each_prefetch_query_is_an_ask_and_its_loads_are_not(daemon):
+    """kvtierd's policies, admission gates and hit counters learn from each
+    request's ask. SGLang queries batch_exists before it loads what exists:
+    the query is the ask, misses included; the loads that follow are leases
+    that are not asks, and exists() of one page is a probe."""
+    a = engine(daemon.socket)
+    b = engine(daemon.socket)
+    p = prompt(7, 12 * PS)
+    hashes, slots = a.write_prompt(p[:8 * PS])
+    assert a.backup(hashes, slots) == 8 * PS
+    before = daemon.status()["stats"]
+    got = b.prefetch(p)                              # 12 pages asked, 8 there
+    assert got.completed_tokens == 8 * PS
+    assert b.storage_backend.exists(hashes[0])
+    after = daemon.status()["stats"]
+    d = {k: after[k] - before[k] for k in ("lookups", "blocks_queried", "blocks_hit", "probes", "loads")}
+    assert d == {"lookups": 1, "blocks_queried": 12, "blocks_hit": 8, "probes": 1, "loads": 1}, d
+
+
 def test_bad_arguments_are_failures_not_exceptions(daemon):
     a = engine(daemon.socket)
     h, s = a.write_prompt(prompt(16, 4 * PS))
