@@ -128,7 +128,7 @@ std::string PrometheusText(const StatusSnapshot& s, bool detailed) {
   w.Family("kvtier_tier_healthy", "gauge", "1 when the tier is healthy.");
   for (const TierRow& t : tiers) w.Sample("kvtier_tier_healthy", "tier=\"" + Esc(t.name) + "\"", t.healthy ? 1 : 0);
   w.Family("kvtier_lower_blocks_hit_total", "counter",
-           "Blocks found by leased lookups in each lower tier, by lane (position in the chain), tier and kind.");
+           "Blocks found by asks in each lower tier, by lane (position in the chain), tier and kind.");
   for (const StatusSnapshot::Lower& l : s.lower) {
     w.Sample("kvtier_lower_blocks_hit_total",
              "lane=\"" + std::to_string(l.chain_position) + "\",tier=\"" + Esc(l.name) + "\",kind=\"" + Esc(l.kind) + "\"",
@@ -145,12 +145,14 @@ std::string PrometheusText(const StatusSnapshot& s, bool detailed) {
 
   // Hits: per request and per reused token (a 16-token hit and a 16,000-token
   // hit count the same in the first, not in the second).
-  w.Family("kvtier_lookups_total", "counter", "Leased lookups (an engine's commitment to a request).");
+  w.Family("kvtier_lookups_total", "counter",
+           "Requests' asks: leased lookups, or probes an engine flags as its request's ask (what the policies learn "
+           "from).");
   w.Sample("kvtier_lookups_total", "", double(st.lookups.Get()));
-  w.Family("kvtier_lookup_hits_total", "counter", "Leased lookups that hit at least one block.");
+  w.Family("kvtier_lookup_hits_total", "counter", "Asks that hit at least one block.");
   w.Sample("kvtier_lookup_hits_total", "", double(st.lookup_hits.Get()));
   w.Family("kvtier_blocks_hit_total", "counter",
-           "Blocks found by leased lookups, by the tier they were in: host, or a lower tier's kind (nvme, remote, "
+           "Blocks found by asks, by the tier they were in: host, or a lower tier's kind (nvme, remote, "
            "fs; the chain's tiers of one kind summed).");
   {
     // Host: from the same copy of the counters as blocks_hit (the lanes'
@@ -161,13 +163,13 @@ std::string PrometheusText(const StatusSnapshot& s, bool detailed) {
       w.Sample("kvtier_blocks_hit_total", "tier=\"" + Esc(kind) + "\"", double(n));
     }
   }
-  w.Family("kvtier_blocks_missed_total", "counter", "Blocks leased lookups asked for and did not find.");
+  w.Family("kvtier_blocks_missed_total", "counter", "Blocks asks named and did not find.");
   w.Sample("kvtier_blocks_missed_total", "", double(st.blocks_queried.Get() - st.blocks_hit.Get()));
-  w.Family("kvtier_tokens_queried_total", "counter", "Tokens covered by the blocks leased lookups asked for.");
+  w.Family("kvtier_tokens_queried_total", "counter", "Tokens covered by the blocks asks named.");
   w.Sample("kvtier_tokens_queried_total", "", double(st.tokens_queried.Get()));
-  w.Family("kvtier_tokens_reused_total", "counter", "Tokens covered by the blocks leased lookups found.");
+  w.Family("kvtier_tokens_reused_total", "counter", "Tokens covered by the blocks asks found.");
   w.Sample("kvtier_tokens_reused_total", "", double(st.tokens_hit.Get()));
-  w.Family("kvtier_hit_rate", "gauge", "Share of leased lookups that hit (per request).");
+  w.Family("kvtier_hit_rate", "gauge", "Share of asks that hit (per request).");
   w.Sample("kvtier_hit_rate", "", Ratio(st.lookup_hits.Get(), st.lookups.Get()));
   w.Family("kvtier_reused_token_ratio", "gauge",
            "Share of queried tokens that were found (per token). Tokens count in full blocks only: a prompt's "
@@ -178,14 +180,14 @@ std::string PrometheusText(const StatusSnapshot& s, bool detailed) {
   // token_file): one series per tenant, so as many as [[tenants]] entries.
   if (detailed) {
     const std::tuple<const char*, const char*, uint64_t TenantUsage::*> per_tenant[] = {
-        {"kvtier_tenant_lookups_total", "Leased lookups of the tenant.", &TenantUsage::lookups},
-        {"kvtier_tenant_lookup_hits_total", "Leased lookups of the tenant that hit at least one block.",
+        {"kvtier_tenant_lookups_total", "Asks of the tenant.", &TenantUsage::lookups},
+        {"kvtier_tenant_lookup_hits_total", "Asks of the tenant that hit at least one block.",
          &TenantUsage::lookup_hits},
-        {"kvtier_tenant_blocks_queried_total", "Blocks the tenant's leased lookups asked for.",
+        {"kvtier_tenant_blocks_queried_total", "Blocks the tenant's asks named.",
          &TenantUsage::blocks_queried},
-        {"kvtier_tenant_tokens_queried_total", "Tokens covered by the blocks the tenant's leased lookups asked for.",
+        {"kvtier_tenant_tokens_queried_total", "Tokens covered by the blocks the tenant's asks named.",
          &TenantUsage::tokens_queried},
-        {"kvtier_tenant_tokens_reused_total", "Tokens covered by the blocks the tenant's leased lookups found.",
+        {"kvtier_tenant_tokens_reused_total", "Tokens covered by the blocks the tenant's asks found.",
          &TenantUsage::tokens_hit},
         {"kvtier_tenant_evictions_total", "Host blocks of the tenant evicted.", &TenantUsage::evictions}};
     for (const auto& [family, help, field] : per_tenant) {
@@ -195,7 +197,7 @@ std::string PrometheusText(const StatusSnapshot& s, bool detailed) {
       }
     }
     w.Family("kvtier_tenant_blocks_hit_total", "counter",
-             "Blocks the tenant's leased lookups found, by the tier they were in.");
+             "Blocks the tenant's asks found, by the tier they were in.");
     for (const StatusSnapshot::Tenant& t : s.tenants) {
       const TenantUsage& u = t.usage;
       const std::string who = "tenant=\"" + Esc(u.name) + "\",";

@@ -28,7 +28,9 @@ inline constexpr uint64_t kSegmentMagic = 0x3130474553545654ull;  // "TVTSEG01" 
 // 4: event pages and the simulated GPU arena are sealed against writable
 // mappings (clients map them read-only); client strings must be printable.
 // 5: BlockResult::lane names which lower tier of the chain holds a block.
-inline constexpr uint32_t kAbiVersion = 5;
+// 6: lookups say whether they are their request's ask (kFlagAsk, kFlagNotAsk),
+// which a v5 kvtierd refuses: a mismatch is named at attach instead.
+inline constexpr uint32_t kAbiVersion = 6;
 
 enum class Opcode : uint16_t {
   kPing = 1,

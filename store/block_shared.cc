@@ -53,11 +53,12 @@ void BlockStore::AfterReply(SessionHoldings& s) {
   // The lookup's uses count before its publishes ask the shared tier's gate.
   const bool observe = s.observe_pending;
   s.observe_pending = false;
-  if (observe && books_.reuse != nullptr) {
+  if (s.uses_pending) {
+    s.uses_pending = false;
     for (size_t i = 0; i < s.last_counted; ++i) books_.reuse->Record(s.last_chain[i]);
   }
   shared_.StartPublishes(s);
-  if (!observe || !observes_) return;
+  if (!observe) return;
   HostResidency& t = *books_.tenants[s.ns.tenant];
   AdaptivePolicy* a;
   {

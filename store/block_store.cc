@@ -116,11 +116,15 @@ std::vector<BlockRecord*> BlockStore::FindAll(uint32_t ns, std::span<const Block
   return out;
 }
 
-void BlockStore::NoteChain(SessionHoldings& s, std::span<const BlockKey> keys, size_t counted, bool ask) {
+void BlockStore::NoteChain(SessionHoldings& s, std::span<const BlockKey> keys, bool lease, bool ask) {
   s.last_chain.resize(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) s.last_chain[i] = PolicyKeyOf(s.ns.handle, keys[i]);
-  s.last_counted = std::min(counted, keys.size());
-  s.observe_pending = ask && !keys.empty() && (observes_ || books_.reuse != nullptr);
+  // A request's uses are what it leased (to load) and what it stored: an
+  // unleased ask's blocks may never be loaded, or be loaded after more
+  // were stored; the lease that follows it counts what is.
+  s.last_counted = lease ? keys.size() : 0;
+  s.uses_pending = lease && !keys.empty() && books_.reuse != nullptr;
+  s.observe_pending = ask && !keys.empty() && observes_;
 }
 
 absl::Status BlockStore::LeaseRoomFor(const SessionHoldings& s, size_t blocks) {
@@ -284,8 +288,9 @@ absl::StatusOr<uint32_t> BlockStore::Lookup(SessionHoldings& s, std::span<const 
       books_.stats->probes.Add();
       return h.hit;
     }
-    // Its request's ask came before and counted it: pin, touch and lease only.
-    NoteChain(s, keys, keys.size(), /*ask=*/false);
+    // Its request's ask came before: the policies and counters learned
+    // from that; this lease counts its blocks' uses and pins them.
+    NoteChain(s, keys, /*lease=*/true, /*ask=*/false);
     return LeaseHits(s, h, lease_id);
   }
   books_.stats->lookups.Add();
@@ -296,9 +301,7 @@ absl::StatusOr<uint32_t> BlockStore::Lookup(SessionHoldings& s, std::span<const 
   th.lookups.fetch_add(1, kRelaxed);
   th.blocks_queried.fetch_add(keys.size(), kRelaxed);
   th.tokens_queried.fetch_add(keys.size() * s.ns.block_tokens, kRelaxed);
-  // An unleased ask's uses are the blocks it found: the stores that follow
-  // it (maybe another session's) count the others.
-  NoteChain(s, keys, lease ? keys.size() : h.hit, /*ask=*/true);
+  NoteChain(s, keys, lease, /*ask=*/true);
   if (h.hit == 0) return 0u;
   books_.stats->lookup_hits.Add();
   books_.stats->blocks_hit.Add(h.hit);

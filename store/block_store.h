@@ -88,11 +88,12 @@ struct SessionHoldings {
   // The last leased lookup's or ask's chain (PolicyKeyOf each key): for
   // the policies that learn from requests (AfterReply), and to know the
   // depth of the blocks a store after it brings. Its first `last_counted`
-  // keys were counted as used (AfterReply, or the ask before a lease that
-  // is not one): a store does not count them again.
+  // keys were counted as used (a lease's: all of them; an unleased ask's:
+  // none): a store does not count them again.
   std::vector<uint64_t> last_chain;
   size_t last_counted = 0;
-  bool observe_pending = false;  // AfterReply: the policies learn from last_chain
+  bool uses_pending = false;     // AfterReply: the admission gates count last_chain[:last_counted]
+  bool observe_pending = false;  // AfterReply: the policies learn from last_chain (an ask)
   // Blocks to write to the shared tier after the reply (write_policy), each
   // with an io_ref taken for it.
   std::vector<BlockRecord*> publish_pending;
@@ -338,9 +339,10 @@ class BlockStore {
   // one the policies, the admission gates and the hit counters learn from.
   // kIfLeased: a leased lookup is, an unleased one is a probe. kYes: also
   // unleased (an engine that probes the whole chain once, then leases only
-  // what it loads, maybe from another session); its uses are its hit
-  // prefix, the stores that follow count the rest. kNo: a lease whose
-  // request asked before; it pins and loads only.
+  // what it loads, maybe from another session). kNo: a lease whose request
+  // asked before. Uses (admission_min_uses) are counted by leases, asks or
+  // not, and by stores, never by an unleased ask: what a request loads
+  // and stores is what it used.
   enum class Ask : uint8_t { kIfLeased, kYes, kNo };
   absl::StatusOr<uint32_t> Lookup(SessionHoldings& s, std::span<const BlockKey> keys, bool lease,
                                   uint64_t* lease_id, std::span<BlockLocation> out, uint32_t* recompute = nullptr,
@@ -416,9 +418,10 @@ class BlockStore {
 
   // --- lookups, loads, invalidation (block_store.cc); stores (block_writes.cc)
   void Unpin(SessionHoldings& s, const std::vector<BlockRecord*>& blocks);
-  // Keeps a lookup's chain (see last_chain); an ask's is queued for the
-  // policies and gates (AfterReply), its first `counted` keys as uses.
-  void NoteChain(SessionHoldings& s, std::span<const BlockKey> keys, size_t counted, bool ask);
+  // Keeps a leased lookup's or an ask's chain (see last_chain): a lease's
+  // blocks are queued as uses for the admission gates, an ask's chain for
+  // the policies (AfterReply).
+  void NoteChain(SessionHoldings& s, std::span<const BlockKey> keys, bool lease, bool ask);
   // Counts a store's blocks as used for the admission gates, except those
   // the session's last lookup counted (last_counted).
   void CountStoreUses(const SessionHoldings& s, std::span<const BlockKey> keys);
@@ -481,7 +484,7 @@ class BlockStore {
 
   const Options opts_;
   std::atomic<bool> draining_{false};  // read by stores
-  // opts_.policy learns from lookups (IsHostOnlyPolicy): leased lookups feed
+  // opts_.policy learns from lookups (IsHostOnlyPolicy): requests' asks feed
   // the adaptive policy's shadows, or the holds policy's plan.
   const bool adaptive_;
   const bool observes_;

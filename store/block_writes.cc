@@ -75,11 +75,10 @@ std::vector<uint64_t> BlockStore::ParentsOf(const SessionHoldings& s, std::span<
 
 void BlockStore::CountStoreUses(const SessionHoldings& s, std::span<const BlockKey> keys) {
   if (books_.reuse == nullptr) return;
-  // A store is a request using its blocks. Those the session's last leased
-  // lookup or ask counted (AfterReply) are not counted again. An engine
-  // that asks without a lease and then leases only what it found, on the
-  // same session or another (kvtier.sglang, kvtier.vllm: the ask counts
-  // what it found, the lease is not an ask), is counted once per block.
+  // A store is a request using its blocks. Those the session's last lease
+  // counted (AfterReply) are not counted again: engines that probe (or ask)
+  // without a lease and lease only what they load (kvtier.vllm,
+  // kvtier.sglang) are counted once per block either way.
   const absl::flat_hash_set<uint64_t> looked_up(s.last_chain.begin(),
                                                 s.last_chain.begin() + static_cast<ptrdiff_t>(s.last_counted));
   for (const BlockKey& k : keys) {

@@ -56,7 +56,8 @@ struct AttachOptions {
 
 struct LookupOptions {
   // Pin the hit prefix so it stays until Release(lease). Without a lease a
-  // lookup changes nothing (engines may call it repeatedly while scheduling).
+  // lookup changes no block (engines may call it repeatedly while
+  // scheduling); an unleased ask (below) teaches the policies and counters.
   bool lease = false;
   // Whether this lookup is its request's ask: the one kvtierd's eviction
   // policies, admission gates and hit counters learn from, once per request.

@@ -413,16 +413,16 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             # refuses anything that is not 32 bytes, and then they are widened.
             keys = hashes[start:limit]
             ask = request.request_id not in self._asked
+            # vLLM asks again while the request waits, after a failed load,
+            # and on resuming it: one ask per request (a lookup that fails
+            # part way is not asked again: a lost ask, never a second one).
+            self._asked.add(request.request_id)
             try:
                 end, slow = self._present_all(clients, keys, start, limit, ask)
             except (ValueError, TypeError, RuntimeError) as e:
                 if isinstance(e, KvtierError):
                     raise
                 end, slow = self._present_all(clients, [block_key(h) for h in keys], start, limit, ask)
-            if ask:
-                # vLLM asks again while the request waits, after a failed
-                # load, and on resuming it: one ask per request.
-                self._asked.add(request.request_id)
         except KvtierError as e:
             self._drop_clients(e)
             return None
@@ -441,6 +441,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         slow = False
         for g, group in enumerate(self._groups):
             if group.kind == "full":
+                if end <= start and not ask:
+                    break  # an earlier group holds none of it (and kvtierd refuses an empty lookup)
                 n, s, declined = self._present(clients[g], keys if ask else keys[: end - start], cost=True,
                                                upto=end - start, ask=ask)
                 self.stats["declined_by_cost_tokens"] += declined * bs

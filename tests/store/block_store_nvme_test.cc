@@ -1464,12 +1464,13 @@ TEST_F(BlockStoreNvmeTest, TheAdmissionGateDemotesBlocksUsedTwiceAndDropsTheRest
 
 // Engines that probe a request's whole chain on one session and lease only
 // what they load on another (kvtier.vllm's scheduler and worker) flag the
-// probe as the request's ask and the lease as not one. Each block's use is
-// then counted once: by the ask where it found the block, by the store
-// where it did not. Blocks 0, 1: stored, then asked for again (two uses:
-// demoted). 2, 3: stored, then leased, not asked for (one use). 4..7:
-// asked for while missing, then stored (one use: dropped).
-TEST_F(BlockStoreNvmeTest, AnAskAndALeaseOnAnotherSessionCountEachUseOnce) {
+// probe as the request's ask and the lease as not one. The ask teaches the
+// policies and the hit counters; uses are what requests loaded and stored
+// (an ask may find blocks the engine then does not load). Blocks 0, 1:
+// stored, then asked for and leased (two uses: demoted). 2, 3: stored, then
+// asked for and found but not loaded (one use). 4..7: asked for while
+// missing, then stored (one use: dropped).
+TEST_F(BlockStoreNvmeTest, AnAskTeachesAndWhatIsLoadedAndStoredCountsAsUsed) {
   nvme_admit_ = 2;
   Open(8);
   auto sched = Session();
@@ -1490,21 +1491,57 @@ TEST_F(BlockStoreNvmeTest, AnAskAndALeaseOnAnotherSessionCountEachUseOnce) {
   EXPECT_EQ(ask(0, 8), 0u);  // a first request: nothing there
   Store(*worker, 0, 8);      // its worker stores the blocks: a first use of each
   store_->AfterReply(*worker);
-  EXPECT_EQ(ask(0, 2), 2u);  // a second request finds 0, 1
+  EXPECT_EQ(ask(0, 4), 4u);  // a second request finds 0..3 and loads 0, 1
   EXPECT_EQ(LoadVerified(*worker, 0, 2, nullptr, nullptr, BlockStore::Ask::kNo), 2u);
   store_->AfterReply(*worker);
-  EXPECT_EQ(LoadVerified(*worker, 2, 2, nullptr, nullptr, BlockStore::Ask::kNo), 2u);
-  store_->AfterReply(*worker);
-  EXPECT_EQ(stats_.lookups.Get() - lookups, 2u) << "the asks count, the leases do not";
-  EXPECT_EQ(stats_.blocks_queried.Get() - queried, 10u);
-  EXPECT_EQ(stats_.blocks_hit.Get() - hits, 2u);
+  EXPECT_EQ(stats_.lookups.Get() - lookups, 2u) << "the asks count, the lease does not";
+  EXPECT_EQ(stats_.blocks_queried.Get() - queried, 12u);
+  EXPECT_EQ(stats_.blocks_hit.Get() - hits, 4u) << "what the asks found";
   EXPECT_EQ(stats_.probes.Get(), probes) << "an ask is not a probe";
   Store(*worker, 100, 8);  // evicts 0..7
   SyncNvme();
-  EXPECT_EQ(OnNvme(*worker, 0, 2), 2u) << "asked for after their store: two uses";
-  EXPECT_EQ(OnNvme(*worker, 2, 6), 0u) << "a lease that is not an ask, or an ask that missed, is no second use";
+  EXPECT_EQ(OnNvme(*worker, 0, 2), 2u) << "stored, then loaded: two uses";
+  EXPECT_EQ(OnNvme(*worker, 2, 6), 0u) << "an ask that found or missed them is no use of its own";
   EXPECT_EQ(stats_.demotions.Get(), 2u);
   EXPECT_EQ(stats_.dropped_not_admitted.Get(), 6u);
+}
+
+// A request's store does not count again the blocks its lease counted
+// (tiers.nvme.admission_min_uses = 3): 0..3 stored (one use), leased (two),
+// stored again by the same session (still two: dropped); 4..7 stored by a
+// session whose last lookup was an unleased ask of them (it counted none:
+// three uses with the two stores before it: demoted).
+TEST_F(BlockStoreNvmeTest, AStoreSkipsOnlyWhatItsSessionsLastLeaseCounted) {
+  nvme_admit_ = 3;
+  Open(8);
+  auto s = Session();
+  Store(*s, 0, 8);
+  EXPECT_EQ(LoadVerified(*s, 0, 4, nullptr, nullptr, BlockStore::Ask::kNo), 4u);
+  store_->AfterReply(*s);
+  // A store of blocks already there (the request computed them anyway).
+  auto store_again = [&](uint64_t from) {
+    std::vector<BlockKey> keys;
+    for (uint64_t i = from; i < from + 4; ++i) keys.push_back(KeyOf(i));
+    std::vector<BlockLocation> out(keys.size());
+    uint64_t ticket = 1;
+    auto need = store_->StoreBegin(*s, keys, &ticket, std::span(out));
+    ASSERT_TRUE(need.ok()) << need.status();
+    EXPECT_EQ(*need, 0u);
+    EXPECT_EQ(ticket, 0u);
+  };
+  store_again(0);  // counted by the lease: not again
+  store_again(4);  // a second use
+  std::vector<BlockKey> keys;
+  for (uint64_t i = 4; i < 8; ++i) keys.push_back(KeyOf(i));
+  std::vector<BlockLocation> out(keys.size());
+  uint64_t lease = 0;
+  ASSERT_EQ(*store_->Lookup(*s, keys, false, &lease, std::span(out), nullptr, nullptr, BlockStore::Ask::kYes), 4u);
+  store_->AfterReply(*s);
+  store_again(4);  // the ask counted nothing: a third use
+  Store(*s, 100, 8);  // evicts 0..7
+  SyncNvme();
+  EXPECT_EQ(OnNvme(*s, 0, 4), 0u) << "the lease's blocks were counted twice";
+  EXPECT_EQ(OnNvme(*s, 4, 4), 4u);
 }
 
 // tiers.remote.admission_min_uses = 2 with write_policy "committed": a block
