@@ -159,6 +159,33 @@ def test_each_request_is_asked_once_with_its_whole_chain(daemon):
     assert d["probes"] == 4, d                     # w's four asks again
 
 
+def test_every_full_attention_group_is_asked_and_an_empty_lookup_never_sent():
+    """With two full-attention groups, the ask names each group's whole chain
+    even where an earlier group found nothing; a later probe stops at the
+    first group that holds nothing instead of sending it an empty lookup
+    (kvtierd refuses one, and the connector would drop its clients)."""
+    class Probe:
+        def __init__(self, hits):
+            self.hits, self.calls = hits, []
+
+        def lookup(self, keys, lease=False, ask=None):
+            assert keys, "an empty lookup"
+            self.calls.append((len(keys), ask))
+            n = min(self.hits, len(keys))
+            return type("R", (), {"hit_blocks": n, "recompute_blocks": 0, "tiers": ["host"] * n})()
+
+    conn = object.__new__(kv_vllm.KvtierConnector)
+    conn._block_size = BS
+    conn._opts = type("Opts", (), {"always_load": False})()
+    conn.stats = {"declined_by_cost_tokens": 0}
+    conn._groups = [kv_vllm.GroupInfo(g, "full", BS, 0, 4096, [], "") for g in range(2)]
+    g0, g1 = Probe(0), Probe(5)
+    assert conn._present_all([[g0], [g1]], list(range(6)), 0, 6, ask=True) == (0, False)
+    assert (g0.calls, g1.calls) == ([(6, True)], [(6, True)]), "both groups asked, each its whole chain"
+    assert conn._present_all([[g0], [g1]], list(range(6)), 0, 6) == (0, False)
+    assert (g0.calls[1:], g1.calls[1:]) == ([(6, None)], []), "group 1 is not sent an empty probe"
+
+
 def test_blocks_that_failed_to_load_are_not_offered_again_to_that_request(daemon):
     """vLLM asks again for a request whose load failed; offering the same
     blocks again could fail again, forever."""
