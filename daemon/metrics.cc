@@ -380,7 +380,7 @@ std::string PrometheusText(const StatusSnapshot& s, bool detailed) {
   w.Family("kvtier_cost_model_nvme_read_gbps", "gauge", "NVMe read bandwidth the cost model uses.");
   w.Sample("kvtier_cost_model_nvme_read_gbps", "", cm.nvme_read_gbps);
   w.Family("kvtier_blocks_reported_recompute_total", "counter",
-           "Blocks leased lookups found but reported as cheaper to recompute.");
+           "Blocks asks found but reported as cheaper to recompute.");
   w.Sample("kvtier_blocks_reported_recompute_total", "", double(st.blocks_recompute.Get()));
 
   // Latency.

@@ -55,13 +55,13 @@ inline constexpr uint16_t kMaxOpcode = 13;
 // Request flags.
 inline constexpr uint16_t kFlagLease = 1;    // kLookup: pin the hit prefix
 inline constexpr uint16_t kFlagDurable = 2;  // kStoreCommit: complete once the blocks are on NVMe
-// Which lookup is a request's ask: the one the policies, the admission gates
-// and the hit counters learn from, once per request. Without either flag a
+// Which lookup is a request's ask: the one the eviction policies and the hit
+// counters learn from, once per request. Without either flag a
 // leased lookup is its request's ask and an unleased one is not (a probe).
 // Engines that probe a request's whole chain first and lease only what they
 // will load (kvtier.vllm) flag the probe kFlagAsk and the lease kFlagNotAsk.
 inline constexpr uint16_t kFlagAsk = 4;     // kLookup: this lookup is its request's ask
-inline constexpr uint16_t kFlagNotAsk = 8;  // kLookup with kFlagLease: pin and load, learn nothing
+inline constexpr uint16_t kFlagNotAsk = 8;  // kLookup with kFlagLease: pin (its blocks' uses count); no ask
 
 // What each opcode carries, one row per opcode, indexed by its number: the
 // daemon checks requests against it, and names its per-opcode metrics and

@@ -543,7 +543,7 @@ PYBIND11_MODULE(_kvtier, m) {
           },
           py::arg("keys"), py::arg("lease") = false, py::arg("ask") = py::none(),
           "The longest present prefix of `keys`. With lease=True it is pinned until release(result.lease). "
-          "ask: whether this lookup is its request's ask, the one kvtierd's policies, admission gates and hit "
+          "ask: whether this lookup is its request's ask, the one kvtierd's policies and hit "
           "counters learn from (None: a leased lookup is, an unleased one is not). An engine that probes the "
           "whole chain first and leases only what it loads passes ask=True to the probe, ask=False to the lease.")
       .def(

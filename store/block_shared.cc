@@ -55,7 +55,7 @@ void BlockStore::AfterReply(SessionHoldings& s) {
   s.observe_pending = false;
   if (s.uses_pending) {
     s.uses_pending = false;
-    for (size_t i = 0; i < s.last_counted; ++i) books_.reuse->Record(s.last_chain[i]);
+    for (uint64_t k : s.last_chain) books_.reuse->Record(k);
   }
   shared_.StartPublishes(s);
   if (!observe) return;
@@ -67,11 +67,11 @@ void BlockStore::AfterReply(SessionHoldings& s) {
     ChainGuard* g = t.PolicyForLocked(t.host->SlotSizeFor(s.ns.block_bytes));
     // The holds policy's plan and deadlines (alone, or as an adaptive
     // expert) are the tier's: its lock.
-    if (g->ObservesRequests()) g->ObserveRequest(s.last_chain, {}, s.ns.block_tokens);
+    if (g->ObservesRequests()) g->ObserveRequest(s.ask_chain, {}, s.ns.block_tokens);
     if (!adaptive_) return;
     a = static_cast<AdaptivePolicy*>(g->inner());
   }
-  a->Observe(s.last_chain, s.ns.block_tokens);  // on the shadows' own lock, not the tier's
+  a->Observe(s.ask_chain, s.ns.block_tokens);  // on the shadows' own lock, not the tier's
 }
 
 }  // namespace kvtier

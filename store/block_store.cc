@@ -117,14 +117,23 @@ std::vector<BlockRecord*> BlockStore::FindAll(uint32_t ns, std::span<const Block
 }
 
 void BlockStore::NoteChain(SessionHoldings& s, std::span<const BlockKey> keys, bool lease, bool ask) {
-  s.last_chain.resize(keys.size());
-  for (size_t i = 0; i < keys.size(); ++i) s.last_chain[i] = PolicyKeyOf(s.ns.handle, keys[i]);
   // A request's uses are what it leased (to load) and what it stored: an
   // unleased ask's blocks may never be loaded, or be loaded after more
-  // were stored; the lease that follows it counts what is.
-  s.last_counted = lease ? keys.size() : 0;
-  s.uses_pending = lease && !keys.empty() && books_.reuse != nullptr;
+  // were stored; the lease that follows it counts what is. An unleased
+  // ask leaves the last lease's chain alone (its store skips those).
+  if (lease) {
+    s.last_chain.resize(keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) s.last_chain[i] = PolicyKeyOf(s.ns.handle, keys[i]);
+    s.uses_pending = !keys.empty() && books_.reuse != nullptr;
+  }
   s.observe_pending = ask && !keys.empty() && observes_;
+  if (!s.observe_pending) return;
+  if (lease) {
+    s.ask_chain = s.last_chain;
+  } else {
+    s.ask_chain.resize(keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) s.ask_chain[i] = PolicyKeyOf(s.ns.handle, keys[i]);
+  }
 }
 
 absl::Status BlockStore::LeaseRoomFor(const SessionHoldings& s, size_t blocks) {

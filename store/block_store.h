@@ -85,15 +85,15 @@ struct SessionHoldings {
   std::atomic<uint64_t> lease_count{0};
   std::atomic<uint64_t> pinned_blocks{0};
   std::atomic<uint64_t> ticket_count{0};  // stores begun and not yet committed or aborted
-  // The last leased lookup's or ask's chain (PolicyKeyOf each key): for
-  // the policies that learn from requests (AfterReply), and to know the
-  // depth of the blocks a store after it brings. Its first `last_counted`
-  // keys were counted as used (a lease's: all of them; an unleased ask's:
-  // none): a store does not count them again.
+  // The last leased lookup's chain (PolicyKeyOf each key): its blocks were
+  // counted as used (AfterReply), so a store after it does not count them
+  // again, and it tells the depth of the blocks a store after it brings.
   std::vector<uint64_t> last_chain;
-  size_t last_counted = 0;
-  bool uses_pending = false;     // AfterReply: the admission gates count last_chain[:last_counted]
-  bool observe_pending = false;  // AfterReply: the policies learn from last_chain (an ask)
+  bool uses_pending = false;  // AfterReply: the admission gates count last_chain
+  // The last ask's chain (a leased lookup's, or an unleased ask's), which
+  // the policies that learn from requests take at AfterReply.
+  std::vector<uint64_t> ask_chain;
+  bool observe_pending = false;
   // Blocks to write to the shared tier after the reply (write_policy), each
   // with an io_ref taken for it.
   std::vector<BlockRecord*> publish_pending;
@@ -336,7 +336,7 @@ class BlockStore {
   };
   //
   // `ask`: whether this lookup is its request's ask (ipc::kFlagAsk), the
-  // one the policies, the admission gates and the hit counters learn from.
+  // one the policies and the hit counters learn from.
   // kIfLeased: a leased lookup is, an unleased one is a probe. kYes: also
   // unleased (an engine that probes the whole chain once, then leases only
   // what it loads, maybe from another session). kNo: a lease whose request
@@ -418,12 +418,12 @@ class BlockStore {
 
   // --- lookups, loads, invalidation (block_store.cc); stores (block_writes.cc)
   void Unpin(SessionHoldings& s, const std::vector<BlockRecord*>& blocks);
-  // Keeps a leased lookup's or an ask's chain (see last_chain): a lease's
-  // blocks are queued as uses for the admission gates, an ask's chain for
-  // the policies (AfterReply).
+  // Keeps a leased lookup's chain (last_chain), its blocks queued as uses
+  // for the admission gates, and an ask's (ask_chain) for the policies
+  // (AfterReply).
   void NoteChain(SessionHoldings& s, std::span<const BlockKey> keys, bool lease, bool ask);
   // Counts a store's blocks as used for the admission gates, except those
-  // the session's last lookup counted (last_counted).
+  // the session's last lease counted (last_chain).
   void CountStoreUses(const SessionHoldings& s, std::span<const BlockKey> keys);
   // Lookup's parts. The session's lease limits (KVTIER_EBUSY past them).
   absl::Status LeaseRoomFor(const SessionHoldings& s, size_t blocks);

@@ -79,8 +79,7 @@ void BlockStore::CountStoreUses(const SessionHoldings& s, std::span<const BlockK
   // counted (AfterReply) are not counted again: engines that probe (or ask)
   // without a lease and lease only what they load (kvtier.vllm,
   // kvtier.sglang) are counted once per block either way.
-  const absl::flat_hash_set<uint64_t> looked_up(s.last_chain.begin(),
-                                                s.last_chain.begin() + static_cast<ptrdiff_t>(s.last_counted));
+  const absl::flat_hash_set<uint64_t> looked_up(s.last_chain.begin(), s.last_chain.end());
   for (const BlockKey& k : keys) {
     const uint64_t key = PolicyKeyOf(s.ns.handle, k);
     if (!looked_up.contains(key)) books_.reuse->Record(key);

@@ -60,7 +60,7 @@ struct LookupOptions {
   // scheduling); an unleased ask (below) teaches the policies and counters.
   bool lease = false;
   // Whether this lookup is its request's ask: the one kvtierd's eviction
-  // policies, admission gates and hit counters learn from, once per request.
+  // policies and hit counters learn from, once per request.
   // kIfLeased: a leased lookup is, an unleased one is not. An engine that
   // probes a request's whole chain first and leases only what it then loads
   // (perhaps from another process) flags the probe kYes and the lease kNo

@@ -122,8 +122,8 @@ typedef struct kvtier_client kvtier_client;
 
 /* Lookup flags. */
 #define KVTIER_LOOKUP_LEASE 1u /* pin the hit prefix; release with kvtier_release */
-/* Whether the lookup is its request's ask, the one kvtierd's policies,
- * admission gates and hit counters learn from (once per request). Neither:
+/* Whether the lookup is its request's ask, the one kvtierd's policies
+ * and hit counters learn from (once per request). Neither:
  * a leased lookup is, an unleased one is not. An engine that probes the
  * whole chain first and leases only what it loads flags the probe ASK and
  * the lease NOT_ASK (which needs KVTIER_LOOKUP_LEASE). */

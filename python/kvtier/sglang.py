@@ -386,7 +386,7 @@ class KvtierStorage(HiCacheStorage):
         """Leading pages kvtier holds (one lookup, nothing pinned). SGLang
         asks this before it prefetches a request's pages (a slice of at most
         128 at a time): it is the request's ask, the lookup kvtierd's
-        eviction policies, admission gates and hit counters learn from,
+        eviction policies and hit counters learn from,
         misses included. The loads that follow lease only what it found
         and are not asks: otherwise kvtierd would learn only of the hits."""
         return self._exists(keys, ask=True)

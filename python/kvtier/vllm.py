@@ -369,8 +369,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                  ask: bool = False) -> tuple[int, bool, int]:
         """Blocks of keys[:upto] every rank holds (a prefix): (count, any below
         the host tier, blocks the cost model declined). With `ask`, the lookup
-        names all of `keys` as the request's ask: kvtierd's policies, admission
-        gates and hit counters learn from it, misses included, once per
+        names all of `keys` as the request's ask: kvtierd's policies and hit
+        counters learn from it, misses included, once per
         request (the worker's leases are then not asks). Without it they would
         see only what the worker leases: the hits."""
         n = len(keys) if upto is None else min(upto, len(keys))
@@ -751,9 +751,11 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         rng = part.range
         try:
             client = part.client = self._client(rng.group)
-            # A full-attention group's ask was the scheduler's lookup (_present).
-            ask = False if self._groups[rng.group].kind == "full" else None
-            hit = client.lookup(rng.keys, lease=True, ask=ask)
+            # A full-attention group's ask was the scheduler's lookup
+            # (_present). A sliding-window group's leases name only its
+            # window's hits: not asks either, so its policy learns nothing
+            # (it keeps its first expert) rather than only of hits.
+            hit = client.lookup(rng.keys, lease=True, ask=False)
             part.lease = hit.lease
             if hit.hit_blocks < len(rng.keys) and hit.recompute_blocks and part.prefetch_op is None \
                     and not part.prefetched:

@@ -318,3 +318,27 @@ def test_a_namespace_without_kv_dtype_is_refused_as_in_c(daemon):
     with pytest.raises(Exception, match="kv_dtype"):
         kvtier.Client.attach("py/test", BLOCK_TOKENS, BLOCK_BYTES, socket=daemon.socket, kv_dtype="",
                              kv_layout="layer_major")
+
+
+def test_the_policies_learn_from_asks_only(daemon):
+    """The default policy's shadows score each request's ask: a leased
+    lookup, or an unleased one flagged ask=True. A probe, and a lease
+    flagged ask=False (its request asked before), teach them nothing."""
+    c = attach(daemon)
+    keys = c.compute_keys(np.arange(16 * 8, dtype=np.uint32))
+    c.store(keys[:4], np.ones((4, BLOCK_BYTES), dtype=np.uint8))
+
+    def scores():
+        return [p["scores"] for p in daemon.status()["tenants"][0]["policies"]]
+
+    def lease(**kw):
+        r = c.lookup(keys, lease=True, **kw)
+        c.release(r.lease)
+
+    lease()
+    seen = [scores()]
+    for step in (lambda: c.lookup(keys), lambda: lease(ask=False), lambda: c.lookup(keys, ask=True), lease):
+        step()
+        seen.append(scores())
+    moved = [after != before for before, after in zip(seen, seen[1:])]
+    assert moved == [False, False, True, True], (moved, seen)

@@ -103,7 +103,7 @@ def test_batch_exists_counts_leading_hits(daemon):
 
 
 def test_each_prefetch_query_is_an_ask_and_its_loads_are_not(daemon):
-    """kvtierd's policies, admission gates and hit counters learn from each
+    """kvtierd's policies and hit counters learn from each
     request's ask. SGLang queries batch_exists before it loads what exists:
     the query is the ask, misses included; the loads that follow are leases
     that are not asks, and exists() of one page is a probe."""

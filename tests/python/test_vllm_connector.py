@@ -137,7 +137,7 @@ def test_lookups_are_side_effect_free_and_salted(daemon):
 
 
 def test_each_request_is_asked_once_with_its_whole_chain(daemon):
-    """kvtierd's policies, admission gates and hit counters learn from each
+    """kvtierd's policies and hit counters learn from each
     request's ask. vLLM's scheduler probes a request's chain, again and again
     while it waits, and the worker leases only the blocks it loads: the first
     probe is the ask, misses included; the lease and the later probes are not."""
@@ -423,6 +423,24 @@ def test_tensor_parallel_offers_only_what_every_rank_holds(daemon):
         keys = [kv_vllm.block_key(h) for h in r.block_hashes]
         assert eng.connector._lookup_clients[0][1].invalidate(keys[3:4]) == 1   # rank 1 loses block 3
         assert eng.connector.get_num_new_matched_tokens(r, 0) == (48, False)
+
+
+def test_a_hybrid_models_requests_are_asked_once_each(daemon):
+    """A sliding-window group's leases name only its window's hits: they are
+    not asks, so a request is counted (and taught) once, by its full-attention
+    group's ask, whether it hit or not."""
+    shared = prompt(70, 128)
+    kw = dict(sliding_window=32)
+    with tiny_vllm.TinyEngine(kv_transfer_config=ktc(daemon), **kw) as eng:
+        eng.generate({"a": shared + [1]})
+    before = daemon.status()["stats"]
+    with tiny_vllm.TinyEngine(kv_transfer_config=ktc(daemon), **kw) as eng:
+        eng.generate({"b": shared + [2]})        # hits: 8 full-attention blocks + the window's 2
+        assert eng.worker_stats[0]["loaded_blocks"] == 8 + 2
+        eng.generate({"c": prompt(99, 130)})     # misses
+    after = daemon.status()["stats"]
+    d = {k: after[k] - before[k] for k in ("lookups", "lookup_hits", "blocks_hit")}
+    assert d == {"lookups": 2, "lookup_hits": 1, "blocks_hit": 8}, d
 
 
 def test_bad_configuration_is_refused_with_the_reason(daemon):

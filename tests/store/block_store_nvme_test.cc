@@ -1506,42 +1506,42 @@ TEST_F(BlockStoreNvmeTest, AnAskTeachesAndWhatIsLoadedAndStoredCountsAsUsed) {
   EXPECT_EQ(stats_.dropped_not_admitted.Get(), 6u);
 }
 
-// A request's store does not count again the blocks its lease counted
-// (tiers.nvme.admission_min_uses = 3): 0..3 stored (one use), leased (two),
-// stored again by the same session (still two: dropped); 4..7 stored by a
-// session whose last lookup was an unleased ask of them (it counted none:
-// three uses with the two stores before it: demoted).
-TEST_F(BlockStoreNvmeTest, AStoreSkipsOnlyWhatItsSessionsLastLeaseCounted) {
+// tiers.nvme.admission_min_uses = 3, one session. A lease counts its
+// blocks' uses, a store skips what the session's last lease counted, and
+// an unleased ask counts nothing and leaves that lease's blocks skipped:
+// 0..3 stored (1), leased (2), stored again after an ask of 4..7 (still 2);
+// 0, 1 leased again (3: demoted). 4..7 stored, then asked for twice (1).
+TEST_F(BlockStoreNvmeTest, UsesAreLeasesAndStoresAndAStoreSkipsWhatItsSessionsLeaseCounted) {
   nvme_admit_ = 3;
   Open(8);
   auto s = Session();
   Store(*s, 0, 8);
   EXPECT_EQ(LoadVerified(*s, 0, 4, nullptr, nullptr, BlockStore::Ask::kNo), 4u);
   store_->AfterReply(*s);
-  // A store of blocks already there (the request computed them anyway).
-  auto store_again = [&](uint64_t from) {
+  for (int twice = 0; twice < 2; ++twice) {
     std::vector<BlockKey> keys;
-    for (uint64_t i = from; i < from + 4; ++i) keys.push_back(KeyOf(i));
+    for (uint64_t i = 4; i < 8; ++i) keys.push_back(KeyOf(i));
     std::vector<BlockLocation> out(keys.size());
-    uint64_t ticket = 1;
-    auto need = store_->StoreBegin(*s, keys, &ticket, std::span(out));
-    ASSERT_TRUE(need.ok()) << need.status();
-    EXPECT_EQ(*need, 0u);
-    EXPECT_EQ(ticket, 0u);
-  };
-  store_again(0);  // counted by the lease: not again
-  store_again(4);  // a second use
+    uint64_t lease = 0;
+    ASSERT_EQ(*store_->Lookup(*s, keys, false, &lease, std::span(out), nullptr, nullptr, BlockStore::Ask::kYes), 4u);
+    store_->AfterReply(*s);
+  }
+  // The request stores 0..3 although they are there (it computed them).
   std::vector<BlockKey> keys;
-  for (uint64_t i = 4; i < 8; ++i) keys.push_back(KeyOf(i));
+  for (uint64_t i = 0; i < 4; ++i) keys.push_back(KeyOf(i));
   std::vector<BlockLocation> out(keys.size());
-  uint64_t lease = 0;
-  ASSERT_EQ(*store_->Lookup(*s, keys, false, &lease, std::span(out), nullptr, nullptr, BlockStore::Ask::kYes), 4u);
+  uint64_t ticket = 1;
+  auto need = store_->StoreBegin(*s, keys, &ticket, std::span(out));
+  ASSERT_TRUE(need.ok()) << need.status();
+  EXPECT_EQ(*need, 0u);
+  EXPECT_EQ(ticket, 0u);
+  EXPECT_EQ(LoadVerified(*s, 0, 2, nullptr, nullptr, BlockStore::Ask::kNo), 2u);
   store_->AfterReply(*s);
-  store_again(4);  // the ask counted nothing: a third use
   Store(*s, 100, 8);  // evicts 0..7
   SyncNvme();
-  EXPECT_EQ(OnNvme(*s, 0, 4), 0u) << "the lease's blocks were counted twice";
-  EXPECT_EQ(OnNvme(*s, 4, 4), 4u);
+  EXPECT_EQ(OnNvme(*s, 0, 2), 2u) << "stored and leased twice: three uses";
+  EXPECT_EQ(OnNvme(*s, 2, 2), 0u) << "the store after their lease (and an ask) counted them again";
+  EXPECT_EQ(OnNvme(*s, 4, 4), 0u) << "unleased asks counted uses";
 }
 
 // tiers.remote.admission_min_uses = 2 with write_policy "committed": a block
