@@ -370,9 +370,9 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         """Blocks of keys[:upto] every rank holds (a prefix): (count, any below
         the host tier, blocks the cost model declined). With `ask`, the lookup
         names all of `keys` as the request's ask: kvtierd's policies and hit
-        counters learn from it, misses included, once per
-        request (the worker's leases are then not asks). Without it they would
-        see only what the worker leases: the hits."""
+        counters learn from it, misses included, once per request (the
+        worker's leases are then not asks). Without it they would see only
+        what the worker leases: the hits."""
         n = len(keys) if upto is None else min(upto, len(keys))
         slow = False
         declined = 0
