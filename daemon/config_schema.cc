@@ -69,7 +69,7 @@ const ConfigKey kKeys[] = {
     {"tiers.host", "capacity", T::kBytes, Field<&Config::host_capacity>(), 0, 0, false, "per-tenant shared host arena"},
     {"tiers.host", "prefault", T::kBool, Field<&Config::host_prefault>(), 0, 0, false, "fault the arena in at start"},
     {"tiers.host", "policy", T::kString, Field<&Config::host_policy>(), 0, 0, false,
-     "adaptive (follows the best of the others), arc, lru, s3fifo, s3fifo-deep, tinylfu"},
+     "adaptive (follows the best of the others), arc, arc-cutoff, holds, lru, s3fifo, s3fifo-deep, tinylfu"},
     {"tiers.host", "high_watermark", T::kDouble, Field<&Config::host_high_watermark>(), 0.05, 1, true,
      "above this share of the arena, evict in the background"},
     {"tiers.host", "low_watermark", T::kDouble, Field<&Config::host_low_watermark>(), 0.05, 1, true,

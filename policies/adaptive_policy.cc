@@ -54,9 +54,9 @@ void AdaptivePolicy::Remove(uint32_t h) {
   for (Expert& e : experts_) e.pol->Remove(h);
 }
 void AdaptivePolicy::ObserveRequest(std::span<const uint64_t> chain, std::span<const uint32_t> depths,
-                                    uint32_t block_tokens) {
+                                    uint32_t block_tokens, size_t held) {
   for (Expert& e : experts_) {
-    if (e.pol->ObservesRequests()) e.pol->ObserveRequest(chain, depths, block_tokens);
+    if (e.pol->ObservesRequests()) e.pol->ObserveRequest(chain, depths, block_tokens, held);
   }
 }
 std::optional<uint32_t> AdaptivePolicy::PickVictim(absl::FunctionRef<bool(uint32_t)> evictable) {
@@ -130,13 +130,14 @@ std::vector<AdaptivePolicy::ExpertScore> AdaptivePolicy::scores() const {
 
 double AdaptivePolicy::Serve(Shadow& s, std::span<const uint64_t> chain, std::span<const uint32_t> at,
                              uint64_t block_tokens, absl::FunctionRef<double(size_t)> value) {
+  double got = 0;
+  size_t held = 0;
+  for (; held < at.size() && s.handle_of.contains(chain[at[held]]); ++held) got += value(at[held]);
   if (s.pol->ObservesRequests()) {
     sampled_.clear();
     for (uint32_t j : at) sampled_.push_back(chain[j]);
-    s.pol->ObserveRequest(sampled_, at, static_cast<uint32_t>(block_tokens));
+    s.pol->ObserveRequest(sampled_, at, static_cast<uint32_t>(block_tokens), held);
   }
-  double got = 0;
-  for (size_t k = 0; k < at.size() && s.handle_of.contains(chain[at[k]]); ++k) got += value(at[k]);
   // Leaves first, root last, as the tier sees a request: recency policies
   // then evict a chain's leaves before its parents.
   for (size_t k = at.size(); k-- > 0;) {
@@ -202,6 +203,7 @@ void AdaptivePolicy::Observe(std::span<const uint64_t> chain, uint32_t block_tok
   // A new leader must lead by more than switch_z standard deviations of the
   // per-request difference between the two (a sum of decayed differences
   // has about that spread when neither is better).
+  if (requests_ <= warmup_) return;
   const double q = spread_[std::min(best, leader) * n + std::max(best, leader)];
   if (best != leader && experts_[best].score - experts_[leader].score > switch_z_ * std::sqrt(q)) {
     leader_.store(best, std::memory_order_relaxed);

@@ -76,9 +76,9 @@ class ChainGuard final : public EvictionPolicy, private HandleKeys {
   size_t bookkeeping() const override { return inner_->bookkeeping() + lists_; }
   absl::string_view name() const override { return inner_->name(); }
   bool ObservesRequests() const override { return inner_->ObservesRequests(); }
-  void ObserveRequest(std::span<const uint64_t> chain, std::span<const uint32_t> depths,
-                      uint32_t block_tokens) override {
-    inner_->ObserveRequest(chain, depths, block_tokens);
+  void ObserveRequest(std::span<const uint64_t> chain, std::span<const uint32_t> depths, uint32_t block_tokens,
+                      size_t held) override {
+    inner_->ObserveRequest(chain, depths, block_tokens, held);
   }
 
   EvictionPolicy* inner() const { return inner_.get(); }

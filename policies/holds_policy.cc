@@ -149,8 +149,9 @@ class HoldsPolicy final : public EvictionPolicy {
   absl::string_view name() const override { return "holds"; }
 
   bool ObservesRequests() const override { return true; }
-  void ObserveRequest(std::span<const uint64_t> chain, std::span<const uint32_t> depths,
-                      uint32_t block_tokens) override {
+  void ObserveRequest(std::span<const uint64_t> chain, std::span<const uint32_t> depths, uint32_t block_tokens,
+                      size_t held) override {
+    (void)held;  // it learns from every ask, hit or not
     const auto depth = [&](size_t j) -> uint64_t { return depths.empty() ? j : depths[j]; };
     ++clock_;
     Decay();

@@ -15,13 +15,14 @@ absl::StatusOr<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(absl::string_
   if (name == "s3fifo-deep") return MakeS3FifoPolicy(kDeepS3FifoOptions);
   if (name == "tinylfu") return MakeTinyLfuPolicy();
   if (name == "arc") return MakeArcPolicy();
+  if (name == "arc-cutoff") return MakeArcPolicy(kArcCutoffOptions);
   if (name == "holds") return MakeHoldsPolicy();
   if (name == "adaptive") {
     ASSIGN_OR_RETURN(std::unique_ptr<AdaptivePolicy> p, AdaptivePolicy::Create({}));
     return std::unique_ptr<EvictionPolicy>(std::move(p));
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown eviction policy \"", name, "\"; available: adaptive, arc, holds, lru, s3fifo, s3fifo-deep, tinylfu"));
+      absl::StrCat("unknown eviction policy \"", name, "\"; available: adaptive, arc, arc-cutoff, holds, lru, s3fifo, s3fifo-deep, tinylfu"));
 }
 
 }  // namespace kvtier

@@ -52,9 +52,9 @@ class SparseHandleAdapter final : public EvictionPolicy {
   size_t bookkeeping() const override { return dense_->bookkeeping() + dense_of_.size() + free_.size(); }
   absl::string_view name() const override { return dense_->name(); }
   bool ObservesRequests() const override { return dense_->ObservesRequests(); }
-  void ObserveRequest(std::span<const uint64_t> chain, std::span<const uint32_t> depths,
-                      uint32_t block_tokens) override {
-    dense_->ObserveRequest(chain, depths, block_tokens);  // keys, not handles
+  void ObserveRequest(std::span<const uint64_t> chain, std::span<const uint32_t> depths, uint32_t block_tokens,
+                      size_t held) override {
+    dense_->ObserveRequest(chain, depths, block_tokens, held);  // keys, not handles
   }
 
  private:

@@ -67,7 +67,7 @@ void BlockStore::AfterReply(SessionHoldings& s) {
     ChainGuard* g = t.PolicyForLocked(t.host->SlotSizeFor(s.ns.block_bytes));
     // The holds policy's plan and deadlines (alone, or as an adaptive
     // expert) are the tier's: its lock.
-    if (g->ObservesRequests()) g->ObserveRequest(s.ask_chain, {}, s.ns.block_tokens);
+    if (g->ObservesRequests()) g->ObserveRequest(s.ask_chain, {}, s.ns.block_tokens, s.ask_held);
     if (!adaptive_) return;
     a = static_cast<AdaptivePolicy*>(g->inner());
   }

@@ -116,7 +116,7 @@ std::vector<BlockRecord*> BlockStore::FindAll(uint32_t ns, std::span<const Block
   return out;
 }
 
-void BlockStore::NoteChain(SessionHoldings& s, std::span<const BlockKey> keys, bool lease, bool ask) {
+void BlockStore::NoteChain(SessionHoldings& s, std::span<const BlockKey> keys, bool lease, bool ask, size_t held) {
   // A request's uses are what it leased (to load) and what it stored: an
   // unleased ask's blocks may never be loaded, or be loaded after more
   // were stored; the lease that follows it counts what is. An unleased
@@ -128,6 +128,7 @@ void BlockStore::NoteChain(SessionHoldings& s, std::span<const BlockKey> keys, b
   }
   s.observe_pending = ask && !keys.empty() && observes_;
   if (!s.observe_pending) return;
+  s.ask_held = held;
   if (lease) {
     s.ask_chain = s.last_chain;
   } else {
@@ -299,7 +300,7 @@ absl::StatusOr<uint32_t> BlockStore::Lookup(SessionHoldings& s, std::span<const 
     }
     // Its request's ask came before: the policies and counters learned
     // from that; this lease counts its blocks' uses and pins them.
-    NoteChain(s, keys, /*lease=*/true, /*ask=*/false);
+    NoteChain(s, keys, /*lease=*/true, /*ask=*/false, /*held=*/h.hit);
     return LeaseHits(s, h, lease_id);
   }
   books_.stats->lookups.Add();
@@ -310,7 +311,7 @@ absl::StatusOr<uint32_t> BlockStore::Lookup(SessionHoldings& s, std::span<const 
   th.lookups.fetch_add(1, kRelaxed);
   th.blocks_queried.fetch_add(keys.size(), kRelaxed);
   th.tokens_queried.fetch_add(keys.size() * s.ns.block_tokens, kRelaxed);
-  NoteChain(s, keys, lease, /*ask=*/true);
+  NoteChain(s, keys, lease, /*ask=*/true, h.hit);
   if (h.hit == 0) return 0u;
   books_.stats->lookup_hits.Add();
   books_.stats->blocks_hit.Add(h.hit);

@@ -93,6 +93,7 @@ struct SessionHoldings {
   // The last ask's chain (a leased lookup's, or an unleased ask's), which
   // the policies that learn from requests take at AfterReply.
   std::vector<uint64_t> ask_chain;
+  size_t ask_held = 0;  // how many of its first blocks the tiers held (its hits)
   bool observe_pending = false;
   // Blocks to write to the shared tier after the reply (write_policy), each
   // with an io_ref taken for it.
@@ -420,8 +421,8 @@ class BlockStore {
   void Unpin(SessionHoldings& s, const std::vector<BlockRecord*>& blocks);
   // Keeps a leased lookup's chain (last_chain), its blocks queued as uses
   // for the admission gates, and an ask's (ask_chain) for the policies
-  // (AfterReply).
-  void NoteChain(SessionHoldings& s, std::span<const BlockKey> keys, bool lease, bool ask);
+  // (AfterReply), with how many of its first blocks the tiers held.
+  void NoteChain(SessionHoldings& s, std::span<const BlockKey> keys, bool lease, bool ask, size_t held);
   // Counts a store's blocks as used for the admission gates, except those
   // the session's last lease counted (last_chain).
   void CountStoreUses(const SessionHoldings& s, std::span<const BlockKey> keys);

@@ -159,12 +159,16 @@ TEST(ConfigTest, WrongTypesAndRangesNameTheKey) {
   EXPECT_FALSE(ParseConfig("[daemon]\ndevice = \"tpu\"\n", "k.toml").ok());
   EXPECT_FALSE(ParseConfig("[daemon]\nlog_level = \"chatty\"\n", "k.toml").ok());
   EXPECT_FALSE(ParseConfig("[tiers.host]\npolicy = \"mru\"\n", "k.toml").ok());
-  // The NVMe tier's policy: any but adaptive.
+  // The NVMe tier's policy: any but the host-only ones.
   EXPECT_TRUE(ParseConfig("[tiers.nvme]\npolicy = \"s3fifo\"\n", "k.toml").ok());
   EXPECT_FALSE(ParseConfig("[tiers.nvme]\npolicy = \"mru\"\n", "k.toml").ok());
   auto na = ParseConfig("[tiers.nvme]\npolicy = \"adaptive\"\n", "k.toml");
   ASSERT_FALSE(na.ok());
   EXPECT_NE(Message(na).find("host-only"), std::string::npos) << Message(na);
+  auto nc = ParseConfig("[tiers.nvme]\npolicy = \"arc-cutoff\"\n", "k.toml");
+  ASSERT_FALSE(nc.ok()) << "its cutoff needs the host tier's asks";
+  EXPECT_NE(Message(nc).find("host-only"), std::string::npos) << Message(nc);
+  EXPECT_TRUE(ParseConfig("[tiers.host]\npolicy = \"arc-cutoff\"\n", "k.toml").ok());
   // Watermarks: fractions, the low one not above the high one.
   auto w = ParseConfig("[tiers.host]\nhigh_watermark = 0.5\nlow_watermark = 0.7\n", "k.toml");
   ASSERT_FALSE(w.ok());

@@ -101,10 +101,15 @@ std::vector<Chain> ReuseOnceWithinReach(uint64_t first_key, int conversations, u
   return out;
 }
 
-uint64_t HitsOf(const std::string& name, const std::vector<Chain>& w, uint64_t cap, std::string* leader = nullptr) {
+// Hits of the requests from the from-th on.
+uint64_t HitsOf(const std::string& name, const std::vector<Chain>& w, uint64_t cap, std::string* leader = nullptr,
+                size_t from = 0) {
   TierSim t(std::move(MakeEvictionPolicy(name)).value(), cap);
   uint64_t hits = 0;
-  for (const Chain& c : w) hits += t.Serve(c);
+  for (size_t i = 0; i < w.size(); ++i) {
+    const uint64_t got = t.Serve(w[i]);
+    if (i >= from) hits += got;
+  }
   if (leader != nullptr && t.adaptive != nullptr) *leader = std::string(t.adaptive->leader());
   return hits;
 }
@@ -120,13 +125,17 @@ TEST(AdaptivePolicyTest, OnAScanHeavyWorkloadItFollowsAScanResistantExpert) {
   EXPECT_GE(double(adaptive), 0.95 * double(best)) << "lru " << lru << ", best " << best;
 }
 
+// Counted after the warm-up (no switch before it: the first expert,
+// s3fifo-deep, leads until then).
 TEST(AdaptivePolicyTest, WhenRecencyWinsItFollowsLru) {
   const auto w = ReuseOnceWithinReach(1, 3000, 400);
-  const uint64_t lru = HitsOf("lru", w, 400);
-  const uint64_t others = std::max(HitsOf("s3fifo", w, 400), HitsOf("tinylfu", w, 400));
+  const size_t from = AdaptivePolicy::Options{}.warmup_requests + 500;
+  ASSERT_GT(w.size(), 2 * from);
+  const uint64_t lru = HitsOf("lru", w, 400, nullptr, from);
+  const uint64_t others = std::max(HitsOf("s3fifo", w, 400, nullptr, from), HitsOf("tinylfu", w, 400, nullptr, from));
   ASSERT_GT(lru, others * 3 / 2) << "the workload must separate the experts for the test to mean anything";
   std::string leader;
-  const uint64_t adaptive = HitsOf("adaptive", w, 400, &leader);
+  const uint64_t adaptive = HitsOf("adaptive", w, 400, &leader, from);
   EXPECT_EQ(leader, "lru");
   EXPECT_GE(double(adaptive), 0.95 * double(lru)) << "lru " << lru << ", others " << others;
 }
@@ -248,7 +257,8 @@ TEST(AdaptivePolicyTest, ASampledBlockScoresOnlyWhenTheSampledPartOfItsPrefixHit
 TEST(AdaptivePolicyTest, OneLuckyRequestDoesNotChangeTheLeader) {
   const auto w = HotAndScans(1, 400);
   auto make = [](double z) {
-    return std::move(AdaptivePolicy::Create({.capacity_blocks = 200, .switch_z = z, .experts = {"lru", "s3fifo"}}))
+    return std::move(AdaptivePolicy::Create(
+                         {.capacity_blocks = 200, .switch_z = z, .warmup_requests = 0, .experts = {"lru", "s3fifo"}}))
         .value();
   };
   auto eager = make(0);
@@ -290,6 +300,43 @@ TEST(AdaptivePolicyTest, ItDoesNotFlipOnNoise) {
   }
   ASSERT_GE(eager->switches(), 20u) << "the experts' shadows must differ by noise for the test to mean anything";
   EXPECT_LE(fixed->switches(), eager->switches() / 10) << "eager: " << eager->switches();
+}
+
+// Before its scores span what they remember, a lead says how an expert
+// fills a cache, not how it keeps one: no switch during the warm-up, however
+// clear the lead, and the same lead switches right after it.
+TEST(AdaptivePolicyTest, NoSwitchDuringTheWarmUp) {
+  const auto w = HotAndScans(1, 400);
+  auto make = [](uint64_t warmup) {
+    return std::move(AdaptivePolicy::Create({.capacity_blocks = 200,
+                                             .switch_z = 1,
+                                             .warmup_requests = warmup,
+                                             .experts = {"lru", "s3fifo"}}))
+        .value();
+  };
+  auto eager = make(0);
+  auto waits = make(300);
+  size_t first_switch = w.size(), waited_switch = w.size();
+  for (size_t i = 0; i < w.size(); ++i) {
+    eager->Observe(w[i]);
+    waits->Observe(w[i]);
+    if (eager->switches() > 0 && first_switch == w.size()) first_switch = i;
+    if (waits->switches() > 0 && waited_switch == w.size()) waited_switch = i;
+  }
+  ASSERT_LT(first_switch, 250u) << "the lead must be clear early for the test to mean anything";
+  EXPECT_EQ(waited_switch, 300u) << "requests are counted from 1: the 301st may switch";
+  EXPECT_EQ(waits->leader(), "s3fifo");
+  EXPECT_EQ(waits->switches(), 1u);
+  EXPECT_EQ(AdaptivePolicy::Options{}.warmup_requests, 2000u) << "the scores' memory at the default decay";
+}
+
+// kvtierd feeds a policy the asks (ObserveRequest) only when it asks for
+// them: the default must, or its arc-cutoff expert would never see a
+// request and run as plain ARC while its shadow runs with the cutoff.
+TEST(AdaptivePolicyTest, TheDefaultLearnsFromAsks) {
+  auto d = std::move(MakeEvictionPolicy(kDefaultHostPolicy)).value();
+  EXPECT_TRUE(d->ObservesRequests());
+  EXPECT_TRUE(IsHostOnlyPolicy(kDefaultHostPolicy));
 }
 
 TEST(AdaptivePolicyTest, RefusesBadExpertLists) {

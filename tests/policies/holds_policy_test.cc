@@ -31,7 +31,7 @@ class Tier {
   }
   // Returns the blocks hit.
   size_t Serve(const std::vector<uint64_t>& chain, uint32_t block_tokens = 512) {
-    if (g_.ObservesRequests()) g_.ObserveRequest(chain, {}, block_tokens);
+    if (g_.ObservesRequests()) g_.ObserveRequest(chain, {}, block_tokens, 0);
     if (adaptive_ != nullptr) adaptive_->Observe(chain, block_tokens);
     size_t hit = 0;
     while (hit < chain.size() && resident_.contains(chain[hit])) ++hit;
@@ -147,8 +147,8 @@ TEST(HoldsPolicyTest, AsAnAdaptiveExpertItLeadsWhereItWins) {
       EXPECT_EQ(view->sample_rate(), 1.0);
     }
   }
-  std::unique_ptr<AdaptivePolicy> plain = std::move(AdaptivePolicy::Create({})).value();
-  EXPECT_FALSE(plain->ObservesRequests()) << "the default experts learn nothing from ObserveRequest";
+  std::unique_ptr<AdaptivePolicy> plain = std::move(AdaptivePolicy::Create({.experts = {"lru", "arc"}})).value();
+  EXPECT_FALSE(plain->ObservesRequests()) << "these experts learn nothing from ObserveRequest";
 }
 
 // Without requests to observe there is nothing to learn from: it evicts

@@ -86,7 +86,7 @@ TEST(S3FifoPolicyTest, IsAvailableByConfigName) {
   EXPECT_EQ((*p)->name(), "s3fifo");
   auto bad = MakeEvictionPolicy("lfu");
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find("arc, holds, lru, s3fifo, s3fifo-deep, tinylfu"), std::string::npos);
+  EXPECT_NE(bad.status().message().find("arc, arc-cutoff, holds, lru, s3fifo, s3fifo-deep, tinylfu"), std::string::npos);
 }
 
 }  // namespace

@@ -89,7 +89,7 @@ TEST_P(SimParityTest, TheConversationTraceHitsAsSimulated) {
       << "daemon " << r.daemon_hit << " blocks hit, simulator " << r.simulated_hit;
 }
 
-INSTANTIATE_TEST_SUITE_P(Policies, SimParityTest, ::testing::Values("adaptive", "lru", "s3fifo-deep", "arc", "tinylfu", "holds"),
+INSTANTIATE_TEST_SUITE_P(Policies, SimParityTest, ::testing::Values("adaptive", "lru", "s3fifo-deep", "arc", "arc-cutoff", "tinylfu", "holds"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& c : n) c = (c == '-') ? '_' : c;

@@ -452,7 +452,7 @@ int main(int argc, char** argv) {
                  "simulate: host=CAPACITY (a comma list gives one set of rows each) and nvme=CAPACITY, in "
                  "tokens (500K, 3M) or bytes (4GiB, with --block-bytes)");
   app.add_option("--policies", sim.policies,
-                 "simulate: policies to compare (default lru,s3fifo,s3fifo-deep,tinylfu,arc,adaptive,holds, then hold-optimum "
+                 "simulate: policies to compare (default lru, s3fifo, s3fifo-deep, tinylfu, arc, arc-cutoff, adaptive, holds, then hold-optimum "
                  "with the host tier alone, then belady; also none, and hold-oracle: the hold optimum's plan, its "
                  "statistics known in advance, run as a tier)")
       ->delimiter(',');

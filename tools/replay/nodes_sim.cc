@@ -235,7 +235,7 @@ absl::StatusOr<NodesSimRow> SimulateNodes(const Workload& w, const NodesSimOptio
     n.gpu_free.push(done);
     row.ttft_s.push_back(done - arrival);
 
-    if (n.host.Observes()) n.host.Observe(ids, bt, chain);
+    if (n.host.Observes()) n.host.Observe(ids, bt, hit, chain);
     std::vector<uint32_t>& pin = pinned[k];
     for (size_t j = 0; j < hit; ++j) pin[ids[j]] = static_cast<uint32_t>(r);
     for (size_t j = ids.size(); j-- > 0;) {

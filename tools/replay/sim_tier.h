@@ -96,11 +96,12 @@ struct SimTier {
   // Whether the policy learns from requests (Observe), as kvtierd feeds it
   // each lookup's chain.
   bool Observes() const { return adaptive != nullptr || (pol != nullptr && pol->ObservesRequests()); }
-  // One request's chain of block ids, root first, in blocks of block_tokens.
-  void Observe(const std::vector<uint32_t>& ids, uint64_t block_tokens, std::vector<uint64_t>& chain) {
+  // One request's chain of block ids, root first, in blocks of block_tokens,
+  // of which the tiers held the first `held` (its hit prefix).
+  void Observe(const std::vector<uint32_t>& ids, uint64_t block_tokens, size_t held, std::vector<uint64_t>& chain) {
     chain.clear();
     for (uint32_t id : ids) chain.push_back(uint64_t{id} + 1);
-    if (pol->ObservesRequests()) pol->ObserveRequest(chain, {}, static_cast<uint32_t>(block_tokens));
+    if (pol->ObservesRequests()) pol->ObserveRequest(chain, {}, static_cast<uint32_t>(block_tokens), held);
     if (adaptive != nullptr) adaptive->Observe(chain, static_cast<uint32_t>(block_tokens));
   }
   // position: tokens before the block in the chain it is stored with.

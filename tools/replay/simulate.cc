@@ -250,7 +250,7 @@ absl::StatusOr<SimRow> SimulatePolicy(const Workload& w, const std::string& poli
     if (gate.enabled()) {
       for (uint32_t id : ids) gate.Record(uint64_t{id} + 1);
     }
-    if (host.Observes()) host.Observe(ids, bt, chain);
+    if (host.Observes()) host.Observe(ids, bt, hit, chain);
     // One host eviction (the victim demoted to NVMe, or dropped).
     auto evict_one = [&](absl::FunctionRef<bool(uint32_t)> evictable) {
       std::optional<uint32_t> v = host.pol->PickVictim(evictable);

@@ -52,7 +52,7 @@ struct SimOptions {
   uint64_t capacity_blocks = 0;  // the host tier; 0 with infinite
   uint64_t nvme_blocks = 0;      // 0: no NVMe tier
   bool infinite = false;         // one row with unbounded capacity instead
-  std::vector<std::string> policies = {"lru", "s3fifo", "s3fifo-deep", "tinylfu", "arc", "adaptive", "holds", "belady"};
+  std::vector<std::string> policies = {"lru", "s3fifo", "s3fifo-deep", "tinylfu", "arc", "arc-cutoff", "adaptive", "holds", "belady"};
   std::string default_policy{kDefaultHostPolicy};  // the daemon's default, marked in the output
   std::string nvme_policy = "lru";     // as tiers.nvme.policy (belady rows: belady)
   bool demote = true;                  // host evictions go to NVMe (else dropped)
