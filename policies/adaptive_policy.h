@@ -170,8 +170,9 @@ class AdaptivePolicy final : public EvictionPolicy {
   // Every expert's, plus the shadows' (each bounded by max_shadow_blocks).
   size_t bookkeeping() const override;
   absl::string_view name() const override { return "adaptive"; }
-  // When an expert learns from requests (holds): the experts over the
-  // tier's handles, under the caller's lock (Observe feeds the shadows).
+  // When an expert learns from requests (holds, arc-cutoff: the default's
+  // does): the experts over the tier's handles, under the caller's lock
+  // (Observe feeds the shadows).
   bool ObservesRequests() const override { return observes_; }
   void ObserveRequest(std::span<const uint64_t> chain, std::span<const uint32_t> depths, uint32_t block_tokens,
                       size_t held) override;

@@ -84,7 +84,8 @@ class EvictionPolicy {
   // (the sparse-handle adapter), ignore it.
   virtual void ShareKeys(const HandleKeys* keys) { (void)keys; }
   // Policies that learn from every request, its misses included ("holds",
-  // and the adaptive policy with it as an expert): true, and they are fed
+  // "arc-cutoff", and the adaptive policy with either as an expert): true,
+  // and they are fed
   // each looked-up chain of block identities (root first, never 0) through
   // ObserveRequest, under the caller's lock, once per request, after the
   // lookup touched its hits and before the blocks it missed are inserted.
@@ -182,7 +183,8 @@ std::unique_ptr<EvictionPolicy> MakeHoldsPolicy(const HoldsOptions& opts = {});
 
 
 // Policies that learn from the host tier's lookups (the adaptive policy's
-// shadows, the holds policy's plan), so only the host tier can run them.
+// shadows, the holds policy's plan, arc-cutoff's cutoff), so only the host
+// tier can run them.
 inline bool IsHostOnlyPolicy(absl::string_view name) {
   return name == "adaptive" || name == "holds" || name == "arc-cutoff";
 }
