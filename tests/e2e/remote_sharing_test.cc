@@ -613,8 +613,9 @@ TEST(RemoteSharingTest, PublishesDoNotWaitForTheNodesOwnHandles) {
 // from 8 sessions while alice, on another node, looks up 300 blocks her
 // first node published. Bob's probes are throttled and his adopted records
 // bounded on his own node; alice keeps >= 90% of her remote hits and her
-// lookups' p99 within twice the probe budget (80% and three times under the
-// sanitizers, whose slower probes run into the budget on a loaded machine).
+// lookups' p99 within twice the probe budget (80% and three times under
+// ASan, five under TSan, whose slower probes run into the budget on a loaded
+// machine).
 TEST(RemoteSharingTest, AFloodingTenantCostsItselfNotTheOthers) {
   auto cluster = RedisClusterProcess::Start({"alice", "bob"}, "--tls");
   if (cluster == nullptr) GTEST_SKIP() << "redis-server is not installed";
@@ -679,7 +680,14 @@ TEST(RemoteSharingTest, AFloodingTenantCostsItselfNotTheOthers) {
   for (std::thread& t : flood) t.join();
   std::sort(ms.begin(), ms.end());
   const double p99 = ms[ms.size() * 99 / 100];
-#ifdef KVTIER_SANITIZER
+#if defined(KVTIER_TSAN)
+  // TSan slows every lookup of bob's eight flooding sessions too, on the
+  // same cores, while .ci/run builds the fuzz targets beside the suite: p99
+  // 69.3 ms was seen there with bob throttled as meant. The budget itself is
+  // held to 2x by the plain build; TSan's run is for races.
+  constexpr double kSlack = 5;
+  constexpr uint32_t kHitsFloor = 240;
+#elif defined(KVTIER_SANITIZER)
   constexpr double kSlack = 3;  // instrumented, and .ci/run builds the next suite beside it (p99 40.8 ms seen)
   // A probe that the loaded machine keeps past its budget is a miss: 260 of
   // 300 were seen under ASan with the TSan tree building beside it (p99
