@@ -342,6 +342,18 @@ void Daemon::Stop() {
   }
 }
 
+void Daemon::TrimHeap() {
+  // Blocks freed anywhere: host evictions (demoted or dropped), evictions
+  // from the tiers below, invalidations.
+  const uint64_t freed = stats_.evictions.Get() + stats_.nvme_evictions.Get() + stats_.lower_evictions.Get() +
+                         stats_.invalidations.Get();
+  if (const std::optional<uint64_t> took = heap_trimmer_.MaybeTrim(MonotonicNanos(), freed, store_->indexed_blocks())) {
+    stats_.heap_trims.Add();
+    stats_.heap_trim_ns.Add(*took);
+    spdlog::debug("event=heap_trim took_us={} indexed_blocks={}", *took / 1000, store_->indexed_blocks());
+  }
+}
+
 std::string Daemon::StatusLine() const {
   uint64_t used = 0, capacity = 0, blocks = 0;
   for (const TenantUsage& u : store_->Usage()) {
@@ -405,6 +417,7 @@ absl::Status Daemon::Run() {
     ExpirePendingAttaches();
     ReapSessions();
     store_->CalibrateNvme(MonotonicNanos());
+    TrimHeap();
     if (drain_requested_ && !stop_.load(std::memory_order_acquire)) {
       Drain();
       stop_.store(true, std::memory_order_release);

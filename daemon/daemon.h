@@ -24,6 +24,7 @@
 #include "store/block_store.h"
 #include "events/kv_events.h"
 #include "daemon/config.h"
+#include "daemon/heap_trim.h"
 #include "store/gpu_cache.h"
 #include "daemon/log_limiter.h"
 #include "daemon/metrics.h"
@@ -107,6 +108,9 @@ class Daemon {
   void OnSessionSocket(int fd, uint64_t session_id, uint32_t events);
   void OnSessionGone(uint64_t session_id, absl::string_view why);
   void ReapSessions();
+  // Gives the heap's free pages back once the tiers have churned
+  // (daemon/heap_trim.h). Control loop.
+  void TrimHeap();
   // Frees the namespaces (of `tenant` only, when given) that no session
   // uses and no block is left of; drops their GPU copies. Control loop.
   void FreeUnusedNamespaces(std::optional<uint16_t> tenant = std::nullopt);
@@ -152,6 +156,7 @@ class Daemon {
 
   Config config_;
   DaemonStats stats_;
+  HeapTrimmer heap_trimmer_;
   ServiceNotifier notifier_;
   ConfigLoader loader_;
   std::unique_ptr<MetricsServer> metrics_;

@@ -251,6 +251,12 @@ std::string PrometheusText(const StatusSnapshot& s, bool detailed) {
   w.Family("kvtier_namespaces_freed_total", "counter",
            "Namespaces freed because no session used them and no block of theirs was left.");
   w.Sample("kvtier_namespaces_freed_total", "", double(st.namespaces_freed.Get()));
+  w.Family("kvtier_heap_trims_total", "counter",
+           "Times kvtierd gave its heap's free pages back to the kernel after its tiers evicted an eighth of their "
+           "blocks.");
+  w.Sample("kvtier_heap_trims_total", "", double(st.heap_trims.Get()));
+  w.Family("kvtier_heap_trim_seconds_total", "counter", "Time those trims took, in all.");
+  w.Sample("kvtier_heap_trim_seconds_total", "", double(st.heap_trim_ns.Get()) / 1e9);
   w.Family("kvtier_cascades_total", "counter",
            "Blocks the cascade moved one lower tier down (moved), or tried to and left in place (failed: a read or "
            "write failed, no room below, or the block was used meanwhile).");

@@ -316,6 +316,8 @@ json StatsJson(const DaemonStats& s) {
              {"protocol_errors", s.protocol_errors.Get()},
              {"log_lines_suppressed", s.log_lines_suppressed.Get()},
              {"namespaces_freed", s.namespaces_freed.Get()},
+             {"heap_trims", s.heap_trims.Get()},
+             {"heap_trim_ms", static_cast<double>(s.heap_trim_ns.Get()) / 1e6},
              {"cascades", s.cascades.Get()},
              {"cascades_failed", s.cascades_failed.Get()},
              {"lower_evictions", s.lower_evictions.Get()}};  // from tiers below the first

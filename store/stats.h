@@ -97,6 +97,9 @@ struct DaemonStats {
   Counter log_lines_suppressed;
   // Namespaces freed: no session and no block left (their handles are reused).
   Counter namespaces_freed;
+  // Times kvtierd gave the heap's free pages back to the kernel after its
+  // tiers churned (daemon/heap_trim.h), and the time that took in all.
+  Counter heap_trims, heap_trim_ns;
 
   // Lookups that take a lease are the engine's commitment to a request; they
   // feed hit statistics. Lookups without a lease (scheduler probes that may

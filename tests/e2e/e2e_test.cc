@@ -456,6 +456,28 @@ TEST(E2eTest, FullHostTierEvictsUnpinnedBlocksAndRefusesOnlyWhenAllArePinned) {
   EXPECT_EQ(StatusInt(d, "stats", "store_refused_no_space"), 1);
 }
 
+// A tier that evicts frees memory all over kvtierd's heap; once an eighth
+// of its blocks (at least 4,096) have gone, the control loop gives the free
+// pages back to the kernel (daemon/heap_trim.h) and says so in status.
+TEST(E2eTest, AChurningTierGivesItsHeapsFreePagesBack) {
+  DaemonProcess d("[tiers.host]\ncapacity = \"1MiB\"\n");  // 256 blocks of 4 KiB
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  auto c = AttachTo(d, testing::TestNamespace(4 << 10));
+  ASSERT_NE(c, nullptr);
+  for (uint32_t p = 0; p < 100; ++p) ASSERT_TRUE(StoreWithPayloads(*c, PromptKeys(*c, p, 2)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // the control loop turns at least once a second
+  EXPECT_EQ(StatusInt(d, "stats", "heap_trims"), 0) << "200 blocks in a 256-block tier: nothing evicted";
+  for (uint32_t p = 100; p < 100 + 6000 / 16; ++p) ASSERT_TRUE(StoreWithPayloads(*c, PromptKeys(*c, p, 16)));
+  ASSERT_GE(TierInt(d, "evictions"), 4096);
+#if defined(__GLIBC__)
+  EXPECT_TRUE(testing::Eventually([&] { return StatusInt(d, "stats", "heap_trims") >= 1; }, std::chrono::seconds(10)))
+      << d.Log();
+  // Once per eighth of the tier's blocks but at least 4,096: 5,900 evictions
+  // make one trim, not one a turn.
+  EXPECT_EQ(StatusInt(d, "stats", "heap_trims"), 1);
+#endif
+}
+
 // The same workload, round after round, on the default policy (adaptive):
 // once the first rounds have filled the tier, the policies' bookkeeping and
 // the daemon's anonymous memory stay flat. Before, the adaptive policy's
