@@ -188,6 +188,11 @@ class LoadSpec:
     ranges: list           # [BlockRange]
     is_async: bool
     tokens: int            # tokens the load covers
+    # The offer includes blocks kvtierd priced "recompute" (always_load):
+    # they are not in a lease until prefetched, so the worker prefetches
+    # before its one leased lookup rather than after a first one (each lease
+    # counts its blocks as used: two would count one request's use twice).
+    prefetch: bool = False
 
 
 @dataclasses.dataclass
@@ -219,6 +224,7 @@ class _Plan:
     start: int             # first block to load
     end: int               # one past the last
     is_async: bool
+    prefetch: bool = False  # LoadSpec.prefetch
 
 
 class _Options:
@@ -366,9 +372,10 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         self._retry_at = time.monotonic() + 1.0
 
     def _present(self, clients, keys: list, cost: bool, upto: int | None = None,
-                 ask: bool = False) -> tuple[int, bool, int]:
+                 ask: bool = False) -> tuple[int, bool, int, bool]:
         """Blocks of keys[:upto] every rank holds (a prefix): (count, any below
-        the host tier, blocks the cost model declined). With `ask`, the lookup
+        the host tier, blocks the cost model declined, whether the count takes
+        in blocks some rank's kvtierd priced "recompute"). With `ask`, the lookup
         names all of `keys` as the request's ask: kvtierd's policies and hit
         counters learn from it, misses included, once per request (the
         worker's leases are then not asks). Without it they would see only
@@ -388,7 +395,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                 hit = min(n, hit + r.recompute_blocks)
             n = min(n, hit)
             slow = slow or not _FAST_TIERS.issuperset(r.tiers[:n])
-        return n, slow, declined
+        priced = any(r.hit_blocks < n for r in results)
+        return n, slow, declined, priced
 
     def _plan(self, request, num_computed_tokens: int) -> _Plan | None:
         if not self._servable:
@@ -418,11 +426,11 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             # part way is not asked again: a lost ask, never a second one).
             self._asked.add(request.request_id)
             try:
-                end, slow = self._present_all(clients, keys, start, limit, ask)
+                end, slow, prefetch = self._present_all(clients, keys, start, limit, ask)
             except (ValueError, TypeError, RuntimeError) as e:
                 if isinstance(e, KvtierError):
                     raise
-                end, slow = self._present_all(clients, [block_key(h) for h in keys], start, limit, ask)
+                end, slow, prefetch = self._present_all(clients, [block_key(h) for h in keys], start, limit, ask)
         except KvtierError as e:
             self._drop_clients(e)
             return None
@@ -430,24 +438,28 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             return None
         mode = self._opts.load_mode
         is_async = mode == "async" or (mode == "auto" and slow)
-        return _Plan(start, end, is_async)
+        return _Plan(start, end, is_async, prefetch)
 
-    def _present_all(self, clients, keys: list, start: int, limit: int, ask: bool = False) -> tuple[int, bool]:
-        """The end (in blocks) of the prefix every group and rank holds, and
-        whether a block of it is below host memory. With `ask`, each
+    def _present_all(self, clients, keys: list, start: int, limit: int,
+                     ask: bool = False) -> tuple[int, bool, bool]:
+        """The end (in blocks) of the prefix every group and rank holds,
+        whether a block of it is below host memory, and whether the offer
+        takes in blocks priced "recompute" (_present). With `ask`, each
         full-attention group's lookup is the request's ask (_present)."""
         bs = self._block_size
         end = limit
         slow = False
+        priced = []  # (end it was measured at, whether that prefix had priced blocks)
         for g, group in enumerate(self._groups):
             if group.kind == "full":
                 if end <= start and not ask:
                     break  # an earlier group holds none of it (and kvtierd refuses an empty lookup)
-                n, s, declined = self._present(clients[g], keys if ask else keys[: end - start], cost=True,
-                                               upto=end - start, ask=ask)
+                n, s, declined, p = self._present(clients[g], keys if ask else keys[: end - start], cost=True,
+                                                  upto=end - start, ask=ask)
                 self.stats["declined_by_cost_tokens"] += declined * bs
                 end = start + n
                 slow = slow or s
+                priced.append(p)
         # Sliding-window groups need only the blocks in the window of the
         # offered end; move the end back until every one is there.
         for g, group in enumerate(self._groups):
@@ -457,14 +469,18 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                 if end <= start:
                     break
                 lo = max(start, _window_start(group, end * bs))
-                n, s, _ = self._present(clients[g], keys[lo - start: end - start], cost=False)
+                n, s, _, p = self._present(clients[g], keys[lo - start: end - start], cost=False)
                 if n == end - lo:
                     slow = slow or s
+                    priced.append(p)
                     break
                 end = lo + n
             else:
                 end = start
-        return end, slow
+        # A later group that shortened the offer may have cut off an earlier
+        # group's priced blocks: then the worker prefetches needlessly, a
+        # promotion of blocks it does not lease, never a use counted twice.
+        return end, slow, end > start and any(priced)
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int | None, bool]:
         """Tokens kvtier can supply after the engine's own prefix hit. Called
@@ -504,7 +520,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             self._loads.append(LoadSpec(req_id, [BlockRange(g, [], [b for b in ids[start:start + n] if b != NULL_BLOCK])
                                                  for g, ids in enumerate(block_ids)], False, num_external_tokens))
             return
-        plan = _Plan(plan.start, plan.start + num_external_tokens // bs, plan.is_async)
+        plan = _Plan(plan.start, plan.start + num_external_tokens // bs, plan.is_async, plan.prefetch)
         ranges = []
         for g, group in enumerate(self._groups):
             first = max(plan.start, _window_start(group, plan.end * bs))
@@ -512,7 +528,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             keys = [block_key(h) for h in request.block_hashes[first:plan.end]]
             keep = [(k, b) for k, b in zip(keys, ids) if b != NULL_BLOCK]
             ranges.append(BlockRange(g, [k for k, _ in keep], [b for _, b in keep]))
-        self._loads.append(LoadSpec(req_id, ranges, plan.is_async, num_external_tokens))
+        self._loads.append(LoadSpec(req_id, ranges, plan.is_async, num_external_tokens, plan.prefetch))
         st.loaded = (plan.start, plan.end)
         st.saved_upto = max(st.saved_upto, plan.end)
         self.stats["loads_planned"] += 1
@@ -642,7 +658,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         self._regs: list[int | None] = [None] * len(self._groups)
         self._layer_index: dict[str, int] = {}
         self.stats = {"loaded_blocks": 0, "load_errors": 0, "saved_blocks": 0, "saves_dropped": 0,
-                      "bytes_loaded": 0, "bytes_saved": 0, "registered_groups": 0}
+                      "bytes_loaded": 0, "bytes_saved": 0, "registered_groups": 0,
+                      "leased_lookups": 0, "prefetched_parts": 0}
 
     def register_kv_caches(self, kv_caches: dict) -> None:
         for g, group in enumerate(self._groups):
@@ -735,7 +752,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         for rng in spec.ranges:
             if not rng.keys and not rng.block_ids:
                 continue
-            part = _PartLoad(rng)
+            part = _PartLoad(rng, prefetch=spec.prefetch)
             if not rng.keys:  # pages the scheduler could not fill: failed loads
                 lf.parts.append(part)
                 continue
@@ -751,11 +768,19 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         rng = part.range
         try:
             client = part.client = self._client(rng.group)
+            if part.prefetch_first and not part.prefetched:
+                # The scheduler offered blocks priced "recompute": into host
+                # memory first, then the one lease (a use counted once).
+                part.prefetched = True
+                self.stats["prefetched_parts"] += 1
+                part.prefetch_op = client.prefetch_async(rng.keys)
+                return
             # A full-attention group's ask was the scheduler's lookup
             # (_present). A sliding-window group's leases name only its
             # window's hits: not asks either, so its policy learns nothing
             # (it keeps its first expert) rather than only of hits.
             hit = client.lookup(rng.keys, lease=True, ask=False)
+            self.stats["leased_lookups"] += 1
             part.lease = hit.lease
             if hit.hit_blocks < len(rng.keys) and hit.recompute_blocks and part.prefetch_op is None \
                     and not part.prefetched:
@@ -763,6 +788,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                     client.release(hit.lease)
                     part.lease = 0
                 part.prefetched = True
+                self.stats["prefetched_parts"] += 1
                 part.prefetch_op = client.prefetch_async(rng.keys)
                 return
             part.hit = min(hit.hit_blocks, len(rng.keys))
@@ -1324,8 +1350,9 @@ class _TensorRuns:
 
 
 class _PartLoad:
-    def __init__(self, rng: BlockRange):
+    def __init__(self, rng: BlockRange, prefetch: bool = False):
         self.range = rng
+        self.prefetch_first = prefetch    # LoadSpec.prefetch
         self.client: Client | None = None
         self.lease = 0
         self.hit = 0

@@ -180,9 +180,9 @@ def test_every_full_attention_group_is_asked_and_an_empty_lookup_never_sent():
     conn.stats = {"declined_by_cost_tokens": 0}
     conn._groups = [kv_vllm.GroupInfo(g, "full", BS, 0, 4096, [], "") for g in range(2)]
     g0, g1 = Probe(0), Probe(5)
-    assert conn._present_all([[g0], [g1]], list(range(6)), 0, 6, ask=True) == (0, False)
+    assert conn._present_all([[g0], [g1]], list(range(6)), 0, 6, ask=True) == (0, False, False)
     assert (g0.calls, g1.calls) == ([(6, True)], [(6, True)]), "both groups asked, each its whole chain"
-    assert conn._present_all([[g0], [g1]], list(range(6)), 0, 6) == (0, False)
+    assert conn._present_all([[g0], [g1]], list(range(6)), 0, 6) == (0, False, False)
     assert (g0.calls[1:], g1.calls[1:]) == ([(6, None)], []), "group 1 is not sent an empty probe"
 
 
@@ -381,6 +381,11 @@ def test_the_cost_model_declines_blocks_slower_to_load_than_to_recompute(make_da
         assert eng.generate({"x": p + [1]}) == ref
         assert eng.worker_stats[0]["loaded_blocks"] == 6
         assert eng.mismatches == 0
+        # Blocks priced "recompute" are in no lease until prefetched: the
+        # worker prefetches first and leases once, for each lease counts
+        # its blocks as used (two would make one request's use two).
+        assert eng.worker_stats[0]["prefetched_parts"] == 1
+        assert eng.worker_stats[0]["leased_lookups"] == 1
 
 
 @both_paths
