@@ -21,19 +21,22 @@ namespace {
 using Chain = std::vector<uint64_t>;
 
 // A tier of `capacity` blocks driven the way the daemon drives it: each
-// request looks up its chain (prefix hits), then stores what missed, leaves
-// first. Returns the blocks hit.
+// request looks up its chain (prefix hits), is observed as its ask (by the
+// policies that learn from asks, with its hit prefix as held), then stores
+// what missed, leaves first. Returns the blocks hit.
 struct TierSim {
-  TierSim(std::unique_ptr<EvictionPolicy> p, uint64_t capacity) : policy(std::move(p)), cap(capacity) {
+  TierSim(std::unique_ptr<EvictionPolicy> p, uint64_t capacity, uint32_t tokens_per_block = 0)
+      : policy(std::move(p)), cap(capacity), block_tokens(tokens_per_block) {
     if (auto* a = dynamic_cast<AdaptivePolicy*>(policy.get())) {
       adaptive = a;
       a->SetCapacityBlocks(capacity);
     }
   }
   uint64_t Serve(const Chain& chain) {
-    if (adaptive != nullptr) adaptive->Observe(chain);
+    if (adaptive != nullptr) adaptive->Observe(chain, block_tokens);
     uint64_t hit = 0;
     while (hit < chain.size() && resident.contains(chain[hit])) ++hit;
+    if (policy->ObservesRequests()) policy->ObserveRequest(chain, {}, block_tokens, hit);
     for (size_t j = chain.size(); j-- > 0;) {
       const uint32_t h = static_cast<uint32_t>(chain[j]);
       if (resident.insert(h).second) {
@@ -58,6 +61,7 @@ struct TierSim {
   std::unique_ptr<EvictionPolicy> policy;
   AdaptivePolicy* adaptive = nullptr;
   uint64_t cap;
+  uint32_t block_tokens;
   std::set<uint32_t> resident;
 };
 
@@ -112,6 +116,30 @@ uint64_t HitsOf(const std::string& name, const std::vector<Chain>& w, uint64_t c
   }
   if (leader != nullptr && t.adaptive != nullptr) *leader = std::string(t.adaptive->leader());
   return hits;
+}
+
+// An expert that learns from asks (arc-cutoff) is fed them through the
+// adaptive policy: alone as its expert, it makes arc-cutoff's decisions,
+// not ARC's. HotAndScans in blocks of 300 tokens: each scan computes 9,000
+// tokens, past the 8,192-token cutoff, so it enters at the cold end and the
+// hot chain (6,000) stays: 7,980 of its 8,000 blocks hit, none under ARC.
+TEST(AdaptivePolicyTest, AnExpertThatLearnsFromAsksIsFedThem) {
+  const auto w = HotAndScans(1, 4000);
+  auto run = [&](std::unique_ptr<EvictionPolicy> p) {
+    TierSim t(std::move(p), 200, /*tokens_per_block=*/300);
+    uint64_t hits = 0;
+    for (const Chain& c : w) hits += t.Serve(c);
+    return hits;
+  };
+  const uint64_t arc = run(std::move(MakeEvictionPolicy("arc")).value());
+  const uint64_t cutoff = run(std::move(MakeEvictionPolicy("arc-cutoff")).value());
+  ASSERT_GT(cutoff, arc + 4000) << "the workload must separate the two for the test to mean anything";
+  AdaptivePolicy::Options o;
+  o.experts = {"arc-cutoff"};
+  auto a = AdaptivePolicy::Create(o);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_TRUE((*a)->ObservesRequests());
+  EXPECT_EQ(run(std::move(*a)), cutoff) << "arc " << arc;
 }
 
 TEST(AdaptivePolicyTest, OnAScanHeavyWorkloadItFollowsAScanResistantExpert) {
