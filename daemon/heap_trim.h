@@ -1,11 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
-// Gives the heap's free pages back to the kernel once a tier has churned.
-// A tier that evicts frees block records, index slots and policy ghosts all
-// over the heap; glibc returns only the top of its heap by itself, so the
-// holes between live allocations stay resident. kvtier-bench lookup, after
-// 2M blocks churned through a 1.2M-block tier (RssAnon per block still
-// indexed): 161.8-164.0 B without trimming, 156.3-156.4 B with it; a trim
-// there took 0.1-0.5 ms.
+// Gives the heap's free pages back to the kernel once the tiers have
+// churned. Evictions free block records, index slots, policy entries and
+// ghosts all over the heap (a demotion keeps the record but not the rest);
+// glibc returns only the top of its heap by itself, so the holes between
+// live allocations stay resident. kvtier-bench lookup, after 2M blocks
+// churned through a 1.2M-block tier (RssAnon per block still indexed):
+// 161.8-164.0 B without trimming, 156.0-156.4 B with it; a trim there took
+// 0.1-0.5 ms. A trim's time grows with the heap's free chunks: status
+// stats.heap_trim_ms says what they cost.
 #ifndef KVTIER_DAEMON_HEAP_TRIM_H_
 #define KVTIER_DAEMON_HEAP_TRIM_H_
 
@@ -16,7 +18,7 @@ namespace kvtier {
 
 class HeapTrimmer {
  public:
-  // A trim is due once the blocks freed since the last one reach an eighth
+  // A trim is due once the blocks evicted since the last one reach an eighth
   // of those still indexed, and at least kMinFreed: a churning tier is
   // trimmed about once per eighth of its contents, an idle one never.
   static constexpr uint64_t kMinFreed = 4096;
@@ -28,7 +30,8 @@ class HeapTrimmer {
     return freed_since >= (eighth > kMinFreed ? eighth : kMinFreed);
   }
 
-  // `freed_total`: blocks evicted or dropped so far (it only grows);
+  // `freed_total`: evictions from any tier and invalidations so far (it only
+  // grows);
   // `indexed`: blocks indexed now. Trims when due; returns how long the
   // trim took in nanoseconds, or nothing when none was due (or the C
   // library cannot trim).

@@ -188,11 +188,14 @@ class LoadSpec:
     ranges: list           # [BlockRange]
     is_async: bool
     tokens: int            # tokens the load covers
-    # The offer includes blocks kvtierd priced "recompute" (always_load):
-    # they are not in a lease until prefetched, so the worker prefetches
-    # before its one leased lookup rather than after a first one (each lease
-    # counts its blocks as used: two would count one request's use twice).
-    prefetch: bool = False
+    # KV-cache groups whose offer takes in blocks some rank's kvtierd priced
+    # "recompute" (offered anyway: always_load, or a sliding-window group,
+    # which the cost model does not decline): they are in no lease until
+    # prefetched, so those groups' parts prefetch before their one leased
+    # lookup rather than after a first one (each lease counts its blocks as
+    # used: two would count one request's use twice). Every rank's part of
+    # such a group prefetches.
+    prefetch_groups: tuple = ()
 
 
 @dataclasses.dataclass
@@ -224,7 +227,7 @@ class _Plan:
     start: int             # first block to load
     end: int               # one past the last
     is_async: bool
-    prefetch: bool = False  # LoadSpec.prefetch
+    prefetch_groups: tuple = ()  # LoadSpec.prefetch_groups
 
 
 class _Options:
@@ -426,11 +429,11 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             # part way is not asked again: a lost ask, never a second one).
             self._asked.add(request.request_id)
             try:
-                end, slow, prefetch = self._present_all(clients, keys, start, limit, ask)
+                end, slow, priced = self._present_all(clients, keys, start, limit, ask)
             except (ValueError, TypeError, RuntimeError) as e:
                 if isinstance(e, KvtierError):
                     raise
-                end, slow, prefetch = self._present_all(clients, [block_key(h) for h in keys], start, limit, ask)
+                end, slow, priced = self._present_all(clients, [block_key(h) for h in keys], start, limit, ask)
         except KvtierError as e:
             self._drop_clients(e)
             return None
@@ -438,18 +441,18 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             return None
         mode = self._opts.load_mode
         is_async = mode == "async" or (mode == "auto" and slow)
-        return _Plan(start, end, is_async, prefetch)
+        return _Plan(start, end, is_async, priced)
 
     def _present_all(self, clients, keys: list, start: int, limit: int,
-                     ask: bool = False) -> tuple[int, bool, bool]:
+                     ask: bool = False) -> tuple[int, bool, tuple]:
         """The end (in blocks) of the prefix every group and rank holds,
-        whether a block of it is below host memory, and whether the offer
-        takes in blocks priced "recompute" (_present). With `ask`, each
+        whether a block of it is below host memory, and the groups whose
+        offer takes in blocks priced "recompute" (_present). With `ask`, each
         full-attention group's lookup is the request's ask (_present)."""
         bs = self._block_size
         end = limit
         slow = False
-        priced = []  # (end it was measured at, whether that prefix had priced blocks)
+        priced = []  # groups whose lookup counted blocks priced "recompute"
         for g, group in enumerate(self._groups):
             if group.kind == "full":
                 if end <= start and not ask:
@@ -459,7 +462,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                 self.stats["declined_by_cost_tokens"] += declined * bs
                 end = start + n
                 slow = slow or s
-                priced.append(p)
+                if p:
+                    priced.append(g)
         # Sliding-window groups need only the blocks in the window of the
         # offered end; move the end back until every one is there.
         for g, group in enumerate(self._groups):
@@ -472,7 +476,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                 n, s, _, p = self._present(clients[g], keys[lo - start: end - start], cost=False)
                 if n == end - lo:
                     slow = slow or s
-                    priced.append(p)
+                    if p:
+                        priced.append(g)
                     break
                 end = lo + n
             else:
@@ -480,7 +485,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         # A later group that shortened the offer may have cut off an earlier
         # group's priced blocks: then the worker prefetches needlessly, a
         # promotion of blocks it does not lease, never a use counted twice.
-        return end, slow, end > start and any(priced)
+        return end, slow, tuple(priced) if end > start else ()
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int | None, bool]:
         """Tokens kvtier can supply after the engine's own prefix hit. Called
@@ -520,7 +525,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             self._loads.append(LoadSpec(req_id, [BlockRange(g, [], [b for b in ids[start:start + n] if b != NULL_BLOCK])
                                                  for g, ids in enumerate(block_ids)], False, num_external_tokens))
             return
-        plan = _Plan(plan.start, plan.start + num_external_tokens // bs, plan.is_async, plan.prefetch)
+        plan = _Plan(plan.start, plan.start + num_external_tokens // bs, plan.is_async, plan.prefetch_groups)
         ranges = []
         for g, group in enumerate(self._groups):
             first = max(plan.start, _window_start(group, plan.end * bs))
@@ -528,7 +533,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             keys = [block_key(h) for h in request.block_hashes[first:plan.end]]
             keep = [(k, b) for k, b in zip(keys, ids) if b != NULL_BLOCK]
             ranges.append(BlockRange(g, [k for k, _ in keep], [b for _, b in keep]))
-        self._loads.append(LoadSpec(req_id, ranges, plan.is_async, num_external_tokens, plan.prefetch))
+        self._loads.append(LoadSpec(req_id, ranges, plan.is_async, num_external_tokens, plan.prefetch_groups))
         st.loaded = (plan.start, plan.end)
         st.saved_upto = max(st.saved_upto, plan.end)
         self.stats["loads_planned"] += 1
@@ -752,7 +757,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         for rng in spec.ranges:
             if not rng.keys and not rng.block_ids:
                 continue
-            part = _PartLoad(rng, prefetch=spec.prefetch)
+            part = _PartLoad(rng, prefetch=rng.group in spec.prefetch_groups)
             if not rng.keys:  # pages the scheduler could not fill: failed loads
                 lf.parts.append(part)
                 continue
@@ -769,8 +774,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         try:
             client = part.client = self._client(rng.group)
             if part.prefetch_first and not part.prefetched:
-                # The scheduler offered blocks priced "recompute": into host
-                # memory first, then the one lease (a use counted once).
+                # The scheduler offered this group blocks priced "recompute":
+                # into host memory first, then the one lease (a use counted once).
                 part.prefetched = True
                 self.stats["prefetched_parts"] += 1
                 part.prefetch_op = client.prefetch_async(rng.keys)
@@ -1352,7 +1357,7 @@ class _TensorRuns:
 class _PartLoad:
     def __init__(self, rng: BlockRange, prefetch: bool = False):
         self.range = rng
-        self.prefetch_first = prefetch    # LoadSpec.prefetch
+        self.prefetch_first = prefetch    # its group is in LoadSpec.prefetch_groups
         self.client: Client | None = None
         self.lease = 0
         self.hit = 0

@@ -33,10 +33,10 @@ struct TierSim {
     }
   }
   uint64_t Serve(const Chain& chain) {
-    if (adaptive != nullptr) adaptive->Observe(chain, block_tokens);
     uint64_t hit = 0;
     while (hit < chain.size() && resident.contains(chain[hit])) ++hit;
     if (policy->ObservesRequests()) policy->ObserveRequest(chain, {}, block_tokens, hit);
+    if (adaptive != nullptr) adaptive->Observe(chain, block_tokens);
     for (size_t j = chain.size(); j-- > 0;) {
       const uint32_t h = static_cast<uint32_t>(chain[j]);
       if (resident.insert(h).second) {

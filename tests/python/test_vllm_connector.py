@@ -180,10 +180,44 @@ def test_every_full_attention_group_is_asked_and_an_empty_lookup_never_sent():
     conn.stats = {"declined_by_cost_tokens": 0}
     conn._groups = [kv_vllm.GroupInfo(g, "full", BS, 0, 4096, [], "") for g in range(2)]
     g0, g1 = Probe(0), Probe(5)
-    assert conn._present_all([[g0], [g1]], list(range(6)), 0, 6, ask=True) == (0, False, False)
+    assert conn._present_all([[g0], [g1]], list(range(6)), 0, 6, ask=True) == (0, False, ())
     assert (g0.calls, g1.calls) == ([(6, True)], [(6, True)]), "both groups asked, each its whole chain"
-    assert conn._present_all([[g0], [g1]], list(range(6)), 0, 6) == (0, False, False)
+    assert conn._present_all([[g0], [g1]], list(range(6)), 0, 6) == (0, False, ())
     assert (g0.calls[1:], g1.calls[1:]) == ([(6, None)], []), "group 1 is not sent an empty probe"
+
+
+def test_only_the_groups_offered_blocks_priced_recompute_prefetch_first():
+    """With always_load, blocks kvtierd prices "recompute" are offered; they
+    are in no lease until prefetched. The plan names the groups whose offer
+    takes them in (their worker parts prefetch, then lease once); a group
+    whose offer ends before them, or that has none, leases at once."""
+    class Probe:
+        def __init__(self, hits, recompute):
+            self.hits, self.recompute = hits, recompute
+
+        def lookup(self, keys, lease=False, ask=None):
+            n = min(self.hits, len(keys))
+            r = min(self.recompute, len(keys) - n)
+            return type("R", (), {"hit_blocks": n, "recompute_blocks": r, "tiers": ["host"] * (n + r)})()
+
+        def lookup_async(self, keys, lease=False, ask=None):  # tensor parallel: every rank's at once
+            r = self.lookup(keys, lease, ask)
+            return type("Op", (), {"wait": lambda _self, timeout: r})()
+
+    conn = object.__new__(kv_vllm.KvtierConnector)
+    conn._block_size = BS
+    conn._opts = type("Opts", (), {"always_load": True, "load_timeout_s": 1.0})()
+    conn.stats = {"declined_by_cost_tokens": 0}
+    conn._groups = [kv_vllm.GroupInfo(g, "full", BS, 0, 4096, [], "") for g in range(3)]
+    # group 0: 6 held; group 1: 2 held and 4 priced; group 2: 6 held
+    assert conn._present_all([[Probe(6, 0)], [Probe(2, 4)], [Probe(6, 0)]], list(range(6)), 0, 6) == (6, False, (1,))
+    # two ranks of group 0, one of which holds the tail only priced
+    assert conn._present_all([[Probe(6, 0), Probe(3, 3)], [Probe(6, 0)], [Probe(6, 0)]],
+                             list(range(6)), 0, 6) == (6, False, (0,))
+    # group 1's priced blocks lie past where group 0's offer ends
+    assert conn._present_all([[Probe(2, 0)], [Probe(2, 4)], [Probe(6, 0)]], list(range(6)), 0, 6) == (2, False, ())
+    conn._opts.always_load = False  # the cost model declines them: nothing priced is offered
+    assert conn._present_all([[Probe(6, 0)], [Probe(2, 4)], [Probe(6, 0)]], list(range(6)), 0, 6) == (2, False, ())
 
 
 def test_blocks_that_failed_to_load_are_not_offered_again_to_that_request(daemon):
