@@ -347,10 +347,11 @@ void Daemon::TrimHeap() {
   // from the tiers below, invalidations.
   const uint64_t freed = stats_.evictions.Get() + stats_.nvme_evictions.Get() + stats_.lower_evictions.Get() +
                          stats_.invalidations.Get();
-  if (const std::optional<uint64_t> took = heap_trimmer_.MaybeTrim(MonotonicNanos(), freed, store_->indexed_blocks())) {
+  const uint64_t indexed = store_->indexed_blocks();
+  if (const std::optional<uint64_t> took = heap_trimmer_.MaybeTrim(MonotonicNanos(), freed, indexed)) {
     stats_.heap_trims.Add();
     stats_.heap_trim_ns.Add(*took);
-    spdlog::debug("event=heap_trim took_us={} indexed_blocks={}", *took / 1000, store_->indexed_blocks());
+    spdlog::debug("event=heap_trim took_us={} indexed_blocks={}", *took / 1000, indexed);
   }
 }
 

@@ -10,8 +10,8 @@
 namespace kvtier {
 
 std::optional<uint64_t> HeapTrimmer::MaybeTrim(uint64_t now_ns, uint64_t freed_total, uint64_t indexed) {
-  const uint64_t since = freed_total >= freed_at_last_ ? freed_total - freed_at_last_ : freed_total;
-  if (!Due(since, indexed) || (trimmed_ && now_ns - last_ns_ < kMinIntervalNs)) return std::nullopt;
+  // freed_total only grows (counters), so the difference cannot wrap.
+  if (!Due(freed_total - freed_at_last_, indexed) || (trimmed_ && now_ns - last_ns_ < kMinIntervalNs)) return std::nullopt;
 #if defined(__GLIBC__)
   freed_at_last_ = freed_total;
   last_ns_ = now_ns;

@@ -776,9 +776,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             if part.prefetch_first and not part.prefetched:
                 # The scheduler offered this group blocks priced "recompute":
                 # into host memory first, then the one lease (a use counted once).
-                part.prefetched = True
-                self.stats["prefetched_parts"] += 1
-                part.prefetch_op = client.prefetch_async(rng.keys)
+                self._prefetch(part, client)
                 return
             # A full-attention group's ask was the scheduler's lookup
             # (_present). A sliding-window group's leases name only its
@@ -792,9 +790,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                 if hit.lease:
                     client.release(hit.lease)
                     part.lease = 0
-                part.prefetched = True
-                self.stats["prefetched_parts"] += 1
-                part.prefetch_op = client.prefetch_async(rng.keys)
+                self._prefetch(part, client)
                 return
             part.hit = min(hit.hit_blocks, len(rng.keys))
             if part.hit and self._regs[rng.group] is not None:
@@ -816,6 +812,12 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                 part.op = client.load_async(hit.lease, rng.keys[:part.hit])
         except KvtierError as e:
             part.error = e
+
+    def _prefetch(self, part: "_PartLoad", client: Client) -> None:
+        """The part's blocks into host memory, once; _after_prefetch leases them."""
+        part.prefetched = True
+        self.stats["prefetched_parts"] += 1
+        part.prefetch_op = client.prefetch_async(part.range.keys)
 
     def _part_ready(self, part: "_PartLoad") -> bool:
         """True once nothing more is in flight for the part (never blocks)."""
