@@ -16,6 +16,7 @@
 #ifndef KVTIER_TIERS_BLOCK_TIER_H_
 #define KVTIER_TIERS_BLOCK_TIER_H_
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -36,6 +37,10 @@ struct IoOptions {
   // MonotonicNanos() by which the op must have started; 0: no deadline.
   uint64_t deadline_ns = 0;
   CancelToken cancel;
+  // A write whose caller waits for room when refused (AwaitWriteRoom: the
+  // background reclaim, a flush): a tier with staging memory refuses it
+  // sooner, leaving room to the writes of callers that cannot wait.
+  bool may_wait = false;
 };
 
 // What an abandoned op reports: Cancelled or DeadlineExceeded for
@@ -65,7 +70,7 @@ struct BlockTierStats {
   uint64_t in_flight = 0, queued = 0;
   uint64_t checksum_failures = 0;  // reads refused: the copy was not the block asked for, intact
   uint64_t io_errors = 0;
-  uint64_t writes_refused = 0;     // full or out of staging
+  uint64_t writes_refused = 0;     // full or out of staging (not writes that wait for room: IoOptions::may_wait)
   uint64_t abandoned = 0;          // ops that hit their deadline or were cancelled before they started
 };
 
@@ -153,6 +158,18 @@ class BlockTier {
   // Thread-safe. Someone now waits for a write: make pending writes durable
   // without a batching delay. Does not wait.
   virtual void CommitSoon() = 0;
+  // Thread-safe. Flow control for writes the tier refused with KVTIER_EBUSY
+  // (a burst faster than the device: no staging memory for it now). Read
+  // WriteRoomEpoch() before the Put; after the refusal, AwaitWriteRoom
+  // waits until room may have freed since then (true: try again), or
+  // until `timeout` (false). A tier that never refuses that way answers
+  // false at once.
+  virtual uint64_t WriteRoomEpoch() const { return 0; }
+  virtual bool AwaitWriteRoom(uint64_t epoch, std::chrono::nanoseconds timeout) {
+    (void)epoch;
+    (void)timeout;
+    return false;
+  }
   // Thread-safe.
   virtual BlockTierStats BlockStats() const = 0;
   // Called on a tier thread after every read that succeeded: bytes read and

@@ -743,16 +743,25 @@ void NvmeTier::Put(BlockLocator slot, const BlockMeta& meta, std::span<const std
     std::move(done)(AbandonedStatus(abandon, "NVMe write"));
     return;
   }
-  // Demotions take staging only while a quarter stays free for loads.
+  // Demotions take staging only while a quarter stays free for loads; those
+  // whose caller waits for room when refused (the background reclaim, a
+  // flush) only while half does, so a burst of them leaves room to the
+  // demotions of stores, which are dropped when refused. (A block larger
+  // than half of staging may take three quarters, as any demotion.)
   std::byte* buf = nullptr;
   if (prio == IoPriority::kDemote) {
-    if (staging_->used() + total <= staging_->size() / 4 * 3) buf = staging_->TryAcquire(total);
+    const uint64_t share =
+        io.may_wait && total <= staging_->size() / 2 ? staging_->size() / 2 : staging_->size() / 4 * 3;
+    if (staging_->used() + total <= share) buf = staging_->TryAcquire(total);
   } else {
     buf = staging_->Acquire(total);
   }
   if (buf == nullptr) {
-    writes_refused_.fetch_add(1, std::memory_order_relaxed);
-    // KVTIER_EBUSY: a transient refusal (a flush waits and tries again).
+    // A write that will be tried again once staging frees is not counted:
+    // its caller counts it if it gives up.
+    if (!io.may_wait) writes_refused_.fetch_add(1, std::memory_order_relaxed);
+    // KVTIER_EBUSY: a transient refusal (a flush, and the background
+    // reclaim, wait for room: AwaitWriteRoom, and try again).
     std::move(done)(CodedStatus(KVTIER_EBUSY, "NVMe staging memory is busy; block not demoted"));
     return;
   }
@@ -1004,6 +1013,14 @@ void NvmeTier::MaybeCompact() {
 }
 
 void NvmeTier::CommitSoon() { journal_->CommitSoon(); }
+
+// Demotions are refused only for staging memory, which each write gives
+// back when its I/O completes (not when its journal record is durable).
+uint64_t NvmeTier::WriteRoomEpoch() const { return staging_->releases(); }
+
+bool NvmeTier::AwaitWriteRoom(uint64_t epoch, std::chrono::nanoseconds timeout) {
+  return staging_->AwaitRelease(epoch, timeout);
+}
 
 absl::Status NvmeTier::Sync() {
   engine_->Drain();

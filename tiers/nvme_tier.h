@@ -85,7 +85,7 @@ struct NvmeStats {
   uint64_t checksum_failures = 0;   // reads whose header or payload did not match
   uint64_t io_errors = 0;
   uint64_t abandoned = 0;           // ops past their deadline or cancelled before they started
-  uint64_t writes_refused = 0;      // device full or staging full
+  uint64_t writes_refused = 0;      // device full or staging full (not writes that wait for room)
   uint64_t calibration_reads = 0;   // reads made only to measure the device (CalibrationRead)
   bool device_full = false;
   uint64_t journal_records = 0, journal_commits = 0, journal_bytes = 0, journal_rewrites = 0;
@@ -131,6 +131,8 @@ class NvmeTier final : public BlockTier {
   void Drain() override { (void)Sync(); }
   // Makes pending demotions durable without the group-commit delay.
   void CommitSoon() override;
+  uint64_t WriteRoomEpoch() const override;
+  bool AwaitWriteRoom(uint64_t epoch, std::chrono::nanoseconds timeout) override;
   BlockTierStats BlockStats() const override;
   // Everything BlockStats says, and the engine, journal and recovery.
   NvmeStats Stats() const;

@@ -76,6 +76,7 @@ void StagingPool::Release(std::byte* p) {
       }
     }
     free_[off] = len;
+    ++releases_;
   }
   cv_.notify_all();
 }
@@ -83,6 +84,18 @@ void StagingPool::Release(std::byte* p) {
 uint64_t StagingPool::used() const {
   MutexLock l(&mu_);
   return used_bytes_;
+}
+
+uint64_t StagingPool::releases() const {
+  MutexLock l(&mu_);
+  return releases_;
+}
+
+bool StagingPool::AwaitRelease(uint64_t seen, std::chrono::nanoseconds timeout) {
+  MutexLock l(&mu_);
+  if (releases_ != seen) return true;
+  if (used_bytes_ == 0) return false;
+  return mu_.AwaitFor(cv_, timeout, [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return releases_ != seen; });
 }
 
 }  // namespace kvtier

@@ -6,6 +6,7 @@
 #ifndef KVTIER_TIERS_STAGING_POOL_H_
 #define KVTIER_TIERS_STAGING_POOL_H_
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <map>
@@ -36,6 +37,13 @@ class StagingPool {
   void Release(std::byte* p);
   // Thread-safe. Bytes handed out now.
   uint64_t used() const;
+  // Thread-safe. How many runs were released so far: read it before a
+  // TryAcquire, and if that fails, AwaitRelease(seen) waits for the next.
+  uint64_t releases() const;
+  // Thread-safe. Waits until a run was released since `seen` (true), or
+  // until `timeout` passes (false). False at once when nothing is handed
+  // out: no release is coming.
+  bool AwaitRelease(uint64_t seen, std::chrono::nanoseconds timeout);
 
  private:
   StagingPool(std::byte* base, uint64_t size);
@@ -47,6 +55,7 @@ class StagingPool {
   std::condition_variable_any cv_;
   std::map<uint64_t, uint64_t> free_ ABSL_GUARDED_BY(mu_);  // offset -> length
   std::map<uint64_t, uint64_t> used_ ABSL_GUARDED_BY(mu_);
+  uint64_t releases_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t used_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

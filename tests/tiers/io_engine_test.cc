@@ -234,5 +234,32 @@ TEST(StagingPoolTest, FirstFitCoalescesAndBlocksWhenFull) {
   EXPECT_EQ(pool->used(), 0u);
 }
 
+// The flow control of writes that wait for room (a flush, the background
+// reclaim): AwaitRelease wakes on the next release after the count the
+// caller read, never before it, and gives up at once when nothing is
+// handed out (no release is coming).
+TEST(StagingPoolTest, AwaitReleaseWakesOnTheNextReleaseAndNotBefore) {
+  auto pool = std::move(StagingPool::Create(4 * 4096)).value();
+  std::byte* a = pool->TryAcquire(2 * 4096);
+  std::byte* b = pool->TryAcquire(2 * 4096);
+  ASSERT_TRUE(a && b);
+  const uint64_t seen = pool->releases();
+  EXPECT_EQ(pool->TryAcquire(4096), nullptr);
+  EXPECT_FALSE(pool->AwaitRelease(seen, std::chrono::milliseconds(30))) << "nothing was released";
+  std::thread releaser([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    pool->Release(a);
+  });
+  EXPECT_TRUE(pool->AwaitRelease(seen, std::chrono::seconds(60)));
+  releaser.join();
+  EXPECT_EQ(pool->releases(), seen + 1);
+  EXPECT_TRUE(pool->AwaitRelease(seen, std::chrono::seconds(60))) << "a release since `seen` answers at once";
+  pool->Release(b);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_FALSE(pool->AwaitRelease(pool->releases(), std::chrono::seconds(60))) << "nothing handed out";
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30)) << "and without waiting";
+  EXPECT_EQ(pool->used(), 0u);
+}
+
 }  // namespace
 }  // namespace kvtier

@@ -636,6 +636,59 @@ TEST_F(NvmeTierTest, TheThreadPoolFallbackServesTheSameData) {
   for (auto [s, i] : w) EXPECT_TRUE(Get(*t, s, i, 64 << 10).ok());
 }
 
+// Demotions whose caller waits for room when refused (IoOptions::may_wait:
+// the background reclaim, a flush) take staging only while half of it is
+// free, so a burst of them leaves room to the demotions of stores, which
+// cannot wait; a refused one learns from AwaitWriteRoom when a write gave
+// its staging back (at its I/O's completion) and then goes.
+TEST_F(NvmeTierTest, WritesThatMayWaitLeaveStagingToThoseThatCannot) {
+  auto t = Open();  // 8 MiB of staging
+  ASSERT_NE(t, nullptr);
+  constexpr uint64_t kBytes = 1 << 20;  // + a header sector each
+  faults_->delay_us = 500'000;          // writes stay in flight: a write refused is told so inline, long before
+  std::vector<std::byte> p = Payload(1, kBytes);
+  std::vector<std::promise<absl::Status>> done(16);
+  size_t next = 0;
+  auto put = [&](bool may_wait) {
+    absl::StatusOr<BlockLocator> at = t->Reserve(Meta(next, kBytes));
+    EXPECT_TRUE(at.ok()) << at.status();
+    std::promise<absl::Status>& d = done.at(next++);
+    t->Put(*at, Meta(next - 1, kBytes), p, IoOptions{.prio = IoPriority::kDemote, .may_wait = may_wait},
+           [&d](absl::Status s) { d.set_value(s); });
+    return &d;
+  };
+  auto refused_inline = [](std::promise<absl::Status>* d) {
+    auto f = d->get_future();
+    if (f.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return false;
+    const absl::Status s = f.get();
+    EXPECT_EQ(ToErrorCode(s), KVTIER_EBUSY) << s;
+    return true;
+  };
+  for (int i = 0; i < 3; ++i) EXPECT_FALSE(refused_inline(put(true))) << "3 fit in half of staging";
+  const uint64_t epoch = t->WriteRoomEpoch();
+  EXPECT_TRUE(refused_inline(put(true))) << "a 4th would pass half";
+  EXPECT_FALSE(refused_inline(put(false))) << "a store's demotion still has its share";
+  EXPECT_TRUE(t->AwaitWriteRoom(epoch, std::chrono::seconds(60))) << "a write in flight gives its staging back";
+  // One release may not be room enough: the caller tries again after each.
+  for (int tries = 0;; ++tries) {
+    if (tries == 4) {
+      ADD_FAILURE() << "4 writes in flight, each gives back what the waiting one needs";
+      break;
+    }
+    const uint64_t e = t->WriteRoomEpoch();
+    if (!refused_inline(put(true))) break;
+    if (!t->AwaitWriteRoom(e, std::chrono::seconds(60))) {
+      ADD_FAILURE() << "writes in flight give staging back";
+      break;
+    }
+  }
+  faults_->delay_us = 0;
+  t->Drain();  // before the promises go, whatever failed above
+  EXPECT_TRUE(t->Sync().ok());
+  EXPECT_EQ(t->BlockStats().writes, 5u);
+  EXPECT_EQ(t->BlockStats().writes_refused, 0u) << "refusals of writes that wait for room are not counted";
+}
+
 TEST_F(NvmeTierTest, TheJournalIsCompactedAndStillRecoversTheLiveSet) {
   NvmeTierOptions o = Options();
   o.journal_compact_bytes = 16 << 10;  // ~110 records
