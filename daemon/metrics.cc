@@ -283,6 +283,14 @@ std::string PrometheusText(const StatusSnapshot& s, bool detailed) {
            "Host evictions written to the tier below the first lower tier because the first was full (or its staging "
            "memory refused the write) and the next had room (also in kvtier_evictions_total{reason=\"demoted\"}).");
   w.Sample("kvtier_demotions_past_full_tier_total", "", double(st.demotions_past_full_tier.Get()));
+  w.Family("kvtier_demotions_failed_total", "counter",
+           "Host evictions that found no room below, or whose write to the lower tier failed or was refused, "
+           "waits included (the block was lost; also in kvtier_evictions_total, as demoted or dropped).");
+  w.Sample("kvtier_demotions_failed_total", "", double(st.demotions_failed.Get()));
+  w.Family("kvtier_demotions_waited_total", "counter",
+           "Background demotions that waited for the first lower tier's device to take their write (a burst past its "
+           "staging memory): background eviction went at the device's pace.");
+  w.Sample("kvtier_demotions_waited_total", "", double(st.demotions_waited.Get()));
   w.Family("kvtier_cascade_dropped_not_admitted_total", "counter",
            "NVMe blocks the cascade dropped instead of moving them to the tier below, whose admission gate refused "
            "them (tiers.remote.admission_min_uses; also in kvtier_evictions_total{tier=\"nvme\"}).");

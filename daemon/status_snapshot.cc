@@ -87,6 +87,7 @@ json HostJson(const StatusSnapshot::Host& h, const DaemonStats& s) {
               {"demotions", s.demotions.Get()},
               {"demotions_past_full_tier", s.demotions_past_full_tier.Get()},
               {"demotions_failed", s.demotions_failed.Get()},
+              {"demotions_waited", s.demotions_waited.Get()},
               {"evictions_dropped", s.evictions_dropped.Get()},
               {"evictions_dropped_by_cost", s.evictions_dropped_by_cost.Get()},
               {"evictions_dropped_by_reason", json{{"cost", s.evictions_dropped_by_cost.Get()},

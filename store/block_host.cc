@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 
 #include "absl/strings/str_cat.h"
 #include "core/fan_in.h"
@@ -17,6 +18,13 @@
 #include "spdlog/spdlog.h"
 
 namespace kvtier {
+
+namespace {
+// How long one background demotion waits for the device to take its
+// write: a healthy device frees staging within a few writes' time (well
+// under a millisecond here); one that takes longer has stopped keeping up.
+constexpr std::chrono::milliseconds kReclaimWriteWait{250};
+}  // namespace
 
 void BlockStore::StartBackgroundReclaim() {
   migrator_.StartCascade();
@@ -98,9 +106,18 @@ void BlockStore::ReclaimPass() {
           books_.stats->evictions_background.Add();
         }
       }
-      for (const PendingDemotion& d : pending) migrator_.FinishDemotion(t, d);
+      // A write the device cannot take yet (a burst past its staging
+      // memory) waits for room: the pass evicts no faster than the device
+      // writes, instead of dropping what it evicted. Once a wait runs out
+      // (a device that stopped answering), or the reclaimer is stopping
+      // (a drain, which writes what is left itself), the batch's rest does
+      // not wait and the pass ends; the next one tries again.
+      bool stalled = !reclaimer_.running();
+      for (const PendingDemotion& d : pending) {
+        if (!migrator_.FinishDemotion(t, d, stalled ? std::chrono::nanoseconds(0) : kReclaimWriteWait)) stalled = true;
+      }
       pending.clear();
-      if (!more) break;
+      if (!more || stalled || !reclaimer_.running()) break;
     }
   }
 }

@@ -185,7 +185,7 @@ void BlockStore::StoreCommit(SessionHoldings& s, uint64_t ticket, bool durable, 
   books_.stats->bytes_stored.Add(blocks.size() * s.ns.block_bytes);
   if (!durable) {
     if (opts_.write_through && !books_.lanes.empty()) {
-      for (BlockRecord* r : blocks) migrator_.WriteThrough(t, r, IoPriority::kDemote, [](absl::Status) {});
+      for (BlockRecord* r : blocks) migrator_.WriteThrough(t, r, IoOptions{.prio = IoPriority::kDemote}, [](absl::Status) {});
     }
     std::move(done)(absl::OkStatus());
     shared_.StartPublishes(s);  // a commit's reply is posted from `done`, with no AfterReply
@@ -214,7 +214,7 @@ void BlockStore::StoreCommit(SessionHoldings& s, uint64_t ticket, bool durable, 
                                                                                      "durable: ", first_error.message())));
   });
   for (BlockRecord* r : blocks) {
-    migrator_.WriteThrough(t, r, IoPriority::kPrefetch, [fan](absl::Status st) {
+    migrator_.WriteThrough(t, r, IoOptions{.prio = IoPriority::kPrefetch}, [fan](absl::Status st) {
       if (!st.ok()) {
         fan->With([&](absl::Status& first_error) {
           if (first_error.ok()) first_error = st;

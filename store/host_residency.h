@@ -166,6 +166,14 @@ class HostResidency {
   // still allocated); a store that finds the tier full waits for them
   // rather than evicting a hotter block.
   uint32_t deferred_in_flight ABSL_GUARDED_BY(mu) = 0;
+  // How many of them have freed their slots so far: a store waits for the
+  // next one (a slot), not for all (the reclaimer may wait for the device,
+  // up to 250 ms a block).
+  uint64_t deferred_finished ABSL_GUARDED_BY(mu) = 0;
+  // How many of them wait for the device to take their write (a burst past
+  // its staging memory): a store does not wait for those, it evicts on its
+  // own path (written under mu, read with or without it).
+  std::atomic<uint32_t> deferred_waiting_for_device{0};
   std::condition_variable_any deferred_done;
   // Promotions in flight and who else waits for them.
   absl::flat_hash_map<BlockRecord*, std::vector<absl::AnyInvocable<void(bool) &&>>> loading ABSL_GUARDED_BY(mu);

@@ -6,6 +6,9 @@
 // victim's copy (keep, demote or drop) is the evictor's (the migrator).
 #include "store/host_residency.h"
 
+#include <chrono>
+#include <optional>
+
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "core/units.h"
@@ -89,6 +92,7 @@ bool HostResidency::ReclaimSegmentLocked(uint64_t slot_bytes, std::optional<uint
 absl::StatusOr<SlotHandle> HostResidency::AllocateSlotLocked(uint64_t bytes, uint32_t tokens, BlockRecord* owner,
                                                              uint32_t* busy_wait_ms) {
   bool waited = false;
+  std::optional<std::chrono::steady_clock::time_point> reclaim_wait_until;
   for (;;) {
     const uint64_t quota = QuotaHostTokens();
     const bool over_quota = quota != 0 && slots.tokens_held() + tokens > quota;
@@ -107,11 +111,22 @@ absl::StatusOr<SlotHandle> HostResidency::AllocateSlotLocked(uint64_t bytes, uin
       return slot;
     }
     if (!absl::IsResourceExhausted(slot.status())) return slot.status();
-    if (deferred_in_flight > 0) {
+    if (deferred_in_flight > 0 && deferred_waiting_for_device.load(std::memory_order_relaxed) == 0) {
       // The reclaimer is freeing slots right now (copies of a few hundred
-      // microseconds): wait for them instead of evicting a hotter block.
-      mu.Await(deferred_done, [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return deferred_in_flight == 0; });
-      continue;
+      // microseconds): wait for the next instead of evicting a hotter
+      // block, for 50 ms in all. Not while one of its demotions waits for
+      // the device (a burst past its staging memory): engines' stores do
+      // not wait for the device; this one evicts on its own path, and its
+      // demotion is dropped if the device refuses it.
+      const auto now = std::chrono::steady_clock::now();
+      if (!reclaim_wait_until) reclaim_wait_until = now + std::chrono::milliseconds(50);
+      if (now < *reclaim_wait_until) {
+        const uint64_t seen = deferred_finished;
+        mu.AwaitFor(deferred_done, *reclaim_wait_until - now, [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+          return deferred_finished != seen || deferred_waiting_for_device.load(std::memory_order_relaxed) > 0;
+        });
+        continue;
+      }
     }
     ChainGuard* policy = PolicyForLocked(host->SlotSizeFor(bytes));
     if (over_quota) {

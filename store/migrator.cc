@@ -129,6 +129,14 @@ bool Migrator::DemoteLocked(HostResidency& t, BlockRecord* r, SlotHandle host_sl
     *why_not = &books_.stats->dropped_too_large;
     return false;
   }
+  if (deferred == nullptr && t.deferred_waiting_for_device.load(std::memory_order_relaxed) > 0) {
+    // A store's own eviction while the reclaim's writes wait for the
+    // device: the device is busy with colder blocks already, and copying
+    // this one into what staging is left would only slow the engine's
+    // store. Dropped, as a refused write would be.
+    *why_not = &books_.stats->dropped_no_room;
+    return false;
+  }
   uint8_t lane = 0;
   const absl::StatusOr<SlotHandle> nslot = DemotionSlot(r, meta, &lane);
   if (!nslot.ok()) {
@@ -218,39 +226,72 @@ bool Migrator::NextTierHealthy(const LowerLane& next) {
   return next_healthy_.load(std::memory_order_acquire);
 }
 
-void Migrator::WriteDemotion(HostResidency& t, BlockRecord* r, uint8_t lane, SlotHandle lower_slot, uint64_t offset,
-                             const BlockMeta& meta) {
+bool Migrator::WriteDemotion(HostResidency& t, BlockRecord* r, uint8_t lane, SlotHandle lower_slot, uint64_t offset,
+                             const BlockMeta& meta, bool background, std::chrono::nanoseconds wait) {
   // The first tier refuses a demotion it has no staging memory for (a
   // burst faster than the device) inside Put, while the host copy is
-  // still there: that block goes one tier down instead of being lost.
-  // `refusal` tells a refusal inside Put (redirected below) from a
-  // completion after it (finished as any other).
+  // still there. The background reclaim's demotions take the tier's
+  // smaller share (IoOptions::may_wait), and wait up to `wait` for room
+  // and go again: the reclaim then evicts no faster than the device
+  // writes. Otherwise, or when the wait runs out, the block goes one tier
+  // down instead of being lost, if there is one.
+  // `refusal` tells a refusal inside Put (handled below) from a completion
+  // after it (finished as any other).
   struct Refusal {
     std::atomic<int> state{0};  // 0: in Put; 1: Put returned; 2: refused inside Put
     absl::Status status;
   };
-  auto refusal = std::make_shared<Refusal>();
+  BlockTier& tier = *books_.lanes[lane]->tier;
   const bool may_redirect = lane == 0 && books_.lanes.size() > 1;
-  books_.lanes[lane]->tier->Put(
-      books_.lanes[lane]->LocatorOf(lower_slot), meta, {t.host->arena_base() + offset, meta.payload_bytes}, IoPriority::kDemote,
-      [this, &t, r, lane, may_redirect, refusal, start = MonotonicNanos()](absl::Status s) {
-        if (may_redirect && ToErrorCode(s) == KVTIER_EBUSY) {
-          refusal->status = s;
-          int in_write = 0;
-          if (refusal->state.compare_exchange_strong(in_write, 2)) return;  // WriteDemotion goes on
-        }
-        if (lane == 0) books_.stats->nvme_write_latency.Record(MonotonicNanos() - start);
-        if (!s.ok()) books_.stats->demotions_failed.Add();
-        if (lane != 0) past_full_in_flight_.fetch_sub(1, std::memory_order_relaxed);
-        OnLowerWritten(lane, r, s);
-        books_.ReleaseIoRef(t, r);
-      });
-  int in_write = 0;
-  if (refusal->state.compare_exchange_strong(in_write, 1)) return;
-  if (RedirectRefusedDemotion(t, r, lower_slot, offset, meta)) return;
+  const bool may_wait = background && wait.count() > 0;
+  const uint64_t wait_until = MonotonicNanos() + static_cast<uint64_t>(std::max<int64_t>(0, wait.count()));
+  bool waited = false;
+  absl::Status refused;
+  for (;;) {
+    auto refusal = std::make_shared<Refusal>();
+    const uint64_t epoch = tier.WriteRoomEpoch();
+    tier.Put(books_.lanes[lane]->LocatorOf(lower_slot), meta, {t.host->arena_base() + offset, meta.payload_bytes},
+             IoOptions{.prio = IoPriority::kDemote, .may_wait = background},
+             [this, &t, r, lane, intercept = may_redirect || may_wait, refusal, start = MonotonicNanos()](absl::Status s) {
+               if (intercept && ToErrorCode(s) == KVTIER_EBUSY) {
+                 refusal->status = s;
+                 int in_write = 0;
+                 if (refusal->state.compare_exchange_strong(in_write, 2)) return;  // WriteDemotion goes on
+               }
+               if (lane == 0) books_.stats->nvme_write_latency.Record(MonotonicNanos() - start);
+               if (!s.ok()) books_.stats->demotions_failed.Add();
+               if (lane != 0) past_full_in_flight_.fetch_sub(1, std::memory_order_relaxed);
+               OnLowerWritten(lane, r, s);
+               books_.ReleaseIoRef(t, r);
+             });
+    int in_write = 0;
+    if (refusal->state.compare_exchange_strong(in_write, 1)) return true;
+    refused = refusal->status;
+    if (!may_wait) break;
+    const uint64_t now = MonotonicNanos();
+    if (now >= wait_until) break;
+    // Stores that wait for the reclaimer's slots stop waiting: the device,
+    // not a copy, holds this one (only the reclaim waits: t.mu is not held).
+    {
+      MutexLock l(&t.mu);
+      t.deferred_waiting_for_device.fetch_add(1, std::memory_order_relaxed);
+    }
+    t.deferred_done.notify_all();
+    const bool room = tier.AwaitWriteRoom(epoch, std::chrono::nanoseconds(wait_until - now));
+    {
+      MutexLock l(&t.mu);
+      t.deferred_waiting_for_device.fetch_sub(1, std::memory_order_relaxed);
+    }
+    if (!room) break;
+    if (!waited) books_.stats->demotions_waited.Add();
+    waited = true;
+  }
+  if (may_redirect && RedirectRefusedDemotion(t, r, lower_slot, offset, meta)) return !may_wait;
   books_.stats->demotions_failed.Add();
-  OnLowerWritten(0, r, refusal->status);
+  if (lane != 0) past_full_in_flight_.fetch_sub(1, std::memory_order_relaxed);  // as the callback does
+  OnLowerWritten(lane, r, refused);
   books_.ReleaseIoRef(t, r);
+  return false;
 }
 
 bool Migrator::RedirectRefusedDemotion(HostResidency& t, BlockRecord* r, SlotHandle first_slot, uint64_t offset,
@@ -304,12 +345,15 @@ bool Migrator::RedirectRefusedDemotion(HostResidency& t, BlockRecord* r, SlotHan
   return true;
 }
 
-void Migrator::FinishDemotion(HostResidency& t, const PendingDemotion& d) {
+bool Migrator::FinishDemotion(HostResidency& t, const PendingDemotion& d, std::chrono::nanoseconds wait) {
   // The slot is still allocated to d.r: nobody else writes these bytes.
-  WriteDemotion(t, d.r, d.lane, d.lower_slot, d.offset, d.meta);
+  const bool written = WriteDemotion(t, d.r, d.lane, d.lower_slot, d.offset, d.meta, /*background=*/true, wait);
   MutexLock l(&t.mu);
   t.FreeSlotLocked(d.host_slot);
-  if (--t.deferred_in_flight == 0) t.deferred_done.notify_all();
+  --t.deferred_in_flight;
+  ++t.deferred_finished;
+  t.deferred_done.notify_all();
+  return written;
 }
 
 // Room in a lower tier: the tenant's quota (lane 0), then the lane's fair-
@@ -438,7 +482,7 @@ void Migrator::RecordWriteLocked(LowerLane& lane, BlockRecord* r, const absl::St
   }
 }
 
-void Migrator::WriteThrough(HostResidency& t, BlockRecord* r, IoPriority prio, StatusCallback done) {
+void Migrator::WriteThrough(HostResidency& t, BlockRecord* r, const IoOptions& io, StatusCallback done) {
   LowerLane& first = *books_.lanes[0];
   const BlockMeta meta = books_.MetaOf(r);
   if (meta.payload_bytes > first.tier->max_block_bytes()) {
@@ -491,7 +535,7 @@ void Migrator::WriteThrough(HostResidency& t, BlockRecord* r, IoPriority prio, S
     r->lower = 0;
     r->lower_state = LowerState::kWriting;
   }
-  first.tier->Put(first.LocatorOf(nslot), meta, {t.host->arena_base() + offset, meta.payload_bytes}, prio,
+  first.tier->Put(first.LocatorOf(nslot), meta, {t.host->arena_base() + offset, meta.payload_bytes}, io,
                     [this, &t, r, start = MonotonicNanos(), done = std::move(done)](absl::Status s) mutable {
                       // A write the staging memory refused never started (a flush
                       // tries it again): not a write.

@@ -93,14 +93,21 @@ class Migrator final : public HostEvictor {
   bool DropUnadmittedLocked(LowerLane& from, BlockRecord* r, SlotHandle slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(from.mu);
   EvictResult EvictHostCopyLocked(HostResidency& t, BlockRecord* r, std::vector<PendingDemotion>* deferred) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
-  // Starts a deferred demotion's write, then frees its host slot.
-  void FinishDemotion(HostResidency& t, const PendingDemotion& d) ABSL_LOCKS_EXCLUDED(t.mu);
+  // Starts a deferred demotion's write (the background reclaim's: it takes
+  // the first tier's smaller staging share, IoOptions::may_wait), then
+  // frees its host slot. A write the tier refuses for a burst faster than
+  // its device (no staging memory now) waits up to `wait` for room and
+  // goes again; false when it was refused even so (the block then went a
+  // tier down, or was lost and counted in demotions_failed): the caller
+  // should stop evicting for now.
+  bool FinishDemotion(HostResidency& t, const PendingDemotion& d, std::chrono::nanoseconds wait = {})
+      ABSL_LOCKS_EXCLUDED(t.mu);
 
   // --- write-through (migrator.cc)
   // Writes r's committed host copy to the first lower tier; `done` gets the
   // write's status (FailedPrecondition when the block is already kept on a
   // tier that is not durable, Unavailable while it is moving).
-  void WriteThrough(HostResidency& t, BlockRecord* r, IoPriority prio, StatusCallback done);
+  void WriteThrough(HostResidency& t, BlockRecord* r, const IoOptions& io, StatusCallback done);
 
   // --- promotion (migrator_promotion.cc)
   // Brings r's lower copy into a host slot; `done(ok)` when it is there or
@@ -171,8 +178,10 @@ class Migrator final : public HostEvictor {
   std::atomic<uint64_t> next_health_at_ns_{0};
   std::atomic<bool> next_healthy_{false};
   // Starts the write of a demotion into `lane` from host memory at `offset`.
-  void WriteDemotion(HostResidency& t, BlockRecord* r, uint8_t lane, SlotHandle lower_slot, uint64_t offset,
-                     const BlockMeta& meta);
+  // `background` and `wait`, and what it returns, as for FinishDemotion
+  // (true whenever the write was not refused).
+  bool WriteDemotion(HostResidency& t, BlockRecord* r, uint8_t lane, SlotHandle lower_slot, uint64_t offset,
+                     const BlockMeta& meta, bool background = false, std::chrono::nanoseconds wait = {});
   // A demotion the first lane's tier refused inside Put (KVTIER_EBUSY:
   // no staging memory) goes to the next lane's room now, if it takes r;
   // false (nothing changed) if not.

@@ -2,7 +2,7 @@
 // Migrator::Flush: the drain at shutdown (and the admin flush).
 // Every host block without a durable lower copy is written to the first
 // lower tier, with flow control: a write the staging memory cannot take now
-// waits for one in flight and goes again, so every block that fits is written.
+// waits for staging to free and goes again, so every block that fits is written.
 #include "store/migrator.h"
 
 #include <algorithm>
@@ -28,8 +28,6 @@ struct Migrator::FlushJob {
   Mutex mu;
   std::condition_variable_any cv;
   uint64_t remaining ABSL_GUARDED_BY(mu) = 0;
-  uint64_t in_flight ABSL_GUARDED_BY(mu) = 0;
-  uint64_t finished ABSL_GUARDED_BY(mu) = 0;  // writes that completed, either way
   uint64_t written ABSL_GUARDED_BY(mu) = 0, failed ABSL_GUARDED_BY(mu) = 0;
 };
 
@@ -90,37 +88,32 @@ std::vector<BlockRecord*> Migrator::FlushCandidates(HostResidency& t, uint64_t* 
 void Migrator::FlushBlock(HostResidency& t, BlockRecord* r, const std::shared_ptr<FlushJob>& job,
                             std::chrono::steady_clock::time_point deadline) {
   // Flow control: a write the staging memory cannot take now (KVTIER_EBUSY)
-  // waits for one in flight to finish and goes again, so every block that
-  // fits is written; it fails only when nothing is in flight to free
-  // staging, or at the deadline.
+  // waits until the tier gives staging back (each write does when its I/O
+  // completes, before its journal record is durable) and goes again, so
+  // every block that fits is written at the device's pace; it fails only
+  // when nothing is in flight to free staging, or at the deadline.
+  BlockTier& tier = *books_.lanes[0]->tier;
   for (;;) {
     auto busy = std::make_shared<bool>(false);
-    {
-      MutexLock l(&job->mu);
-      ++job->in_flight;
-    }
-    WriteThrough(t, r, IoPriority::kDemote, [job, busy](absl::Status s) {
+    const uint64_t epoch = tier.WriteRoomEpoch();
+    WriteThrough(t, r, IoOptions{.prio = IoPriority::kDemote, .may_wait = true}, [job, busy](absl::Status s) {
       {
         MutexLock l(&job->mu);
-        --job->in_flight;
         if (ToErrorCode(s) == KVTIER_EBUSY) {
           *busy = true;  // refused before it started: the submitter retries
         } else {
-          ++job->finished;
           (s.ok() ? job->written : job->failed) += 1;
           --job->remaining;
         }
       }
       job->cv.notify_all();
     });
-    MutexLock l(&job->mu);
-    if (!*busy) return;
-    const uint64_t seen = job->finished;
-    const bool progress = job->in_flight > 0 &&
-                          job->mu.AwaitFor(job->cv, Left(deadline), [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-                            return job->finished != seen || job->in_flight == 0;
-                          });
-    if (!progress) {
+    {
+      MutexLock l(&job->mu);
+      if (!*busy) return;
+    }
+    if (!tier.AwaitWriteRoom(epoch, Left(deadline))) {
+      MutexLock l(&job->mu);
       ++job->failed;
       --job->remaining;
       return;

@@ -119,6 +119,9 @@ struct DaemonStats {
   // Movement between tiers. Host evictions end as kept (an NVMe copy already
   // existed), demoted (written to NVMe) or dropped.
   Counter evictions_kept_on_nvme, demotions, demotions_failed, evictions_dropped;
+  // Background demotions that waited for the first lower tier's device
+  // (its staging memory was busy) before their write went.
+  Counter demotions_waited;
   // Why host evictions were dropped rather than demoted (with
   // evictions_dropped_by_cost, they sum to evictions_dropped): no tier below
   // host memory; a block larger than that tier takes; no room there (its

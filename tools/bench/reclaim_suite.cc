@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "kvtier/client.h"
 #include "tools/bench/bench.h"
+#include "tools/common/daemon_process.h"
 
 namespace kvtier::bench {
 namespace {
@@ -23,6 +24,9 @@ constexpr uint64_t kBlock = 2ull << 20;
 
 struct Latencies {
   double p50_ms = 0, p99_ms = 0;
+  // Host evictions dropped, or whose NVMe write failed or was refused
+  // (blocks lost), and background demotions that waited for the device.
+  uint64_t lost = 0, waited = 0;
   bool ok = false;
 };
 
@@ -65,7 +69,16 @@ Latencies Run(const Context& ctx, double high, double low, int stores, std::chro
     ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     std::this_thread::sleep_for(pause);
   }
-  return Latencies{Percentile(ms, 50), Percentile(ms, 99), true};
+  Latencies out{Percentile(ms, 50), Percentile(ms, 99)};
+  absl::StatusOr<nlohmann::json> st = sd->daemon->Status();
+  if (!st.ok()) return {};
+  for (const nlohmann::json& tier : (*st)["tiers"]) {
+    if (tier.value("tier", "") != "host") continue;
+    out.lost = tier.value("demotions_failed", uint64_t{0}) + tier.value("evictions_dropped", uint64_t{0});
+    out.waited = tier.value("demotions_waited", uint64_t{0});
+  }
+  out.ok = true;
+  return out;
 }
 
 }  // namespace
@@ -83,8 +96,10 @@ std::vector<Metric> RunReclaimSuite(const Context& ctx) {
       return {};
     }
     if (!ctx.json) {
-      std::printf("reclaim pair %d: store p50 %.3f ms (off %.3f), p99 %.3f ms (off %.3f)\n", i + 1, on.p50_ms,
-                  off.p50_ms, on.p99_ms, off.p99_ms);
+      std::printf("reclaim pair %d: store p50 %.3f ms (off %.3f), p99 %.3f ms (off %.3f); blocks lost %llu "
+                  "(off %llu), demotions that waited %llu\n",
+                  i + 1, on.p50_ms, off.p50_ms, on.p99_ms, off.p99_ms, static_cast<unsigned long long>(on.lost),
+                  static_cast<unsigned long long>(off.lost), static_cast<unsigned long long>(on.waited));
     }
     p50_on.push_back(on.p50_ms);
     p50_off.push_back(off.p50_ms);
