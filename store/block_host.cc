@@ -41,11 +41,13 @@ absl::StatusOr<uint64_t> BlockStore::EvictTenant(const std::string& tenant) {
     MutexLock l(&t.mu);
     // Bounded: a victim that turns out busy is skipped, not retried forever.
     const uint64_t slots = t.host->Usage().used_slots;
+    t.evicting_all = true;
     for (uint64_t i = 0; i < slots; ++i) {
       const uint64_t before = t.host->Usage().used_slots;
       if (!t.EvictColdestLocked()) break;  // counts its evictions
       if (t.host->Usage().used_slots < before) ++evicted;
     }
+    t.evicting_all = false;
     return evicted;
   }
   return absl::NotFoundError(absl::StrCat("no tenant \"", tenant, "\""));

@@ -129,11 +129,12 @@ bool Migrator::DemoteLocked(HostResidency& t, BlockRecord* r, SlotHandle host_sl
     *why_not = &books_.stats->dropped_too_large;
     return false;
   }
-  if (deferred == nullptr && t.deferred_waiting_for_device.load(std::memory_order_relaxed) > 0) {
+  if (deferred == nullptr && !t.evicting_all && t.deferred_waiting_for_device.load(std::memory_order_relaxed) > 0) {
     // A store's own eviction while the reclaim's writes wait for the
     // device: the device is busy with colder blocks already, and copying
     // this one into what staging is left would only slow the engine's
-    // store. Dropped, as a refused write would be.
+    // store. Dropped, as a refused write would be. (Not an operator's
+    // evict of the tenant, which demotes what staging takes.)
     *why_not = &books_.stats->dropped_no_room;
     return false;
   }
