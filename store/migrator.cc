@@ -96,7 +96,8 @@ void Migrator::SayDropped() {
   spdlog::warn("event=evictions_dropped dropped={} too_large={} no_room={} tier_unwritable={} detail=\"host "
                "evictions found no place below host memory: those blocks are gone and will be recomputed\" "
                "hint=\"kvtierctl status shows the NVMe tier's use, quotas and pins; a larger tiers.nvme.capacity, "
-               "a larger tiers.nvme.segment_bytes (for large blocks) or fewer pins keeps them\"",
+               "a larger tiers.nvme.segment_bytes (for large blocks) or fewer pins keeps them; with demotions_waited "
+               "rising, the device writes slower than engines store\"",
                st.evictions_dropped.Get(), st.dropped_too_large.Get(), st.dropped_no_room.Get(),
                st.dropped_tier_unwritable.Get());
 }
