@@ -41,13 +41,11 @@ absl::StatusOr<uint64_t> BlockStore::EvictTenant(const std::string& tenant) {
     MutexLock l(&t.mu);
     // Bounded: a victim that turns out busy is skipped, not retried forever.
     const uint64_t slots = t.host->Usage().used_slots;
-    t.evicting_all = true;
     for (uint64_t i = 0; i < slots; ++i) {
       const uint64_t before = t.host->Usage().used_slots;
       if (!t.EvictColdestLocked()) break;  // counts its evictions
       if (t.host->Usage().used_slots < before) ++evicted;
     }
-    t.evicting_all = false;
     return evicted;
   }
   return absl::NotFoundError(absl::StrCat("no tenant \"", tenant, "\""));
@@ -80,6 +78,7 @@ void BlockStore::ReclaimPass() {
     bool started = false;
     std::vector<PendingDemotion> pending;
     for (;;) {
+      if (!reclaimer_.running()) return;  // stopping: a drain writes what is left itself
       bool more = false;
       // The marks as a pair, per batch: a reload during a long pass counts
       // from its next batch.
@@ -114,12 +113,13 @@ void BlockStore::ReclaimPass() {
       // (a device that stopped answering), or the reclaimer is stopping
       // (a drain, which writes what is left itself), the batch's rest does
       // not wait and the pass ends; the next one tries again.
-      bool stalled = !reclaimer_.running();
+      bool stalled = false;
       for (const PendingDemotion& d : pending) {
+        stalled = stalled || !reclaimer_.running();
         if (!migrator_.FinishDemotion(t, d, stalled ? std::chrono::nanoseconds(0) : kReclaimWriteWait)) stalled = true;
       }
       pending.clear();
-      if (!more || stalled || !reclaimer_.running()) break;
+      if (!more || stalled) break;
     }
   }
 }

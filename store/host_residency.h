@@ -174,9 +174,10 @@ class HostResidency {
   // its staging memory): a store does not wait for those, it evicts on its
   // own path (written under mu, read with or without it).
   std::atomic<uint32_t> deferred_waiting_for_device{0};
-  // An operator's evict of the whole tenant is running (BlockStore::
-  // EvictTenant): its victims are demoted even then, as it promises.
-  bool evicting_all ABSL_GUARDED_BY(mu) = false;
+  // An engine's store is evicting one victim for its slot (not a segment
+  // reclaim, a promotion or an operator's evict): while the reclaim waits
+  // on the device, that victim is dropped rather than copied.
+  bool evicting_for_store ABSL_GUARDED_BY(mu) = false;
   std::condition_variable_any deferred_done;
   // Promotions in flight and who else waits for them.
   absl::flat_hash_map<BlockRecord*, std::vector<absl::AnyInvocable<void(bool) &&>>> loading ABSL_GUARDED_BY(mu);

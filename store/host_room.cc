@@ -6,6 +6,7 @@
 // victim's copy (keep, demote or drop) is the evictor's (the migrator).
 #include "store/host_residency.h"
 
+#include <algorithm>
 #include <chrono>
 #include <optional>
 
@@ -114,17 +115,24 @@ absl::StatusOr<SlotHandle> HostResidency::AllocateSlotLocked(uint64_t bytes, uin
     if (deferred_in_flight > 0 && deferred_waiting_for_device.load(std::memory_order_relaxed) == 0) {
       // The reclaimer is freeing slots right now (copies of a few hundred
       // microseconds): wait for the next instead of evicting a hotter
-      // block, for 50 ms in all. Not while one of its demotions waits for
-      // the device (a burst past its staging memory): engines' stores do
-      // not wait for the device; this one evicts on its own path, and its
-      // demotion is dropped if the device refuses it.
+      // block, from the store's wait budget (all its slots together; 50 ms
+      // for a promotion). Not while one of its demotions waits for the
+      // device (a burst past its staging memory): engines' stores do not
+      // wait for the device; this one evicts on its own path and drops its
+      // victim.
       const auto now = std::chrono::steady_clock::now();
-      if (!reclaim_wait_until) reclaim_wait_until = now + std::chrono::milliseconds(50);
+      if (!reclaim_wait_until) {
+        reclaim_wait_until = now + std::chrono::milliseconds(busy_wait_ms != nullptr ? *busy_wait_ms : 50);
+      }
       if (now < *reclaim_wait_until) {
         const uint64_t seen = deferred_finished;
         mu.AwaitFor(deferred_done, *reclaim_wait_until - now, [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
           return deferred_finished != seen || deferred_waiting_for_device.load(std::memory_order_relaxed) > 0;
         });
+        if (busy_wait_ms != nullptr) {
+          const auto spent = std::chrono::ceil<std::chrono::milliseconds>(std::chrono::steady_clock::now() - now);
+          *busy_wait_ms -= static_cast<uint32_t>(std::min<int64_t>(*busy_wait_ms, spent.count()));
+        }
         continue;
       }
     }
@@ -193,7 +201,12 @@ absl::StatusOr<SlotHandle> HostResidency::AllocateSlotLocked(uint64_t bytes, uin
                                       " committed blocks of this size are pinned by leases or busy with I/O; "
                                       "release leases or raise tiers.host.capacity"));
     }
+    // An engine's store (it has a wait budget; a promotion has none) drops
+    // this victim rather than copy it while the reclaim waits on the device
+    // (Migrator::DemoteLocked).
+    evicting_for_store = busy_wait_ms != nullptr;
     EvictOneLocked(slots.owner(*victim), nullptr);
+    evicting_for_store = false;
   }
 }
 

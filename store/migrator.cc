@@ -130,12 +130,13 @@ bool Migrator::DemoteLocked(HostResidency& t, BlockRecord* r, SlotHandle host_sl
     *why_not = &books_.stats->dropped_too_large;
     return false;
   }
-  if (deferred == nullptr && !t.evicting_all && t.deferred_waiting_for_device.load(std::memory_order_relaxed) > 0) {
+  if (t.evicting_for_store && books_.lanes.size() == 1 &&
+      t.deferred_waiting_for_device.load(std::memory_order_relaxed) > 0) {
     // A store's own eviction while the reclaim's writes wait for the
     // device: the device is busy with colder blocks already, and copying
     // this one into what staging is left would only slow the engine's
-    // store. Dropped, as a refused write would be. (Not an operator's
-    // evict of the tenant, which demotes what staging takes.)
+    // store. Dropped, as a refused write would be. (Only a store's single
+    // victim, and only with no tier below NVMe to take it.)
     *why_not = &books_.stats->dropped_no_room;
     return false;
   }
@@ -232,9 +233,9 @@ bool Migrator::WriteDemotion(HostResidency& t, BlockRecord* r, uint8_t lane, Slo
                              const BlockMeta& meta, bool background, std::chrono::nanoseconds wait) {
   // The first tier refuses a demotion it has no staging memory for (a
   // burst faster than the device) inside Put, while the host copy is
-  // still there. The background reclaim's demotions take the tier's
-  // smaller share (IoOptions::may_wait), and wait up to `wait` for room
-  // and go again: the reclaim then evicts no faster than the device
+  // still there. The background reclaim's demotions, while they may wait,
+  // take the tier's smaller share (IoOptions::may_wait), and wait up to
+  // `wait` for room and go again: the reclaim then evicts no faster than the device
   // writes. Otherwise, or when the wait runs out, the block goes one tier
   // down instead of being lost, if there is one.
   // `refusal` tells a refusal inside Put (handled below) from a completion
@@ -253,7 +254,7 @@ bool Migrator::WriteDemotion(HostResidency& t, BlockRecord* r, uint8_t lane, Slo
     auto refusal = std::make_shared<Refusal>();
     const uint64_t epoch = tier.WriteRoomEpoch();
     tier.Put(books_.lanes[lane]->LocatorOf(lower_slot), meta, {t.host->arena_base() + offset, meta.payload_bytes},
-             IoOptions{.prio = IoPriority::kDemote, .may_wait = background},
+             IoOptions{.prio = IoPriority::kDemote, .may_wait = may_wait},
              [this, &t, r, lane, intercept = may_redirect || may_wait, refusal, start = MonotonicNanos()](absl::Status s) {
                if (intercept && ToErrorCode(s) == KVTIER_EBUSY) {
                  refusal->status = s;

@@ -93,9 +93,9 @@ class Migrator final : public HostEvictor {
   bool DropUnadmittedLocked(LowerLane& from, BlockRecord* r, SlotHandle slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(from.mu);
   EvictResult EvictHostCopyLocked(HostResidency& t, BlockRecord* r, std::vector<PendingDemotion>* deferred) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
-  // Starts a deferred demotion's write (the background reclaim's: it takes
-  // the first tier's smaller staging share, IoOptions::may_wait), then
-  // frees its host slot. A write the tier refuses for a burst faster than
+  // Starts a deferred demotion's write (the background reclaim's: while it
+  // may wait, it takes the first tier's smaller staging share,
+  // IoOptions::may_wait), then frees its host slot. A write the tier refuses for a burst faster than
   // its device (no staging memory now) waits up to `wait` for room and
   // goes again; false when it was refused even so (the block then went a
   // tier down, or was lost and counted in demotions_failed): the caller
