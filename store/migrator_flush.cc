@@ -91,9 +91,18 @@ void Migrator::FlushBlock(HostResidency& t, BlockRecord* r, const std::shared_pt
   // waits until the tier gives staging back (each write does when its I/O
   // completes, before its journal record is durable) and goes again, so
   // every block that fits is written at the device's pace; it fails only
-  // when nothing is in flight to free staging, or at the deadline.
+  // when nothing is in flight to free staging, or at the deadline, after
+  // which no write starts.
   BlockTier& tier = *books_.lanes[0]->tier;
   for (;;) {
+    if (Left(deadline).count() == 0) {
+      // Past the drain's budget nothing more is started: what is in flight
+      // lands, and the final sync waits only for that.
+      MutexLock l(&job->mu);
+      ++job->failed;
+      --job->remaining;
+      return;
+    }
     auto busy = std::make_shared<bool>(false);
     const uint64_t epoch = tier.WriteRoomEpoch();
     WriteThrough(t, r, IoOptions{.prio = IoPriority::kDemote, .may_wait = true}, [job, busy](absl::Status s) {

@@ -1435,6 +1435,27 @@ TEST_F(BlockStoreNvmeTest, AFlushWaitsForStagingInsteadOfFailingBlocks) {
   EXPECT_EQ(stats_.writes_through.Get(), 200u) << "a write staging refused, tried again, counts once";
 }
 
+// A flush stops starting writes at its deadline: the drain on SIGTERM
+// must end within daemon.drain_timeout_ms, not when the device has written
+// everything. (Before, once past the deadline a refused write found room
+// freed since and went on: the demo's drain ran 24-50 s on an 8 s budget.)
+TEST_F(BlockStoreNvmeTest, AFlushStartsNoWriteAfterItsDeadline) {
+  staging_bytes_ = 512 << 10;  // a flush's writes: 12 of 16 KiB + header in flight
+  Open(200);
+  auto s = Session();
+  Store(*s, 0, 200);
+  faults_->delay_us = 20000;  // 50 writes a second: all 200 would take 4 s
+  const auto start = std::chrono::steady_clock::now();
+  const BlockStore::FlushResult f = store_->FlushToFirstLowerTier(std::chrono::milliseconds(300));
+  const auto took = std::chrono::steady_clock::now() - start;
+  faults_->delay_us = 0;
+  EXPECT_TRUE(f.timed_out);
+  EXPECT_GT(f.failed, 100u) << "what was not started by the deadline";
+  EXPECT_LT(took, std::chrono::milliseconds(2500)) << "only the writes in flight at the deadline were waited for";
+  SyncNvme();
+  for (uint64_t k = 0; k < 200; k += 4) ASSERT_EQ(LoadVerified(*s, k, 4), 4u) << "host copies stay";
+}
+
 // One tenant's lookups wait on the shared tier 8 at a time at most: the
 // rest answer from the local tiers at once (a counted "busy"), so a tenant's
 // sessions cannot flood the cluster all nodes share.
