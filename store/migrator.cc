@@ -230,14 +230,15 @@ bool Migrator::NextTierHealthy(const LowerLane& next) {
 }
 
 bool Migrator::WriteDemotion(HostResidency& t, BlockRecord* r, uint8_t lane, SlotHandle lower_slot, uint64_t offset,
-                             const BlockMeta& meta, bool background, std::chrono::nanoseconds wait) {
+                             const BlockMeta& meta, std::chrono::nanoseconds wait) {
   // The first tier refuses a demotion it has no staging memory for (a
   // burst faster than the device) inside Put, while the host copy is
-  // still there. The background reclaim's demotions, while they may wait,
-  // take the tier's smaller share (IoOptions::may_wait), and wait up to
-  // `wait` for room and go again: the reclaim then evicts no faster than the device
-  // writes. Otherwise, or when the wait runs out, the block goes one tier
-  // down instead of being lost, if there is one.
+  // still there. With a `wait` (only the background reclaim's demotions
+  // have one) the write takes the tier's smaller share (IoOptions::
+  // may_wait), waits up to `wait` for room and goes again: the reclaim then
+  // evicts no faster than the device writes. Otherwise, or when the wait
+  // runs out, the block goes one tier down instead of being lost, if there
+  // is one.
   // `refusal` tells a refusal inside Put (handled below) from a completion
   // after it (finished as any other).
   struct Refusal {
@@ -246,7 +247,7 @@ bool Migrator::WriteDemotion(HostResidency& t, BlockRecord* r, uint8_t lane, Slo
   };
   BlockTier& tier = *books_.lanes[lane]->tier;
   const bool may_redirect = lane == 0 && books_.lanes.size() > 1;
-  const bool may_wait = background && wait.count() > 0;
+  const bool may_wait = wait.count() > 0;
   const uint64_t wait_until = MonotonicNanos() + static_cast<uint64_t>(std::max<int64_t>(0, wait.count()));
   bool waited = false;
   absl::Status refused;
@@ -350,7 +351,7 @@ bool Migrator::RedirectRefusedDemotion(HostResidency& t, BlockRecord* r, SlotHan
 
 bool Migrator::FinishDemotion(HostResidency& t, const PendingDemotion& d, std::chrono::nanoseconds wait) {
   // The slot is still allocated to d.r: nobody else writes these bytes.
-  const bool written = WriteDemotion(t, d.r, d.lane, d.lower_slot, d.offset, d.meta, /*background=*/true, wait);
+  const bool written = WriteDemotion(t, d.r, d.lane, d.lower_slot, d.offset, d.meta, wait);
   MutexLock l(&t.mu);
   t.FreeSlotLocked(d.host_slot);
   --t.deferred_in_flight;

@@ -93,13 +93,13 @@ class Migrator final : public HostEvictor {
   bool DropUnadmittedLocked(LowerLane& from, BlockRecord* r, SlotHandle slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(from.mu);
   EvictResult EvictHostCopyLocked(HostResidency& t, BlockRecord* r, std::vector<PendingDemotion>* deferred) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
-  // Starts a deferred demotion's write (the background reclaim's: while it
-  // may wait, it takes the first tier's smaller staging share,
-  // IoOptions::may_wait), then frees its host slot. A write the tier refuses for a burst faster than
-  // its device (no staging memory now) waits up to `wait` for room and
-  // goes again; false when it was refused even so (the block then went a
-  // tier down, or was lost and counted in demotions_failed): the caller
-  // should stop evicting for now.
+  // Starts a deferred demotion's write (the background reclaim's), then
+  // frees its host slot. With a `wait`, the write takes the first tier's
+  // smaller staging share (IoOptions::may_wait), and one the tier refuses
+  // for a burst faster than its device waits up to `wait` for room and goes
+  // again; false when it was refused even so (the block then went a tier
+  // down, or was lost and counted in demotions_failed): the caller should
+  // stop evicting for now.
   bool FinishDemotion(HostResidency& t, const PendingDemotion& d, std::chrono::nanoseconds wait = {})
       ABSL_LOCKS_EXCLUDED(t.mu);
 
@@ -178,10 +178,10 @@ class Migrator final : public HostEvictor {
   std::atomic<uint64_t> next_health_at_ns_{0};
   std::atomic<bool> next_healthy_{false};
   // Starts the write of a demotion into `lane` from host memory at `offset`.
-  // `background` and `wait`, and what it returns, as for FinishDemotion
-  // (true whenever the write was not refused).
+  // `wait`, and what it returns, as for FinishDemotion (true whenever the
+  // write was not refused). A wait may be given only without t.mu held.
   bool WriteDemotion(HostResidency& t, BlockRecord* r, uint8_t lane, SlotHandle lower_slot, uint64_t offset,
-                     const BlockMeta& meta, bool background = false, std::chrono::nanoseconds wait = {});
+                     const BlockMeta& meta, std::chrono::nanoseconds wait = {});
   // A demotion the first lane's tier refused inside Put (KVTIER_EBUSY:
   // no staging memory) goes to the next lane's room now, if it takes r;
   // false (nothing changed) if not.

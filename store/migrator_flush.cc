@@ -94,15 +94,15 @@ void Migrator::FlushBlock(HostResidency& t, BlockRecord* r, const std::shared_pt
   // when nothing is in flight to free staging, or at the deadline, after
   // which no write starts.
   BlockTier& tier = *books_.lanes[0]->tier;
+  auto give_up = [&job] {
+    MutexLock l(&job->mu);
+    ++job->failed;
+    --job->remaining;
+  };
   for (;;) {
-    if (Left(deadline).count() == 0) {
-      // Past the drain's budget nothing more is started: what is in flight
-      // lands, and the final sync waits only for that.
-      MutexLock l(&job->mu);
-      ++job->failed;
-      --job->remaining;
-      return;
-    }
+    // Past the drain's budget nothing more is started: what is in flight
+    // lands, and the final sync waits only for that.
+    if (Left(deadline).count() == 0) return give_up();
     auto busy = std::make_shared<bool>(false);
     const uint64_t epoch = tier.WriteRoomEpoch();
     WriteThrough(t, r, IoOptions{.prio = IoPriority::kDemote, .may_wait = true}, [job, busy](absl::Status s) {
@@ -121,12 +121,7 @@ void Migrator::FlushBlock(HostResidency& t, BlockRecord* r, const std::shared_pt
       MutexLock l(&job->mu);
       if (!*busy) return;
     }
-    if (!tier.AwaitWriteRoom(epoch, Left(deadline))) {
-      MutexLock l(&job->mu);
-      ++job->failed;
-      --job->remaining;
-      return;
-    }
+    if (!tier.AwaitWriteRoom(epoch, Left(deadline))) return give_up();
   }
 }
 
