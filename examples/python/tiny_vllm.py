@@ -542,7 +542,9 @@ class Worker:
 
 def _worker_main(conn, args):
     torch.set_num_threads(1)
-    os.environ.setdefault("PYTHONHASHSEED", args["hash_seed"])
+    # The engine's seed, not the fork server's environment (taken when the
+    # first engine started it).
+    os.environ["PYTHONHASHSEED"] = args["hash_seed"]
     try:
         w = Worker(*args["worker"])
         conn.send(("ready", None))
@@ -566,6 +568,22 @@ def _worker_main(conn, args):
 
 
 # --- the engine: scheduler + workers ---------------------------------------------------
+
+_WORKER_CONTEXT = None
+
+
+def _worker_context():
+    """Workers are fresh processes (as vLLM's spawned workers: nothing of the
+    scheduler's threads, sockets or connector comes with them), forked from a
+    server that imported torch and this module once, instead of each one
+    spending ~2 s of CPU importing torch again."""
+    global _WORKER_CONTEXT
+    if _WORKER_CONTEXT is None:
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload([__name__])
+        _WORKER_CONTEXT = ctx
+    return _WORKER_CONTEXT
+
 
 class TinyEngine:
     def __init__(self, *, socket: str = "", kv_transfer_config: dict | None = None, tp: int = 1, layers: int = 4,
@@ -624,7 +642,7 @@ class TinyEngine:
         if self.use_connector:
             from kvtier.vllm import KVConnectorRole
             self.connector = _load_connector(config(0), KVConnectorRole.SCHEDULER, self.kv_cache_config, self.real)
-        ctx = mp.get_context("spawn")
+        ctx = _worker_context()
         self.workers = []
         for rank in range(tp):
             parent, child = ctx.Pipe()
