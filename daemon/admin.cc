@@ -217,10 +217,16 @@ nlohmann::json Daemon::AdminFlush(const nlohmann::json& request) {
     return Error("bad request: timeout_ms must be a number of milliseconds");
   }
   const BlockStore::FlushResult f = store_->FlushToFirstLowerTier(std::chrono::milliseconds(*ms));
-  spdlog::info("event=admin_flush written={} already_on_nvme={} failed={} timed_out={}", f.written,
-               f.already_on_nvme, f.failed, f.timed_out);
-  return json{{"ok", true},          {"written", f.written}, {"already_on_nvme", f.already_on_nvme},
-              {"failed", f.failed},  {"timed_out", f.timed_out},
+  const double sync_ms = std::chrono::duration<double, std::milli>(f.sync_time).count();
+  spdlog::info("event=admin_flush written={} already_on_nvme={} failed={} timed_out={} landed_late={} sync_ms={:.1f}",
+               f.written, f.already_on_nvme, f.failed, f.timed_out, f.landed_late, sync_ms);
+  return json{{"ok", true},
+              {"written", f.written},
+              {"already_on_nvme", f.already_on_nvme},
+              {"failed", f.failed},
+              {"timed_out", f.timed_out},
+              {"landed_late", f.landed_late},
+              {"sync_ms", sync_ms},
               {"journal", f.sync.ok() ? std::string("durable") : std::string(f.sync.message())}};
 }
 

@@ -638,15 +638,23 @@ void Daemon::Drain() {
   const BlockStore::FlushResult f =
       store_->FlushToFirstLowerTier(std::chrono::nanoseconds(budget > spent ? budget - spent : 0));
   const double seconds = double(MonotonicNanos() - start) / 1e9;
-  if (f.timed_out || f.failed > 0 || !f.sync.ok()) {
-    spdlog::warn("event=drained written={} already_on_nvme={} failed={} timed_out={} journal=\"{}\" seconds={:.3f} "
-                 "hint=\"blocks not written are lost with this process; raise daemon.drain_timeout_ms or "
-                 "tiers.nvme.capacity\"",
-                 f.written, f.already_on_nvme, f.failed, f.timed_out, LogQuoted(f.sync.ok() ? "durable" : f.sync.message()),
-                 seconds);
+  const double sync_seconds = std::chrono::duration<double>(f.sync_time).count();
+  if (f.failed > 0 || !f.sync.ok()) {
+    spdlog::warn("event=drained written={} already_on_nvme={} failed={} timed_out={} landed_late={} journal=\"{}\" "
+                 "seconds={:.3f} sync_seconds={:.3f} hint=\"blocks not written are lost with this process; raise "
+                 "daemon.drain_timeout_ms or tiers.nvme.capacity\"",
+                 f.written, f.already_on_nvme, f.failed, f.timed_out, f.landed_late,
+                 LogQuoted(f.sync.ok() ? "durable" : f.sync.message()), seconds, sync_seconds);
+  } else if (f.timed_out) {
+    spdlog::warn("event=drained written={} already_on_nvme={} failed=0 timed_out=true landed_late={} journal=durable "
+                 "seconds={:.3f} sync_seconds={:.3f} detail=\"every block was written, the last ones after the "
+                 "budget\" hint=\"the device was slower than the budget allows; raise daemon.drain_timeout_ms "
+                 "(TimeoutStopSec must stay above it)\"",
+                 f.written, f.already_on_nvme, f.landed_late, seconds, sync_seconds);
   } else {
-    spdlog::info("event=drained written={} already_on_nvme={} failed=0 journal=durable seconds={:.3f}", f.written,
-                 f.already_on_nvme, seconds);
+    spdlog::info("event=drained written={} already_on_nvme={} failed=0 journal=durable seconds={:.3f} "
+                 "sync_seconds={:.3f}",
+                 f.written, f.already_on_nvme, seconds, sync_seconds);
   }
 }
 

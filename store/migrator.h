@@ -48,8 +48,15 @@ using StatusCallback = absl::AnyInvocable<void(absl::Status) &&>;
 // What a drain did (Migrator::Flush).
 struct FlushResult {
   uint64_t written = 0, failed = 0, already_on_nvme = 0;
+  // The budget ran out: blocks were not started for lack of time (in
+  // `failed`), or writes were still in flight at the deadline (those that
+  // landed in the final sync are in `written` and in `landed_late`).
   bool timed_out = false;
+  uint64_t landed_late = 0;
   absl::Status sync;
+  // Time spent writing (until every write landed, or the deadline), then in
+  // the final sync (writes in flight landing, the journal made durable).
+  std::chrono::nanoseconds write_time{0}, sync_time{0};
 };
 
 // A demotion whose copy into the first lower tier waits until the tier

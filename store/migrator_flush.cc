@@ -25,17 +25,46 @@ std::chrono::nanoseconds Left(std::chrono::steady_clock::time_point deadline) {
 // The writes of one drain: how many are still to land or in flight, and how
 // they ended.
 struct Migrator::FlushJob {
+  FlushJob(std::chrono::steady_clock::time_point s, uint64_t epoch) : start(s), start_epoch(epoch) {}
+  const std::chrono::steady_clock::time_point start;
+  const uint64_t start_epoch;  // the tier's WriteRoomEpoch() then: it counts writes whose I/O completed
   Mutex mu;
   std::condition_variable_any cv;
   uint64_t remaining ABSL_GUARDED_BY(mu) = 0;
   uint64_t written ABSL_GUARDED_BY(mu) = 0, failed ABSL_GUARDED_BY(mu) = 0;
+  // Writes the tier took, and those of them that landed (durable, or
+  // failed).
+  uint64_t launched ABSL_GUARDED_BY(mu) = 0, landed ABSL_GUARDED_BY(mu) = 0;
+  bool out_of_time ABSL_GUARDED_BY(mu) = false;  // blocks were not started for lack of time
+
+  // The time the final Sync() will take if no more writes start: the I/O in
+  // flight completing at the pace this flush has seen (completions of the
+  // I/O, not of the journal, whose group commit holds thousands that one
+  // urgent round makes durable at once), and one journal round.
+  std::chrono::nanoseconds Landing(std::chrono::steady_clock::time_point now, const BlockTier& tier) {
+    const uint64_t io_done_epochs = tier.WriteRoomEpoch() - start_epoch;
+    uint64_t in_flight = 0, io_done = 0;
+    {
+      MutexLock l(&mu);
+      // A write that ended without I/O (refused, already below) released
+      // nothing but landed.
+      io_done = std::max(io_done_epochs, landed);
+      in_flight = launched > io_done ? launched - io_done : 0;
+    }
+    const std::chrono::nanoseconds io =
+        io_done == 0 ? std::chrono::nanoseconds(0)
+                     : std::chrono::duration_cast<std::chrono::nanoseconds>(now - start) / int64_t(io_done) *
+                           int64_t(in_flight);
+    return io + tier.LastSyncRound();
+  }
 };
 
 FlushResult Migrator::Flush(std::chrono::nanoseconds timeout) {
   FlushResult out;
   if (books_.lanes.empty()) return out;
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  auto job = std::make_shared<FlushJob>();
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + timeout;
+  auto job = std::make_shared<FlushJob>(start, books_.lanes[0]->tier->WriteRoomEpoch());
   for (const auto& tp : books_.tenants) {
     HostResidency& t = *tp;
     std::vector<BlockRecord*> todo = FlushCandidates(t, &out.already_on_nvme);
@@ -52,11 +81,19 @@ FlushResult Migrator::Flush(std::chrono::nanoseconds timeout) {
     MutexLock l(&job->mu);
     out.timed_out = !job->mu.AwaitFor(job->cv, Left(deadline), [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
       return job->remaining == 0;
-    });
+    }) || job->out_of_time;
+    out.written = job->written;
+  }
+  const auto synced_from = std::chrono::steady_clock::now();
+  out.write_time = synced_from - start;
+  out.sync = books_.lanes[0]->tier->Sync();
+  out.sync_time = std::chrono::steady_clock::now() - synced_from;
+  {
+    MutexLock l(&job->mu);
+    out.landed_late = job->written - out.written;
     out.written = job->written;
     out.failed = job->failed;
   }
-  out.sync = books_.lanes[0]->tier->Sync();
   return out;
 }
 
@@ -91,28 +128,36 @@ void Migrator::FlushBlock(HostResidency& t, BlockRecord* r, const std::shared_pt
   // waits until the tier gives staging back (each write does when its I/O
   // completes, before its journal record is durable) and goes again, so
   // every block that fits is written at the device's pace; it fails only
-  // when nothing is in flight to free staging, or at the deadline, after
-  // which no write starts.
+  // when nothing is in flight to free staging, or once the writes in flight
+  // would need the rest of the budget to land: the deadline bounds the
+  // whole drain, their landing and the final sync included, not only the
+  // last write started.
   BlockTier& tier = *books_.lanes[0]->tier;
-  auto give_up = [&job] {
+  auto give_up = [&job](bool for_time) {
     MutexLock l(&job->mu);
     ++job->failed;
     --job->remaining;
+    job->out_of_time |= for_time;
   };
   for (;;) {
-    // Past the drain's budget nothing more is started: what is in flight
-    // lands, and the final sync waits only for that.
-    if (Left(deadline).count() == 0) return give_up();
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline || deadline - now <= job->Landing(now, tier)) return give_up(true);
     auto busy = std::make_shared<bool>(false);
     const uint64_t epoch = tier.WriteRoomEpoch();
+    {
+      MutexLock l(&job->mu);
+      ++job->launched;  // before the write: its callback may run first
+    }
     WriteThrough(t, r, IoOptions{.prio = IoPriority::kDemote, .may_wait = true}, [job, busy](absl::Status s) {
       {
         MutexLock l(&job->mu);
         if (ToErrorCode(s) == KVTIER_EBUSY) {
           *busy = true;  // refused before it started: the submitter retries
+          --job->launched;
         } else {
           (s.ok() ? job->written : job->failed) += 1;
           --job->remaining;
+          ++job->landed;
         }
       }
       job->cv.notify_all();
@@ -121,7 +166,9 @@ void Migrator::FlushBlock(HostResidency& t, BlockRecord* r, const std::shared_pt
       MutexLock l(&job->mu);
       if (!*busy) return;
     }
-    if (!tier.AwaitWriteRoom(epoch, Left(deadline))) return give_up();
+    // False at once when nothing in flight is to free staging (the block
+    // can never fit), else at the deadline.
+    if (!tier.AwaitWriteRoom(epoch, Left(deadline))) return give_up(Left(deadline).count() == 0);
   }
 }
 

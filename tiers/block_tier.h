@@ -150,6 +150,10 @@ class BlockTier {
   // Thread-safe. Waits until every write so far is durable (at once for a
   // tier that is not durable, once its writes have landed).
   virtual absl::Status Sync() = 0;
+  // Thread-safe. What the durable part of Sync() took last time it ran
+  // (a journal's last commit round): a caller with a deadline keeps that
+  // much of it for the final Sync(). Zero where nothing is made durable.
+  virtual std::chrono::nanoseconds LastSyncRound() const { return std::chrono::nanoseconds(0); }
   // Thread-safe, but not from one of the tier's callbacks. Returns once every
   // op submitted before the call, reads included, has completed and its
   // callback has returned (Sync waits for writes only). Before the tier's

@@ -314,7 +314,9 @@ uint64_t Journal::ReserveSeq() {
 
 JournalStats Journal::Stats() const {
   MutexLock l(&mu_);
-  return stats_;
+  JournalStats s = stats_;
+  s.last_round_ns = last_round_ns_;
+  return s;
 }
 
 }  // namespace kvtier

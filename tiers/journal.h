@@ -77,6 +77,7 @@ struct JournalStats {
   uint64_t commits = 0;       // fdatasync rounds
   uint64_t bytes = 0;         // current file size
   uint64_t rewrites = 0;
+  uint64_t last_round_ns = 0;  // the last commit round: its pre-commit hook, write and fdatasync
 };
 
 class Journal {

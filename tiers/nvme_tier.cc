@@ -1018,6 +1018,10 @@ void NvmeTier::CommitSoon() { journal_->CommitSoon(); }
 // back when its I/O completes (not when its journal record is durable).
 uint64_t NvmeTier::WriteRoomEpoch() const { return staging_->releases(); }
 
+std::chrono::nanoseconds NvmeTier::LastSyncRound() const {
+  return std::chrono::nanoseconds(journal_->Stats().last_round_ns);
+}
+
 bool NvmeTier::AwaitWriteRoom(uint64_t epoch, std::chrono::nanoseconds timeout) {
   return staging_->AwaitRelease(epoch, timeout);
 }

@@ -132,6 +132,7 @@ class NvmeTier final : public BlockTier {
   // Makes pending demotions durable without the group-commit delay.
   void CommitSoon() override;
   uint64_t WriteRoomEpoch() const override;
+  std::chrono::nanoseconds LastSyncRound() const override;
   bool AwaitWriteRoom(uint64_t epoch, std::chrono::nanoseconds timeout) override;
   BlockTierStats BlockStats() const override;
   // Everything BlockStats says, and the engine, journal and recovery.
