@@ -49,8 +49,8 @@ using StatusCallback = absl::AnyInvocable<void(absl::Status) &&>;
 struct FlushResult {
   uint64_t written = 0, failed = 0, already_on_nvme = 0;
   // The budget ran out: blocks were not started for lack of time (in
-  // `failed`), or writes were still in flight at the deadline (those that
-  // landed in the final sync are in `written` and in `landed_late`).
+  // `failed`, with writes that never landed), or writes landed after the
+  // deadline (in `written` or `failed`, and in `landed_late`).
   bool timed_out = false;
   uint64_t landed_late = 0;
   absl::Status sync;
@@ -222,8 +222,7 @@ class Migrator final : public HostEvictor {
   std::vector<BlockRecord*> FlushCandidates(HostResidency& t, uint64_t* already_durable) ABSL_LOCKS_EXCLUDED(t.mu);
   struct FlushJob;
   // Writes r, waiting for room in the staging memory while writes are in flight.
-  void FlushBlock(HostResidency& t, BlockRecord* r, const std::shared_ptr<FlushJob>& job,
-                  std::chrono::steady_clock::time_point deadline) ABSL_LOCKS_EXCLUDED(t.mu);
+  void FlushBlock(HostResidency& t, BlockRecord* r, const std::shared_ptr<FlushJob>& job) ABSL_LOCKS_EXCLUDED(t.mu);
 
   // The cascade's driver sees the chain through these: its length, each
   // lane's fullness, a batch of moves.

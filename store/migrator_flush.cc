@@ -25,46 +25,51 @@ std::chrono::nanoseconds Left(std::chrono::steady_clock::time_point deadline) {
 // The writes of one drain: how many are still to land or in flight, and how
 // they ended.
 struct Migrator::FlushJob {
-  FlushJob(std::chrono::steady_clock::time_point s, uint64_t epoch) : start(s), start_epoch(epoch) {}
-  const std::chrono::steady_clock::time_point start;
+  FlushJob(std::chrono::steady_clock::time_point s, std::chrono::nanoseconds timeout, uint64_t epoch)
+      : start(s), deadline(s + timeout), sync_cap(timeout / 8), start_epoch(epoch) {}
+  const std::chrono::steady_clock::time_point start, deadline;
+  // The most of the budget kept for the final sync's journal round: one
+  // slow round before the flush (a disk busy with someone else's writes)
+  // must not leave every block unwritten.
+  const std::chrono::nanoseconds sync_cap;
   const uint64_t start_epoch;  // the tier's WriteRoomEpoch() then: it counts writes whose I/O completed
   Mutex mu;
   std::condition_variable_any cv;
   uint64_t remaining ABSL_GUARDED_BY(mu) = 0;
   uint64_t written ABSL_GUARDED_BY(mu) = 0, failed ABSL_GUARDED_BY(mu) = 0;
-  // Writes the tier took, and those of them that landed (durable, or
-  // failed).
-  uint64_t launched ABSL_GUARDED_BY(mu) = 0, landed ABSL_GUARDED_BY(mu) = 0;
+  uint64_t late ABSL_GUARDED_BY(mu) = 0;  // landed (written or failed) after the deadline
+  // Writes the tier took, and those of them that ended inside the call
+  // without I/O (refused for good, already below): they free no staging.
+  uint64_t launched ABSL_GUARDED_BY(mu) = 0, ended_without_io ABSL_GUARDED_BY(mu) = 0;
   bool out_of_time ABSL_GUARDED_BY(mu) = false;  // blocks were not started for lack of time
 
-  // The time the final Sync() will take if no more writes start: the I/O in
+  // The time the final Sync() takes if no more writes start: the I/O in
   // flight completing at the pace this flush has seen (completions of the
-  // I/O, not of the journal, whose group commit holds thousands that one
-  // urgent round makes durable at once), and one journal round.
+  // I/O, not of the journal, whose group commit holds thousands of written
+  // blocks that the sync's urgent round makes durable at once), and one
+  // journal round. An estimate: other I/O releasing staging meanwhile (an
+  // admin flush beside loads) makes it smaller.
   std::chrono::nanoseconds Landing(std::chrono::steady_clock::time_point now, const BlockTier& tier) {
-    const uint64_t io_done_epochs = tier.WriteRoomEpoch() - start_epoch;
-    uint64_t in_flight = 0, io_done = 0;
+    uint64_t io_done = tier.WriteRoomEpoch() - start_epoch, in_flight = 0;
     {
       MutexLock l(&mu);
-      // A write that ended without I/O (refused, already below) released
-      // nothing but landed.
-      io_done = std::max(io_done_epochs, landed);
+      io_done += ended_without_io;
       in_flight = launched > io_done ? launched - io_done : 0;
     }
     const std::chrono::nanoseconds io =
         io_done == 0 ? std::chrono::nanoseconds(0)
                      : std::chrono::duration_cast<std::chrono::nanoseconds>(now - start) / int64_t(io_done) *
                            int64_t(in_flight);
-    return io + tier.LastSyncRound();
+    return io + std::min(tier.LastSyncRound(), sync_cap);
   }
 };
 
 FlushResult Migrator::Flush(std::chrono::nanoseconds timeout) {
   FlushResult out;
   if (books_.lanes.empty()) return out;
+  BlockTier& tier = *books_.lanes[0]->tier;
   const auto start = std::chrono::steady_clock::now();
-  const auto deadline = start + timeout;
-  auto job = std::make_shared<FlushJob>(start, books_.lanes[0]->tier->WriteRoomEpoch());
+  auto job = std::make_shared<FlushJob>(start, timeout, tier.WriteRoomEpoch());
   for (const auto& tp : books_.tenants) {
     HostResidency& t = *tp;
     std::vector<BlockRecord*> todo = FlushCandidates(t, &out.already_on_nvme);
@@ -73,27 +78,27 @@ FlushResult Migrator::Flush(std::chrono::nanoseconds timeout) {
       job->remaining += todo.size();
     }
     for (BlockRecord* r : todo) {
-      FlushBlock(t, r, job, deadline);
+      FlushBlock(t, r, job);
       books_.ReleaseIoRef(t, r);
     }
   }
-  {
-    MutexLock l(&job->mu);
-    out.timed_out = !job->mu.AwaitFor(job->cv, Left(deadline), [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-      return job->remaining == 0;
-    }) || job->out_of_time;
-    out.written = job->written;
-  }
+  // Every write has started or given up: the sync lands those in flight and
+  // commits the journal at once (its group commit would hold the flush's
+  // records for up to a second).
   const auto synced_from = std::chrono::steady_clock::now();
   out.write_time = synced_from - start;
-  out.sync = books_.lanes[0]->tier->Sync();
+  out.sync = tier.Sync();
   out.sync_time = std::chrono::steady_clock::now() - synced_from;
-  {
-    MutexLock l(&job->mu);
-    out.landed_late = job->written - out.written;
-    out.written = job->written;
-    out.failed = job->failed;
-  }
+  MutexLock l(&job->mu);
+  // A tier whose Sync() returns before its writes' callbacks: they get what
+  // is left of the budget. One still unfinished then is counted failed.
+  const bool all_landed = job->mu.AwaitFor(job->cv, Left(job->deadline), [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return job->remaining == 0;
+  });
+  out.written = job->written;
+  out.failed = job->failed + job->remaining;
+  out.landed_late = job->late;
+  out.timed_out = job->out_of_time || !all_landed || job->late > 0;
   return out;
 }
 
@@ -122,16 +127,15 @@ std::vector<BlockRecord*> Migrator::FlushCandidates(HostResidency& t, uint64_t* 
   return todo;
 }
 
-void Migrator::FlushBlock(HostResidency& t, BlockRecord* r, const std::shared_ptr<FlushJob>& job,
-                            std::chrono::steady_clock::time_point deadline) {
+void Migrator::FlushBlock(HostResidency& t, BlockRecord* r, const std::shared_ptr<FlushJob>& job) {
   // Flow control: a write the staging memory cannot take now (KVTIER_EBUSY)
   // waits until the tier gives staging back (each write does when its I/O
   // completes, before its journal record is durable) and goes again, so
-  // every block that fits is written at the device's pace; it fails only
-  // when nothing is in flight to free staging, or once the writes in flight
-  // would need the rest of the budget to land: the deadline bounds the
-  // whole drain, their landing and the final sync included, not only the
-  // last write started.
+  // every block that fits is written at the device's pace. The budget
+  // bounds the whole flush, its final sync included: while the writes in
+  // flight would need the rest of it to land, the next one waits for one of
+  // them and looks again; it fails when nothing is in flight to free
+  // staging, or at the deadline.
   BlockTier& tier = *books_.lanes[0]->tier;
   auto give_up = [&job](bool for_time) {
     MutexLock l(&job->mu);
@@ -141,34 +145,46 @@ void Migrator::FlushBlock(HostResidency& t, BlockRecord* r, const std::shared_pt
   };
   for (;;) {
     const auto now = std::chrono::steady_clock::now();
-    if (now >= deadline || deadline - now <= job->Landing(now, tier)) return give_up(true);
+    if (now >= job->deadline) return give_up(true);
+    if (job->deadline - now <= job->Landing(now, tier)) {
+      // False at once when nothing is in flight: the final sync alone needs
+      // what is left.
+      if (!tier.AwaitWriteRoom(tier.WriteRoomEpoch(), Left(job->deadline))) return give_up(true);
+      continue;
+    }
     auto busy = std::make_shared<bool>(false);
+    auto in_call = std::make_shared<bool>(true);
     const uint64_t epoch = tier.WriteRoomEpoch();
     {
       MutexLock l(&job->mu);
       ++job->launched;  // before the write: its callback may run first
     }
-    WriteThrough(t, r, IoOptions{.prio = IoPriority::kDemote, .may_wait = true}, [job, busy](absl::Status s) {
+    WriteThrough(t, r, IoOptions{.prio = IoPriority::kDemote, .may_wait = true}, [job, busy, in_call](absl::Status s) {
       {
         MutexLock l(&job->mu);
         if (ToErrorCode(s) == KVTIER_EBUSY) {
           *busy = true;  // refused before it started: the submitter retries
           --job->launched;
         } else {
+          // Inside WriteThrough: it ended without I/O (a write that did I/O
+          // lands after its journal round, all but never before the call
+          // returns; one that did is one write counted twice below).
+          if (*in_call) ++job->ended_without_io;
           (s.ok() ? job->written : job->failed) += 1;
           --job->remaining;
-          ++job->landed;
+          if (std::chrono::steady_clock::now() > job->deadline) ++job->late;
         }
       }
       job->cv.notify_all();
     });
     {
       MutexLock l(&job->mu);
+      *in_call = false;
       if (!*busy) return;
     }
     // False at once when nothing in flight is to free staging (the block
     // can never fit), else at the deadline.
-    if (!tier.AwaitWriteRoom(epoch, Left(deadline))) return give_up(Left(deadline).count() == 0);
+    if (!tier.AwaitWriteRoom(epoch, Left(job->deadline))) return give_up(Left(job->deadline).count() == 0);
   }
 }
 

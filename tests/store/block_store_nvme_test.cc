@@ -1459,9 +1459,10 @@ TEST_F(BlockStoreNvmeTest, AFlushStartsNoWriteAfterItsDeadline) {
 // The budget bounds the whole flush, not only the last write started: the
 // writes in flight at the deadline (12 here, 40 ms each on a device that
 // completes one at a time: ~480 ms) would land after it, and the final
-// sync waits for them. So the flush stops starting writes once those in
-// flight need the rest of the budget at the pace it has seen, and ends
-// within it. Every block is accounted for: written, or failed.
+// sync waits for them. So the flush starts no write while those in flight
+// need the rest of the budget at the pace it has seen, and ends within it
+// (one journal round over at most). Every block is accounted for: written,
+// or failed.
 TEST_F(BlockStoreNvmeTest, AFlushEndsWithinItsBudgetTheLandingOfItsLastWritesIncluded) {
   staging_bytes_ = 512 << 10;
   Open(200);
@@ -1472,13 +1473,12 @@ TEST_F(BlockStoreNvmeTest, AFlushEndsWithinItsBudgetTheLandingOfItsLastWritesInc
   const BlockStore::FlushResult f = store_->FlushToFirstLowerTier(std::chrono::milliseconds(600));
   const auto took = std::chrono::steady_clock::now() - start;
   faults_->delay_us = 0;
-  EXPECT_LT(took, std::chrono::milliseconds(800)) << "without the reserve: ~1,080 ms";
+  EXPECT_LT(took, std::chrono::milliseconds(850)) << "without the reserve: ~1,080 ms";
   EXPECT_TRUE(f.timed_out) << "blocks were left for lack of time";
   EXPECT_EQ(f.written + f.failed, 200u);
-  EXPECT_GE(f.written, 5u) << "it wrote at the device's pace until then";
+  EXPECT_GE(f.written, 10u) << "it wrote at the device's pace until then";
   EXPECT_GT(f.failed, 100u);
   EXPECT_TRUE(f.sync.ok()) << f.sync;
-  EXPECT_LE(f.write_time + f.sync_time, took);
   SyncNvme();
   for (uint64_t k = 0; k < 200; k += 4) ASSERT_EQ(LoadVerified(*s, k, 4), 4u) << "host copies stay";
 }

@@ -385,6 +385,21 @@ TEST(ToolsTest, KvtierctlSurvivesAHostileDaemon) {
       }
     }
   }
+  // flush: blocks that landed after the budget were written (exit 0);
+  // a failed block, or a journal not durable, is exit 3.
+  fake.AnswerLine(R"({"ok": true, "written": 5, "already_on_nvme": 1, "failed": 0, "timed_out": true,
+      "landed_late": 2, "sync_ms": 40.5, "journal": "durable"})");
+  Output late = RunCommand(ctl + " flush 2>&1");
+  EXPECT_EQ(late.exit_code, 0) << late.out;
+  EXPECT_NE(late.out.find("wrote 5 blocks to NVMe (1 were there already, 0 failed, timed out, 2 landed after the "
+                          "budget); journal durable"),
+            std::string::npos)
+      << late.out;
+  fake.AnswerLine(R"({"ok": true, "written": 5, "failed": 1, "timed_out": true, "journal": "durable"})");
+  EXPECT_EQ(RunCommand(ctl + " flush 2>&1").exit_code, 3);
+  fake.AnswerLine(R"({"ok": true, "written": 5, "failed": 0, "timed_out": false, "journal": "fdatasync: EIO"})");
+  EXPECT_EQ(RunCommand(ctl + " flush 2>&1").exit_code, 3);
+
   fake.AnswerLine(wrong);
   Output o = RunCommand(ctl + " status 2>&1");
   EXPECT_EQ(o.exit_code, 0) << o.out;
