@@ -225,7 +225,7 @@ TEST(E2eTest, KillNineOfTheDaemonFailsABlockedCallWithinOneSecond) {
   // Every later call fails fast too.
   const auto t0 = Clock::now();
   EXPECT_EQ(c->Lookup(keys).status().code(), ErrorCode::kNotConnected);
-  EXPECT_LT(Clock::now() - t0, std::chrono::milliseconds(100));
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(1)) << "no wait for a timeout (loaded machines pause threads)";
   d.WaitExit(std::chrono::seconds(5));
   // And a new daemon can be attached again.
   DaemonProcess d2;

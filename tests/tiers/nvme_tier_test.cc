@@ -517,7 +517,10 @@ TEST_F(NvmeTierTest, LoadsOvertakeQueuedDemotions) {
   EXPECT_EQ(t->Stats().io_engine, "threads + faults");
   auto target = Put(*t, 1, 16 << 10);
   ASSERT_TRUE(target.ok());
-  faults_->delay_us = 3000;  // a slow device
+  // A slow device: 30 ms an op, so that the test thread, queueing ten
+  // demotions and then the load, is not outrun on a loaded machine (with
+  // 3 ms, a preemption of 6 ms between the Puts let them complete first).
+  faults_->delay_us = 30000;
   std::atomic<int> order{0}, load_pos{-1};
   std::vector<SlotHandle> slots;
   std::vector<std::vector<std::byte>> payloads;
