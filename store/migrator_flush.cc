@@ -26,8 +26,13 @@ std::chrono::nanoseconds Left(std::chrono::steady_clock::time_point deadline) {
 // they ended.
 struct Migrator::FlushJob {
   FlushJob(std::chrono::steady_clock::time_point s, std::chrono::nanoseconds timeout, uint64_t epoch)
-      : start(s), deadline(s + timeout), sync_cap(timeout / 8), start_epoch(epoch) {}
+      : start(s),
+        deadline(s + timeout),
+        deadline_ns(MonotonicNanos() + static_cast<uint64_t>(std::max<int64_t>(0, timeout.count()))),
+        sync_cap(timeout / 8),
+        start_epoch(epoch) {}
   const std::chrono::steady_clock::time_point start, deadline;
+  const uint64_t deadline_ns;  // the same, for the tier: a write still queued then is abandoned
   // The most of the budget kept for the final sync's journal round: one
   // slow round before the flush (a disk busy with someone else's writes)
   // must not leave every block unwritten.
@@ -38,29 +43,49 @@ struct Migrator::FlushJob {
   uint64_t remaining ABSL_GUARDED_BY(mu) = 0;
   uint64_t written ABSL_GUARDED_BY(mu) = 0, failed ABSL_GUARDED_BY(mu) = 0;
   uint64_t late ABSL_GUARDED_BY(mu) = 0;  // landed (written or failed) after the deadline
-  // Writes the tier took, and those of them that ended inside the call
-  // without I/O (refused for good, already below): they free no staging.
+  // Writes the tier took; those of them that ended inside the call without
+  // I/O (refused for good, already below); and those that landed later.
   uint64_t launched ABSL_GUARDED_BY(mu) = 0, ended_without_io ABSL_GUARDED_BY(mu) = 0;
+  uint64_t landed ABSL_GUARDED_BY(mu) = 0;
   bool out_of_time ABSL_GUARDED_BY(mu) = false;  // blocks were not started for lack of time
 
-  // The time the final Sync() takes if no more writes start: the I/O in
-  // flight completing at the pace this flush has seen (completions of the
-  // I/O, not of the journal, whose group commit holds thousands of written
-  // blocks that the sync's urgent round makes durable at once), and one
-  // journal round. An estimate: other I/O releasing staging meanwhile (an
-  // admin flush beside loads) makes it smaller.
-  std::chrono::nanoseconds Landing(std::chrono::steady_clock::time_point now, const BlockTier& tier) {
-    uint64_t io_done = tier.WriteRoomEpoch() - start_epoch, in_flight = 0;
+  struct Estimate {
+    std::chrono::nanoseconds landing{0};  // what the final Sync() would take now
+    uint64_t in_flight = 0;               // this flush's writes whose I/O is still to complete
+  };
+  // If no more writes start: the I/O in flight completing at the pace this
+  // flush has seen, and one journal round. The pace is that of the I/O
+  // (the tier's write-room epoch, where it has one), not of the journal,
+  // whose group commit holds thousands of written blocks that the sync's
+  // urgent round makes durable at once; a tier without one lands its writes
+  // as their I/O completes. An estimate: other I/O releasing staging
+  // meanwhile (an admin flush beside loads) makes it smaller.
+  Estimate Now(std::chrono::steady_clock::time_point now, const BlockTier& tier) {
+    const uint64_t epochs = tier.WriteRoomEpoch() - start_epoch;
+    Estimate e;
+    uint64_t io_done = 0;
     {
       MutexLock l(&mu);
-      io_done += ended_without_io;
-      in_flight = launched > io_done ? launched - io_done : 0;
+      io_done = std::max(epochs, landed);
+      const uint64_t with_io = launched - ended_without_io;
+      e.in_flight = with_io > io_done ? with_io - io_done : 0;
     }
-    const std::chrono::nanoseconds io =
-        io_done == 0 ? std::chrono::nanoseconds(0)
-                     : std::chrono::duration_cast<std::chrono::nanoseconds>(now - start) / int64_t(io_done) *
-                           int64_t(in_flight);
-    return io + std::min(tier.LastSyncRound(), sync_cap);
+    if (io_done > 0) {
+      e.landing = std::chrono::duration_cast<std::chrono::nanoseconds>(now - start) / int64_t(io_done) *
+                  int64_t(e.in_flight);
+    }
+    e.landing += std::min(tier.LastSyncRound(), sync_cap);
+    return e;
+  }
+  uint64_t Landed() {
+    MutexLock l(&mu);
+    return landed;
+  }
+  // Waits until a write of this flush lands after `seen` (true), or for
+  // `timeout` (false).
+  bool AwaitLanding(uint64_t seen, std::chrono::nanoseconds timeout) {
+    MutexLock l(&mu);
+    return mu.AwaitFor(cv, timeout, [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return landed != seen; });
   }
 };
 
@@ -134,8 +159,9 @@ void Migrator::FlushBlock(HostResidency& t, BlockRecord* r, const std::shared_pt
   // every block that fits is written at the device's pace. The budget
   // bounds the whole flush, its final sync included: while the writes in
   // flight would need the rest of it to land, the next one waits for one of
-  // them and looks again; it fails when nothing is in flight to free
-  // staging, or at the deadline.
+  // them and looks again; it fails when none of ours is in flight, or at the
+  // deadline, when the tier also abandons the writes still queued (their
+  // deadline_ns), so that the final sync waits only for those under way.
   BlockTier& tier = *books_.lanes[0]->tier;
   auto give_up = [&job](bool for_time) {
     MutexLock l(&job->mu);
@@ -146,10 +172,17 @@ void Migrator::FlushBlock(HostResidency& t, BlockRecord* r, const std::shared_pt
   for (;;) {
     const auto now = std::chrono::steady_clock::now();
     if (now >= job->deadline) return give_up(true);
-    if (job->deadline - now <= job->Landing(now, tier)) {
-      // False at once when nothing is in flight: the final sync alone needs
-      // what is left.
-      if (!tier.AwaitWriteRoom(tier.WriteRoomEpoch(), Left(job->deadline))) return give_up(true);
+    const FlushJob::Estimate e = job->Now(now, tier);
+    if (job->deadline - now <= e.landing) {
+      // Nothing of ours in flight: the final sync alone needs what is left.
+      if (e.in_flight == 0) return give_up(true);
+      // Else one of them lands (its staging, or a tier without staging: its
+      // callback), and the estimate is made again.
+      const uint64_t seen = job->Landed();
+      if (!tier.AwaitWriteRoom(tier.WriteRoomEpoch(), Left(job->deadline)) &&
+          !job->AwaitLanding(seen, Left(job->deadline))) {
+        return give_up(true);
+      }
       continue;
     }
     auto busy = std::make_shared<bool>(false);
@@ -159,7 +192,8 @@ void Migrator::FlushBlock(HostResidency& t, BlockRecord* r, const std::shared_pt
       MutexLock l(&job->mu);
       ++job->launched;  // before the write: its callback may run first
     }
-    WriteThrough(t, r, IoOptions{.prio = IoPriority::kDemote, .may_wait = true}, [job, busy, in_call](absl::Status s) {
+    const IoOptions io{.prio = IoPriority::kDemote, .deadline_ns = job->deadline_ns, .may_wait = true};
+    WriteThrough(t, r, io, [job, busy, in_call](absl::Status s) {
       {
         MutexLock l(&job->mu);
         if (ToErrorCode(s) == KVTIER_EBUSY) {
@@ -169,7 +203,7 @@ void Migrator::FlushBlock(HostResidency& t, BlockRecord* r, const std::shared_pt
           // Inside WriteThrough: it ended without I/O (a write that did I/O
           // lands after its journal round, all but never before the call
           // returns; one that did is one write counted twice below).
-          if (*in_call) ++job->ended_without_io;
+          ++(*in_call ? job->ended_without_io : job->landed);
           (s.ok() ? job->written : job->failed) += 1;
           --job->remaining;
           if (std::chrono::steady_clock::now() > job->deadline) ++job->late;

@@ -1483,6 +1483,30 @@ TEST_F(BlockStoreNvmeTest, AFlushEndsWithinItsBudgetTheLandingOfItsLastWritesInc
   for (uint64_t k = 0; k < 200; k += 4) ASSERT_EQ(LoadVerified(*s, k, 4), 4u) << "host copies stay";
 }
 
+// The same bound where the first lower tier has no staging memory to pace
+// the flush (a file-system or remote tier: here a memory tier whose one
+// thread takes 20 ms a write). It takes every write at once; the pace comes
+// from the writes' own landings, and those still queued at the deadline are
+// abandoned by the tier instead of being waited for (all 100 would take
+// 2 s).
+TEST_F(BlockStoreNvmeTest, AFlushToATierWithoutStagingEndsWithinItsBudgetToo) {
+  lower_ = "memory";
+  memory_latency_ns_ = 20'000'000;
+  Open(200);
+  auto s = Session();
+  Store(*s, 0, 100);
+  const auto start = std::chrono::steady_clock::now();
+  const BlockStore::FlushResult f = store_->FlushToFirstLowerTier(std::chrono::milliseconds(400));
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_LT(took, std::chrono::milliseconds(600)) << "without the deadline on the writes: ~2 s";
+  EXPECT_TRUE(f.timed_out);
+  EXPECT_EQ(f.written + f.failed, 100u);
+  EXPECT_GE(f.written, 8u) << "it wrote at the tier's pace until then";
+  EXPECT_GT(f.failed, 50u);
+  EXPECT_EQ(memory_->Usage().used_slots, f.written) << "what failed is not below";
+  for (uint64_t k = 0; k < 100; k += 4) ASSERT_EQ(LoadVerified(*s, k, 4), 4u) << "host copies stay";
+}
+
 // One tenant's lookups wait on the shared tier 8 at a time at most: the
 // rest answer from the local tiers at once (a counted "busy"), so a tenant's
 // sessions cannot flood the cluster all nodes share.
