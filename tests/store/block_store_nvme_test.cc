@@ -1498,7 +1498,8 @@ TEST_F(BlockStoreNvmeTest, AFlushToATierWithoutStagingEndsWithinItsBudgetToo) {
   const auto start = std::chrono::steady_clock::now();
   const BlockStore::FlushResult f = store_->FlushToFirstLowerTier(std::chrono::milliseconds(400));
   const auto took = std::chrono::steady_clock::now() - start;
-  EXPECT_LT(took, std::chrono::milliseconds(600)) << "without the deadline on the writes: ~2 s";
+  EXPECT_LT(took, std::chrono::milliseconds(800)) << "without the deadline on the writes: ~2 s";
+  EXPECT_LE(f.landed_late, 1u) << "the write under way at the deadline; those abandoned then failed, not late";
   EXPECT_TRUE(f.timed_out);
   EXPECT_EQ(f.written + f.failed, 100u);
   EXPECT_GE(f.written, 8u) << "it wrote at the tier's pace until then";
