@@ -54,9 +54,8 @@ struct FlushResult {
   bool timed_out = false;
   uint64_t landed_late = 0;
   absl::Status sync;
-  // Time spent writing (until every write landed, or the deadline), then in
-  // the final sync (writes in flight landing, the journal made durable).
-  std::chrono::nanoseconds write_time{0}, sync_time{0};
+  // The final sync's time: writes under way landing, the journal made durable.
+  std::chrono::nanoseconds sync_time{0};
 };
 
 // A demotion whose copy into the first lower tier waits until the tier

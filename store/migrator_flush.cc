@@ -117,7 +117,6 @@ FlushResult Migrator::Flush(std::chrono::nanoseconds timeout) {
   // commits the journal at once (its group commit would hold the flush's
   // records for up to a second).
   const auto synced_from = std::chrono::steady_clock::now();
-  out.write_time = synced_from - start;
   out.sync = tier.Sync();
   out.sync_time = std::chrono::steady_clock::now() - synced_from;
   MutexLock l(&job->mu);
